@@ -1,0 +1,137 @@
+//! Layout of the shared region file (version 1). See `docs/shared-region.md`.
+//!
+//! Everything is `#[repr(C)]`, little-endian, fixed size, with no pointers, so that the
+//! preload (inside containers) and the agent (on the host) map the same bytes.
+//! Fields that change after initialisation are only written while holding the region lock
+//! (`RegionHeader::lock`), with atomic stores so that lock-free readers (the agent, which maps
+//! the file read-only) never see torn values.
+
+use core::sync::atomic::{AtomicU32, AtomicU64};
+
+/// First 8 bytes of every region file.
+pub const MAGIC: [u8; 8] = *b"HAMIRSv\x01";
+/// Layout version; bumped on any incompatible change.
+pub const VERSION: u32 = 1;
+/// Number of devices a region describes.
+pub const MAX_DEVICES: usize = 16;
+/// Number of process slots in a region.
+pub const MAX_SLOTS: usize = 1024;
+/// Bytes reserved for the process-shared robust mutex (`pthread_mutex_t` is 40 on x86_64 glibc).
+pub const LOCK_BYTES: usize = 64;
+
+/// `RegionHeader::init_state`: file exists but nobody initialised it yet.
+pub const INIT_EMPTY: u32 = 0;
+/// `RegionHeader::init_state`: fully initialised and usable.
+pub const INIT_READY: u32 = 2;
+
+/// `Slot::status`: the slot is free.
+pub const SLOT_FREE: u32 = 0;
+/// `Slot::status`: the slot belongs to a live (registered) process.
+pub const SLOT_ACTIVE: u32 = 1;
+
+/// `RegionHeader::limit_flags[d]` bit: the creator's configuration for this device was
+/// invalid; every process fails closed on it.
+pub const LIMIT_FLAG_INVALID: u32 = 1;
+
+/// Kinds of memory a slot accounts separately.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UsageKind {
+    /// Context memory (primary or created contexts).
+    Context = 0,
+    /// Module / code memory (reserved; currently unused by the preload).
+    Module = 1,
+    /// Data allocations (cuMemAlloc*, cuMemCreate, arrays, ...).
+    Data = 2,
+}
+
+/// Number of [`UsageKind`] variants.
+pub const USAGE_KINDS: usize = 3;
+
+impl UsageKind {
+    /// All kinds, in index order.
+    pub const ALL: [UsageKind; USAGE_KINDS] =
+        [UsageKind::Context, UsageKind::Module, UsageKind::Data];
+
+    /// Index of this kind in [`Slot::usage`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Lower-case name used in output and metrics.
+    pub const fn name(self) -> &'static str {
+        match self {
+            UsageKind::Context => "context",
+            UsageKind::Module => "module",
+            UsageKind::Data => "data",
+        }
+    }
+}
+
+/// The region header.
+#[repr(C)]
+pub struct RegionHeader {
+    /// [`MAGIC`].
+    pub magic: [u8; 8],
+    /// [`VERSION`].
+    pub version: u32,
+    /// `size_of::<RegionHeader>()` as written by the creator.
+    pub header_size: u32,
+    /// `size_of::<Region>()` as written by the creator (the file size).
+    pub total_size: u64,
+    /// [`INIT_EMPTY`] or [`INIT_READY`]; written last by the creator (release ordering).
+    pub init_state: AtomicU32,
+    /// Number of devices the creator saw (informational; limits apply per ordinal).
+    pub device_count: AtomicU32,
+    /// Pid (in the creator's namespace) of the process that created the region.
+    pub creator_pid: u32,
+    /// Padding.
+    pub _pad0: u32,
+    /// Unix time (seconds) of creation.
+    pub created_unix: u64,
+    /// Process-shared, robust `pthread_mutex_t` storage. Guards every write below.
+    pub lock: [u8; LOCK_BYTES],
+    /// Incremented on every change (charges, releases, registrations).
+    pub generation: AtomicU64,
+    /// Number of times a lock holder died and the next locker recovered the region.
+    pub owner_died_recoveries: AtomicU64,
+    /// Number of slots reclaimed from dead processes.
+    pub reclaimed_slots: AtomicU64,
+    /// Per-device limit in bytes; 0 = unlimited.
+    pub limits: [AtomicU64; MAX_DEVICES],
+    /// Per-device flags ([`LIMIT_FLAG_INVALID`]).
+    pub limit_flags: [AtomicU32; MAX_DEVICES],
+    /// Per-device UUID (the 16 raw bytes of `CUuuid`), all zero when unknown.
+    pub uuids: [[u8; 16]; MAX_DEVICES],
+    /// Per-device admitted total: always equals the sum over active slots of their usage on
+    /// that device (all kinds), whenever the lock is free.
+    pub used: [AtomicU64; MAX_DEVICES],
+    /// Reserved for future use; zero.
+    pub _reserved: [u64; 32],
+}
+
+/// One process slot.
+#[repr(C)]
+pub struct Slot {
+    /// Pid in the namespace of the process (as returned by `getpid()`); 0 when free.
+    pub pid: AtomicU32,
+    /// [`SLOT_FREE`] or [`SLOT_ACTIVE`].
+    pub status: AtomicU32,
+    /// Process start time, in clock ticks since boot (`/proc/<pid>/stat` field 22), so that a
+    /// reused pid is never mistaken for the slot's process.
+    pub start_time: AtomicU64,
+    /// Usage in bytes, `[device][UsageKind::index()]`.
+    pub usage: [[AtomicU64; USAGE_KINDS]; MAX_DEVICES],
+}
+
+/// The whole region file.
+#[repr(C)]
+pub struct Region {
+    /// Header.
+    pub header: RegionHeader,
+    /// Process slots.
+    pub slots: [Slot; MAX_SLOTS],
+}
+
+/// Size in bytes of a region file.
+pub const REGION_SIZE: usize = core::mem::size_of::<Region>();

@@ -1,0 +1,13 @@
+//! Shared definitions for both halves of hami-rs.
+//!
+//! * [`layout`]: the on-disk / in-memory layout of the shared region file (one per container),
+//!   documented in `docs/shared-region.md`.
+//! * [`event`]: the structs the eBPF programs send to user space.
+//! * `region` (feature `std`): opening, creating, locking and updating a region.
+#![cfg_attr(not(feature = "std"), no_std)]
+
+pub mod event;
+pub mod layout;
+
+#[cfg(feature = "std")]
+pub mod region;

@@ -1,0 +1,1 @@
+//! Region file operations (to be written: see issue 3).

@@ -1,0 +1,1 @@
+//! hami-preload: see issue 3.

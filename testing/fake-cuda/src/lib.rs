@@ -1,0 +1,1 @@
+//! Fake CUDA driver: see issue 2.

@@ -1,0 +1,1 @@
+//! Fake NVML: see issue 2.
