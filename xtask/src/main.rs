@@ -7,8 +7,19 @@
 //! * `gpu-bundle`: binaries + acceptance scripts for the GPU machine.
 
 mod setup;
+mod test;
+mod util;
 
 use anyhow::{bail, Result};
+
+const USAGE: &str = "usage: cargo xtask <task>
+tasks:
+  setup              make this machine ready (idempotent)
+  test [--lint] [-- cargo-test-args]
+                     setup + build everything + run every test (root for eBPF)
+  bench              benchmarks (prints figures)
+  demo               the whole story on the fake (or real) driver (root)
+  gpu-bundle         build the folder to carry to the GPU machine";
 
 fn main() {
     if let Err(e) = run() {
@@ -20,10 +31,27 @@ fn main() {
 fn run() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some(task) = args.first() else {
-        bail!("usage: cargo xtask <setup|test|bench|demo|gpu-bundle> [args]");
+        bail!("{USAGE}");
     };
+    let rest = &args[1..];
     match task.as_str() {
         "setup" => setup::setup().map(|_| ()),
-        other => bail!("unknown task {other:?}; expected setup, test, bench, demo or gpu-bundle"),
+        "test" => {
+            let mut opts = test::TestOptions::default();
+            let mut it = rest.iter();
+            while let Some(a) = it.next() {
+                match a.as_str() {
+                    "--lint" => opts.lint = true,
+                    "--" => opts.cargo_args.extend(it.by_ref().cloned()),
+                    other => bail!("unknown option {other:?} for `test`\n{USAGE}"),
+                }
+            }
+            test::test(&opts)
+        }
+        "-h" | "--help" | "help" => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        other => bail!("unknown task {other:?}\n{USAGE}"),
     }
 }

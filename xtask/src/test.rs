@@ -1,0 +1,70 @@
+//! `cargo xtask test`: setup (if needed), build everything, run every test.
+//!
+//! The eBPF tests load programs into the kernel and need root (CI runs as root); they are
+//! never skipped: without root they fail with an error that says so.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::util::{cargo, project_root, run_checked};
+
+/// Options of `cargo xtask test`.
+#[derive(Debug, Default)]
+pub struct TestOptions {
+    /// Also run `cargo clippy --all-targets -- -D warnings`.
+    pub lint: bool,
+    /// Extra arguments passed to `cargo test` (after `--workspace`).
+    pub cargo_args: Vec<String>,
+}
+
+/// Run the whole test suite.
+pub fn test(opts: &TestOptions) -> Result<()> {
+    let root = project_root();
+    crate::setup::setup().context("setup failed")?;
+
+    step("cargo fmt --check");
+    run_checked(cargo(&root).args(["fmt", "--all", "--", "--check"]))
+        .context("formatting differs: run `cargo fmt --all`")?;
+
+    step("build (workspace, eBPF included)");
+    run_checked(cargo(&root).args(["build", "--workspace", "--all-targets"]))?;
+
+    if opts.lint {
+        step("cargo clippy");
+        run_checked(cargo(&root).args([
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))?;
+    }
+
+    step("cargo test (workspace)");
+    let mut cmd = cargo(&root);
+    cmd.args(["test", "--workspace"]).args(&opts.cargo_args);
+    run_checked(&mut cmd)?;
+
+    python_tests(&root)?;
+    step("all tests passed");
+    Ok(())
+}
+
+/// The GPU runner's own unit tests (pure Python, no GPU needed).
+fn python_tests(root: &Path) -> Result<()> {
+    let tests = root.join("gpu").join("test_runner.py");
+    if !tests.exists() {
+        return Ok(());
+    }
+    step("python3 -m unittest gpu/test_runner.py");
+    let mut cmd = std::process::Command::new("python3");
+    cmd.current_dir(root.join("gpu"))
+        .args(["-m", "unittest", "-v", "test_runner"]);
+    run_checked(&mut cmd).context("the GPU runner's unit tests failed (python3 needed)")
+}
+
+fn step(what: &str) {
+    eprintln!("\n==> xtask test: {what}");
+}
