@@ -1,10 +1,343 @@
-//! `cargo xtask setup` (to be written).
-use anyhow::Result;
+//! `cargo xtask setup`: make a bare Linux machine ready to build and test hami-rs.
+//!
+//! Idempotent and fast when already done. Steps, each printed:
+//!
+//! 1. the nightly toolchain (installed with `--profile minimal` if missing) and its `rust-src`
+//!    component (the eBPF crate is built with `-Z build-std=core`);
+//! 2. `bpf-linker` 0.13.0, built against the nightly toolchain's own `libLLVM` (no system LLVM
+//!    of the right version exists on Debian 12) into the project-local `.tools/` directory,
+//!    reused on the next run;
+//! 3. the Debian packages the tests need (`gcc` for the C test programs).
+//!
+//! Every failure names the missing piece.
+
+use std::ffi::OsString;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+
+/// The bpf-linker version the project builds.
+const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// What `setup` made ready.
-pub struct Tools {}
+#[derive(Debug, Clone)]
+pub struct Tools {
+    /// The project-local tools directory (`<root>/.tools`).
+    pub tools_dir: PathBuf,
+    /// `<root>/.tools/bin`, holding `bpf-linker`.
+    pub bin_dir: PathBuf,
+}
+
+// `path`/`env_for_cargo` are for the `test`/`bench`/`demo` tasks.
+#[allow(dead_code)]
+impl Tools {
+    /// `PATH` with the tools directory prepended: give it to every cargo command that builds
+    /// `hami-user` (aya-build needs `bpf-linker` on `PATH`).
+    pub fn path(&self) -> Result<OsString> {
+        path_with(&self.bin_dir)
+    }
+
+    /// Environment variables to set on cargo commands that build the eBPF half.
+    pub fn env_for_cargo(&self) -> Result<Vec<(&'static str, OsString)>> {
+        Ok(vec![("PATH", self.path()?)])
+    }
+}
+
+/// The workspace root (the parent of the `xtask` crate).
+pub fn project_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask lives inside the workspace")
+        .to_path_buf()
+}
+
+/// The tools layout for this checkout, without checking or installing anything.
+pub fn tools() -> Tools {
+    let tools_dir = project_root().join(".tools");
+    Tools {
+        bin_dir: tools_dir.join("bin"),
+        tools_dir,
+    }
+}
+
+/// `PATH` with the project's tools directory prepended (see [`Tools::env_for_cargo`]).
+#[allow(dead_code)]
+pub fn env_for_cargo() -> Result<Vec<(&'static str, OsString)>> {
+    tools().env_for_cargo()
+}
+
+fn path_with(dir: &Path) -> Result<OsString> {
+    let mut parts = vec![dir.to_path_buf()];
+    if let Some(old) = std::env::var_os("PATH") {
+        parts.extend(std::env::split_paths(&old).filter(|p| p != dir));
+    }
+    std::env::join_paths(parts).context("joining PATH")
+}
 
 /// Make the machine ready; idempotent.
 pub fn setup() -> Result<Tools> {
-    Ok(Tools {})
+    let start = Instant::now();
+    let tools = tools();
+    let root = project_root();
+    step("rustup", check_rustup)?;
+    let sysroot = step("nightly toolchain", ensure_nightly)?;
+    step("nightly rust-src", || ensure_rust_src(&sysroot))?;
+    step("bpf-linker", || ensure_bpf_linker(&root, &tools, &sysroot))?;
+    step("C compiler (gcc)", ensure_gcc)?;
+    println!(
+        "setup: ready in {:.1} s (bpf-linker in {})",
+        start.elapsed().as_secs_f64(),
+        tools.bin_dir.display()
+    );
+    Ok(tools)
+}
+
+fn step<T>(name: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let t = Instant::now();
+    let out = f().with_context(|| format!("setup step `{name}` failed"))?;
+    println!("setup: {name}: ok ({:.1} s)", t.elapsed().as_secs_f64());
+    Ok(out)
+}
+
+/// A command with the toolchain-selecting variables of the outer `cargo xtask` removed, so
+/// that `+nightly` / `rustup run nightly` really select nightly.
+fn clean_cmd(program: &str) -> Command {
+    let mut c = Command::new(program);
+    for var in [
+        "RUSTUP_TOOLCHAIN",
+        "RUSTC",
+        "RUSTC_WRAPPER",
+        "RUSTC_WORKSPACE_WRAPPER",
+        "RUSTDOC",
+        "CARGO",
+        "CARGO_BUILD_TARGET",
+        "RUSTFLAGS",
+        "CARGO_ENCODED_RUSTFLAGS",
+    ] {
+        c.env_remove(var);
+    }
+    c
+}
+
+/// Run a command, echoing it; fail with its name if it cannot start or fails.
+fn run_echo(cmd: &mut Command, what: &str) -> Result<()> {
+    println!("setup:   $ {}", show(cmd));
+    let status = cmd.status().with_context(|| {
+        format!(
+            "cannot run `{}` ({what})",
+            cmd.get_program().to_string_lossy()
+        )
+    })?;
+    if !status.success() {
+        bail!("`{}` failed with {status} ({what})", show(cmd));
+    }
+    Ok(())
+}
+
+/// Run a command quietly and return its trimmed stdout if it succeeded.
+fn output_of(cmd: &mut Command) -> Option<String> {
+    let out = cmd
+        .stderr(Stdio::null())
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn show(cmd: &Command) -> String {
+    let mut s = String::new();
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            s.push_str(&format!("{}={} ", k.to_string_lossy(), v.to_string_lossy()));
+        }
+    }
+    s.push_str(&cmd.get_program().to_string_lossy());
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+fn check_rustup() -> Result<()> {
+    output_of(clean_cmd("rustup").arg("--version")).ok_or_else(|| {
+        anyhow!(
+            "`rustup` not found on PATH: install it from https://rustup.rs \
+             (the eBPF crate needs a nightly toolchain managed by rustup)"
+        )
+    })?;
+    Ok(())
+}
+
+/// Ensure the nightly toolchain exists; return its sysroot.
+fn ensure_nightly() -> Result<PathBuf> {
+    let sysroot = || output_of(clean_cmd("rustc").args(["+nightly", "--print", "sysroot"]));
+    let root = match sysroot() {
+        Some(s) => s,
+        None => {
+            println!("setup:   nightly toolchain missing; installing it");
+            run_echo(
+                clean_cmd("rustup").args([
+                    "toolchain",
+                    "install",
+                    "nightly",
+                    "--profile",
+                    "minimal",
+                ]),
+                "installing the nightly toolchain",
+            )?;
+            sysroot().ok_or_else(|| anyhow!("nightly toolchain still unusable after install"))?
+        }
+    };
+    Ok(PathBuf::from(root))
+}
+
+fn ensure_rust_src(sysroot: &Path) -> Result<()> {
+    let core = sysroot.join("lib/rustlib/src/rust/library/core/Cargo.toml");
+    if core.exists() {
+        return Ok(());
+    }
+    println!("setup:   rust-src missing for nightly; adding it");
+    run_echo(
+        clean_cmd("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]),
+        "adding rust-src to the nightly toolchain",
+    )?;
+    if !core.exists() {
+        bail!("rust-src was added but {} is still missing", core.display());
+    }
+    Ok(())
+}
+
+/// The nightly toolchain's shared libLLVM: `(file name, major version)`, e.g.
+/// `("libLLVM.so.22.1-rust-1.97.0-nightly", 22)`. The `libLLVM-<major>-rust-*.so` file next to
+/// it is a linker script and is skipped.
+fn nightly_libllvm(sysroot: &Path) -> Result<(String, u32)> {
+    let lib = sysroot.join("lib");
+    let entries = fs::read_dir(&lib)
+        .with_context(|| format!("reading the nightly sysroot {}", lib.display()))?;
+    for e in entries {
+        let name = e?.file_name().to_string_lossy().into_owned();
+        if let Some(ver) = name.strip_prefix("libLLVM.so.") {
+            let major = ver
+                .split(['.', '-'])
+                .next()
+                .and_then(|m| m.parse::<u32>().ok())
+                .ok_or_else(|| anyhow!("cannot read the LLVM major version from {name}"))?;
+            return Ok((name, major));
+        }
+    }
+    bail!(
+        "no libLLVM.so.<version> in {}: the nightly toolchain does not ship a shared LLVM, \
+         cannot build bpf-linker against it",
+        lib.display()
+    )
+}
+
+fn ensure_bpf_linker(root: &Path, tools: &Tools, sysroot: &Path) -> Result<()> {
+    let (llvm_file, major) = nightly_libllvm(sysroot)?;
+    let linker = tools.bin_dir.join("bpf-linker");
+    let stamp = tools.tools_dir.join("bpf-linker.stamp");
+    let want_stamp = format!("bpf-linker {BPF_LINKER_VERSION} llvm {llvm_file}\n");
+
+    // Reuse: the binary runs and was built against this very libLLVM.
+    if fs::read_to_string(&stamp).ok().as_deref() == Some(want_stamp.as_str()) {
+        if let Some(v) = output_of(&mut Command::new(&linker).arg("--version")) {
+            if v.contains(BPF_LINKER_VERSION) {
+                println!("setup:   reusing {} ({v})", linker.display());
+                return Ok(());
+            }
+        }
+    }
+
+    // LLVM prefix: lib/libLLVM.so and lib/<versioned name>, both symlinks to the toolchain's
+    // shared library. bpf-linker gets an rpath to this prefix, so it stays where it is.
+    let prefix = tools.tools_dir.join(format!("llvm-{major}"));
+    let prefix_lib = prefix.join("lib");
+    fs::create_dir_all(&prefix_lib)
+        .with_context(|| format!("creating {}", prefix_lib.display()))?;
+    let target = sysroot.join("lib").join(&llvm_file);
+    for name in ["libLLVM.so", llvm_file.as_str()] {
+        let link = prefix_lib.join(name);
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(&target, &link)
+            .with_context(|| format!("symlinking {} -> {}", link.display(), target.display()))?;
+    }
+    println!(
+        "setup:   building bpf-linker {BPF_LINKER_VERSION} against {} (LLVM {major}; about a minute)",
+        target.display()
+    );
+    let mut cmd = clean_cmd("cargo");
+    cmd.current_dir(root)
+        .env("LLVM_PREFIX", &prefix)
+        .args([
+            "+nightly",
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+        ])
+        .args(["--no-default-features", "--features"])
+        .arg(format!("llvm-{major}"))
+        .arg("--locked")
+        .arg("--force")
+        .arg("--root")
+        .arg(&tools.tools_dir);
+    // Keep `cargo install`'s own temporary target dir: an inherited CARGO_TARGET_DIR would
+    // mix host builds of another toolchain into it.
+    cmd.env_remove("CARGO_TARGET_DIR");
+    run_echo(
+        &mut cmd,
+        "building bpf-linker (needs network access to crates.io)",
+    )?;
+    let v = output_of(&mut Command::new(&linker).arg("--version"))
+        .ok_or_else(|| anyhow!("{} was installed but does not run", linker.display()))?;
+    if !v.contains(BPF_LINKER_VERSION) {
+        bail!(
+            "{} reports {v:?}, expected {BPF_LINKER_VERSION}",
+            linker.display()
+        );
+    }
+    fs::write(&stamp, want_stamp).with_context(|| format!("writing {}", stamp.display()))?;
+    println!("setup:   installed {v}");
+    Ok(())
+}
+
+fn gcc_works() -> bool {
+    output_of(Command::new("gcc").arg("--version")).is_some()
+}
+
+fn ensure_gcc() -> Result<()> {
+    if gcc_works() {
+        return Ok(());
+    }
+    if output_of(Command::new("apt-get").arg("--version")).is_none() {
+        bail!("`gcc` is missing and this is not a Debian/Ubuntu system (no apt-get): install gcc");
+    }
+    println!("setup:   gcc missing; installing it with apt-get");
+    run_echo(
+        Command::new("apt-get").arg("update").arg("-q"),
+        "refreshing the apt package lists",
+    )?;
+    run_echo(
+        Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args([
+                "install",
+                "-y",
+                "-q",
+                "--no-install-recommends",
+                "gcc",
+                "libc6-dev",
+            ]),
+        "installing gcc and libc6-dev",
+    )?;
+    if !gcc_works() {
+        bail!("gcc still does not run after apt-get install");
+    }
+    Ok(())
 }
