@@ -246,7 +246,7 @@ fn ensure_bpf_linker(root: &Path, tools: &Tools, sysroot: &Path) -> Result<()> {
 
     // Reuse: the binary runs and was built against this very libLLVM.
     if fs::read_to_string(&stamp).ok().as_deref() == Some(want_stamp.as_str()) {
-        if let Some(v) = output_of(&mut Command::new(&linker).arg("--version")) {
+        if let Some(v) = output_of(Command::new(&linker).arg("--version")) {
             if v.contains(BPF_LINKER_VERSION) {
                 println!("setup:   reusing {} ({v})", linker.display());
                 return Ok(());
@@ -294,7 +294,7 @@ fn ensure_bpf_linker(root: &Path, tools: &Tools, sysroot: &Path) -> Result<()> {
         &mut cmd,
         "building bpf-linker (needs network access to crates.io)",
     )?;
-    let v = output_of(&mut Command::new(&linker).arg("--version"))
+    let v = output_of(Command::new(&linker).arg("--version"))
         .ok_or_else(|| anyhow!("{} was installed but does not run", linker.display()))?;
     if !v.contains(BPF_LINKER_VERSION) {
         bail!(
