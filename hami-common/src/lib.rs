@@ -2,10 +2,12 @@
 //!
 //! * [`layout`]: the on-disk / in-memory layout of the shared region file (one per container),
 //!   documented in `docs/shared-region.md`.
+//! * [`array`]: the CUDA array footprint estimate shared by the preload and the probes.
 //! * [`event`]: the structs the eBPF programs send to user space.
 //! * `region` (feature `std`): opening, creating, locking and updating a region.
 #![cfg_attr(not(feature = "std"), no_std)]
 
+pub mod array;
 pub mod event;
 pub mod layout;
 

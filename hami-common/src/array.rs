@@ -1,0 +1,115 @@
+//! Footprint estimate of CUDA arrays (`cuArrayCreate_v2`, `cuArray3DCreate_v2`).
+//!
+//! The driver does not say how much device memory an array takes, so both the preload (which
+//! charges it) and the eBPF probes (which observe it) use this same estimate:
+//! `width * max(height,1) * max(depth,1) * bytes_per_texel(format, channels)`, rounded up to
+//! [`ARRAY_GRANULE`]. Saturates instead of overflowing, never panics, has no loops: it is
+//! called from eBPF programs too.
+
+/// Granule the estimate is rounded up to (2 MiB, the driver's large-page size).
+pub const ARRAY_GRANULE: u64 = 2 << 20;
+
+/// Bytes one texel of `format` (a `CUarray_format` value) with `channels` channels takes.
+///
+/// Plain formats: channel size times `channels` (clamped to 1..=4). Formats that fix their own
+/// channel count (`CU_AD_FORMAT_UNORM_INT8X2`, ...) ignore `channels`. NV12 counts 2 bytes
+/// (it really takes 1.5), block-compressed formats 1 byte (BC1/BC4 really take 0.5): upper
+/// bounds. Unknown formats count 16 bytes (the largest texel), also an upper bound.
+pub const fn bytes_per_texel(format: u32, channels: u32) -> u64 {
+    let ch = if channels == 0 {
+        1
+    } else if channels > 4 {
+        4
+    } else {
+        channels as u64
+    };
+    match format {
+        // UNSIGNED_INT8, SIGNED_INT8
+        0x01 | 0x08 => ch,
+        // UNSIGNED_INT16, SIGNED_INT16, HALF
+        0x02 | 0x09 | 0x10 => 2 * ch,
+        // UNSIGNED_INT32, SIGNED_INT32, FLOAT
+        0x03 | 0x0a | 0x20 => 4 * ch,
+        // NV12
+        0xb0 => 2,
+        // UNORM/SNORM INT8 X1, X2, X4
+        0xc0 | 0xc6 => 1,
+        0xc1 | 0xc7 => 2,
+        0xc2 | 0xc8 => 4,
+        // UNORM/SNORM INT16 X1, X2, X4
+        0xc3 | 0xc9 => 2,
+        0xc4 | 0xca => 4,
+        0xc5 | 0xcb => 8,
+        // BC1..BC7 (block compressed)
+        0x91..=0x9e => 1,
+        _ => 16,
+    }
+}
+
+const fn sat_mul(a: u64, b: u64) -> u64 {
+    // Written with a division rather than `checked_mul`: the BPF backend has no 128-bit
+    // multiply to lower the overflow check to.
+    if a != 0 && b > u64::MAX / a {
+        u64::MAX
+    } else {
+        a * b
+    }
+}
+
+/// Estimated device-memory footprint of an array, in bytes, rounded up to [`ARRAY_GRANULE`].
+///
+/// `height` and `depth` of 0 (1D and 2D arrays) count as 1. A `width` of 0 gives 0 (the
+/// driver rejects such arrays).
+pub const fn array_footprint(
+    width: u64,
+    height: u64,
+    depth: u64,
+    format: u32,
+    channels: u32,
+) -> u64 {
+    if width == 0 {
+        return 0;
+    }
+    let h = if height == 0 { 1 } else { height };
+    let d = if depth == 0 { 1 } else { depth };
+    let bytes = sat_mul(
+        sat_mul(sat_mul(width, h), d),
+        bytes_per_texel(format, channels),
+    );
+    if bytes > u64::MAX - (ARRAY_GRANULE - 1) {
+        return u64::MAX - (ARRAY_GRANULE - 1);
+    }
+    (bytes + ARRAY_GRANULE - 1) & !(ARRAY_GRANULE - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounds_up_to_granule() {
+        // 1024 x 1024 float4 = 16 MiB exactly.
+        assert_eq!(array_footprint(1024, 1024, 0, 0x20, 4), 16 << 20);
+        // A 1-byte array still takes a granule.
+        assert_eq!(array_footprint(1, 0, 0, 0x01, 1), ARRAY_GRANULE);
+        // 3D: 100 x 100 x 100 x u16 x 2 = 4,000,000 bytes -> 4 MiB (2 granules).
+        assert_eq!(array_footprint(100, 100, 100, 0x02, 2), 4 << 20);
+        assert_eq!(array_footprint(0, 10, 10, 0x20, 1), 0);
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(bytes_per_texel(0x10, 2), 4);
+        assert_eq!(bytes_per_texel(0x03, 9), 16);
+        assert_eq!(bytes_per_texel(0xc5, 1), 8);
+        assert_eq!(bytes_per_texel(0x95, 4), 1);
+        assert_eq!(bytes_per_texel(0x7777, 1), 16);
+    }
+
+    #[test]
+    fn saturates() {
+        let max = array_footprint(u64::MAX, u64::MAX, u64::MAX, 0x20, 4);
+        assert_eq!(max % ARRAY_GRANULE, 0);
+        assert!(max > u64::MAX - 2 * ARRAY_GRANULE);
+    }
+}
