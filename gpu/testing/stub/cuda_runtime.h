@@ -1,0 +1,65 @@
+/* Stub CUDA runtime for testing the acceptance runner WITHOUT a GPU (gpu/test_runner.py).
+ * Compile: gcc -x c -I gpu/testing/stub gpu/workloads/cuda_alloc.cu -o /tmp/cuda_alloc_stub
+ * "Device" memory is host memory; WL_STUB_TOTAL_MB (default 4096) is the device size, so
+ * allocations past it fail with cudaErrorMemoryAllocation like a quota would.
+ * Not a model of CUDA: only what cuda_alloc.cu calls, enough to drive its protocol. */
+#ifndef WL_STUB_CUDA_RUNTIME_H
+#define WL_STUB_CUDA_RUNTIME_H
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 } cudaError_t;
+enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
+
+static size_t stub_used;
+static cudaError_t stub_last;
+
+static size_t stub_total(void) {
+  const char *v = getenv("WL_STUB_TOTAL_MB");
+  return (size_t)(v ? strtoull(v, NULL, 10) : 4096) << 20;
+}
+
+static cudaError_t cudaMalloc(void **p, size_t n) {
+  size_t *h;
+  if (!p) return stub_last = cudaErrorInvalidValue;
+  if (stub_used + n > stub_total()) return stub_last = cudaErrorMemoryAllocation;
+  h = (size_t *)malloc(n + 16); /* untouched pages: cheap even for GiBs */
+  if (!h) return stub_last = cudaErrorMemoryAllocation;
+  h[0] = n;
+  stub_used += n;
+  *p = (char *)h + 16;
+  return cudaSuccess;
+}
+static cudaError_t cudaFree(void *p) {
+  if (p) {
+    size_t *h = (size_t *)((char *)p - 16);
+    stub_used -= h[0];
+    free(h);
+  }
+  return cudaSuccess;
+}
+static cudaError_t cudaMemGetInfo(size_t *f, size_t *t) {
+  *t = stub_total();
+  *f = *t - stub_used;
+  return cudaSuccess;
+}
+static cudaError_t cudaMemcpy(void *d, const void *s, size_t n, enum cudaMemcpyKind k) {
+  (void)k;
+  memcpy(d, s, n);
+  return cudaSuccess;
+}
+static cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+static cudaError_t cudaGetLastError(void) {
+  cudaError_t e = stub_last;
+  stub_last = cudaSuccess;
+  return e;
+}
+static const char *cudaGetErrorString(cudaError_t e) {
+  return e == cudaSuccess ? "no_error" : e == cudaErrorMemoryAllocation ? "out_of_memory" : "invalid_value";
+}
+static cudaError_t cudaRuntimeGetVersion(int *v) { *v = 0; return cudaSuccess; }
+static cudaError_t cudaDriverGetVersion(int *v) { *v = 0; return cudaSuccess; }
+static void wl_stub_saxpy(int n, float a, const float *x, float *y) {
+  for (int i = 0; i < n; i++) y[i] = a * x[i] + y[i];
+}
+#endif

@@ -1,0 +1,63 @@
+"""PyTorch workload for the acceptance runner (protocol: wlproto.py).
+
+The allocator is chosen by the environment, as PyTorch itself reads it:
+PYTORCH_CUDA_ALLOC_CONF unset (default caching allocator), `expandable_segments:True`
+(cuMemCreate/cuMemMap) or `backend:cudaMallocAsync` (cuMemAllocAsync).
+Usage: python3 torch_alloc.py meminfo hold enforce
+"""
+
+import sys
+
+import wlproto
+
+
+class TorchBackend(wlproto.Backend):
+    def __init__(self):
+        import torch  # imported here: the runner itself never imports torch
+
+        self.torch = torch
+        torch.cuda.init()
+        torch.cuda.set_device(0)
+        try:
+            backend = torch.cuda.get_allocator_backend()
+        except Exception:  # noqa: BLE001 - informational only
+            backend = "?"
+        wlproto.emit("FRAMEWORK", name="torch", version=torch.__version__, backend=backend)
+
+    def meminfo(self):
+        free, total = self.torch.cuda.mem_get_info()
+        return free, total
+
+    def alloc(self, nbytes):
+        return self.torch.empty(nbytes, dtype=self.torch.uint8, device="cuda")
+
+    def free(self, handles):
+        handles.clear()
+        self.torch.cuda.synchronize()
+        self.torch.cuda.empty_cache()
+
+    def figure(self):
+        self.torch.cuda.synchronize()
+        r = self.torch.cuda.memory_reserved()
+        if r == 0:
+            # Some backends report no reserved figure; fall back to allocated bytes.
+            r = self.torch.cuda.memory_allocated()
+        return r
+
+    def is_oom(self, exc):
+        return isinstance(exc, self.torch.cuda.OutOfMemoryError)
+
+    def compute(self):
+        t = self.torch
+        t.manual_seed(0)
+        a = t.ones((1024, 1024), device="cuda", dtype=t.float32)
+        b = t.full((1024, 1024), 2.0, device="cuda", dtype=t.float32)
+        c = a @ b
+        t.cuda.synchronize()
+        ok = bool((c == 2048.0).all().item())
+        del a, b, c
+        return ok
+
+
+if __name__ == "__main__":
+    sys.exit(wlproto.main(TorchBackend))
