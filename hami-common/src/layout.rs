@@ -91,7 +91,9 @@ pub struct RegionHeader {
     pub created_unix: u64,
     /// Process-shared, robust `pthread_mutex_t` storage. Guards every write below.
     pub lock: [u8; LOCK_BYTES],
-    /// Incremented on every change (charges, releases, registrations).
+    /// Sequence counter (seqlock): odd while a writer, holding the lock, is in the middle of
+    /// an update; advanced by 2 per completed change (charges, releases, registrations).
+    /// Lock-free readers use it to take consistent snapshots.
     pub generation: AtomicU64,
     /// Number of times a lock holder died and the next locker recovered the region.
     pub owner_died_recoveries: AtomicU64,
@@ -106,8 +108,12 @@ pub struct RegionHeader {
     /// Per-device admitted total: always equals the sum over active slots of their usage on
     /// that device (all kinds), whenever the lock is free.
     pub used: [AtomicU64; MAX_DEVICES],
+    /// `/proc/sys/kernel/random/boot_id` (16 raw bytes) of the boot that initialised the
+    /// region, all zero when unknown. A region found from another boot (a persisted file)
+    /// holds stale pids and possibly a stale lock word, and is re-initialised.
+    pub boot_id: [u8; 16],
     /// Reserved for future use; zero.
-    pub _reserved: [u64; 32],
+    pub _reserved: [u64; 30],
 }
 
 /// One process slot.
