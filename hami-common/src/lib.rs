@@ -9,6 +9,8 @@
 
 pub mod array;
 pub mod event;
+// The BPF target has no 32-bit atomics, and the eBPF programs do not need the region layout.
+#[cfg(not(target_arch = "bpf"))]
 pub mod layout;
 
 #[cfg(feature = "std")]
