@@ -1,0 +1,16 @@
+//! hami-agent: the node agent that observes every libcuda allocation with eBPF and audits the
+//! preload's shared regions against what it saw.
+//!
+//! The logic lives in plain modules that are tested without root or eBPF:
+//! * [`procinfo`]: what `/proc` says about a process (container, `NSpid`, preload, region, env limits);
+//! * [`state`]: per-process live allocations built from [`hami_common::event::CudaEvent`]s;
+//! * [`findings`]: the pure rules that turn processes and region snapshots into findings;
+//! * [`nvml`]: optional NVML queries (runs without NVML);
+//! * [`metrics`]: the Prometheus registry and the `/metrics` responder;
+//! * [`agent`]: the event-fed core that ties them together;
+//! * [`report`]: audit table / JSON and `inspect` output;
+//! * `probes` (eBPF loading, attaching, libcuda discovery, event stream).
+
+pub mod findings;
+pub mod procinfo;
+pub mod state;

@@ -1,0 +1,629 @@
+//! What the agent learns about a host process from `/proc`: its container, its pid inside the
+//! container, its start time, whether the preload is mapped, which region it uses and which
+//! limits its environment asks for.
+//!
+//! Every function takes a `proc_root` (normally `/proc`) so that tests can use a fake tree.
+//! The parsing itself is done by pure functions over the file contents.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// Default region path used by the preload when `CUDA_DEVICE_MEMORY_SHARED_CACHE` is unset.
+pub const DEFAULT_REGION_PATH: &str = "/tmp/cudevshr.cache";
+/// Environment variable naming the region file (path inside the process's mount namespace).
+pub const REGION_ENV: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// Environment variable with the limit for every device (`_<i>` suffix: device `i` only).
+pub const LIMIT_ENV: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// File-name prefix of the preload library.
+pub const PRELOAD_NAME: &str = "libhami_preload";
+
+/// Errors reading `/proc/<pid>/...`.
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    /// A file under `/proc/<pid>` could not be read (usually: the process exited).
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file under `/proc/<pid>` did not have the expected format.
+    #[error("cannot parse {path}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// One limit variable as the environment sets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EnvLimit {
+    /// A valid size in bytes (0 = unlimited).
+    Bytes(u64),
+    /// Set but unparsable: the preload marks the device invalid (fails closed).
+    Invalid,
+}
+
+/// Limits requested by a process's environment, parsed like the preload parses them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EnvLimits {
+    /// `CUDA_DEVICE_MEMORY_LIMIT` (all devices), if set.
+    pub all: Option<EnvLimit>,
+    /// `CUDA_DEVICE_MEMORY_LIMIT_<i>`, per device ordinal.
+    pub per_device: BTreeMap<u32, EnvLimit>,
+    /// Variables that were set but could not be parsed (name=value).
+    pub invalid: Vec<String>,
+}
+
+impl EnvLimits {
+    /// What the environment asks for on `device` (the per-device variable wins over the
+    /// global one, valid or not, as in the preload).
+    pub fn for_device(&self, device: u32) -> Option<EnvLimit> {
+        self.per_device.get(&device).copied().or(self.all)
+    }
+
+    /// The valid byte limit for `device`, if any.
+    pub fn bytes_for_device(&self, device: u32) -> Option<u64> {
+        match self.for_device(device)? {
+            EnvLimit::Bytes(b) => Some(b),
+            EnvLimit::Invalid => None,
+        }
+    }
+
+    /// Whether the environment sets any limit at all.
+    pub fn is_empty(&self) -> bool {
+        self.all.is_none() && self.per_device.is_empty() && self.invalid.is_empty()
+    }
+}
+
+/// Everything the agent knows about one host process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProcInfo {
+    /// Host pid.
+    pub pid: u32,
+    /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start_time: u64,
+    /// `comm` (short command name).
+    pub comm: String,
+    /// Pid inside the process's own pid namespace (last `NSpid` entry).
+    pub nspid: Option<u32>,
+    /// Inode of the process's pid namespace (`/proc/<pid>/ns/pid`), when readable.
+    pub pidns: Option<u64>,
+    /// The cgroup path (v2 unified entry, else the first v1 entry).
+    pub cgroup: String,
+    /// Container id when the cgroup path names one, else the cgroup path (`host` for `/`).
+    pub container: String,
+    /// Whether `libhami_preload*.so` is mapped.
+    pub hooked: bool,
+    /// Whether a `libcuda.so*` file is mapped.
+    pub uses_libcuda: bool,
+    /// Region path as the process sees it (env or default).
+    pub region_path: String,
+    /// Whether the region path came from the environment (false: default path).
+    pub region_from_env: bool,
+    /// The same path opened from the host: `<proc_root>/<pid>/root/<region_path>`.
+    pub region_host_path: PathBuf,
+    /// Limits from the environment.
+    pub env_limits: EnvLimits,
+}
+
+/// Parse a size exactly like the preload (`hami-preload/src/config.rs`): decimal digits with
+/// an optional single `K`/`M`/`G`/`T` suffix (either case, powers of 1024), surrounding
+/// whitespace ignored. `0` is valid (no limit). `None` for anything else.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let v = s.trim();
+    let (digits, shift) = match v.as_bytes().last()? {
+        b'k' | b'K' => (&v[..v.len() - 1], 10),
+        b'm' | b'M' => (&v[..v.len() - 1], 20),
+        b'g' | b'G' => (&v[..v.len() - 1], 30),
+        b't' | b'T' => (&v[..v.len() - 1], 40),
+        _ => (v, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    n.checked_mul(1u64 << shift)
+}
+
+/// Parse `/proc/<pid>/environ` contents (NUL-separated `KEY=VALUE`).
+pub fn parse_environ(raw: &[u8]) -> BTreeMap<String, String> {
+    raw.split(|b| *b == 0)
+        .filter(|e| !e.is_empty())
+        .filter_map(|e| {
+            let e = String::from_utf8_lossy(e);
+            let (k, v) = e.split_once('=')?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// Extract the limits from an environment.
+pub fn env_limits(env: &BTreeMap<String, String>) -> EnvLimits {
+    let mut out = EnvLimits::default();
+    for (k, v) in env {
+        let Some(rest) = k.strip_prefix(LIMIT_ENV) else {
+            continue;
+        };
+        let dev = if rest.is_empty() {
+            None
+        } else if let Some(idx) = rest.strip_prefix('_') {
+            match idx.parse::<u32>() {
+                Ok(i) => Some(i),
+                Err(_) => continue, // some other variable with the same prefix
+            }
+        } else {
+            continue;
+        };
+        if dev.is_some_and(|d| d as usize >= hami_common::layout::MAX_DEVICES) {
+            continue; // the preload only reads ordinals below MAX_DEVICES
+        }
+        let lim = match parse_size(v) {
+            Some(b) => EnvLimit::Bytes(b),
+            None => {
+                out.invalid.push(format!("{k}={v}"));
+                EnvLimit::Invalid
+            }
+        };
+        match dev {
+            None => out.all = Some(lim),
+            Some(d) => {
+                out.per_device.insert(d, lim);
+            }
+        }
+    }
+    out
+}
+
+/// Region path from an environment: `CUDA_DEVICE_MEMORY_SHARED_CACHE` or the default.
+/// The bool says whether it came from the environment.
+pub fn region_path(env: &BTreeMap<String, String>) -> (String, bool) {
+    match env.get(REGION_ENV) {
+        Some(p) if !p.trim().is_empty() => (p.clone(), true),
+        _ => (DEFAULT_REGION_PATH.to_string(), false),
+    }
+}
+
+/// Parse `/proc/<pid>/stat`: returns (comm, start time in ticks, field 22).
+pub fn parse_stat(stat: &str) -> Option<(String, u64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?.to_string();
+    // Fields after the comm start at field 3 (state); field 22 is the 20th of them.
+    let start = stat.get(close + 1..)?.split_whitespace().nth(19)?;
+    Some((comm, start.parse().ok()?))
+}
+
+/// Parse the last `NSpid` entry of `/proc/<pid>/status` (the pid in the innermost namespace).
+pub fn parse_nspid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|rest| rest.split_whitespace().last())
+        .and_then(|p| p.parse().ok())
+}
+
+/// Pick the cgroup path from `/proc/<pid>/cgroup`: the v2 `0::` entry, else the first v1
+/// entry that names a memory or pids controller, else the first entry.
+pub fn parse_cgroup(contents: &str) -> String {
+    let mut first = None;
+    let mut preferred = None;
+    for line in contents.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(ctrl), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        if id == "0" && ctrl.is_empty() {
+            return path.to_string();
+        }
+        if preferred.is_none() && ctrl.split(',').any(|c| c == "memory" || c == "pids") {
+            preferred = Some(path.to_string());
+        }
+        if first.is_none() {
+            first = Some(path.to_string());
+        }
+    }
+    preferred.or(first).unwrap_or_else(|| "/".to_string())
+}
+
+fn is_container_id(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Container id from a cgroup path (docker, containerd, cri-o, podman, kubepods layouts), or
+/// `None` when the path names no container.
+///
+/// Recognised shapes include `/docker/<id>`, `/system.slice/docker-<id>.scope`,
+/// `/kubepods/burstable/pod<uid>/<id>`,
+/// `/kubepods.slice/.../cri-containerd-<id>.scope`, `crio-<id>.scope`, `libpod-<id>.scope`,
+/// `<slice>:cri-containerd:<id>`, and the same under a sub-cgroup (`.../<id>/init`).
+pub fn container_id(cgroup: &str) -> Option<String> {
+    const PREFIXES: [&str; 6] = [
+        "docker-",
+        "cri-containerd-",
+        "crio-",
+        "libpod-",
+        "containerd-",
+        "cri-o-",
+    ];
+    for comp in cgroup.rsplit('/') {
+        let c = comp.strip_suffix(".scope").unwrap_or(comp);
+        // containerd with the systemd driver: `<slice>:cri-containerd:<id>`.
+        let c = c.rsplit(':').next().unwrap_or(c);
+        if c.starts_with("crio-conmon-") || c.starts_with("libpod-conmon-") {
+            continue;
+        }
+        let c = PREFIXES.iter().find_map(|p| c.strip_prefix(p)).unwrap_or(c);
+        if is_container_id(c) {
+            return Some(c.to_string());
+        }
+    }
+    None
+}
+
+/// The name the agent uses for a process's container: its id, else its cgroup path
+/// (`host` for the root cgroup).
+pub fn container_name(cgroup: &str) -> String {
+    match container_id(cgroup) {
+        Some(id) => id,
+        None if cgroup.is_empty() || cgroup == "/" => "host".to_string(),
+        None => cgroup.to_string(),
+    }
+}
+
+/// Whether `/proc/<pid>/maps` contents show the preload library mapped.
+pub fn maps_has_preload(maps: &str) -> bool {
+    mapped_files(maps).any(|p| file_name(p).starts_with(PRELOAD_NAME))
+}
+
+/// Whether `/proc/<pid>/maps` contents show a `libcuda.so*` mapped.
+pub fn maps_has_libcuda(maps: &str) -> bool {
+    mapped_files(maps).any(|p| file_name(p).starts_with("libcuda.so"))
+}
+
+/// The file paths in `/proc/<pid>/maps` contents (the sixth column, when it is a path).
+pub fn mapped_files(maps: &str) -> impl Iterator<Item = &str> {
+    maps.lines().filter_map(|l| {
+        // address perms offset dev inode path
+        let mut it = l.splitn(6, ' ');
+        for _ in 0..5 {
+            it.next()?;
+        }
+        let p = it.next()?.trim_start();
+        let p = p.strip_suffix(" (deleted)").unwrap_or(p);
+        p.starts_with('/').then_some(p)
+    })
+}
+
+fn file_name(p: &str) -> &str {
+    p.rsplit('/').next().unwrap_or(p)
+}
+
+/// Parse a namespace link target like `pid:[4026531836]` into its inode.
+pub fn parse_ns_link(target: &str) -> Option<u64> {
+    target
+        .split_once(":[")
+        .and_then(|(_, r)| r.strip_suffix(']'))
+        .and_then(|n| n.parse().ok())
+}
+
+/// Host path of a file as the process sees it: `<proc_root>/<pid>/root/<path>`.
+pub fn host_path(proc_root: &Path, pid: u32, path_in_proc: &str) -> PathBuf {
+    proc_root
+        .join(pid.to_string())
+        .join("root")
+        .join(path_in_proc.trim_start_matches('/'))
+}
+
+fn read_string(path: PathBuf) -> Result<String, ProcError> {
+    std::fs::read(&path)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .map_err(|source| ProcError::Read { path, source })
+}
+
+/// Start time (ticks since boot) and comm of a host pid.
+pub fn read_start_time(proc_root: &Path, pid: u32) -> Result<(String, u64), ProcError> {
+    let path = proc_root.join(pid.to_string()).join("stat");
+    let s = read_string(path.clone())?;
+    parse_stat(&s).ok_or(ProcError::Parse { path })
+}
+
+/// Pid namespace inode of a host pid.
+pub fn read_pidns(proc_root: &Path, pid: u32) -> Option<u64> {
+    let link = std::fs::read_link(proc_root.join(pid.to_string()).join("ns/pid")).ok()?;
+    parse_ns_link(&link.to_string_lossy())
+}
+
+/// `NSpid` (innermost) of a host pid.
+pub fn read_nspid(proc_root: &Path, pid: u32) -> Option<u32> {
+    read_string(proc_root.join(pid.to_string()).join("status"))
+        .ok()
+        .and_then(|s| parse_nspid(&s))
+}
+
+/// `/proc/<pid>/maps` contents.
+pub fn read_maps(proc_root: &Path, pid: u32) -> Result<String, ProcError> {
+    read_string(proc_root.join(pid.to_string()).join("maps"))
+}
+
+/// Gather everything about one host pid. Fails only if the process is gone (its `stat` is
+/// unreadable); other unreadable files leave their fields at defaults.
+pub fn read_proc(proc_root: &Path, pid: u32) -> Result<ProcInfo, ProcError> {
+    let (comm, start_time) = read_start_time(proc_root, pid)?;
+    let dir = proc_root.join(pid.to_string());
+    let cgroup = read_string(dir.join("cgroup"))
+        .map(|c| parse_cgroup(&c))
+        .unwrap_or_else(|_| "/".to_string());
+    let maps = read_maps(proc_root, pid).unwrap_or_default();
+    let env = std::fs::read(dir.join("environ"))
+        .map(|raw| parse_environ(&raw))
+        .unwrap_or_default();
+    let (region_path, region_from_env) = region_path(&env);
+    Ok(ProcInfo {
+        pid,
+        start_time,
+        comm,
+        nspid: read_nspid(proc_root, pid),
+        pidns: read_pidns(proc_root, pid),
+        container: container_name(&cgroup),
+        cgroup,
+        hooked: maps_has_preload(&maps),
+        uses_libcuda: maps_has_libcuda(&maps),
+        region_host_path: host_path(proc_root, pid, &region_path),
+        region_path,
+        region_from_env,
+        env_limits: env_limits(&env),
+    })
+}
+
+/// All numeric entries of `proc_root`.
+pub fn list_pids(proc_root: &Path) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir(proc_root) else {
+        return Vec::new();
+    };
+    let mut v: Vec<u32> = rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Find the host pid of the process whose innermost pid is `nspid` in pid namespace `pidns`.
+/// Returns `(host pid, start time)`.
+pub fn find_by_nspid(proc_root: &Path, pidns: u64, nspid: u32) -> Option<(u32, u64)> {
+    list_pids(proc_root).into_iter().find_map(|pid| {
+        if read_pidns(proc_root, pid)? != pidns || read_nspid(proc_root, pid)? != nspid {
+            return None;
+        }
+        let (_, st) = read_start_time(proc_root, pid).ok()?;
+        Some((pid, st))
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::fs;
+
+    /// Build a fake `/proc/<pid>` directory.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fake_proc(
+        root: &Path,
+        pid: u32,
+        start_time: u64,
+        nspid: &[u32],
+        pidns: u64,
+        cgroup: &str,
+        maps: &[&str],
+        env: &[(&str, &str)],
+    ) {
+        let dir = root.join(pid.to_string());
+        fs::create_dir_all(dir.join("ns")).unwrap();
+        fs::create_dir_all(dir.join("root")).unwrap();
+        let mut stat = format!("{pid} (my prog) S");
+        for i in 4..=21 {
+            stat.push_str(&format!(" {i}"));
+        }
+        stat.push_str(&format!(" {start_time} 100 200\n"));
+        fs::write(dir.join("stat"), stat).unwrap();
+        let ns: Vec<String> = nspid.iter().map(|p| p.to_string()).collect();
+        fs::write(
+            dir.join("status"),
+            format!(
+                "Name:\tprog\nPid:\t{pid}\nNSpid:\t{}\nVmRSS:\t1 kB\n",
+                ns.join("\t")
+            ),
+        )
+        .unwrap();
+        fs::write(dir.join("cgroup"), cgroup).unwrap();
+        let maps: String = maps
+            .iter()
+            .map(|p| format!("7f0000000000-7f0000001000 r-xp 00000000 08:01 1234    {p}\n"))
+            .collect();
+        fs::write(dir.join("maps"), maps).unwrap();
+        let mut environ = Vec::new();
+        for (k, v) in env {
+            environ.extend_from_slice(format!("{k}={v}").as_bytes());
+            environ.push(0);
+        }
+        fs::write(dir.join("environ"), environ).unwrap();
+        std::os::unix::fs::symlink(format!("pid:[{pidns}]"), dir.join("ns/pid")).unwrap();
+    }
+
+    #[test]
+    fn sizes_parse_like_the_preload() {
+        assert_eq!(parse_size("1024"), Some(1024));
+        assert_eq!(parse_size("4k"), Some(4096));
+        assert_eq!(parse_size("4K"), Some(4096));
+        assert_eq!(parse_size("3m"), Some(3 << 20));
+        assert_eq!(parse_size("2G"), Some(2 << 30));
+        assert_eq!(parse_size("2GiB"), None);
+        assert_eq!(parse_size("0"), Some(0));
+        assert_eq!(parse_size("1t"), Some(1 << 40));
+        assert_eq!(parse_size(" 7 "), Some(7));
+        assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("g"), None);
+        assert_eq!(parse_size("-1"), None);
+        assert_eq!(parse_size("1x"), None);
+        assert_eq!(parse_size("1.5g"), None);
+        assert_eq!(parse_size("99999999999999999999"), None);
+        assert_eq!(parse_size("17179869184t"), None); // overflow
+    }
+
+    #[test]
+    fn env_limits_default_and_per_device() {
+        let env = parse_environ(
+            b"PATH=/bin\0CUDA_DEVICE_MEMORY_LIMIT=1g\0CUDA_DEVICE_MEMORY_LIMIT_1=512m\0\
+              CUDA_DEVICE_MEMORY_LIMIT_2=bogus\0CUDA_DEVICE_MEMORY_LIMIT_X=1\0\
+              CUDA_DEVICE_MEMORY_SHARED_CACHE=/hami/r.cache\0",
+        );
+        let l = env_limits(&env);
+        assert_eq!(l.all, Some(EnvLimit::Bytes(1 << 30)));
+        assert_eq!(l.bytes_for_device(0), Some(1 << 30));
+        assert_eq!(l.bytes_for_device(1), Some(512 << 20));
+        // An invalid per-device value wins over the valid global one (device fails closed).
+        assert_eq!(l.for_device(2), Some(EnvLimit::Invalid));
+        assert_eq!(l.bytes_for_device(2), None);
+        assert_eq!(
+            l.invalid,
+            vec!["CUDA_DEVICE_MEMORY_LIMIT_2=bogus".to_string()]
+        );
+        assert_eq!(region_path(&env), ("/hami/r.cache".to_string(), true));
+        let empty = BTreeMap::new();
+        assert_eq!(
+            region_path(&empty),
+            (DEFAULT_REGION_PATH.to_string(), false)
+        );
+        assert!(env_limits(&empty).is_empty());
+    }
+
+    #[test]
+    fn stat_field_22_with_spaces_and_parens_in_comm() {
+        let mut s = "42 (a ) b) R".to_string();
+        for i in 4..=21 {
+            s.push_str(&format!(" {i}"));
+        }
+        s.push_str(" 987654 5 6");
+        assert_eq!(parse_stat(&s), Some(("a ) b".to_string(), 987654)));
+        assert_eq!(parse_stat("42 (x) R 1 2"), None);
+    }
+
+    #[test]
+    fn nspid_is_innermost() {
+        assert_eq!(parse_nspid("Name:\tx\nNSpid:\t4242\t17\n"), Some(17));
+        assert_eq!(parse_nspid("Name:\tx\nNSpid:\t4242\n"), Some(4242));
+        assert_eq!(parse_nspid("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn container_ids_from_cgroup_layouts() {
+        let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+        for path in [
+            format!("/docker/{id}"),
+            format!("/system.slice/docker-{id}.scope"),
+            format!("/kubepods/burstable/pod1234-5678/{id}"),
+            format!(
+                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-podab_cd.slice/cri-containerd-{id}.scope"
+            ),
+            format!("/kubepods.slice/kubepods-pod1.slice/crio-{id}.scope"),
+            format!("/machine.slice/libpod-{id}.scope/container"),
+            format!("/system.slice/containerd.service/kubepods-besteffort-pod1.slice:cri-containerd:{id}"),
+        ] {
+            assert_eq!(container_id(&path).as_deref(), Some(id), "{path}");
+        }
+        assert_eq!(
+            container_id("/user.slice/user-0.slice/session-1.scope"),
+            None
+        );
+        assert_eq!(
+            container_id(&format!("/kubepods.slice/crio-conmon-{id}.scope")),
+            None
+        );
+        assert_eq!(container_name("/"), "host");
+        assert_eq!(container_name("/user.slice"), "/user.slice");
+        assert_eq!(container_name(&format!("/docker/{id}")), id);
+    }
+
+    #[test]
+    fn cgroup_v2_preferred_over_v1() {
+        assert_eq!(
+            parse_cgroup("12:memory:/docker/aa\n0::/kubepods/x\n"),
+            "/kubepods/x"
+        );
+        assert_eq!(parse_cgroup("12:cpu,cpuacct:/a\n11:memory:/b\n"), "/b");
+        assert_eq!(parse_cgroup(""), "/");
+    }
+
+    #[test]
+    fn maps_detection() {
+        let maps = "7f00-7f01 r-xp 00000000 08:01 12 /usr/lib/libc.so.6\n\
+                    7f02-7f03 r-xp 00000000 08:01 13 /opt/hami/libhami_preload.so (deleted)\n\
+                    7f04-7f05 r-xp 00000000 00:00 0 \n\
+                    7f06-7f07 r-xp 00000000 08:01 14 /usr/lib/x86_64-linux-gnu/libcuda.so.580.1\n\
+                    7f08-7f09 rw-p 00000000 00:00 0 [heap]\n";
+        assert!(maps_has_preload(maps));
+        assert!(maps_has_libcuda(maps));
+        assert!(!maps_has_preload(
+            "7f00-7f01 r-xp 0 08:01 12 /x/libcuda.so.1\n"
+        ));
+        assert!(!maps_has_libcuda(
+            "7f00-7f01 r-xp 0 08:01 12 /x/libcudart.so.12\n"
+        ));
+    }
+
+    #[test]
+    fn read_proc_from_fake_tree() {
+        let tmp = tempfile::tempdir().unwrap();
+        let id = "ab".repeat(32);
+        fake_proc(
+            tmp.path(),
+            4242,
+            555,
+            &[4242, 7],
+            4026532000,
+            &format!("0::/kubepods/besteffort/podx/{id}\n"),
+            &["/usr/lib/libhami_preload.so", "/usr/lib/libcuda.so.1"],
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "2g"),
+                ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/shared/r.cache"),
+            ],
+        );
+        let p = read_proc(tmp.path(), 4242).unwrap();
+        assert_eq!(p.start_time, 555);
+        assert_eq!(p.comm, "my prog");
+        assert_eq!(p.nspid, Some(7));
+        assert_eq!(p.pidns, Some(4026532000));
+        assert_eq!(p.container, id);
+        assert!(p.hooked);
+        assert!(p.uses_libcuda);
+        assert_eq!(p.region_path, "/shared/r.cache");
+        assert_eq!(
+            p.region_host_path,
+            tmp.path().join("4242/root/shared/r.cache")
+        );
+        assert_eq!(p.env_limits.bytes_for_device(0), Some(2 << 30));
+        assert_eq!(p.env_limits.for_device(1), None);
+        assert_eq!(find_by_nspid(tmp.path(), 4026532000, 7), Some((4242, 555)));
+        assert_eq!(find_by_nspid(tmp.path(), 4026532000, 8), None);
+        assert_eq!(find_by_nspid(tmp.path(), 1, 7), None);
+        assert!(matches!(
+            read_proc(tmp.path(), 1),
+            Err(ProcError::Read { .. })
+        ));
+        assert_eq!(list_pids(tmp.path()), vec![4242]);
+    }
+
+    #[test]
+    fn real_proc_self() {
+        let me = std::process::id();
+        let p = read_proc(Path::new("/proc"), me).unwrap();
+        assert!(p.start_time > 0);
+        assert!(!p.hooked);
+        assert!(p.pidns.is_some());
+    }
+}
