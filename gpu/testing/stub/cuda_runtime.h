@@ -1,7 +1,7 @@
 /* Stub CUDA runtime for testing the acceptance runner WITHOUT a GPU (gpu/test_runner.py).
  * Compile: gcc -x c -I gpu/testing/stub gpu/workloads/cuda_alloc.cu -o /tmp/cuda_alloc_stub
- * "Device" memory is host memory; WL_STUB_TOTAL_MB (default 4096) is the device size, so
- * allocations past it fail with cudaErrorMemoryAllocation like a quota would.
+ * "Device" memory is host memory (untouched malloc); allocations past the device size (see
+ * stub_total) fail with cudaErrorMemoryAllocation like a quota would.
  * Not a model of CUDA: only what cuda_alloc.cu calls, enough to drive its protocol. */
 #ifndef WL_STUB_CUDA_RUNTIME_H
 #define WL_STUB_CUDA_RUNTIME_H
@@ -14,11 +14,14 @@ enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
 static size_t stub_used;
 static cudaError_t stub_last;
 
+/* Device size: the quota when the (fake) preload is in LD_PRELOAD with
+ * CUDA_DEVICE_MEMORY_LIMIT=<n>M, else WL_STUB_TOTAL_MB (default 143771, an H200). */
 static size_t stub_total(void) {
+  const char *pre = getenv("LD_PRELOAD"), *lim = getenv("CUDA_DEVICE_MEMORY_LIMIT");
   const char *v = getenv("WL_STUB_TOTAL_MB");
-  return (size_t)(v ? strtoull(v, NULL, 10) : 4096) << 20;
+  if (pre && strstr(pre, "hami") && lim) return (size_t)strtoull(lim, NULL, 10) << 20;
+  return (size_t)(v ? strtoull(v, NULL, 10) : 143771) << 20;
 }
-
 static cudaError_t cudaMalloc(void **p, size_t n) {
   size_t *h;
   if (!p) return stub_last = cudaErrorInvalidValue;
