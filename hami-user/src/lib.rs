@@ -12,5 +12,8 @@
 //! * `probes` (eBPF loading, attaching, libcuda discovery, event stream).
 
 pub mod findings;
+pub mod probes;
 pub mod procinfo;
 pub mod state;
+pub mod metrics;
+pub mod nvml;
