@@ -1,1 +1,28 @@
-//! hami-preload: see issue 3.
+//! hami-preload: `libhami_preload.so`, loaded into CUDA applications with `LD_PRELOAD` (or
+//! `/etc/ld.so.preload`), holds every process of a container to the container's GPU memory
+//! quota, recorded in a shared region file (see `hami_common::region`).
+//!
+//! Nothing happens at load time; the first hooked call resolves the real driver, reads the
+//! configuration (`docs/preload.md`) and opens the region. The driver is reached three ways,
+//! all of them intercepted:
+//! * exported functions with the driver's names ([`hooks`]);
+//! * our `dlsym` ([`dlsym`]), which hands out the hooks for driver handles and keeps
+//!   glibc's `RTLD_NEXT` semantics for everything else;
+//! * `cuGetProcAddress(_v2)` ([`hooks::cuGetProcAddress_v2`]), whose results are rewritten
+//!   by address.
+//!
+//! The hooks are thin; the decisions live in plain Rust: [`accounting`] (charge / call /
+//! record), [`contexts`], [`policy`] (views and estimates), [`config`].
+
+pub mod accounting;
+pub mod config;
+pub mod contexts;
+pub mod cuda;
+pub mod dlsym;
+pub mod hooks;
+#[macro_use]
+pub mod log;
+pub mod policy;
+pub mod real;
+pub mod state;
+pub mod symbols;

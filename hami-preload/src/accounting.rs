@@ -1,0 +1,490 @@
+//! Per-process accounting: which driver objects this process holds, how much each was
+//! charged, and the charge / call / record sequence around every allocation and release.
+//!
+//! Plain Rust, unit-tested with closures standing in for the driver and a [`Ledger`] (the
+//! shared region in the library; an in-memory ledger or a region in a temp dir in tests).
+//!
+//! Rules:
+//! * Charge *before* calling the driver (exact admission, so no interleaving over-grants);
+//!   uncharge if the driver fails.
+//! * Release: take the entry out of the table first, call the driver, uncharge only if the
+//!   driver succeeded (put the entry back otherwise). An object we never tracked (or already
+//!   released: a double free) goes straight to the driver, whose error code is returned.
+
+use crate::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
+use hami_common::layout::UsageKind;
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// Why a charge was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Deny {
+    /// The region refused it (over the limit, invalid configuration, ...).
+    #[error("{0}")]
+    Region(String),
+    /// The device's limit variable in this process's environment is invalid.
+    #[error("device {0}: this process's memory limit configuration is invalid (see the error logged at start): allocations refused")]
+    LocalConfig(usize),
+    /// The shared region could not be opened.
+    #[error("shared region unavailable ({0}): allocations refused")]
+    NoRegion(String),
+    /// The process could not get a slot.
+    #[error("cannot register in the shared region ({0}): allocations refused")]
+    NoSlot(String),
+}
+
+impl Deny {
+    /// Whether this is a plain "over the quota" refusal (as opposed to failing closed).
+    pub fn is_over_limit(&self) -> bool {
+        matches!(self, Deny::Region(s) if s.contains("over the limit"))
+    }
+}
+
+/// Where charges go.
+pub trait Ledger {
+    /// Charges `bytes` if the limit allows it.
+    fn try_charge(&self, dev: usize, kind: UsageKind, bytes: u64) -> Result<(), Deny>;
+    /// Charges `bytes` regardless of the limit (memory the driver already took).
+    fn force_charge(&self, dev: usize, kind: UsageKind, bytes: u64);
+    /// Releases `bytes` (saturating).
+    fn uncharge(&self, dev: usize, kind: UsageKind, bytes: u64);
+}
+
+/// Namespace of a tracked key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Ns {
+    /// A `CUdeviceptr` (cuMemAlloc*, managed, async, pool).
+    Ptr,
+    /// A `CUmemGenericAllocationHandle` (cuMemCreate).
+    Handle,
+    /// A `CUarray`.
+    Array,
+}
+
+/// One tracked object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Device ordinal charged.
+    pub dev: usize,
+    /// Kind charged.
+    pub kind: UsageKind,
+    /// Bytes charged.
+    pub bytes: u64,
+    /// Context the object belongs to (0 = none: freed only explicitly).
+    pub ctx: usize,
+}
+
+const SHARDS: usize = 16;
+
+/// The table of tracked objects, sharded to keep threads from contending.
+pub struct Accounts {
+    shards: [Mutex<HashMap<(Ns, u64), Entry>>; SHARDS],
+}
+
+impl Default for Accounts {
+    fn default() -> Self {
+        Accounts {
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+        }
+    }
+}
+
+fn shard_of(key: u64) -> usize {
+    // Device pointers are at least 256-byte aligned: mix the higher bits.
+    let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (h >> 60) as usize % SHARDS
+}
+
+/// What an allocating driver call produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Allocated {
+    /// The key the object is released by.
+    pub key: u64,
+    /// Bytes it really takes (may differ from the estimate charged first).
+    pub bytes: u64,
+}
+
+impl Accounts {
+    fn shard(&self, key: u64) -> MutexGuard<'_, HashMap<(Ns, u64), Entry>> {
+        self.shards[shard_of(key)]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Number of tracked objects.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+
+    /// Whether nothing is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The entry for `key`, if tracked.
+    pub fn get(&self, ns: Ns, key: u64) -> Option<Entry> {
+        self.shard(key).get(&(ns, key)).copied()
+    }
+
+    /// Charges `estimate` bytes of data on `dev`, runs the driver `call`, and records what it
+    /// returned. If the driver's real size is larger than the estimate, the difference is
+    /// charged too; if that is refused, `undo` releases the object and OOM is returned.
+    ///
+    /// Returns the driver's error, [`CUDA_ERROR_OUT_OF_MEMORY`] on a refused charge, or
+    /// [`CUDA_SUCCESS`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn alloc<L: Ledger + ?Sized>(
+        &self,
+        ledger: &L,
+        ns: Ns,
+        dev: usize,
+        ctx: usize,
+        estimate: u64,
+        call: impl FnOnce() -> Result<Allocated, CUresult>,
+        undo: impl FnOnce(u64),
+    ) -> Result<(), AllocError> {
+        ledger
+            .try_charge(dev, UsageKind::Data, estimate)
+            .map_err(AllocError::Denied)?;
+        let got = match call() {
+            Ok(a) => a,
+            Err(e) => {
+                ledger.uncharge(dev, UsageKind::Data, estimate);
+                return Err(AllocError::Driver(e));
+            }
+        };
+        if got.bytes > estimate {
+            if let Err(d) = ledger.try_charge(dev, UsageKind::Data, got.bytes - estimate) {
+                undo(got.key);
+                ledger.uncharge(dev, UsageKind::Data, estimate);
+                return Err(AllocError::Denied(d));
+            }
+        } else if got.bytes < estimate {
+            ledger.uncharge(dev, UsageKind::Data, estimate - got.bytes);
+        }
+        let entry = Entry {
+            dev,
+            kind: UsageKind::Data,
+            bytes: got.bytes,
+            ctx,
+        };
+        let stale = self.shard(got.key).insert((ns, got.key), entry);
+        if let Some(old) = stale {
+            // The driver handed out a key we still tracked: the old object is gone (released
+            // by a path we do not see, e.g. a context torn down) and must not stay charged.
+            ledger.uncharge(old.dev, old.kind, old.bytes);
+        }
+        Ok(())
+    }
+
+    /// Releases `key`: the driver `call` decides; on success the charge is released. An
+    /// untracked key (unknown, or a double free) goes to the driver and its result is
+    /// returned untouched.
+    pub fn free<L: Ledger + ?Sized>(
+        &self,
+        ledger: &L,
+        ns: Ns,
+        key: u64,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let taken = self.shard(key).remove(&(ns, key));
+        let r = call();
+        if let Some(e) = taken {
+            if r == CUDA_SUCCESS {
+                ledger.uncharge(e.dev, e.kind, e.bytes);
+            } else {
+                // Still allocated: nobody else can have been given this key meanwhile.
+                self.shard(key).insert((ns, key), e);
+            }
+        }
+        r
+    }
+
+    /// Forgets every object of context `ctx` (the driver destroyed them with the context)
+    /// and releases their charges. Returns how many there were.
+    pub fn drop_context<L: Ledger + ?Sized>(&self, ledger: &L, ctx: usize) -> usize {
+        if ctx == 0 {
+            return 0;
+        }
+        let mut n = 0;
+        for s in &self.shards {
+            let gone: Vec<Entry> = {
+                let mut m = s.lock().unwrap_or_else(PoisonError::into_inner);
+                let keys: Vec<(Ns, u64)> = m
+                    .iter()
+                    .filter(|(_, e)| e.ctx == ctx)
+                    .map(|(k, _)| *k)
+                    .collect();
+                keys.iter().filter_map(|k| m.remove(k)).collect()
+            };
+            for e in gone {
+                ledger.uncharge(e.dev, e.kind, e.bytes);
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+/// Why an allocation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllocError {
+    /// The charge was refused.
+    Denied(Deny),
+    /// The driver failed (its code).
+    Driver(CUresult),
+}
+
+impl AllocError {
+    /// The `CUresult` to return to the application.
+    pub fn code(&self) -> CUresult {
+        match self {
+            AllocError::Denied(_) => CUDA_ERROR_OUT_OF_MEMORY,
+            AllocError::Driver(e) => *e,
+        }
+    }
+}
+
+/// An in-memory [`Ledger`] with per-device limits, for tests and benchmarks.
+#[derive(Default)]
+pub struct MemLedger {
+    inner: Mutex<MemLedgerInner>,
+}
+
+#[derive(Default)]
+struct MemLedgerInner {
+    limits: HashMap<usize, u64>,
+    used: HashMap<(usize, usize), u64>,
+}
+
+impl MemLedger {
+    /// A ledger with `limit` on device `dev`.
+    pub fn with_limit(dev: usize, limit: u64) -> MemLedger {
+        let l = MemLedger::default();
+        l.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .limits
+            .insert(dev, limit);
+        l
+    }
+
+    /// Bytes of `kind` charged on `dev`.
+    pub fn used(&self, dev: usize, kind: UsageKind) -> u64 {
+        let g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        g.used.get(&(dev, kind.index())).copied().unwrap_or(0)
+    }
+
+    /// Bytes of every kind charged on `dev`.
+    pub fn total(&self, dev: usize) -> u64 {
+        UsageKind::ALL.iter().map(|&k| self.used(dev, k)).sum()
+    }
+}
+
+impl Ledger for MemLedger {
+    fn try_charge(&self, dev: usize, kind: UsageKind, bytes: u64) -> Result<(), Deny> {
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let total: u64 = (0..3)
+            .map(|k| g.used.get(&(dev, k)).copied().unwrap_or(0))
+            .sum();
+        let limit = g.limits.get(&dev).copied().unwrap_or(0);
+        if limit != 0 && total.saturating_add(bytes) > limit {
+            return Err(Deny::Region(format!(
+                "device {dev}: {bytes} bytes requested, {total} of {limit} bytes in use: over the limit"
+            )));
+        }
+        *g.used.entry((dev, kind.index())).or_default() += bytes;
+        Ok(())
+    }
+
+    fn force_charge(&self, dev: usize, kind: UsageKind, bytes: u64) {
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        *g.used.entry((dev, kind.index())).or_default() += bytes;
+    }
+
+    fn uncharge(&self, dev: usize, kind: UsageKind, bytes: u64) {
+        let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let u = g.used.entry((dev, kind.index())).or_default();
+        *u = u.saturating_sub(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cuda::CUDA_ERROR_INVALID_VALUE;
+    use std::cell::Cell;
+
+    const MB: u64 = 1 << 20;
+
+    fn ok(key: u64, bytes: u64) -> impl FnOnce() -> Result<Allocated, CUresult> {
+        move || Ok(Allocated { key, bytes })
+    }
+
+    #[test]
+    fn alloc_within_and_over_limit() {
+        let l = MemLedger::with_limit(0, 10 * MB);
+        let a = Accounts::default();
+        assert_eq!(
+            a.alloc(&l, Ns::Ptr, 0, 1, 6 * MB, ok(0x1000, 6 * MB), |_| {}),
+            Ok(())
+        );
+        assert_eq!(l.used(0, UsageKind::Data), 6 * MB);
+        let called = Cell::new(false);
+        let r = a.alloc(
+            &l,
+            Ns::Ptr,
+            0,
+            1,
+            5 * MB,
+            || {
+                called.set(true);
+                Ok(Allocated {
+                    key: 0x2000,
+                    bytes: 5 * MB,
+                })
+            },
+            |_| {},
+        );
+        assert_eq!(
+            r.as_ref().map_err(|e| e.code()),
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        );
+        assert!(
+            !called.get(),
+            "the driver must not be called when the charge is refused"
+        );
+        assert_eq!(l.used(0, UsageKind::Data), 6 * MB);
+        assert_eq!(a.len(), 1);
+    }
+
+    #[test]
+    fn driver_failure_uncharges() {
+        let l = MemLedger::with_limit(0, 10 * MB);
+        let a = Accounts::default();
+        let r = a.alloc(
+            &l,
+            Ns::Ptr,
+            0,
+            1,
+            4 * MB,
+            || Err(CUDA_ERROR_OUT_OF_MEMORY),
+            |_| {},
+        );
+        assert_eq!(r, Err(AllocError::Driver(CUDA_ERROR_OUT_OF_MEMORY)));
+        assert_eq!(l.total(0), 0);
+        assert!(a.is_empty());
+    }
+
+    #[test]
+    fn larger_real_size_charged_or_undone() {
+        let l = MemLedger::with_limit(0, 10 * MB);
+        let a = Accounts::default();
+        // Pitch: estimate 4 MB, the driver really took 6 MB.
+        assert_eq!(
+            a.alloc(&l, Ns::Ptr, 0, 1, 4 * MB, ok(0x10, 6 * MB), |_| {}),
+            Ok(())
+        );
+        assert_eq!(l.total(0), 6 * MB);
+        assert_eq!(a.get(Ns::Ptr, 0x10).map(|e| e.bytes), Some(6 * MB));
+        // Estimate 3 MB fits (9 MB), the real 5 MB does not: undone, OOM, nothing charged.
+        let undone = Cell::new(0u64);
+        let r = a.alloc(&l, Ns::Ptr, 0, 1, 3 * MB, ok(0x20, 5 * MB), |k| {
+            undone.set(k)
+        });
+        assert_eq!(r.map_err(|e| e.code()), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(undone.get(), 0x20);
+        assert_eq!(l.total(0), 6 * MB);
+        assert!(a.get(Ns::Ptr, 0x20).is_none());
+        // Smaller real size: the difference is given back.
+        assert_eq!(
+            a.alloc(&l, Ns::Array, 0, 1, 4 * MB, ok(0x30, 2 * MB), |_| {}),
+            Ok(())
+        );
+        assert_eq!(l.total(0), 8 * MB);
+    }
+
+    #[test]
+    fn free_tracked_unknown_and_double() {
+        let l = MemLedger::with_limit(0, 10 * MB);
+        let a = Accounts::default();
+        a.alloc(&l, Ns::Ptr, 0, 1, 2 * MB, ok(0x1000, 2 * MB), |_| {})
+            .unwrap();
+        // Unknown pointer: the driver's own error, nothing uncharged.
+        assert_eq!(
+            a.free(&l, Ns::Ptr, 0x9999, || CUDA_ERROR_INVALID_VALUE),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(l.total(0), 2 * MB);
+        // Same value in another namespace is not the pointer.
+        assert_eq!(
+            a.free(&l, Ns::Handle, 0x1000, || CUDA_ERROR_INVALID_VALUE),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(l.total(0), 2 * MB);
+        // Driver refuses the free: still charged and tracked.
+        assert_eq!(a.free(&l, Ns::Ptr, 0x1000, || 700), 700);
+        assert_eq!(l.total(0), 2 * MB);
+        assert!(a.get(Ns::Ptr, 0x1000).is_some());
+        // Real free.
+        assert_eq!(a.free(&l, Ns::Ptr, 0x1000, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(l.total(0), 0);
+        // Double free: untracked now, the driver answers.
+        assert_eq!(
+            a.free(&l, Ns::Ptr, 0x1000, || CUDA_ERROR_INVALID_VALUE),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        assert_eq!(l.total(0), 0);
+    }
+
+    #[test]
+    fn context_teardown_releases_its_objects() {
+        let l = MemLedger::with_limit(0, 100 * MB);
+        let a = Accounts::default();
+        a.alloc(&l, Ns::Ptr, 0, 7, MB, ok(1, MB), |_| {}).unwrap();
+        a.alloc(&l, Ns::Array, 0, 7, 2 * MB, ok(2, 2 * MB), |_| {})
+            .unwrap();
+        a.alloc(&l, Ns::Ptr, 0, 8, 4 * MB, ok(3, 4 * MB), |_| {})
+            .unwrap();
+        assert_eq!(a.drop_context(&l, 7), 2);
+        assert_eq!(l.total(0), 4 * MB);
+        assert_eq!(a.len(), 1);
+        assert_eq!(a.drop_context(&l, 0), 0);
+    }
+
+    #[test]
+    fn reused_key_releases_stale_entry() {
+        let l = MemLedger::with_limit(0, 100 * MB);
+        let a = Accounts::default();
+        a.alloc(&l, Ns::Ptr, 0, 1, MB, ok(1, MB), |_| {}).unwrap();
+        a.alloc(&l, Ns::Ptr, 0, 1, 3 * MB, ok(1, 3 * MB), |_| {})
+            .unwrap();
+        assert_eq!(l.total(0), 3 * MB);
+        assert_eq!(a.len(), 1);
+    }
+
+    #[test]
+    fn threads_never_exceed_limit() {
+        let l = MemLedger::with_limit(0, 64 * MB);
+        let a = Accounts::default();
+        let granted = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for t in 0..8u64 {
+                let (l, a, granted) = (&l, &a, &granted);
+                s.spawn(move || {
+                    for i in 0..100u64 {
+                        let key = (t << 32) | (i + 1);
+                        if a.alloc(l, Ns::Ptr, 0, 1, MB, ok(key, MB), |_| {}).is_ok() {
+                            granted.fetch_add(MB, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(granted.into_inner(), 64 * MB);
+        assert_eq!(l.total(0), 64 * MB);
+    }
+}

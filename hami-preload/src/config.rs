@@ -1,0 +1,248 @@
+//! Configuration from the environment (see `docs/preload.md`).
+//!
+//! Everything here is pure: [`Config::from_lookup`] takes the environment as a function so
+//! that it unit-tests without touching the process environment.
+
+use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
+
+/// Limit for every device.
+pub const ENV_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+/// Region file path.
+pub const ENV_REGION: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// Log level.
+pub const ENV_LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+/// Fixed context overhead in bytes (skips the measurement).
+pub const ENV_CONTEXT_OVERHEAD: &str = "HAMI_CONTEXT_OVERHEAD";
+/// Default region file.
+pub const DEFAULT_REGION_PATH: &str = "/tmp/cudevshr.cache";
+
+/// Why a size value was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    /// Empty or whitespace only.
+    #[error("empty value")]
+    Empty,
+    /// A minus sign.
+    #[error("negative value")]
+    Negative,
+    /// Not digits with an optional K/M/G/T suffix.
+    #[error("not a number of bytes with an optional K/M/G/T suffix")]
+    Malformed,
+    /// Does not fit in 64 bits.
+    #[error("value overflows 64 bits")]
+    Overflow,
+}
+
+/// A configuration error for one variable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {var}={value:?}: {reason}")]
+pub struct ConfigError {
+    /// The variable name.
+    pub var: String,
+    /// Its value.
+    pub value: String,
+    /// Why it was rejected.
+    pub reason: SizeError,
+}
+
+/// Parses a size: decimal digits with an optional single suffix K, M, G or T (either case,
+/// powers of 1024). Surrounding whitespace is ignored. `0` is a valid value (no limit).
+pub fn parse_size(value: &str) -> Result<u64, SizeError> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Err(SizeError::Empty);
+    }
+    if v.starts_with('-') {
+        return Err(SizeError::Negative);
+    }
+    let (digits, shift) = match v.as_bytes()[v.len() - 1] {
+        b'k' | b'K' => (&v[..v.len() - 1], 10),
+        b'm' | b'M' => (&v[..v.len() - 1], 20),
+        b'g' | b'G' => (&v[..v.len() - 1], 30),
+        b't' | b'T' => (&v[..v.len() - 1], 40),
+        _ => (v, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(SizeError::Malformed);
+    }
+    let n: u64 = digits.parse().map_err(|_| SizeError::Overflow)?;
+    n.checked_mul(1u64 << shift).ok_or(SizeError::Overflow)
+}
+
+/// The preload's configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Per-device limit in bytes, 0 = unlimited.
+    pub limits: [u64; MAX_DEVICES],
+    /// Per-device flags ([`LIMIT_FLAG_INVALID`] when the device's configuration is invalid).
+    pub limit_flags: [u32; MAX_DEVICES],
+    /// Every rejected variable.
+    pub errors: Vec<ConfigError>,
+    /// Region file path.
+    pub region_path: String,
+    /// Fixed context overhead, if configured (`None` = measure).
+    pub context_overhead: Option<u64>,
+}
+
+impl Config {
+    /// Reads the configuration through `get` (which returns a variable's value, or `None`).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Config {
+        let mut errors = Vec::new();
+        let mut check = |var: String| -> Option<Result<u64, ()>> {
+            let value = get(&var)?;
+            Some(
+                parse_size(&value)
+                    .map_err(|reason| errors.push(ConfigError { var, value, reason })),
+            )
+        };
+        let global = check(ENV_LIMIT.to_string());
+        let mut limits = [0u64; MAX_DEVICES];
+        let mut limit_flags = [0u32; MAX_DEVICES];
+        for d in 0..MAX_DEVICES {
+            let per = check(format!("{ENV_LIMIT}_{d}"));
+            match per.or(global) {
+                Some(Ok(n)) => limits[d] = n,
+                Some(Err(())) => limit_flags[d] |= LIMIT_FLAG_INVALID,
+                None => {}
+            }
+        }
+        let region_path = match get(ENV_REGION) {
+            Some(p) if !p.trim().is_empty() => p,
+            _ => DEFAULT_REGION_PATH.to_string(),
+        };
+        let context_overhead = get(ENV_CONTEXT_OVERHEAD).and_then(|v| match parse_size(&v) {
+            Ok(n) => Some(n),
+            Err(reason) => {
+                errors.push(ConfigError {
+                    var: ENV_CONTEXT_OVERHEAD.to_string(),
+                    value: v,
+                    reason,
+                });
+                None
+            }
+        });
+        Config {
+            limits,
+            limit_flags,
+            errors,
+            region_path,
+            context_overhead,
+        }
+    }
+
+    /// Reads the configuration from the process environment.
+    pub fn from_env() -> Config {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Number of devices with a limit or a flag (informational).
+    pub fn configured_devices(&self) -> u32 {
+        (0..MAX_DEVICES)
+            .rev()
+            .find(|&d| self.limits[d] != 0 || self.limit_flags[d] != 0)
+            .map_or(0, |d| d as u32 + 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(vars: &[(&str, &str)]) -> Config {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("1024"), Ok(1024));
+        assert_eq!(parse_size("1k"), Ok(1024));
+        assert_eq!(parse_size("1K"), Ok(1024));
+        assert_eq!(parse_size("3m"), Ok(3 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        assert_eq!(parse_size(" 5t "), Ok(5 << 40));
+        assert_eq!(parse_size(""), Err(SizeError::Empty));
+        assert_eq!(parse_size("  "), Err(SizeError::Empty));
+        assert_eq!(parse_size("-1"), Err(SizeError::Negative));
+        assert_eq!(parse_size("-1G"), Err(SizeError::Negative));
+        assert_eq!(parse_size("1.5G"), Err(SizeError::Malformed));
+        assert_eq!(parse_size("G"), Err(SizeError::Malformed));
+        assert_eq!(parse_size("12x"), Err(SizeError::Malformed));
+        assert_eq!(parse_size("1GB"), Err(SizeError::Malformed));
+        assert_eq!(parse_size("+5"), Err(SizeError::Malformed));
+        assert_eq!(parse_size("0x10"), Err(SizeError::Malformed));
+        assert_eq!(parse_size("18446744073709551616"), Err(SizeError::Overflow));
+        assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(parse_size("16777216T"), Err(SizeError::Overflow));
+        assert_eq!(parse_size("16777215T"), Ok(16777215u64 << 40));
+    }
+
+    #[test]
+    fn unset_is_unlimited() {
+        let c = cfg(&[]);
+        assert_eq!(c.limits, [0; MAX_DEVICES]);
+        assert_eq!(c.limit_flags, [0; MAX_DEVICES]);
+        assert!(c.errors.is_empty());
+        assert_eq!(c.region_path, DEFAULT_REGION_PATH);
+        assert_eq!(c.context_overhead, None);
+        assert_eq!(c.configured_devices(), 0);
+    }
+
+    #[test]
+    fn global_and_override() {
+        let c = cfg(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_2", "512M"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_3", "0"),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/x/y"),
+            ("HAMI_CONTEXT_OVERHEAD", "64m"),
+        ]);
+        assert_eq!(c.limits[0], 1 << 30);
+        assert_eq!(c.limits[2], 512 << 20);
+        assert_eq!(c.limits[3], 0);
+        assert_eq!(c.limits[15], 1 << 30);
+        assert_eq!(c.region_path, "/x/y");
+        assert_eq!(c.context_overhead, Some(64 << 20));
+        assert!(c.errors.is_empty());
+        assert_eq!(c.configured_devices(), 16);
+    }
+
+    #[test]
+    fn malformed_fails_closed() {
+        let c = cfg(&[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "lots"),
+            ("CUDA_DEVICE_MEMORY_LIMIT_1", "2g"),
+        ]);
+        assert_eq!(c.limit_flags[0], LIMIT_FLAG_INVALID);
+        assert_eq!(c.limit_flags[1], 0);
+        assert_eq!(c.limits[1], 2 << 30);
+        assert_eq!(c.limit_flags[5], LIMIT_FLAG_INVALID);
+        assert_eq!(c.errors.len(), 1);
+        assert_eq!(c.errors[0].var, "CUDA_DEVICE_MEMORY_LIMIT");
+        assert_eq!(c.errors[0].value, "lots");
+        let msg = c.errors[0].to_string();
+        assert!(
+            msg.contains("CUDA_DEVICE_MEMORY_LIMIT") && msg.contains("lots"),
+            "{msg}"
+        );
+
+        let c = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "-5")]);
+        assert_eq!(c.limit_flags[0], LIMIT_FLAG_INVALID);
+        assert_eq!(c.limit_flags[1], 0);
+        assert_eq!(c.errors[0].reason, SizeError::Negative);
+        assert_eq!(c.configured_devices(), 1);
+
+        let c = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "99999999999999999999")]);
+        assert_eq!(c.errors[0].reason, SizeError::Overflow);
+        assert_eq!(c.limit_flags[0], LIMIT_FLAG_INVALID);
+
+        let c = cfg(&[("HAMI_CONTEXT_OVERHEAD", "x")]);
+        assert_eq!(c.context_overhead, None);
+        assert_eq!(c.errors.len(), 1);
+    }
+}

@@ -1,0 +1,287 @@
+//! The slice of the CUDA driver API and NVML ABI the preload uses: types, constants and the
+//! function-pointer types of the real functions (as documented in `cuda.h` / `nvml.h`).
+#![allow(non_camel_case_types)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+/// `CUresult`.
+pub type CUresult = c_uint;
+/// `CUdevice`.
+pub type CUdevice = c_int;
+/// `CUdeviceptr` (64-bit).
+pub type CUdeviceptr = u64;
+/// `CUcontext`.
+pub type CUcontext = *mut c_void;
+/// `CUstream`.
+pub type CUstream = *mut c_void;
+/// `CUmemoryPool`.
+pub type CUmemoryPool = *mut c_void;
+/// `CUarray`.
+pub type CUarray = *mut c_void;
+/// `CUmemGenericAllocationHandle`.
+pub type CUmemGenericAllocationHandle = u64;
+
+/// `CUDA_SUCCESS`.
+pub const CUDA_SUCCESS: CUresult = 0;
+/// `CUDA_ERROR_INVALID_VALUE`.
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+/// `CUDA_ERROR_NOT_INITIALIZED`.
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+/// `CUDA_ERROR_INVALID_CONTEXT`.
+pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+/// `CUDA_ERROR_NOT_FOUND`.
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+/// `CUDA_ERROR_UNKNOWN`.
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
+/// `CUDA_ARRAY3D_DEFERRED_MAPPING`: the array has no backing memory of its own.
+pub const CUDA_ARRAY3D_DEFERRED_MAPPING: c_uint = 0x80;
+
+/// `CUuuid`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct CUuuid {
+    /// The 16 bytes.
+    pub bytes: [u8; 16],
+}
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemLocation {
+    /// `CUmemLocationType`.
+    pub type_: c_uint,
+    /// Device ordinal (for `CU_MEM_LOCATION_TYPE_DEVICE`).
+    pub id: c_int,
+}
+
+/// `CUmemAllocationProp` (only the leading fields are read).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemAllocationProp {
+    /// `CUmemAllocationType`.
+    pub type_: c_uint,
+    /// `CUmemAllocationHandleType`.
+    pub requested_handle_types: c_uint,
+    /// Where the memory lives.
+    pub location: CUmemLocation,
+    /// Windows only.
+    pub win32_handle_meta_data: *mut c_void,
+    /// `allocFlags` (compressionType, gpuDirectRDMACapable, usage, reserved[4]).
+    pub alloc_flags: [u8; 8],
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY_DESCRIPTOR {
+    /// Width in elements.
+    pub width: usize,
+    /// Height in elements.
+    pub height: usize,
+    /// `CUarray_format`.
+    pub format: c_uint,
+    /// Channels per element.
+    pub num_channels: c_uint,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR {
+    /// Width in elements.
+    pub width: usize,
+    /// Height in elements.
+    pub height: usize,
+    /// Depth in elements (or layers).
+    pub depth: usize,
+    /// `CUarray_format`.
+    pub format: c_uint,
+    /// Channels per element.
+    pub num_channels: c_uint,
+    /// `CUDA_ARRAY3D_*` flags.
+    pub flags: c_uint,
+}
+
+// ---- NVML ----
+
+/// `nvmlReturn_t`.
+pub type nvmlReturn_t = c_uint;
+/// `nvmlDevice_t`.
+pub type nvmlDevice_t = *mut c_void;
+/// `NVML_SUCCESS`.
+pub const NVML_SUCCESS: nvmlReturn_t = 0;
+/// `NVML_ERROR_INVALID_ARGUMENT`.
+pub const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
+/// `NVML_ERROR_FUNCTION_NOT_FOUND`.
+pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
+/// `NVML_ERROR_UNKNOWN`.
+pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlMemory_t {
+    /// Total installed memory.
+    pub total: u64,
+    /// Unallocated memory.
+    pub free: u64,
+    /// Allocated memory.
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlMemory_v2_t {
+    /// Struct version (set by the caller).
+    pub version: c_uint,
+    /// Total memory.
+    pub total: u64,
+    /// Reserved by the driver/firmware.
+    pub reserved: u64,
+    /// Unallocated memory.
+    pub free: u64,
+    /// Allocated memory.
+    pub used: u64,
+}
+
+// ---- function pointer types of the real functions ----
+
+/// `cuInit`.
+pub type FnInit = unsafe extern "C" fn(c_uint) -> CUresult;
+/// `cuDeviceGetCount`.
+pub type FnDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
+/// `cuDeviceGetUuid(_v2)`.
+pub type FnDeviceGetUuid = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult;
+/// `cuCtxGetDevice`.
+pub type FnCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+/// `cuCtxGetCurrent`.
+pub type FnCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+/// `cuMemAlloc_v2`.
+pub type FnMemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
+/// `cuMemAllocPitch_v2`.
+pub type FnMemAllocPitch =
+    unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
+/// `cuMemAllocManaged`.
+pub type FnMemAllocManaged = unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
+/// `cuMemAllocAsync(_ptsz)`.
+pub type FnMemAllocAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
+/// `cuMemAllocFromPoolAsync(_ptsz)`.
+pub type FnMemAllocFromPoolAsync =
+    unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
+/// `cuMemCreate`.
+pub type FnMemCreate = unsafe extern "C" fn(
+    *mut CUmemGenericAllocationHandle,
+    usize,
+    *const CUmemAllocationProp,
+    u64,
+) -> CUresult;
+/// `cuArrayCreate_v2`.
+pub type FnArrayCreate =
+    unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR) -> CUresult;
+/// `cuArray3DCreate_v2`.
+pub type FnArray3DCreate =
+    unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult;
+/// `cuMemFree_v2`.
+pub type FnMemFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
+/// `cuMemFreeAsync(_ptsz)`.
+pub type FnMemFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
+/// `cuMemRelease`.
+pub type FnMemRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
+/// `cuArrayDestroy`.
+pub type FnArrayDestroy = unsafe extern "C" fn(CUarray) -> CUresult;
+/// `cuDevicePrimaryCtxRetain`.
+pub type FnPrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
+/// `cuDevicePrimaryCtxRelease(_v2)`, `cuDevicePrimaryCtxReset(_v2)`.
+pub type FnDeviceOp = unsafe extern "C" fn(CUdevice) -> CUresult;
+/// `cuCtxCreate_v2`.
+pub type FnCtxCreateV2 = unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult;
+/// `cuCtxCreate_v3`.
+pub type FnCtxCreateV3 =
+    unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_int, c_uint, CUdevice) -> CUresult;
+/// `cuCtxCreate_v4`.
+pub type FnCtxCreateV4 =
+    unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_uint, CUdevice) -> CUresult;
+/// `cuCtxDestroy_v2`.
+pub type FnCtxDestroy = unsafe extern "C" fn(CUcontext) -> CUresult;
+/// `cuMemGetInfo_v2`.
+pub type FnMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
+/// `cuDeviceTotalMem_v2`.
+pub type FnDeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
+/// `cuGetProcAddress` (CUDA 11.3 - 11.8 signature).
+pub type FnGetProcAddress =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
+/// `cuGetProcAddress_v2` (CUDA 12+).
+pub type FnGetProcAddressV2 =
+    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
+
+/// `nvmlInit_v2`.
+pub type FnNvmlInit = unsafe extern "C" fn() -> nvmlReturn_t;
+/// `nvmlDeviceGetMemoryInfo`.
+pub type FnNvmlMemInfo = unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> nvmlReturn_t;
+/// `nvmlDeviceGetMemoryInfo_v2`.
+pub type FnNvmlMemInfoV2 = unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> nvmlReturn_t;
+/// `nvmlDeviceGetUUID`.
+pub type FnNvmlGetUuid = unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
+/// `nvmlDeviceGetHandleByUUID`.
+pub type FnNvmlHandleByUuid =
+    unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
+
+/// Parses an NVML UUID string (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`) into its 16 bytes.
+/// Any prefix before the first hex group (e.g. `GPU-`) is accepted only if it is `GPU-`.
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let hex = s.strip_prefix("GPU-").unwrap_or(s);
+    let digits: Vec<u8> = hex.bytes().filter(|&b| b != b'-').collect();
+    if digits.len() != 32 || hex.bytes().filter(|&b| b == b'-').count() != 4 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in digits.chunks(2).enumerate() {
+        let hi = (pair[0] as char).to_digit(16)?;
+        let lo = (pair[1] as char).to_digit(16)?;
+        out[i] = (hi * 16 + lo) as u8;
+    }
+    Some(out)
+}
+
+/// Formats 16 UUID bytes the way NVML does (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn struct_sizes_match_cuda_h() {
+        assert_eq!(std::mem::size_of::<CUmemAllocationProp>(), 32);
+        assert_eq!(std::mem::size_of::<CUDA_ARRAY_DESCRIPTOR>(), 24);
+        assert_eq!(std::mem::size_of::<CUDA_ARRAY3D_DESCRIPTOR>(), 40);
+        assert_eq!(std::mem::size_of::<nvmlMemory_t>(), 24);
+        assert_eq!(std::mem::size_of::<nvmlMemory_v2_t>(), 40);
+    }
+
+    #[test]
+    fn uuid_round_trip() {
+        let b: [u8; 16] = core::array::from_fn(|i| (i * 17) as u8);
+        let s = format_uuid(&b);
+        assert_eq!(s.len(), 40);
+        assert_eq!(parse_uuid(&s), Some(b));
+        assert_eq!(parse_uuid("GPU-xyz"), None);
+        assert_eq!(parse_uuid("MIG-00000000-0000-0000-0000-000000000000"), None);
+    }
+}

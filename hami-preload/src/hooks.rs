@@ -1,0 +1,939 @@
+//! The exported driver and NVML functions. Each one is a thin shim: catch panics, check and
+//! convert the raw arguments, call one policy function with closures over the real driver,
+//! convert back.
+#![allow(non_snake_case)]
+#![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
+
+use crate::accounting::{AllocError, Allocated, Deny, Ns};
+use crate::contexts::Meter;
+use crate::cuda::*;
+use crate::policy::{self, ContextCost, DeviceQuota};
+use crate::state::{self, ProcLedger, ProcState};
+use crate::symbols::{self, Cu, Nv, CUDA};
+use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+/// Runs `f`, turning a panic into `err` (no unwinding across the FFI boundary).
+fn guard<R>(err: R, f: impl FnOnce() -> R) -> R {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        crate::error!("internal error (panic) in a hook; returning an error code");
+        err
+    })
+}
+
+macro_rules! real_cu {
+    ($sym:ident, $ty:ty) => {
+        // SAFETY: `$ty` is the documented type of the symbol.
+        match unsafe { symbols::cu::<$ty>(Cu::$sym) } {
+            Some(f) => f,
+            None => return CUDA_ERROR_NOT_FOUND,
+        }
+    };
+}
+
+/// The current context's device and the context itself.
+fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
+    // SAFETY: documented types.
+    let get_dev =
+        unsafe { symbols::cu::<FnCtxGetDevice>(Cu::CtxGetDevice) }.ok_or(CUDA_ERROR_NOT_FOUND)?;
+    let mut dev: CUdevice = 0;
+    // SAFETY: valid out pointer.
+    let r = unsafe { get_dev(&mut dev) };
+    if r != CUDA_SUCCESS {
+        return Err(r);
+    }
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: documented type; valid out pointer.
+    if let Some(f) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::CtxGetCurrent) } {
+        // SAFETY: valid out pointer.
+        if unsafe { f(&mut ctx) } != CUDA_SUCCESS {
+            ctx = std::ptr::null_mut();
+        }
+    }
+    Ok((dev.max(0) as usize, ctx as usize))
+}
+
+fn report_denial(what: &str, p: &ProcState, dev: usize, d: &Deny) {
+    if d.is_over_limit() {
+        crate::info!("{what}: CUDA_ERROR_OUT_OF_MEMORY: {d}");
+    } else if p.first_denial(dev) {
+        crate::error!("{what}: CUDA_ERROR_OUT_OF_MEMORY: {d}");
+    } else {
+        crate::debug!("{what}: CUDA_ERROR_OUT_OF_MEMORY: {d}");
+    }
+}
+
+fn finish(what: &str, l: &ProcLedger, dev: usize, r: Result<(), AllocError>) -> CUresult {
+    match r {
+        Ok(()) => CUDA_SUCCESS,
+        Err(e) => {
+            if let AllocError::Denied(d) = &e {
+                report_denial(what, l.p, dev, d);
+            }
+            e.code()
+        }
+    }
+}
+
+/// Allocation of a device pointer on the current context's device.
+///
+/// # Safety
+/// `dptr` is null or writable.
+unsafe fn alloc_ptr(
+    what: &str,
+    dptr: *mut CUdeviceptr,
+    bytes: u64,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if dptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let (dev, ctx) = match current_dev_ctx() {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    let l = ProcLedger::current();
+    let r = l.p.accounts.alloc(
+        &l,
+        Ns::Ptr,
+        dev,
+        ctx,
+        bytes,
+        || match real() {
+            // SAFETY: the driver wrote *dptr on success.
+            CUDA_SUCCESS => Ok(Allocated {
+                key: unsafe { *dptr },
+                bytes,
+            }),
+            e => Err(e),
+        },
+        |_| {},
+    );
+    finish(what, &l, dev, r)
+}
+
+fn release(ns: Ns, key: u64, real: impl FnOnce() -> CUresult) -> CUresult {
+    let l = ProcLedger::current();
+    l.p.accounts.free(&l, ns, key, real)
+}
+
+// ---------------------------------------------------------------- allocation
+
+/// Hook of `cuMemAlloc_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemAlloc, FnMemAlloc);
+        // SAFETY: forwarded arguments.
+        unsafe { alloc_ptr("cuMemAlloc_v2", dptr, bytesize as u64, || f(dptr, bytesize)) }
+    })
+}
+
+/// Hook of `cuMemAllocManaged` (charged to the current context's device).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemAllocManaged, FnMemAllocManaged);
+        // SAFETY: forwarded arguments.
+        unsafe {
+            alloc_ptr("cuMemAllocManaged", dptr, bytesize as u64, || {
+                f(dptr, bytesize, flags)
+            })
+        }
+    })
+}
+
+/// Hook of `cuMemAllocAsync` (charged to the current context's device).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemAllocAsync, FnMemAllocAsync);
+        // SAFETY: forwarded arguments.
+        unsafe {
+            alloc_ptr("cuMemAllocAsync", dptr, bytesize as u64, || {
+                f(dptr, bytesize, stream)
+            })
+        }
+    })
+}
+
+/// Hook of `cuMemAllocAsync_ptsz`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemAllocAsyncPtsz, FnMemAllocAsync);
+        // SAFETY: forwarded arguments.
+        unsafe {
+            alloc_ptr("cuMemAllocAsync_ptsz", dptr, bytesize as u64, || {
+                f(dptr, bytesize, stream)
+            })
+        }
+    })
+}
+
+/// Hook of `cuMemAllocFromPoolAsync` (charged to the current context's device).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemAllocFromPoolAsync, FnMemAllocFromPoolAsync);
+        // SAFETY: forwarded arguments.
+        unsafe {
+            alloc_ptr("cuMemAllocFromPoolAsync", dptr, bytesize as u64, || {
+                f(dptr, bytesize, pool, stream)
+            })
+        }
+    })
+}
+
+/// Hook of `cuMemAllocFromPoolAsync_ptsz`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemAllocFromPoolAsyncPtsz, FnMemAllocFromPoolAsync);
+        // SAFETY: forwarded arguments.
+        unsafe {
+            alloc_ptr(
+                "cuMemAllocFromPoolAsync_ptsz",
+                dptr,
+                bytesize as u64,
+                || f(dptr, bytesize, pool, stream),
+            )
+        }
+    })
+}
+
+/// Hook of `cuMemAllocPitch_v2`: charges an estimate first, then the real `pitch * height`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemAllocPitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: c_uint,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemAllocPitch, FnMemAllocPitch);
+        if dptr.is_null() || pitch.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        let (dev, ctx) = match current_dev_ctx() {
+            Ok(x) => x,
+            Err(e) => return e,
+        };
+        let l = ProcLedger::current();
+        let estimate = policy::pitch_estimate(width as u64, height as u64);
+        let r = l.p.accounts.alloc(
+            &l,
+            Ns::Ptr,
+            dev,
+            ctx,
+            estimate,
+            // SAFETY: forwarded arguments; the driver wrote *dptr and *pitch on success.
+            || match unsafe { f(dptr, pitch, width, height, elem) } {
+                CUDA_SUCCESS => Ok(Allocated {
+                    key: unsafe { *dptr },
+                    bytes: (unsafe { *pitch } as u64).saturating_mul(height as u64),
+                }),
+                e => Err(e),
+            },
+            |key| {
+                // SAFETY: documented type; frees what the driver just returned.
+                if let Some(free) = unsafe { symbols::cu::<FnMemFree>(Cu::MemFree) } {
+                    // SAFETY: key is the pointer the driver returned.
+                    unsafe { free(key) };
+                }
+            },
+        );
+        finish("cuMemAllocPitch_v2", &l, dev, r)
+    })
+}
+
+/// Hook of `cuMemCreate`: handles located on a device are charged to that device until
+/// `cuMemRelease`; host-located handles are not charged.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemCreate(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemCreate, FnMemCreate);
+        if handle.is_null() || prop.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: non-null pointer to the caller's properties.
+        let loc = unsafe { (*prop).location };
+        if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE || loc.id < 0 {
+            // SAFETY: forwarded arguments.
+            return unsafe { f(handle, size, prop, flags) };
+        }
+        let dev = loc.id as usize;
+        let l = ProcLedger::current();
+        let r = l.p.accounts.alloc(
+            &l,
+            Ns::Handle,
+            dev,
+            0,
+            size as u64,
+            // SAFETY: forwarded arguments; the driver wrote *handle on success.
+            || match unsafe { f(handle, size, prop, flags) } {
+                CUDA_SUCCESS => Ok(Allocated {
+                    key: unsafe { *handle },
+                    bytes: size as u64,
+                }),
+                e => Err(e),
+            },
+            |_| {},
+        );
+        finish("cuMemCreate", &l, dev, r)
+    })
+}
+
+fn array_alloc(
+    what: &str,
+    out: *mut CUarray,
+    estimate: u64,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let (dev, ctx) = match current_dev_ctx() {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    let l = ProcLedger::current();
+    let r = l.p.accounts.alloc(
+        &l,
+        Ns::Array,
+        dev,
+        ctx,
+        estimate,
+        || match real() {
+            CUDA_SUCCESS => Ok(Allocated {
+                // SAFETY: the driver wrote *out on success.
+                key: unsafe { *out } as u64,
+                bytes: estimate,
+            }),
+            e => Err(e),
+        },
+        |_| {},
+    );
+    finish(what, &l, dev, r)
+}
+
+/// Hook of `cuArrayCreate_v2` (charged with the documented footprint estimate).
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    out: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(ArrayCreate, FnArrayCreate);
+        if out.is_null() || desc.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: non-null descriptor from the caller.
+        let estimate = policy::array_charge(unsafe { &*desc });
+        // SAFETY: forwarded arguments.
+        array_alloc("cuArrayCreate_v2", out, estimate, || unsafe {
+            f(out, desc)
+        })
+    })
+}
+
+/// Hook of `cuArray3DCreate_v2` (charged with the documented footprint estimate).
+#[no_mangle]
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    out: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(Array3DCreate, FnArray3DCreate);
+        if out.is_null() || desc.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: non-null descriptor from the caller.
+        let estimate = policy::array3d_charge(unsafe { &*desc });
+        // SAFETY: forwarded arguments.
+        array_alloc("cuArray3DCreate_v2", out, estimate, || unsafe {
+            f(out, desc)
+        })
+    })
+}
+
+// ---------------------------------------------------------------- release
+
+/// Hook of `cuMemFree_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemFree, FnMemFree);
+        // SAFETY: forwarded argument.
+        release(Ns::Ptr, dptr, || unsafe { f(dptr) })
+    })
+}
+
+/// Hook of `cuMemFreeAsync` (released when the free is enqueued successfully).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemFreeAsync, FnMemFreeAsync);
+        // SAFETY: forwarded arguments.
+        release(Ns::Ptr, dptr, || unsafe { f(dptr, stream) })
+    })
+}
+
+/// Hook of `cuMemFreeAsync_ptsz`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemFreeAsyncPtsz, FnMemFreeAsync);
+        // SAFETY: forwarded arguments.
+        release(Ns::Ptr, dptr, || unsafe { f(dptr, stream) })
+    })
+}
+
+/// Hook of `cuMemRelease`.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemRelease, FnMemRelease);
+        // SAFETY: forwarded argument.
+        release(Ns::Handle, handle, || unsafe { f(handle) })
+    })
+}
+
+/// Hook of `cuArrayDestroy`.
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayDestroy(array: CUarray) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(ArrayDestroy, FnArrayDestroy);
+        // SAFETY: forwarded argument.
+        release(Ns::Array, array as u64, || unsafe { f(array) })
+    })
+}
+
+// ---------------------------------------------------------------- contexts
+
+/// NVML handles of CUDA ordinals, for measuring context memory.
+static NVML_BY_ORDINAL: Mutex<[usize; MAX_DEVICES]> = Mutex::new([0; MAX_DEVICES]);
+static NVML_INIT: OnceLock<bool> = OnceLock::new();
+
+fn nvml_ready() -> bool {
+    *NVML_INIT.get_or_init(|| {
+        // SAFETY: documented type.
+        match unsafe { symbols::nv::<FnNvmlInit>(Nv::InitV2) } {
+            // SAFETY: no arguments.
+            Some(f) => (unsafe { f() }) == NVML_SUCCESS,
+            None => false,
+        }
+    })
+}
+
+/// Device used memory per NVML for CUDA ordinal `dev` (real NVML, not our view).
+fn nvml_used(dev: usize) -> Option<u64> {
+    if dev >= MAX_DEVICES || !nvml_ready() {
+        return None;
+    }
+    let mut cache = NVML_BY_ORDINAL
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if cache[dev] == 0 {
+        let uuid = state::device_uuid(dev as CUdevice)?;
+        let s = std::ffi::CString::new(format_uuid(&uuid)).ok()?;
+        // SAFETY: documented type.
+        let by_uuid = unsafe { symbols::nv::<FnNvmlHandleByUuid>(Nv::HandleByUuid) }?;
+        let mut h: nvmlDevice_t = std::ptr::null_mut();
+        // SAFETY: valid C string and out pointer.
+        if unsafe { by_uuid(s.as_ptr(), &mut h) } != NVML_SUCCESS || h.is_null() {
+            return None;
+        }
+        cache[dev] = h as usize;
+    }
+    let h = cache[dev] as nvmlDevice_t;
+    drop(cache);
+    // SAFETY: documented type.
+    let info = unsafe { symbols::nv::<FnNvmlMemInfo>(Nv::MemInfo) }?;
+    let mut m = nvmlMemory_t::default();
+    // SAFETY: handle from NVML, valid out pointer.
+    (unsafe { info(h, &mut m) } == NVML_SUCCESS).then_some(m.used)
+}
+
+fn log_context_cost(what: &str, dev: usize, cost: Option<ContextCost>) {
+    match cost {
+        Some(ContextCost::Unknown) => crate::warn!(
+            "{what}: device {dev}: context memory could not be measured (NVML unavailable or disturbed); charged 0 bytes (set HAMI_CONTEXT_OVERHEAD to fix a value)"
+        ),
+        Some(c) => crate::debug!("{what}: device {dev}: context charged {} bytes ({c:?})", c.bytes()),
+        None => {}
+    }
+}
+
+fn meter_config() -> Option<u64> {
+    state::global().config.context_overhead
+}
+
+/// Hook of `cuDevicePrimaryCtxRetain`: the first retain per device charges the context.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(PrimaryCtxRetain, FnPrimaryCtxRetain);
+        if pctx.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        if dev < 0 {
+            // SAFETY: forwarded arguments.
+            return unsafe { f(pctx, dev) };
+        }
+        let l = ProcLedger::current();
+        let m = Meter {
+            configured: meter_config(),
+            used_now: &nvml_used,
+        };
+        let (r, cost) = l.p.contexts.primary_retain(&l, dev as usize, &m, || {
+            // SAFETY: forwarded arguments; *pctx written on success.
+            match unsafe { f(pctx, dev) } {
+                CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
+                e => Err(e),
+            }
+        });
+        log_context_cost("cuDevicePrimaryCtxRetain", dev as usize, cost);
+        r
+    })
+}
+
+fn primary_release(f: FnDeviceOp, dev: CUdevice) -> CUresult {
+    if dev < 0 {
+        // SAFETY: forwarded argument.
+        return unsafe { f(dev) };
+    }
+    let l = ProcLedger::current();
+    // SAFETY: forwarded argument.
+    l.p.contexts
+        .primary_release(&l, &l.p.accounts, dev as usize, || unsafe { f(dev) })
+}
+
+fn primary_reset(f: FnDeviceOp, dev: CUdevice) -> CUresult {
+    if dev < 0 {
+        // SAFETY: forwarded argument.
+        return unsafe { f(dev) };
+    }
+    let l = ProcLedger::current();
+    // SAFETY: forwarded argument.
+    l.p.contexts
+        .primary_reset(&l, &l.p.accounts, dev as usize, || unsafe { f(dev) })
+}
+
+/// Hook of `cuDevicePrimaryCtxRelease` (pre-11 name of the `_v2` function).
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        primary_release(real_cu!(PrimaryCtxRelease, FnDeviceOp), dev)
+    })
+}
+
+/// Hook of `cuDevicePrimaryCtxRelease_v2`: the last release uncharges the context.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        primary_release(real_cu!(PrimaryCtxReleaseV2, FnDeviceOp), dev)
+    })
+}
+
+/// Hook of `cuDevicePrimaryCtxReset`.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        primary_reset(real_cu!(PrimaryCtxReset, FnDeviceOp), dev)
+    })
+}
+
+/// Hook of `cuDevicePrimaryCtxReset_v2`: the primary context's allocations are gone.
+#[no_mangle]
+pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        primary_reset(real_cu!(PrimaryCtxResetV2, FnDeviceOp), dev)
+    })
+}
+
+fn ctx_create(
+    what: &str,
+    pctx: *mut CUcontext,
+    dev: CUdevice,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if pctx.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if dev < 0 {
+        return real();
+    }
+    let l = ProcLedger::current();
+    let m = Meter {
+        configured: meter_config(),
+        used_now: &nvml_used,
+    };
+    let (r, cost) = l.p.contexts.create(&l, dev as usize, &m, || match real() {
+        // SAFETY: *pctx written on success.
+        CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
+        e => Err(e),
+    });
+    log_context_cost(what, dev as usize, cost);
+    r
+}
+
+/// Hook of `cuCtxCreate_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(CtxCreateV2, FnCtxCreateV2);
+        // SAFETY: forwarded arguments.
+        ctx_create("cuCtxCreate_v2", pctx, dev, || unsafe {
+            f(pctx, flags, dev)
+        })
+    })
+}
+
+/// Hook of `cuCtxCreate_v3`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v3(
+    pctx: *mut CUcontext,
+    params: *mut c_void,
+    num_params: c_int,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(CtxCreateV3, FnCtxCreateV3);
+        // SAFETY: forwarded arguments.
+        ctx_create("cuCtxCreate_v3", pctx, dev, || unsafe {
+            f(pctx, params, num_params, flags, dev)
+        })
+    })
+}
+
+/// Hook of `cuCtxCreate_v4`.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate_v4(
+    pctx: *mut CUcontext,
+    params: *mut c_void,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(CtxCreateV4, FnCtxCreateV4);
+        // SAFETY: forwarded arguments.
+        ctx_create("cuCtxCreate_v4", pctx, dev, || unsafe {
+            f(pctx, params, flags, dev)
+        })
+    })
+}
+
+/// Hook of `cuCtxDestroy_v2`: uncharges the context and everything allocated in it.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(CtxDestroyV2, FnCtxDestroy);
+        let l = ProcLedger::current();
+        // SAFETY: forwarded argument.
+        l.p.contexts
+            .destroy(&l, &l.p.accounts, ctx as usize, || unsafe { f(ctx) })
+    })
+}
+
+// ---------------------------------------------------------------- views
+
+/// The quota of CUDA ordinal `dev` (None: not tracked, report the physical values).
+fn quota(dev: usize) -> Option<DeviceQuota> {
+    if dev >= MAX_DEVICES {
+        return None;
+    }
+    let g = state::global();
+    let local_invalid = g.config.limit_flags[dev] & LIMIT_FLAG_INVALID != 0;
+    Some(match &g.region {
+        Ok(r) => DeviceQuota {
+            limit: r.limit(dev),
+            invalid: local_invalid || r.limit_flags(dev) & LIMIT_FLAG_INVALID != 0,
+            used: r.used(dev),
+        },
+        // No region: allocations fail closed, so nothing is free.
+        Err(_) => DeviceQuota {
+            limit: g.config.limits[dev],
+            invalid: true,
+            used: 0,
+        },
+    })
+}
+
+/// Hook of `cuMemGetInfo_v2`: the quota of the current context's device.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(MemGetInfoV2, FnMemGetInfo);
+        if free.is_null() || total.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: forwarded, non-null out pointers.
+        let r = unsafe { f(free, total) };
+        if r != CUDA_SUCCESS {
+            return r;
+        }
+        let Ok((dev, _)) = current_dev_ctx() else {
+            return r;
+        };
+        if let Some(q) = quota(dev) {
+            // SAFETY: non-null out pointers the driver just wrote.
+            unsafe {
+                let (fr, to) = policy::mem_view(q, *free as u64, *total as u64);
+                *free = fr as usize;
+                *total = to as usize;
+            }
+        }
+        r
+    })
+}
+
+/// Hook of `cuDeviceTotalMem_v2`: min(limit, physical).
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(DeviceTotalMemV2, FnDeviceTotalMem);
+        if bytes.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: forwarded arguments.
+        let r = unsafe { f(bytes, dev) };
+        if r == CUDA_SUCCESS && dev >= 0 {
+            if let Some(q) = quota(dev as usize) {
+                // SAFETY: non-null out pointer the driver just wrote.
+                unsafe { *bytes = policy::total_view(q, *bytes as u64) as usize };
+            }
+        }
+        r
+    })
+}
+
+/// CUDA ordinals of NVML devices already identified.
+static NVML_ORDINALS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+
+/// The CUDA ordinal (as this process numbers devices) of an NVML device, by UUID.
+fn nvml_ordinal(device: nvmlDevice_t) -> Option<usize> {
+    {
+        let known = NVML_ORDINALS.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(&(_, o)) = known.iter().find(|(h, _)| *h == device as usize) {
+            return Some(o);
+        }
+    }
+    // SAFETY: documented type.
+    let get_uuid = unsafe { symbols::nv::<FnNvmlGetUuid>(Nv::GetUuid) }?;
+    let mut buf = [0 as c_char; 96];
+    // SAFETY: buffer and its length.
+    if unsafe { get_uuid(device, buf.as_mut_ptr(), buf.len() as c_uint) } != NVML_SUCCESS {
+        return None;
+    }
+    // SAFETY: NVML wrote a NUL-terminated string into the zeroed buffer.
+    let s = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    let uuid = parse_uuid(&s)?;
+    let g = state::global();
+    let region = g.region.as_ref().ok();
+    let mut found = region.and_then(|r| (0..MAX_DEVICES).find(|&d| r.uuid(d) == uuid));
+    if found.is_none() {
+        // No CUDA process recorded the UUIDs yet (e.g. nvidia-smi first): ask the driver.
+        // SAFETY: documented types.
+        let init = unsafe { symbols::cu::<FnInit>(Cu::Init) };
+        let count = unsafe { symbols::cu::<FnDeviceGetCount>(Cu::DeviceGetCount) };
+        if let (Some(init), Some(count)) = (init, count) {
+            let mut n: c_int = 0;
+            // SAFETY: plain calls with valid out pointers.
+            if unsafe { init(0) } == CUDA_SUCCESS && unsafe { count(&mut n) } == CUDA_SUCCESS {
+                for d in 0..(n.max(0) as usize).min(MAX_DEVICES) {
+                    if let Some(u) = state::device_uuid(d as CUdevice) {
+                        if let Some(r) = region {
+                            r.set_uuid(d, u);
+                        }
+                        if u == uuid {
+                            found = Some(d);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let o = found?;
+    NVML_ORDINALS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push((device as usize, o));
+    Some(o)
+}
+
+fn nvml_view(device: nvmlDevice_t, free: &mut u64, total: &mut u64, used: &mut u64) {
+    let Some(q) = nvml_ordinal(device).and_then(quota) else {
+        return;
+    };
+    if q.limit == 0 && !q.invalid {
+        return;
+    }
+    let (f, t) = policy::mem_view(q, *free, *total);
+    *free = f;
+    *total = t;
+    if !q.invalid {
+        *used = q.used.min(t);
+    }
+}
+
+/// Hook of `nvmlDeviceGetMemoryInfo`: the quota of the matching CUDA device.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
+    guard(NVML_ERROR_UNKNOWN, || {
+        // SAFETY: documented type.
+        let Some(f) = (unsafe { symbols::nv::<FnNvmlMemInfo>(Nv::MemInfo) }) else {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
+        };
+        if memory.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: forwarded arguments.
+        let r = unsafe { f(device, memory) };
+        if r == NVML_SUCCESS {
+            // SAFETY: non-null, just written by NVML.
+            let m = unsafe { &mut *memory };
+            nvml_view(device, &mut m.free, &mut m.total, &mut m.used);
+        }
+        r
+    })
+}
+
+/// Hook of `nvmlDeviceGetMemoryInfo_v2`: the quota of the matching CUDA device.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    guard(NVML_ERROR_UNKNOWN, || {
+        // SAFETY: documented type.
+        let Some(f) = (unsafe { symbols::nv::<FnNvmlMemInfoV2>(Nv::MemInfoV2) }) else {
+            return NVML_ERROR_FUNCTION_NOT_FOUND;
+        };
+        if memory.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: forwarded arguments.
+        let r = unsafe { f(device, memory) };
+        if r == NVML_SUCCESS {
+            // SAFETY: non-null, just written by NVML.
+            let m = unsafe { &mut *memory };
+            nvml_view(device, &mut m.free, &mut m.total, &mut m.used);
+        }
+        r
+    })
+}
+
+// ---------------------------------------------------------------- cuGetProcAddress
+
+/// After a successful real `cuGetProcAddress*`: hand out our hook instead of the real
+/// function when `*pfn` is the real address of a function we hook (any name, version or
+/// flags that lead there).
+///
+/// # Safety
+/// `pfn` is null or points to the function pointer the driver wrote.
+unsafe fn fix_pfn(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int) {
+    if pfn.is_null() {
+        return;
+    }
+    let Some(lib) = CUDA.get_resolved() else {
+        return;
+    };
+    // SAFETY: non-null, written by the driver.
+    let addr = unsafe { *pfn };
+    if let Some(h) = symbols::cu_hook_for_real(lib, addr) {
+        // SAFETY: as above.
+        unsafe { *pfn = h };
+        return;
+    }
+    if !symbol.is_null() && !addr.is_null() {
+        // SAFETY: non-null C string from the caller.
+        if unsafe { CStr::from_ptr(symbol) }.to_bytes() == b"cuGetProcAddress" {
+            let ours = if version >= 12000 {
+                symbols::cu_hook_addr(Cu::GetProcAddressV2 as usize)
+            } else {
+                symbols::cu_hook_addr(Cu::GetProcAddress as usize)
+            };
+            // SAFETY: as above.
+            unsafe { *pfn = ours };
+        }
+    }
+}
+
+/// Hook of `cuGetProcAddress` (CUDA 11.3+ signature).
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(GetProcAddress, FnGetProcAddress);
+        // SAFETY: forwarded arguments.
+        let r = unsafe { f(symbol, pfn, version, flags) };
+        if r == CUDA_SUCCESS {
+            // SAFETY: pfn as passed by the caller and written by the driver.
+            unsafe { fix_pfn(symbol, pfn, version) };
+        }
+        r
+    })
+}
+
+/// Hook of `cuGetProcAddress_v2` (CUDA 12+ signature).
+#[no_mangle]
+pub unsafe extern "C" fn cuGetProcAddress_v2(
+    symbol: *const c_char,
+    pfn: *mut *mut c_void,
+    version: c_int,
+    flags: u64,
+    status: *mut c_int,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(GetProcAddressV2, FnGetProcAddressV2);
+        // SAFETY: forwarded arguments.
+        let r = unsafe { f(symbol, pfn, version, flags, status) };
+        if r == CUDA_SUCCESS {
+            // SAFETY: pfn as passed by the caller and written by the driver.
+            unsafe { fix_pfn(symbol, pfn, version) };
+        }
+        r
+    })
+}

@@ -1,0 +1,212 @@
+//! Pure policy functions: what the memory views report, how much a context costs, what an
+//! array or a pitched allocation is charged.
+
+use crate::cuda::{CUDA_ARRAY3D_DEFERRED_MAPPING, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR};
+use hami_common::array::array_footprint;
+
+/// The quota as the application sees a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceQuota {
+    /// Limit in bytes, 0 = unlimited.
+    pub limit: u64,
+    /// The device's configuration is invalid (fail closed).
+    pub invalid: bool,
+    /// Bytes admitted on the device, all processes sharing the region.
+    pub used: u64,
+}
+
+/// `(free, total)` as `cuMemGetInfo_v2` / NVML report it under the quota.
+///
+/// * unlimited: the physical values, unchanged;
+/// * invalid configuration: free 0, total the physical total (nothing can be allocated);
+/// * otherwise total = min(limit, physical total) and
+///   free = min(limit - used (saturating at 0), physical free).
+pub fn mem_view(q: DeviceQuota, phys_free: u64, phys_total: u64) -> (u64, u64) {
+    if q.invalid {
+        return (0, phys_total);
+    }
+    if q.limit == 0 {
+        return (phys_free, phys_total);
+    }
+    let total = q.limit.min(phys_total);
+    let free = q.limit.saturating_sub(q.used).min(phys_free).min(total);
+    (free, total)
+}
+
+/// `cuDeviceTotalMem_v2` under the quota.
+pub fn total_view(q: DeviceQuota, phys_total: u64) -> u64 {
+    if q.invalid || q.limit == 0 {
+        phys_total
+    } else {
+        q.limit.min(phys_total)
+    }
+}
+
+/// Largest context footprint believed from a before/after measurement; a larger difference
+/// means something else allocated meanwhile, and the measurement is discarded.
+pub const MAX_MEASURED_CONTEXT: u64 = 4 << 30;
+
+/// How a context's memory was determined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ContextCost {
+    /// `HAMI_CONTEXT_OVERHEAD`.
+    Configured(u64),
+    /// NVML device used memory after minus before.
+    Measured(u64),
+    /// Not measurable: nothing charged.
+    Unknown,
+}
+
+impl ContextCost {
+    /// Bytes to charge.
+    pub fn bytes(self) -> u64 {
+        match self {
+            ContextCost::Configured(b) | ContextCost::Measured(b) => b,
+            ContextCost::Unknown => 0,
+        }
+    }
+}
+
+/// The memory a new context takes, from the configured override or a before/after reading
+/// of the device's used memory.
+pub fn context_cost(
+    configured: Option<u64>,
+    before: Option<u64>,
+    after: Option<u64>,
+) -> ContextCost {
+    if let Some(b) = configured {
+        return ContextCost::Configured(b);
+    }
+    match (before, after) {
+        (Some(b), Some(a)) if a >= b && a - b <= MAX_MEASURED_CONTEXT => {
+            ContextCost::Measured(a - b)
+        }
+        _ => ContextCost::Unknown,
+    }
+}
+
+/// Alignment a pitched allocation's rows are assumed to get when estimating the charge made
+/// before the call (the real pitch is charged after it).
+pub const PITCH_ALIGN: u64 = 512;
+
+/// Charge estimated before `cuMemAllocPitch_v2`: width rounded up to [`PITCH_ALIGN`] times
+/// height (saturating).
+pub fn pitch_estimate(width: u64, height: u64) -> u64 {
+    let w = width.saturating_add(PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+    w.saturating_mul(height)
+}
+
+/// Charge for `cuArrayCreate_v2`.
+pub fn array_charge(d: &CUDA_ARRAY_DESCRIPTOR) -> u64 {
+    array_footprint(d.width as u64, d.height as u64, 0, d.format, d.num_channels)
+}
+
+/// Charge for `cuArray3DCreate_v2`: 0 for `CUDA_ARRAY3D_DEFERRED_MAPPING` arrays (they have
+/// no memory of their own; what gets mapped into them comes from `cuMemCreate`, charged there).
+pub fn array3d_charge(d: &CUDA_ARRAY3D_DESCRIPTOR) -> u64 {
+    if d.flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0 {
+        return 0;
+    }
+    array_footprint(
+        d.width as u64,
+        d.height as u64,
+        d.depth as u64,
+        d.format,
+        d.num_channels,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GB: u64 = 1 << 30;
+
+    fn q(limit: u64, used: u64) -> DeviceQuota {
+        DeviceQuota {
+            limit,
+            invalid: false,
+            used,
+        }
+    }
+
+    #[test]
+    fn mem_view_cases() {
+        // Unlimited: pass through.
+        assert_eq!(mem_view(q(0, 5 * GB), 70 * GB, 80 * GB), (70 * GB, 80 * GB));
+        // Quota: total = limit, free = limit - used.
+        assert_eq!(
+            mem_view(q(10 * GB, 3 * GB), 70 * GB, 80 * GB),
+            (7 * GB, 10 * GB)
+        );
+        // Over-used (contexts force-charged): free saturates at 0.
+        assert_eq!(
+            mem_view(q(10 * GB, 12 * GB), 70 * GB, 80 * GB),
+            (0, 10 * GB)
+        );
+        // Never above the physical free.
+        assert_eq!(mem_view(q(10 * GB, GB), 2 * GB, 80 * GB), (2 * GB, 10 * GB));
+        // Limit above the physical size.
+        assert_eq!(
+            mem_view(q(100 * GB, 0), 70 * GB, 80 * GB),
+            (70 * GB, 80 * GB)
+        );
+        // Invalid configuration: nothing free.
+        let bad = DeviceQuota {
+            limit: 0,
+            invalid: true,
+            used: 0,
+        };
+        assert_eq!(mem_view(bad, 70 * GB, 80 * GB), (0, 80 * GB));
+        assert_eq!(total_view(bad, 80 * GB), 80 * GB);
+        assert_eq!(total_view(q(10 * GB, 0), 80 * GB), 10 * GB);
+        assert_eq!(total_view(q(0, 0), 80 * GB), 80 * GB);
+    }
+
+    #[test]
+    fn context_costs() {
+        assert_eq!(
+            context_cost(Some(5), Some(1), Some(100)),
+            ContextCost::Configured(5)
+        );
+        assert_eq!(
+            context_cost(None, Some(100), Some(400)),
+            ContextCost::Measured(300)
+        );
+        assert_eq!(
+            context_cost(None, Some(400), Some(100)),
+            ContextCost::Unknown
+        );
+        assert_eq!(context_cost(None, None, Some(100)), ContextCost::Unknown);
+        assert_eq!(
+            context_cost(None, Some(0), Some(5 * GB)),
+            ContextCost::Unknown
+        );
+        assert_eq!(ContextCost::Unknown.bytes(), 0);
+    }
+
+    #[test]
+    fn pitch_and_arrays() {
+        assert_eq!(pitch_estimate(1000, 10), 1024 * 10);
+        assert_eq!(pitch_estimate(512, 3), 512 * 3);
+        assert_eq!(pitch_estimate(u64::MAX, 2), u64::MAX);
+        let d = CUDA_ARRAY_DESCRIPTOR {
+            width: 1024,
+            height: 1024,
+            format: 0x20,
+            num_channels: 4,
+        };
+        assert_eq!(array_charge(&d), 16 << 20);
+        let mut d3 = CUDA_ARRAY3D_DESCRIPTOR {
+            width: 1024,
+            height: 1024,
+            depth: 2,
+            format: 0x20,
+            num_channels: 4,
+            flags: 0,
+        };
+        assert_eq!(array3d_charge(&d3), 32 << 20);
+        d3.flags = CUDA_ARRAY3D_DEFERRED_MAPPING;
+        assert_eq!(array3d_charge(&d3), 0);
+    }
+}

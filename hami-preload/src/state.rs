@@ -1,0 +1,365 @@
+//! Process-wide state, created lazily at the first hooked call.
+//!
+//! * [`Global`]: configuration and the opened region. Built once per process image (kept
+//!   across `fork`: the mapping is shared and the lock process-shared).
+//! * [`ProcState`]: this process's slot, tracked objects and contexts. Replaced by a fresh
+//!   one in a forked child (the `pthread_atfork` child handler), so a child registers its
+//!   own slot and does not inherit its parent's allocations. The old one is leaked on
+//!   purpose: another parent thread may have held one of its locks at the fork.
+//!
+//! No lock is held while building either: two threads racing on the first call both build,
+//! one result is kept. Nothing runs at load time; a `.fini_array` entry unregisters the slot
+//! at normal exit (and does nothing in a process that never used CUDA).
+
+use crate::accounting::{Accounts, Deny, Ledger};
+use crate::config::Config;
+use crate::contexts::ContextTable;
+use crate::cuda::{CUdevice, CUuuid, CUDA_SUCCESS};
+use crate::log::Level;
+use crate::symbols::{self, Cu};
+use hami_common::layout::{UsageKind, MAX_DEVICES};
+use hami_common::region::{DenyReason, OpenOutcome, ProcessId, Region, RegionConfig, SlotId};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+/// Configuration and region, shared by every thread (and inherited by forked children).
+pub struct Global {
+    /// The parsed environment.
+    pub config: Config,
+    /// The region, or why it could not be opened.
+    pub region: Result<Region, String>,
+}
+
+static GLOBAL: OnceLock<Global> = OnceLock::new();
+
+/// The global state, built on first use.
+pub fn global() -> &'static Global {
+    if let Some(g) = GLOBAL.get() {
+        return g;
+    }
+    let (g, messages) = build_global();
+    if GLOBAL.set(g).is_ok() {
+        // Only the thread whose state was kept reports.
+        for (level, m) in messages {
+            crate::log::write(level, format_args!("{m}"));
+        }
+    }
+    GLOBAL.get().expect("GLOBAL was just set")
+}
+
+fn device_count() -> u32 {
+    // SAFETY: FnDeviceGetCount is the type of cuDeviceGetCount.
+    let Some(f) = (unsafe { symbols::cu::<crate::cuda::FnDeviceGetCount>(Cu::DeviceGetCount) })
+    else {
+        return 0;
+    };
+    let mut n = 0;
+    // SAFETY: valid out pointer.
+    if unsafe { f(&mut n) } == CUDA_SUCCESS {
+        n.max(0) as u32
+    } else {
+        0
+    }
+}
+
+fn build_global() -> (Global, Vec<(Level, String)>) {
+    let config = Config::from_env();
+    let mut messages = Vec::new();
+    for e in &config.errors {
+        messages.push((
+            Level::Error,
+            format!("{e}; allocations on the affected devices fail with CUDA_ERROR_OUT_OF_MEMORY"),
+        ));
+    }
+    let rc = RegionConfig {
+        limits: config.limits,
+        limit_flags: config.limit_flags,
+        device_count: device_count().max(config.configured_devices()),
+        ..RegionConfig::default()
+    };
+    let region = match Region::open_or_create(Path::new(&config.region_path), &rc) {
+        Ok((r, OpenOutcome::Created)) => {
+            messages.push((
+                Level::Info,
+                format!("created shared region {}", config.region_path),
+            ));
+            Ok(r)
+        }
+        Ok((r, OpenOutcome::Existing { differs })) => {
+            for d in differs {
+                messages.push((
+                    Level::Warn,
+                    format!(
+                        "device {}: this process's limit ({} bytes, flags {}) differs from the shared region's ({} bytes, flags {}); the region's applies",
+                        d.dev, d.requested_limit, d.requested_flags, d.region_limit, d.region_flags
+                    ),
+                ));
+            }
+            Ok(r)
+        }
+        Err(e) => {
+            messages.push((
+                Level::Error,
+                format!("{e}; every allocation fails with CUDA_ERROR_OUT_OF_MEMORY"),
+            ));
+            Err(e.to_string())
+        }
+    };
+    (Global { config, region }, messages)
+}
+
+/// This process's state (replaced in a forked child).
+pub struct ProcState {
+    who: OnceLock<ProcessId>,
+    slot: Mutex<Option<SlotId>>,
+    registered: AtomicBool,
+    exiting: AtomicBool,
+    /// Tracked driver objects.
+    pub accounts: Accounts,
+    /// Contexts.
+    pub contexts: ContextTable,
+    denial_logged: [AtomicBool; MAX_DEVICES],
+    /// Slot index cache for the hot path (u64::MAX = none).
+    slot_index: AtomicU64,
+}
+
+impl ProcState {
+    fn new() -> ProcState {
+        ProcState {
+            who: OnceLock::new(),
+            slot: Mutex::new(None),
+            registered: AtomicBool::new(false),
+            exiting: AtomicBool::new(false),
+            accounts: Accounts::default(),
+            contexts: ContextTable::default(),
+            denial_logged: std::array::from_fn(|_| AtomicBool::new(false)),
+            slot_index: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Whether a fail-closed denial on `dev` was already logged at error level (and marks it).
+    pub fn first_denial(&self, dev: usize) -> bool {
+        self.denial_logged
+            .get(dev)
+            .is_some_and(|f| !f.swap(true, Ordering::Relaxed))
+    }
+
+    /// This process's slot, if registered.
+    pub fn slot(&self) -> Option<SlotId> {
+        if !self.registered.load(Ordering::Acquire) {
+            return None;
+        }
+        let idx = self.slot_index.load(Ordering::Relaxed);
+        let who = *self.who.get()?;
+        (idx != u64::MAX).then(|| SlotId::new(idx as usize, who))
+    }
+
+    /// Registers (once) and returns the slot.
+    fn ensure_slot(&self, region: &Region) -> Result<SlotId, Deny> {
+        if let Some(s) = self.slot() {
+            return Ok(s);
+        }
+        let mut g = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(s) = *g {
+            return Ok(s);
+        }
+        let who = *self.who.get_or_init(ProcessId::current);
+        let s = region
+            .register(who)
+            .map_err(|e| Deny::NoSlot(e.to_string()))?;
+        // A slot already holding exactly this process (same pid and start time) is what a
+        // previous program image left before `exec`: its objects are gone.
+        for dev in 0..MAX_DEVICES {
+            for kind in UsageKind::ALL {
+                let u = region.slot_usage(s, dev, kind);
+                if u != 0 {
+                    region.uncharge(s, dev, kind, u);
+                }
+            }
+        }
+        record_uuids(region);
+        *g = Some(s);
+        self.slot_index.store(s.index() as u64, Ordering::Relaxed);
+        self.registered.store(true, Ordering::Release);
+        crate::debug!(
+            "registered in {} as slot {}",
+            region.path().display(),
+            s.index()
+        );
+        Ok(s)
+    }
+
+    fn forget_slot(&self) {
+        let mut g = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
+        *g = None;
+        self.registered.store(false, Ordering::Release);
+        self.slot_index.store(u64::MAX, Ordering::Relaxed);
+    }
+}
+
+/// Records the UUID of every device this process sees (ordinals after
+/// `CUDA_VISIBLE_DEVICES`).
+fn record_uuids(region: &Region) {
+    let n = device_count().min(MAX_DEVICES as u32);
+    for dev in 0..n {
+        if let Some(u) = device_uuid(dev as CUdevice) {
+            region.set_uuid(dev as usize, u);
+        }
+    }
+}
+
+/// The UUID of CUDA device `dev` (real `cuDeviceGetUuid_v2`, else `cuDeviceGetUuid`).
+pub fn device_uuid(dev: CUdevice) -> Option<[u8; 16]> {
+    // SAFETY: FnDeviceGetUuid is the type of both functions.
+    let f = unsafe { symbols::cu::<crate::cuda::FnDeviceGetUuid>(Cu::DeviceGetUuidV2) }
+        // SAFETY: as above.
+        .or_else(|| unsafe { symbols::cu::<crate::cuda::FnDeviceGetUuid>(Cu::DeviceGetUuid) })?;
+    let mut u = CUuuid::default();
+    // SAFETY: valid out pointer.
+    (unsafe { f(&mut u, dev) } == CUDA_SUCCESS).then_some(u.bytes)
+}
+
+static PROC: AtomicPtr<ProcState> = AtomicPtr::new(std::ptr::null_mut());
+static HANDLERS: std::sync::Once = std::sync::Once::new();
+
+/// This process's state, created on first use.
+pub fn proc_state() -> &'static ProcState {
+    let p = PROC.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: PROC only ever holds leaked boxes, never freed.
+        return unsafe { &*p };
+    }
+    HANDLERS.call_once(|| {
+        // SAFETY: registering a handler with no preconditions; the library is never unloaded
+        // (linked with -z nodelete).
+        unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
+    });
+    let fresh = Box::into_raw(Box::new(ProcState::new()));
+    match PROC.compare_exchange(
+        std::ptr::null_mut(),
+        fresh,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        // SAFETY: just published, never freed.
+        Ok(_) => unsafe { &*fresh },
+        Err(existing) => {
+            // SAFETY: `fresh` was never shared.
+            drop(unsafe { Box::from_raw(fresh) });
+            // SAFETY: as above.
+            unsafe { &*existing }
+        }
+    }
+}
+
+extern "C" fn atfork_child() {
+    // The child starts with no slot and no objects; the parent's state is leaked (one of
+    // its mutexes may have been held by another parent thread).
+    PROC.store(std::ptr::null_mut(), Ordering::Release);
+}
+
+/// Unregisters the slot at normal process exit. Other threads may still be running hooks:
+/// they then fail closed (the state itself is never freed).
+extern "C" fn at_exit() {
+    let p = PROC.load(Ordering::Acquire);
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: never freed.
+    let p = unsafe { &*p };
+    p.exiting.store(true, Ordering::Release);
+    let Some(slot) = p.slot() else { return };
+    if let Some(Ok(region)) = GLOBAL.get().map(|g| g.region.as_ref()) {
+        region.unregister(slot);
+    }
+    p.forget_slot();
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static AT_EXIT: extern "C" fn() = at_exit;
+
+/// The [`Ledger`] of this process: the region, through its slot.
+pub struct ProcLedger {
+    /// Global state.
+    pub g: &'static Global,
+    /// Process state.
+    pub p: &'static ProcState,
+}
+
+impl ProcLedger {
+    /// The ledger of the calling process.
+    pub fn current() -> ProcLedger {
+        ProcLedger {
+            g: global(),
+            p: proc_state(),
+        }
+    }
+
+    fn region(&self) -> Result<&Region, Deny> {
+        self.g
+            .region
+            .as_ref()
+            .map_err(|e| Deny::NoRegion(e.clone()))
+    }
+
+    fn local_invalid(&self, dev: usize) -> bool {
+        self.g
+            .config
+            .limit_flags
+            .get(dev)
+            .is_some_and(|f| f & hami_common::layout::LIMIT_FLAG_INVALID != 0)
+    }
+}
+
+impl Ledger for ProcLedger {
+    fn try_charge(&self, dev: usize, kind: UsageKind, bytes: u64) -> Result<(), Deny> {
+        if self.p.exiting.load(Ordering::Relaxed) {
+            return Err(Deny::NoSlot("process is exiting".into()));
+        }
+        if self.local_invalid(dev) {
+            return Err(Deny::LocalConfig(dev));
+        }
+        let region = self.region()?;
+        let mut retried = false;
+        loop {
+            let slot = self.p.ensure_slot(region)?;
+            match region.try_charge(slot, dev, kind, bytes) {
+                Ok(()) => return Ok(()),
+                Err(d) if !retried && d.reason == DenyReason::SlotLost => {
+                    crate::warn!(
+                        "process slot {} was reclaimed; registering again",
+                        slot.index()
+                    );
+                    self.p.forget_slot();
+                }
+                Err(d) if !retried && d.reason == DenyReason::OverLimit => {
+                    // Dead processes may still hold usage: reclaim, then decide again.
+                    if region.reclaim_dead().is_empty() {
+                        return Err(Deny::Region(d.to_string()));
+                    }
+                }
+                Err(d) => return Err(Deny::Region(d.to_string())),
+            }
+            retried = true;
+        }
+    }
+
+    fn force_charge(&self, dev: usize, kind: UsageKind, bytes: u64) {
+        if bytes == 0 || self.p.exiting.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Ok(region) = self.region() {
+            if let Ok(slot) = self.p.ensure_slot(region) {
+                region.force_charge(slot, dev, kind, bytes);
+            }
+        }
+    }
+
+    fn uncharge(&self, dev: usize, kind: UsageKind, bytes: u64) {
+        if let (Ok(region), Some(slot)) = (self.region(), self.p.slot()) {
+            region.uncharge(slot, dev, kind, bytes);
+        }
+    }
+}
