@@ -1496,6 +1496,7 @@ def main(argv=None):
     ap.add_argument("--python", help="python for the workloads (default: this one)")
     ap.add_argument("--only", nargs="*", help="workload names to run (default: all)")
     ap.add_argument("--no-bench", action="store_true")
+    ap.add_argument("--keep-work", action="store_true", help="keep the scratch folder")
     args = ap.parse_args(argv)
     runner = Runner(args)
     try:
@@ -1508,6 +1509,8 @@ def main(argv=None):
     finally:
         if runner.agent.proc is not None:
             runner.agent.stop()
+        if not args.keep_work:
+            shutil.rmtree(runner.work, ignore_errors=True)
 
 
 if __name__ == "__main__":

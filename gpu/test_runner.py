@@ -1,0 +1,351 @@
+"""Tests for run_acceptance.py that need no GPU: python3 -m unittest gpu/test_runner.py -v
+
+Unit tests cover the parsing and evaluation; the integration tests run the whole runner
+against stand-ins (gpu/testing/: nvcc = gcc + a stub CUDA runtime, a fake nvidia-smi and a
+fake hami-agent) for the two CUDA C workloads, including a hanging workload.
+"""
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import run_acceptance as ra  # noqa: E402
+
+MIB = 1 << 20
+GIB = 1 << 30
+QUOTA = 4 * GIB
+TORCH = ra.WORKLOADS[0]
+CUDA = ra.WORKLOADS[4]
+
+
+class ParseLine(unittest.TestCase):
+    def test_protocol_line(self):
+        self.assertEqual(ra.parse_line("MEMINFO free=1 total=2\n"),
+                         ("MEMINFO", {"free": "1", "total": "2"}))
+        self.assertEqual(ra.parse_line("OOM_OK kind=OutOfMemoryError"),
+                         ("OOM_OK", {"kind": "OutOfMemoryError"}))
+
+    def test_noise_is_not_a_tag(self):
+        self.assertEqual(ra.parse_line("/usr/lib/python3/warnings.py:1: UserWarning: x"), (None, {}))
+        self.assertEqual(ra.parse_line(""), (None, {}))
+        self.assertEqual(ra.parse_line("hami: warning: something"), (None, {}))
+
+    def test_find_tag_first(self):
+        lines = ["noise", "HOLDING bytes=5", "HOLDING bytes=6"]
+        self.assertEqual(ra.find_tag(lines, "HOLDING"), {"bytes": "5"})
+        self.assertIsNone(ra.find_tag(lines, "DONE"))
+
+
+class Audit(unittest.TestCase):
+    DOC = {
+        "processes": [
+            {"pid": 10, "hooked": True, "observed_bytes": 1 * GIB, "accounted_bytes": GIB,
+             "verdict": "ok"},
+            {"pid": 11, "hooked": False, "observed_bytes": 2 * GIB, "accounted_bytes": 0,
+             "verdict": "bypass"},
+        ],
+        "findings": [{"kind": "bypass", "reason": "no_preload", "pid": 11, "bytes": 2 * GIB}],
+    }
+
+    def test_assumed_format(self):
+        a = ra.parse_audit_json(json.dumps(self.DOC))
+        self.assertEqual(a["processes"][10]["observed_bytes"], GIB)
+        self.assertTrue(a["processes"][10]["hooked"])
+        self.assertEqual(a["findings"][0]["kind"], "bypass")
+        self.assertTrue(ra.audit_bypass_for(a, 11))
+        self.assertFalse(ra.audit_bypass_for(a, 10))
+        self.assertFalse(ra.audit_bypass_for(a, 12))
+
+    def test_json_lines_last_object_wins(self):
+        text = "starting\n" + json.dumps({"processes": [], "findings": []}) + "\n" + json.dumps(self.DOC)
+        a = ra.parse_audit_json(text)
+        self.assertIn(11, a["processes"])
+
+    def test_kind_spelling_and_data_split(self):
+        doc = {"processes": [{"pid": "7", "observed": 5, "observed_by_kind": {"data": 4}}],
+               "findings": [{"kind": "Leaked-Slot", "pid": None, "bytes": 1}]}
+        a = ra.parse_audit_json(json.dumps(doc))
+        self.assertEqual(a["processes"][7]["observed_data_bytes"], 4)
+        self.assertEqual(a["findings"][0]["kind"], "leaked_slot")
+
+    def test_garbage_raises(self):
+        with self.assertRaises(ValueError):
+            ra.parse_audit_json("error: not root")
+        with self.assertRaises(ValueError):
+            ra.parse_audit_json("[1, 2]")
+
+
+class Metrics(unittest.TestCase):
+    TEXT = """# HELP hami_findings_total findings
+# TYPE hami_findings_total counter
+hami_findings_total{kind="bypass",pid="42",container="a,b"} 1
+hami_findings_total{kind="drift",pid="42"} 3
+hami_findings_total{kind="bypass",pid="43"} 2
+hami_observed_bytes{pid="42",kind="data"} 1.073741824e+09
+hami_events_total 12345
+"""
+
+    def test_parse(self):
+        s = ra.parse_prometheus(self.TEXT)
+        self.assertIn(("hami_events_total", {}, 12345.0), s)
+        self.assertEqual(s[0][1], {"kind": "bypass", "pid": "42", "container": "a,b"})
+
+    def test_bypass_counts(self):
+        s = ra.parse_prometheus(self.TEXT)
+        self.assertEqual(ra.metrics_bypass_count(s), 3.0)
+        self.assertEqual(ra.metrics_bypass_count(s, 42), 1.0)
+        self.assertEqual(ra.metrics_bypass_count(s, 44), 0.0)
+        self.assertEqual(ra.metrics_for_pid(s, 42)["hami_observed_bytes{kind=data}"], float(GIB))
+
+
+def make_region(limit, used, slots):
+    """Bytes of a v1 region as hami-common/src/layout.rs lays it out."""
+    total = ra.REGION_HEADER_SIZE + ra.REGION_MAX_SLOTS * ra.REGION_SLOT_SIZE
+    b = bytearray(total)
+    b[0:8] = ra.REGION_MAGIC
+    struct.pack_into("<IIQ", b, 8, 1, ra.REGION_HEADER_SIZE, total)
+    struct.pack_into("<Q", b, 136, limit)
+    struct.pack_into("<Q", b, 584, used)
+    for i, (pid, ctx, data) in slots.items():
+        off = ra.REGION_HEADER_SIZE + i * ra.REGION_SLOT_SIZE
+        struct.pack_into("<IIQ", b, off, pid, 1, 99)
+        struct.pack_into("<QQQ", b, off + 16, ctx, 0, data)
+    return bytes(b)
+
+
+class Region(unittest.TestCase):
+    def test_decode(self):
+        r = ra.read_region_bytes(make_region(QUOTA, 3 * GIB + 600 * MIB,
+                                             {0: (100, 300 * MIB, 3 * GIB), 5: (101, 300 * MIB, 0)}))
+        self.assertEqual(r["limits"][0], QUOTA)
+        self.assertEqual(r["used"][0], 3 * GIB + 600 * MIB)
+        self.assertEqual([s["pid"] for s in r["slots"]], [100, 101])
+        self.assertEqual(r["slots"][0]["usage"]["data"], 3 * GIB)
+        self.assertEqual(r["slots"][1]["slot"], 5)
+
+    def test_rejects_other_layouts(self):
+        good = make_region(1, 0, {})
+        with self.assertRaises(ValueError):
+            ra.read_region_bytes(b"XXXXXXXX" + good[8:])
+        bad_version = bytearray(good)
+        struct.pack_into("<I", bad_version, 8, 2)
+        with self.assertRaises(ValueError):
+            ra.read_region_bytes(bytes(bad_version))
+        with self.assertRaises(ValueError):
+            ra.read_region_bytes(good[:2000])
+
+    def test_layout_constants_match_rust(self):
+        """The offsets above are derived from layout.rs; fail loudly if its shape changes."""
+        src = os.path.join(os.path.dirname(HERE), "hami-common", "src", "layout.rs")
+        with open(src) as f:  # the test runs in a repository checkout, not in the bundle
+            text = f.read()
+        self.assertIn("pub const MAX_DEVICES: usize = 16;", text)
+        self.assertIn("pub const MAX_SLOTS: usize = 1024;", text)
+        self.assertIn("pub const LOCK_BYTES: usize = 64;", text)
+        # Header fields after `used`: boot_id (16 bytes) + reserved u64s = 256 bytes.
+        import re
+        boot = 16 if "pub boot_id: [u8; 16]," in text else 0
+        m = re.search(r"pub _reserved: \[u64; (\d+)\]", text)
+        self.assertIsNotNone(m)
+        self.assertEqual(boot + 8 * int(m.group(1)), ra.REGION_HEADER_SIZE - 712)
+
+
+class Smi(unittest.TestCase):
+    def test_compute_apps(self):
+        self.assertEqual(ra.parse_compute_apps("100, 3584\n101, 512 MiB\nbad\n"),
+                         {100: 3584, 101: 512})
+        self.assertEqual(ra.parse_compute_apps("No running processes found"), {})
+
+    def test_memory(self):
+        self.assertEqual(ra.parse_smi_memory("4096, 12\n"), (4096, 12))
+        self.assertEqual(ra.parse_smi_memory("4096 MiB, 12 MiB"), (4096, 12))
+        self.assertEqual(ra.parse_smi_memory("NVIDIA-SMI has failed"), (None, None))
+
+
+ENFORCE_OK = [
+    "MEMINFO free=4000000000 total=4294967296",
+    "BIG_OOM ok=1 kind=OutOfMemoryError",
+    "FILL granted=3758096384 oom=1 kind=OutOfMemoryError figure=3758096384",
+    "FREED figure=0",
+    "RECOVERED_OK bytes=1073741824",
+    "COMPUTE_OK",
+    "OOM_OK kind=OutOfMemoryError",
+    "DONE rc=0",
+]
+
+
+class Evaluate(unittest.TestCase):
+    def test_enforced_pass(self):
+        st, why, figs = ra.eval_enforced(TORCH, ENFORCE_OK, QUOTA)
+        self.assertEqual((st, why), ("pass", ""))
+        self.assertEqual(figs["fill_granted"], 3758096384)
+
+    def test_enforced_wrong_error_kind(self):
+        lines = [l.replace("OutOfMemoryError", "RuntimeError") for l in ENFORCE_OK]
+        st, why, _ = ra.eval_enforced(TORCH, lines, QUOTA)
+        self.assertEqual(st, "fail")
+        self.assertIn("expected OutOfMemoryError", why)
+
+    def test_enforced_never_refused(self):
+        lines = ["BIG_OOM ok=0 kind=none_granted",
+                 "FILL granted=6442450944 oom=0 kind=none", "RECOVERED_OK", "COMPUTE_OK"]
+        st, why, _ = ra.eval_enforced(CUDA, lines, QUOTA)
+        self.assertEqual(st, "fail")
+        self.assertIn("never refused", why)
+        self.assertIn("not refused", why)
+
+    def test_enforced_granted_over_quota(self):
+        lines = [l.replace("3758096384", str(QUOTA + MIB)) for l in ENFORCE_OK]
+        st, why, _ = ra.eval_enforced(TORCH, lines, QUOTA)
+        self.assertIn("> quota", why)
+
+    def test_enforced_no_recovery(self):
+        lines = [l for l in ENFORCE_OK if not l.startswith(("RECOVERED", "COMPUTE"))]
+        lines.append("COMPUTE_FAIL err=CUDA_error")
+        st, why, _ = ra.eval_enforced(TORCH, lines, QUOTA)
+        self.assertEqual(st, "fail")
+        self.assertIn("no recovery", why)
+        self.assertIn("CUDA_error", why)
+
+    def test_virtualised(self):
+        self.assertEqual(ra.eval_virtualised(ENFORCE_OK, 4096, QUOTA)[0], "pass")
+        st, why, _ = ra.eval_virtualised(ENFORCE_OK, 143771, QUOTA)
+        self.assertEqual(st, "fail")
+        self.assertIn("nvidia-smi", why)
+        st, why, _ = ra.eval_virtualised(["MEMINFO free=1 total=150109880320"], 4096, QUOTA)
+        self.assertIn("framework total", why)
+        self.assertEqual(ra.eval_virtualised([], None, QUOTA)[0], "fail")
+
+    def test_observed_tolerance(self):
+        view = {"observed_bytes": GIB + 64 * MIB, "hooked": True, "verdict": "ok"}
+        self.assertEqual(ra.eval_observed(GIB, view)[0], "pass")  # 64 MiB = the floor
+        view["observed_bytes"] = GIB + 65 * MIB
+        self.assertEqual(ra.eval_observed(GIB, view)[0], "fail")
+        # 5 % of 4 GiB is above the floor.
+        view["observed_bytes"] = 4 * GIB + 200 * MIB
+        self.assertEqual(ra.eval_observed(4 * GIB, view)[0], "pass")
+
+    def test_observed_prefers_data_and_flags_false_bypass(self):
+        view = {"observed_bytes": GIB + 500 * MIB, "observed_data_bytes": GIB, "hooked": True}
+        st, _, figs = ra.eval_observed(GIB, view)
+        self.assertEqual((st, figs["basis"]), ("pass", "observed_data_bytes"))
+        st, why, _ = ra.eval_observed(GIB, {"observed_bytes": GIB, "hooked": False,
+                                            "verdict": "bypass"})
+        self.assertEqual(st, "fail")
+        self.assertIn("not hooked", why)
+        self.assertEqual(ra.eval_observed(GIB, None)[0], "fail")
+
+    def test_bypass(self):
+        self.assertEqual(ra.eval_bypass(True, 0.2)[0], "pass")
+        self.assertEqual(ra.eval_bypass(True, 1.2)[0], "fail")
+        self.assertEqual(ra.eval_bypass(True, None)[0], "fail")
+        self.assertEqual(ra.eval_bypass(False, 0.1)[0], "fail")
+
+    def test_native(self):
+        self.assertEqual(ra.eval_native(TORCH, ["MEMINFO free=1 total=2", "COMPUTE_OK"])[0], "pass")
+        st, why, _ = ra.eval_native(TORCH, ["STEP_ERROR step=init err=boom"])
+        self.assertEqual(st, "fail")
+        self.assertIn("boom", why)
+
+
+class Report(unittest.TestCase):
+    def test_table(self):
+        cells = []
+        for wl in ra.WORKLOADS:
+            for ch in ["native"] + ra.CHECKS:
+                cells.append(ra.cell(wl["name"], ch, "pass", "", {}))
+        cells[3] = ra.cell(ra.WORKLOADS[0]["name"], "observed", "fail", "a|b\nc", {})
+        res = {"cells": cells, "summary": ra.summarize(cells), "meta": {}, "env": {},
+               "two_process": {"status": "pass", "reason": "", "grants": {"1": {"ok": "1"}}},
+               "bench": {"pair": {"native": {"median_ns": 12.5, "min_ns": 11.0}},
+                         "train": {"native": {"ms_per_step": 3.2}}}}
+        md = ra.render_markdown(res)
+        rows = [l for l in md.splitlines() if l.startswith("| ") and not l.startswith("| workload")
+                and not l.startswith("| setup")]
+        self.assertEqual(len(rows), 6 + 2)
+        self.assertIn("29 pass, 1 fail", md)
+        self.assertIn("- torch-default / observed: fail: a/b c", md)
+        self.assertIn("| native | 12.5 | 11.0 |", md)
+
+
+FAKES = os.path.join(HERE, "testing")
+
+
+class Integration(unittest.TestCase):
+    """The whole runner against gcc + stub cudart, fake nvidia-smi and a fake agent."""
+
+    def run_runner(self, extra_env=None, extra_args=()):
+        tmp = tempfile.mkdtemp(prefix="hami-acc-test-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        src = os.path.join(tmp, "e.c")
+        with open(src, "w") as f:
+            f.write("int hami_fake_preload;\n")
+        preload = os.path.join(tmp, "libhami_preload.so")
+        subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", preload], check=True)
+        env = dict(os.environ)
+        env["PATH"] = os.path.join(FAKES, "bin") + os.pathsep + env["PATH"]
+        env.update(extra_env or {})
+        port = 19000 + os.getpid() % 1000
+        out = os.path.join(tmp, "out")
+        t0 = time.monotonic()
+        r = subprocess.run(
+            [sys.executable, os.path.join(HERE, "run_acceptance.py"), "--out", out,
+             "--preload", preload, "--agent", os.path.join(FAKES, "fake_agent.py"),
+             "--metrics-addr", f"127.0.0.1:{port}", "--audit-seconds", "1",
+             "--audit-attach-s", "0.2", "--only", "nvcc-static", "nvcc-shared", *extra_args],
+            env=env, capture_output=True, text=True, timeout=240)
+        elapsed = time.monotonic() - t0
+        with open(os.path.join(out, "results.json")) as f:
+            res = json.load(f)
+        self.assertTrue(os.path.exists(os.path.join(out, "results.md")))
+        self.assertGreater(os.path.getsize(os.path.join(out, "logs.txt")), 100)
+        self.assertEqual(sorted(os.listdir(out)), ["logs.txt", "results.json", "results.md"])
+        return r, res, elapsed
+
+    def test_green_with_fakes(self):
+        r, res, elapsed = self.run_runner(extra_args=["--pairs", "10"])
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        cells = {(c["workload"], c["check"]): c for c in res["cells"]}
+        for wl in ("nvcc-static", "nvcc-shared"):
+            for ch in ["native"] + ra.CHECKS:
+                c = cells[(wl, ch)]
+                self.assertEqual(c["status"], "pass", f"{wl}/{ch}: {c['reason']}")
+        self.assertEqual(cells[("nvcc-static", "virtualised")]["figures"]["meminfo_total"], QUOTA)
+        self.assertLess(cells[("nvcc-shared", "bypass")]["figures"]["latency_s"], 1.0)
+        # The stub has no shared accounting, so both grabs succeed: the check must say so.
+        tp = res["two_process"]
+        self.assertEqual(tp["status"], "fail")
+        self.assertIn("expected one grant and one OOM", tp["reason"])
+        self.assertIn("NVML total 6144 MiB > quota 4096 MiB", tp["reason"])
+        self.assertLess(elapsed, 120)
+
+    def test_hanging_workload_times_out_and_runner_continues(self):
+        r, res, elapsed = self.run_runner(
+            extra_env={"WL_STUB_HANG": "1"},
+            extra_args=["--wl-timeout", "3", "--no-bench"])
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        cells = {(c["workload"], c["check"]): c for c in res["cells"]}
+        self.assertEqual(len(cells), 10)
+        for wl in ("nvcc-static", "nvcc-shared"):
+            self.assertEqual(cells[(wl, "native")]["status"], "fail")
+            self.assertIn("timed out", cells[(wl, "native")]["reason"])
+            self.assertEqual(cells[(wl, "enforced")]["status"], "fail")
+            self.assertEqual(cells[(wl, "observed")]["status"], "fail")
+        # Nothing left behind: every workload process was killed.
+        left = subprocess.run(["pgrep", "-f", "hami-acc-.*/cuda_alloc_"], capture_output=True,
+                              text=True).stdout.split()
+        self.assertEqual(left, [])
+        self.assertLess(elapsed, 150)
+
+
+if __name__ == "__main__":
+    unittest.main()
