@@ -216,6 +216,16 @@ pub fn slot_data_on(s: &SlotSnapshot, dev: usize) -> u64 {
     s.usage.get(dev).map_or(0, |d| d[UsageKind::Data.index()])
 }
 
+/// Identity of a finding across evaluations: kind, reason, pid, region, device, slot.
+pub type FindingKey = (
+    FindingKind,
+    &'static str,
+    Option<u32>,
+    Option<String>,
+    Option<u32>,
+    Option<usize>,
+);
+
 /// One finding.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Finding {
@@ -250,16 +260,7 @@ pub struct Finding {
 
 impl Finding {
     /// Identity of a finding across evaluations (same problem, possibly other numbers).
-    pub fn key(
-        &self,
-    ) -> (
-        FindingKind,
-        &'static str,
-        Option<u32>,
-        Option<String>,
-        Option<u32>,
-        Option<usize>,
-    ) {
+    pub fn key(&self) -> FindingKey {
         (
             self.kind,
             self.reason,
@@ -632,6 +633,7 @@ pub fn region_usage(procs: &[ProcView], regions: &[RegionView]) -> Vec<RegionUsa
 }
 
 #[cfg(test)]
+#[allow(clippy::cloned_ref_to_slice_refs, clippy::field_reassign_with_default)]
 pub(crate) mod tests {
     use super::*;
     use hami_common::layout::USAGE_KINDS;

@@ -17,3 +17,4 @@ pub mod procinfo;
 pub mod state;
 pub mod metrics;
 pub mod nvml;
+pub mod agent;

@@ -188,14 +188,40 @@ pub fn region_path(env: &BTreeMap<String, String>) -> (String, bool) {
     }
 }
 
-/// Parse `/proc/<pid>/stat`: returns (comm, start time in ticks, field 22).
-pub fn parse_stat(stat: &str) -> Option<(String, u64)> {
+/// The fields of `/proc/<pid>/stat` the agent uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stat {
+    /// `comm` (field 2).
+    pub comm: String,
+    /// State letter (field 3): `R`, `S`, `Z`, ...
+    pub state: char,
+    /// Number of threads (field 20).
+    pub num_threads: u64,
+    /// Start time in clock ticks after boot (field 22).
+    pub start_time: u64,
+}
+
+impl Stat {
+    /// Whether the process is gone in all but name (a zombie with no live thread): its GPU
+    /// memory is already released.
+    pub fn is_dead(&self) -> bool {
+        matches!(self.state, 'Z' | 'X') && self.num_threads <= 1
+    }
+}
+
+/// Parse `/proc/<pid>/stat` (the comm may contain spaces and parentheses).
+pub fn parse_stat(stat: &str) -> Option<Stat> {
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
     let comm = stat.get(open + 1..close)?.to_string();
-    // Fields after the comm start at field 3 (state); field 22 is the 20th of them.
-    let start = stat.get(close + 1..)?.split_whitespace().nth(19)?;
-    Some((comm, start.parse().ok()?))
+    // Fields after the comm start at field 3 (state).
+    let rest: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    Some(Stat {
+        comm,
+        state: rest.first()?.chars().next()?,
+        num_threads: rest.get(17)?.parse().ok()?,
+        start_time: rest.get(19)?.parse().ok()?,
+    })
 }
 
 /// Parse the last `NSpid` entry of `/proc/<pid>/status` (the pid in the innermost namespace).
@@ -325,8 +351,8 @@ fn read_string(path: PathBuf) -> Result<String, ProcError> {
         .map_err(|source| ProcError::Read { path, source })
 }
 
-/// Start time (ticks since boot) and comm of a host pid.
-pub fn read_start_time(proc_root: &Path, pid: u32) -> Result<(String, u64), ProcError> {
+/// `/proc/<pid>/stat` of a host pid.
+pub fn read_stat(proc_root: &Path, pid: u32) -> Result<Stat, ProcError> {
     let path = proc_root.join(pid.to_string()).join("stat");
     let s = read_string(path.clone())?;
     parse_stat(&s).ok_or(ProcError::Parse { path })
@@ -353,7 +379,9 @@ pub fn read_maps(proc_root: &Path, pid: u32) -> Result<String, ProcError> {
 /// Gather everything about one host pid. Fails only if the process is gone (its `stat` is
 /// unreadable); other unreadable files leave their fields at defaults.
 pub fn read_proc(proc_root: &Path, pid: u32) -> Result<ProcInfo, ProcError> {
-    let (comm, start_time) = read_start_time(proc_root, pid)?;
+    let Stat {
+        comm, start_time, ..
+    } = read_stat(proc_root, pid)?;
     let dir = proc_root.join(pid.to_string());
     let cgroup = read_string(dir.join("cgroup"))
         .map(|c| parse_cgroup(&c))
@@ -394,15 +422,37 @@ pub fn list_pids(proc_root: &Path) -> Vec<u32> {
 }
 
 /// Find the host pid of the process whose innermost pid is `nspid` in pid namespace `pidns`.
-/// Returns `(host pid, start time)`.
-pub fn find_by_nspid(proc_root: &Path, pidns: u64, nspid: u32) -> Option<(u32, u64)> {
+/// Returns the host pid and its stat.
+pub fn find_by_nspid(proc_root: &Path, pidns: u64, nspid: u32) -> Option<(u32, Stat)> {
     list_pids(proc_root).into_iter().find_map(|pid| {
         if read_pidns(proc_root, pid)? != pidns || read_nspid(proc_root, pid)? != nspid {
             return None;
         }
-        let (_, st) = read_start_time(proc_root, pid).ok()?;
-        Some((pid, st))
+        Some((pid, read_stat(proc_root, pid).ok()?))
     })
+}
+
+/// Index of every process by (pid namespace inode, innermost pid): host pid.
+pub fn nspid_index(proc_root: &Path) -> std::collections::HashMap<(u64, u32), u32> {
+    list_pids(proc_root)
+        .into_iter()
+        .filter_map(|pid| {
+            Some((
+                (read_pidns(proc_root, pid)?, read_nspid(proc_root, pid)?),
+                pid,
+            ))
+        })
+        .collect()
+}
+
+/// Clock ticks since boot now (`/proc/uptime` times `_SC_CLK_TCK`), comparable with
+/// [`Stat::start_time`].
+pub fn now_ticks(proc_root: &Path) -> Option<u64> {
+    let up = std::fs::read_to_string(proc_root.join("uptime")).ok()?;
+    let secs: f64 = up.split_whitespace().next()?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    Some((secs * if tck > 0 { tck as f64 } else { 100.0 }) as u64)
 }
 
 #[cfg(test)]
@@ -509,8 +559,17 @@ pub(crate) mod tests {
             s.push_str(&format!(" {i}"));
         }
         s.push_str(" 987654 5 6");
-        assert_eq!(parse_stat(&s), Some(("a ) b".to_string(), 987654)));
+        let st = parse_stat(&s).unwrap();
+        assert_eq!(st.comm, "a ) b");
+        assert_eq!(st.state, 'R');
+        assert_eq!(st.num_threads, 20);
+        assert_eq!(st.start_time, 987654);
+        assert!(!st.is_dead());
         assert_eq!(parse_stat("42 (x) R 1 2"), None);
+        let zombie = s
+            .replace(") R ", ") Z ")
+            .replace(" 20 21 987654", " 1 21 987654");
+        assert!(parse_stat(&zombie).unwrap().is_dead());
     }
 
     #[test]
@@ -608,7 +667,11 @@ pub(crate) mod tests {
         );
         assert_eq!(p.env_limits.bytes_for_device(0), Some(2 << 30));
         assert_eq!(p.env_limits.for_device(1), None);
-        assert_eq!(find_by_nspid(tmp.path(), 4026532000, 7), Some((4242, 555)));
+        assert_eq!(
+            find_by_nspid(tmp.path(), 4026532000, 7).map(|(p, s)| (p, s.start_time)),
+            Some((4242, 555))
+        );
+        assert_eq!(nspid_index(tmp.path()).get(&(4026532000, 7)), Some(&4242));
         assert_eq!(find_by_nspid(tmp.path(), 4026532000, 8), None);
         assert_eq!(find_by_nspid(tmp.path(), 1, 7), None);
         assert!(matches!(
