@@ -1,0 +1,112 @@
+//! Each hook, reached each of the three ways (direct linking, dlsym, cuGetProcAddress),
+//! enforces the quota and accounts in the shared region.
+
+mod support;
+use support::*;
+
+const VIAS: [&str; 3] = ["direct", "dlsym", "procaddr"];
+
+/// Allocates `kind args` twice under a 1 GiB limit (second one refused), checks the view,
+/// releases, allocates again and leaves without cleanup (`_exit`) so that the region still
+/// shows the live allocation.
+fn check(via: &str, kind: &str, args: &[&str], release: &str, charged: u64) {
+    let env = Env::new(&format!("{via}-{kind}"))
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
+        .set("HAMI_CONTEXT_OVERHEAD", "0");
+    let mut a = vec!["--via", via];
+    for _ in 0..2 {
+        a.push(kind);
+        a.extend_from_slice(args);
+    }
+    a.push("info");
+    a.push(release);
+    a.push(kind);
+    a.extend_from_slice(args);
+    a.extend_from_slice(&["exit", "0"]);
+    let p = env.probe(&a);
+    assert_eq!(p.rcs(), vec![0, OOM, 0, 0, 0], "{via} {kind}: {}", p.dump());
+    assert_eq!(p.field(2, "total").parse::<u64>().unwrap(), GB, "{}", p.dump());
+    assert_eq!(
+        p.field(2, "free").parse::<u64>().unwrap(),
+        GB - charged,
+        "{via} {kind}: {}",
+        p.dump()
+    );
+    let r = env.region();
+    assert_eq!(r.used(0), charged, "{via} {kind}: region usage; {}", p.dump());
+    let snap = r.snapshot();
+    let live: Vec<_> = snap.slots.iter().filter(|s| s.device_total(0) != 0).collect();
+    assert_eq!(live.len(), 1, "{via} {kind}: one slot holds the usage");
+}
+
+macro_rules! hook_tests {
+    ($($name:ident: $kind:literal [$($arg:literal),*] $release:literal => $charged:expr;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                for via in VIAS {
+                    check(via, $kind, &[$($arg),*], $release, $charged);
+                }
+            }
+        )*
+    };
+}
+
+hook_tests! {
+    mem_alloc: "alloc" ["600M"] "free" => 600 * MB;
+    // 1000 bytes wide rows get a 1024-byte pitch: 1024 * 600K rows = 600 MiB.
+    mem_alloc_pitch: "pitch" ["1000", "600K"] "free" => 600 * MB;
+    mem_alloc_managed: "managed" ["600M"] "free" => 600 * MB;
+    mem_alloc_async: "async" ["600M"] "freeasync" => 600 * MB;
+    mem_alloc_async_ptsz: "asyncptsz" ["600M"] "freeasync" => 600 * MB;
+    mem_alloc_from_pool_async: "pool" ["600M"] "freeasync" => 600 * MB;
+    mem_create: "create" ["600M"] "release" => 600 * MB;
+    // float4 (16 bytes) 6400 x 6144 = 600 MiB.
+    array_create: "array" ["6400", "6144"] "destroy" => 600 * MB;
+    array3d_create: "array3d" ["6400", "3072", "2"] "destroy" => 600 * MB;
+}
+
+#[test]
+fn host_located_mem_create_is_not_charged() {
+    let env = Env::new("hostcreate").set("CUDA_DEVICE_MEMORY_LIMIT", "1G");
+    for via in VIAS {
+        let p = env.probe(&["--via", via, "hostcreate", "600M", "hostcreate", "600M", "info"]);
+        assert_eq!(p.rc(0), p.rc(1), "{}", p.dump());
+        assert_eq!(p.field(2, "free").parse::<u64>().unwrap(), GB, "{}", p.dump());
+    }
+}
+
+#[test]
+fn views_report_the_quota() {
+    let env = Env::new("views")
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "3G")
+        .set("HAMI_CONTEXT_OVERHEAD", "0");
+    for via in VIAS {
+        let p = env.probe(&["--via", via, "info", "total", "alloc", "1G", "info"]);
+        assert_eq!(p.rcs(), vec![0, 0, 0, 0], "{}", p.dump());
+        assert_eq!(p.field(0, "total"), (3 * GB).to_string());
+        assert_eq!(p.field(0, "free"), (3 * GB).to_string());
+        assert_eq!(p.field(1, "total"), (3 * GB).to_string());
+        assert_eq!(p.field(3, "free"), (2 * GB).to_string());
+    }
+    // Unlimited: the physical values (the fake has 16 GiB).
+    let env = Env::new("views-unlimited");
+    let p = env.probe(&["total"]);
+    assert_eq!(p.field(0, "total"), (16 * GB).to_string(), "{}", p.dump());
+}
+
+#[test]
+fn context_memory_is_charged() {
+    let env = Env::new("ctx")
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
+        .set("HAMI_CONTEXT_OVERHEAD", "100M");
+    let p = env.probe(&["info", "alloc", "900M", "alloc", "800M", "exit", "0"]);
+    // 100M context + 900M data fit in 1 GiB; 800M more do not.
+    assert_eq!(p.rcs(), vec![0, 0, OOM], "{}", p.dump());
+    assert_eq!(p.field(0, "free"), (924 * MB).to_string(), "{}", p.dump());
+    let r = env.region();
+    assert_eq!(r.used(0), 1000 * MB);
+    let snap = r.snapshot();
+    let s = snap.slots.iter().find(|s| s.device_total(0) != 0).unwrap();
+    assert_eq!(s.usage[0][hami_common::layout::UsageKind::Context.index()], 100 * MB);
+}

@@ -1,0 +1,233 @@
+/* hprobe: drives the CUDA driver API the three ways programs reach it, for hami-preload's
+ * integration tests. Usage: hprobe [--via direct|dlsym|procaddr] [--no-ctx] OP...
+ * Every OP prints one line "OP rc=N ..." on stdout (flushed).
+ *
+ * OPs: alloc SIZE | pitch W H | managed SIZE | async SIZE | asyncptsz SIZE | pool SIZE |
+ *      create SIZE | hostcreate SIZE | array W H | array3d W H D | free [PTR] |
+ *      freeasync | release | destroy | info | total | nullalloc | nullinfo | nulltotal |
+ *      freeunknown | fill CHUNK (alloc until refused, prints total) | sleep MS |
+ *      fork OP... (child runs the rest, parent waits) | exit CODE | loop N SIZE
+ * SIZE accepts K/M/G suffixes. The last pointer/handle/array allocated is the default
+ * argument of the release ops. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef struct { size_t w, h; unsigned fmt, ch; } AD;
+typedef struct { size_t w, h, d; unsigned fmt, ch, flags; } AD3;
+typedef struct { unsigned type, htypes; struct { unsigned type; int id; } loc; void *win32; unsigned char flags[8]; } Prop;
+
+/* Direct-link declarations (resolved by the dynamic linker: the preload's exports win). */
+CUresult cuInit(unsigned);
+CUresult cuDevicePrimaryCtxRetain(void **, int);
+CUresult cuCtxSetCurrent(void *);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, void *);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, void *);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, void *, void *);
+CUresult cuDeviceGetDefaultMemPool(void **, int);
+CUresult cuMemCreate(unsigned long long *, size_t, const Prop *, unsigned long long);
+CUresult cuArrayCreate_v2(void **, const AD *);
+CUresult cuArray3DCreate_v2(void **, const AD3 *);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemFreeAsync(CUdeviceptr, void *);
+CUresult cuMemRelease(unsigned long long);
+CUresult cuArrayDestroy(void *);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuDeviceTotalMem_v2(size_t *, int);
+
+enum { ALLOC, PITCH, MANAGED, ASYNC, ASYNCPTSZ, POOLALLOC, POOLGET, CREATE, ARRAY, ARRAY3D, FREE, FREEASYNC, RELEASE, DESTROY, INFO, TOTAL, NFN };
+static void *fn[NFN];
+static const char *dl_names[NFN] = {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync", "cuDeviceGetDefaultMemPool", "cuMemCreate", "cuArrayCreate_v2", "cuArray3DCreate_v2", "cuMemFree_v2", "cuMemFreeAsync", "cuMemRelease", "cuArrayDestroy", "cuMemGetInfo_v2", "cuDeviceTotalMem_v2"};
+/* cuGetProcAddress: base name, version, flags (2 = per-thread default stream). */
+static const char *pa_names[NFN] = {"cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuDeviceGetDefaultMemPool", "cuMemCreate", "cuArrayCreate", "cuArray3DCreate", "cuMemFree", "cuMemFreeAsync", "cuMemRelease", "cuArrayDestroy", "cuMemGetInfo", "cuDeviceTotalMem"};
+static const unsigned long long pa_flags[NFN] = {[ASYNCPTSZ] = 2};
+
+static unsigned long long parse_size(const char *s) {
+    char *end;
+    unsigned long long n = strtoull(s, &end, 0);
+    switch (*end) {
+    case 'k': case 'K': return n << 10;
+    case 'm': case 'M': return n << 20;
+    case 'g': case 'G': return n << 30;
+    }
+    return n;
+}
+
+static CUdeviceptr last_ptr;
+static unsigned long long last_handle;
+static void *last_array;
+
+#define CALL(T, i, ...) ((T)fn[i])(__VA_ARGS__)
+typedef CUresult (*alloc_t)(CUdeviceptr *, size_t);
+
+static int run(int argc, char **argv, int i) {
+    for (; i < argc; i++) {
+        const char *op = argv[i];
+        CUresult r;
+        if (!strcmp(op, "alloc")) {
+            CUdeviceptr p = 0;
+            r = CALL(alloc_t, ALLOC, &p, parse_size(argv[++i]));
+            if (!r) last_ptr = p;
+            printf("alloc rc=%d ptr=0x%llx\n", r, p);
+        } else if (!strcmp(op, "pitch")) {
+            CUdeviceptr p = 0; size_t pitch = 0;
+            size_t w = parse_size(argv[++i]), h = parse_size(argv[++i]);
+            r = CALL(CUresult(*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned), PITCH, &p, &pitch, w, h, 4);
+            if (!r) last_ptr = p;
+            printf("pitch rc=%d ptr=0x%llx pitch=%zu\n", r, p, pitch);
+        } else if (!strcmp(op, "managed")) {
+            CUdeviceptr p = 0;
+            r = CALL(CUresult(*)(CUdeviceptr *, size_t, unsigned), MANAGED, &p, parse_size(argv[++i]), 1);
+            if (!r) last_ptr = p;
+            printf("managed rc=%d ptr=0x%llx\n", r, p);
+        } else if (!strcmp(op, "async") || !strcmp(op, "asyncptsz")) {
+            CUdeviceptr p = 0;
+            int k = !strcmp(op, "async") ? ASYNC : ASYNCPTSZ;
+            r = CALL(CUresult(*)(CUdeviceptr *, size_t, void *), k, &p, parse_size(argv[++i]), NULL);
+            if (!r) last_ptr = p;
+            printf("%s rc=%d ptr=0x%llx\n", op, r, p);
+        } else if (!strcmp(op, "pool")) {
+            CUdeviceptr p = 0; void *pool = NULL;
+            r = CALL(CUresult(*)(void **, int), POOLGET, &pool, 0);
+            if (!r) r = CALL(CUresult(*)(CUdeviceptr *, size_t, void *, void *), POOLALLOC, &p, parse_size(argv[++i]), pool, NULL);
+            else i++;
+            if (!r) last_ptr = p;
+            printf("pool rc=%d ptr=0x%llx\n", r, p);
+        } else if (!strcmp(op, "create") || !strcmp(op, "hostcreate")) {
+            Prop prop; memset(&prop, 0, sizeof prop);
+            prop.type = 1; /* PINNED */
+            prop.loc.type = !strcmp(op, "create") ? 1 : 2; /* DEVICE : HOST */
+            prop.loc.id = 0;
+            unsigned long long h = 0;
+            r = CALL(CUresult(*)(unsigned long long *, size_t, const Prop *, unsigned long long), CREATE, &h, parse_size(argv[++i]), &prop, 0);
+            if (!r) last_handle = h;
+            printf("%s rc=%d handle=0x%llx\n", op, r, h);
+        } else if (!strcmp(op, "array")) {
+            AD d = {parse_size(argv[i + 1]), parse_size(argv[i + 2]), 0x20, 4};
+            i += 2;
+            void *a = NULL;
+            r = CALL(CUresult(*)(void **, const AD *), ARRAY, &a, &d);
+            if (!r) last_array = a;
+            printf("array rc=%d\n", r);
+        } else if (!strcmp(op, "array3d")) {
+            AD3 d = {parse_size(argv[i + 1]), parse_size(argv[i + 2]), parse_size(argv[i + 3]), 0x20, 4, 0};
+            i += 3;
+            void *a = NULL;
+            r = CALL(CUresult(*)(void **, const AD3 *), ARRAY3D, &a, &d);
+            if (!r) last_array = a;
+            printf("array3d rc=%d\n", r);
+        } else if (!strcmp(op, "free")) {
+            r = CALL(CUresult(*)(CUdeviceptr), FREE, last_ptr);
+            printf("free rc=%d\n", r);
+        } else if (!strcmp(op, "freeunknown")) {
+            r = CALL(CUresult(*)(CUdeviceptr), FREE, 0xdead0000ULL);
+            printf("freeunknown rc=%d\n", r);
+        } else if (!strcmp(op, "freeasync")) {
+            r = CALL(CUresult(*)(CUdeviceptr, void *), FREEASYNC, last_ptr, NULL);
+            printf("freeasync rc=%d\n", r);
+        } else if (!strcmp(op, "release")) {
+            r = CALL(CUresult(*)(unsigned long long), RELEASE, last_handle);
+            printf("release rc=%d\n", r);
+        } else if (!strcmp(op, "destroy")) {
+            r = CALL(CUresult(*)(void *), DESTROY, last_array);
+            printf("destroy rc=%d\n", r);
+        } else if (!strcmp(op, "info")) {
+            size_t f = 0, t = 0;
+            r = CALL(CUresult(*)(size_t *, size_t *), INFO, &f, &t);
+            printf("info rc=%d free=%zu total=%zu\n", r, f, t);
+        } else if (!strcmp(op, "total")) {
+            size_t t = 0;
+            r = CALL(CUresult(*)(size_t *, int), TOTAL, &t, 0);
+            printf("total rc=%d total=%zu\n", r, t);
+        } else if (!strcmp(op, "nullalloc")) {
+            printf("nullalloc rc=%d\n", CALL(alloc_t, ALLOC, NULL, 1024));
+        } else if (!strcmp(op, "nullinfo")) {
+            size_t t;
+            printf("nullinfo rc=%d\n", CALL(CUresult(*)(size_t *, size_t *), INFO, NULL, &t));
+        } else if (!strcmp(op, "nulltotal")) {
+            printf("nulltotal rc=%d\n", CALL(CUresult(*)(size_t *, int), TOTAL, NULL, 0));
+        } else if (!strcmp(op, "fill")) {
+            unsigned long long chunk = parse_size(argv[++i]), got = 0;
+            CUdeviceptr p;
+            while ((r = CALL(alloc_t, ALLOC, &p, chunk)) == 0) got += chunk;
+            printf("fill rc=%d bytes=%llu\n", r, got);
+        } else if (!strcmp(op, "loop")) {
+            long n = atol(argv[++i]);
+            unsigned long long size = parse_size(argv[++i]);
+            int fails = 0;
+            for (long k = 0; k < n; k++) {
+                CUdeviceptr p;
+                if (CALL(alloc_t, ALLOC, &p, size) == 0) CALL(CUresult(*)(CUdeviceptr), FREE, p);
+                else fails++;
+            }
+            printf("loop rc=0 refused=%d\n", fails);
+        } else if (!strcmp(op, "sleep")) {
+            usleep(atoi(argv[++i]) * 1000);
+            printf("sleep rc=0\n");
+        } else if (!strcmp(op, "fork")) {
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) {
+                run(argc, argv, i + 1);
+                fflush(stdout);
+                exit(0);
+            }
+            int st;
+            waitpid(pid, &st, 0);
+            printf("fork rc=%d\n", WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
+            return 0;
+        } else if (!strcmp(op, "exit")) {
+            fflush(stdout);
+            _exit(atoi(argv[++i]));
+        } else {
+            fprintf(stderr, "unknown op %s\n", op);
+            return 2;
+        }
+        fflush(stdout);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *via = "direct";
+    int i = 1, ctx = 1;
+    for (; i < argc && !strncmp(argv[i], "--", 2); i++) {
+        if (!strcmp(argv[i], "--via")) via = argv[++i];
+        else if (!strcmp(argv[i], "--no-ctx")) ctx = 0;
+    }
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 3; }
+    if (!strcmp(via, "direct")) {
+        void *d[NFN] = {cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync, cuDeviceGetDefaultMemPool, cuMemCreate, cuArrayCreate_v2, cuArray3DCreate_v2, cuMemFree_v2, cuMemFreeAsync, cuMemRelease, cuArrayDestroy, cuMemGetInfo_v2, cuDeviceTotalMem_v2};
+        memcpy(fn, d, sizeof d);
+    } else if (!strcmp(via, "dlsym")) {
+        for (int k = 0; k < NFN; k++) fn[k] = dlsym(h, dl_names[k]);
+    } else {
+        CUresult (*gpa)(const char *, void **, int, unsigned long long, int *) = dlsym(h, "cuGetProcAddress_v2");
+        for (int k = 0; k < NFN; k++) {
+            int st = 0;
+            if (gpa(pa_names[k], &fn[k], 12000, pa_flags[k], &st)) fn[k] = NULL;
+        }
+    }
+    for (int k = 0; k < NFN; k++)
+        if (!fn[k]) { fprintf(stderr, "missing %s\n", dl_names[k]); return 4; }
+    if (ctx) {
+        void *c;
+        CUresult r = cuInit(0);
+        if (!r) r = cuDevicePrimaryCtxRetain(&c, 0);
+        if (!r) r = cuCtxSetCurrent(c);
+        if (r) { fprintf(stderr, "init failed %d\n", r); return 5; }
+    }
+    return run(argc, argv, i);
+}
