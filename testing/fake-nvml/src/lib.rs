@@ -1,1 +1,411 @@
-//! Fake NVML: see issue 2.
+//! Fake NVML (`libnvidia-ml.so.1`) fed from the fake CUDA driver's shared state file, so
+//! that NVML and the fake driver agree on total, used and per-process memory.
+//!
+//! NVML device indices are physical (`CUDA_VISIBLE_DEVICES` does not apply, as with the real
+//! NVML). `used` includes every process's allocations and context overhead. Result codes and
+//! struct layouts follow `nvml.h` (checked against a real NVML 580:
+//! `testing/fake-cuda/tests/data/real-nvml-580.txt`); the reserved memory of the real
+//! `nvmlDeviceGetMemoryInfo_v2` is 0 here, so v1 and v2 report the same `used`.
+//!
+//! Every export is an `unsafe extern "C"` function following the C contract of `nvml.h`;
+//! panics never cross the FFI boundary (they become `NVML_ERROR_UNKNOWN`).
+
+#![allow(non_snake_case, clippy::missing_safety_doc)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+
+use fake_state::Shared;
+
+type NvmlReturn = c_int;
+const NVML_SUCCESS: NvmlReturn = 0;
+const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
+const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
+const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
+
+/// Driver version string reported by `nvmlSystemGetDriverVersion`.
+const DRIVER_VERSION: &str = "580.159.04";
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+pub struct NvmlMemory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+pub struct NvmlMemoryV2 {
+    version: c_uint,
+    total: u64,
+    reserved: u64,
+    free: u64,
+    used: u64,
+}
+
+/// `nvmlMemory_v2`: `sizeof(nvmlMemory_v2_t) | 2 << 24` (0x2000028).
+pub const NVML_MEMORY_V2: c_uint = (std::mem::size_of::<NvmlMemoryV2>() as c_uint) | (2 << 24);
+
+/// `nvmlProcessInfo_v1_t`.
+#[repr(C)]
+pub struct ProcessInfoV1 {
+    pid: c_uint,
+    used_gpu_memory: u64,
+}
+
+/// `nvmlProcessInfo_v2_t` (also `nvmlProcessInfo_t`, used by `_v2` and `_v3`).
+#[repr(C)]
+pub struct ProcessInfoV2 {
+    pid: c_uint,
+    used_gpu_memory: u64,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+/// Init reference count (NVML allows nested init/shutdown).
+static INIT_COUNT: AtomicU32 = AtomicU32::new(0);
+static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
+
+fn run(f: impl FnOnce() -> Result<(), NvmlReturn>) -> NvmlReturn {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => NVML_SUCCESS,
+        Ok(Err(e)) => e,
+        Err(_) => NVML_ERROR_UNKNOWN,
+    }
+}
+
+fn shared() -> Result<&'static Shared, NvmlReturn> {
+    if INIT_COUNT.load(Ordering::Acquire) == 0 {
+        return Err(NVML_ERROR_UNINITIALIZED);
+    }
+    SHARED
+        .get()
+        .and_then(|r| r.as_ref().ok())
+        .ok_or(NVML_ERROR_UNINITIALIZED)
+}
+
+/// Device handles are `index + 1` cast to a pointer (never dereferenced by callers).
+fn device_of(h: *mut c_void) -> Result<(&'static Shared, usize), NvmlReturn> {
+    let sh = shared()?;
+    let i = (h as usize).wrapping_sub(1);
+    if h.is_null() || i >= sh.device_count() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok((sh, i))
+}
+
+fn nonnull<T>(p: *const T) -> Result<(), NvmlReturn> {
+    if p.is_null() {
+        Err(NVML_ERROR_INVALID_ARGUMENT)
+    } else {
+        Ok(())
+    }
+}
+
+/// Copies `s` into a C buffer of `len` bytes, NUL-terminated.
+fn copy_str(buf: *mut c_char, len: c_uint, s: &str) -> Result<(), NvmlReturn> {
+    nonnull(buf)?;
+    if (len as usize) < s.len() + 1 {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    // SAFETY: `buf` holds `len` >= s.len() + 1 bytes (C contract).
+    unsafe {
+        std::ptr::copy_nonoverlapping(s.as_ptr(), buf as *mut u8, s.len());
+        *buf.add(s.len()) = 0;
+    }
+    Ok(())
+}
+
+fn init() -> NvmlReturn {
+    run(|| {
+        match SHARED.get_or_init(|| Shared::open_default().map_err(|e| e.to_string())) {
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!("fake libnvidia-ml: {e}");
+                return Err(NVML_ERROR_UNKNOWN);
+            }
+        }
+        INIT_COUNT.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlInit_v2() -> NvmlReturn {
+    init()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlInit() -> NvmlReturn {
+    init()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
+    init()
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlShutdown() -> NvmlReturn {
+    run(|| {
+        INIT_COUNT
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1))
+            .map(|_| ())
+            .map_err(|_| NVML_ERROR_UNINITIALIZED)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
+    let s: &'static [u8] = match result {
+        0 => b"Success\0",
+        1 => b"Uninitialized\0",
+        2 => b"Invalid Argument\0",
+        3 => b"Not Supported\0",
+        4 => b"Insufficient Permissions\0",
+        5 => b"Already Initialized\0",
+        6 => b"Not Found\0",
+        7 => b"Insufficient Size\0",
+        9 => b"Driver Not Loaded\0",
+        13 => b"Function Not Found\0",
+        15 => b"GPU is lost\0",
+        25 => b"Argument version mismatch\0",
+        _ => b"Unknown Error\0",
+    };
+    s.as_ptr() as *const c_char
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    run(|| {
+        shared()?;
+        copy_str(version, length, DRIVER_VERSION)
+    })
+}
+
+fn device_count(count: *mut c_uint) -> NvmlReturn {
+    run(|| {
+        let sh = shared()?;
+        nonnull(count)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { count.write(sh.device_count() as c_uint) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> NvmlReturn {
+    device_count(count)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> NvmlReturn {
+    device_count(count)
+}
+
+fn handle_by_index(index: c_uint, device: *mut *mut c_void) -> NvmlReturn {
+    run(|| {
+        let sh = shared()?;
+        nonnull(device)?;
+        if index as usize >= sh.device_count() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { device.write((index as usize + 1) as *mut c_void) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut *mut c_void,
+) -> NvmlReturn {
+    handle_by_index(index, device)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex(
+    index: c_uint,
+    device: *mut *mut c_void,
+) -> NvmlReturn {
+    handle_by_index(index, device)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(device: *mut c_void, index: *mut c_uint) -> NvmlReturn {
+    run(|| {
+        let (_, i) = device_of(device)?;
+        nonnull(index)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { index.write(i as c_uint) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: *mut c_void,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    run(|| {
+        let (sh, i) = device_of(device)?;
+        copy_str(
+            uuid,
+            length,
+            &fake_state::format_uuid(&sh.file().devices[i].uuid),
+        )
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: *mut c_void,
+    name: *mut c_char,
+    length: c_uint,
+) -> NvmlReturn {
+    run(|| {
+        let (sh, i) = device_of(device)?;
+        copy_str(name, length, &sh.device_name(i))
+    })
+}
+
+/// (total, used) of device `i`.
+fn memory(sh: &Shared, i: usize) -> (u64, u64) {
+    let total = sh.file().devices[i].total;
+    (total, sh.used(i).min(total))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: *mut c_void,
+    memory_out: *mut NvmlMemory,
+) -> NvmlReturn {
+    run(|| {
+        let (sh, i) = device_of(device)?;
+        nonnull(memory_out)?;
+        let (total, used) = memory(sh, i);
+        // SAFETY: checked non-NULL; C contract.
+        unsafe {
+            memory_out.write(NvmlMemory {
+                total,
+                free: total - used,
+                used,
+            })
+        };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: *mut c_void,
+    memory_out: *mut NvmlMemoryV2,
+) -> NvmlReturn {
+    run(|| {
+        let (sh, i) = device_of(device)?;
+        nonnull(memory_out)?;
+        // SAFETY: checked non-NULL; C contract (the caller sets `version` first).
+        let version = unsafe { (*memory_out).version };
+        if version != NVML_MEMORY_V2 {
+            return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let (total, used) = memory(sh, i);
+        // SAFETY: checked non-NULL; C contract.
+        unsafe {
+            memory_out.write(NvmlMemoryV2 {
+                version,
+                total,
+                reserved: 0,
+                free: total - used,
+                used,
+            })
+        };
+        Ok(())
+    })
+}
+
+/// Shared body of the `GetComputeRunningProcesses` family; `write(k, pid, used)` fills entry k.
+fn running_processes(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos_null: bool,
+    write: impl Fn(usize, u32, u64),
+) -> NvmlReturn {
+    run(|| {
+        let (sh, i) = device_of(device)?;
+        nonnull(count)?;
+        let list = sh.processes_on(i);
+        // SAFETY: checked non-NULL; C contract.
+        let cap = unsafe { count.read() } as usize;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { count.write(list.len() as c_uint) };
+        if list.len() > cap {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        if !list.is_empty() && infos_null {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        for (k, &(pid, used)) in list.iter().enumerate() {
+            write(k, pid, used);
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfoV1,
+) -> NvmlReturn {
+    running_processes(device, count, infos.is_null(), |k, pid, used| {
+        // SAFETY: `infos` holds at least *count (checked >= k + 1) entries (C contract).
+        unsafe {
+            infos.add(k).write(ProcessInfoV1 {
+                pid,
+                used_gpu_memory: used,
+            })
+        }
+    })
+}
+
+fn processes_v2(device: *mut c_void, count: *mut c_uint, infos: *mut ProcessInfoV2) -> NvmlReturn {
+    running_processes(device, count, infos.is_null(), |k, pid, used| {
+        // SAFETY: `infos` holds at least *count (checked >= k + 1) entries (C contract).
+        unsafe {
+            infos.add(k).write(ProcessInfoV2 {
+                pid,
+                used_gpu_memory: used,
+                gpu_instance_id: u32::MAX,
+                compute_instance_id: u32::MAX,
+            })
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfoV2,
+) -> NvmlReturn {
+    processes_v2(device, count, infos)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfoV2,
+) -> NvmlReturn {
+    processes_v2(device, count, infos)
+}

@@ -1,0 +1,772 @@
+//! The fake driver's process-local state and the semantics of each call, in plain Rust.
+//! The exported C functions in `lib.rs` only check pointers and delegate here.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
+
+use fake_state::Shared;
+
+use crate::ffi::*;
+
+/// VMM / allocation granularity (bytes), as the real H200 driver reports it.
+pub const GRANULARITY: u64 = 2 << 20;
+/// Pitch alignment of `cuMemAllocPitch` (bytes), as measured on the real driver.
+pub const PITCH_ALIGN: u64 = 512;
+/// Driver version the fake reports (`cuDriverGetVersion`), CUDA 13.0 like the H200 machine.
+pub const DEFAULT_DRIVER_VERSION: i32 = 13000;
+
+/// What kind of allocation a device pointer is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `cuMemAlloc_v2`.
+    Linear,
+    /// `cuMemAllocPitch_v2`.
+    Pitch,
+    /// `cuMemAllocManaged`.
+    Managed,
+    /// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync`.
+    Async,
+}
+
+/// One live allocation.
+#[derive(Clone, Copy, Debug)]
+pub struct Alloc {
+    /// Physical device index.
+    pub phys: usize,
+    /// Owning context handle.
+    pub ctx: u64,
+    /// Requested size.
+    pub size: u64,
+    /// Bytes charged to the device.
+    pub charged: u64,
+    /// Kind (kept for debugging output).
+    #[allow(dead_code)]
+    pub kind: Kind,
+}
+
+/// A context.
+#[derive(Clone, Copy, Debug)]
+pub struct Ctx {
+    /// CUDA ordinal.
+    pub ordinal: usize,
+    /// Physical device index.
+    pub phys: usize,
+    /// Primary context of its device.
+    pub primary: bool,
+    /// Usable (not destroyed / released).
+    pub alive: bool,
+}
+
+/// Physical memory made by `cuMemCreate`.
+#[derive(Clone, Copy, Debug)]
+pub struct PhysMem {
+    phys: usize,
+    size: u64,
+    released: bool,
+    maps: u32,
+}
+
+/// Primary context bookkeeping of one ordinal.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Primary {
+    handle: u64,
+    refcount: u32,
+}
+
+/// Process-local driver state.
+pub struct Inner {
+    /// Shared state, once initialised.
+    pub shared: Option<&'static Shared>,
+    /// This process's slot in the shared state.
+    pub slot: Option<usize>,
+    /// CUDA ordinal -> physical index.
+    pub visible: Vec<usize>,
+    /// Contexts by handle.
+    pub contexts: HashMap<u64, Ctx>,
+    /// Primary contexts by ordinal.
+    pub primary: Vec<Primary>,
+    /// Live allocations by base address.
+    pub allocs: BTreeMap<u64, Alloc>,
+    /// Arrays by handle.
+    pub arrays: HashMap<u64, Alloc>,
+    /// `cuMemCreate` handles.
+    pub phys_mem: HashMap<u64, PhysMem>,
+    /// Reserved VA ranges: base -> size.
+    pub reservations: BTreeMap<u64, u64>,
+    /// Mappings: va -> (size, handle).
+    pub mappings: BTreeMap<u64, (u64, u64)>,
+    /// Memory pools: handle -> ordinal.
+    pub pools: HashMap<u64, usize>,
+    /// Default pools by ordinal.
+    pub default_pools: HashMap<usize, u64>,
+    /// Created streams: handle -> context.
+    pub streams: HashMap<u64, u64>,
+    /// Loaded modules: handle -> context.
+    pub modules: HashMap<u64, u64>,
+    next_handle: u64,
+    next_va: u64,
+}
+
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
+static INNER: LazyLock<Mutex<Inner>> = LazyLock::new(|| {
+    Mutex::new(Inner {
+        shared: None,
+        slot: None,
+        visible: Vec::new(),
+        contexts: HashMap::new(),
+        primary: Vec::new(),
+        allocs: BTreeMap::new(),
+        arrays: HashMap::new(),
+        phys_mem: HashMap::new(),
+        reservations: BTreeMap::new(),
+        mappings: BTreeMap::new(),
+        pools: HashMap::new(),
+        default_pools: HashMap::new(),
+        streams: HashMap::new(),
+        modules: HashMap::new(),
+        next_handle: 0x5000_0000,
+        next_va: 0,
+    })
+});
+
+thread_local! {
+    /// The calling thread's context stack (top = last).
+    static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Result of the fake's operations: `Err` carries the CUresult.
+pub type R<T> = Result<T, CUresult>;
+
+/// Driver version reported (`FAKE_CUDA_DRIVER_VERSION` or 13000).
+pub fn driver_version() -> i32 {
+    static V: OnceLock<i32> = OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("FAKE_CUDA_DRIVER_VERSION")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_DRIVER_VERSION)
+    })
+}
+
+/// Whether `cuMemAllocManaged` charges device memory (`FAKE_CUDA_MANAGED_CHARGES=1`); the
+/// real driver does not (managed memory is only resident once touched).
+fn managed_charges() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| std::env::var("FAKE_CUDA_MANAGED_CHARGES").is_ok_and(|v| v == "1"))
+}
+
+fn lock() -> MutexGuard<'static, Inner> {
+    INNER.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Locks the state after checking that `cuInit` succeeded.
+pub fn inited() -> R<MutexGuard<'static, Inner>> {
+    if !INITIALIZED.load(Ordering::Acquire) {
+        return Err(CUDA_ERROR_NOT_INITIALIZED);
+    }
+    Ok(lock())
+}
+
+/// `cuInit`.
+pub fn init(flags: u32) -> R<()> {
+    if flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if INITIALIZED.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let mut g = lock();
+    if INITIALIZED.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let shared = match SHARED.get_or_init(|| Shared::open_default().map_err(|e| e.to_string())) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fake libcuda: {e}");
+            return Err(CUDA_ERROR_UNKNOWN);
+        }
+    };
+    let uuids: Vec<[u8; 16]> = (0..shared.device_count())
+        .map(|i| shared.file().devices[i].uuid)
+        .collect();
+    let cvd = std::env::var_os("CUDA_VISIBLE_DEVICES")
+        .map(|v| std::ffi::CString::new(v.into_encoded_bytes()).unwrap_or_default());
+    let visible = fake_state::resolve_visible_devices(cvd.as_deref(), &uuids);
+    if visible.is_empty() {
+        return Err(CUDA_ERROR_NO_DEVICE);
+    }
+    g.slot = shared.slot_for(std::process::id());
+    g.shared = Some(shared);
+    g.primary = vec![Primary::default(); visible.len()];
+    g.visible = visible;
+    INITIALIZED.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Current context handle of the calling thread (0 if none).
+pub fn current_handle() -> u64 {
+    STACK.with(|s| s.borrow().last().copied().unwrap_or(0))
+}
+
+fn with_stack<T>(f: impl FnOnce(&mut Vec<u64>) -> T) -> T {
+    STACK.with(|s| f(&mut s.borrow_mut()))
+}
+
+impl Inner {
+    fn shared(&self) -> &'static Shared {
+        // `inited()` guarantees it is set.
+        self.shared
+            .expect("fake libcuda used before cuInit succeeded")
+    }
+
+    fn handle(&mut self, kind: u64) -> u64 {
+        self.next_handle += 1;
+        (kind << 40) | (self.next_handle << 4)
+    }
+
+    /// Physical index of a valid ordinal.
+    pub fn phys_of(&self, dev: CUdevice) -> R<usize> {
+        if dev < 0 || dev as usize >= self.visible.len() {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        Ok(self.visible[dev as usize])
+    }
+
+    /// Number of visible devices.
+    pub fn device_count(&self) -> usize {
+        self.visible.len()
+    }
+
+    /// Name of an ordinal.
+    pub fn device_name(&self, dev: CUdevice) -> R<String> {
+        let p = self.phys_of(dev)?;
+        Ok(self.shared().device_name(p))
+    }
+
+    /// UUID of an ordinal.
+    pub fn device_uuid(&self, dev: CUdevice) -> R<[u8; 16]> {
+        let p = self.phys_of(dev)?;
+        Ok(self.shared().file().devices[p].uuid)
+    }
+
+    /// Total memory of an ordinal.
+    pub fn total_mem(&self, dev: CUdevice) -> R<u64> {
+        let p = self.phys_of(dev)?;
+        Ok(self.shared().file().devices[p].total)
+    }
+
+    /// Validates a context handle for use.
+    pub fn ctx(&self, h: u64) -> R<Ctx> {
+        match self.contexts.get(&h) {
+            None => Err(CUDA_ERROR_INVALID_CONTEXT),
+            Some(c) if !c.alive => Err(CUDA_ERROR_CONTEXT_IS_DESTROYED),
+            Some(c) => Ok(*c),
+        }
+    }
+
+    /// The calling thread's current context.
+    pub fn current(&self) -> R<(u64, Ctx)> {
+        let h = current_handle();
+        if h == 0 {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        Ok((h, self.ctx(h)?))
+    }
+
+    fn charge(&self, phys: usize, bytes: u64) -> R<()> {
+        self.shared()
+            .charge(phys, self.slot, bytes)
+            .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    fn uncharge(&self, phys: usize, bytes: u64) {
+        self.shared().uncharge(phys, self.slot, bytes)
+    }
+
+    fn activate_context(&mut self, h: u64, ordinal: usize, phys: usize, primary: bool) -> R<()> {
+        self.charge(phys, self.shared().ctx_overhead())?;
+        self.shared().count_context(phys, self.slot, 1);
+        self.contexts.insert(
+            h,
+            Ctx {
+                ordinal,
+                phys,
+                primary,
+                alive: true,
+            },
+        );
+        Ok(())
+    }
+
+    /// Frees everything a context owns (allocations, arrays, streams, modules).
+    fn free_context_resources(&mut self, h: u64) {
+        let dead: Vec<u64> = self
+            .allocs
+            .iter()
+            .filter(|(_, a)| a.ctx == h)
+            .map(|(&p, _)| p)
+            .collect();
+        for p in dead {
+            if let Some(a) = self.allocs.remove(&p) {
+                self.uncharge(a.phys, a.charged);
+            }
+        }
+        let dead: Vec<u64> = self
+            .arrays
+            .iter()
+            .filter(|(_, a)| a.ctx == h)
+            .map(|(&p, _)| p)
+            .collect();
+        for p in dead {
+            if let Some(a) = self.arrays.remove(&p) {
+                self.uncharge(a.phys, a.charged);
+            }
+        }
+        self.streams.retain(|_, c| *c != h);
+        self.modules.retain(|_, c| *c != h);
+    }
+
+    fn deactivate_context(&mut self, h: u64) {
+        self.free_context_resources(h);
+        if let Some(c) = self.contexts.get_mut(&h) {
+            if c.alive {
+                c.alive = false;
+                let phys = c.phys;
+                self.uncharge(phys, self.shared().ctx_overhead());
+                self.shared().count_context(phys, self.slot, -1);
+            }
+        }
+    }
+
+    /// `cuCtxCreate*`: creates a context and pushes it on the calling thread's stack.
+    pub fn ctx_create(&mut self, dev: CUdevice) -> R<u64> {
+        let phys = self.phys_of(dev)?;
+        let h = self.handle(0xc0);
+        self.activate_context(h, dev as usize, phys, false)?;
+        with_stack(|s| s.push(h));
+        Ok(h)
+    }
+
+    /// `cuCtxDestroy_v2`.
+    pub fn ctx_destroy(&mut self, h: u64) -> R<()> {
+        match self.contexts.get(&h) {
+            None => return Err(CUDA_ERROR_INVALID_CONTEXT),
+            Some(c) if c.primary => return Err(CUDA_ERROR_INVALID_CONTEXT),
+            Some(c) if !c.alive => return Err(CUDA_ERROR_CONTEXT_IS_DESTROYED),
+            Some(_) => {}
+        }
+        self.deactivate_context(h);
+        with_stack(|s| s.retain(|&x| x != h));
+        Ok(())
+    }
+
+    /// `cuDevicePrimaryCtxRetain`.
+    pub fn primary_retain(&mut self, dev: CUdevice) -> R<u64> {
+        let phys = self.phys_of(dev)?;
+        let ord = dev as usize;
+        if self.primary[ord].handle == 0 {
+            let h = self.handle(0xc1);
+            self.primary[ord].handle = h;
+            self.contexts.insert(
+                h,
+                Ctx {
+                    ordinal: ord,
+                    phys,
+                    primary: true,
+                    alive: false,
+                },
+            );
+        }
+        let h = self.primary[ord].handle;
+        if self.primary[ord].refcount == 0 {
+            self.activate_context(h, ord, phys, true)?;
+        }
+        self.primary[ord].refcount += 1;
+        Ok(h)
+    }
+
+    /// `cuDevicePrimaryCtxRelease(_v2)`.
+    pub fn primary_release(&mut self, dev: CUdevice) -> R<()> {
+        self.phys_of(dev)?;
+        let p = &mut self.primary[dev as usize];
+        if p.refcount == 0 {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        p.refcount -= 1;
+        if p.refcount == 0 {
+            let h = p.handle;
+            self.deactivate_context(h);
+        }
+        Ok(())
+    }
+
+    /// `cuDevicePrimaryCtxReset(_v2)`: frees everything the primary context owns.
+    pub fn primary_reset(&mut self, dev: CUdevice) -> R<()> {
+        self.phys_of(dev)?;
+        let h = self.primary[dev as usize].handle;
+        if h != 0 {
+            self.free_context_resources(h);
+        }
+        Ok(())
+    }
+
+    /// `cuDevicePrimaryCtxGetState`: (flags, active).
+    pub fn primary_state(&self, dev: CUdevice) -> R<(u32, bool)> {
+        self.phys_of(dev)?;
+        Ok((0, self.primary[dev as usize].refcount > 0))
+    }
+
+    /// `cuCtxSetCurrent`.
+    pub fn set_current(&self, h: u64) -> R<()> {
+        if h != 0 {
+            match self.contexts.get(&h) {
+                None => return Err(CUDA_ERROR_INVALID_CONTEXT),
+                Some(c) if !c.alive && !c.primary => return Err(CUDA_ERROR_CONTEXT_IS_DESTROYED),
+                Some(_) => {}
+            }
+        }
+        with_stack(|s| {
+            s.pop();
+            if h != 0 {
+                s.push(h);
+            }
+        });
+        Ok(())
+    }
+
+    /// `cuCtxPushCurrent_v2`.
+    pub fn push_current(&self, h: u64) -> R<()> {
+        match self.contexts.get(&h) {
+            None => Err(CUDA_ERROR_INVALID_CONTEXT),
+            Some(c) if !c.alive && !c.primary => Err(CUDA_ERROR_CONTEXT_IS_DESTROYED),
+            Some(_) => {
+                with_stack(|s| s.push(h));
+                Ok(())
+            }
+        }
+    }
+
+    /// `cuCtxPopCurrent_v2`.
+    pub fn pop_current(&self) -> R<u64> {
+        with_stack(|s| s.pop()).ok_or(CUDA_ERROR_INVALID_CONTEXT)
+    }
+
+    /// `cuMemGetInfo_v2`: (free, total) of the current context's device.
+    pub fn mem_info(&self) -> R<(u64, u64)> {
+        let (_, c) = self.current()?;
+        let sh = self.shared();
+        let total = sh.file().devices[c.phys].total;
+        let used = sh.used(c.phys);
+        Ok((total.saturating_sub(used), total))
+    }
+
+    /// Allocates `size` bytes (charging `charged`) on the current context's device, or on
+    /// `ordinal` if given (pools).
+    pub fn alloc(&mut self, size: u64, charged: u64, kind: Kind, ordinal: Option<usize>) -> R<u64> {
+        let (h, c) = self.current()?;
+        let phys = match ordinal {
+            Some(o) => self.visible[o],
+            None => c.phys,
+        };
+        self.charge(phys, charged)?;
+        let ptr = self.shared().next_address(phys, size);
+        self.allocs.insert(
+            ptr,
+            Alloc {
+                phys,
+                ctx: h,
+                size,
+                charged,
+                kind,
+            },
+        );
+        Ok(ptr)
+    }
+
+    /// Charged bytes of a managed allocation.
+    pub fn managed_charge(size: u64) -> u64 {
+        if managed_charges() {
+            size
+        } else {
+            0
+        }
+    }
+
+    /// `cuMemFree_v2` / `cuMemFreeAsync`.
+    pub fn free(&mut self, ptr: u64) -> R<()> {
+        if ptr == 0 {
+            return Ok(());
+        }
+        match self.allocs.remove(&ptr) {
+            Some(a) => {
+                self.uncharge(a.phys, a.charged);
+                Ok(())
+            }
+            None => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// `cuMemGetAddressRange_v2`: (base, size) of the allocation containing `ptr`.
+    pub fn address_range(&self, ptr: u64) -> R<(u64, u64)> {
+        if let Some((&base, a)) = self.allocs.range(..=ptr).next_back() {
+            if ptr < base + a.size.max(1) {
+                return Ok((base, a.size));
+            }
+        }
+        if let Some((&va, &(size, _))) = self.mappings.range(..=ptr).next_back() {
+            if ptr < va + size {
+                return Ok((va, size));
+            }
+        }
+        Err(CUDA_ERROR_NOT_FOUND)
+    }
+
+    /// `cuArrayCreate_v2` / `cuArray3DCreate_v2`: `bytes` is the array's footprint.
+    pub fn array_create(&mut self, bytes: u64) -> R<u64> {
+        let (h, c) = self.current()?;
+        let charged = bytes.div_ceil(GRANULARITY) * GRANULARITY;
+        self.charge(c.phys, charged)?;
+        let a = self.handle(0xa0);
+        self.arrays.insert(
+            a,
+            Alloc {
+                phys: c.phys,
+                ctx: h,
+                size: bytes,
+                charged,
+                kind: Kind::Linear,
+            },
+        );
+        Ok(a)
+    }
+
+    /// `cuArrayDestroy`.
+    pub fn array_destroy(&mut self, a: u64) -> R<()> {
+        match self.arrays.remove(&a) {
+            Some(x) => {
+                self.uncharge(x.phys, x.charged);
+                Ok(())
+            }
+            None => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    }
+
+    /// `cuMemCreate`.
+    pub fn mem_create(&mut self, size: u64, ordinal: CUdevice) -> R<u64> {
+        let phys = self.phys_of(ordinal)?;
+        if size == 0 || size % GRANULARITY != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        self.charge(phys, size)?;
+        let h = self.handle(0xe0);
+        self.phys_mem.insert(
+            h,
+            PhysMem {
+                phys,
+                size,
+                released: false,
+                maps: 0,
+            },
+        );
+        Ok(h)
+    }
+
+    fn drop_phys_if_done(&mut self, h: u64) {
+        if let Some(m) = self.phys_mem.get(&h).copied() {
+            if m.released && m.maps == 0 {
+                self.phys_mem.remove(&h);
+                self.uncharge(m.phys, m.size);
+            }
+        }
+    }
+
+    /// `cuMemRelease`: the memory goes back once it is also unmapped everywhere.
+    pub fn mem_release(&mut self, h: u64) -> R<()> {
+        match self.phys_mem.get_mut(&h) {
+            Some(m) if !m.released => m.released = true,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        self.drop_phys_if_done(h);
+        Ok(())
+    }
+
+    /// `cuMemAddressReserve`.
+    pub fn address_reserve(&mut self, size: u64, align: u64) -> R<u64> {
+        if size == 0 || size % GRANULARITY != 0 || (align != 0 && !align.is_power_of_two()) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let align = align.max(GRANULARITY);
+        let base = (0x7e00_0000_0000u64 + self.next_va).div_ceil(align) * align;
+        self.next_va = base + size - 0x7e00_0000_0000 + GRANULARITY;
+        self.reservations.insert(base, size);
+        Ok(base)
+    }
+
+    fn in_reservation(&self, ptr: u64, size: u64) -> bool {
+        self.reservations
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&b, &s)| ptr >= b && ptr.saturating_add(size) <= b + s)
+    }
+
+    fn unmap_range(&mut self, ptr: u64, size: u64) {
+        let hit: Vec<u64> = self
+            .mappings
+            .range(ptr..ptr.saturating_add(size))
+            .map(|(&va, _)| va)
+            .collect();
+        for va in hit {
+            if let Some((_, h)) = self.mappings.remove(&va) {
+                if let Some(m) = self.phys_mem.get_mut(&h) {
+                    m.maps = m.maps.saturating_sub(1);
+                }
+                self.drop_phys_if_done(h);
+            }
+        }
+    }
+
+    /// `cuMemAddressFree` (mappings left in the range are unmapped).
+    pub fn address_free(&mut self, ptr: u64, size: u64) -> R<()> {
+        match self.reservations.get(&ptr) {
+            Some(&s) if s == size => {}
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        self.unmap_range(ptr, size);
+        self.reservations.remove(&ptr);
+        Ok(())
+    }
+
+    /// `cuMemMap`.
+    pub fn mem_map(&mut self, ptr: u64, size: u64, offset: u64, h: u64) -> R<()> {
+        let m = match self.phys_mem.get(&h) {
+            Some(m) if !m.released => *m,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        if size == 0
+            || size % GRANULARITY != 0
+            || offset % GRANULARITY != 0
+            || offset.saturating_add(size) > m.size
+            || !self.in_reservation(ptr, size)
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let overlaps_before = self
+            .mappings
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(&va, &(s, _))| va + s > ptr);
+        let overlaps_after = self.mappings.range(ptr..ptr + size).next().is_some();
+        if overlaps_before || overlaps_after {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        self.mappings.insert(ptr, (size, h));
+        if let Some(m) = self.phys_mem.get_mut(&h) {
+            m.maps += 1;
+        }
+        Ok(())
+    }
+
+    /// `cuMemUnmap` (unmapping an unmapped range of a reservation succeeds, as measured).
+    pub fn mem_unmap(&mut self, ptr: u64, size: u64) -> R<()> {
+        if size == 0 || !self.in_reservation(ptr, size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        self.unmap_range(ptr, size);
+        Ok(())
+    }
+
+    /// `cuMemSetAccess`: the range must be reserved.
+    pub fn set_access(&self, ptr: u64, size: u64, ordinals: &[i32]) -> R<()> {
+        if size == 0 || !self.in_reservation(ptr, size) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        for &o in ordinals {
+            self.phys_of(o)?;
+        }
+        Ok(())
+    }
+
+    /// `cuMemPoolCreate`.
+    pub fn pool_create(&mut self, ordinal: CUdevice) -> R<u64> {
+        self.phys_of(ordinal)?;
+        let h = self.handle(0xb0);
+        self.pools.insert(h, ordinal as usize);
+        Ok(h)
+    }
+
+    /// `cuMemPoolDestroy`.
+    pub fn pool_destroy(&mut self, h: u64) -> R<()> {
+        if self.default_pools.values().any(|&p| p == h) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        self.pools
+            .remove(&h)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
+    }
+
+    /// `cuDeviceGetDefaultMemPool`.
+    pub fn default_pool(&mut self, ordinal: CUdevice) -> R<u64> {
+        self.phys_of(ordinal)?;
+        let o = ordinal as usize;
+        if let Some(&h) = self.default_pools.get(&o) {
+            return Ok(h);
+        }
+        let h = self.handle(0xb1);
+        self.pools.insert(h, o);
+        self.default_pools.insert(o, h);
+        Ok(h)
+    }
+
+    /// Ordinal of a pool.
+    pub fn pool_ordinal(&self, h: u64) -> R<usize> {
+        self.pools.get(&h).copied().ok_or(CUDA_ERROR_INVALID_VALUE)
+    }
+
+    /// Validates a stream handle (the null, legacy and per-thread streams need a context).
+    pub fn check_stream(&self, s: u64) -> R<()> {
+        if s == 0 || s == CU_STREAM_LEGACY as u64 || s == CU_STREAM_PER_THREAD as u64 {
+            self.current()?;
+            return Ok(());
+        }
+        match self.streams.get(&s) {
+            Some(&c) => self.ctx(c).map(|_| ()),
+            None => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    }
+
+    /// `cuStreamCreate`.
+    pub fn stream_create(&mut self) -> R<u64> {
+        let (c, _) = self.current()?;
+        let h = self.handle(0x50);
+        self.streams.insert(h, c);
+        Ok(h)
+    }
+
+    /// `cuStreamDestroy_v2`.
+    pub fn stream_destroy(&mut self, s: u64) -> R<()> {
+        self.streams
+            .remove(&s)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// `cuModuleLoadData`.
+    pub fn module_load(&mut self) -> R<u64> {
+        let (c, _) = self.current()?;
+        let h = self.handle(0x30);
+        self.modules.insert(h, c);
+        Ok(h)
+    }
+
+    /// `cuModuleUnload`.
+    pub fn module_unload(&mut self, m: u64) -> R<()> {
+        self.modules
+            .remove(&m)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+}

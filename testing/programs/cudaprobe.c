@@ -1,0 +1,604 @@
+/*
+ * cudaprobe: the workload driver of hami-rs's tests, benchmarks and demo.
+ *
+ * Executes driver-API operations given on the command line, in order, and prints one
+ * parseable line per operation on stdout (flushed at once):
+ *
+ *     pid=1234 via=direct device=0
+ *     op=init rc=0 name=CUDA_SUCCESS
+ *     op=alloc size=1048576 idx=0 ptr=0x100000000000 rc=0 name=CUDA_SUCCESS
+ *
+ * The driver is reached in one of the three ways real programs use (--via):
+ *   direct    linked with -lcuda, calling the exported versioned symbols (cuMemAlloc_v2 ...);
+ *   dlsym     dlopen("libcuda.so.1") + dlsym of the versioned symbols;
+ *   procaddr  dlopen + dlsym("cuGetProcAddress_v2") only, then EVERY function resolved through
+ *             it by base name with --cuda-version (default 12000) and flags 0, like the CUDA
+ *             12/13 runtime (cuCtxCreate then resolves to _v3/_v4 and is called accordingly).
+ *
+ * Build: gcc -O2 -o cudaprobe cudaprobe.c -L<dir of libcuda.so> -lcuda -ldl -lpthread
+ * (no rpath: run with LD_LIBRARY_PATH pointing at the fake or the real driver).
+ *
+ * Usage: cudaprobe [--via direct|dlsym|procaddr] [--device N] [--cuda-version V] OP...
+ * Run `cudaprobe --help` for the operations.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUarray;
+typedef void *CUmemoryPool;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct { char bytes[16]; } CUuuid;
+typedef struct { unsigned int type; int id; } CUmemLocation;
+typedef struct {
+  unsigned int type, requestedHandleTypes;
+  CUmemLocation location;
+  void *win32HandleMetaData;
+  struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
+} CUmemAllocationProp;
+typedef struct { CUmemLocation location; unsigned int flags; } CUmemAccessDesc;
+typedef struct {
+  unsigned int allocType, handleTypes;
+  CUmemLocation location;
+  void *win32SecurityAttributes;
+  size_t maxSize;
+  unsigned short usage;
+  unsigned char reserved[54];
+} CUmemPoolProps;
+typedef struct { size_t Width, Height; unsigned int Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
+typedef struct { size_t Width, Height, Depth; unsigned int Format, NumChannels, Flags; } CUDA_ARRAY3D_DESCRIPTOR;
+
+/* Prototypes of the exported symbols used in --via direct. */
+CUresult cuInit(unsigned int);
+CUresult cuDriverGetVersion(int *);
+CUresult cuGetErrorName(CUresult, const char **);
+CUresult cuGetErrorString(CUresult, const char **);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDeviceGetCount(int *);
+CUresult cuDeviceGetName(char *, int, CUdevice);
+CUresult cuDeviceGetUuid_v2(CUuuid *, CUdevice);
+CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxGetCurrent(CUcontext *);
+CUresult cuCtxGetDevice(CUdevice *);
+CUresult cuCtxPopCurrent_v2(CUcontext *);
+CUresult cuCtxSynchronize(void);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned int);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
+CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+CUresult cuArrayDestroy(CUarray);
+CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+
+/* The function table every operation goes through. */
+static struct {
+  CUresult (*Init)(unsigned int);
+  CUresult (*DriverGetVersion)(int *);
+  CUresult (*GetErrorName)(CUresult, const char **);
+  CUresult (*GetErrorString)(CUresult, const char **);
+  CUresult (*DeviceGet)(CUdevice *, int);
+  CUresult (*DeviceGetCount)(int *);
+  CUresult (*DeviceGetName)(char *, int, CUdevice);
+  CUresult (*DeviceGetUuid)(CUuuid *, CUdevice);
+  CUresult (*DeviceTotalMem)(size_t *, CUdevice);
+  CUresult (*PrimaryCtxRetain)(CUcontext *, CUdevice);
+  CUresult (*PrimaryCtxRelease)(CUdevice);
+  void *CtxCreate; /* signature depends on ctx_create_variant */
+  CUresult (*CtxDestroy)(CUcontext);
+  CUresult (*CtxSetCurrent)(CUcontext);
+  CUresult (*CtxGetCurrent)(CUcontext *);
+  void *CtxGetDevice; /* (CUdevice*) or, from CUDA 13.0, (CUdevice*, CUcontext) */
+  CUresult (*CtxPopCurrent)(CUcontext *);
+  void *CtxSynchronize; /* () or, from CUDA 13.0, (CUcontext) */
+  CUresult (*MemAlloc)(CUdeviceptr *, size_t);
+  CUresult (*MemFree)(CUdeviceptr);
+  CUresult (*MemGetInfo)(size_t *, size_t *);
+  CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+  CUresult (*MemAllocManaged)(CUdeviceptr *, size_t, unsigned int);
+  CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+  CUresult (*MemAllocAsyncPtsz)(CUdeviceptr *, size_t, CUstream);
+  CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
+  CUresult (*MemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+  CUresult (*MemPoolCreate)(CUmemoryPool *, const CUmemPoolProps *);
+  CUresult (*StreamSynchronize)(CUstream);
+  CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+  CUresult (*MemRelease)(CUmemGenericAllocationHandle);
+  CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*MemAddressFree)(CUdeviceptr, size_t);
+  CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*MemUnmap)(CUdeviceptr, size_t);
+  CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+  CUresult (*ArrayCreate)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+  CUresult (*Array3DCreate)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+  CUresult (*ArrayDestroy)(CUarray);
+  CUresult (*GetProcAddress)(const char *, void **, int, unsigned long long, int *);
+} cu;
+
+enum { CTX_V2 = 2, CTX_V3 = 3, CTX_V4 = 4 };
+static int ctx_create_variant = CTX_V2;
+static int ctx_v13 = 0; /* cuCtxGetDevice_v2 / cuCtxSynchronize_v2 */
+static const char *via = "direct";
+static int device = 0;
+static int cuda_version = 12000;
+static void *libcuda;
+
+enum { K_LINEAR = 1, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_CTX };
+static const char *kind_name[] = {"", "linear", "pitch", "managed", "async", "pool", "vmm", "array", "ctx"};
+typedef struct {
+  int kind, live;
+  CUdeviceptr ptr;
+  size_t size;
+  CUmemGenericAllocationHandle handle;
+  void *obj; /* CUarray or CUcontext */
+} rec_t;
+static rec_t *recs;
+static size_t nrecs, caprecs;
+static CUmemoryPool pool;
+
+static void die(const char *fmt, const char *arg) {
+  fprintf(stderr, "cudaprobe: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n");
+  exit(2);
+}
+
+static size_t add_rec(rec_t r) {
+  if (nrecs == caprecs) {
+    caprecs = caprecs ? caprecs * 2 : 64;
+    recs = realloc(recs, caprecs * sizeof *recs);
+    if (!recs) die("%s", "out of host memory");
+  }
+  r.live = 1;
+  recs[nrecs] = r;
+  return nrecs++;
+}
+
+static const char *errname(CUresult rc) {
+  const char *n = NULL;
+  if (cu.GetErrorName && cu.GetErrorName(rc, &n) == 0 && n) return n;
+  return "UNKNOWN";
+}
+
+/* Ends an op line: rc and its name, newline, flush. */
+static void end(CUresult rc) {
+  printf(" rc=%d name=%s\n", rc, errname(rc));
+  fflush(stdout);
+}
+
+static unsigned long long parse_size(const char *s) {
+  char *e;
+  errno = 0;
+  unsigned long long v = strtoull(s, &e, 0);
+  if (e == s || errno) die("bad size '%s'", s);
+  switch (*e) {
+    case 0: break;
+    case 'k': case 'K': v <<= 10; e++; break;
+    case 'm': case 'M': v <<= 20; e++; break;
+    case 'g': case 'G': v <<= 30; e++; break;
+    case 't': case 'T': v <<= 40; e++; break;
+    default: die("bad size '%s'", s);
+  }
+  if (*e == 'i' || *e == 'I') e++;
+  if (*e == 'b' || *e == 'B') e++;
+  if (*e) die("bad size '%s'", s);
+  return v;
+}
+
+static void *must_dlsym(const char *name) {
+  void *p = dlsym(libcuda, name);
+  if (!p) die("dlsym(%s) failed", name);
+  return p;
+}
+
+/* Resolves one function through cuGetProcAddress_v2 (base name, cuda_version, flags). */
+static void *procaddr(const char *name, unsigned long long flags) {
+  void *p = NULL;
+  int status = -1;
+  CUresult rc = cu.GetProcAddress(name, &p, cuda_version, flags, &status);
+  if (rc != 0 || !p) {
+    fprintf(stderr, "cudaprobe: cuGetProcAddress_v2(%s, %d, %llu) rc=%d status=%d\n", name, cuda_version, flags, rc, status);
+    exit(2);
+  }
+  return p;
+}
+
+static void resolve(void) {
+  if (!strcmp(via, "direct")) {
+    cu.Init = cuInit; cu.DriverGetVersion = cuDriverGetVersion; cu.GetErrorName = cuGetErrorName;
+    cu.GetErrorString = cuGetErrorString; cu.DeviceGet = cuDeviceGet; cu.DeviceGetCount = cuDeviceGetCount;
+    cu.DeviceGetName = cuDeviceGetName; cu.DeviceGetUuid = cuDeviceGetUuid_v2; cu.DeviceTotalMem = cuDeviceTotalMem_v2;
+    cu.PrimaryCtxRetain = cuDevicePrimaryCtxRetain; cu.PrimaryCtxRelease = cuDevicePrimaryCtxRelease_v2;
+    cu.CtxCreate = (void *)cuCtxCreate_v2; cu.CtxDestroy = cuCtxDestroy_v2; cu.CtxSetCurrent = cuCtxSetCurrent;
+    cu.CtxGetCurrent = cuCtxGetCurrent; cu.CtxGetDevice = (void *)cuCtxGetDevice; cu.CtxPopCurrent = cuCtxPopCurrent_v2;
+    cu.CtxSynchronize = (void *)cuCtxSynchronize; cu.MemAlloc = cuMemAlloc_v2; cu.MemFree = cuMemFree_v2;
+    cu.MemGetInfo = cuMemGetInfo_v2; cu.MemAllocPitch = cuMemAllocPitch_v2; cu.MemAllocManaged = cuMemAllocManaged;
+    cu.MemAllocAsync = cuMemAllocAsync; cu.MemAllocAsyncPtsz = cuMemAllocAsync_ptsz; cu.MemFreeAsync = cuMemFreeAsync;
+    cu.MemAllocFromPoolAsync = cuMemAllocFromPoolAsync; cu.MemPoolCreate = cuMemPoolCreate;
+    cu.StreamSynchronize = cuStreamSynchronize; cu.MemCreate = cuMemCreate; cu.MemRelease = cuMemRelease;
+    cu.MemAddressReserve = cuMemAddressReserve; cu.MemAddressFree = cuMemAddressFree; cu.MemMap = cuMemMap;
+    cu.MemUnmap = cuMemUnmap; cu.MemSetAccess = cuMemSetAccess; cu.ArrayCreate = cuArrayCreate_v2;
+    cu.Array3DCreate = cuArray3DCreate_v2; cu.ArrayDestroy = cuArrayDestroy; cu.GetProcAddress = cuGetProcAddress_v2;
+    libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    return;
+  }
+  libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (!libcuda) die("dlopen(libcuda.so.1): %s", dlerror());
+  if (!strcmp(via, "dlsym")) {
+#define D(field, sym) cu.field = must_dlsym(#sym)
+    D(Init, cuInit); D(DriverGetVersion, cuDriverGetVersion); D(GetErrorName, cuGetErrorName);
+    D(GetErrorString, cuGetErrorString); D(DeviceGet, cuDeviceGet); D(DeviceGetCount, cuDeviceGetCount);
+    D(DeviceGetName, cuDeviceGetName); D(DeviceGetUuid, cuDeviceGetUuid_v2); D(DeviceTotalMem, cuDeviceTotalMem_v2);
+    D(PrimaryCtxRetain, cuDevicePrimaryCtxRetain); D(PrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2);
+    D(CtxCreate, cuCtxCreate_v2); D(CtxDestroy, cuCtxDestroy_v2); D(CtxSetCurrent, cuCtxSetCurrent);
+    D(CtxGetCurrent, cuCtxGetCurrent); D(CtxGetDevice, cuCtxGetDevice); D(CtxPopCurrent, cuCtxPopCurrent_v2);
+    D(CtxSynchronize, cuCtxSynchronize); D(MemAlloc, cuMemAlloc_v2); D(MemFree, cuMemFree_v2);
+    D(MemGetInfo, cuMemGetInfo_v2); D(MemAllocPitch, cuMemAllocPitch_v2); D(MemAllocManaged, cuMemAllocManaged);
+    D(MemAllocAsync, cuMemAllocAsync); D(MemAllocAsyncPtsz, cuMemAllocAsync_ptsz); D(MemFreeAsync, cuMemFreeAsync);
+    D(MemAllocFromPoolAsync, cuMemAllocFromPoolAsync); D(MemPoolCreate, cuMemPoolCreate);
+    D(StreamSynchronize, cuStreamSynchronize); D(MemCreate, cuMemCreate); D(MemRelease, cuMemRelease);
+    D(MemAddressReserve, cuMemAddressReserve); D(MemAddressFree, cuMemAddressFree); D(MemMap, cuMemMap);
+    D(MemUnmap, cuMemUnmap); D(MemSetAccess, cuMemSetAccess); D(ArrayCreate, cuArrayCreate_v2);
+    D(Array3DCreate, cuArray3DCreate_v2); D(ArrayDestroy, cuArrayDestroy); D(GetProcAddress, cuGetProcAddress_v2);
+#undef D
+    return;
+  }
+  if (strcmp(via, "procaddr")) die("unknown --via '%s'", via);
+  cu.GetProcAddress = must_dlsym("cuGetProcAddress_v2");
+#define P(field, base) cu.field = procaddr(#base, 0)
+  P(Init, cuInit); P(DriverGetVersion, cuDriverGetVersion); P(GetErrorName, cuGetErrorName);
+  P(GetErrorString, cuGetErrorString); P(DeviceGet, cuDeviceGet); P(DeviceGetCount, cuDeviceGetCount);
+  P(DeviceGetName, cuDeviceGetName); P(DeviceGetUuid, cuDeviceGetUuid); P(DeviceTotalMem, cuDeviceTotalMem);
+  P(PrimaryCtxRetain, cuDevicePrimaryCtxRetain); P(PrimaryCtxRelease, cuDevicePrimaryCtxRelease);
+  P(CtxCreate, cuCtxCreate); P(CtxDestroy, cuCtxDestroy); P(CtxSetCurrent, cuCtxSetCurrent);
+  P(CtxGetCurrent, cuCtxGetCurrent); P(CtxGetDevice, cuCtxGetDevice); P(CtxPopCurrent, cuCtxPopCurrent);
+  P(CtxSynchronize, cuCtxSynchronize); P(MemAlloc, cuMemAlloc); P(MemFree, cuMemFree);
+  P(MemGetInfo, cuMemGetInfo); P(MemAllocPitch, cuMemAllocPitch); P(MemAllocManaged, cuMemAllocManaged);
+  P(MemAllocAsync, cuMemAllocAsync); P(MemFreeAsync, cuMemFreeAsync);
+  P(MemAllocFromPoolAsync, cuMemAllocFromPoolAsync); P(MemPoolCreate, cuMemPoolCreate);
+  P(StreamSynchronize, cuStreamSynchronize); P(MemCreate, cuMemCreate); P(MemRelease, cuMemRelease);
+  P(MemAddressReserve, cuMemAddressReserve); P(MemAddressFree, cuMemAddressFree); P(MemMap, cuMemMap);
+  P(MemUnmap, cuMemUnmap); P(MemSetAccess, cuMemSetAccess); P(ArrayCreate, cuArrayCreate);
+  P(Array3DCreate, cuArray3DCreate); P(ArrayDestroy, cuArrayDestroy); P(GetProcAddress, cuGetProcAddress);
+#undef P
+  cu.MemAllocAsyncPtsz = procaddr("cuMemAllocAsync", 2 /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */);
+  ctx_create_variant = cuda_version >= 12050 ? CTX_V4 : cuda_version >= 11040 ? CTX_V3 : CTX_V2;
+  ctx_v13 = cuda_version >= 13000;
+}
+
+static CUresult ctx_create(CUcontext *c) {
+  switch (ctx_create_variant) {
+    case CTX_V4: return ((CUresult(*)(CUcontext *, void *, unsigned, CUdevice))cu.CtxCreate)(c, NULL, 0, device);
+    case CTX_V3: return ((CUresult(*)(CUcontext *, void *, int, unsigned, CUdevice))cu.CtxCreate)(c, NULL, 0, 0, device);
+    default: return ((CUresult(*)(CUcontext *, unsigned, CUdevice))cu.CtxCreate)(c, 0, device);
+  }
+}
+
+static CUresult ctx_get_device(CUdevice *d) {
+  if (ctx_v13) return ((CUresult(*)(CUdevice *, CUcontext))cu.CtxGetDevice)(d, NULL);
+  return ((CUresult(*)(CUdevice *))cu.CtxGetDevice)(d);
+}
+
+static CUresult ctx_sync(void) {
+  if (ctx_v13) return ((CUresult(*)(CUcontext))cu.CtxSynchronize)(NULL);
+  return ((CUresult(*)(void))cu.CtxSynchronize)();
+}
+
+/* Picks a record: an index, "last" (last live record of one of the kinds), or an address. */
+static long pick(const char *arg, unsigned kinds) {
+  if (!strcmp(arg, "last")) {
+    for (size_t i = nrecs; i-- > 0;)
+      if (recs[i].live && (kinds & (1u << recs[i].kind))) return (long)i;
+    return -1;
+  }
+  if (!strncmp(arg, "0x", 2)) {
+    CUdeviceptr p = strtoull(arg, NULL, 16);
+    for (size_t i = nrecs; i-- > 0;)
+      if (recs[i].live && recs[i].ptr == p) return (long)i;
+    return -1;
+  }
+  char *e;
+  long i = strtol(arg, &e, 10);
+  if (*e || i < 0 || (size_t)i >= nrecs) return -1;
+  return i;
+}
+
+static void print_alloc(const char *op, size_t size, CUresult rc, CUdeviceptr p, int kind) {
+  printf("op=%s size=%zu", op, size);
+  if (rc == 0) {
+    size_t i = add_rec((rec_t){.kind = kind, .ptr = p, .size = size});
+    printf(" idx=%zu ptr=0x%llx", i, p);
+  }
+  end(rc);
+}
+
+static CUresult free_rec(size_t i) {
+  rec_t *r = &recs[i];
+  CUresult rc;
+  switch (r->kind) {
+    case K_VMM:
+      rc = cu.MemUnmap(r->ptr, r->size);
+      if (!rc) rc = cu.MemRelease(r->handle);
+      if (!rc) rc = cu.MemAddressFree(r->ptr, r->size);
+      break;
+    case K_ARRAY: rc = cu.ArrayDestroy(r->obj); break;
+    case K_CTX: rc = cu.CtxDestroy(r->obj); break;
+    default: rc = cu.MemFree(r->ptr);
+  }
+  if (!rc) r->live = 0;
+  return rc;
+}
+
+static volatile sig_atomic_t got_signal;
+static void on_signal(int s) { got_signal = s; }
+
+static double now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+static void usage(void) {
+  puts("usage: cudaprobe [--via direct|dlsym|procaddr] [--device N] [--cuda-version V] OP...\n"
+       "ops (sizes take K/M/G/T suffixes; IDX is a record index, 'last' or 0xADDR):\n"
+       "  init | ctx | ctxcreate | ctxdestroy [IDX] | ctxrelease | ctxnull | ctxpop | ctxsync\n"
+       "  device N | count | name | uuid | totalmem | meminfo | version | ctxdevice\n"
+       "  alloc SIZE | alloc-null | free IDX|ADDR|last|all | free-raw 0xADDR\n"
+       "  pitch WIDTH HEIGHT | managed SIZE | async SIZE | async-ptsz SIZE | freeasync IDX\n"
+       "  pool SIZE | create SIZE | release IDX | array W H | array3d W H D | arraydestroy IDX\n"
+       "  fill SIZE | bench-pair N SIZE | getproc NAME [VERSION [FLAGS]] | errname CODE\n"
+       "  sleep SECONDS | wait | exit CODE");
+}
+
+int main(int argc, char **argv) {
+  int a = 1;
+  for (; a < argc && !strncmp(argv[a], "--", 2); a++) {
+    if (!strcmp(argv[a], "--help")) { usage(); return 0; }
+    if (a + 1 >= argc) die("missing value for %s", argv[a]);
+    if (!strcmp(argv[a], "--via")) via = argv[++a];
+    else if (!strcmp(argv[a], "--device")) device = atoi(argv[++a]);
+    else if (!strcmp(argv[a], "--cuda-version")) cuda_version = atoi(argv[++a]);
+    else die("unknown option %s", argv[a]);
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  resolve();
+  printf("pid=%d via=%s device=%d\n", (int)getpid(), via, device);
+  fflush(stdout);
+
+#define NEED(n) do { if (a + (n) >= argc) die("missing argument for %s", op); } while (0)
+  for (; a < argc; a++) {
+    const char *op = argv[a];
+    CUresult rc;
+    if (!strcmp(op, "init")) {
+      printf("op=init"); end(cu.Init(0));
+    } else if (!strcmp(op, "version")) {
+      int v = 0; rc = cu.DriverGetVersion(&v); printf("op=version version=%d", v); end(rc);
+    } else if (!strcmp(op, "device")) {
+      NEED(1); device = atoi(argv[++a]); printf("op=device device=%d", device); end(0);
+    } else if (!strcmp(op, "count")) {
+      int n = -1; rc = cu.DeviceGetCount(&n); printf("op=count count=%d", n); end(rc);
+    } else if (!strcmp(op, "name")) {
+      char n[256] = ""; rc = cu.DeviceGetName(n, sizeof n, device);
+      for (char *c = n; *c; c++) if (*c == ' ') *c = '_';
+      printf("op=name device_name=%s", n); end(rc);
+    } else if (!strcmp(op, "uuid")) {
+      CUuuid u; memset(&u, 0, sizeof u); rc = cu.DeviceGetUuid(&u, device);
+      const unsigned char *b = (const unsigned char *)u.bytes;
+      printf("op=uuid uuid=GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+             b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+      end(rc);
+    } else if (!strcmp(op, "totalmem")) {
+      size_t t = 0; rc = cu.DeviceTotalMem(&t, device); printf("op=totalmem total=%zu", t); end(rc);
+    } else if (!strcmp(op, "ctx")) {
+      CUdevice d = -1; CUcontext c = NULL;
+      rc = cu.DeviceGet(&d, device);
+      if (!rc) rc = cu.PrimaryCtxRetain(&c, d);
+      if (!rc) rc = cu.CtxSetCurrent(c);
+      printf("op=ctx ctx=%p", c); end(rc);
+    } else if (!strcmp(op, "ctxcreate")) {
+      CUcontext c = NULL; rc = ctx_create(&c);
+      printf("op=ctxcreate");
+      if (!rc) printf(" idx=%zu ctx=%p", add_rec((rec_t){.kind = K_CTX, .obj = c}), c);
+      end(rc);
+    } else if (!strcmp(op, "ctxdestroy")) {
+      long i = pick((a + 1 < argc && (argv[a + 1][0] == 'l' || (argv[a + 1][0] >= '0' && argv[a + 1][0] <= '9'))) ? argv[++a] : "last", 1u << K_CTX);
+      printf("op=ctxdestroy");
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      end(free_rec((size_t)i));
+    } else if (!strcmp(op, "ctxrelease")) {
+      printf("op=ctxrelease"); end(cu.PrimaryCtxRelease(device));
+    } else if (!strcmp(op, "ctxnull")) {
+      printf("op=ctxnull"); end(cu.CtxSetCurrent(NULL));
+    } else if (!strcmp(op, "ctxpop")) {
+      CUcontext c = NULL; rc = cu.CtxPopCurrent(&c); printf("op=ctxpop ctx=%p", c); end(rc);
+    } else if (!strcmp(op, "ctxsync")) {
+      printf("op=ctxsync"); end(ctx_sync());
+    } else if (!strcmp(op, "ctxdevice")) {
+      CUdevice d = -1; rc = ctx_get_device(&d); printf("op=ctxdevice ctx_device=%d", d); end(rc);
+    } else if (!strcmp(op, "meminfo")) {
+      size_t f = 0, t = 0; rc = cu.MemGetInfo(&f, &t); printf("op=meminfo free=%zu total=%zu", f, t); end(rc);
+    } else if (!strcmp(op, "alloc")) {
+      NEED(1); size_t s = parse_size(argv[++a]); CUdeviceptr p = 0;
+      rc = cu.MemAlloc(&p, s); print_alloc("alloc", s, rc, p, K_LINEAR);
+    } else if (!strcmp(op, "alloc-null")) {
+      printf("op=alloc-null"); end(cu.MemAlloc(NULL, 1 << 20));
+    } else if (!strcmp(op, "managed")) {
+      NEED(1); size_t s = parse_size(argv[++a]); CUdeviceptr p = 0;
+      rc = cu.MemAllocManaged(&p, s, 1 /* CU_MEM_ATTACH_GLOBAL */); print_alloc("managed", s, rc, p, K_MANAGED);
+    } else if (!strcmp(op, "async") || !strcmp(op, "async-ptsz")) {
+      NEED(1); size_t s = parse_size(argv[++a]); CUdeviceptr p = 0;
+      rc = (op[5] ? cu.MemAllocAsyncPtsz : cu.MemAllocAsync)(&p, s, NULL);
+      if (!rc) rc = cu.StreamSynchronize(NULL);
+      print_alloc(op, s, rc, p, K_ASYNC);
+    } else if (!strcmp(op, "freeasync")) {
+      NEED(1); long i = pick(argv[++a], 1u << K_ASYNC | 1u << K_POOL);
+      printf("op=freeasync");
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      rc = cu.MemFreeAsync(recs[i].ptr, NULL);
+      if (!rc) rc = cu.StreamSynchronize(NULL);
+      if (!rc) recs[i].live = 0;
+      printf(" idx=%ld ptr=0x%llx", i, recs[i].ptr); end(rc);
+    } else if (!strcmp(op, "pool")) {
+      NEED(1); size_t s = parse_size(argv[++a]); CUdeviceptr p = 0; rc = 0;
+      if (!pool) {
+        CUmemPoolProps pp; memset(&pp, 0, sizeof pp);
+        pp.allocType = 1; pp.location.type = 1; pp.location.id = device;
+        rc = cu.MemPoolCreate(&pool, &pp);
+      }
+      if (!rc) rc = cu.MemAllocFromPoolAsync(&p, s, pool, NULL);
+      if (!rc) rc = cu.StreamSynchronize(NULL);
+      print_alloc("pool", s, rc, p, K_POOL);
+    } else if (!strcmp(op, "pitch")) {
+      NEED(2); size_t w = parse_size(argv[++a]), h = parse_size(argv[++a]), pitch = 0; CUdeviceptr p = 0;
+      rc = cu.MemAllocPitch(&p, &pitch, w, h, 4);
+      printf("op=pitch width=%zu height=%zu pitch=%zu size=%zu", w, h, pitch, pitch * h);
+      if (!rc) printf(" idx=%zu ptr=0x%llx", add_rec((rec_t){.kind = K_PITCH, .ptr = p, .size = pitch * h}), p);
+      end(rc);
+    } else if (!strcmp(op, "create")) {
+      NEED(1); size_t s = parse_size(argv[++a]);
+      CUmemAllocationProp prop; memset(&prop, 0, sizeof prop);
+      prop.type = 1; prop.location.type = 1; prop.location.id = device;
+      CUmemGenericAllocationHandle h = 0; CUdeviceptr va = 0; const char *stage = "create";
+      rc = cu.MemCreate(&h, s, &prop, 0);
+      if (!rc) { stage = "reserve"; rc = cu.MemAddressReserve(&va, s, 0, 0, 0); }
+      if (!rc) { stage = "map"; rc = cu.MemMap(va, s, 0, h, 0); }
+      if (!rc) {
+        CUmemAccessDesc d; d.location = prop.location; d.flags = 3; /* PROT_READWRITE */
+        stage = "setaccess"; rc = cu.MemSetAccess(va, s, &d, 1);
+      }
+      printf("op=create size=%zu stage=%s", s, stage);
+      if (!rc) printf(" idx=%zu handle=0x%llx ptr=0x%llx", add_rec((rec_t){.kind = K_VMM, .ptr = va, .size = s, .handle = h}), h, va);
+      end(rc);
+    } else if (!strcmp(op, "release")) {
+      NEED(1); long i = pick(argv[++a], 1u << K_VMM);
+      printf("op=release");
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      printf(" idx=%ld", i); end(free_rec((size_t)i));
+    } else if (!strcmp(op, "array") || !strcmp(op, "array3d")) {
+      int three = op[5] == '3';
+      NEED(three ? 3 : 2);
+      size_t w = parse_size(argv[++a]), h = parse_size(argv[++a]), d = three ? parse_size(argv[++a]) : 0;
+      CUarray arr = NULL;
+      if (three) {
+        CUDA_ARRAY3D_DESCRIPTOR desc = {w, h, d, 0x20 /* FLOAT */, 1, 0};
+        rc = cu.Array3DCreate(&arr, &desc);
+      } else {
+        CUDA_ARRAY_DESCRIPTOR desc = {w, h, 0x20 /* FLOAT */, 1};
+        rc = cu.ArrayCreate(&arr, &desc);
+      }
+      size_t bytes = w * (h ? h : 1) * (d ? d : 1) * 4;
+      printf("op=%s width=%zu height=%zu depth=%zu bytes=%zu", op, w, h, d, bytes);
+      if (!rc) printf(" idx=%zu array=%p", add_rec((rec_t){.kind = K_ARRAY, .obj = arr, .size = bytes}), arr);
+      end(rc);
+    } else if (!strcmp(op, "arraydestroy")) {
+      NEED(1); long i = pick(argv[++a], 1u << K_ARRAY);
+      printf("op=arraydestroy");
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      printf(" idx=%ld", i); end(free_rec((size_t)i));
+    } else if (!strcmp(op, "free")) {
+      NEED(1); const char *t = argv[++a];
+      if (!strcmp(t, "all")) {
+        size_t n = 0; CUresult first = 0;
+        for (size_t i = 0; i < nrecs; i++) {
+          if (!recs[i].live || recs[i].kind == K_CTX) continue;
+          CUresult r = free_rec(i);
+          if (r && !first) first = r;
+          n++;
+        }
+        printf("op=free target=all count=%zu", n); end(first);
+        continue;
+      }
+      long i = pick(t, 1u << K_LINEAR | 1u << K_PITCH | 1u << K_MANAGED | 1u << K_ASYNC | 1u << K_POOL);
+      printf("op=free target=%s", t);
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      printf(" idx=%ld ptr=0x%llx kind=%s", i, recs[i].ptr, kind_name[recs[i].kind]);
+      end(free_rec((size_t)i));
+    } else if (!strcmp(op, "free-raw")) {
+      NEED(1); CUdeviceptr p = strtoull(argv[++a], NULL, 0);
+      rc = cu.MemFree(p);
+      if (!rc) for (size_t i = 0; i < nrecs; i++) if (recs[i].live && recs[i].ptr == p && recs[i].kind != K_VMM) recs[i].live = 0;
+      printf("op=free-raw ptr=0x%llx", p); end(rc);
+    } else if (!strcmp(op, "fill")) {
+      NEED(1); size_t s = parse_size(argv[++a]); size_t n = 0; CUdeviceptr p;
+      while ((rc = cu.MemAlloc(&p, s)) == 0 && n < 10000000) { add_rec((rec_t){.kind = K_LINEAR, .ptr = p, .size = s}); n++; }
+      printf("op=fill size=%zu count=%zu total=%zu", s, n, n * s); end(rc);
+    } else if (!strcmp(op, "bench-pair")) {
+      NEED(2); long n = atol(argv[++a]); size_t s = parse_size(argv[++a]); long fails = 0; CUresult last = 0;
+      double t0 = now_ns();
+      for (long i = 0; i < n; i++) {
+        CUdeviceptr p;
+        CUresult r = cu.MemAlloc(&p, s);
+        if (r) { fails++; last = r; continue; }
+        r = cu.MemFree(p);
+        if (r) { fails++; last = r; }
+      }
+      double dt = now_ns() - t0;
+      printf("op=bench-pair n=%ld size=%zu ns_per_pair=%.1f failures=%ld", n, s, n ? dt / n : 0.0, fails); end(last);
+    } else if (!strcmp(op, "getproc")) {
+      NEED(1); const char *name = argv[++a];
+      int ver = (a + 1 < argc && argv[a + 1][0] >= '0' && argv[a + 1][0] <= '9') ? atoi(argv[++a]) : cuda_version;
+      unsigned long long fl = (a + 1 < argc && argv[a + 1][0] >= '0' && argv[a + 1][0] <= '9') ? strtoull(argv[++a], NULL, 0) : 0;
+      void *p = NULL; int st = -1;
+      rc = cu.GetProcAddress(name, &p, ver, fl, &st);
+      Dl_info info; memset(&info, 0, sizeof info);
+      const char *sym = "NULL", *lib = "NULL";
+      if (p && dladdr(p, &info)) { sym = info.dli_sname && info.dli_saddr == p ? info.dli_sname : "?"; lib = info.dli_fname ? info.dli_fname : "?"; }
+      printf("op=getproc symbol=%s version=%d flags=%llu status=%d ptr=%p sym=%s lib=%s", name, ver, fl, st, p, sym, lib);
+      end(rc);
+    } else if (!strcmp(op, "errname")) {
+      NEED(1); CUresult code = atoi(argv[++a]); const char *n = NULL, *s = NULL;
+      rc = cu.GetErrorName(code, &n); CUresult rc2 = cu.GetErrorString(code, &s);
+      printf("op=errname code=%d error_name=%s string_rc=%d", code, n ? n : "NULL", rc2);
+      end(rc);
+    } else if (!strcmp(op, "sleep")) {
+      NEED(1); double sec = atof(argv[++a]);
+      struct timespec ts = {(time_t)sec, (long)((sec - (time_t)sec) * 1e9)};
+      while (nanosleep(&ts, &ts) && errno == EINTR) {}
+      printf("op=sleep seconds=%g", sec); end(0);
+    } else if (!strcmp(op, "wait")) {
+      struct sigaction sa; memset(&sa, 0, sizeof sa); sa.sa_handler = on_signal;
+      sigaction(SIGUSR1, &sa, NULL); sigaction(SIGTERM, &sa, NULL); sigaction(SIGINT, &sa, NULL);
+      printf("op=wait state=waiting\n"); fflush(stdout);
+      char line[256];
+      while (!got_signal && !fgets(line, sizeof line, stdin) && errno == EINTR && !got_signal) errno = 0;
+      printf("op=wait state=resumed signal=%d", (int)got_signal); end(0);
+    } else if (!strcmp(op, "exit")) {
+      NEED(1); int code = atoi(argv[++a]); printf("op=exit code=%d\n", code); fflush(stdout); _exit(code);
+    } else {
+      die("unknown op '%s' (see --help)", op);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,92 @@
+/*
+ * nvmlprobe: reads NVML the way nvidia-smi does (dlopen("libnvidia-ml.so.1")) and prints one
+ * parseable line per fact:
+ *
+ *     init rc=0
+ *     count rc=0 count=2
+ *     device index=0 uuid=GPU-... name=Fake_NVIDIA_GPU rc=0
+ *     memory index=0 rc=0 total=... used=... free=...
+ *     memory_v2 index=0 rc=0 version=0x2000028 total=... reserved=... used=... free=...
+ *     process index=0 pid=1234 used=1048576
+ *     processes index=0 rc=0 count=1
+ *     shutdown rc=0
+ *
+ * Build: gcc -O2 -o nvmlprobe nvmlprobe.c -ldl. Usage: nvmlprobe [--index N]
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int nvmlReturn_t;
+typedef void *nvmlDevice_t;
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
+#define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
+
+static void *lib;
+static void *sym(const char *n) {
+  void *p = dlsym(lib, n);
+  if (!p) { printf("missing symbol=%s\n", n); exit(2); }
+  return p;
+}
+
+int main(int argc, char **argv) {
+  int only = -1;
+  if (argc > 2 && !strcmp(argv[1], "--index")) only = atoi(argv[2]);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+  if (!lib) { printf("dlopen error=%s\n", dlerror()); return 2; }
+  nvmlReturn_t (*init)(void) = sym("nvmlInit_v2");
+  nvmlReturn_t (*shutdown)(void) = sym("nvmlShutdown");
+  nvmlReturn_t (*count)(unsigned *) = sym("nvmlDeviceGetCount_v2");
+  nvmlReturn_t (*handle)(unsigned, nvmlDevice_t *) = sym("nvmlDeviceGetHandleByIndex_v2");
+  nvmlReturn_t (*uuid)(nvmlDevice_t, char *, unsigned) = sym("nvmlDeviceGetUUID");
+  nvmlReturn_t (*name)(nvmlDevice_t, char *, unsigned) = sym("nvmlDeviceGetName");
+  nvmlReturn_t (*mem)(nvmlDevice_t, nvmlMemory_t *) = sym("nvmlDeviceGetMemoryInfo");
+  nvmlReturn_t (*mem2)(nvmlDevice_t, nvmlMemory_v2_t *) = sym("nvmlDeviceGetMemoryInfo_v2");
+  nvmlReturn_t (*procs)(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *) = sym("nvmlDeviceGetComputeRunningProcesses_v3");
+  nvmlReturn_t (*drv)(char *, unsigned) = sym("nvmlSystemGetDriverVersion");
+  const char *(*errstr)(nvmlReturn_t) = sym("nvmlErrorString");
+
+  nvmlReturn_t rc = init();
+  printf("init rc=%d error=%s\n", rc, errstr(rc));
+  if (rc) return 1;
+  char buf[128] = "";
+  rc = drv(buf, sizeof buf);
+  printf("driver rc=%d version=%s\n", rc, buf);
+  unsigned n = 0;
+  rc = count(&n);
+  printf("count rc=%d count=%u\n", rc, n);
+  for (unsigned i = 0; i < n; i++) {
+    if (only >= 0 && (unsigned)only != i) continue;
+    nvmlDevice_t h;
+    rc = handle(i, &h);
+    if (rc) { printf("device index=%u rc=%d\n", i, rc); continue; }
+    char u[96] = "", nm[96] = "";
+    uuid(h, u, sizeof u);
+    rc = name(h, nm, sizeof nm);
+    for (char *c = nm; *c; c++) if (*c == ' ') *c = '_';
+    printf("device index=%u uuid=%s name=%s rc=%d\n", i, u, nm, rc);
+    nvmlMemory_t m; memset(&m, 0, sizeof m);
+    rc = mem(h, &m);
+    printf("memory index=%u rc=%d total=%llu used=%llu free=%llu\n", i, rc, m.total, m.used, m.free);
+    nvmlMemory_v2_t m2; memset(&m2, 0, sizeof m2); m2.version = NVML_MEMORY_V2;
+    rc = mem2(h, &m2);
+    printf("memory_v2 index=%u rc=%d version=0x%x total=%llu reserved=%llu used=%llu free=%llu\n", i, rc, m2.version,
+           m2.total, m2.reserved, m2.used, m2.free);
+    unsigned np = 0;
+    rc = procs(h, &np, NULL);
+    nvmlProcessInfo_t *pi = calloc(np + 8, sizeof *pi);
+    unsigned cap = np + 8;
+    rc = procs(h, &cap, pi);
+    for (unsigned k = 0; rc == 0 && k < cap; k++) printf("process index=%u pid=%u used=%llu\n", i, pi[k].pid, pi[k].usedGpuMemory);
+    printf("processes index=%u rc=%d count=%u\n", i, rc, rc == 0 ? cap : 0);
+    free(pi);
+  }
+  rc = shutdown();
+  printf("shutdown rc=%d\n", rc);
+  return 0;
+}
