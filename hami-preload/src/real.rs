@@ -140,7 +140,11 @@ impl LazyLib {
             return None;
         }
         // SAFETY: `h` is the handle dlopen just returned.
-        let fns = self.names.iter().map(|n| unsafe { real_dlsym(h, n) }).collect();
+        let fns = self
+            .names
+            .iter()
+            .map(|n| unsafe { real_dlsym(h, n) })
+            .collect();
         Some(RealLib { handle: h, fns })
     }
 }

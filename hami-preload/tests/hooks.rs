@@ -25,7 +25,12 @@ fn check(via: &str, kind: &str, args: &[&str], release: &str, charged: u64) {
     a.extend_from_slice(&["exit", "0"]);
     let p = env.probe(&a);
     assert_eq!(p.rcs(), vec![0, OOM, 0, 0, 0], "{via} {kind}: {}", p.dump());
-    assert_eq!(p.field(2, "total").parse::<u64>().unwrap(), GB, "{}", p.dump());
+    assert_eq!(
+        p.field(2, "total").parse::<u64>().unwrap(),
+        GB,
+        "{}",
+        p.dump()
+    );
     assert_eq!(
         p.field(2, "free").parse::<u64>().unwrap(),
         GB - charged,
@@ -33,9 +38,18 @@ fn check(via: &str, kind: &str, args: &[&str], release: &str, charged: u64) {
         p.dump()
     );
     let r = env.region();
-    assert_eq!(r.used(0), charged, "{via} {kind}: region usage; {}", p.dump());
+    assert_eq!(
+        r.used(0),
+        charged,
+        "{via} {kind}: region usage; {}",
+        p.dump()
+    );
     let snap = r.snapshot();
-    let live: Vec<_> = snap.slots.iter().filter(|s| s.device_total(0) != 0).collect();
+    let live: Vec<_> = snap
+        .slots
+        .iter()
+        .filter(|s| s.device_total(0) != 0)
+        .collect();
     assert_eq!(live.len(), 1, "{via} {kind}: one slot holds the usage");
 }
 
@@ -70,9 +84,22 @@ hook_tests! {
 fn host_located_mem_create_is_not_charged() {
     let env = Env::new("hostcreate").set("CUDA_DEVICE_MEMORY_LIMIT", "1G");
     for via in VIAS {
-        let p = env.probe(&["--via", via, "hostcreate", "600M", "hostcreate", "600M", "info"]);
+        let p = env.probe(&[
+            "--via",
+            via,
+            "hostcreate",
+            "600M",
+            "hostcreate",
+            "600M",
+            "info",
+        ]);
         assert_eq!(p.rc(0), p.rc(1), "{}", p.dump());
-        assert_eq!(p.field(2, "free").parse::<u64>().unwrap(), GB, "{}", p.dump());
+        assert_eq!(
+            p.field(2, "free").parse::<u64>().unwrap(),
+            GB,
+            "{}",
+            p.dump()
+        );
     }
 }
 
@@ -108,5 +135,8 @@ fn context_memory_is_charged() {
     assert_eq!(r.used(0), 1000 * MB);
     let snap = r.snapshot();
     let s = snap.slots.iter().find(|s| s.device_total(0) != 0).unwrap();
-    assert_eq!(s.usage[0][hami_common::layout::UsageKind::Context.index()], 100 * MB);
+    assert_eq!(
+        s.usage[0][hami_common::layout::UsageKind::Context.index()],
+        100 * MB
+    );
 }

@@ -21,7 +21,10 @@ pub struct Artifacts {
 fn target_profile_dir() -> PathBuf {
     // <target>/<profile>/deps/<test binary>
     let exe = std::env::current_exe().expect("current_exe");
-    exe.parent().and_then(Path::parent).expect("profile dir").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("profile dir")
+        .to_path_buf()
 }
 
 /// Builds everything once per test binary.
@@ -32,17 +35,31 @@ pub fn artifacts() -> &'static Artifacts {
         let target = prof.parent().expect("target dir");
         let release = prof.file_name().is_some_and(|n| n == "release");
         let mut cmd = Command::new(env!("CARGO"));
-        cmd.args(["build", "-p", "hami-preload", "-p", "fake-cuda", "-p", "fake-nvml"])
-            .env("CARGO_TARGET_DIR", target)
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        cmd.args([
+            "build",
+            "-p",
+            "hami-preload",
+            "-p",
+            "fake-cuda",
+            "-p",
+            "fake-nvml",
+        ])
+        .env("CARGO_TARGET_DIR", target)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
         if release {
             cmd.arg("--release");
         }
         let st = cmd.status().expect("cargo build");
-        assert!(st.success(), "building the preload and the fake driver failed");
+        assert!(
+            st.success(),
+            "building the preload and the fake driver failed"
+        );
         let libdir = prof.join("hprobe-libs");
         std::fs::create_dir_all(&libdir).unwrap();
-        for (from, to) in [("libcuda.so", "libcuda.so.1"), ("libnvidia_ml.so", "libnvidia-ml.so.1")] {
+        for (from, to) in [
+            ("libcuda.so", "libcuda.so.1"),
+            ("libnvidia_ml.so", "libnvidia-ml.so.1"),
+        ] {
             let dst = libdir.join(to);
             let _ = std::fs::remove_file(&dst);
             std::fs::copy(prof.join(from), &dst).unwrap();
@@ -80,11 +97,15 @@ pub struct Env {
 impl Env {
     /// A fresh environment named after the test.
     pub fn new(name: &str) -> Env {
-        let dir = std::env::temp_dir().join(format!("hami-preload-it-{}-{name}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("hami-preload-it-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let mut vars = HashMap::new();
-        vars.insert("FAKE_CUDA_STATE".into(), dir.join("fake.state").display().to_string());
+        vars.insert(
+            "FAKE_CUDA_STATE".into(),
+            dir.join("fake.state").display().to_string(),
+        );
         vars.insert("FAKE_CUDA_TOTAL_MEM".into(), "16G".into());
         vars.insert(
             "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
@@ -157,7 +178,10 @@ impl From<Output> for Probe {
                 let mut it = l.split_whitespace();
                 let op = it.next()?.to_string();
                 let f = it
-                    .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+                    .filter_map(|kv| {
+                        kv.split_once('=')
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                    })
                     .collect();
                 Some((op, f))
             })
