@@ -11,10 +11,12 @@
 //! * [`report`]: audit table / JSON and `inspect` output;
 //! * `probes` (eBPF loading, attaching, libcuda discovery, event stream).
 
+pub mod agent;
 pub mod findings;
+pub mod metrics;
+pub mod nvml;
 pub mod probes;
 pub mod procinfo;
 pub mod state;
-pub mod metrics;
-pub mod nvml;
-pub mod agent;
+pub mod report;
+pub mod runner;

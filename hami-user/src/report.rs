@@ -1,0 +1,543 @@
+//! Output: the `audit` report (table and JSON) and the `inspect` dump of a region.
+
+use std::fmt::Write as _;
+
+use hami_common::layout::{UsageKind, INIT_READY, MAX_DEVICES};
+use hami_common::region::{Liveness, LivenessProbe, ProcProbe, RegionSnapshot};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::agent::{ProcessRow, Reclaimed, RegionRow};
+use crate::findings::{human_bytes, Finding};
+use crate::nvml::GpuInfo;
+
+/// Exit status of `audit` when a bypass or over-limit finding was raised.
+pub const EXIT_FINDINGS: i32 = 2;
+
+/// Probe figures for the report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ProbeSummary {
+    /// libcuda files with probes attached.
+    pub attached: Vec<String>,
+    /// Events written by the kernel side.
+    pub sent: u64,
+    /// Events dropped (ring buffer full).
+    pub dropped: u64,
+    /// Returns without entry.
+    pub unpaired: u64,
+    /// Events consumed by the agent.
+    pub received: u64,
+}
+
+/// NVML figures for the report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NvmlSummary {
+    /// Whether NVML was loaded.
+    pub available: bool,
+    /// Why not, when it was not.
+    pub error: Option<String>,
+    /// Devices.
+    pub devices: Vec<GpuInfo>,
+}
+
+/// A finding in the report, with whether it still stands at the end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReportFinding {
+    /// The finding (flattened).
+    #[serde(flatten)]
+    pub finding: Finding,
+    /// Still standing when the report was made.
+    pub standing: bool,
+}
+
+/// The `audit` report.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct AuditReport {
+    /// Report format version.
+    pub version: u32,
+    /// Seconds watched.
+    pub seconds: f64,
+    /// Probes.
+    pub probes: ProbeSummary,
+    /// NVML.
+    pub nvml: NvmlSummary,
+    /// GPU processes.
+    pub processes: Vec<ProcessRow>,
+    /// Regions.
+    pub regions: Vec<RegionRow>,
+    /// Every finding raised while watching.
+    pub findings: Vec<ReportFinding>,
+    /// Slots reclaimed (`--reclaim`).
+    pub reclaimed: Vec<Reclaimed>,
+    /// Whether any bypass or over-limit was found (the exit status is then non-zero).
+    pub failed: bool,
+}
+
+impl AuditReport {
+    /// Builds the report from the agent's history and standing findings.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        seconds: f64,
+        probes: ProbeSummary,
+        nvml: NvmlSummary,
+        processes: Vec<ProcessRow>,
+        regions: Vec<RegionRow>,
+        history: Vec<Finding>,
+        standing: &[Finding],
+        reclaimed: Vec<Reclaimed>,
+    ) -> AuditReport {
+        let failed = history.iter().any(|f| f.kind.is_failure());
+        let findings = history
+            .into_iter()
+            .map(|f| {
+                let standing = standing.iter().any(|s| s.key() == f.key());
+                ReportFinding {
+                    finding: f,
+                    standing,
+                }
+            })
+            .collect();
+        AuditReport {
+            version: 1,
+            seconds,
+            probes,
+            nvml,
+            processes,
+            regions,
+            findings,
+            reclaimed,
+            failed,
+        }
+    }
+
+    /// The process exit status for this report.
+    pub fn exit_code(&self) -> i32 {
+        if self.failed {
+            EXIT_FINDINGS
+        } else {
+            0
+        }
+    }
+
+    /// The human table.
+    pub fn table(&self) -> String {
+        let mut rows: Vec<[String; 10]> = vec![[
+            "PID".into(),
+            "CONTAINER".into(),
+            "NSPID".into(),
+            "HOOKED".into(),
+            "REGION".into(),
+            "LIMIT".into(),
+            "ACCOUNTED".into(),
+            "OBSERVED".into(),
+            "NVML".into(),
+            "VERDICT".into(),
+        ]];
+        let opt = |v: Option<u64>| v.map_or("-".to_string(), human_bytes);
+        for p in &self.processes {
+            let mut verdict = p.verdict.clone();
+            if p.baseline.is_some() {
+                verdict.push_str(" (baseline)");
+            }
+            rows.push([
+                p.pid.to_string(),
+                short_container(&p.container),
+                p.nspid.map_or("-".into(), |n| n.to_string()),
+                match p.hooked {
+                    Some(true) => "yes".into(),
+                    Some(false) => "no".into(),
+                    None => "?".into(),
+                },
+                p.region.clone().unwrap_or_else(|| "-".into()),
+                match p.limit {
+                    Some(0) => "unlimited".into(),
+                    l => opt(l),
+                },
+                opt(p.accounted),
+                format!(
+                    "{}{}",
+                    human_bytes(p.observed),
+                    if p.unknown_device { "*" } else { "" }
+                ),
+                opt(p.nvml),
+                verdict,
+            ]);
+        }
+        let mut widths = [0usize; 10];
+        for r in &rows {
+            for (w, c) in widths.iter_mut().zip(r.iter()) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        let mut out = String::new();
+        for r in &rows {
+            let line: Vec<String> = r
+                .iter()
+                .zip(widths.iter())
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect();
+            let _ = writeln!(out, "{}", line.join("  ").trim_end());
+        }
+        if self.processes.is_empty() {
+            let _ = writeln!(out, "(no GPU process seen)");
+        }
+        if self.processes.iter().any(|p| p.unknown_device) {
+            let _ = writeln!(
+                out,
+                "* some allocations could not be attributed to a device (context not seen): per-process totals only"
+            );
+        }
+        if self.processes.iter().any(|p| p.baseline.is_some()) {
+            let _ = writeln!(
+                out,
+                "(baseline) = running before the agent attached: observed counts only allocations made since; never reported as bypass or drift for the rest"
+            );
+        }
+        let _ = writeln!(out);
+        if self.findings.is_empty() {
+            let _ = writeln!(out, "findings: none");
+        } else {
+            let _ = writeln!(out, "findings:");
+            for f in &self.findings {
+                let fi = &f.finding;
+                let _ = writeln!(
+                    out,
+                    "  {:<11} {:<26} pid={} container={} region={} bytes={}{}: {}",
+                    fi.kind.name(),
+                    fi.reason,
+                    fi.pid.map_or("-".into(), |p| p.to_string()),
+                    short_container(&fi.container),
+                    fi.region.as_deref().unwrap_or("-"),
+                    fi.bytes,
+                    if f.standing { "" } else { " (cleared)" },
+                    fi.detail
+                );
+            }
+        }
+        for r in &self.reclaimed {
+            let _ = writeln!(
+                out,
+                "reclaimed: slot {} of {} (pid {}), {} released",
+                r.slot,
+                r.region,
+                r.pid,
+                human_bytes(r.bytes)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "probes: {} libcuda attached, {} events, {} dropped; NVML: {}",
+            self.probes.attached.len(),
+            self.probes.received,
+            self.probes.dropped,
+            if self.nvml.available {
+                "available".to_string()
+            } else {
+                format!(
+                    "not available ({})",
+                    self.nvml.error.as_deref().unwrap_or("not loaded")
+                )
+            }
+        );
+        out
+    }
+}
+
+/// First 12 characters of a 64-hex container id; other names unchanged.
+pub fn short_container(c: &str) -> String {
+    if c.len() == 64 && c.bytes().all(|b| b.is_ascii_hexdigit()) {
+        c[..12].to_string()
+    } else {
+        c.to_string()
+    }
+}
+
+/// A CUDA UUID as NVIDIA tools print it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`), or
+/// `None` when all zero (unknown).
+pub fn format_uuid(u: &[u8; 16]) -> Option<String> {
+    if u.iter().all(|&b| b == 0) {
+        return None;
+    }
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    ))
+}
+
+fn liveness_name(l: Liveness) -> &'static str {
+    match l {
+        Liveness::Alive => "alive",
+        Liveness::Dead => "dead",
+        Liveness::Unknown => "unknown",
+    }
+}
+
+/// Devices worth printing: below the device count, or with a limit, flags or usage.
+fn shown_devices(s: &RegionSnapshot) -> Vec<usize> {
+    (0..MAX_DEVICES)
+        .filter(|&d| {
+            d < (s.device_count as usize).max(1)
+                || s.limits[d] != 0
+                || s.limit_flags[d] != 0
+                || s.used[d] != 0
+        })
+        .collect()
+}
+
+/// `inspect --json`: the whole snapshot, with per-slot liveness as seen from the caller's
+/// pid namespace.
+pub fn inspect_json(path: &str, s: &RegionSnapshot) -> Value {
+    let probe = ProcProbe;
+    let devices: Vec<Value> = shown_devices(s)
+        .into_iter()
+        .map(|d| {
+            json!({
+                "index": d,
+                "limit": s.limits[d],
+                "flags": s.limit_flags[d],
+                "config_invalid": s.config_invalid(d),
+                "uuid": format_uuid(&s.uuids[d]),
+                "used": s.used[d],
+                "accounted": s.accounted(d),
+            })
+        })
+        .collect();
+    let slots: Vec<Value> = s
+        .slots
+        .iter()
+        .map(|sl| {
+            let usage: Vec<Value> = (0..MAX_DEVICES)
+                .filter(|&d| sl.device_total(d) != 0)
+                .map(|d| {
+                    json!({
+                        "device": d,
+                        "context": sl.usage[d][UsageKind::Context.index()],
+                        "module": sl.usage[d][UsageKind::Module.index()],
+                        "data": sl.usage[d][UsageKind::Data.index()],
+                    })
+                })
+                .collect();
+            json!({
+                "index": sl.index,
+                "pid": sl.pid,
+                "start_time": sl.start_time,
+                "total": sl.total(),
+                "liveness": liveness_name(probe.liveness(sl.process())),
+                "usage": usage,
+            })
+        })
+        .collect();
+    json!({
+        "path": path,
+        "version": s.version,
+        "header_size": s.header_size,
+        "total_size": s.total_size,
+        "initialised": s.init_state == INIT_READY,
+        "device_count": s.device_count,
+        "creator_pid": s.creator_pid,
+        "created_unix": s.created_unix,
+        "boot_id": s.boot_id.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        "generation": s.generation,
+        "consistent": s.consistent,
+        "owner_died_recoveries": s.owner_died_recoveries,
+        "reclaimed_slots": s.reclaimed_slots,
+        "devices": devices,
+        "slots": slots,
+    })
+}
+
+/// `inspect`: the human dump.
+pub fn inspect_text(path: &str, s: &RegionSnapshot) -> String {
+    let probe = ProcProbe;
+    let mut o = String::new();
+    let _ = writeln!(o, "region {path}");
+    let _ = writeln!(
+        o,
+        "  layout v{}, {} bytes, {}, {} device(s), created by pid {} at {} (unix)",
+        s.version,
+        s.total_size,
+        if s.init_state == INIT_READY {
+            "initialised"
+        } else {
+            "NOT initialised"
+        },
+        s.device_count,
+        s.creator_pid,
+        s.created_unix
+    );
+    let _ = writeln!(
+        o,
+        "  generation {}{}, {} lock-owner deaths recovered, {} slots reclaimed",
+        s.generation,
+        if s.consistent {
+            ""
+        } else {
+            " (copy not consistent)"
+        },
+        s.owner_died_recoveries,
+        s.reclaimed_slots
+    );
+    let _ = writeln!(o, "  devices:");
+    for d in shown_devices(s) {
+        let _ = writeln!(
+            o,
+            "    {d}: limit {}{}, used {} ({} bytes), slots account {}{}",
+            if s.limits[d] == 0 {
+                "unlimited".to_string()
+            } else {
+                format!("{} ({} bytes)", human_bytes(s.limits[d]), s.limits[d])
+            },
+            if s.config_invalid(d) {
+                " [INVALID CONFIG: fails closed]"
+            } else {
+                ""
+            },
+            human_bytes(s.used[d]),
+            s.used[d],
+            human_bytes(s.accounted(d)),
+            format_uuid(&s.uuids[d])
+                .map(|u| format!(", {u}"))
+                .unwrap_or_default()
+        );
+    }
+    let _ = writeln!(o, "  active slots: {}", s.slots.len());
+    for sl in &s.slots {
+        let _ = writeln!(
+            o,
+            "    slot {}: pid {} (start {}, {} here), total {}",
+            sl.index,
+            sl.pid,
+            sl.start_time,
+            liveness_name(probe.liveness(sl.process())),
+            human_bytes(sl.total())
+        );
+        for d in (0..MAX_DEVICES).filter(|&d| sl.device_total(d) != 0) {
+            let _ = writeln!(
+                o,
+                "      device {d}: context {}, module {}, data {}",
+                sl.usage[d][UsageKind::Context.index()],
+                sl.usage[d][UsageKind::Module.index()],
+                sl.usage[d][UsageKind::Data.index()]
+            );
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hami_common::region::{ProcessId, Region, RegionConfig};
+
+    #[test]
+    fn inspect_json_matches_a_region_written_through_the_api() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("r.cache");
+        let mut cfg = RegionConfig::default();
+        cfg.limits[0] = 1 << 30;
+        cfg.limits[1] = 2 << 30;
+        cfg.device_count = 2;
+        let (r, _) = Region::open_or_create(&path, &cfg).unwrap();
+        r.set_uuid(0, [0xab; 16]);
+        let me = ProcessId::current();
+        let s = r.register(me).unwrap();
+        r.force_charge(s, 0, UsageKind::Context, 5 << 20);
+        r.try_charge(s, 1, UsageKind::Data, 64 << 20).unwrap();
+        // A slot of a process that does not exist.
+        let ghost = ProcessId {
+            pid: u32::MAX - 7,
+            start_time: 1,
+        };
+        let g = r.register(ghost).unwrap();
+        r.try_charge(g, 0, UsageKind::Data, 1 << 20).unwrap();
+
+        let ro = Region::open_existing(&path, false).unwrap();
+        let v = inspect_json("r.cache", &ro.snapshot());
+        assert_eq!(v["version"], 1);
+        assert_eq!(v["initialised"], true);
+        assert_eq!(v["device_count"], 2);
+        assert_eq!(v["devices"][0]["limit"], 1u64 << 30);
+        assert_eq!(v["devices"][1]["limit"], 2u64 << 30);
+        assert_eq!(v["devices"][0]["used"], (5u64 << 20) + (1 << 20));
+        assert_eq!(v["devices"][1]["used"], 64u64 << 20);
+        assert_eq!(
+            v["devices"][0]["uuid"],
+            "GPU-abababab-abab-abab-abab-abababababab"
+        );
+        assert_eq!(v["devices"][1]["uuid"], Value::Null);
+        let slots = v["slots"].as_array().unwrap();
+        assert_eq!(slots.len(), 2);
+        let mine = slots.iter().find(|s| s["pid"] == me.pid).unwrap();
+        assert_eq!(mine["start_time"], me.start_time);
+        assert_eq!(mine["liveness"], "alive");
+        assert_eq!(mine["total"], (5u64 << 20) + (64 << 20));
+        assert_eq!(mine["usage"][0]["device"], 0);
+        assert_eq!(mine["usage"][0]["context"], 5u64 << 20);
+        assert_eq!(mine["usage"][1]["data"], 64u64 << 20);
+        let other = slots.iter().find(|s| s["pid"] == ghost.pid).unwrap();
+        assert_eq!(other["liveness"], "dead");
+        let text = inspect_text("r.cache", &ro.snapshot());
+        assert!(text.contains("limit 1.0 GiB (1073741824 bytes)"), "{text}");
+        assert!(text.contains("active slots: 2"));
+        assert!(text.contains("dead here"));
+    }
+
+    #[test]
+    fn audit_table_and_exit_code() {
+        use crate::findings::{FindingKind, FindingKind::*};
+        let f = Finding {
+            kind: Bypass,
+            reason: crate::findings::reason::NO_PRELOAD,
+            pid: Some(42),
+            nspid: Some(42),
+            container: "host".into(),
+            region: None,
+            device: None,
+            slot: None,
+            bytes: 1 << 20,
+            observed: Some(1 << 20),
+            accounted: None,
+            limit: None,
+            detail: "x".into(),
+        };
+        let rep = AuditReport::new(
+            1.0,
+            ProbeSummary::default(),
+            NvmlSummary::default(),
+            vec![],
+            vec![],
+            vec![f.clone()],
+            &[],
+            vec![],
+        );
+        assert!(rep.failed);
+        assert_eq!(rep.exit_code(), EXIT_FINDINGS);
+        assert!(!rep.findings[0].standing);
+        let t = rep.table();
+        assert!(t.contains("bypass"), "{t}");
+        assert!(t.contains("(cleared)"));
+        let j = serde_json::to_value(&rep).unwrap();
+        assert_eq!(j["findings"][0]["kind"], "bypass");
+        assert_eq!(j["findings"][0]["pid"], 42);
+        assert_eq!(j["failed"], true);
+        let mut drift = f;
+        drift.kind = FindingKind::Drift;
+        let ok = AuditReport::new(
+            1.0,
+            ProbeSummary::default(),
+            NvmlSummary::default(),
+            vec![],
+            vec![],
+            vec![drift.clone()],
+            &[drift],
+            vec![],
+        );
+        assert_eq!(ok.exit_code(), 0);
+        assert_eq!(short_container(&"a".repeat(64)), "aaaaaaaaaaaa");
+    }
+}

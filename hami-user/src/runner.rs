@@ -1,0 +1,312 @@
+//! The event loop behind `hami-agent run` and `hami-agent audit`: probes -> agent core,
+//! periodic ticks, NVML refresh, metrics, logging.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hami_common::event::CudaEvent;
+use tokio::sync::mpsc;
+
+use crate::agent::{Agent, AgentOptions, TickOutcome};
+use crate::findings::Finding;
+use crate::metrics::{Metrics, ProcessSample};
+use crate::nvml::Nvml;
+use crate::probes::{DiscoveryOptions, ProbeError, ProbeHandle, ProbeOptions, Probes};
+use crate::report::{AuditReport, NvmlSummary, ProbeSummary};
+
+/// Errors starting the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The eBPF side could not start.
+    #[error(transparent)]
+    Probes(#[from] ProbeError),
+    /// The metrics address could not be bound.
+    #[error("cannot listen on {addr} for /metrics: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The metrics registry failed (a bug).
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
+}
+
+/// Options of the loop.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Agent core options.
+    pub agent: AgentOptions,
+    /// libcuda files to attach at start (in addition to discovery).
+    pub libcuda: Vec<PathBuf>,
+    /// Tick period (findings evaluation, metrics).
+    pub interval: Duration,
+    /// libcuda discovery period.
+    pub discovery_interval: Duration,
+    /// Where to serve `/metrics` (`None`: no server).
+    pub metrics_addr: Option<SocketAddr>,
+    /// Stop after this long (`audit`); `None`: until interrupted.
+    pub duration: Option<Duration>,
+    /// Log findings as they are raised (`run`).
+    pub log_findings: bool,
+}
+
+/// Everything running.
+struct Running {
+    agent: Agent,
+    events: mpsc::Receiver<CudaEvent>,
+    handle: ProbeHandle,
+    nvml: Option<Nvml>,
+    nvml_error: Option<String>,
+    metrics: Arc<Metrics>,
+    attached: usize,
+}
+
+fn start(opts: &RunOptions) -> Result<Running, RunError> {
+    let (nvml, nvml_error) = match Nvml::load() {
+        Ok(n) => {
+            tracing::info!(driver = ?n.driver_version(), "NVML loaded");
+            (Some(n), None)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "running without NVML (no per-process used memory, no device totals)");
+            (None, Some(e.to_string()))
+        }
+    };
+    let mut agent = Agent::new(opts.agent.clone());
+    for (name, e) in agent.region_errors() {
+        tracing::warn!(region = %name, error = %e, "region unreadable");
+    }
+    agent.set_nvml(nvml.as_ref().map(|n| n.snapshot()));
+    let probes = Probes::load(&ProbeOptions::default())?;
+    let (events, handle) = probes.spawn(DiscoveryOptions {
+        proc_root: opts.agent.proc_root.clone(),
+        interval: Some(opts.discovery_interval),
+        extra: opts.libcuda.clone(),
+        ..DiscoveryOptions::default()
+    })?;
+    // One synchronous discovery pass, so that "ready" means attached where possible.
+    handle.rescan();
+    let attached = handle.attached();
+    if attached.is_empty() {
+        tracing::warn!(
+            "libcuda not found (ld.so.cache, running processes, container roots, --libcuda): \
+             still looking every {:?}",
+            opts.discovery_interval
+        );
+    }
+    for l in &attached {
+        tracing::info!(path = %l.path.display(), symbols = l.symbols.len(), "probes attached");
+    }
+    let baselined = agent.baseline_scan();
+    if !baselined.is_empty() {
+        tracing::info!(pids = ?baselined, "processes running before attach: baselined (pre-existing, not observed from start)");
+    }
+    let metrics = Arc::new(Metrics::new()?);
+    metrics.nvml_available.set(i64::from(nvml.is_some()));
+    metrics.libcuda_attached.set(attached.len() as i64);
+    Ok(Running {
+        agent,
+        events,
+        handle,
+        nvml,
+        nvml_error,
+        metrics,
+        attached: attached.len(),
+    })
+}
+
+fn log_outcome(out: &TickOutcome) {
+    for f in &out.raised {
+        log_finding(f);
+    }
+    for f in &out.cleared {
+        tracing::info!(kind = f.kind.name(), reason = f.reason, pid = ?f.pid, region = ?f.region, "finding cleared");
+    }
+    for r in &out.reclaimed {
+        tracing::warn!(region = %r.region, slot = r.slot, pid = r.pid, bytes = r.bytes, "leaked slot reclaimed");
+    }
+}
+
+fn log_finding(f: &Finding) {
+    tracing::warn!(
+        kind = f.kind.name(),
+        reason = f.reason,
+        pid = ?f.pid,
+        nspid = ?f.nspid,
+        container = %f.container,
+        region = ?f.region,
+        device = ?f.device,
+        slot = ?f.slot,
+        bytes = f.bytes,
+        observed = ?f.observed,
+        accounted = ?f.accounted,
+        limit = ?f.limit,
+        "finding: {}",
+        f.detail
+    );
+}
+
+impl Running {
+    fn update_metrics(&self) {
+        let m = &self.metrics;
+        m.set_usage(&self.agent.usage());
+        let rows = self.agent.process_rows();
+        m.set_processes(
+            &rows
+                .iter()
+                .map(|r| ProcessSample {
+                    pid: r.pid,
+                    container: r.container.clone(),
+                    hooked: r.hooked.unwrap_or(false),
+                    observed: r.observed,
+                })
+                .collect::<Vec<_>>(),
+        );
+        m.set_findings(&self.agent.standing());
+        let c = self.handle.counters();
+        m.set_dropped_total(c.dropped);
+        m.libcuda_attached.set(self.handle.attached().len() as i64);
+    }
+
+    fn on_tick(&mut self, log: bool, last_nvml: &mut Instant) {
+        let attached = self.handle.attached().len();
+        if attached > self.attached {
+            // New libcuda files: processes already using them may have allocated unseen.
+            let b = self.agent.baseline_scan();
+            if !b.is_empty() {
+                tracing::info!(pids = ?b, "baselined processes of a newly attached libcuda");
+            }
+            self.attached = attached;
+        }
+        if let Some(n) = &self.nvml {
+            if last_nvml.elapsed() >= Duration::from_secs(2) {
+                self.agent.set_nvml(Some(n.snapshot()));
+                *last_nvml = Instant::now();
+            }
+        }
+        let out = self.agent.tick(Instant::now());
+        if log {
+            log_outcome(&out);
+        }
+        self.metrics.count_new_findings(&out.raised);
+        self.metrics.reclaimed.inc_by(out.reclaimed.len() as u64);
+        self.update_metrics();
+    }
+
+    fn consume(&mut self, ev: &CudaEvent) {
+        let kind = hami_common::event::EventKind::from_u32(ev.kind)
+            .map(crate::state::kind_name)
+            .unwrap_or("unknown");
+        self.metrics.events.with_label_values(&[kind]).inc();
+        self.agent.on_event(ev);
+    }
+
+    fn report(&self, seconds: f64) -> AuditReport {
+        let c = self.handle.counters();
+        let standing = self.agent.standing();
+        AuditReport::new(
+            seconds,
+            ProbeSummary {
+                attached: self
+                    .handle
+                    .attached()
+                    .iter()
+                    .map(|l| l.path.display().to_string())
+                    .collect(),
+                sent: c.sent,
+                dropped: c.dropped,
+                unpaired: c.unpaired,
+                received: c.received,
+            },
+            NvmlSummary {
+                available: self.nvml.is_some(),
+                error: self.nvml_error.clone(),
+                devices: self
+                    .agent
+                    .nvml()
+                    .map(|n| n.devices.clone())
+                    .unwrap_or_default(),
+            },
+            self.agent.process_rows(),
+            self.agent.region_rows(),
+            self.agent.history(),
+            &standing,
+            self.agent.reclaimed().to_vec(),
+        )
+    }
+}
+
+/// Runs until interrupted (or `opts.duration`), then returns the report.
+pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
+    let mut r = start(&opts)?;
+    let server = match opts.metrics_addr {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| RunError::Bind { addr, source })?;
+            let local = l.local_addr().unwrap_or(addr);
+            tracing::info!(addr = %local, "serving /metrics");
+            Some(tokio::spawn(crate::metrics::serve(
+                l,
+                Arc::clone(&r.metrics),
+            )))
+        }
+        None => None,
+    };
+    // Tests and scripts wait for this line on stderr before starting workloads.
+    eprintln!(
+        "hami-agent: ready ({} libcuda attached, {} processes baselined)",
+        r.attached,
+        r.agent.process_count()
+    );
+    let t0 = Instant::now();
+    let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut ticker = tokio::time::interval(opts.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_nvml = Instant::now();
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let sleep_until = async move {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(sleep_until);
+    loop {
+        tokio::select! {
+            ev = r.events.recv() => {
+                let Some(ev) = ev else {
+                    tracing::error!("the probe event stream ended");
+                    break;
+                };
+                r.consume(&ev);
+                // Drain what is queued before looking at the clock again.
+                for _ in 0..4096 {
+                    match r.events.try_recv() {
+                        Ok(ev) => r.consume(&ev),
+                        Err(_) => break,
+                    }
+                }
+            }
+            _ = ticker.tick() => r.on_tick(opts.log_findings, &mut last_nvml),
+            _ = &mut ctrl_c => break,
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => break,
+            _ = &mut sleep_until => break,
+        }
+    }
+    // Take in what is still queued, then one last evaluation.
+    while let Ok(ev) = r.events.try_recv() {
+        r.consume(&ev);
+    }
+    r.on_tick(opts.log_findings, &mut last_nvml);
+    if let Some(s) = server {
+        s.abort();
+    }
+    Ok(r.report(t0.elapsed().as_secs_f64()))
+}
