@@ -232,6 +232,11 @@ pub type FnNvmlGetUuid = unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint)
 pub type FnNvmlHandleByUuid =
     unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
 
+/// `nvmlDeviceGetCount_v2`.
+pub type FnNvmlGetCount = unsafe extern "C" fn(*mut c_uint) -> nvmlReturn_t;
+/// `nvmlDeviceGetHandleByIndex_v2`.
+pub type FnNvmlHandleByIndex = unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
+
 /// Parses an NVML UUID string (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`) into its 16 bytes.
 /// Any prefix before the first hex group (e.g. `GPU-`) is accepted only if it is `GPU-`.
 pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {

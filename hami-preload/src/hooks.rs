@@ -463,15 +463,7 @@ fn nvml_used(dev: usize) -> Option<u64> {
         .unwrap_or_else(PoisonError::into_inner);
     if cache[dev] == 0 {
         let uuid = state::device_uuid(dev as CUdevice)?;
-        let s = std::ffi::CString::new(format_uuid(&uuid)).ok()?;
-        // SAFETY: documented type.
-        let by_uuid = unsafe { symbols::nv::<FnNvmlHandleByUuid>(Nv::HandleByUuid) }?;
-        let mut h: nvmlDevice_t = std::ptr::null_mut();
-        // SAFETY: valid C string and out pointer.
-        if unsafe { by_uuid(s.as_ptr(), &mut h) } != NVML_SUCCESS || h.is_null() {
-            return None;
-        }
-        cache[dev] = h as usize;
+        cache[dev] = nvml_handle_for_uuid(&uuid)? as usize;
     }
     let h = cache[dev] as nvmlDevice_t;
     drop(cache);
@@ -480,6 +472,53 @@ fn nvml_used(dev: usize) -> Option<u64> {
     let mut m = nvmlMemory_t::default();
     // SAFETY: handle from NVML, valid out pointer.
     (unsafe { info(h, &mut m) } == NVML_SUCCESS).then_some(m.used)
+}
+
+/// The NVML handle of the device with `uuid`: `nvmlDeviceGetHandleByUUID`, else a scan of
+/// the devices by index comparing `nvmlDeviceGetUUID`.
+fn nvml_handle_for_uuid(uuid: &[u8; 16]) -> Option<nvmlDevice_t> {
+    // SAFETY: documented type.
+    if let Some(by_uuid) = unsafe { symbols::nv::<FnNvmlHandleByUuid>(Nv::HandleByUuid) } {
+        let s = std::ffi::CString::new(format_uuid(uuid)).ok()?;
+        let mut h: nvmlDevice_t = std::ptr::null_mut();
+        // SAFETY: valid C string and out pointer.
+        if unsafe { by_uuid(s.as_ptr(), &mut h) } == NVML_SUCCESS && !h.is_null() {
+            return Some(h);
+        }
+    }
+    // SAFETY: documented types.
+    let count = unsafe { symbols::nv::<FnNvmlGetCount>(Nv::GetCountV2) }?;
+    // SAFETY: documented type.
+    let by_index = unsafe { symbols::nv::<FnNvmlHandleByIndex>(Nv::HandleByIndexV2) }?;
+    let mut n: c_uint = 0;
+    // SAFETY: valid out pointer.
+    if unsafe { count(&mut n) } != NVML_SUCCESS {
+        return None;
+    }
+    (0..n).find_map(|i| {
+        let mut h: nvmlDevice_t = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        if unsafe { by_index(i, &mut h) } != NVML_SUCCESS || h.is_null() {
+            return None;
+        }
+        (nvml_uuid(h)? == *uuid).then_some(h)
+    })
+}
+
+/// The UUID of an NVML device (real `nvmlDeviceGetUUID`).
+fn nvml_uuid(device: nvmlDevice_t) -> Option<[u8; 16]> {
+    // SAFETY: documented type.
+    let get_uuid = unsafe { symbols::nv::<FnNvmlGetUuid>(Nv::GetUuid) }?;
+    let mut buf = [0 as c_char; 96];
+    // SAFETY: buffer and its length.
+    if unsafe { get_uuid(device, buf.as_mut_ptr(), buf.len() as c_uint) } != NVML_SUCCESS {
+        return None;
+    }
+    // SAFETY: NVML wrote a NUL-terminated string into the zeroed buffer (last byte untouched).
+    let s = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_string_lossy()
+        .into_owned();
+    parse_uuid(&s)
 }
 
 fn log_context_cost(what: &str, dev: usize, cost: Option<ContextCost>) {
@@ -751,18 +790,7 @@ fn nvml_ordinal(device: nvmlDevice_t) -> Option<usize> {
             return Some(o);
         }
     }
-    // SAFETY: documented type.
-    let get_uuid = unsafe { symbols::nv::<FnNvmlGetUuid>(Nv::GetUuid) }?;
-    let mut buf = [0 as c_char; 96];
-    // SAFETY: buffer and its length.
-    if unsafe { get_uuid(device, buf.as_mut_ptr(), buf.len() as c_uint) } != NVML_SUCCESS {
-        return None;
-    }
-    // SAFETY: NVML wrote a NUL-terminated string into the zeroed buffer.
-    let s = unsafe { CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned();
-    let uuid = parse_uuid(&s)?;
+    let uuid = nvml_uuid(device)?;
     let g = state::global();
     let region = g.region.as_ref().ok();
     let mut found = region.and_then(|r| (0..MAX_DEVICES).find(|&d| r.uuid(d) == uuid));

@@ -81,6 +81,8 @@ symbol_table! {
         InitV2 = c"nvmlInit_v2",
         GetUuid = c"nvmlDeviceGetUUID",
         HandleByUuid = c"nvmlDeviceGetHandleByUUID",
+        GetCountV2 = c"nvmlDeviceGetCount_v2",
+        HandleByIndexV2 = c"nvmlDeviceGetHandleByIndex_v2",
     }
 }
 

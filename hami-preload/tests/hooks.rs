@@ -82,7 +82,9 @@ hook_tests! {
 
 #[test]
 fn host_located_mem_create_is_not_charged() {
-    let env = Env::new("hostcreate").set("CUDA_DEVICE_MEMORY_LIMIT", "1G");
+    let env = Env::new("hostcreate")
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
+        .set("HAMI_CONTEXT_OVERHEAD", "0");
     for via in VIAS {
         let p = env.probe(&[
             "--via",
@@ -139,4 +141,57 @@ fn context_memory_is_charged() {
         s.usage[0][hami_common::layout::UsageKind::Context.index()],
         100 * MB
     );
+}
+
+#[test]
+fn context_memory_is_measured_with_nvml() {
+    let env = Env::new("ctx-measured")
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
+        .set("FAKE_CUDA_CTX_OVERHEAD", "200M");
+    let p = env.probe(&["info", "exit", "0"]);
+    assert_eq!(p.rcs(), vec![0], "{}", p.dump());
+    assert_eq!(p.field(0, "free"), (824 * MB).to_string(), "{}", p.dump());
+    let snap = env.region().snapshot();
+    let ctx: u64 = snap
+        .slots
+        .iter()
+        .map(|s| s.usage[0][hami_common::layout::UsageKind::Context.index()])
+        .sum();
+    assert_eq!(ctx, 200 * MB);
+}
+
+#[test]
+fn nvml_memory_info_shows_the_quota() {
+    let env = Env::new("nvml")
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "2G")
+        .set("HAMI_CONTEXT_OVERHEAD", "0");
+    // A CUDA process leaves 512M behind (and records the device UUIDs).
+    assert_eq!(env.probe(&["alloc", "512M", "exit", "0"]).rcs(), vec![0]);
+    let out = env
+        .command(&artifacts().nvmlprobe, true)
+        .args(["--index", "0"])
+        .output()
+        .unwrap();
+    let p = Probe::from(out);
+    let mem = p
+        .lines
+        .iter()
+        .find(|(op, _)| op == "memory")
+        .unwrap_or_else(|| panic!("{}", p.dump()));
+    assert_eq!(mem.1["rc"], "0");
+    assert_eq!(mem.1["total"], (2 * GB).to_string(), "{}", p.dump());
+    assert_eq!(mem.1["used"], (512 * MB).to_string(), "{}", p.dump());
+    assert_eq!(mem.1["free"], (1536 * MB).to_string(), "{}", p.dump());
+    let v2 = p.lines.iter().find(|(op, _)| op == "memory_v2").unwrap();
+    assert_eq!(v2.1["total"], (2 * GB).to_string(), "{}", p.dump());
+    assert_eq!(v2.1["free"], (1536 * MB).to_string(), "{}", p.dump());
+    // Without the preload: the physical device.
+    let out = env
+        .command(&artifacts().nvmlprobe, false)
+        .args(["--index", "0"])
+        .output()
+        .unwrap();
+    let p = Probe::from(out);
+    let mem = p.lines.iter().find(|(op, _)| op == "memory").unwrap();
+    assert_eq!(mem.1["total"], (16 * GB).to_string(), "{}", p.dump());
 }

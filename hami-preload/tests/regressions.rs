@@ -72,7 +72,9 @@ int main(void) {
 
 #[test]
 fn null_output_pointers_are_invalid_value_not_a_crash() {
-    let env = Env::new("null").set("CUDA_DEVICE_MEMORY_LIMIT", "1G");
+    let env = Env::new("null")
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
+        .set("HAMI_CONTEXT_OVERHEAD", "0");
     for via in ["direct", "dlsym", "procaddr"] {
         let p = env.probe(&["--via", via, "nullalloc", "nullinfo", "nulltotal", "info"]);
         assert!(p.ok(), "{}", p.dump());

@@ -16,6 +16,8 @@ pub struct Artifacts {
     pub libdir: PathBuf,
     /// The compiled probe.
     pub probe: PathBuf,
+    /// `testing/programs/nvmlprobe.c`, compiled.
+    pub nvmlprobe: PathBuf,
 }
 
 fn target_profile_dir() -> PathBuf {
@@ -78,10 +80,22 @@ pub fn artifacts() -> &'static Artifacts {
             .status()
             .expect("cc");
         assert!(st.success(), "compiling hprobe.c failed");
+        let nvsrc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testing/programs/nvmlprobe.c");
+        let nvmlprobe = prof.join("hami-nvmlprobe");
+        let st = Command::new("cc")
+            .arg("-O1")
+            .arg("-o")
+            .arg(&nvmlprobe)
+            .arg(&nvsrc)
+            .arg("-ldl")
+            .status()
+            .expect("cc");
+        assert!(st.success(), "compiling nvmlprobe.c failed");
         Artifacts {
             preload: prof.join("libhami_preload.so"),
             libdir,
             probe,
+            nvmlprobe,
         }
     })
 }
