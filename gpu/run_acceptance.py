@@ -185,13 +185,18 @@ def parse_audit_json(text):
     return {"processes": procs, "findings": findings}
 
 
+def verdict_has(verdict, kind):
+    """hami-agent's verdict is `ok` or the standing finding kinds, comma-separated."""
+    return kind in [v.strip().lower().replace("-", "_") for v in str(verdict or "").split(",")]
+
+
 def audit_bypass_for(audit, pid):
     """True if the parsed audit has a bypass finding (or a bypass verdict) for pid."""
     for f in audit["findings"]:
         if f["kind"] == "bypass" and f["pid"] == pid:
             return True
     p = audit["processes"].get(pid)
-    return bool(p and str(p.get("verdict", "")).lower() == "bypass")
+    return bool(p and verdict_has(p.get("verdict"), "bypass"))
 
 
 def parse_prometheus(text):
@@ -243,10 +248,15 @@ def _split_labels(s):
 
 
 def metrics_bypass_count(samples, pid=None):
-    """Sum of bypass-finding samples; with pid, only samples labelled with that pid."""
+    """Sum of bypass-finding samples; with pid, only samples labelled with that pid.
+
+    hami-agent exports `hami_findings_total{kind}` (counter, raised since start) and
+    `hami_findings{kind}` (standing now); the counter is used when present, since the standing
+    gauge also falls when an earlier bypass process exits."""
+    counters = any("finding" in n and n.endswith("_total") for n, _, _ in samples)
     total = 0.0
     for name, labels, v in samples:
-        if "finding" not in name:
+        if "finding" not in name or (counters and not name.endswith("_total")):
             continue
         if labels.get("kind", "").lower() != "bypass":
             continue
@@ -254,6 +264,29 @@ def metrics_bypass_count(samples, pid=None):
             continue
         total += v
     return total
+
+
+def audit_says_ready(stderr_text):
+    """Whether a starting `audit` has logged that its probes are attached."""
+    t = stderr_text.lower()
+    return any(w in t for w in ("attached", "watching", "listening"))
+
+
+def _read_text(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def metrics_observed_for_pid(samples, pid):
+    """(observed bytes, hooked) from `hami_process_observed_bytes{pid,hooked}`, or (None, None)."""
+    for name, labels, v in samples:
+        if "observed" in name and to_int(labels.get("pid")) == pid:
+            h = labels.get("hooked")
+            return int(v), (None if h is None else h.lower() == "true")
+    return None, None
 
 
 def metrics_for_pid(samples, pid):
@@ -317,6 +350,17 @@ def parse_inspect_json(text):
     for s in _first_key(doc, ["slots", "processes"], []) or []:
         slots.append({"pid": to_int(s.get("pid")), "raw": s})
     return {"limit": limit, "used": used, "slots": slots}
+
+
+def parse_cudaprobe_bench(text):
+    """ns per pair of the last `op=bench-pair` line of cudaprobe's output, or None."""
+    ns = None
+    for line in text.splitlines():
+        if line.startswith("op=bench-pair"):
+            kv = dict(p.split("=", 1) for p in line.split() if "=" in p)
+            if kv.get("rc", "0") == "0" and to_int(kv.get("failures"), 1) == 0:
+                ns = to_float(kv.get("ns_per_pair"))
+    return ns
 
 
 def parse_compute_apps(text):
@@ -450,7 +494,7 @@ def eval_observed(figure, proc_view):
         problems.append(f"observed {obs} vs framework {figure}: |diff| {abs(diff)} > {tolerance(figure)}")
     if proc_view.get("hooked") is False:
         problems.append("agent says the preloaded process is not hooked")
-    if str(proc_view.get("verdict", "")).lower() == "bypass":
+    if verdict_has(proc_view.get("verdict"), "bypass"):
         problems.append("agent reports the preloaded process as bypass")
     return ("pass" if not problems else "fail"), "; ".join(problems), figs
 
@@ -550,10 +594,11 @@ def render_markdown(results):
         if pair:
             out.append("cuMemAlloc_v2 + cuMemFree_v2, 1 MiB, ns per pair (median of rounds):")
             out.append("")
-            out.append("| setup | median ns | min ns | note |")
-            out.append("|---|---|---|---|")
+            out.append("| setup | median ns | min ns | cudaprobe --via procaddr ns | note |")
+            out.append("|---|---|---|---|---|")
             for k, v in pair.items():
                 out.append(f"| {k} | {v.get('median_ns', '?')} | {v.get('min_ns', '?')} | "
+                           f"{v.get('cudaprobe_procaddr_ns', '-')} | "
                            f"{md(v.get('error', ''), 120)} |")
         train = bench.get("train", {})
         if train:
@@ -1214,19 +1259,7 @@ class Runner:
             tag2, kv2, _ = p.expect(["HOLDING"], 60)
             if tag2 == "HOLDING":
                 figure = to_int(kv2.get("bytes"))
-                msamples = self.agent.metrics() if self.agent.alive() else None
-                if audit is not None:
-                    parsed, aerr = self.agent.audit_wait(audit, f"{name} observed")
-                    if parsed is None:
-                        observed = ("fail", aerr, {"framework_bytes": figure})
-                    else:
-                        observed = eval_observed(figure, parsed["processes"].get(p.wpid))
-                        observed[2]["audit_pids"] = sorted(parsed["processes"].keys())
-                else:
-                    observed = ("fail", f"agent not running: {self.agent.error}",
-                                {"framework_bytes": figure})
-                if msamples is not None:
-                    observed[2]["metrics_for_pid"] = metrics_for_pid(msamples, p.wpid)
+                observed = self.observe(name, p.wpid, figure, audit)
             else:
                 if audit is not None:
                     self.agent.audit_wait(audit, f"{name} observed (aborted)")
@@ -1252,11 +1285,57 @@ class Runner:
         st, why, figs = observed
         self.add_cell(cell(name, "observed", st, why, figs, p.stderr_tail()))
 
+    def observe(self, name, pid, figure, audit):
+        """What the agent observed for pid while it holds `figure` bytes.
+
+        Primary source: the running agent's /metrics (`hami_process_observed_bytes{pid}`; it
+        has watched the process since it started), polled up to 2 s until it is within
+        tolerance. Second source, and fallback: the audit started before the allocation.
+        Both are recorded."""
+        m_obs, m_hooked, m_view = None, None, None
+        if self.agent.alive():
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                samples = self.agent.metrics()
+                if samples is not None:
+                    m_obs, m_hooked = metrics_observed_for_pid(samples, pid)
+                    if m_obs is not None and abs(m_obs - (figure or 0)) <= tolerance(figure or 0):
+                        break
+                time.sleep(0.1)
+            if m_obs is not None:
+                m_view = {"observed_data_bytes": m_obs, "hooked": m_hooked}
+        a_view, aerr = None, None
+        if audit is not None:
+            parsed, aerr = self.agent.audit_wait(audit, f"{name} observed")
+            if parsed is not None:
+                a_view = parsed["processes"].get(pid)
+                if a_view is None:
+                    aerr = f"audit did not list pid {pid} (listed {sorted(parsed['processes'])})"
+        elif not self.agent.alive():
+            aerr = f"agent not running: {self.agent.error}"
+        view, source = (m_view, "metrics") if m_view is not None else (a_view, "audit")
+        if view is not None and a_view is not None and source == "metrics":
+            # The audit's verdict still counts: a preloaded process must not be called bypass.
+            view = dict(view, verdict=a_view.get("verdict"))
+        st, why, figs = eval_observed(figure, view)
+        figs["source"] = source
+        figs["metrics_observed_bytes"] = m_obs
+        figs["audit"] = ({k: a_view.get(k) for k in ("hooked", "observed_bytes",
+                                                     "observed_data_bytes", "accounted_bytes",
+                                                     "verdict")} if a_view else aerr)
+        if view is None:
+            why = "agent reported nothing for the pid" + (f": {aerr}" if aerr else "")
+        return st, why, figs
+
     def wait_audit_attached(self, audit, max_wait=None):
-        """Give a freshly started audit time to attach its probes before the workload allocates."""
+        """Give a freshly started audit time to attach its probes before the workload allocates:
+        until its stderr says it attached (or is watching), at least 0.5 s, at most
+        --audit-attach-s."""
         max_wait = self.args.audit_attach_s if max_wait is None else max_wait
-        end = time.monotonic() + max_wait
-        while time.monotonic() < end and audit["p"].poll() is None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < max_wait and audit["p"].poll() is None:
+            if time.monotonic() - t0 >= 0.5 and audit_says_ready(_read_text(audit["err"].name)):
+                break
             time.sleep(0.1)
 
     def bypass(self, wl):
@@ -1413,6 +1492,14 @@ class Runner:
                         "pairs": to_int(kv.get("pairs")), "failures": to_int(kv.get("failures"))})
         else:
             res["error"] = f"rc={r['rc']} timed_out={r['timed_out']} {tail(r['stderr'], 300)}"
+        probe = self.bins.get("cudaprobe")
+        if probe:
+            # h1's driver, reaching the driver through cuGetProcAddress like the CUDA runtime.
+            r = run_cmd([probe, "--via", "procaddr", "init", "ctx", "bench-pair", "500", "1M",
+                         "bench-pair", str(self.args.pairs * 5), "1M"], self.deadline.cap(60),
+                        env=env, log=self.log, title=f"bench cudaprobe procaddr [{label}]")
+            ns = parse_cudaprobe_bench(r["stdout"])
+            res["cudaprobe_procaddr_ns"] = ns if ns is not None else f"rc={r['rc']}"
 
     def bench_train(self, label, env):
         res = {}
@@ -1485,8 +1572,8 @@ def main(argv=None):
     ap.add_argument("--grab-mb", type=int, default=3072)
     ap.add_argument("--deadline", type=float, default=450.0, help="whole-run budget in seconds")
     ap.add_argument("--wl-timeout", type=float, default=60.0, help="per-workload timeout (s)")
-    ap.add_argument("--audit-seconds", type=int, default=4)
-    ap.add_argument("--audit-attach-s", type=float, default=1.5,
+    ap.add_argument("--audit-seconds", type=int, default=6)
+    ap.add_argument("--audit-attach-s", type=float, default=3.0,
                     help="time a fresh audit gets to attach before the workload allocates")
     ap.add_argument("--pairs", type=int, default=2000, help="pairs per bench round")
     ap.add_argument("--train-steps", type=int, default=200)

@@ -77,6 +77,27 @@ class Audit(unittest.TestCase):
         self.assertEqual(a["processes"][7]["observed_data_bytes"], 4)
         self.assertEqual(a["findings"][0]["kind"], "leaked_slot")
 
+    def test_agent_rs_shape(self):
+        """The shape hami-user/src/agent.rs (ProcessRow) and findings.rs serialise."""
+        doc = {"version": 1, "seconds": 6.0,
+               "processes": [{"pid": 9, "comm": "python3", "hooked": None, "observed": GIB,
+                              "accounted": None, "verdict": "bypass,drift"}],
+               "findings": [{"kind": "bypass", "reason": "no_preload", "pid": 9,
+                             "bytes": GIB, "standing": True}], "failed": True}
+        a = ra.parse_audit_json(json.dumps(doc))
+        self.assertEqual(a["processes"][9]["observed_bytes"], GIB)
+        self.assertIsNone(a["processes"][9]["hooked"])
+        self.assertTrue(ra.audit_bypass_for(a, 9))
+        doc["findings"] = []
+        self.assertTrue(ra.audit_bypass_for(ra.parse_audit_json(json.dumps(doc)), 9))
+        self.assertTrue(ra.verdict_has("drift, bypass", "bypass"))
+        self.assertFalse(ra.verdict_has("ok", "bypass"))
+        self.assertFalse(ra.verdict_has(None, "bypass"))
+
+    def test_audit_ready_line(self):
+        self.assertTrue(ra.audit_says_ready("INFO probes Attached to /lib/libcuda.so.1\n"))
+        self.assertFalse(ra.audit_says_ready("INFO loading eBPF\n"))
+
     def test_garbage_raises(self):
         with self.assertRaises(ValueError):
             ra.parse_audit_json("error: not root")
@@ -105,6 +126,17 @@ hami_events_total 12345
         self.assertEqual(ra.metrics_bypass_count(s, 42), 1.0)
         self.assertEqual(ra.metrics_bypass_count(s, 44), 0.0)
         self.assertEqual(ra.metrics_for_pid(s, 42)["hami_observed_bytes{kind=data}"], float(GIB))
+
+    def test_agent_metric_names(self):
+        """hami-user/src/metrics.rs: the counter wins over the standing gauge."""
+        text = ('hami_findings{kind="bypass"} 0\n'
+                'hami_findings_total{kind="bypass"} 4\n'
+                'hami_findings_total{kind="drift"} 9\n'
+                'hami_process_observed_bytes{container="/",hooked="false",pid="77"} 1073741824\n')
+        s = ra.parse_prometheus(text)
+        self.assertEqual(ra.metrics_bypass_count(s), 4.0)
+        self.assertEqual(ra.metrics_observed_for_pid(s, 77), (GIB, False))
+        self.assertEqual(ra.metrics_observed_for_pid(s, 78), (None, None))
 
 
 def make_region(limit, used, slots):
@@ -157,6 +189,16 @@ class Region(unittest.TestCase):
         m = re.search(r"pub _reserved: \[u64; (\d+)\]", text)
         self.assertIsNotNone(m)
         self.assertEqual(boot + 8 * int(m.group(1)), ra.REGION_HEADER_SIZE - 712)
+
+
+class Cudaprobe(unittest.TestCase):
+    def test_bench_line(self):
+        out = ("pid=5 via=procaddr device=0\nop=init rc=0 name=CUDA_SUCCESS\n"
+               "op=bench-pair n=500 size=1048576 ns_per_pair=9000.0 failures=0 rc=0 name=CUDA_SUCCESS\n"
+               "op=bench-pair n=10000 size=1048576 ns_per_pair=8123.5 failures=0 rc=0 name=CUDA_SUCCESS\n")
+        self.assertEqual(ra.parse_cudaprobe_bench(out), 8123.5)
+        self.assertIsNone(ra.parse_cudaprobe_bench(
+            "op=bench-pair n=1 size=1 ns_per_pair=5.0 failures=1 rc=2 name=CUDA_ERROR_OUT_OF_MEMORY"))
 
 
 class Smi(unittest.TestCase):

@@ -2,8 +2,9 @@
 """A stand-in for hami-agent, for testing run_acceptance.py without a GPU or eBPF.
 
 It cannot see allocations; it infers them from /proc/<pid>/environ of processes whose
-environment carries WL_HOLD_MB (the runner's workloads): observed = WL_HOLD_MB, hooked = the
-preload is in LD_PRELOAD. Enough to drive every branch of the runner's agent handling.
+environment carries WL_HOLD_MB (the runner's workloads) once their virtual size has grown past
+it (the stub runtime's "device" memory is malloc): observed = WL_HOLD_MB, hooked = the preload
+is in LD_PRELOAD. Enough to drive every branch of the runner's agent handling.
   run --metrics-addr H:P     serves /metrics (bypass findings labelled with pid)
   audit --seconds N --json   prints the assumed audit JSON after N seconds
   inspect REGION --json      prints limit/used read from the region file
@@ -33,10 +34,20 @@ def workloads():
             continue
         if b"WL_HOLD_MB" not in env or b"hold" not in cmd.split(b"\0"):
             continue
+        # "Seeing the allocation": the stub runtime mallocs device memory, so the process's
+        # virtual size passes WL_HOLD_MB only once it has allocated.
+        try:
+            with open(f"/proc/{d}/status") as f:
+                vm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
+        except (OSError, StopIteration, ValueError):
+            continue
+        if vm < int(env[b"WL_HOLD_MB"]) * MIB:
+            continue
         hooked = b"hami" in env.get(b"LD_PRELOAD", b"")
-        out.append({"pid": int(d), "hooked": hooked,
-                    "observed_bytes": int(env[b"WL_HOLD_MB"]) * MIB,
-                    "accounted_bytes": int(env[b"WL_HOLD_MB"]) * MIB if hooked else 0,
+        # Field names as hami-user/src/agent.rs ProcessRow serialises them.
+        out.append({"pid": int(d), "comm": "wl", "container": "host", "hooked": hooked,
+                    "observed": int(env[b"WL_HOLD_MB"]) * MIB,
+                    "accounted": int(env[b"WL_HOLD_MB"]) * MIB if hooked else None,
                     "verdict": "ok" if hooked else "bypass"})
     return out
 
@@ -45,13 +56,22 @@ def main():
     a = sys.argv[1:]
     if a[:1] == ["run"]:
         host, port = a[a.index("--metrics-addr") + 1].rsplit(":", 1)
+        raised = set()
 
         class H(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
-                lines = ["# TYPE hami_findings_total counter"]
-                for p in workloads():
+                # Names as hami-user/src/metrics.rs registers them.
+                procs = workloads()
+                for p in procs:
                     if not p["hooked"]:
-                        lines.append(f'hami_findings_total{{kind="bypass",pid="{p["pid"]}"}} 1')
+                        raised.add(p["pid"])
+                standing = sum(1 for p in procs if not p["hooked"])
+                lines = ["# TYPE hami_findings_total counter",
+                         f'hami_findings_total{{kind="bypass"}} {len(raised)}',
+                         f'hami_findings{{kind="bypass"}} {standing}']
+                for p in procs:
+                    lines.append(f'hami_process_observed_bytes{{container="host",hooked='
+                                 f'"{str(p["hooked"]).lower()}",pid="{p["pid"]}"}} {p["observed"]}')
                 body = ("\n".join(lines) + "\n").encode()
                 self.send_response(200)
                 self.end_headers()
@@ -64,6 +84,7 @@ def main():
         http.server.ThreadingHTTPServer((host, int(port)), H).serve_forever()
     elif a[:1] == ["audit"]:
         secs = float(a[a.index("--seconds") + 1])
+        print("fake audit: probes attached", file=sys.stderr, flush=True)
         seen = {}
         end = time.time() + secs
         while time.time() < end:
@@ -71,16 +92,19 @@ def main():
                 seen[p["pid"]] = p
             time.sleep(0.1)
         procs = list(seen.values())
-        findings = [{"kind": "bypass", "pid": p["pid"], "bytes": p["observed_bytes"]}
+        findings = [{"kind": "bypass", "reason": "no_preload", "pid": p["pid"],
+                     "bytes": p["observed"], "standing": True}
                     for p in procs if not p["hooked"]]
-        print(json.dumps({"processes": procs, "findings": findings}))
+        print(json.dumps({"version": 1, "seconds": secs, "processes": procs, "regions": [],
+                          "findings": findings, "reclaimed": [], "failed": bool(findings)}))
         return 1 if findings else 0
     elif a[:1] == ["inspect"]:
         import struct
         data = open(a[1], "rb").read()
         limit = struct.unpack_from("<Q", data, 136)[0]
         used = struct.unpack_from("<Q", data, 584)[0]
-        print(json.dumps({"devices": [{"index": 0, "limit": limit, "used": used}], "slots": []}))
+        print(json.dumps({"version": 1, "devices": [{"index": 0, "limit": limit, "used": used,
+                                                     "accounted": used}], "slots": []}))
     else:
         print("usage: fake_agent run|audit|inspect", file=sys.stderr)
         return 2
