@@ -1,7 +1,445 @@
-#![no_std]
-#![no_main]
-//! eBPF programs: see issue 2/4.
+//! eBPF programs of hami-agent: uprobes and uretprobes on libcuda's allocation, free and
+//! context functions, plus the `sched_process_exit` raw tracepoint.
+//!
+//! Every probed function has an entry program (named after the symbol) that saves the
+//! arguments it needs under `(thread id, function slot)`, and a return program (`<symbol>_ret`)
+//! that takes them back, checks that the call returned `CUDA_SUCCESS`, reads the out-parameter
+//! (pointer, handle, context) from user memory and sends a [`CudaEvent`] through the `EVENTS`
+//! ring buffer. A full ring buffer increments the `DROPPED` counter: nothing is lost silently.
+//!
+//! User space sets the global `HAMI_AGENT_TGID` so that the agent's own calls are ignored.
+//!
+//! Built for `bpfel-unknown-none` by `aya-build` from `hami-user/build.rs`; a host build
+//! (e.g. `cargo build --workspace`) compiles the same code into an empty `main`.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+// Program names are the libcuda symbol names, so that user space can attach by name.
+#![allow(non_snake_case)]
+
+use aya_ebpf::{
+    helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
+    macros::{map, raw_tracepoint, uprobe, uretprobe},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
+    programs::{ProbeContext, RawTracePointContext, RetProbeContext},
+};
+use hami_common::{
+    array::array_footprint,
+    event::{counter, CudaEvent, EventKind},
+};
+
+/// TGID whose calls are ignored (the agent itself); set by user space at load time.
+#[no_mangle]
+static HAMI_AGENT_TGID: u32 = 0;
+
+/// Events to user space. Default 4 MiB (64 Ki events); user space may resize it.
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(4 << 20, 0);
+
+/// Per-CPU counters indexed by [`counter`] values.
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Arguments saved at entry, keyed by `tid << 8 | slot`.
+#[map]
+static PENDING: LruHashMap<u64, Pending> = LruHashMap::with_max_entries(16384, 0);
+
+/// Each thread's current context (as set by `cuCtxSetCurrent` or a context creation).
+#[map]
+static CURRENT_CTX: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0);
+
+/// Arguments of one in-flight call. Meaning depends on the function (see the entry helpers).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Pending {
+    a: u64,
+    b: u64,
+    c: u64,
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR` (`_v2`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct ArrayDesc {
+    width: u64,
+    height: u64,
+    format: u32,
+    channels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` (`_v2`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Array3dDesc {
+    width: u64,
+    height: u64,
+    depth: u64,
+    format: u32,
+    channels: u32,
+    flags: u32,
+}
+
+/// Head of `CUmemAllocationProp`: `type`, `requestedHandleTypes`, then `CUmemLocation`
+/// (`type`, `id`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AllocPropHead {
+    alloc_type: u32,
+    handle_types: u32,
+    location_type: u32,
+    location_id: i32,
+}
+
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+const LOCATION_DEVICE: u32 = 1;
+/// Sent in `extra` when a device ordinal is unknown.
+const NO_DEVICE: u64 = u64::MAX;
+
+#[inline(always)]
+fn bump(index: u32) {
+    if let Some(p) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: `p` points to this CPU's u64 slot of the per-CPU array, valid for the
+        // program's run. The BPF target has no atomic read-modify-write in Rust; per-CPU
+        // slots make a plain increment exact unless two programs preempt each other on the
+        // same CPU (rare; a counter may then miss one).
+        unsafe { *p += 1 };
+    }
+}
+
+#[inline(always)]
+fn ignored(pid_tgid: u64) -> bool {
+    // SAFETY: a plain read of a global that user space may have rewritten before load;
+    // volatile so the compiler does not fold the initial value.
+    let agent = unsafe { core::ptr::read_volatile(&HAMI_AGENT_TGID) };
+    agent != 0 && (pid_tgid >> 32) as u32 == agent
+}
+
+#[inline(always)]
+fn key(pid_tgid: u64, slot: u64) -> u64 {
+    ((pid_tgid & 0xffff_ffff) << 8) | slot
+}
+
+#[inline(always)]
+fn save(slot: u64, a: u64, b: u64, c: u64) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if ignored(pid_tgid) {
+        return;
+    }
+    let _ = PENDING.insert(key(pid_tgid, slot), Pending { a, b, c }, 0);
+}
+
+/// Take the saved arguments of this thread's call; `None` if the call failed (or was not
+/// seen at entry, which is counted as unpaired).
+#[inline(always)]
+fn take(ctx: &RetProbeContext, slot: u64) -> Option<(u64, Pending)> {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    if ignored(pid_tgid) {
+        return None;
+    }
+    let k = key(pid_tgid, slot);
+    // SAFETY: the value is copied out at once; the entry belongs to this thread only.
+    let saved = match unsafe { PENDING.get(&k) } {
+        Some(p) => *p,
+        None => {
+            bump(counter::UNPAIRED);
+            return None;
+        }
+    };
+    let _ = PENDING.remove(&k);
+    let rc: u64 = ctx.ret();
+    if rc as u32 != 0 {
+        return None;
+    }
+    Some((pid_tgid, saved))
+}
+
+#[inline(always)]
+fn current_ctx(pid_tgid: u64) -> u64 {
+    let tid = pid_tgid as u32;
+    // SAFETY: copied out at once.
+    unsafe { CURRENT_CTX.get(&tid) }.copied().unwrap_or(0)
+}
+
+#[inline(always)]
+fn read_u64(addr: u64) -> u64 {
+    // SAFETY: bpf_probe_read_user checks the address; a fault gives an error, mapped to 0.
+    unsafe { bpf_probe_read_user(addr as *const u64) }.unwrap_or(0)
+}
+
+#[inline(always)]
+fn emit(kind: EventKind, pid_tgid: u64, size: u64, addr: u64, ctx: u64, extra: u64) {
+    match EVENTS.reserve::<CudaEvent>(0) {
+        Some(mut entry) => {
+            entry.write(CudaEvent {
+                kind: kind as u32,
+                tgid: (pid_tgid >> 32) as u32,
+                tid: pid_tgid as u32,
+                result: 0,
+                // SAFETY: helper without preconditions.
+                ts_ns: unsafe { bpf_ktime_get_ns() },
+                size,
+                addr,
+                ctx,
+                extra,
+            });
+            entry.submit(0);
+            bump(counter::SENT);
+        }
+        None => bump(counter::DROPPED),
+    }
+}
+
+#[inline(always)]
+fn arg(ctx: &ProbeContext, n: usize) -> u64 {
+    ctx.arg::<u64>(n).unwrap_or(0)
+}
+
+// ---- entry helpers ------------------------------------------------------------------------
+
+/// `(T* out, size_t size, ...)`: a = out, b = size.
+#[inline(always)]
+fn entry_out_size(ctx: &ProbeContext, slot: u64) {
+    save(slot, arg(ctx, 0), arg(ctx, 1), 0);
+}
+
+/// `cuMemCreate(handle*, size, const CUmemAllocationProp*, flags)`: c = device ordinal.
+#[inline(always)]
+fn entry_mem_create(ctx: &ProbeContext, slot: u64) {
+    let prop = arg(ctx, 2);
+    // SAFETY: checked user-memory read.
+    let dev = match unsafe { bpf_probe_read_user(prop as *const AllocPropHead) } {
+        Ok(h) if h.location_type == LOCATION_DEVICE && h.location_id >= 0 => {
+            h.location_id as u64
+        }
+        _ => NO_DEVICE,
+    };
+    save(slot, arg(ctx, 0), arg(ctx, 1), dev);
+}
+
+/// `cuMemAllocPitch_v2(dptr*, size_t* pitch, width, height, elemsize)`: a = out,
+/// b = pitch pointer, c = height.
+#[inline(always)]
+fn entry_pitch(ctx: &ProbeContext, slot: u64) {
+    save(slot, arg(ctx, 0), arg(ctx, 1), arg(ctx, 3));
+}
+
+/// `cuArrayCreate_v2(CUarray*, const CUDA_ARRAY_DESCRIPTOR*)`: a = out, b = footprint.
+#[inline(always)]
+fn entry_array2d(ctx: &ProbeContext, slot: u64) {
+    // SAFETY: checked user-memory read.
+    let size = match unsafe { bpf_probe_read_user(arg(ctx, 1) as *const ArrayDesc) } {
+        Ok(d) => array_footprint(d.width, d.height, 0, d.format, d.channels),
+        Err(_) => 0,
+    };
+    save(slot, arg(ctx, 0), size, 0);
+}
+
+/// `cuArray3DCreate_v2(CUarray*, const CUDA_ARRAY3D_DESCRIPTOR*)`: a = out, b = footprint.
+#[inline(always)]
+fn entry_array3d(ctx: &ProbeContext, slot: u64) {
+    // SAFETY: checked user-memory read.
+    let size = match unsafe { bpf_probe_read_user(arg(ctx, 1) as *const Array3dDesc) } {
+        Ok(d) => array_footprint(d.width, d.height, d.depth, d.format, d.channels),
+        Err(_) => 0,
+    };
+    save(slot, arg(ctx, 0), size, 0);
+}
+
+/// One by-value argument (pointer to free, handle, context, device): a = arg0.
+#[inline(always)]
+fn entry_value(ctx: &ProbeContext, slot: u64) {
+    save(slot, arg(ctx, 0), 0, 0);
+}
+
+/// `(CUcontext* out, ..., CUdevice dev at dev_arg)`: a = out, c = device.
+#[inline(always)]
+fn entry_ctx_out(ctx: &ProbeContext, slot: u64, dev_arg: usize) {
+    save(slot, arg(ctx, 0), 0, arg(ctx, dev_arg) as u32 as u64);
+}
+
+// ---- return helpers -----------------------------------------------------------------------
+
+#[inline(always)]
+fn ret_alloc(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
+    if let Some((pt, p)) = take(ctx, slot) {
+        emit(kind, pt, p.b, read_u64(p.a), current_ctx(pt), 0);
+    }
+}
+
+#[inline(always)]
+fn ret_mem_create(ctx: &RetProbeContext, slot: u64) {
+    if let Some((pt, p)) = take(ctx, slot) {
+        emit(EventKind::MemCreate, pt, p.b, read_u64(p.a), current_ctx(pt), p.c);
+    }
+}
+
+#[inline(always)]
+fn ret_pitch(ctx: &RetProbeContext, slot: u64) {
+    if let Some((pt, p)) = take(ctx, slot) {
+        let pitch = read_u64(p.b);
+        // Clamped so the product needs no overflow check (no 128-bit multiply in BPF);
+        // real pitches and heights are far below 2^32.
+        let size = pitch.min(1 << 32).wrapping_mul(p.c.min(1 << 32));
+        emit(EventKind::MemAllocPitch, pt, size, read_u64(p.a), current_ctx(pt), pitch);
+    }
+}
+
+#[inline(always)]
+fn ret_free(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
+    if let Some((pt, p)) = take(ctx, slot) {
+        emit(kind, pt, 0, p.a, current_ctx(pt), 0);
+    }
+}
+
+#[inline(always)]
+fn ret_ctx_create(ctx: &RetProbeContext, slot: u64) {
+    if let Some((pt, p)) = take(ctx, slot) {
+        let new_ctx = read_u64(p.a);
+        let _ = CURRENT_CTX.insert(pt as u32, new_ctx, 0);
+        emit(EventKind::CtxCreate, pt, 0, new_ctx, new_ctx, p.c);
+    }
+}
+
+#[inline(always)]
+fn ret_ctx_destroy(ctx: &RetProbeContext, slot: u64) {
+    if let Some((pt, p)) = take(ctx, slot) {
+        let cur = current_ctx(pt);
+        if cur == p.a {
+            let _ = CURRENT_CTX.remove(&(pt as u32));
+        }
+        emit(EventKind::CtxDestroy, pt, 0, p.a, cur, 0);
+    }
+}
+
+#[inline(always)]
+fn ret_primary_retain(ctx: &RetProbeContext, slot: u64) {
+    if let Some((pt, p)) = take(ctx, slot) {
+        emit(EventKind::PrimaryCtxRetain, pt, 0, read_u64(p.a), current_ctx(pt), p.c);
+    }
+}
+
+#[inline(always)]
+fn ret_primary_release(ctx: &RetProbeContext, slot: u64) {
+    if let Some((pt, p)) = take(ctx, slot) {
+        emit(EventKind::PrimaryCtxRelease, pt, 0, 0, current_ctx(pt), p.a as u32 as u64);
+    }
+}
+
+#[inline(always)]
+fn ret_set_current(ctx: &RetProbeContext, slot: u64) {
+    if let Some((pt, p)) = take(ctx, slot) {
+        let cur = current_ctx(pt);
+        if cur == p.a {
+            // Unchanged: the runtime sets the same context over and over.
+            return;
+        }
+        if p.a == 0 {
+            let _ = CURRENT_CTX.remove(&(pt as u32));
+        } else {
+            let _ = CURRENT_CTX.insert(pt as u32, p.a, 0);
+        }
+        emit(EventKind::CtxSetCurrent, pt, 0, p.a, p.a, 0);
+    }
+}
+
+// ---- the programs -------------------------------------------------------------------------
+
+/// Define the entry and return programs of one libcuda symbol.
+macro_rules! probe {
+    ($sym:ident, $ret:ident, $slot:expr, |$c:ident, $s:ident| $entry:expr, |$rc:ident, $rs:ident| $exit:expr) => {
+        #[doc = concat!("Entry of `", stringify!($sym), "`.")]
+        #[uprobe]
+        pub fn $sym($c: ProbeContext) -> u32 {
+            let $s: u64 = $slot;
+            $entry;
+            0
+        }
+
+        #[doc = concat!("Return of `", stringify!($sym), "`.")]
+        #[uretprobe]
+        pub fn $ret($rc: RetProbeContext) -> u32 {
+            let $rs: u64 = $slot;
+            $exit;
+            0
+        }
+    };
+}
+
+probe!(cuMemAlloc_v2, cuMemAlloc_v2_ret, 1,
+    |c, s| entry_out_size(&c, s), |r, s| ret_alloc(&r, s, EventKind::MemAlloc));
+probe!(cuMemAllocPitch_v2, cuMemAllocPitch_v2_ret, 2,
+    |c, s| entry_pitch(&c, s), |r, s| ret_pitch(&r, s));
+probe!(cuMemAllocManaged, cuMemAllocManaged_ret, 3,
+    |c, s| entry_out_size(&c, s), |r, s| ret_alloc(&r, s, EventKind::MemAllocManaged));
+probe!(cuMemAllocAsync, cuMemAllocAsync_ret, 4,
+    |c, s| entry_out_size(&c, s), |r, s| ret_alloc(&r, s, EventKind::MemAllocAsync));
+probe!(cuMemAllocAsync_ptsz, cuMemAllocAsync_ptsz_ret, 5,
+    |c, s| entry_out_size(&c, s), |r, s| ret_alloc(&r, s, EventKind::MemAllocAsync));
+probe!(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ret, 6,
+    |c, s| entry_out_size(&c, s), |r, s| ret_alloc(&r, s, EventKind::MemAllocFromPool));
+probe!(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync_ptsz_ret, 7,
+    |c, s| entry_out_size(&c, s), |r, s| ret_alloc(&r, s, EventKind::MemAllocFromPool));
+probe!(cuMemCreate, cuMemCreate_ret, 8,
+    |c, s| entry_mem_create(&c, s), |r, s| ret_mem_create(&r, s));
+probe!(cuArrayCreate_v2, cuArrayCreate_v2_ret, 9,
+    |c, s| entry_array2d(&c, s), |r, s| ret_alloc(&r, s, EventKind::ArrayCreate));
+probe!(cuArray3DCreate_v2, cuArray3DCreate_v2_ret, 10,
+    |c, s| entry_array3d(&c, s), |r, s| ret_alloc(&r, s, EventKind::Array3DCreate));
+probe!(cuMemFree_v2, cuMemFree_v2_ret, 11,
+    |c, s| entry_value(&c, s), |r, s| ret_free(&r, s, EventKind::MemFree));
+probe!(cuMemFreeAsync, cuMemFreeAsync_ret, 12,
+    |c, s| entry_value(&c, s), |r, s| ret_free(&r, s, EventKind::MemFreeAsync));
+probe!(cuMemFreeAsync_ptsz, cuMemFreeAsync_ptsz_ret, 13,
+    |c, s| entry_value(&c, s), |r, s| ret_free(&r, s, EventKind::MemFreeAsync));
+probe!(cuMemRelease, cuMemRelease_ret, 14,
+    |c, s| entry_value(&c, s), |r, s| ret_free(&r, s, EventKind::MemRelease));
+probe!(cuArrayDestroy, cuArrayDestroy_ret, 15,
+    |c, s| entry_value(&c, s), |r, s| ret_free(&r, s, EventKind::ArrayDestroy));
+// cuCtxCreate_v2(CUcontext*, unsigned flags, CUdevice dev)
+probe!(cuCtxCreate_v2, cuCtxCreate_v2_ret, 16,
+    |c, s| entry_ctx_out(&c, s, 2), |r, s| ret_ctx_create(&r, s));
+// cuCtxCreate_v3(CUcontext*, CUexecAffinityParam*, int n, unsigned flags, CUdevice dev)
+probe!(cuCtxCreate_v3, cuCtxCreate_v3_ret, 17,
+    |c, s| entry_ctx_out(&c, s, 4), |r, s| ret_ctx_create(&r, s));
+// cuCtxCreate_v4(CUcontext*, CUctxCreateParams*, unsigned flags, CUdevice dev)
+probe!(cuCtxCreate_v4, cuCtxCreate_v4_ret, 18,
+    |c, s| entry_ctx_out(&c, s, 3), |r, s| ret_ctx_create(&r, s));
+probe!(cuCtxDestroy_v2, cuCtxDestroy_v2_ret, 19,
+    |c, s| entry_value(&c, s), |r, s| ret_ctx_destroy(&r, s));
+// cuDevicePrimaryCtxRetain(CUcontext*, CUdevice dev)
+probe!(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain_ret, 20,
+    |c, s| entry_ctx_out(&c, s, 1), |r, s| ret_primary_retain(&r, s));
+probe!(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_ret, 21,
+    |c, s| entry_value(&c, s), |r, s| ret_primary_release(&r, s));
+probe!(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease_v2_ret, 22,
+    |c, s| entry_value(&c, s), |r, s| ret_primary_release(&r, s));
+probe!(cuCtxSetCurrent, cuCtxSetCurrent_ret, 23,
+    |c, s| entry_value(&c, s), |r, s| ret_set_current(&r, s));
+
+/// Raw tracepoint `sched_process_exit` (attached without tracefs): a thread exits. Forget its
+/// current context; when it is the thread-group leader, report the process exit.
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn sched_process_exit(_ctx: RawTracePointContext) -> u32 {
+    let pt = bpf_get_current_pid_tgid();
+    let tid = pt as u32;
+    let _ = CURRENT_CTX.remove(&tid);
+    if tid == (pt >> 32) as u32 && !ignored(pt) {
+        emit(EventKind::ProcessExit, pt, 0, 0, 0, 0);
+    }
+    0
+}
+
+#[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
+
+/// License of the programs (GPL-compatible: needed for `bpf_probe_read_user`).
+#[cfg(target_arch = "bpf")]
+#[link_section = "license"]
+#[no_mangle]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
+
+/// Host builds (`cargo build --workspace`): nothing to run.
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}

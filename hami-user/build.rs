@@ -1,0 +1,63 @@
+//! Builds the eBPF programs (`hami-ebpf`) for `bpf{el,eb}-unknown-none` with the nightly
+//! toolchain and `bpf-linker` (see `cargo xtask setup`), the aya-template way. The object
+//! lands in `$OUT_DIR/hami-ebpf` and is embedded in the agent with `include_bytes_aligned!`.
+
+use std::path::Path;
+
+use anyhow::{bail, Context as _};
+
+fn main() -> anyhow::Result<()> {
+    let manifest_dir = env!("CARGO_MANIFEST_DIR");
+    let root = Path::new(manifest_dir)
+        .parent()
+        .context("hami-user has no parent directory")?;
+    let ebpf_dir = root.join("hami-ebpf");
+    let common_dir = root.join("hami-common");
+    // aya-build watches hami-ebpf; the programs also include hami-common's event structs.
+    println!(
+        "cargo:rerun-if-changed={}",
+        common_dir.join("src").display()
+    );
+    println!(
+        "cargo:rerun-if-changed={}",
+        common_dir.join("Cargo.toml").display()
+    );
+    println!("cargo:rerun-if-env-changed=PATH");
+
+    let skip =
+        std::env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+    if skip {
+        // `AYA_BUILD_SKIP=1` (e.g. a quick `cargo clippy` without nightly): embed an empty
+        // object; loading the probes then fails with a clear error.
+        let out = std::env::var_os("OUT_DIR").context("OUT_DIR not set")?;
+        let obj = Path::new(&out).join("hami-ebpf");
+        if !obj.exists() {
+            std::fs::write(&obj, b"").with_context(|| format!("writing {}", obj.display()))?;
+        }
+    } else if which("bpf-linker").is_none() {
+        bail!(
+            "bpf-linker not found on PATH: run `cargo xtask setup` and put `{}/.tools/bin` on \
+             PATH (cargo xtask test does this)",
+            root.display()
+        );
+    }
+    let ebpf_dir = ebpf_dir
+        .to_str()
+        .context("the hami-ebpf path is not UTF-8")?
+        .to_owned();
+    aya_build::build_ebpf(
+        [aya_build::Package {
+            name: "hami-ebpf",
+            root_dir: &ebpf_dir,
+            ..Default::default()
+        }],
+        aya_build::Toolchain::default(),
+    )
+}
+
+fn which(program: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}

@@ -1,0 +1,747 @@
+//! Loading the `hami-ebpf` programs, attaching them to every libcuda file, and streaming
+//! their [`CudaEvent`]s to tokio.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), hami_user::probes::ProbeError> {
+//! use hami_user::probes::{DiscoveryOptions, ProbeOptions, Probes};
+//! let probes = Probes::load(&ProbeOptions::default())?;
+//! let (mut events, handle) = probes.spawn(DiscoveryOptions::default())?;
+//! while let Some(ev) = events.recv().await {
+//!     println!("{ev:?} counters={:?}", handle.counters());
+//! }
+//! # Ok(()) }
+//! ```
+
+pub mod discovery;
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::programs::uprobe::{UProbeLinkId, UProbeScope};
+use aya::programs::{ProgramError, RawTracePoint, UProbe};
+use aya::{Ebpf, EbpfLoader};
+use hami_common::event::{counter, CudaEvent};
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+pub use discovery::{discover_libcuda, parse_ld_so_cache};
+
+/// The compiled eBPF object (built by `build.rs` through aya-build).
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hami-ebpf"));
+
+/// libcuda symbols the programs probe. Each has an entry program named like the symbol and a
+/// return program named `<symbol>_ret`.
+pub const PROBED_SYMBOLS: &[&str] = &[
+    "cuMemAlloc_v2",
+    "cuMemAllocPitch_v2",
+    "cuMemAllocManaged",
+    "cuMemAllocAsync",
+    "cuMemAllocAsync_ptsz",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocFromPoolAsync_ptsz",
+    "cuMemCreate",
+    "cuArrayCreate_v2",
+    "cuArray3DCreate_v2",
+    "cuMemFree_v2",
+    "cuMemFreeAsync",
+    "cuMemFreeAsync_ptsz",
+    "cuMemRelease",
+    "cuArrayDestroy",
+    "cuCtxCreate_v2",
+    "cuCtxCreate_v3",
+    "cuCtxCreate_v4",
+    "cuCtxDestroy_v2",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxSetCurrent",
+];
+
+/// Errors of the probe subsystem.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// Loading eBPF programs needs root (CAP_BPF + CAP_PERFMON at least).
+    #[error("loading eBPF programs needs root (running as uid {euid})")]
+    NotRoot {
+        /// Effective uid of this process.
+        euid: u32,
+    },
+    /// The kernel has no BTF (`/sys/kernel/btf/vmlinux`) and the object failed to load.
+    #[error("the kernel exposes no BTF (/sys/kernel/btf/vmlinux) and loading failed: {0}")]
+    NoBtf(String),
+    /// The agent was built with `AYA_BUILD_SKIP=1`: it carries no eBPF object.
+    #[error("this hami-agent was built without its eBPF programs (AYA_BUILD_SKIP)")]
+    NoObject,
+    /// The kernel refused the object or one of its maps.
+    #[error("loading the eBPF object failed: {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    /// The kernel refused a program (verifier log in the source).
+    #[error("loading eBPF program `{name}` failed: {source}")]
+    Program {
+        /// Program name.
+        name: String,
+        /// The error.
+        #[source]
+        source: Box<ProgramError>,
+    },
+    /// A program or map is missing from the object (build mismatch).
+    #[error("the eBPF object has no {0}")]
+    Missing(String),
+    /// A map could not be opened as the expected type.
+    #[error("eBPF map `{name}`: {source}")]
+    Map {
+        /// Map name.
+        name: &'static str,
+        /// The error.
+        #[source]
+        source: Box<aya::maps::MapError>,
+    },
+    /// Attaching a probe failed for a reason other than the symbol being absent.
+    #[error("attaching {symbol} in {path}: {source}")]
+    Attach {
+        /// Symbol (or tracepoint) name.
+        symbol: String,
+        /// Library path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: Box<ProgramError>,
+    },
+    /// The library file cannot be read.
+    #[error("{path}: {source}")]
+    File {
+        /// Path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The file exports none of the probed functions (not a CUDA driver library).
+    #[error("{0} exports none of the probed libcuda functions")]
+    NotLibcuda(PathBuf),
+    /// Registering the ring buffer with tokio failed (no runtime, or epoll refused it).
+    #[error("registering the event ring buffer with tokio: {0}")]
+    Runtime(#[source] io::Error),
+}
+
+/// Options for [`Probes::load`].
+#[derive(Debug, Clone)]
+pub struct ProbeOptions {
+    /// TGID whose calls are ignored; default: this process.
+    pub ignore_tgid: Option<u32>,
+    /// Ring buffer size in bytes (power of two, multiple of the page size); default 4 MiB
+    /// (64 Ki events of 64 bytes).
+    pub ring_bytes: u32,
+}
+
+impl Default for ProbeOptions {
+    fn default() -> Self {
+        ProbeOptions {
+            ignore_tgid: None,
+            ring_bytes: 4 << 20,
+        }
+    }
+}
+
+/// Options for the background work started by [`Probes::spawn`].
+#[derive(Debug, Clone)]
+pub struct DiscoveryOptions {
+    /// Where `/proc` is (tests may point elsewhere).
+    pub proc_root: PathBuf,
+    /// Period of libcuda discovery; `None` disables the background discovery (attach by hand
+    /// with [`ProbeHandle::attach_libcuda`]).
+    pub interval: Option<Duration>,
+    /// Extra library files to attach at start (e.g. from the command line).
+    pub extra: Vec<PathBuf>,
+    /// Capacity of the event channel.
+    pub channel_capacity: usize,
+}
+
+impl Default for DiscoveryOptions {
+    fn default() -> Self {
+        DiscoveryOptions {
+            proc_root: PathBuf::from("/proc"),
+            interval: Some(Duration::from_millis(500)),
+            extra: Vec::new(),
+            channel_capacity: 1 << 16,
+        }
+    }
+}
+
+/// Result of [`Probes::attach_libcuda`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttachOutcome {
+    /// The path given.
+    pub path: PathBuf,
+    /// `(st_dev, st_ino)` of the file.
+    pub file_id: (u64, u64),
+    /// The same file was already attached (through this or another path): nothing done.
+    pub already_attached: bool,
+    /// Symbols probed (entry and return).
+    pub attached: Vec<&'static str>,
+    /// Symbols this libcuda does not export (tolerated: older or newer drivers).
+    pub missing: Vec<&'static str>,
+}
+
+/// One attached library, see [`ProbeHandle::attached`].
+#[derive(Debug, Clone)]
+pub struct AttachedLibrary {
+    /// Path it was attached through.
+    pub path: PathBuf,
+    /// `(st_dev, st_ino)`.
+    pub file_id: (u64, u64),
+    /// When the probes went in: calls before this time were not seen.
+    pub attached_at: SystemTime,
+    /// Symbols probed.
+    pub symbols: Vec<&'static str>,
+}
+
+/// Counters of the probes, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeCounters {
+    /// Events written to the ring buffer by the programs.
+    pub sent: u64,
+    /// Events lost because the ring buffer was full.
+    pub dropped: u64,
+    /// Returns seen without their entry (probe attached mid-call, or map pressure).
+    pub unpaired: u64,
+    /// Events read from the ring buffer by user space.
+    pub received: u64,
+    /// Ring buffer records of the wrong size (should stay 0).
+    pub malformed: u64,
+}
+
+struct Lib {
+    path: PathBuf,
+    attached_at: SystemTime,
+    symbols: Vec<&'static str>,
+    links: Vec<(String, UProbeLinkId)>,
+}
+
+/// Loaded (not yet streaming) probes. See the module docs.
+pub struct Probes {
+    ebpf: Ebpf,
+    libs: HashMap<(u64, u64), Lib>,
+    /// Files that are not libcuda (checked once).
+    rejected: HashSet<(u64, u64)>,
+    counters: PerCpuArray<MapData, u64>,
+    ring: Option<RingBuf<MapData>>,
+    _exit_tp: (),
+}
+
+fn prog_err(name: &str, e: ProgramError) -> ProbeError {
+    ProbeError::Program {
+        name: name.to_string(),
+        source: Box::new(e),
+    }
+}
+
+impl Probes {
+    /// Load the programs and maps into the kernel, and attach the process-exit (raw) tracepoint.
+    /// libcuda probes are attached by [`Probes::attach_libcuda`] or [`Probes::spawn`].
+    pub fn load(opts: &ProbeOptions) -> Result<Probes, ProbeError> {
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        if euid != 0 {
+            return Err(ProbeError::NotRoot { euid });
+        }
+        if EBPF_OBJECT.is_empty() {
+            return Err(ProbeError::NoObject);
+        }
+        raise_memlock();
+        let tgid: u32 = opts.ignore_tgid.unwrap_or_else(std::process::id);
+        let mut ebpf = EbpfLoader::new()
+            .override_global("HAMI_AGENT_TGID", &tgid, true)
+            .map_max_entries("EVENTS", opts.ring_bytes)
+            .load(EBPF_OBJECT)
+            .map_err(|e| {
+                if Path::new("/sys/kernel/btf/vmlinux").exists() {
+                    ProbeError::Load(Box::new(e))
+                } else {
+                    ProbeError::NoBtf(e.to_string())
+                }
+            })?;
+        for sym in PROBED_SYMBOLS {
+            for name in [sym.to_string(), format!("{sym}_ret")] {
+                let prog: &mut UProbe = ebpf
+                    .program_mut(&name)
+                    .ok_or_else(|| ProbeError::Missing(format!("program {name}")))?
+                    .try_into()
+                    .map_err(|e| prog_err(&name, e))?;
+                prog.load().map_err(|e| prog_err(&name, e))?;
+            }
+        }
+        let tp: &mut RawTracePoint = ebpf
+            .program_mut("sched_process_exit")
+            .ok_or_else(|| ProbeError::Missing("program sched_process_exit".into()))?
+            .try_into()
+            .map_err(|e| prog_err("sched_process_exit", e))?;
+        tp.load().map_err(|e| prog_err("sched_process_exit", e))?;
+        // A raw tracepoint: attached through bpf(), no tracefs mount needed.
+        tp.attach("sched_process_exit")
+            .map_err(|e| ProbeError::Attach {
+                symbol: "raw tracepoint sched_process_exit".into(),
+                path: PathBuf::from("(kernel)"),
+                source: Box::new(e),
+            })?;
+        let counters = ebpf
+            .take_map("COUNTERS")
+            .ok_or_else(|| ProbeError::Missing("map COUNTERS".into()))?;
+        let counters = PerCpuArray::try_from(counters).map_err(|e| ProbeError::Map {
+            name: "COUNTERS",
+            source: Box::new(e),
+        })?;
+        let ring = ebpf
+            .take_map("EVENTS")
+            .ok_or_else(|| ProbeError::Missing("map EVENTS".into()))?;
+        let ring = RingBuf::try_from(ring).map_err(|e| ProbeError::Map {
+            name: "EVENTS",
+            source: Box::new(e),
+        })?;
+        Ok(Probes {
+            ebpf,
+            libs: HashMap::new(),
+            rejected: HashSet::new(),
+            counters,
+            ring: Some(ring),
+            _exit_tp: (),
+        })
+    }
+
+    /// Attach every probe to the libcuda at `path` (for all processes). A file already
+    /// attached (same device and inode, through any path) is skipped. Functions this libcuda
+    /// does not export are listed in [`AttachOutcome::missing`]; other failures detach what
+    /// was attached and return the error.
+    pub fn attach_libcuda(&mut self, path: &Path) -> Result<AttachOutcome, ProbeError> {
+        let meta = std::fs::metadata(path).map_err(|source| ProbeError::File {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let id = (meta.dev(), meta.ino());
+        if let Some(lib) = self.libs.get(&id) {
+            return Ok(AttachOutcome {
+                path: path.to_path_buf(),
+                file_id: id,
+                already_attached: true,
+                attached: lib.symbols.clone(),
+                missing: Vec::new(),
+            });
+        }
+        if self.rejected.contains(&id) {
+            return Err(ProbeError::NotLibcuda(path.to_path_buf()));
+        }
+        check_elf(path)?;
+        let mut links: Vec<(String, UProbeLinkId)> = Vec::new();
+        let mut attached = Vec::new();
+        let mut missing = Vec::new();
+        for &sym in PROBED_SYMBOLS {
+            let ret_name = format!("{sym}_ret");
+            match self.attach_one(sym, sym, path) {
+                Ok(l) => links.push((sym.to_string(), l)),
+                Err(AttachErr::NoSymbol) => {
+                    tracing::debug!(symbol = sym, path = %path.display(), "not exported; skipped");
+                    missing.push(sym);
+                    continue;
+                }
+                Err(AttachErr::Other(e)) => {
+                    self.detach_all(links);
+                    return Err(ProbeError::Attach {
+                        symbol: sym.to_string(),
+                        path: path.to_path_buf(),
+                        source: Box::new(e),
+                    });
+                }
+            }
+            match self.attach_one(&ret_name, sym, path) {
+                Ok(l) => links.push((ret_name, l)),
+                Err(AttachErr::NoSymbol) => {
+                    // Cannot happen after the entry resolved; treat as missing.
+                    missing.push(sym);
+                    continue;
+                }
+                Err(AttachErr::Other(e)) => {
+                    self.detach_all(links);
+                    return Err(ProbeError::Attach {
+                        symbol: ret_name,
+                        path: path.to_path_buf(),
+                        source: Box::new(e),
+                    });
+                }
+            }
+            attached.push(sym);
+        }
+        if attached.is_empty() {
+            self.rejected.insert(id);
+            return Err(ProbeError::NotLibcuda(path.to_path_buf()));
+        }
+        tracing::info!(
+            path = %path.display(),
+            probed = attached.len(),
+            missing = ?missing,
+            "attached libcuda probes"
+        );
+        self.libs.insert(
+            id,
+            Lib {
+                path: path.to_path_buf(),
+                attached_at: SystemTime::now(),
+                symbols: attached.clone(),
+                links,
+            },
+        );
+        Ok(AttachOutcome {
+            path: path.to_path_buf(),
+            file_id: id,
+            already_attached: false,
+            attached,
+            missing,
+        })
+    }
+
+    fn attach_one(
+        &mut self,
+        prog: &str,
+        sym: &str,
+        path: &Path,
+    ) -> Result<UProbeLinkId, AttachErr> {
+        let p: &mut UProbe = self
+            .ebpf
+            .program_mut(prog)
+            .ok_or_else(|| AttachErr::Other(ProgramError::NotLoaded))?
+            .try_into()
+            .map_err(AttachErr::Other)?;
+        match p.attach(sym, path, UProbeScope::AllProcesses) {
+            Ok(l) => Ok(l),
+            Err(ProgramError::UProbeError(aya::programs::UProbeError::SymbolError { .. })) => {
+                Err(AttachErr::NoSymbol)
+            }
+            Err(e) => Err(AttachErr::Other(e)),
+        }
+    }
+
+    fn detach_all(&mut self, links: Vec<(String, UProbeLinkId)>) {
+        for (prog, link) in links {
+            if let Some(p) = self.ebpf.program_mut(&prog) {
+                if let Ok(p) = <&mut UProbe>::try_from(p) {
+                    let _ = p.detach(link);
+                }
+            }
+        }
+    }
+
+    /// Detach every probe from the library `file_id` (see [`AttachOutcome::file_id`]);
+    /// returns whether it was attached.
+    pub fn detach_libcuda(&mut self, file_id: (u64, u64)) -> bool {
+        match self.libs.remove(&file_id) {
+            Some(lib) => {
+                self.detach_all(lib.links);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The libraries attached so far.
+    pub fn attached(&self) -> Vec<AttachedLibrary> {
+        let mut v: Vec<AttachedLibrary> = self
+            .libs
+            .iter()
+            .map(|(id, l)| AttachedLibrary {
+                path: l.path.clone(),
+                file_id: *id,
+                attached_at: l.attached_at,
+                symbols: l.symbols.clone(),
+            })
+            .collect();
+        v.sort_by_key(|l| l.attached_at);
+        v
+    }
+
+    /// Counters summed over CPUs (`received`/`malformed` are 0 before [`Probes::spawn`]).
+    pub fn counters(&self) -> ProbeCounters {
+        read_counters(&self.counters, &UserCounters::default())
+    }
+
+    /// Take the raw ring buffer (for callers that poll it themselves); [`Probes::spawn`]
+    /// needs it, so call one or the other.
+    pub fn take_ring(&mut self) -> Option<RingBuf<MapData>> {
+        self.ring.take()
+    }
+
+    /// Start streaming: a tokio task reads the ring buffer into the returned channel, and
+    /// (unless `discovery.interval` is `None`) a task re-runs libcuda discovery periodically
+    /// and attaches new files. Must be called inside a tokio runtime (with the `net` driver
+    /// enabled, i.e. `enable_io`). Dropping the [`ProbeHandle`] stops both tasks and detaches
+    /// the probes.
+    pub fn spawn(
+        mut self,
+        discovery: DiscoveryOptions,
+    ) -> Result<(mpsc::Receiver<CudaEvent>, ProbeHandle), ProbeError> {
+        let ring = self
+            .ring
+            .take()
+            .ok_or_else(|| ProbeError::Missing("ring buffer (already taken)".into()))?;
+        // SAFETY: the ring buffer owns its fd, which stays open and unchanged until the
+        // AsyncFd (which owns the RingBuf) is dropped.
+        let afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| ProbeError::Runtime(e.into_parts().1))?;
+        let (tx, rx) = mpsc::channel(discovery.channel_capacity.max(1));
+        let user = Arc::new(UserCounters::default());
+        let shared = Arc::new(Shared {
+            probes: Mutex::new(self),
+            user: user.clone(),
+        });
+        let mut tasks = vec![tokio::spawn(pump(afd, tx, user))];
+        for p in &discovery.extra {
+            if let Err(e) = shared.lock().attach_libcuda(p) {
+                tracing::warn!(path = %p.display(), error = %e, "cannot attach libcuda");
+            }
+        }
+        let handle_shared = shared.clone();
+        if let Some(interval) = discovery.interval {
+            let proc_root = discovery.proc_root.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(interval);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut state = ScanState::default();
+                loop {
+                    tick.tick().await;
+                    let sh = shared.clone();
+                    let root = proc_root.clone();
+                    let st = std::mem::take(&mut state);
+                    match tokio::task::spawn_blocking(move || {
+                        let mut st = st;
+                        rescan(&sh, &root, &mut st);
+                        st
+                    })
+                    .await
+                    {
+                        Ok(st) => state = st,
+                        Err(e) => {
+                            tracing::error!(error = %e, "libcuda discovery task failed");
+                            return;
+                        }
+                    }
+                }
+            }));
+        }
+        Ok((
+            rx,
+            ProbeHandle {
+                shared: handle_shared,
+                tasks,
+                proc_root: discovery.proc_root,
+            },
+        ))
+    }
+}
+
+enum AttachErr {
+    NoSymbol,
+    Other(ProgramError),
+}
+
+fn check_elf(path: &Path) -> Result<(), ProbeError> {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .map_err(|source| ProbeError::File {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    if &magic != b"\x7fELF" {
+        return Err(ProbeError::NotLibcuda(path.to_path_buf()));
+    }
+    Ok(())
+}
+
+fn raise_memlock() {
+    let lim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads a valid, initialised rlimit struct.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) };
+    if rc != 0 {
+        tracing::warn!(
+            error = %io::Error::last_os_error(),
+            "cannot raise RLIMIT_MEMLOCK; continuing (recent kernels account eBPF memory to the cgroup)"
+        );
+    }
+}
+
+#[derive(Default)]
+struct UserCounters {
+    received: AtomicU64,
+    malformed: AtomicU64,
+}
+
+fn read_counters(map: &PerCpuArray<MapData, u64>, user: &UserCounters) -> ProbeCounters {
+    let sum = |i: u32| -> u64 {
+        map.get(&i, 0)
+            .map(|vals| vals.iter().copied().fold(0u64, u64::wrapping_add))
+            .unwrap_or(0)
+    };
+    ProbeCounters {
+        sent: sum(counter::SENT),
+        dropped: sum(counter::DROPPED),
+        unpaired: sum(counter::UNPAIRED),
+        received: user.received.load(Ordering::Relaxed),
+        malformed: user.malformed.load(Ordering::Relaxed),
+    }
+}
+
+/// Decode one ring-buffer record.
+pub fn decode_event(bytes: &[u8]) -> Option<CudaEvent> {
+    if bytes.len() != std::mem::size_of::<CudaEvent>() {
+        return None;
+    }
+    // SAFETY: the length matches; CudaEvent is repr(C) made of integers (any bit pattern is
+    // valid), and read_unaligned has no alignment requirement.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<CudaEvent>()) })
+}
+
+async fn pump(
+    mut afd: AsyncFd<RingBuf<MapData>>,
+    tx: mpsc::Sender<CudaEvent>,
+    user: Arc<UserCounters>,
+) {
+    let mut batch = Vec::with_capacity(1024);
+    loop {
+        let mut guard = match afd.readable_mut().await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::error!(error = %e, "event ring buffer poll failed; events stop");
+                return;
+            }
+        };
+        let ring = guard.get_inner_mut();
+        while let Some(item) = ring.next() {
+            match decode_event(&item) {
+                Some(ev) => batch.push(ev),
+                None => {
+                    user.malformed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if batch.len() >= 4096 {
+                break;
+            }
+        }
+        if batch.len() < 4096 {
+            guard.clear_ready();
+        }
+        drop(guard);
+        user.received
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        for ev in batch.drain(..) {
+            if tx.send(ev).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+struct Shared {
+    probes: Mutex<Probes>,
+    user: Arc<UserCounters>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Probes> {
+        self.probes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Per-scan memory of the discovery task: maps identities already handled.
+#[derive(Default)]
+struct ScanState {
+    seen_maps: HashSet<(String, u64)>,
+    seen_paths: HashSet<PathBuf>,
+}
+
+fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> Vec<AttachOutcome> {
+    let mut out = Vec::new();
+    for c in discovery::discover_libcuda_detailed(proc_root) {
+        let new = match &c.maps_id {
+            Some(id) => !st.seen_maps.contains(id),
+            None => !st.seen_paths.contains(&c.path),
+        };
+        if !new {
+            continue;
+        }
+        let res = shared.lock().attach_libcuda(&c.path);
+        let done = match res {
+            Ok(o) => {
+                if !o.already_attached {
+                    out.push(o);
+                }
+                true
+            }
+            Err(ProbeError::NotLibcuda(_)) => true,
+            Err(ProbeError::File { .. }) => false, // process gone: retry next time if still there
+            Err(e) => {
+                tracing::warn!(path = %c.path.display(), error = %e, "cannot attach libcuda probes");
+                true
+            }
+        };
+        if done {
+            match c.maps_id {
+                Some(id) => {
+                    st.seen_maps.insert(id);
+                }
+                None => {
+                    st.seen_paths.insert(c.path);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Handle on running probes (see [`Probes::spawn`]). Dropping it stops the event and
+/// discovery tasks and detaches every probe.
+pub struct ProbeHandle {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+    proc_root: PathBuf,
+}
+
+impl ProbeHandle {
+    /// Counters summed over CPUs.
+    pub fn counters(&self) -> ProbeCounters {
+        let p = self.shared.lock();
+        read_counters(&p.counters, &self.shared.user)
+    }
+
+    /// The libraries attached so far (with the time each was attached).
+    pub fn attached(&self) -> Vec<AttachedLibrary> {
+        self.shared.lock().attached()
+    }
+
+    /// Attach a libcuda file now (blocking: a few ms per file).
+    pub fn attach_libcuda(&self, path: &Path) -> Result<AttachOutcome, ProbeError> {
+        self.shared.lock().attach_libcuda(path)
+    }
+
+    /// Run one discovery pass now (blocking) and return what was newly attached.
+    pub fn rescan(&self) -> Vec<AttachOutcome> {
+        rescan(&self.shared, &self.proc_root, &mut ScanState::default())
+    }
+}
+
+impl Drop for ProbeHandle {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
