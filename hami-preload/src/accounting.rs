@@ -76,15 +76,46 @@ pub struct Entry {
 
 const SHARDS: usize = 16;
 
+/// A fast hasher for the table's keys (driver-chosen addresses and handles, not
+/// attacker-controlled input): multiply-xorshift instead of SipHash.
+#[derive(Default, Clone, Copy)]
+pub struct KeyHasher(u64);
+
+impl std::hash::Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^ (h >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x100_0000_01B3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_isize(&mut self, n: isize) {
+        self.write_u64(n as u64);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+type Map = HashMap<(Ns, u64), Entry, std::hash::BuildHasherDefault<KeyHasher>>;
+
 /// The table of tracked objects, sharded to keep threads from contending.
 pub struct Accounts {
-    shards: [Mutex<HashMap<(Ns, u64), Entry>>; SHARDS],
+    shards: [Mutex<Map>; SHARDS],
 }
 
 impl Default for Accounts {
     fn default() -> Self {
         Accounts {
-            shards: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            shards: std::array::from_fn(|_| Mutex::new(Map::default())),
         }
     }
 }
@@ -105,7 +136,7 @@ pub struct Allocated {
 }
 
 impl Accounts {
-    fn shard(&self, key: u64) -> MutexGuard<'_, HashMap<(Ns, u64), Entry>> {
+    fn shard(&self, key: u64) -> MutexGuard<'_, Map> {
         self.shards[shard_of(key)]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
