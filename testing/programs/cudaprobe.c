@@ -378,7 +378,8 @@ static void usage(void) {
        "  alloc SIZE | alloc-null | free IDX|ADDR|last|all | free-raw 0xADDR\n"
        "  pitch WIDTH HEIGHT | managed SIZE | async SIZE | async-ptsz SIZE | freeasync IDX\n"
        "  pool SIZE | create SIZE | release IDX | array W H | array3d W H D | arraydestroy IDX\n"
-       "  fill SIZE | bench-pair N SIZE | getproc NAME [VERSION [FLAGS]] | errname CODE\n"
+       "  fill SIZE | bench-pair N SIZE | getproc NAME [VERSION [FLAGS]] | getproc1 NAME [VERSION [FLAGS]]\n"
+       "  errname CODE\n"
        "  sleep SECONDS | wait | exit CODE");
 }
 
@@ -576,6 +577,20 @@ int main(int argc, char **argv) {
       const char *sym = "NULL", *lib = "NULL";
       if (p && dladdr(p, &info)) { sym = info.dli_sname && info.dli_saddr == p ? info.dli_sname : "?"; lib = info.dli_fname ? info.dli_fname : "?"; }
       printf("op=getproc symbol=%s version=%d flags=%llu status=%d ptr=%p sym=%s lib=%s", name, ver, fl, st, p, sym, lib);
+      end(rc);
+    } else if (!strcmp(op, "getproc1")) {
+      /* The 4-argument cuGetProcAddress (CUDA 11.3 ABI), always through dlsym. */
+      NEED(1); const char *name = argv[++a];
+      int ver = (a + 1 < argc && argv[a + 1][0] >= '0' && argv[a + 1][0] <= '9') ? atoi(argv[++a]) : cuda_version;
+      unsigned long long fl = (a + 1 < argc && argv[a + 1][0] >= '0' && argv[a + 1][0] <= '9') ? strtoull(argv[++a], NULL, 0) : 0;
+      if (!libcuda) libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+      CUresult (*g1)(const char *, void **, int, unsigned long long) = libcuda ? dlsym(libcuda, "cuGetProcAddress") : NULL;
+      void *p = (void *)1;
+      rc = g1 ? g1(name, &p, ver, fl) : -1;
+      Dl_info info; memset(&info, 0, sizeof info);
+      const char *symn = p == (void *)1 ? "UNTOUCHED" : "NULL";
+      if (p && p != (void *)1 && dladdr(p, &info)) symn = info.dli_sname && info.dli_saddr == p ? info.dli_sname : "?";
+      printf("op=getproc1 symbol=%s version=%d flags=%llu sym=%s", name, ver, fl, symn);
       end(rc);
     } else if (!strcmp(op, "errname")) {
       NEED(1); CUresult code = atoi(argv[++a]); const char *n = NULL, *s = NULL;

@@ -557,7 +557,7 @@ impl Inner {
     /// `cuMemCreate`.
     pub fn mem_create(&mut self, size: u64, ordinal: CUdevice) -> R<u64> {
         let phys = self.phys_of(ordinal)?;
-        if size == 0 || size % GRANULARITY != 0 {
+        if size == 0 || size & (GRANULARITY - 1) != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         self.charge(phys, size)?;
@@ -595,7 +595,7 @@ impl Inner {
 
     /// `cuMemAddressReserve`.
     pub fn address_reserve(&mut self, size: u64, align: u64) -> R<u64> {
-        if size == 0 || size % GRANULARITY != 0 || (align != 0 && !align.is_power_of_two()) {
+        if size == 0 || size & (GRANULARITY - 1) != 0 || (align != 0 && !align.is_power_of_two()) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let align = align.max(GRANULARITY);
@@ -646,8 +646,8 @@ impl Inner {
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
         if size == 0
-            || size % GRANULARITY != 0
-            || offset % GRANULARITY != 0
+            || size & (GRANULARITY - 1) != 0
+            || offset & (GRANULARITY - 1) != 0
             || offset.saturating_add(size) > m.size
             || !self.in_reservation(ptr, size)
         {
