@@ -858,12 +858,13 @@ class Agent:
         self.proc = None
         self.logfile = os.path.join(workdir, "agent.log")
         self.error = None
+        self.libcuda = []
 
     def start(self, env, ready_timeout=30.0):
         if not self.path or not os.path.exists(self.path):
             self.error = f"agent binary not found ({self.path})"
             return False
-        argv = [self.path, "run", "--metrics-addr", self.addr]
+        argv = [self.path, "run", "--metrics-addr", self.addr, *self.libcuda_args()]
         self.log.say("starting agent: " + " ".join(argv))
         f = open(self.logfile, "w")
         try:
@@ -889,6 +890,14 @@ class Agent:
         self.error = f"agent /metrics did not answer within {ready_timeout}s"
         return False
 
+    def libcuda_args(self):
+        """`--libcuda PATH` for every libcuda file here, so that probes are on before the first
+        workload maps it (the agent dedupes by device + inode and keeps discovering)."""
+        out = []
+        for c in self.libcuda:
+            out += ["--libcuda", c]
+        return out
+
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
 
@@ -905,7 +914,7 @@ class Agent:
 
     def audit_start(self, seconds, env):
         """Start `hami-agent audit --seconds N --json` in the background; returns a handle."""
-        argv = [self.path, "audit", "--seconds", str(seconds), "--json"]
+        argv = [self.path, "audit", "--seconds", str(seconds), "--json", *self.libcuda_args()]
         out = tempfile.NamedTemporaryFile("w+", dir=self.workdir, delete=False, suffix=".audit")
         err = tempfile.NamedTemporaryFile("w+", dir=self.workdir, delete=False, suffix=".err")
         p = subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
@@ -978,8 +987,8 @@ def find_first(paths):
     return None
 
 
-def find_libcuda(log):
-    """Path of the real libcuda.so.1 (ldconfig -p first, then the known places)."""
+def libcuda_candidates():
+    """Every existing real libcuda.so.1 we know of (ldconfig -p first, then the known places)."""
     r = run_cmd(["ldconfig", "-p"], 10)
     cands = []
     for line in r["stdout"].splitlines():
@@ -992,11 +1001,17 @@ def find_libcuda(log):
         "/usr/lib64/libcuda.so.1",
         "/usr/local/cuda/lib64/stubs/libcuda.so",
     ]
-    # Never link the stub: it is not the driver.
-    for c in cands:
-        if os.path.exists(c) and "stubs" not in c:
-            return c
-    return None
+    out = []
+    for c in cands:  # never the toolkit's stub: it is not the driver
+        if os.path.exists(c) and "stubs" not in c and c not in out:
+            out.append(c)
+    return out
+
+
+def find_libcuda(log=None):
+    """Path of the real libcuda.so.1 to link against, or None."""
+    c = libcuda_candidates()
+    return c[0] if c else None
 
 
 class Runner:
@@ -1143,7 +1158,9 @@ class Runner:
             elif line.startswith("cupy "):
                 env["cupy"] = line[5:]
         env["python"] = self.python
-        env["libcuda"] = find_libcuda(self.log)
+        env["libcuda_all"] = libcuda_candidates()
+        env["libcuda"] = env["libcuda_all"][0] if env["libcuda_all"] else None
+        self.agent.libcuda = [] if self.args.no_libcuda_hint else env["libcuda_all"]
         env["btf"] = os.path.exists("/sys/kernel/btf/vmlinux")
         files = {}
         for p in (self.preload, self.agent_path):
@@ -1366,6 +1383,9 @@ class Runner:
             while time.monotonic() < end:
                 m = self.agent.metrics()
                 if m is not None:
+                    obs, hooked = metrics_observed_for_pid(m, p.wpid)
+                    if obs is not None:
+                        figs["metrics_pid_observed"], figs["metrics_pid_hooked"] = obs, hooked
                     if metrics_bypass_count(m, p.wpid) > 0 or (
                         base_count is not None and metrics_bypass_count(m) > base_count
                     ):
@@ -1584,6 +1604,8 @@ def main(argv=None):
     ap.add_argument("--only", nargs="*", help="workload names to run (default: all)")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--keep-work", action="store_true", help="keep the scratch folder")
+    ap.add_argument("--no-libcuda-hint", action="store_true",
+                    help="do not pass --libcuda PATH to the agent (rely on its discovery)")
     args = ap.parse_args(argv)
     runner = Runner(args)
     try:
