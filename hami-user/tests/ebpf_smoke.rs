@@ -484,3 +484,108 @@ fn not_libcuda_is_rejected() {
         other => panic!("expected File error, got {other:?}"),
     }
 }
+
+/// The workspace's fake driver (`testing/fake-cuda`, soname `libcuda.so.1`) driven by
+/// `cudaprobe`, through the three ways programs reach the driver: the probes see
+/// `cuMemAlloc_v2` with its size and returned pointer, the free, and the context (with its
+/// device ordinal) the allocation was made in.
+#[tokio::test]
+async fn fake_driver_alloc_free_three_ways() {
+    use hami_test_harness::{Artifacts, TestEnv};
+    require_root();
+    let env = TestEnv::new();
+    let art = Artifacts::get();
+    let mut probes = Probes::load(&ProbeOptions::default()).expect("loading the eBPF programs");
+    let outcome = probes
+        .attach_libcuda(&art.fake_libcuda)
+        .expect("attaching to the fake libcuda.so.1");
+    assert!(outcome.attached.contains(&"cuMemAlloc_v2"), "{outcome:?}");
+    assert!(outcome.attached.contains(&"cuMemFree_v2"), "{outcome:?}");
+    let (mut rx, handle) = probes
+        .spawn(DiscoveryOptions {
+            interval: None,
+            ..Default::default()
+        })
+        .unwrap();
+    for via in ["direct", "dlsym", "procaddr"] {
+        let out = env.run_probe(&[
+            "--via", via, "--device", "1", "init", "ctx", "alloc", "1M", "free", "last",
+        ]);
+        assert!(
+            out.status.success(),
+            "cudaprobe --via {via}: {}",
+            out.stdout
+        );
+        let pid = out.pid.expect("cudaprobe prints its pid");
+        let ctx = out.find("ctx")[0].num("ctx").expect("ctx pointer");
+        let ptr = out.find("alloc")[0].ptr().expect("allocated pointer");
+        let evs = events_of(&mut rx, pid).await;
+        let alloc = evs
+            .iter()
+            .position(|e| kind(e) == EventKind::MemAlloc)
+            .unwrap_or_else(|| panic!("--via {via}: no MemAlloc in {evs:#?}"));
+        let e = evs[alloc];
+        assert_eq!(
+            (e.size, e.addr, e.ctx),
+            (1 << 20, ptr, ctx),
+            "--via {via}: {e:?}"
+        );
+        assert!(
+            evs[alloc..]
+                .iter()
+                .any(|e| kind(e) == EventKind::MemFree && e.addr == ptr),
+            "--via {via}: no MemFree of {ptr:#x} after the alloc: {evs:#?}"
+        );
+        assert!(
+            evs.iter()
+                .any(|e| kind(e) == EventKind::PrimaryCtxRetain && e.addr == ctx && e.extra == 1),
+            "--via {via}: no primary retain of device 1: {evs:#?}"
+        );
+    }
+    // Created contexts (procaddr resolves cuCtxCreate to its newest version): the device
+    // ordinal is read from the right argument, and the allocation carries the new context.
+    for via in ["direct", "procaddr"] {
+        let out = env.run_probe(&[
+            "--via",
+            via,
+            "--device",
+            "1",
+            "init",
+            "ctxcreate",
+            "alloc",
+            "64K",
+        ]);
+        assert!(
+            out.status.success(),
+            "cudaprobe --via {via}: {}",
+            out.stdout
+        );
+        let pid = out.pid.unwrap();
+        let ctx = out.find("ctxcreate")[0].num("ctx").unwrap();
+        let ptr = out.find("alloc")[0].ptr().unwrap();
+        let evs = events_of(&mut rx, pid).await;
+        assert!(
+            evs.iter()
+                .any(|e| kind(e) == EventKind::CtxCreate && e.addr == ctx && e.extra == 1),
+            "--via {via}: no CtxCreate on device 1: {evs:#?}"
+        );
+        assert!(
+            evs.iter().any(|e| kind(e) == EventKind::MemAlloc
+                && e.addr == ptr
+                && e.size == 64 << 10
+                && e.ctx == ctx),
+            "--via {via}: allocation not attributed to the created context: {evs:#?}"
+        );
+    }
+    // A failed call sends nothing: an allocation larger than the fake device.
+    let out = env.run_probe(&["init", "ctx", "alloc", "100T"]);
+    let pid = out.pid.unwrap();
+    assert!(!out.find("alloc")[0].ok(), "{}", out.stdout);
+    let evs = events_of(&mut rx, pid).await;
+    assert!(
+        !evs.iter().any(|e| kind(e) == EventKind::MemAlloc),
+        "failed allocation reported: {evs:#?}"
+    );
+    let c = handle.counters();
+    assert_eq!((c.dropped, c.malformed), (0, 0), "{c:?}");
+}
