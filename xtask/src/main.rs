@@ -6,6 +6,7 @@
 //! * `demo`: the end-to-end story on the fake (or real) driver.
 //! * `gpu-bundle`: binaries + acceptance scripts for the GPU machine.
 
+mod bundle;
 mod setup;
 mod test;
 mod util;
@@ -48,6 +49,7 @@ fn run() -> Result<()> {
             }
             test::test(&opts)
         }
+        "gpu-bundle" => bundle::gpu_bundle(&util::project_root()).map(|_| ()),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())
