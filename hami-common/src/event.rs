@@ -14,9 +14,11 @@ pub enum EventKind {
     MemAllocAsync = 4,
     /// `cuMemAllocFromPoolAsync` / `_ptsz`.
     MemAllocFromPool = 5,
-    /// `cuMemCreate`; `addr` = the `CUmemGenericAllocationHandle`.
+    /// `cuMemCreate`; `addr` = the `CUmemGenericAllocationHandle`, `extra` = the device
+    /// ordinal from `prop->location.id` (`u64::MAX` if the location is not a device).
     MemCreate = 6,
-    /// `cuArrayCreate_v2`; `addr` = the `CUarray`, `size` = estimated footprint.
+    /// `cuArrayCreate_v2`; `addr` = the `CUarray`, `size` = estimated footprint
+    /// ([`crate::array::array_footprint`]).
     ArrayCreate = 7,
     /// `cuArray3DCreate_v2`.
     Array3DCreate = 8,
@@ -28,7 +30,8 @@ pub enum EventKind {
     MemRelease = 18,
     /// `cuArrayDestroy` succeeded; `addr` = array.
     ArrayDestroy = 19,
-    /// `cuCtxCreate_v2/v3/v4` succeeded; `addr` = new context.
+    /// `cuCtxCreate_v2/v3/v4` succeeded; `addr` = `ctx` = new context (it becomes the
+    /// thread's current one), `extra` = device ordinal.
     CtxCreate = 32,
     /// `cuCtxDestroy_v2` succeeded; `addr` = context.
     CtxDestroy = 33,
@@ -36,7 +39,8 @@ pub enum EventKind {
     PrimaryCtxRetain = 34,
     /// `cuDevicePrimaryCtxRelease(_v2)` succeeded; `extra` = device ordinal.
     PrimaryCtxRelease = 35,
-    /// `cuCtxSetCurrent` succeeded; `addr` = context (device attribution).
+    /// `cuCtxSetCurrent` succeeded with a context different from the thread's current one;
+    /// `addr` = `ctx` = the context (0 = none).
     CtxSetCurrent = 36,
     /// The process (thread group leader) exited.
     ProcessExit = 64,
