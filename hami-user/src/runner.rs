@@ -124,7 +124,13 @@ fn log_outcome(out: &TickOutcome) {
         log_finding(f);
     }
     for f in &out.cleared {
-        tracing::info!(kind = f.kind.name(), reason = f.reason, pid = ?f.pid, region = ?f.region, "finding cleared");
+        tracing::info!(
+            kind = f.kind.name(),
+            reason = f.reason,
+            pid = f.pid,
+            region = f.region.as_deref(),
+            "finding cleared"
+        );
     }
     for r in &out.reclaimed {
         tracing::warn!(region = %r.region, slot = r.slot, pid = r.pid, bytes = r.bytes, "leaked slot reclaimed");
@@ -135,16 +141,16 @@ fn log_finding(f: &Finding) {
     tracing::warn!(
         kind = f.kind.name(),
         reason = f.reason,
-        pid = ?f.pid,
-        nspid = ?f.nspid,
+        pid = f.pid,
+        nspid = f.nspid,
         container = %f.container,
-        region = ?f.region,
-        device = ?f.device,
-        slot = ?f.slot,
+        region = f.region.as_deref(),
+        device = f.device,
+        slot = f.slot.map(|s| s as u64),
         bytes = f.bytes,
-        observed = ?f.observed,
-        accounted = ?f.accounted,
-        limit = ?f.limit,
+        observed = f.observed,
+        accounted = f.accounted,
+        limit = f.limit,
         "finding: {}",
         f.detail
     );

@@ -1,0 +1,412 @@
+//! End-to-end tests of `hami-agent` against the fake driver: the real binary, real eBPF
+//! probes on the fake `libcuda.so.1`, `cudaprobe` with and without `libhami_preload.so`.
+//! Needs root (CI runs as root) and an agent built with its eBPF object (bpf-linker on PATH,
+//! see `cargo xtask setup`); without them these tests fail and say why.
+//!
+//! Tests run one at a time (a lock): each starts its own agent, and every agent sees every
+//! process that calls the fake libcuda, so assertions always filter by pid or region.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use hami_test_harness::{Artifacts, RunningProbe, TestEnv};
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running `hami-agent`, its stderr read line by line.
+struct Agent {
+    child: Child,
+    stderr: Receiver<String>,
+    stdout: Option<std::thread::JoinHandle<String>>,
+    log: Vec<String>,
+}
+
+impl Agent {
+    /// Starts `hami-agent ARGS... --libcuda <fake>` against the sandbox's fake driver and
+    /// waits for its `ready` line.
+    fn start(env: &TestEnv, args: &[&str]) -> Agent {
+        let a = Artifacts::get();
+        let mut c = Command::new(env!("CARGO_BIN_EXE_hami-agent"));
+        c.args(args)
+            .arg("--libcuda")
+            .arg(&a.fake_libcuda)
+            .env("LD_LIBRARY_PATH", &a.fake_lib_dir)
+            .env("FAKE_CUDA_STATE", env.state_path())
+            .env_remove("LD_PRELOAD")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("spawn hami-agent");
+        let err = child.stderr.take().expect("stderr");
+        let mut out = child.stdout.take().expect("stdout");
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdout = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = out.read_to_string(&mut s);
+            s
+        });
+        let mut agent = Agent {
+            child,
+            stderr: rx,
+            stdout: Some(stdout),
+            log: Vec::new(),
+        };
+        agent.wait_line(Duration::from_secs(60), |l| l.contains("hami-agent: ready"));
+        agent
+    }
+
+    /// Reads stderr until `pred` matches a line (returned); panics on timeout or exit.
+    fn wait_line(&mut self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(l) => {
+                    self.log.push(l.clone());
+                    if pred(&l) {
+                        return l;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => panic!(
+                    "hami-agent: no matching line within {timeout:?}; log:\n{}",
+                    self.log.join("\n")
+                ),
+                Err(RecvTimeoutError::Disconnected) => {
+                    let st = self.child.wait().ok();
+                    panic!(
+                        "hami-agent exited ({st:?}) before a matching line; log:\n{}",
+                        self.log.join("\n")
+                    )
+                }
+            }
+        }
+    }
+
+    /// Waits for the exit (audit) and returns status and stdout.
+    fn finish(mut self) -> (ExitStatus, String, Vec<String>) {
+        let st = self.child.wait().expect("wait agent");
+        let out = self
+            .stdout
+            .take()
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        while let Ok(l) = self.stderr.recv_timeout(Duration::from_millis(200)) {
+            self.log.push(l);
+        }
+        (st, out, std::mem::take(&mut self.log))
+    }
+
+    /// SIGTERM and wait.
+    fn stop(mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A JSON log line's fields, if it is a finding of `kind` for `pid`.
+fn finding_line(l: &str, kind: &str, pid: u32) -> Option<Value> {
+    let v: Value = serde_json::from_str(l).ok()?;
+    let f = v.get("fields")?;
+    (f.get("kind")?.as_str()? == kind && f.get("pid")?.as_u64()? == u64::from(pid))
+        .then(|| f.clone())
+}
+
+fn parse_audit(out: &str, log: &[String]) -> Value {
+    serde_json::from_str(out).unwrap_or_else(|e| {
+        panic!(
+            "audit --json output is not JSON ({e}):\n{out}\nlog:\n{}",
+            log.join("\n")
+        )
+    })
+}
+
+fn process<'a>(audit: &'a Value, pid: u32) -> &'a Value {
+    audit["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not in audit:\n{audit:#}"))
+}
+
+fn findings_for<'a>(audit: &'a Value, pid: u32) -> Vec<&'a Value> {
+    audit["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .filter(|f| f["pid"] == pid)
+        .collect()
+}
+
+fn hooked_env(limit: &str) -> TestEnv {
+    TestEnv::new()
+        .preload(true)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", limit)
+        .env("FAKE_CUDA_DEVICE_COUNT", "1")
+}
+
+fn spawn_waiting(env: &TestEnv, ops: &[&str]) -> RunningProbe {
+    let mut p = env.spawn_probe(ops);
+    p.wait_for("wait");
+    p
+}
+
+#[test]
+fn hooked_process_within_quota_has_no_finding_and_accounted_equals_observed() {
+    let _g = serial();
+    let env = hooked_env("1g");
+    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "2.5"]);
+    let probe = spawn_waiting(&env, &["init", "ctx", "alloc", "64M", "wait"]);
+    let (st, out, log) = agent.finish();
+    let audit = parse_audit(&out, &log);
+    let p = process(&audit, probe.pid);
+    assert_eq!(p["hooked"], true, "{p:#}");
+    assert_eq!(p["observed"], 64 * MIB, "{p:#}");
+    assert_eq!(p["accounted"], 64 * MIB, "{p:#}");
+    assert_eq!(p["verdict"], "ok", "{audit:#}");
+    assert_eq!(p["region"], env.region_path().display().to_string());
+    assert!(findings_for(&audit, probe.pid).is_empty(), "{audit:#}");
+    // Exit status follows bypass/over-limit findings of any process the agent saw.
+    assert_eq!(st.code(), Some(if audit["failed"] == true { 2 } else { 0 }));
+    drop(probe);
+}
+
+#[test]
+fn unhooked_process_is_reported_as_bypass_within_one_second() {
+    let _g = serial();
+    let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
+    let mut agent = Agent::start(
+        &env,
+        &["run", "--json-log", "--metrics-addr", "127.0.0.1:0"],
+    );
+    let mut probe = env.spawn_probe(&["init", "ctx", "alloc", "64M", "wait"]);
+    let alloc = probe.wait_for("alloc");
+    let t0 = Instant::now();
+    assert!(alloc.ok(), "{alloc:?}");
+    let pid = probe.pid;
+    let line = agent.wait_line(Duration::from_secs(5), |l| {
+        finding_line(l, "bypass", pid).is_some()
+    });
+    let elapsed = t0.elapsed();
+    let f = finding_line(&line, "bypass", pid).expect("finding");
+    assert!(
+        elapsed < Duration::from_secs(1),
+        "bypass reported after {elapsed:?}"
+    );
+    assert_eq!(f["reason"], "no_preload");
+    assert_eq!(f["bytes"], 64 * MIB, "{f:#}");
+    probe.resume();
+    agent.stop();
+}
+
+#[test]
+fn sigkilled_process_leaks_its_slot_and_reclaim_frees_it() {
+    let _g = serial();
+    let env = hooked_env("1g");
+    let region = env.region_path().display().to_string();
+    let probe = spawn_waiting(&env, &["init", "ctx", "alloc", "512M", "wait"]);
+    let pid = probe.pid;
+    probe.kill(); // SIGKILL and reap: no exit handler runs.
+
+    // Without --reclaim: reported, left alone.
+    let agent = Agent::start(
+        &env,
+        &["audit", "--json", "--seconds", "1", "--region", &region],
+    );
+    let (_, out, log) = agent.finish();
+    let audit = parse_audit(&out, &log);
+    let leaked: Vec<&Value> = audit["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "leaked_slot" && f["region"] == region.as_str())
+        .collect();
+    assert_eq!(leaked.len(), 1, "{audit:#}");
+    assert_eq!(leaked[0]["reason"], "process_dead");
+    assert_eq!(leaked[0]["nspid"], pid);
+    assert!(
+        leaked[0]["bytes"].as_u64().unwrap() >= 512 * MIB,
+        "{:#}",
+        leaked[0]
+    );
+    let before = inspect(env.region_path());
+    assert_eq!(before["slots"].as_array().unwrap().len(), 1, "{before:#}");
+
+    // With --reclaim: freed through the region's protocol.
+    let agent = Agent::start(
+        &env,
+        &[
+            "audit",
+            "--json",
+            "--seconds",
+            "1",
+            "--reclaim",
+            "--region",
+            &region,
+        ],
+    );
+    let (_, out, log) = agent.finish();
+    let audit = parse_audit(&out, &log);
+    let rec = audit["reclaimed"].as_array().unwrap();
+    assert_eq!(rec.len(), 1, "{audit:#}");
+    assert_eq!(rec[0]["pid"], pid);
+    let after = inspect(env.region_path());
+    assert!(after["slots"].as_array().unwrap().is_empty(), "{after:#}");
+    assert_eq!(after["devices"][0]["used"], 0);
+    assert_eq!(after["reclaimed_slots"], 1);
+
+    // A new process gets the whole quota (1 GiB minus its own context).
+    let out = env.run_probe(&["init", "ctx", "alloc", "512M", "alloc", "200M"]);
+    assert!(out.all_ok(), "{}", out.dump());
+}
+
+#[test]
+fn hand_edited_region_limit_is_tamper() {
+    let _g = serial();
+    let env = hooked_env("1g");
+    let mut probe = spawn_waiting(&env, &["init", "ctx", "alloc", "1M", "wait"]);
+    // Raise the limit in the file by hand (limits[0] at its layout offset).
+    let off = core::mem::offset_of!(hami_common::layout::RegionHeader, limits) as u64;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(env.region_path())
+        .expect("open region");
+    std::os::unix::fs::FileExt::write_all_at(&f, &(64u64 << 30).to_le_bytes(), off).unwrap();
+    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "1"]);
+    let (_, out, log) = agent.finish();
+    let audit = parse_audit(&out, &log);
+    let t: Vec<&Value> = findings_for(&audit, probe.pid)
+        .into_iter()
+        .filter(|f| f["kind"] == "tamper")
+        .collect();
+    assert_eq!(t.len(), 1, "{audit:#}");
+    assert_eq!(t[0]["limit"], 64u64 << 30);
+    assert_eq!(t[0]["device"], 0);
+    probe.resume();
+}
+
+#[test]
+fn agent_started_after_the_workload_reports_no_false_bypass() {
+    let _g = serial();
+    let env = hooked_env("1g");
+    let mut probe = spawn_waiting(
+        &env,
+        &[
+            "init", "ctx", "alloc", "256M", "wait", "alloc", "32M", "wait",
+        ],
+    );
+    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "2"]);
+    // After the agent attached: a further allocation, which it sees.
+    probe.resume();
+    probe.wait_for("wait");
+    let (st, out, log) = agent.finish();
+    let audit = parse_audit(&out, &log);
+    let p = process(&audit, probe.pid);
+    assert_eq!(
+        p["baseline"], "pre-existing, not observed from start",
+        "{p:#}"
+    );
+    assert_eq!(p["observed"], 32 * MIB, "{p:#}");
+    assert_eq!(p["accounted"], 288 * MIB, "{p:#}");
+    assert_eq!(p["verdict"], "ok");
+    assert!(findings_for(&audit, probe.pid).is_empty(), "{audit:#}");
+    assert_eq!(st.code(), Some(if audit["failed"] == true { 2 } else { 0 }));
+    probe.resume();
+}
+
+#[test]
+fn audit_exits_non_zero_on_bypass() {
+    let _g = serial();
+    let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
+    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "2"]);
+    let mut probe = spawn_waiting(&env, &["init", "ctx", "alloc", "16M", "wait"]);
+    let (st, out, log) = agent.finish();
+    let audit = parse_audit(&out, &log);
+    let f = findings_for(&audit, probe.pid);
+    assert!(
+        f.iter()
+            .any(|f| f["kind"] == "bypass" && f["bytes"] == 16 * MIB),
+        "{audit:#}"
+    );
+    assert_eq!(audit["failed"], true);
+    assert_eq!(st.code(), Some(2));
+    probe.resume();
+}
+
+fn inspect(region: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_hami-agent"))
+        .args(["inspect", "--json"])
+        .arg(region)
+        .output()
+        .expect("run inspect");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("inspect JSON")
+}
+
+#[test]
+fn inspect_matches_a_region_written_by_the_preload() {
+    let _g = serial();
+    let env = hooked_env("768m");
+    let mut probe = spawn_waiting(
+        &env,
+        &["init", "ctx", "alloc", "64M", "alloc", "8M", "wait"],
+    );
+    let v = inspect(env.region_path());
+    assert_eq!(v["version"], 1);
+    assert_eq!(v["initialised"], true);
+    assert_eq!(v["devices"][0]["limit"], 768 * MIB);
+    let slots = v["slots"].as_array().unwrap();
+    let s = slots
+        .iter()
+        .find(|s| s["pid"] == probe.pid)
+        .unwrap_or_else(|| panic!("{v:#}"));
+    assert_eq!(s["liveness"], "alive");
+    assert_eq!(s["usage"][0]["data"], 72 * MIB, "{v:#}");
+    assert!(s["usage"][0]["context"].as_u64().unwrap() > 0, "{v:#}");
+    assert_eq!(
+        v["devices"][0]["used"], s["total"],
+        "header total equals the only slot's total: {v:#}"
+    );
+    // The human form names the same numbers.
+    let out = Command::new(env!("CARGO_BIN_EXE_hami-agent"))
+        .arg("inspect")
+        .arg(env.region_path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("pid {}", probe.pid)), "{text}");
+    assert!(text.contains("limit 768.0 MiB"), "{text}");
+    probe.resume();
+}
