@@ -110,6 +110,12 @@ pub struct Inner {
 }
 
 static INITIALIZED: AtomicBool = AtomicBool::new(false);
+/// Set in a forked child: its charges must go to a slot of its own, not the parent's.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn after_fork_in_child() {
+    FORKED.store(true, Ordering::Release);
+}
 static SHARED: OnceLock<Result<Shared, String>> = OnceLock::new();
 static INNER: LazyLock<Mutex<Inner>> = LazyLock::new(|| {
     Mutex::new(Inner {
@@ -200,6 +206,8 @@ pub fn init(flags: u32) -> R<()> {
     }
     g.slot = shared.slot_for(std::process::id());
     g.shared = Some(shared);
+    // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
     g.primary = vec![Primary::default(); visible.len()];
     g.visible = visible;
     INITIALIZED.store(true, Ordering::Release);
