@@ -17,6 +17,6 @@ pub mod metrics;
 pub mod nvml;
 pub mod probes;
 pub mod procinfo;
-pub mod state;
 pub mod report;
 pub mod runner;
+pub mod state;
