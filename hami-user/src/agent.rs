@@ -405,6 +405,8 @@ impl Agent {
                 container: r.container.clone(),
                 snapshot: r.snapshot.clone().unwrap_or_else(|| r.region.snapshot()),
                 liveness: r.liveness.clone(),
+                single_device: r.snapshot.as_ref().is_some_and(|s| s.device_count == 1)
+                    || self.nvml.as_ref().is_some_and(|n| n.devices.len() == 1),
             })
             .collect();
         let procs = self

@@ -188,6 +188,9 @@ pub struct RegionView {
     pub snapshot: RegionSnapshot,
     /// Liveness per active slot index.
     pub liveness: BTreeMap<usize, SlotLiveness>,
+    /// Whether the node has a single GPU (region device count 1, or NVML sees one): bytes
+    /// whose device is unknown then count for device 0.
+    pub single_device: bool,
 }
 
 impl RegionView {
@@ -540,7 +543,7 @@ fn region_findings(
         }
     }
     // Over limit: observed data of the region's users per device.
-    let single = r.devices() == 1;
+    let single = r.single_device;
     for d in 0..r.devices() {
         let Some(limit) = snap.limit(d) else { continue };
         let observed: u64 = users.iter().map(|p| observed_on(p, d, single)).sum();
@@ -606,7 +609,7 @@ pub struct RegionUsage {
 pub fn region_usage(procs: &[ProcView], regions: &[RegionView]) -> Vec<RegionUsage> {
     let mut out = Vec::new();
     for (ri, r) in regions.iter().enumerate() {
-        let single = r.devices() == 1;
+        let single = r.single_device;
         for d in 0..MAX_DEVICES {
             let observed: u64 = procs
                 .iter()
@@ -688,6 +691,7 @@ pub(crate) mod tests {
             container: "c1".into(),
             snapshot: snap,
             liveness: live.iter().copied().collect(),
+            single_device: true,
         }
     }
 

@@ -359,6 +359,74 @@ mod tests {
         assert_eq!(route("/metrics?x=1", &m).0, 200);
     }
 
+    #[test]
+    fn dashboard_uses_only_exported_metrics() {
+        let m = Metrics::new().unwrap();
+        let dash = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards/hami.json"),
+        )
+        .unwrap();
+        let _: serde_json::Value = serde_json::from_str(&dash).unwrap();
+        // Metric families that exist even before any sample (label-less or pre-seeded).
+        let mut exported: Vec<String> = m
+            .registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_string())
+            .collect();
+        // Labelled gauges appear once set; their names are fixed in `Metrics::new`.
+        exported.extend(
+            [
+                "hami_container_limit_bytes",
+                "hami_container_accounted_bytes",
+                "hami_container_accounted_data_bytes",
+                "hami_container_observed_bytes",
+                "hami_process_observed_bytes",
+                "hami_events_total",
+            ]
+            .map(String::from),
+        );
+        let mut used = Vec::new();
+        let mut rest = dash.as_str();
+        while let Some(i) = rest.find("hami_") {
+            let tail = &rest[i..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            used.push(tail[..end].to_string());
+            rest = &tail[end..];
+        }
+        used.retain(|n| n != "hami_");
+        assert!(used.len() >= 10, "{used:?}");
+        for n in used {
+            assert!(exported.contains(&n), "dashboard uses unknown metric {n}");
+        }
+        // And every labelled family really renders under that name once set.
+        m.set_usage(&[RegionUsage {
+            container: "c".into(),
+            region: "r".into(),
+            device: 0,
+            limit: 1,
+            accounted: 1,
+            accounted_data: 1,
+            observed: 1,
+        }]);
+        m.set_processes(&[ProcessSample {
+            pid: 1,
+            container: "c".into(),
+            hooked: true,
+            observed: 1,
+        }]);
+        m.events.with_label_values(&["mem_alloc"]).inc();
+        let text = m.render();
+        for n in &exported {
+            assert!(
+                text.contains(&format!("{n}{{")) || text.contains(&format!("{n} ")),
+                "{n}"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn http_server_serves_metrics() {
         let m = Arc::new(Metrics::new().unwrap());
