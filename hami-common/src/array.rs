@@ -3,7 +3,7 @@
 //! The driver does not say how much device memory an array takes, so both the preload (which
 //! charges it) and the eBPF probes (which observe it) use this same estimate:
 //! `width * max(height,1) * max(depth,1) * bytes_per_texel(format, channels)`, rounded up to
-//! [`ARRAY_GRANULE`]. Saturates instead of overflowing, never panics, has no loops: it is
+//! [`ARRAY_GRANULE`]. Clamps instead of overflowing, never panics, has no loops: it is
 //! called from eBPF programs too.
 
 /// Granule the estimate is rounded up to (2 MiB, the driver's large-page size).
@@ -46,20 +46,26 @@ pub const fn bytes_per_texel(format: u32, channels: u32) -> u64 {
     }
 }
 
-const fn sat_mul(a: u64, b: u64) -> u64 {
-    // Written with a division rather than `checked_mul`: the BPF backend has no 128-bit
-    // multiply to lower the overflow check to.
-    if a != 0 && b > u64::MAX / a {
-        u64::MAX
+/// Largest dimension counted (2^19). The driver's limits are far below (2^17 for 1D/2D
+/// widths, 2^14 for 3D), so valid arrays are never clamped; the clamp keeps the product
+/// within 64 bits without an overflow check (the BPF backend cannot lower a 128-bit
+/// multiply, which is what LLVM turns an overflow check into).
+pub const MAX_DIM: u64 = 1 << 19;
+
+const fn dim(v: u64) -> u64 {
+    if v == 0 {
+        1
+    } else if v > MAX_DIM {
+        MAX_DIM
     } else {
-        a * b
+        v
     }
 }
 
 /// Estimated device-memory footprint of an array, in bytes, rounded up to [`ARRAY_GRANULE`].
 ///
-/// `height` and `depth` of 0 (1D and 2D arrays) count as 1. A `width` of 0 gives 0 (the
-/// driver rejects such arrays).
+/// `height` and `depth` of 0 (1D and 2D arrays) count as 1; dimensions above [`MAX_DIM`]
+/// count as [`MAX_DIM`]. A `width` of 0 gives 0 (the driver rejects such arrays).
 pub const fn array_footprint(
     width: u64,
     height: u64,
@@ -70,15 +76,11 @@ pub const fn array_footprint(
     if width == 0 {
         return 0;
     }
-    let h = if height == 0 { 1 } else { height };
-    let d = if depth == 0 { 1 } else { depth };
-    let bytes = sat_mul(
-        sat_mul(sat_mul(width, h), d),
-        bytes_per_texel(format, channels),
-    );
-    if bytes > u64::MAX - (ARRAY_GRANULE - 1) {
-        return u64::MAX - (ARRAY_GRANULE - 1);
-    }
+    // At most 2^57 * 16 = 2^61: no overflow.
+    let bytes = dim(width)
+        .wrapping_mul(dim(height))
+        .wrapping_mul(dim(depth))
+        .wrapping_mul(bytes_per_texel(format, channels));
     (bytes + ARRAY_GRANULE - 1) & !(ARRAY_GRANULE - 1)
 }
 
@@ -107,9 +109,11 @@ mod tests {
     }
 
     #[test]
-    fn saturates() {
+    fn clamps() {
         let max = array_footprint(u64::MAX, u64::MAX, u64::MAX, 0x20, 4);
+        assert_eq!(max, MAX_DIM * MAX_DIM * MAX_DIM * 16);
         assert_eq!(max % ARRAY_GRANULE, 0);
-        assert!(max > u64::MAX - 2 * ARRAY_GRANULE);
+        // The real driver limits are far from the clamp.
+        assert_eq!(array_footprint(1 << 17, 1 << 16, 0, 0x01, 1), 1 << 33);
     }
 }

@@ -137,14 +137,14 @@ fn take(ctx: &RetProbeContext, slot: u64) -> Option<(u64, Pending)> {
     }
     let k = key(pid_tgid, slot);
     // SAFETY: the value is copied out at once; the entry belongs to this thread only.
-    let saved = match unsafe { PENDING.get(&k) } {
+    let saved = match unsafe { PENDING.get(k) } {
         Some(p) => *p,
         None => {
             bump(counter::UNPAIRED);
             return None;
         }
     };
-    let _ = PENDING.remove(&k);
+    let _ = PENDING.remove(k);
     let rc: u64 = ctx.ret();
     if rc as u32 != 0 {
         return None;
@@ -156,7 +156,7 @@ fn take(ctx: &RetProbeContext, slot: u64) -> Option<(u64, Pending)> {
 fn current_ctx(pid_tgid: u64) -> u64 {
     let tid = pid_tgid as u32;
     // SAFETY: copied out at once.
-    unsafe { CURRENT_CTX.get(&tid) }.copied().unwrap_or(0)
+    unsafe { CURRENT_CTX.get(tid) }.copied().unwrap_or(0)
 }
 
 #[inline(always)]
@@ -304,7 +304,7 @@ fn ret_ctx_destroy(ctx: &RetProbeContext, slot: u64) {
     if let Some((pt, p)) = take(ctx, slot) {
         let cur = current_ctx(pt);
         if cur == p.a {
-            let _ = CURRENT_CTX.remove(&(pt as u32));
+            let _ = CURRENT_CTX.remove(pt as u32);
         }
         emit(EventKind::CtxDestroy, pt, 0, p.a, cur, 0);
     }
@@ -333,7 +333,7 @@ fn ret_set_current(ctx: &RetProbeContext, slot: u64) {
             return;
         }
         if p.a == 0 {
-            let _ = CURRENT_CTX.remove(&(pt as u32));
+            let _ = CURRENT_CTX.remove(pt as u32);
         } else {
             let _ = CURRENT_CTX.insert(pt as u32, p.a, 0);
         }
@@ -421,7 +421,7 @@ probe!(cuCtxSetCurrent, cuCtxSetCurrent_ret, 23,
 pub fn sched_process_exit(_ctx: RawTracePointContext) -> u32 {
     let pt = bpf_get_current_pid_tgid();
     let tid = pt as u32;
-    let _ = CURRENT_CTX.remove(&tid);
+    let _ = CURRENT_CTX.remove(tid);
     if tid == (pt >> 32) as u32 && !ignored(pt) {
         emit(EventKind::ProcessExit, pt, 0, 0, 0, 0);
     }
