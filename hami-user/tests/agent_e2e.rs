@@ -148,7 +148,7 @@ fn parse_audit(out: &str, log: &[String]) -> Value {
     })
 }
 
-fn process<'a>(audit: &'a Value, pid: u32) -> &'a Value {
+fn process(audit: &Value, pid: u32) -> &Value {
     audit["processes"]
         .as_array()
         .expect("processes")
@@ -157,7 +157,7 @@ fn process<'a>(audit: &'a Value, pid: u32) -> &'a Value {
         .unwrap_or_else(|| panic!("pid {pid} not in audit:\n{audit:#}"))
 }
 
-fn findings_for<'a>(audit: &'a Value, pid: u32) -> Vec<&'a Value> {
+fn findings_for(audit: &Value, pid: u32) -> Vec<&Value> {
     audit["findings"]
         .as_array()
         .expect("findings")
@@ -217,6 +217,7 @@ fn unhooked_process_is_reported_as_bypass_within_one_second() {
     });
     let elapsed = t0.elapsed();
     let f = finding_line(&line, "bypass", pid).expect("finding");
+    eprintln!("bypass reported {elapsed:?} after the allocation returned");
     assert!(
         elapsed < Duration::from_secs(1),
         "bypass reported after {elapsed:?}"
