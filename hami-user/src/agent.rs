@@ -407,6 +407,11 @@ impl Agent {
                 liveness: r.liveness.clone(),
                 single_device: r.snapshot.as_ref().is_some_and(|s| s.device_count == 1)
                     || self.nvml.as_ref().is_some_and(|n| n.devices.len() == 1),
+                node_devices: self
+                    .nvml
+                    .as_ref()
+                    .map(|n| n.devices.len())
+                    .filter(|&n| n > 0),
             })
             .collect();
         let procs = self

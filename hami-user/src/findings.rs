@@ -191,6 +191,8 @@ pub struct RegionView {
     /// Whether the node has a single GPU (region device count 1, or NVML sees one): bytes
     /// whose device is unknown then count for device 0.
     pub single_device: bool,
+    /// GPUs on the node when known (NVML): limits of devices beyond are not reported.
+    pub node_devices: Option<usize>,
 }
 
 impl RegionView {
@@ -604,8 +606,8 @@ pub struct RegionUsage {
     pub observed: u64,
 }
 
-/// Limit / accounted / observed per region and device (devices below the region's count,
-/// plus any device with a limit or usage).
+/// Limit / accounted / observed per region and device: devices with usage, plus devices
+/// below the region's device count that exist on the node (NVML's count, when known).
 pub fn region_usage(procs: &[ProcView], regions: &[RegionView]) -> Vec<RegionUsage> {
     let mut out = Vec::new();
     for (ri, r) in regions.iter().enumerate() {
@@ -618,7 +620,9 @@ pub fn region_usage(procs: &[ProcView], regions: &[RegionView]) -> Vec<RegionUsa
                 .sum();
             let accounted = r.snapshot.accounted(d);
             let limit = r.snapshot.limits[d];
-            if d >= r.devices() && observed == 0 && accounted == 0 && limit == 0 {
+            let visible = r.node_devices.unwrap_or(r.devices()).max(1);
+            if observed == 0 && accounted == 0 && (d >= visible || (d >= r.devices() && limit == 0))
+            {
                 continue;
             }
             out.push(RegionUsage {
@@ -692,6 +696,7 @@ pub(crate) mod tests {
             snapshot: snap,
             liveness: live.iter().copied().collect(),
             single_device: true,
+            node_devices: None,
         }
     }
 
@@ -938,6 +943,22 @@ pub(crate) mod tests {
         let mut p = proc_(60, true, 10 * MIB);
         p.pre_existing = true;
         assert!(evaluate(&[p], &[r], Tolerance::default()).is_empty());
+    }
+
+    #[test]
+    fn usage_rows_follow_the_node_gpus_not_the_region_device_count() {
+        // The preload records 16 configured devices when a global limit is set.
+        let mut snap = snapshot(1 << 30, vec![slot(0, 70, 170, 0, 8 * MIB)]);
+        snap.device_count = 16;
+        for l in snap.limits.iter_mut() {
+            *l = 1 << 30;
+        }
+        let mut r = region(snap, &[(0, SlotLiveness::Alive { host_pid: 70 })]);
+        assert_eq!(region_usage(&[], std::slice::from_ref(&r)).len(), 16);
+        r.node_devices = Some(1);
+        let u = region_usage(&[], &[r]);
+        assert_eq!(u.len(), 1);
+        assert_eq!(u[0].accounted_data, 8 * MIB);
     }
 
     #[test]
