@@ -589,3 +589,67 @@ async fn fake_driver_alloc_free_three_ways() {
     let c = handle.counters();
     assert_eq!((c.dropped, c.malformed), (0, 0), "{c:?}");
 }
+
+/// A "container": a process in its own mount namespace loads a libcuda that exists only
+/// there (a private tmpfs over a directory that is empty on the host). Background discovery
+/// finds it in the process's maps, attaches through `/proc/<pid>/root/...`, and the probes
+/// see the process's allocation.
+#[tokio::test]
+async fn container_libcuda_found_through_proc_root() {
+    use hami_test_harness::{Artifacts, RunningProbe, TestEnv};
+    require_root();
+    let env = TestEnv::new();
+    let art = Artifacts::get();
+    let nsdir = tempfile::tempdir().unwrap();
+    let d = nsdir.path().display().to_string();
+    let script = format!(
+        "mount -t tmpfs hami-test {d} && cp {lib} {d}/libcuda.so.1 && \
+         exec {probe} init ctx wait alloc 2M free last",
+        lib = art.fake_libcuda.display(),
+        probe = art.cudaprobe.display(),
+    );
+    let mut cmd = env.command(Path::new("unshare"));
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .env("LD_LIBRARY_PATH", nsdir.path())
+        .stdin(std::process::Stdio::piped());
+    let mut rp = RunningProbe::start(cmd);
+    rp.wait_for("wait");
+    let pid = rp.pid;
+    assert!(
+        !nsdir.path().join("libcuda.so.1").exists(),
+        "the library must be visible only inside the namespace"
+    );
+
+    let probes = Probes::load(&ProbeOptions::default()).unwrap();
+    let (mut rx, handle) = probes
+        .spawn(DiscoveryOptions {
+            interval: Some(Duration::from_millis(100)),
+            ..Default::default()
+        })
+        .unwrap();
+    let want = PathBuf::from(format!("/proc/{pid}/root{d}/libcuda.so.1"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !handle.attached().iter().any(|l| l.path == want) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{want:?} not attached: {:?}",
+            handle.attached()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    rp.resume();
+    let out = rp.finish();
+    assert!(out.status.success(), "{}", out.dump());
+    let ptr = out.find("alloc")[0].ptr().unwrap();
+    let evs = events_of(&mut rx, pid).await;
+    assert!(
+        evs.iter()
+            .any(|e| kind(e) == EventKind::MemAlloc && e.addr == ptr && e.size == 2 << 20),
+        "{evs:#?}"
+    );
+    assert!(
+        evs.iter()
+            .any(|e| kind(e) == EventKind::MemFree && e.addr == ptr),
+        "{evs:#?}"
+    );
+}
