@@ -11,7 +11,6 @@
 //!
 //! Every failure names the missing piece.
 
-use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -27,61 +26,25 @@ const BPF_LINKER_VERSION: &str = "0.13.0";
 pub struct Tools {
     /// The project-local tools directory (`<root>/.tools`).
     pub tools_dir: PathBuf,
-    /// `<root>/.tools/bin`, holding `bpf-linker`.
+    /// `<root>/.tools/bin`, holding `bpf-linker` (put it first on `PATH` for cargo commands
+    /// that build `hami-user`: `util::tools_path` does).
     pub bin_dir: PathBuf,
-}
-
-// `path`/`env_for_cargo` are for the `test`/`bench`/`demo` tasks.
-#[allow(dead_code)]
-impl Tools {
-    /// `PATH` with the tools directory prepended: give it to every cargo command that builds
-    /// `hami-user` (aya-build needs `bpf-linker` on `PATH`).
-    pub fn path(&self) -> Result<OsString> {
-        path_with(&self.bin_dir)
-    }
-
-    /// Environment variables to set on cargo commands that build the eBPF half.
-    pub fn env_for_cargo(&self) -> Result<Vec<(&'static str, OsString)>> {
-        Ok(vec![("PATH", self.path()?)])
-    }
-}
-
-/// The workspace root (the parent of the `xtask` crate).
-pub fn project_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives inside the workspace")
-        .to_path_buf()
 }
 
 /// The tools layout for this checkout, without checking or installing anything.
 pub fn tools() -> Tools {
-    let tools_dir = project_root().join(".tools");
+    let tools_dir = crate::util::project_root().join(".tools");
     Tools {
         bin_dir: tools_dir.join("bin"),
         tools_dir,
     }
 }
 
-/// `PATH` with the project's tools directory prepended (see [`Tools::env_for_cargo`]).
-#[allow(dead_code)]
-pub fn env_for_cargo() -> Result<Vec<(&'static str, OsString)>> {
-    tools().env_for_cargo()
-}
-
-fn path_with(dir: &Path) -> Result<OsString> {
-    let mut parts = vec![dir.to_path_buf()];
-    if let Some(old) = std::env::var_os("PATH") {
-        parts.extend(std::env::split_paths(&old).filter(|p| p != dir));
-    }
-    std::env::join_paths(parts).context("joining PATH")
-}
-
 /// Make the machine ready; idempotent.
 pub fn setup() -> Result<Tools> {
     let start = Instant::now();
     let tools = tools();
-    let root = project_root();
+    let root = crate::util::project_root();
     step("rustup", check_rustup)?;
     let sysroot = step("nightly toolchain", ensure_nightly)?;
     step("nightly rust-src", || ensure_rust_src(&sysroot))?;
