@@ -1773,3 +1773,6 @@ fn uuid_words(uuid: &[u8; 16]) -> (u64, u64) {
     b.copy_from_slice(&uuid[8..]);
     (u64::from_le_bytes(a), u64::from_le_bytes(b))
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,1118 @@
+//! Unit tests of the region: run with `cargo test -p hami-common --features std`.
+//! Several tests fork: children only touch the region and then `_exit`.
+
+// `is_multiple_of` is newer than the workspace's rust-version.
+#![allow(clippy::manual_is_multiple_of)]
+
+use super::*;
+use crate::layout::{Slot, MAX_SLOTS};
+use core::mem::{offset_of, size_of};
+use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+/// A temporary directory removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "hami-region-test-{}-{}-{}",
+            std::process::id(),
+            name,
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    fn file(&self) -> PathBuf {
+        self.0.join("region.cache")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn cfg(limit: u64) -> RegionConfig {
+    RegionConfig {
+        limits: [limit; MAX_DEVICES],
+        device_count: 2,
+        ..RegionConfig::default()
+    }
+}
+
+fn create(path: &Path, limit: u64) -> Region {
+    let (r, out) = Region::open_or_create(path, &cfg(limit)).unwrap();
+    assert_eq!(out, OpenOutcome::Created);
+    r
+}
+
+/// Liveness from a set the test controls.
+#[derive(Default)]
+struct FakeProbe(Mutex<HashSet<ProcessId>>);
+
+impl FakeProbe {
+    fn set_alive(&self, who: ProcessId, alive: bool) {
+        let mut s = self.0.lock().unwrap();
+        if alive {
+            s.insert(who);
+        } else {
+            s.remove(&who);
+        }
+    }
+}
+
+impl LivenessProbe for FakeProbe {
+    fn liveness(&self, who: ProcessId) -> Liveness {
+        if self.0.lock().unwrap().contains(&who) {
+            Liveness::Alive
+        } else {
+            Liveness::Dead
+        }
+    }
+}
+
+fn fake(pid: u32, start_time: u64) -> ProcessId {
+    ProcessId { pid, start_time }
+}
+
+/// Forks; the child runs `f` and `_exit`s with its return value (101 on panic).
+fn fork_child(f: impl FnOnce() -> i32) -> libc::pid_t {
+    // SAFETY: fork; the child only runs `f` (region operations) and then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(101);
+        // SAFETY: ends the child without running the parent's atexit handlers or test harness.
+        unsafe { libc::_exit(code) };
+    }
+    pid
+}
+
+/// Waits for `pid` up to `timeout`; returns the raw wait status, or None on timeout (the
+/// child is then killed, so that it cannot hold the test's output open).
+fn wait_timeout(pid: libc::pid_t, timeout: Duration) -> Option<i32> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        if r == pid {
+            return Some(status);
+        }
+        assert!(r == 0, "waitpid failed");
+        if Instant::now() > deadline {
+            // SAFETY: kills and reaps our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn exit_code(status: i32) -> i32 {
+    if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        -libc::WTERMSIG(status)
+    }
+}
+
+/// A pipe: (read end, write end).
+fn pipe() -> (libc::c_int, libc::c_int) {
+    let mut fds = [0; 2];
+    // SAFETY: fds is a valid out array.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    (fds[0], fds[1])
+}
+
+fn write_u64(fd: libc::c_int, v: u64) {
+    let b = v.to_le_bytes();
+    // SAFETY: writes 8 bytes from a live buffer.
+    let n = unsafe { libc::write(fd, b.as_ptr().cast(), 8) };
+    assert_eq!(n, 8);
+}
+
+fn read_u64(fd: libc::c_int) -> Option<u64> {
+    let mut b = [0u8; 8];
+    let mut got = 0;
+    while got < 8 {
+        // SAFETY: reads into a live buffer.
+        let n = unsafe { libc::read(fd, b[got..].as_mut_ptr().cast(), 8 - got) };
+        if n <= 0 {
+            return None;
+        }
+        got += n as usize;
+    }
+    Some(u64::from_le_bytes(b))
+}
+
+fn close(fd: libc::c_int) {
+    // SAFETY: closes an fd we own.
+    unsafe { libc::close(fd) };
+}
+
+fn patch(path: &Path, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(bytes, offset).unwrap();
+}
+
+fn sum_slots(s: &RegionSnapshot, dev: usize) -> u64 {
+    s.accounted(dev)
+}
+
+// ---------------------------------------------------------------- layout
+
+/// The offsets and sizes documented in docs/shared-region.md.
+#[test]
+fn layout_matches_documentation() {
+    use crate::layout::RegionHeader as H;
+    assert_eq!(offset_of!(H, magic), 0);
+    assert_eq!(offset_of!(H, version), 8);
+    assert_eq!(offset_of!(H, header_size), 12);
+    assert_eq!(offset_of!(H, total_size), 16);
+    assert_eq!(offset_of!(H, init_state), 24);
+    assert_eq!(offset_of!(H, device_count), 28);
+    assert_eq!(offset_of!(H, creator_pid), 32);
+    assert_eq!(offset_of!(H, created_unix), 40);
+    assert_eq!(offset_of!(H, lock), 48);
+    assert_eq!(offset_of!(H, generation), 112);
+    assert_eq!(offset_of!(H, owner_died_recoveries), 120);
+    assert_eq!(offset_of!(H, reclaimed_slots), 128);
+    assert_eq!(offset_of!(H, limits), 136);
+    assert_eq!(offset_of!(H, limit_flags), 264);
+    assert_eq!(offset_of!(H, uuids), 328);
+    assert_eq!(offset_of!(H, used), 584);
+    assert_eq!(offset_of!(H, boot_id), 712);
+    assert_eq!(offset_of!(H, _reserved), 728);
+    assert_eq!(size_of::<H>(), 968);
+    assert_eq!(offset_of!(Slot, pid), 0);
+    assert_eq!(offset_of!(Slot, status), 4);
+    assert_eq!(offset_of!(Slot, start_time), 8);
+    assert_eq!(offset_of!(Slot, usage), 16);
+    assert_eq!(size_of::<Slot>(), 400);
+    assert_eq!(offset_of!(crate::layout::Region, slots), 968);
+    assert_eq!(REGION_SIZE, 968 + 400 * 1024);
+    assert_eq!(REGION_SIZE, 410_568);
+    const { assert!(MAX_SLOTS >= 1024 && MAX_DEVICES >= 16) };
+}
+
+// ---------------------------------------------------------------- create / open / validate
+
+#[test]
+fn create_then_open_existing_keeps_region_limits() {
+    let d = TempDir::new("create");
+    let p = d.file();
+    let mut c = cfg(8 * MIB);
+    c.limits[1] = 4 * MIB;
+    let (r, out) = Region::open_or_create(&p, &c).unwrap();
+    assert_eq!(out, OpenOutcome::Created);
+    let md = std::fs::metadata(&p).unwrap();
+    assert_eq!(md.len(), REGION_SIZE as u64);
+    assert_eq!(md.permissions().mode() & 0o777, 0o600);
+    assert_eq!(r.limit(0), 8 * MIB);
+    assert_eq!(r.limit(1), 4 * MIB);
+    assert_eq!(r.device_count(), 2);
+    assert_eq!(r.path(), p.as_path());
+
+    // Same configuration: no differences.
+    let (_r2, out) = Region::open_or_create(&p, &c).unwrap();
+    assert_eq!(out, OpenOutcome::Existing { differs: vec![] });
+
+    // Different configuration: the region's values stay, the differences are reported.
+    let mut c2 = c.clone();
+    c2.limits[1] = 6 * MIB;
+    c2.limit_flags[3] = LIMIT_FLAG_INVALID;
+    let (r3, out) = Region::open_or_create(&p, &c2).unwrap();
+    assert_eq!(
+        out,
+        OpenOutcome::Existing {
+            differs: vec![
+                LimitDifference {
+                    dev: 1,
+                    region_limit: 4 * MIB,
+                    region_flags: 0,
+                    requested_limit: 6 * MIB,
+                    requested_flags: 0,
+                },
+                LimitDifference {
+                    dev: 3,
+                    region_limit: 8 * MIB,
+                    region_flags: 0,
+                    requested_limit: 8 * MIB,
+                    requested_flags: LIMIT_FLAG_INVALID,
+                },
+            ]
+        }
+    );
+    assert_eq!(r3.limit(1), 4 * MIB);
+    assert_eq!(r3.limit_flags(3), 0);
+}
+
+#[test]
+fn custom_mode_is_applied_despite_umask() {
+    let d = TempDir::new("mode");
+    let p = d.file();
+    let c = RegionConfig {
+        mode: 0o666,
+        ..cfg(0)
+    };
+    let _r = Region::open_or_create(&p, &c).unwrap();
+    let md = std::fs::metadata(&p).unwrap();
+    assert_eq!(md.permissions().mode() & 0o777, 0o666);
+}
+
+#[test]
+fn bad_magic_is_rejected_and_named() {
+    let d = TempDir::new("magic");
+    let p = d.file();
+    std::fs::write(&p, vec![0xabu8; REGION_SIZE]).unwrap();
+    let err = Region::open_or_create(&p, &cfg(0)).unwrap_err();
+    assert!(matches!(err, RegionError::BadMagic { found, .. } if found == [0xab; 8]));
+    let msg = err.to_string();
+    assert!(msg.contains(p.to_str().unwrap()), "{msg}");
+    assert!(msg.contains("bad magic"), "{msg}");
+    assert!(matches!(
+        Region::open_existing(&p, false).unwrap_err(),
+        RegionError::BadMagic { .. }
+    ));
+    // The file is left untouched.
+    assert!(std::fs::read(&p).unwrap().iter().all(|&b| b == 0xab));
+}
+
+#[test]
+fn other_version_is_rejected() {
+    let d = TempDir::new("version");
+    let p = d.file();
+    drop(create(&p, 0));
+    patch(&p, 8, &2u32.to_le_bytes());
+    let err = Region::open_or_create(&p, &cfg(0)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RegionError::VersionMismatch {
+                found: 2,
+                expected: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("version 2"), "{err}");
+    assert!(matches!(
+        Region::open_existing(&p, false).unwrap_err(),
+        RegionError::VersionMismatch { .. }
+    ));
+}
+
+#[test]
+fn truncated_and_oversized_files_are_rejected() {
+    let d = TempDir::new("trunc");
+    let p = d.file();
+    drop(create(&p, 0));
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.set_len(REGION_SIZE as u64 / 2).unwrap();
+    let err = Region::open_or_create(&p, &cfg(0)).unwrap_err();
+    assert!(
+        matches!(err, RegionError::Truncated { found, expected, .. }
+            if found == REGION_SIZE as u64 / 2 && expected == REGION_SIZE as u64),
+        "{err:?}"
+    );
+    // Shorter than the header.
+    f.set_len(100).unwrap();
+    assert!(matches!(
+        Region::open_existing(&p, false).unwrap_err(),
+        RegionError::Truncated { found: 100, .. }
+    ));
+    // Shorter than the magic.
+    f.set_len(5).unwrap();
+    assert!(matches!(
+        Region::open_or_create(&p, &cfg(0)).unwrap_err(),
+        RegionError::Truncated { found: 5, .. }
+    ));
+    // Longer than a region.
+    drop(f);
+    std::fs::remove_file(&p).unwrap();
+    drop(create(&p, 0));
+    let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+    f.set_len(REGION_SIZE as u64 + 4096).unwrap();
+    let err = Region::open_or_create(&p, &cfg(0)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RegionError::SizeMismatch {
+                what: "file size",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn header_size_fields_are_checked() {
+    let d = TempDir::new("hdrsize");
+    let p = d.file();
+    drop(create(&p, 0));
+    patch(&p, 12, &1000u32.to_le_bytes());
+    let err = Region::open_or_create(&p, &cfg(0)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RegionError::SizeMismatch {
+                what: "header_size field",
+                found: 1000,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    patch(&p, 12, &968u32.to_le_bytes());
+    patch(&p, 16, &12345u64.to_le_bytes());
+    let err = Region::open_existing(&p, false).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RegionError::SizeMismatch {
+                what: "total_size field",
+                found: 12345,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn empty_or_abandoned_files_are_initialised_by_the_next_creator() {
+    let d = TempDir::new("empty");
+    let p = d.file();
+    // Size 0: a creator died before sizing it.
+    std::fs::write(&p, b"").unwrap();
+    assert!(matches!(
+        Region::open_existing(&p, false).unwrap_err(),
+        RegionError::NotInitialised { .. }
+    ));
+    let (r, out) = Region::open_or_create(&p, &cfg(MIB)).unwrap();
+    assert_eq!(out, OpenOutcome::Created);
+    assert_eq!(r.limit(0), MIB);
+    drop(r);
+
+    // Sized but all zero: died before writing the header.
+    std::fs::write(&p, vec![0u8; REGION_SIZE]).unwrap();
+    let (r, out) = Region::open_or_create(&p, &cfg(2 * MIB)).unwrap();
+    assert_eq!(out, OpenOutcome::Created);
+    assert_eq!(r.limit(0), 2 * MIB);
+    drop(r);
+
+    // Header written but never published as READY.
+    patch(&p, 24, &0u32.to_le_bytes());
+    assert!(matches!(
+        Region::open_existing(&p, true).unwrap_err(),
+        RegionError::NotInitialised { .. }
+    ));
+    let (r, out) = Region::open_or_create(&p, &cfg(3 * MIB)).unwrap();
+    assert_eq!(out, OpenOutcome::Created);
+    assert_eq!(r.limit(0), 3 * MIB);
+    let me = ProcessId::current();
+    let s = r.register(me).unwrap();
+    r.try_charge(s, 0, UsageKind::Data, MIB).unwrap();
+    assert_eq!(r.used(0), MIB);
+}
+
+#[test]
+fn region_from_another_boot_is_reinitialised() {
+    let d = TempDir::new("boot");
+    let p = d.file();
+    let r = create(&p, 4 * MIB);
+    let s = r.register(fake(77, 1)).unwrap();
+    r.try_charge(s, 0, UsageKind::Data, MIB).unwrap();
+    drop(r);
+    if current_boot_id() == [0; 16] {
+        panic!("/proc/sys/kernel/random/boot_id unreadable: cannot test boot detection");
+    }
+    patch(&p, 712, &[0x5a; 16]);
+    let (r, out) = Region::open_or_create(&p, &cfg(4 * MIB)).unwrap();
+    assert_eq!(out, OpenOutcome::Created);
+    let snap = r.snapshot();
+    assert!(snap.slots.is_empty());
+    assert_eq!(snap.used[0], 0);
+    assert_eq!(snap.boot_id, current_boot_id());
+}
+
+#[test]
+fn missing_directory_is_an_io_error_naming_the_path() {
+    let d = TempDir::new("nodir");
+    let p = d.0.join("no/such/dir/region");
+    let err = Region::open_or_create(&p, &cfg(0)).unwrap_err();
+    assert!(matches!(err, RegionError::Io { .. }), "{err:?}");
+    assert!(err.to_string().contains("no/such/dir"), "{err}");
+    let err = Region::open_existing(&p, false).unwrap_err();
+    assert!(matches!(err, RegionError::Io { .. }), "{err:?}");
+}
+
+/// Root ignores file modes, so an immutable file (`chattr +i`) stands in for a region that
+/// cannot be written.
+#[test]
+fn immutable_file_is_reported_read_only() {
+    const FS_IOC_GETFLAGS: libc::c_ulong = 0x8008_6601;
+    const FS_IOC_SETFLAGS: libc::c_ulong = 0x4008_6602;
+    const FS_IMMUTABLE_FL: libc::c_long = 0x10;
+    let d = TempDir::new("immutable");
+    let p = d.file();
+    drop(create(&p, MIB));
+    let set_immutable = |on: bool| {
+        let f = std::fs::File::open(&p).unwrap();
+        use std::os::fd::AsRawFd;
+        let mut flags: libc::c_long = 0;
+        // SAFETY: ioctl on an open fd with a valid out pointer.
+        let rc = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_GETFLAGS, &mut flags) };
+        assert_eq!(rc, 0, "FS_IOC_GETFLAGS: {}", io::Error::last_os_error());
+        if on {
+            flags |= FS_IMMUTABLE_FL;
+        } else {
+            flags &= !FS_IMMUTABLE_FL;
+        }
+        // SAFETY: as above.
+        let rc = unsafe { libc::ioctl(f.as_raw_fd(), FS_IOC_SETFLAGS, &flags) };
+        assert_eq!(rc, 0, "FS_IOC_SETFLAGS: {}", io::Error::last_os_error());
+    };
+    set_immutable(true);
+    let res = Region::open_or_create(&p, &cfg(MIB));
+    let res2 = Region::open_existing(&p, true);
+    let ro = Region::open_existing(&p, false);
+    set_immutable(false);
+    let err = res.unwrap_err();
+    assert!(matches!(err, RegionError::ReadOnly { .. }), "{err:?}");
+    assert!(err.to_string().contains("not writable"), "{err}");
+    assert!(err.to_string().contains(p.to_str().unwrap()), "{err}");
+    assert!(matches!(res2.unwrap_err(), RegionError::ReadOnly { .. }));
+    // Read-only access still works.
+    assert_eq!(ro.unwrap().snapshot().limits[0], MIB);
+}
+
+#[test]
+fn read_only_mapping_refuses_every_write() {
+    let d = TempDir::new("romap");
+    let p = d.file();
+    let rw = create(&p, 4 * MIB);
+    let s = rw.register(fake(10, 1)).unwrap();
+    rw.try_charge(s, 0, UsageKind::Data, MIB).unwrap();
+    let ro = Region::open_existing(&p, false).unwrap();
+    assert!(!ro.is_writable());
+    assert!(matches!(
+        ro.register(fake(11, 1)).unwrap_err(),
+        RegionError::ReadOnly { .. }
+    ));
+    let denied = ro.try_charge(s, 0, UsageKind::Data, 1).unwrap_err();
+    assert_eq!(denied.reason, DenyReason::ReadOnly);
+    assert_eq!(ro.uncharge(s, 0, UsageKind::Data, MIB), 0);
+    ro.force_charge(s, 0, UsageKind::Data, MIB);
+    ro.unregister(s);
+    ro.set_uuid(0, [1; 16]);
+    assert!(ro.reclaim_dead().is_empty());
+    assert!(ro.reclaim_slot_if(s, fake(10, 1)).is_none());
+    let snap = ro.snapshot();
+    assert!(snap.consistent);
+    assert_eq!(snap.used[0], MIB);
+    assert_eq!(snap.slots.len(), 1);
+    assert_eq!(snap.slots[0].process(), fake(10, 1));
+    assert_eq!(ro.used(0), MIB);
+    assert_eq!(ro.uuid(0), [0; 16]);
+}
+
+// ---------------------------------------------------------------- admission
+
+#[test]
+fn admission_is_exact_and_uncharge_never_wraps() {
+    let d = TempDir::new("exact");
+    let p = d.file();
+    let mut c = cfg(10 * MIB);
+    c.limits[1] = 0; // unlimited
+    c.limit_flags[2] = LIMIT_FLAG_INVALID;
+    let (r, _) = Region::open_or_create(&p, &c).unwrap();
+    let s = r.register(fake(100, 5)).unwrap();
+    r.try_charge(s, 0, UsageKind::Data, 4 * MIB).unwrap();
+    r.try_charge(s, 0, UsageKind::Data, 4 * MIB).unwrap();
+    let den = r.try_charge(s, 0, UsageKind::Data, 4 * MIB).unwrap_err();
+    assert_eq!(
+        den,
+        Denied {
+            reason: DenyReason::OverLimit,
+            dev: 0,
+            limit: 10 * MIB,
+            used: 8 * MIB,
+            requested: 4 * MIB
+        }
+    );
+    assert!(den.to_string().contains("over the limit"));
+    // Exactly up to the limit is allowed, one byte more is not.
+    r.try_charge(s, 0, UsageKind::Data, 2 * MIB).unwrap();
+    assert_eq!(r.used(0), 10 * MIB);
+    assert_eq!(
+        r.try_charge(s, 0, UsageKind::Data, 1).unwrap_err().reason,
+        DenyReason::OverLimit
+    );
+    r.try_charge(s, 0, UsageKind::Data, 0).unwrap();
+    // Overflow is refused, not wrapped.
+    r.try_charge(s, 1, UsageKind::Data, u64::MAX).unwrap();
+    assert_eq!(
+        r.try_charge(s, 1, UsageKind::Data, 1).unwrap_err().reason,
+        DenyReason::OverLimit
+    );
+    assert_eq!(r.uncharge(s, 1, UsageKind::Data, u64::MAX), u64::MAX);
+    // Unlimited device.
+    r.try_charge(s, 1, UsageKind::Data, 1 << 40).unwrap();
+    // Invalid configuration: fail closed.
+    assert_eq!(
+        r.try_charge(s, 2, UsageKind::Data, 1).unwrap_err().reason,
+        DenyReason::ConfigInvalid
+    );
+    assert_eq!(
+        r.try_charge(s, MAX_DEVICES, UsageKind::Data, 1)
+            .unwrap_err()
+            .reason,
+        DenyReason::BadDevice
+    );
+    // Contexts are counted past the limit.
+    r.force_charge(s, 0, UsageKind::Context, 3 * MIB);
+    assert_eq!(r.used(0), 13 * MIB);
+    assert_eq!(r.slot_usage(s, 0, UsageKind::Context), 3 * MIB);
+    // Uncharge saturates at the slot's own usage of that kind.
+    assert_eq!(r.uncharge(s, 0, UsageKind::Context, 5 * MIB), 3 * MIB);
+    assert_eq!(r.uncharge(s, 0, UsageKind::Module, MIB), 0);
+    assert_eq!(r.uncharge(s, 0, UsageKind::Data, 100 * MIB), 10 * MIB);
+    assert_eq!(r.uncharge(s, 0, UsageKind::Data, 1), 0);
+    assert_eq!(r.used(0), 0);
+    // Another slot's uncharge cannot take this slot's usage.
+    let s2 = r.register(fake(101, 5)).unwrap();
+    r.try_charge(s, 0, UsageKind::Data, MIB).unwrap();
+    assert_eq!(r.uncharge(s2, 0, UsageKind::Data, MIB), 0);
+    assert_eq!(r.used(0), MIB);
+    let snap = r.snapshot();
+    assert_eq!(snap.accounted(0), MIB);
+    assert_eq!(snap.device_used(0), MIB);
+    assert_eq!(snap.slot_total(s.index()), MIB + (1 << 40));
+    assert_eq!(snap.limit(1), None);
+    assert_eq!(snap.limit(0), Some(10 * MIB));
+    assert!(snap.config_invalid(2));
+    r.unregister(s);
+    r.unregister(s2);
+    assert_eq!(r.used(0), 0);
+    assert_eq!(r.used(1), 0);
+}
+
+#[test]
+fn exact_under_threads() {
+    let d = TempDir::new("threads");
+    let p = d.file();
+    let limit = 64 * MIB;
+    let r = Arc::new(create(&p, limit));
+    let threads: Vec<_> = (0..8u32)
+        .map(|t| {
+            let r = Arc::clone(&r);
+            std::thread::spawn(move || {
+                let s = r.register(fake(1000 + t, 1)).unwrap();
+                let mut held: Vec<u64> = Vec::new();
+                let mut x = 0x9e37_79b9u64 ^ t as u64;
+                for _ in 0..20_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if x % 3 != 0 || held.is_empty() {
+                        let sz = (x >> 8) % (4 * MIB) + 1;
+                        if r.try_charge(s, 0, UsageKind::Data, sz).is_ok() {
+                            held.push(sz);
+                        }
+                        assert!(r.used(0) <= limit);
+                    } else {
+                        let sz = held.swap_remove((x as usize >> 3) % held.len());
+                        assert_eq!(r.uncharge(s, 0, UsageKind::Data, sz), sz);
+                    }
+                }
+                let total: u64 = held.iter().sum();
+                assert_eq!(r.slot_usage(s, 0, UsageKind::Data), total);
+                (s, total)
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let snap = r.snapshot();
+    let total: u64 = results.iter().map(|(_, t)| t).sum();
+    assert!(total <= limit);
+    assert_eq!(snap.used[0], total);
+    assert_eq!(sum_slots(&snap, 0), total);
+    for (s, _) in results {
+        r.unregister(s);
+    }
+    assert_eq!(r.used(0), 0);
+}
+
+#[test]
+fn exact_under_four_forked_processes_racing_to_fill_one_limit() {
+    let d = TempDir::new("race4");
+    let p = d.file();
+    let limit = 256 * MIB;
+    let chunk = MIB;
+    let r = create(&p, limit);
+    let (res_r, res_w) = pipe();
+    let (go_r, go_w) = pipe();
+    let mut kids = Vec::new();
+    for _ in 0..4 {
+        let path = p.clone();
+        kids.push(fork_child(move || {
+            // Each child opens the region itself, as a separate process would.
+            let Ok((r, _)) = Region::open_or_create(&path, &cfg(limit)) else {
+                return 2;
+            };
+            let Ok(s) = r.register(ProcessId::current()) else {
+                return 3;
+            };
+            let mut granted = 0u64;
+            let mut oks = 0u64;
+            let mut denials = 0;
+            // Charge, and now and then release and re-charge, until refused 50 times.
+            while denials < 50 {
+                match r.try_charge(s, 0, UsageKind::Data, chunk) {
+                    Ok(()) => {
+                        granted += chunk;
+                        oks += 1;
+                        if oks % 16 == 0 {
+                            granted -= r.uncharge(s, 0, UsageKind::Data, chunk);
+                        }
+                    }
+                    Err(d) if d.reason == DenyReason::OverLimit => denials += 1,
+                    Err(_) => return 4,
+                }
+                if r.used(0) > limit {
+                    return 5;
+                }
+            }
+            close(res_r);
+            close(go_w);
+            write_u64(res_w, granted);
+            // Hold until the parent has checked, then release at exit.
+            if read_u64(go_r).is_none() {
+                return 6;
+            }
+            r.unregister(s);
+            0
+        }));
+    }
+    close(res_w);
+    let mut total = 0;
+    for _ in 0..4 {
+        total += read_u64(res_r).expect("a child failed before reporting");
+    }
+    let snap = r.snapshot();
+    assert!(total <= limit, "granted {total} > limit {limit}");
+    assert_eq!(
+        total, limit,
+        "the limit is a multiple of the chunk: it must fill exactly"
+    );
+    assert_eq!(snap.used[0], total);
+    assert_eq!(snap.accounted(0), total);
+    assert_eq!(snap.slots.len(), 4);
+    for _ in 0..4 {
+        write_u64(go_w, 1);
+    }
+    close(go_w);
+    for k in kids {
+        let st = wait_timeout(k, Duration::from_secs(30)).expect("child hung");
+        assert_eq!(exit_code(st), 0);
+    }
+    close(res_r);
+    close(go_r);
+    let snap = r.snapshot();
+    assert_eq!(snap.used[0], 0);
+    assert!(snap.slots.is_empty());
+}
+
+// ---------------------------------------------------------------- crashes
+
+#[test]
+fn sigkill_while_holding_the_lock_is_recovered_exactly() {
+    let d = TempDir::new("ownerdied");
+    let p = d.file();
+    let r = create(&p, 100 * MIB);
+    // A live process (this one, real identity so that the default /proc probe sees it alive)
+    // holds 10 MiB on device 0 and 1 MiB of context on device 1.
+    let me = ProcessId::current();
+    let mine = r.register(me).unwrap();
+    r.try_charge(mine, 0, UsageKind::Data, 10 * MIB).unwrap();
+    r.force_charge(mine, 1, UsageKind::Context, MIB);
+    let (rd, wr) = pipe();
+    let path = p.clone();
+    let kid = fork_child(move || {
+        let Ok(r) = Region::open_existing(&path, true) else {
+            return 2;
+        };
+        let Ok(s) = r.register(ProcessId::current()) else {
+            return 3;
+        };
+        if r.try_charge(s, 0, UsageKind::Data, 20 * MIB).is_err() {
+            return 4;
+        }
+        write_u64(wr, s.index() as u64);
+        // Dies with the lock held, in the middle of an update.
+        r.__test_die_holding_lock(s, 0, 5 * MIB)
+    });
+    close(wr);
+    let kid_slot = read_u64(rd).unwrap() as usize;
+    close(rd);
+    let st = wait_timeout(kid, Duration::from_secs(10)).expect("child hung");
+    assert_eq!(exit_code(st), -libc::SIGKILL);
+    // The lock is held by a dead thread; the next locker recovers.
+    let before = r.__test_recoveries();
+    assert!(r.is_registered(mine));
+    r.try_charge(mine, 0, UsageKind::Data, MIB).unwrap();
+    assert_eq!(r.__test_recoveries(), before + 1);
+    let snap = r.snapshot();
+    assert!(snap.consistent);
+    assert!(
+        snap.slot(kid_slot).is_none(),
+        "dead holder's slot not reclaimed"
+    );
+    assert_eq!(snap.used[0], 11 * MIB);
+    assert_eq!(snap.used[1], MIB);
+    assert_eq!(snap.accounted(0), 11 * MIB);
+    assert_eq!(snap.reclaimed_slots, 1);
+    assert_eq!(snap.owner_died_recoveries, 1);
+    assert_eq!(snap.generation & 1, 0);
+    // And the lock works normally afterwards.
+    r.unregister(mine);
+    assert_eq!(r.used(0), 0);
+    assert_eq!(r.used(1), 0);
+}
+
+#[test]
+fn processes_sigkilled_in_a_loop_never_block_others_and_are_reclaimed() {
+    let d = TempDir::new("killloop");
+    let p = d.file();
+    let limit = 64 * MIB;
+    let r = create(&p, limit);
+    let deadline_ms = 3000u64;
+    // Two workers charge and release continuously and must finish on time.
+    let mut workers = Vec::new();
+    for w in 0..2 {
+        let path = p.clone();
+        workers.push(fork_child(move || {
+            let Ok(r) = Region::open_existing(&path, true) else {
+                return 2;
+            };
+            let Ok(s) = r.register(ProcessId::current()) else {
+                return 3;
+            };
+            let start = Instant::now();
+            let mut held = 0u64;
+            let mut i = 0u64;
+            while start.elapsed() < Duration::from_millis(deadline_ms) {
+                i += 1;
+                let sz = ((i * 7919 + w) % 64 + 1) * 4096;
+                if i % 3 == 0 {
+                    held -= r.uncharge(s, 0, UsageKind::Data, sz);
+                } else if r.try_charge(s, 0, UsageKind::Data, sz).is_ok() {
+                    held += sz;
+                }
+                if r.used(0) > limit || r.slot_usage(s, 0, UsageKind::Data) != held {
+                    return 5;
+                }
+                if i % 64 == 0 && r.try_charge(s, 0, UsageKind::Data, limit).is_ok() {
+                    // Only possible if everything else is free.
+                    held += limit;
+                    held -= r.uncharge(s, 0, UsageKind::Data, limit);
+                }
+            }
+            r.unregister(s);
+            0
+        }));
+    }
+    // Victims: charge and release in a tight loop, killed at random moments.
+    let mut victims = 0;
+    let (reg_r, reg_w) = pipe();
+    let started = Instant::now();
+    let mut seed = 12345u64;
+    while started.elapsed() < Duration::from_millis(deadline_ms - 500) {
+        let path = p.clone();
+        let v = fork_child(move || {
+            let Ok(r) = Region::open_existing(&path, true) else {
+                return 2;
+            };
+            let Ok(s) = r.register(ProcessId::current()) else {
+                return 3;
+            };
+            write_u64(reg_w, s.index() as u64);
+            let mut i = 0u64;
+            loop {
+                i += 1;
+                if i % 2 == 0 {
+                    r.uncharge(s, 0, UsageKind::Data, 3 * 4096);
+                } else {
+                    let _ = r.try_charge(s, 0, UsageKind::Data, 5 * 4096);
+                }
+                if i % 7 == 0 {
+                    r.force_charge(s, 1, UsageKind::Context, 4096);
+                }
+            }
+        });
+        read_u64(reg_r).expect("victim failed to register");
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        std::thread::sleep(Duration::from_micros(200 + (seed >> 33) % 3000));
+        // SAFETY: kills our own child.
+        unsafe { libc::kill(v, libc::SIGKILL) };
+        let st = wait_timeout(v, Duration::from_secs(10)).expect("victim did not die");
+        assert_eq!(exit_code(st), -libc::SIGKILL);
+        victims += 1;
+        // This process must never block either.
+        let t = Instant::now();
+        let _ = r.snapshot();
+        let s = r.register(ProcessId::current()).unwrap();
+        r.unregister(s);
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+    close(reg_r);
+    close(reg_w);
+    for w in workers {
+        let st = wait_timeout(w, Duration::from_secs(30)).expect("worker hung");
+        assert_eq!(exit_code(st), 0, "worker saw an inconsistency");
+    }
+    // Every victim is reaped: whatever recovery did not already free, reclaim frees now.
+    let freed = r.reclaim_dead();
+    let snap = r.snapshot();
+    assert!(snap.slots.is_empty(), "{:?}", snap.slots);
+    assert_eq!(snap.used, [0; MAX_DEVICES]);
+    assert_eq!(
+        snap.reclaimed_slots,
+        victims,
+        "each victim's slot reclaimed exactly once ({} by the final sweep, {} recoveries)",
+        freed.len(),
+        snap.owner_died_recoveries
+    );
+    assert!(victims >= 5);
+}
+
+// ---------------------------------------------------------------- slots and reclaim
+
+#[test]
+fn register_reuses_and_pid_reuse_is_a_different_process() {
+    let d = TempDir::new("pidreuse");
+    let p = d.file();
+    let r = create(&p, 10 * MIB);
+    let old = fake(4242, 1000);
+    let s = r.register(old).unwrap();
+    assert_eq!(r.register(old).unwrap(), s);
+    r.try_charge(s, 0, UsageKind::Data, 6 * MIB).unwrap();
+    // Same pid, another start time: the old process is gone; its usage is freed.
+    let new = fake(4242, 2000);
+    let s2 = r.register(new).unwrap();
+    assert_ne!(s2, s);
+    assert!(!r.is_registered(s));
+    assert!(r.is_registered(s2));
+    assert_eq!(r.used(0), 0);
+    assert_eq!(r.slot_usage(s2, 0, UsageKind::Data), 0);
+    r.try_charge(s2, 0, UsageKind::Data, 10 * MIB).unwrap();
+    // The stale SlotId can no longer touch the slot.
+    assert_eq!(
+        r.try_charge(s, 0, UsageKind::Data, 1).unwrap_err().reason,
+        DenyReason::SlotLost
+    );
+    assert_eq!(r.uncharge(s, 0, UsageKind::Data, MIB), 0);
+    r.unregister(s);
+    assert_eq!(r.used(0), 10 * MIB);
+    let snap = r.snapshot();
+    assert_eq!(snap.reclaimed_slots, 1);
+    assert_eq!(snap.slots.len(), 1);
+    assert_eq!(snap.slots[0].process(), new);
+    assert_eq!(snap.slots_of_pid(4242).count(), 1);
+}
+
+#[test]
+fn full_region_reclaims_dead_slots_before_giving_up() {
+    let d = TempDir::new("full");
+    let p = d.file();
+    let probe = Arc::new(FakeProbe::default());
+    let r = create(&p, 0).with_probe(probe.clone());
+    let mut slots = Vec::new();
+    for i in 0..MAX_SLOTS as u32 {
+        let who = fake(10_000 + i, 7);
+        probe.set_alive(who, true);
+        let s = r.register(who).unwrap();
+        r.force_charge(s, 0, UsageKind::Data, 1);
+        slots.push(s);
+    }
+    assert_eq!(r.used(0), MAX_SLOTS as u64);
+    let extra = fake(99_999, 7);
+    probe.set_alive(extra, true);
+    let err = r.register(extra).unwrap_err();
+    assert!(matches!(err, RegionError::Full { .. }), "{err:?}");
+    assert!(err.to_string().contains("1024"));
+    probe.set_alive(fake(10_500, 7), false);
+    let s = r.register(extra).unwrap();
+    assert_eq!(s.index(), 500);
+    assert_eq!(r.used(0), MAX_SLOTS as u64 - 1);
+}
+
+#[test]
+fn reclaim_dead_and_reclaim_slot_if() {
+    let d = TempDir::new("reclaim");
+    let p = d.file();
+    let probe = Arc::new(FakeProbe::default());
+    let r = create(&p, 0).with_probe(probe.clone());
+    let a = fake(1, 1);
+    let b = fake(2, 1);
+    let c = fake(3, 1);
+    for w in [a, b, c] {
+        probe.set_alive(w, true);
+    }
+    let sa = r.register(a).unwrap();
+    let sb = r.register(b).unwrap();
+    let sc = r.register(c).unwrap();
+    r.try_charge(sa, 0, UsageKind::Data, 100).unwrap();
+    r.force_charge(sa, 1, UsageKind::Context, 7);
+    r.try_charge(sb, 0, UsageKind::Data, 200).unwrap();
+    r.try_charge(sc, 3, UsageKind::Module, 300).unwrap();
+    assert!(r.reclaim_dead().is_empty());
+    probe.set_alive(a, false);
+    let freed = r.reclaim_dead();
+    assert_eq!(freed.len(), 1);
+    assert_eq!(freed[0].index, sa.index());
+    assert_eq!((freed[0].pid, freed[0].start_time), (1, 1));
+    assert_eq!(freed[0].usage[0][UsageKind::Data.index()], 100);
+    assert_eq!(freed[0].usage[1][UsageKind::Context.index()], 7);
+    assert_eq!(freed[0].total(), 107);
+    assert_eq!(r.used(0), 200);
+    assert_eq!(r.used(1), 0);
+    // The agent's reclaim only frees a slot that still holds the expected process.
+    assert!(r.reclaim_slot_if(sb, fake(2, 999)).is_none());
+    assert!(r.reclaim_slot_if(sa, a).is_none());
+    let got = r
+        .reclaim_slot_if(SlotId::new(sb.index(), fake(0, 0)), b)
+        .unwrap();
+    assert_eq!(got.total(), 200);
+    assert_eq!(r.used(0), 0);
+    assert!(r.is_registered(sc));
+    assert_eq!(r.used(3), 300);
+    assert!(r
+        .reclaim_slot_if(SlotId::new(MAX_SLOTS + 5, c), c)
+        .is_none());
+    let snap = r.snapshot();
+    assert_eq!(snap.reclaimed_slots, 2);
+    assert_eq!(snap.slots.len(), 1);
+}
+
+#[test]
+fn forked_child_gets_its_own_slot() {
+    let d = TempDir::new("fork");
+    let p = d.file();
+    let r = create(&p, 10 * MIB);
+    let parent = r.register(ProcessId::current()).unwrap();
+    r.try_charge(parent, 0, UsageKind::Data, 3 * MIB).unwrap();
+    let (rd, wr) = pipe();
+    let r_ref = &r;
+    let kid = fork_child(move || {
+        // The child uses the inherited mapping.
+        let me = ProcessId::current();
+        let Ok(s) = r_ref.register(me) else { return 2 };
+        if s == parent || r_ref.slot_usage(s, 0, UsageKind::Data) != 0 {
+            return 3;
+        }
+        if r_ref.try_charge(s, 0, UsageKind::Data, 7 * MIB).is_err() {
+            return 4;
+        }
+        if r_ref.try_charge(s, 0, UsageKind::Data, 1).is_ok() {
+            return 5;
+        }
+        write_u64(wr, r_ref.used(0));
+        r_ref.unregister(s);
+        0
+    });
+    close(wr);
+    assert_eq!(read_u64(rd), Some(10 * MIB));
+    close(rd);
+    let st = wait_timeout(kid, Duration::from_secs(10)).unwrap();
+    assert_eq!(exit_code(st), 0);
+    assert_eq!(r.used(0), 3 * MIB);
+    assert_eq!(r.slot_usage(parent, 0, UsageKind::Data), 3 * MIB);
+}
+
+#[test]
+fn uuids_round_trip() {
+    let d = TempDir::new("uuid");
+    let p = d.file();
+    let r = create(&p, 0);
+    let u: [u8; 16] = core::array::from_fn(|i| i as u8 * 17);
+    r.set_uuid(3, u);
+    r.set_uuid(MAX_DEVICES, u);
+    assert_eq!(r.uuid(3), u);
+    let ro = Region::open_existing(&p, false).unwrap();
+    assert_eq!(ro.snapshot().uuids[3], u);
+    assert_eq!(ro.snapshot().uuids[2], [0; 16]);
+    // The bytes on disk are the raw UUID bytes at the documented offset.
+    let raw = std::fs::read(&p).unwrap();
+    assert_eq!(&raw[328 + 3 * 16..328 + 4 * 16], &u);
+}
+
+// ---------------------------------------------------------------- process identity
+
+#[test]
+fn parse_stat_handles_hostile_comm() {
+    let line =
+        b"1234 (a) b) (c d) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 987654 1000 10\n";
+    let st = parse_stat(line).unwrap();
+    assert_eq!(st.state, b'S');
+    assert_eq!(st.num_threads, 3);
+    assert_eq!(st.start_time, 987654);
+    assert!(parse_stat(b"1234 (x) S 1 2").is_none());
+    assert!(parse_stat(b"no paren at all").is_none());
+    let mut buf = [0u8; 32];
+    assert_eq!(proc_stat_path(0, &mut buf), b"/proc/0/stat\0");
+    assert_eq!(proc_stat_path(4194304, &mut buf), b"/proc/4194304/stat\0");
+}
+
+#[test]
+fn process_identity_and_liveness() {
+    let me = ProcessId::current();
+    assert_eq!(me.pid, std::process::id());
+    assert_ne!(me.start_time, 0);
+    assert_eq!(ProcessId::of(me.pid), Some(me));
+    assert!(is_alive(&me));
+    // Same pid, other start time: not the same process.
+    assert!(!is_alive(&fake(me.pid, me.start_time + 1)));
+    assert_eq!(ProcProbe.liveness(fake(0, 0)), Liveness::Dead);
+
+    // A zombie (exited, not yet reaped) is dead: its memory is gone.
+    let kid = fork_child(|| 0);
+    let kid_id = loop {
+        if let Some(id) = ProcessId::of(kid as u32) {
+            break id;
+        }
+    };
+    let t = Instant::now();
+    while ProcProbe.liveness(kid_id) != Liveness::Dead {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "child never became a zombie"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    wait_timeout(kid, Duration::from_secs(10)).unwrap();
+    // Reaped: no such process.
+    assert_eq!(ProcProbe.liveness(kid_id), Liveness::Dead);
+    assert!(ProcessId::of(kid as u32).is_none());
+}
