@@ -904,6 +904,11 @@ fn processes_sigkilled_in_a_loop_never_block_others_and_are_reclaimed() {
         freed.len(),
         snap.owner_died_recoveries
     );
+    eprintln!(
+        "kill loop: {victims} victims, {} owner-died recoveries, {} slots freed by the final sweep",
+        snap.owner_died_recoveries,
+        freed.len()
+    );
     assert!(victims >= 5);
 }
 
