@@ -207,9 +207,7 @@ fn entry_mem_create(ctx: &ProbeContext, slot: u64) {
     let prop = arg(ctx, 2);
     // SAFETY: checked user-memory read.
     let dev = match unsafe { bpf_probe_read_user(prop as *const AllocPropHead) } {
-        Ok(h) if h.location_type == LOCATION_DEVICE && h.location_id >= 0 => {
-            h.location_id as u64
-        }
+        Ok(h) if h.location_type == LOCATION_DEVICE && h.location_id >= 0 => h.location_id as u64,
         _ => NO_DEVICE,
     };
     save(slot, arg(ctx, 0), arg(ctx, 1), dev);
@@ -268,7 +266,14 @@ fn ret_alloc(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
 #[inline(always)]
 fn ret_mem_create(ctx: &RetProbeContext, slot: u64) {
     if let Some((pt, p)) = take(ctx, slot) {
-        emit(EventKind::MemCreate, pt, p.b, read_u64(p.a), current_ctx(pt), p.c);
+        emit(
+            EventKind::MemCreate,
+            pt,
+            p.b,
+            read_u64(p.a),
+            current_ctx(pt),
+            p.c,
+        );
     }
 }
 
@@ -279,7 +284,14 @@ fn ret_pitch(ctx: &RetProbeContext, slot: u64) {
         // Clamped so the product needs no overflow check (no 128-bit multiply in BPF);
         // real pitches and heights are far below 2^32.
         let size = pitch.min(1 << 32).wrapping_mul(p.c.min(1 << 32));
-        emit(EventKind::MemAllocPitch, pt, size, read_u64(p.a), current_ctx(pt), pitch);
+        emit(
+            EventKind::MemAllocPitch,
+            pt,
+            size,
+            read_u64(p.a),
+            current_ctx(pt),
+            pitch,
+        );
     }
 }
 
@@ -313,14 +325,28 @@ fn ret_ctx_destroy(ctx: &RetProbeContext, slot: u64) {
 #[inline(always)]
 fn ret_primary_retain(ctx: &RetProbeContext, slot: u64) {
     if let Some((pt, p)) = take(ctx, slot) {
-        emit(EventKind::PrimaryCtxRetain, pt, 0, read_u64(p.a), current_ctx(pt), p.c);
+        emit(
+            EventKind::PrimaryCtxRetain,
+            pt,
+            0,
+            read_u64(p.a),
+            current_ctx(pt),
+            p.c,
+        );
     }
 }
 
 #[inline(always)]
 fn ret_primary_release(ctx: &RetProbeContext, slot: u64) {
     if let Some((pt, p)) = take(ctx, slot) {
-        emit(EventKind::PrimaryCtxRelease, pt, 0, 0, current_ctx(pt), p.a as u32 as u64);
+        emit(
+            EventKind::PrimaryCtxRelease,
+            pt,
+            0,
+            0,
+            current_ctx(pt),
+            p.a as u32 as u64,
+        );
     }
 }
 
@@ -364,56 +390,171 @@ macro_rules! probe {
     };
 }
 
-probe!(cuMemAlloc_v2, cuMemAlloc_v2_ret, 1,
-    |c, s| entry_out_size(&c, s), |r, s| ret_alloc(&r, s, EventKind::MemAlloc));
-probe!(cuMemAllocPitch_v2, cuMemAllocPitch_v2_ret, 2,
-    |c, s| entry_pitch(&c, s), |r, s| ret_pitch(&r, s));
-probe!(cuMemAllocManaged, cuMemAllocManaged_ret, 3,
-    |c, s| entry_out_size(&c, s), |r, s| ret_alloc(&r, s, EventKind::MemAllocManaged));
-probe!(cuMemAllocAsync, cuMemAllocAsync_ret, 4,
-    |c, s| entry_out_size(&c, s), |r, s| ret_alloc(&r, s, EventKind::MemAllocAsync));
-probe!(cuMemAllocAsync_ptsz, cuMemAllocAsync_ptsz_ret, 5,
-    |c, s| entry_out_size(&c, s), |r, s| ret_alloc(&r, s, EventKind::MemAllocAsync));
-probe!(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ret, 6,
-    |c, s| entry_out_size(&c, s), |r, s| ret_alloc(&r, s, EventKind::MemAllocFromPool));
-probe!(cuMemAllocFromPoolAsync_ptsz, cuMemAllocFromPoolAsync_ptsz_ret, 7,
-    |c, s| entry_out_size(&c, s), |r, s| ret_alloc(&r, s, EventKind::MemAllocFromPool));
-probe!(cuMemCreate, cuMemCreate_ret, 8,
-    |c, s| entry_mem_create(&c, s), |r, s| ret_mem_create(&r, s));
-probe!(cuArrayCreate_v2, cuArrayCreate_v2_ret, 9,
-    |c, s| entry_array2d(&c, s), |r, s| ret_alloc(&r, s, EventKind::ArrayCreate));
-probe!(cuArray3DCreate_v2, cuArray3DCreate_v2_ret, 10,
-    |c, s| entry_array3d(&c, s), |r, s| ret_alloc(&r, s, EventKind::Array3DCreate));
-probe!(cuMemFree_v2, cuMemFree_v2_ret, 11,
-    |c, s| entry_value(&c, s), |r, s| ret_free(&r, s, EventKind::MemFree));
-probe!(cuMemFreeAsync, cuMemFreeAsync_ret, 12,
-    |c, s| entry_value(&c, s), |r, s| ret_free(&r, s, EventKind::MemFreeAsync));
-probe!(cuMemFreeAsync_ptsz, cuMemFreeAsync_ptsz_ret, 13,
-    |c, s| entry_value(&c, s), |r, s| ret_free(&r, s, EventKind::MemFreeAsync));
-probe!(cuMemRelease, cuMemRelease_ret, 14,
-    |c, s| entry_value(&c, s), |r, s| ret_free(&r, s, EventKind::MemRelease));
-probe!(cuArrayDestroy, cuArrayDestroy_ret, 15,
-    |c, s| entry_value(&c, s), |r, s| ret_free(&r, s, EventKind::ArrayDestroy));
+probe!(
+    cuMemAlloc_v2,
+    cuMemAlloc_v2_ret,
+    1,
+    |c, s| entry_out_size(&c, s),
+    |r, s| ret_alloc(&r, s, EventKind::MemAlloc)
+);
+probe!(
+    cuMemAllocPitch_v2,
+    cuMemAllocPitch_v2_ret,
+    2,
+    |c, s| entry_pitch(&c, s),
+    |r, s| ret_pitch(&r, s)
+);
+probe!(
+    cuMemAllocManaged,
+    cuMemAllocManaged_ret,
+    3,
+    |c, s| entry_out_size(&c, s),
+    |r, s| ret_alloc(&r, s, EventKind::MemAllocManaged)
+);
+probe!(
+    cuMemAllocAsync,
+    cuMemAllocAsync_ret,
+    4,
+    |c, s| entry_out_size(&c, s),
+    |r, s| ret_alloc(&r, s, EventKind::MemAllocAsync)
+);
+probe!(
+    cuMemAllocAsync_ptsz,
+    cuMemAllocAsync_ptsz_ret,
+    5,
+    |c, s| entry_out_size(&c, s),
+    |r, s| ret_alloc(&r, s, EventKind::MemAllocAsync)
+);
+probe!(
+    cuMemAllocFromPoolAsync,
+    cuMemAllocFromPoolAsync_ret,
+    6,
+    |c, s| entry_out_size(&c, s),
+    |r, s| ret_alloc(&r, s, EventKind::MemAllocFromPool)
+);
+probe!(
+    cuMemAllocFromPoolAsync_ptsz,
+    cuMemAllocFromPoolAsync_ptsz_ret,
+    7,
+    |c, s| entry_out_size(&c, s),
+    |r, s| ret_alloc(&r, s, EventKind::MemAllocFromPool)
+);
+probe!(
+    cuMemCreate,
+    cuMemCreate_ret,
+    8,
+    |c, s| entry_mem_create(&c, s),
+    |r, s| ret_mem_create(&r, s)
+);
+probe!(
+    cuArrayCreate_v2,
+    cuArrayCreate_v2_ret,
+    9,
+    |c, s| entry_array2d(&c, s),
+    |r, s| ret_alloc(&r, s, EventKind::ArrayCreate)
+);
+probe!(
+    cuArray3DCreate_v2,
+    cuArray3DCreate_v2_ret,
+    10,
+    |c, s| entry_array3d(&c, s),
+    |r, s| ret_alloc(&r, s, EventKind::Array3DCreate)
+);
+probe!(
+    cuMemFree_v2,
+    cuMemFree_v2_ret,
+    11,
+    |c, s| entry_value(&c, s),
+    |r, s| ret_free(&r, s, EventKind::MemFree)
+);
+probe!(
+    cuMemFreeAsync,
+    cuMemFreeAsync_ret,
+    12,
+    |c, s| entry_value(&c, s),
+    |r, s| ret_free(&r, s, EventKind::MemFreeAsync)
+);
+probe!(
+    cuMemFreeAsync_ptsz,
+    cuMemFreeAsync_ptsz_ret,
+    13,
+    |c, s| entry_value(&c, s),
+    |r, s| ret_free(&r, s, EventKind::MemFreeAsync)
+);
+probe!(
+    cuMemRelease,
+    cuMemRelease_ret,
+    14,
+    |c, s| entry_value(&c, s),
+    |r, s| ret_free(&r, s, EventKind::MemRelease)
+);
+probe!(
+    cuArrayDestroy,
+    cuArrayDestroy_ret,
+    15,
+    |c, s| entry_value(&c, s),
+    |r, s| ret_free(&r, s, EventKind::ArrayDestroy)
+);
 // cuCtxCreate_v2(CUcontext*, unsigned flags, CUdevice dev)
-probe!(cuCtxCreate_v2, cuCtxCreate_v2_ret, 16,
-    |c, s| entry_ctx_out(&c, s, 2), |r, s| ret_ctx_create(&r, s));
+probe!(
+    cuCtxCreate_v2,
+    cuCtxCreate_v2_ret,
+    16,
+    |c, s| entry_ctx_out(&c, s, 2),
+    |r, s| ret_ctx_create(&r, s)
+);
 // cuCtxCreate_v3(CUcontext*, CUexecAffinityParam*, int n, unsigned flags, CUdevice dev)
-probe!(cuCtxCreate_v3, cuCtxCreate_v3_ret, 17,
-    |c, s| entry_ctx_out(&c, s, 4), |r, s| ret_ctx_create(&r, s));
+probe!(
+    cuCtxCreate_v3,
+    cuCtxCreate_v3_ret,
+    17,
+    |c, s| entry_ctx_out(&c, s, 4),
+    |r, s| ret_ctx_create(&r, s)
+);
 // cuCtxCreate_v4(CUcontext*, CUctxCreateParams*, unsigned flags, CUdevice dev)
-probe!(cuCtxCreate_v4, cuCtxCreate_v4_ret, 18,
-    |c, s| entry_ctx_out(&c, s, 3), |r, s| ret_ctx_create(&r, s));
-probe!(cuCtxDestroy_v2, cuCtxDestroy_v2_ret, 19,
-    |c, s| entry_value(&c, s), |r, s| ret_ctx_destroy(&r, s));
+probe!(
+    cuCtxCreate_v4,
+    cuCtxCreate_v4_ret,
+    18,
+    |c, s| entry_ctx_out(&c, s, 3),
+    |r, s| ret_ctx_create(&r, s)
+);
+probe!(
+    cuCtxDestroy_v2,
+    cuCtxDestroy_v2_ret,
+    19,
+    |c, s| entry_value(&c, s),
+    |r, s| ret_ctx_destroy(&r, s)
+);
 // cuDevicePrimaryCtxRetain(CUcontext*, CUdevice dev)
-probe!(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain_ret, 20,
-    |c, s| entry_ctx_out(&c, s, 1), |r, s| ret_primary_retain(&r, s));
-probe!(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_ret, 21,
-    |c, s| entry_value(&c, s), |r, s| ret_primary_release(&r, s));
-probe!(cuDevicePrimaryCtxRelease_v2, cuDevicePrimaryCtxRelease_v2_ret, 22,
-    |c, s| entry_value(&c, s), |r, s| ret_primary_release(&r, s));
-probe!(cuCtxSetCurrent, cuCtxSetCurrent_ret, 23,
-    |c, s| entry_value(&c, s), |r, s| ret_set_current(&r, s));
+probe!(
+    cuDevicePrimaryCtxRetain,
+    cuDevicePrimaryCtxRetain_ret,
+    20,
+    |c, s| entry_ctx_out(&c, s, 1),
+    |r, s| ret_primary_retain(&r, s)
+);
+probe!(
+    cuDevicePrimaryCtxRelease,
+    cuDevicePrimaryCtxRelease_ret,
+    21,
+    |c, s| entry_value(&c, s),
+    |r, s| ret_primary_release(&r, s)
+);
+probe!(
+    cuDevicePrimaryCtxRelease_v2,
+    cuDevicePrimaryCtxRelease_v2_ret,
+    22,
+    |c, s| entry_value(&c, s),
+    |r, s| ret_primary_release(&r, s)
+);
+probe!(
+    cuCtxSetCurrent,
+    cuCtxSetCurrent_ret,
+    23,
+    |c, s| entry_value(&c, s),
+    |r, s| ret_set_current(&r, s)
+);
 
 /// Raw tracepoint `sched_process_exit` (attached without tracefs): a thread exits. Forget its
 /// current context; when it is the thread-group leader, report the process exit.
