@@ -66,6 +66,7 @@ CUresult cuCtxDestroy_v2(CUcontext c) { return c ? 0 : 201; }
 const MINI_PROGRAM: &str = r#"
 #include <stdio.h>
 #include <stddef.h>
+#include <pthread.h>
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef struct CUctx_st *CUcontext;
@@ -92,8 +93,22 @@ CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
 CUresult cuCtxDestroy_v2(CUcontext);
 
+static CUdeviceptr tptr;
+static CUcontext tctx;
+static void *other_thread(void *arg) {
+    /* This thread's current context is its own: device 0's primary context. */
+    long rc = 0;
+    rc |= cuDevicePrimaryCtxRetain(&tctx, 0);
+    rc |= cuCtxSetCurrent(tctx);
+    rc |= cuMemAlloc_v2(&tptr, 8192);
+    return (void *)rc;
+}
+
 int main(void) {
     CUcontext pctx = 0, ctx2 = 0;
+    CUdeviceptr in3 = 0;
+    pthread_t th;
+    void *trc = 0;
     CUdeviceptr a = 0, bad = 0, pitched = 0, managed = 0, async = 0, in2 = 0;
     size_t pitch = 0;
     CUarray arr = 0, arr3 = 0;
@@ -122,13 +137,18 @@ int main(void) {
     rc |= cuMemFree_v2(a);
     rc |= cuCtxCreate_v2(&ctx2, 0, 0);
     rc |= cuMemAlloc_v2(&in2, 4096);
+    if (pthread_create(&th, 0, other_thread, 0) || pthread_join(th, &trc) || trc) return 12;
+    rc |= cuMemAlloc_v2(&in3, 16384);   /* still ctx2 on this thread */
+    rc |= cuMemFree_v2(in3);
+    rc |= cuMemFree_v2(tptr);
     rc |= cuMemFree_v2(in2);
     rc |= cuCtxDestroy_v2(ctx2);
     rc |= cuDevicePrimaryCtxRelease_v2(1);
     printf("pctx=%llu\nctx2=%llu\na=%llu\npitched=%llu\npitch=%zu\nmanaged=%llu\nasync=%llu\n"
-           "arr=%llu\narr3=%llu\nh=%llu\nin2=%llu\n",
+           "arr=%llu\narr3=%llu\nh=%llu\nin2=%llu\nin3=%llu\ntptr=%llu\ntctx=%llu\n",
            (unsigned long long)pctx, (unsigned long long)ctx2, a, pitched, pitch, managed, async,
-           (unsigned long long)arr, (unsigned long long)arr3, h, in2);
+           (unsigned long long)arr, (unsigned long long)arr3, h, in2, in3, tptr,
+           (unsigned long long)tctx);
     return rc;
 }
 "#;
@@ -179,6 +199,7 @@ fn build_mini(tmp: &Path) -> (PathBuf, PathBuf) {
         tmp.join("prog.c").to_str().unwrap(),
         lib.to_str().unwrap(),
         &format!("-Wl,-rpath,{}", lib_dir.display()),
+        "-pthread",
     ]);
     (lib, prog)
 }
@@ -304,6 +325,12 @@ async fn mini_driver_every_probe() {
             MemFree,
             CtxCreate,
             MemAlloc,
+            PrimaryCtxRetain,
+            CtxSetCurrent,
+            MemAlloc,
+            MemAlloc,
+            MemFree,
+            MemFree,
             MemFree,
             CtxDestroy,
             PrimaryCtxRelease,
@@ -353,16 +380,33 @@ async fn mini_driver_every_probe() {
     // A created context becomes current: the next allocation carries it.
     assert_eq!((e(16).addr, e(16).ctx, e(16).extra), (ctx2, ctx2, 0));
     assert_eq!((e(17).addr, e(17).size, e(17).ctx), (v["in2"], 4096, ctx2));
-    assert_eq!(e(18).addr, v["in2"]);
-    assert_eq!(e(19).addr, ctx2);
-    assert_eq!(e(20).extra, 1);
+    // Another thread: its own current context (device 0's primary), its own tid.
+    let tctx = v["tctx"];
+    assert_eq!((e(18).addr, e(18).extra), (tctx, 0));
+    assert_ne!(e(18).tid, pid);
+    assert_eq!((e(19).addr, e(19).tid), (tctx, e(18).tid));
+    assert_eq!(
+        (e(20).addr, e(20).size, e(20).ctx, e(20).tid),
+        (v["tptr"], 8192, tctx, e(18).tid)
+    );
+    // ... while the main thread's current context is still the created one.
+    assert_eq!(
+        (e(21).addr, e(21).size, e(21).ctx, e(21).tid),
+        (v["in3"], 16384, ctx2, pid)
+    );
+    assert_eq!(
+        (e(22).addr, e(23).addr, e(24).addr),
+        (v["in3"], v["tptr"], v["in2"])
+    );
+    assert_eq!(e(25).addr, ctx2);
+    assert_eq!(e(26).extra, 1);
 
     let c = handle.counters();
     assert_eq!(c.dropped, 0, "{c:?}");
     assert_eq!(c.malformed, 0, "{c:?}");
-    // 21 libcuda events and the exit; other processes may add exits.
-    assert!(c.sent >= before.sent + 22, "{c:?}");
-    assert!(c.received >= 22, "{c:?}");
+    // 27 libcuda events and the exit; other processes may add exits.
+    assert!(c.sent >= before.sent + 28, "{c:?}");
+    assert!(c.received >= 28, "{c:?}");
 }
 
 #[tokio::test]
@@ -465,7 +509,7 @@ async fn discovery_finds_a_running_process_libcuda() {
         evs.iter()
             .filter(|e| kind(e) == EventKind::MemAlloc)
             .count(),
-        2
+        4
     );
 }
 
