@@ -468,10 +468,20 @@ async fn discovery_finds_a_running_process_libcuda() {
         .env("LD_PRELOAD", &lib)
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let found = hami_user::probes::discover_libcuda(Path::new("/proc"));
     let want = PathBuf::from(format!("/proc/{}/root{}", sleeper.id(), lib.display()));
-    assert!(found.contains(&want), "{want:?} not in {found:?}");
+    // Poll: the loader maps the library shortly after the spawn.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let found = hami_user::probes::discover_libcuda(Path::new("/proc"));
+        if found.contains(&want) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{want:?} not in {found:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 
     let probes = Probes::load(&ProbeOptions::default()).unwrap();
     let (mut rx, handle) = probes
