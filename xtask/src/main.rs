@@ -7,6 +7,7 @@
 //! * `gpu-bundle`: binaries + acceptance scripts for the GPU machine.
 
 mod bundle;
+mod demo;
 mod setup;
 mod test;
 mod util;
@@ -49,6 +50,7 @@ fn run() -> Result<()> {
             }
             test::test(&opts)
         }
+        "demo" => demo::demo(),
         "gpu-bundle" => bundle::gpu_bundle(&util::project_root()).map(|_| ()),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
