@@ -579,12 +579,14 @@ impl Workload<'_> {
 }
 
 /// A running `hami-agent run`, its JSON log read line by line.
-struct Agent {
+pub(crate) struct Agent {
     child: Child,
     rx: Receiver<String>,
     log: Vec<Value>,
-    ready: String,
-    metrics_addr: String,
+    /// The agent's ready line.
+    pub(crate) ready: String,
+    /// Where it serves `/metrics` (`host:port`).
+    pub(crate) metrics_addr: String,
 }
 
 impl Agent {
@@ -604,12 +606,18 @@ impl Agent {
             "$ hami-agent run --reclaim --json-log --metrics-addr 127.0.0.1:0 --libcuda {}",
             driver.libcuda.display()
         );
+        Agent::spawn(c, true)
+    }
+
+    /// Starts `cmd` (a `hami-agent run --json-log --metrics-addr ...` command) and waits for
+    /// its ready line; with `echo`, prints the attach lines and errors it logs meanwhile.
+    pub(crate) fn spawn(mut c: Command, echo: bool) -> Result<Agent> {
         c.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = c
             .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
+            .with_context(|| format!("starting {:?}", c.get_program()))?;
         let err = child.stderr.take().expect("piped stderr");
         let (tx, rx) = channel();
         std::thread::spawn(move || {
@@ -638,7 +646,7 @@ impl Agent {
                 if f["message"] == "serving /metrics" {
                     agent.metrics_addr = f["addr"].as_str().unwrap_or_default().to_string();
                 }
-                if f["message"] == "probes attached" || f["level"] == "ERROR" {
+                if echo && (f["message"] == "probes attached" || f["level"] == "ERROR") {
                     println!("    {}", describe(f));
                 }
             }
@@ -712,12 +720,18 @@ impl Agent {
         }
     }
 
-    fn metrics(&self) -> Result<String> {
+    /// The agent's pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `GET /metrics`.
+    pub(crate) fn metrics(&self) -> Result<String> {
         http_get(&self.metrics_addr, "/metrics")
     }
 
     /// SIGTERM, then wait (at most 30 s) for a clean exit.
-    fn stop(mut self) -> Result<()> {
+    pub(crate) fn stop(mut self) -> Result<()> {
         // SAFETY: kill(2) on our own child, not yet reaped.
         unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -762,7 +776,7 @@ fn http_get(addr: &str, path: &str) -> Result<String> {
 }
 
 /// The value of the first sample of `name` whose label set contains every `labels` item.
-fn metric(text: &str, name: &str, labels: &[&str]) -> Option<u64> {
+pub(crate) fn metric(text: &str, name: &str, labels: &[&str]) -> Option<u64> {
     text.lines().find_map(|l| {
         let (series, value) = l.rsplit_once(' ')?;
         let (n, rest) = series.split_once('{').unwrap_or((series, ""));

@@ -6,6 +6,7 @@
 //! * `demo`: the end-to-end story on the fake (or real) driver.
 //! * `gpu-bundle`: binaries + acceptance scripts for the GPU machine.
 
+mod bench;
 mod bundle;
 mod demo;
 mod setup;
@@ -50,6 +51,7 @@ fn run() -> Result<()> {
             }
             test::test(&opts)
         }
+        "bench" => bench::bench(),
         "demo" => demo::demo(),
         "gpu-bundle" => bundle::gpu_bundle(&util::project_root()).map(|_| ()),
         "-h" | "--help" | "help" => {

@@ -1,0 +1,571 @@
+//! `cargo xtask bench`: every benchmark of the workspace (release), then one summary table.
+//!
+//! 1. `cargo bench -p hami-common --features std --bench region`: region charge/uncharge pair,
+//!    1/8/64 processes contending, registration with 1000 live slots;
+//! 2. `cargo bench -p hami-preload --bench overhead`: ns per `cuMemAlloc_v2`+`cuMemFree_v2`
+//!    pair on the fake driver with and without the preload (same run), 1/8/64 processes on one
+//!    region, registration with 1000 live slots;
+//! 3. `cargo bench -p hami-user --bench probes` (root): the same pair with the eBPF probes
+//!    attached and not, events/s with the drop counters;
+//! 4. the real `hami-agent run` (release) under load: one `cudaprobe bench-pair` per CPU
+//!    against the fake driver; events/s it consumed, drops, and its RSS (idle, peak).
+//!
+//! The benchmarks' own output is shown as it comes; the summary is printed at the end and
+//! saved to `<target dir>/bench-summary.md`. It is a benchmark, not a test: figures are
+//! reported, never judged, except that a benchmark that fails or prints no figure fails the
+//! task.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+
+use crate::demo::{metric, Agent};
+use crate::util::{cargo, project_root, run_checked};
+
+/// Pairs per process in the agent load test.
+const LOAD_PAIRS: u64 = 200_000;
+
+/// Run every benchmark and print the summary.
+pub fn bench() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the eBPF benchmarks load programs into the kernel: run as root");
+    }
+    let root = project_root();
+    crate::setup::setup().context("setup failed")?;
+    let target = target_dir(&root)?;
+    let context = machine_context(&root);
+
+    step("region (hami-common)");
+    let region = run_bench(
+        &root,
+        &[
+            "-p",
+            "hami-common",
+            "--features",
+            "std",
+            "--bench",
+            "region",
+        ],
+    )?;
+    step("preload overhead (hami-preload)");
+    let preload = run_bench(&root, &["-p", "hami-preload", "--bench", "overhead"])?;
+    step("eBPF probes (hami-user)");
+    let probes = run_bench(&root, &["-p", "hami-user", "--bench", "probes"])?;
+    step("hami-agent run under load");
+    let load = agent_load(&root, &target)?;
+
+    let summary = summarize(&context, &region, &preload, &probes, &load)?;
+    let path = target.join("bench-summary.md");
+    std::fs::write(&path, &summary).with_context(|| format!("writing {}", path.display()))?;
+    println!("\n{summary}");
+    println!("(saved to {})", path.display());
+    Ok(())
+}
+
+fn step(what: &str) {
+    println!("\n==> xtask bench: {what}");
+}
+
+/// The cargo target dir, as cargo itself resolves it.
+fn target_dir(root: &Path) -> Result<PathBuf> {
+    let out = cargo(root)
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo metadata")?;
+    ensure!(out.status.success(), "cargo metadata failed");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    v["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .ok_or_else(|| anyhow!("cargo metadata gave no target_directory"))
+}
+
+/// Commit, CPUs, load average: what the figures depend on.
+fn machine_context(root: &Path) -> String {
+    let commit = Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(root)
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    format!(
+        "commit {commit}; {cpus} CPUs ({cpu}); load average {load} at start; \
+         fake driver (testing/fake-cuda), release builds"
+    )
+}
+
+/// `cargo bench ARGS` with its stdout shown and returned.
+fn run_bench(root: &Path, args: &[&str]) -> Result<String> {
+    let mut cmd = cargo(root);
+    cmd.arg("bench").args(args);
+    let shown = format!("cargo bench {}", args.join(" "));
+    println!("$ {shown}");
+    cmd.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = cmd.spawn().with_context(|| format!("starting {shown}"))?;
+    let mut text = String::new();
+    let out = child.stdout.take().expect("piped stdout");
+    for line in BufReader::new(out).lines() {
+        let line = line?;
+        println!("{line}");
+        text.push_str(&line);
+        text.push('\n');
+    }
+    let st = child.wait()?;
+    ensure!(st.success(), "{shown} failed with {st}");
+    Ok(text)
+}
+
+/// What the real agent did under load.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct AgentLoad {
+    processes: usize,
+    pairs_per_process: u64,
+    events: u64,
+    dropped: u64,
+    seconds: f64,
+    rss_idle_kib: u64,
+    rss_peak_kib: u64,
+}
+
+/// Starts the release `hami-agent run` on the fake driver the probes bench laid out, runs one
+/// `cudaprobe bench-pair` per CPU (no preload: every pair is two events) and measures.
+fn agent_load(root: &Path, target: &Path) -> Result<AgentLoad> {
+    run_checked(cargo(root).args([
+        "build",
+        "--release",
+        "-p",
+        "hami-user",
+        "--bin",
+        "hami-agent",
+    ]))?;
+    let release = target.join("release");
+    let agent_bin = release.join("hami-agent");
+    // Laid out by the harness when the probes bench ran (release profile).
+    let lib_dir = release.join("fake-driver");
+    let libcuda = lib_dir.join("libcuda.so.1");
+    let cudaprobe = release.join("test-programs").join("cudaprobe");
+    for p in [&agent_bin, &libcuda, &cudaprobe] {
+        ensure!(
+            p.exists(),
+            "{} missing (the probes bench builds it)",
+            p.display()
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("hami-bench-agent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let _cleanup = RemoveOnDrop(dir.clone());
+    let env = [
+        ("LD_LIBRARY_PATH", lib_dir.display().to_string()),
+        (
+            "FAKE_CUDA_STATE",
+            dir.join("fake.state").display().to_string(),
+        ),
+        ("FAKE_CUDA_DEVICE_COUNT", "1".to_string()),
+        ("FAKE_CUDA_TOTAL_MEM", "1T".to_string()),
+    ];
+    let mut c = Command::new(&agent_bin);
+    c.args([
+        "run",
+        "--json-log",
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--libcuda",
+    ])
+    .arg(&libcuda)
+    .env_remove("LD_PRELOAD")
+    .envs(env.iter().map(|(k, v)| (k, v)));
+    println!(
+        "$ hami-agent run --json-log --metrics-addr 127.0.0.1:0 --libcuda {}",
+        libcuda.display()
+    );
+    let agent = Agent::spawn(c, true)?;
+    println!("    {}", agent.ready);
+    let pid = agent.pid();
+    std::thread::sleep(Duration::from_millis(500));
+    let rss_idle_kib = status_kib(pid, "VmRSS:").unwrap_or(0);
+    let m0 = agent.metrics()?;
+    let (ev0, drop0) = (sum_metric(&m0, "hami_events_total"), dropped(&m0));
+
+    let processes = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let t0 = Instant::now();
+    let mut kids = Vec::new();
+    for _ in 0..processes {
+        kids.push(
+            Command::new(&cudaprobe)
+                .args(["init", "ctx", "bench-pair", &LOAD_PAIRS.to_string(), "4K"])
+                .env_remove("LD_PRELOAD")
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .context("starting cudaprobe")?,
+        );
+    }
+    for k in kids {
+        let out = k.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success() && text.contains("failures=0"),
+            "cudaprobe bench-pair failed:\n{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Until the agent has consumed every event (both per pair) or the count stops moving.
+    let want = ev0 + 2 * LOAD_PAIRS * processes as u64;
+    let mut last = (0, Instant::now());
+    let (events, secs, m) = loop {
+        let m = agent.metrics()?;
+        let ev = sum_metric(&m, "hami_events_total");
+        let now = Instant::now();
+        if ev >= want {
+            break (ev - ev0, t0.elapsed().as_secs_f64(), m);
+        }
+        if ev != last.0 {
+            last = (ev, now);
+        } else if now.duration_since(last.1) > Duration::from_secs(3) {
+            break (ev - ev0, last.1.duration_since(t0).as_secs_f64(), m);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let rss_peak_kib = status_kib(pid, "VmHWM:").unwrap_or(0);
+    let load = AgentLoad {
+        processes,
+        pairs_per_process: LOAD_PAIRS,
+        events,
+        dropped: dropped(&m) - drop0,
+        seconds: secs,
+        rss_idle_kib,
+        rss_peak_kib,
+    };
+    println!(
+        "agent: {} events in {:.2} s ({:.0}/s), {} dropped; RSS idle {} KiB, peak {} KiB",
+        load.events,
+        load.seconds,
+        load.events as f64 / load.seconds,
+        load.dropped,
+        load.rss_idle_kib,
+        load.rss_peak_kib
+    );
+    agent.stop()?;
+    Ok(load)
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A `/proc/<pid>/status` field in KiB.
+fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with(field))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The sum of every sample of `name` (all label sets).
+fn sum_metric(text: &str, name: &str) -> u64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+fn dropped(m: &str) -> u64 {
+    metric(m, "hami_events_dropped_total", &[]).unwrap_or(0)
+}
+
+/// The first number on the first line starting with `prefix` (after the prefix).
+fn figure(text: &str, prefix: &str) -> Option<f64> {
+    text.lines()
+        .map(str::trim_start)
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|rest| {
+            rest.split(|c: char| c.is_whitespace() || c == ',' || c == ':')
+                .find_map(|t| t.parse::<f64>().ok())
+        })
+}
+
+/// The region bench's contended line for `procs`: (ns per pair seen by each process, million
+/// pairs per second in total).
+fn contended(text: &str, procs: u32) -> Option<(f64, f64)> {
+    let prefix = format!("contended, {procs:>2} processes:");
+    let line = text
+        .lines()
+        .map(str::trim_start)
+        .find(|l| l.starts_with(&prefix))?;
+    let ns = figure(line, &prefix)?;
+    let total = line
+        .split(',')
+        .find(|part| part.contains("M pairs/s"))?
+        .split_whitespace()
+        .find_map(|t| t.parse().ok())?;
+    Some((ns, total))
+}
+
+/// `key=value` figure of the probes bench.
+fn kv(text: &str, key: &str) -> Option<f64> {
+    figure(text, &format!("{key}="))
+}
+
+/// A row of the preload bench's table: `procs without with added`.
+fn preload_row(text: &str, procs: u32) -> Option<[f64; 3]> {
+    text.lines().find_map(|l| {
+        let v: Vec<f64> = l
+            .split_whitespace()
+            .map(|t| t.parse::<f64>())
+            .collect::<Result<_, _>>()
+            .ok()?;
+        (v.len() == 4 && v[0] == f64::from(procs)).then(|| [v[1], v[2], v[3]])
+    })
+}
+
+fn need<T>(v: Option<T>, what: &str) -> Result<T> {
+    v.ok_or_else(|| anyhow!("no figure for {what} in the benchmark output"))
+}
+
+/// The summary table (markdown).
+fn summarize(
+    context: &str,
+    region: &str,
+    preload: &str,
+    probes: &str,
+    load: &AgentLoad,
+) -> Result<String> {
+    let mut s = String::from("# hami-rs benchmark summary\n\n");
+    writeln!(s, "{context}.\n")?;
+    writeln!(s, "| figure | measured | target |")?;
+    writeln!(s, "|---|---|---|")?;
+
+    for procs in [1u32, 8, 64] {
+        let [without, with, added] = need(
+            preload_row(preload, procs),
+            &format!("{procs} processes (preload bench)"),
+        )?;
+        let target = match procs {
+            1 => "< 100 ns added",
+            _ => "flat to 64 processes",
+        };
+        writeln!(
+            s,
+            "| `cuMemAlloc_v2`+`cuMemFree_v2` pair, {procs} process{} on one region: without / with preload / **added** | {without:.1} / {with:.1} / **{added:+.1} ns** | {target} |",
+            if procs == 1 { "" } else { "es" }
+        )?;
+    }
+    let reg_preload = need(
+        figure(preload, "register+unregister with 1000 live slots:"),
+        "registration (preload bench)",
+    )?;
+    writeln!(
+        s,
+        "| register + unregister a process with 1000 live slots (preload bench, real pids) | **{reg_preload:.1} µs** | < 100 µs |"
+    )?;
+    let reg_region = need(
+        figure(region, "register+unregister with 1000 live slots:"),
+        "registration (region bench)",
+    )?;
+    writeln!(
+        s,
+        "| register + unregister with 1000 live slots (region bench, liveness injected) | {reg_region:.2} µs | < 100 µs |"
+    )?;
+    let charge = need(
+        figure(region, "try_charge+uncharge pair, 1 thread:"),
+        "charge/uncharge (region bench)",
+    )?;
+    writeln!(
+        s,
+        "| region `try_charge`+`uncharge` pair, 1 thread | **{charge:.1} ns** | |"
+    )?;
+    let mut per = Vec::new();
+    let mut total = Vec::new();
+    for procs in [1, 8, 64] {
+        let (ns, mps) = need(
+            contended(region, procs),
+            &format!("contended {procs} (region bench)"),
+        )?;
+        per.push(ns);
+        total.push(mps);
+    }
+    writeln!(
+        s,
+        "| region charge+uncharge pair, 1 / 8 / 64 processes contending: ns per pair seen by each | {:.1} / {:.1} / {:.1} ns | flat |",
+        per[0], per[1], per[2]
+    )?;
+    writeln!(
+        s,
+        "| same, pairs per second of all processes together | {:.1} / {:.1} / {:.1} M/s | flat |",
+        total[0], total[1], total[2]
+    )?;
+
+    let base = need(
+        kv(probes, "ns_per_pair_without_probes"),
+        "pair without probes",
+    )?;
+    let with = need(kv(probes, "ns_per_pair_with_probes"), "pair with probes")?;
+    let added = need(kv(probes, "added_ns_per_pair"), "added ns per pair")?;
+    writeln!(
+        s,
+        "| pair without / with the eBPF probes attached / **added** (same run) | {base:.1} / {with:.1} / **{added:+.1} ns** | |"
+    )?;
+    let eps = need(kv(probes, "events_per_second"), "events per second")?;
+    let sent = need(kv(probes, "events_sent"), "events sent")?;
+    let dropped = need(kv(probes, "events_dropped"), "events dropped")?;
+    let par = kv(probes, "parallel_processes").unwrap_or(0.0);
+    writeln!(
+        s,
+        "| eBPF events/s into user space, {par:.0} processes (probes bench) | **{eps:.0} events/s**, {sent:.0} sent, {dropped:.0} dropped | zero drops |"
+    )?;
+    let agent_eps = load.events as f64 / load.seconds.max(1e-9);
+    writeln!(
+        s,
+        "| `hami-agent run` consuming, {} processes x {} pairs | **{agent_eps:.0} events/s**, {} events, {} dropped | zero drops |",
+        load.processes, load.pairs_per_process, load.events, load.dropped
+    )?;
+    writeln!(
+        s,
+        "| `hami-agent run` RSS: idle / peak under that load | {:.1} / **{:.1} MiB** | |",
+        load.rss_idle_kib as f64 / 1024.0,
+        load.rss_peak_kib as f64 / 1024.0
+    )?;
+    if let (Some(before), Some(after)) = (
+        kv(probes, "rss_kib_before_probes"),
+        kv(probes, "rss_kib_with_probes"),
+    ) {
+        writeln!(
+            s,
+            "| probes bench process RSS before / with probes loaded and streaming | {:.1} / {:.1} MiB | |",
+            before / 1024.0,
+            after / 1024.0
+        )?;
+    }
+    writeln!(
+        s,
+        "\nSources: `cargo bench -p hami-preload --bench overhead`, `cargo bench -p hami-common --features std --bench region`, \
+         `cargo bench -p hami-user --bench probes`, and `hami-agent run` measured by `cargo xtask bench`. \
+         Per-pair figures are wall-clock means per process; with more processes than CPUs they include time spent descheduled."
+    )?;
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const REGION: &str = "shared-region benchmark (2 cores)
+try_charge+uncharge pair, 1 thread:            41.3 ns
+contended,  1 processes:     45.0 ns per pair seen by each process,   22.1 M pairs/s in total, region used after: 0
+contended,  8 processes:    310.2 ns per pair seen by each process,    6.0 M pairs/s in total, region used after: 0
+contended, 64 processes:   2900.5 ns per pair seen by each process,    5.0 M pairs/s in total, region used after: 0
+register+unregister with 1000 live slots:      3.25 us
+";
+    const PRELOAD: &str =
+        "ns per cuMemAlloc_v2+cuMemFree_v2 pair (fake driver), mean over processes:
+ procs        without   with preload        added
+     1          250.0          300.5         50.5
+     8          900.0         1000.0        100.0
+    64        9000.0        9500.0        500.0
+register+unregister with 1000 live slots: 12.5 us
+";
+    const PROBES: &str = "pairs_per_process=200000
+ns_per_pair_without_probes=250.0
+ns_per_pair_with_probes=1250.5
+added_ns_per_pair=1000.5
+parallel_processes=2
+events_sent=800000
+events_dropped=0
+events_per_second=1200000
+rss_kib_before_probes=3000
+rss_kib_with_probes=9000
+";
+
+    #[test]
+    fn figures_are_parsed_from_each_bench() {
+        assert_eq!(
+            figure(REGION, "try_charge+uncharge pair, 1 thread:"),
+            Some(41.3)
+        );
+        assert_eq!(contended(REGION, 8), Some((310.2, 6.0)));
+        assert_eq!(contended(REGION, 64), Some((2900.5, 5.0)));
+        assert_eq!(contended(REGION, 2), None);
+        assert_eq!(
+            figure(REGION, "register+unregister with 1000 live slots:"),
+            Some(3.25)
+        );
+        assert_eq!(preload_row(PRELOAD, 8), Some([900.0, 1000.0, 100.0]));
+        assert_eq!(preload_row(PRELOAD, 2), None);
+        assert_eq!(kv(PROBES, "events_dropped"), Some(0.0));
+        assert_eq!(kv(PROBES, "added_ns_per_pair"), Some(1000.5));
+        assert_eq!(kv(PROBES, "nothing"), None);
+    }
+
+    #[test]
+    fn summary_has_every_figure_and_fails_without_one() {
+        let load = AgentLoad {
+            processes: 2,
+            pairs_per_process: 10,
+            events: 40,
+            dropped: 0,
+            seconds: 0.5,
+            rss_idle_kib: 10240,
+            rss_peak_kib: 20480,
+        };
+        let s = summarize("ctx", REGION, PRELOAD, PROBES, &load).unwrap();
+        for want in [
+            "**+50.5 ns**",
+            "**+500.0 ns**",
+            "**12.5 µs**",
+            "3.25 µs",
+            "**41.3 ns**",
+            "45.0 / 310.2 / 2900.5 ns",
+            "22.1 / 6.0 / 5.0 M/s",
+            "**+1000.5 ns**",
+            "**1200000 events/s**",
+            "**80 events/s**, 40 events, 0 dropped",
+            "10.0 / **20.0 MiB**",
+        ] {
+            assert!(s.contains(want), "{want:?} missing in:\n{s}");
+        }
+        let e = summarize("ctx", REGION, "", PROBES, &load).unwrap_err();
+        assert!(e.to_string().contains("preload bench"), "{e}");
+    }
+
+    #[test]
+    fn metric_sums_over_label_sets() {
+        let m = "hami_events_total{kind=\"mem_alloc\"} 10\nhami_events_total{kind=\"mem_free\"} 7\nhami_events_total_x 100\nhami_events_dropped_total 3\n";
+        assert_eq!(sum_metric(m, "hami_events_total"), 17);
+        assert_eq!(dropped(m), 3);
+    }
+}
