@@ -1424,7 +1424,7 @@ class Runner:
                                  and "cuda_static" in self.bins), None) or WORKLOADS[3]
         tp["workload"] = wl["name"]
         region = "region-two-process"
-        env = self.preload_env(region, {"WL_GRAB_MB": str(self.args.grab_mb)})
+        env = self.preload_env(region, {"WL_GRAB_MB": str(self.args.pair_grab_mb)})
         procs = []
         for i in range(2):
             p, err = self.start(wl, ["grab"], env, f"two-process #{i}")
@@ -1590,6 +1590,9 @@ def main(argv=None):
     ap.add_argument("--quota-mb", type=int, default=4096)
     ap.add_argument("--hold-mb", type=int, default=1024)
     ap.add_argument("--grab-mb", type=int, default=3072)
+    # Two processes, one quota: each asks for this much. With the quota's 4096 MiB and each
+    # context charged (~520 MiB on an H200), one 2560 MiB grant fits and a second cannot.
+    ap.add_argument("--pair-grab-mb", type=int, default=2560)
     ap.add_argument("--deadline", type=float, default=450.0, help="whole-run budget in seconds")
     ap.add_argument("--wl-timeout", type=float, default=60.0, help="per-workload timeout (s)")
     ap.add_argument("--audit-seconds", type=int, default=6)
