@@ -18,8 +18,8 @@ use anyhow::{bail, Result};
 const USAGE: &str = "usage: cargo xtask <task>
 tasks:
   setup              make this machine ready (idempotent)
-  test [--lint] [-- cargo-test-args]
-                     setup + build everything + run every test (root for eBPF)
+  test [--no-lint] [-- cargo-test-args]
+                     setup + fmt + clippy + build everything + run every test (root for eBPF)
   bench              benchmarks (prints figures)
   demo               the whole story on the fake (or real) driver (root)
   gpu-bundle         build the folder to carry to the GPU machine";
@@ -44,7 +44,7 @@ fn run() -> Result<()> {
             let mut it = rest.iter();
             while let Some(a) = it.next() {
                 match a.as_str() {
-                    "--lint" => opts.lint = true,
+                    "--no-lint" => opts.no_lint = true,
                     "--" => opts.cargo_args.extend(it.by_ref().cloned()),
                     other => bail!("unknown option {other:?} for `test`\n{USAGE}"),
                 }

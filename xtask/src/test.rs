@@ -12,8 +12,8 @@ use crate::util::{cargo, project_root, run_checked};
 /// Options of `cargo xtask test`.
 #[derive(Debug, Default)]
 pub struct TestOptions {
-    /// Also run `cargo clippy --all-targets -- -D warnings`.
-    pub lint: bool,
+    /// Skip `cargo clippy --workspace --all-targets -- -D warnings` (run by default).
+    pub no_lint: bool,
     /// Extra arguments passed to `cargo test` (after `--workspace`).
     pub cargo_args: Vec<String>,
 }
@@ -30,7 +30,7 @@ pub fn test(opts: &TestOptions) -> Result<()> {
     step("build (workspace, eBPF included)");
     run_checked(cargo(&root).args(["build", "--workspace", "--all-targets"]))?;
 
-    if opts.lint {
+    if !opts.no_lint {
         step("cargo clippy");
         run_checked(cargo(&root).args([
             "clippy",
