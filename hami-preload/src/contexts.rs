@@ -4,9 +4,10 @@
 
 use crate::accounting::{Accounts, Ledger};
 use crate::cuda::{CUresult, CUDA_SUCCESS};
-use crate::policy::{context_cost, ContextCost};
+use crate::policy::{context_cost, ContextCost, ContextReadings};
 use hami_common::layout::{UsageKind, MAX_DEVICES};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 #[derive(Clone, Copy, Default, Debug)]
@@ -26,7 +27,25 @@ struct Inner {
 #[derive(Default)]
 pub struct ContextTable {
     inner: Mutex<Inner>,
+    /// NVML's process list has shown this process (its pid is the one NVML reports): later
+    /// context creations are measured per process, without the region-wide lock.
+    listed: AtomicBool,
 }
+
+/// This process's used memory on a device, per NVML's list of running processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnUsage {
+    /// Listed with this many bytes.
+    Listed(u64),
+    /// The list was read and this process is not in it (no context there yet, or NVML
+    /// numbers processes in another pid namespace).
+    NotListed,
+    /// The list could not be read.
+    Unavailable,
+}
+
+/// A held lock; released when dropped.
+pub type Held = Box<dyn std::any::Any>;
 
 /// How the memory of a new context is determined.
 pub struct Meter<'a> {
@@ -34,25 +53,72 @@ pub struct Meter<'a> {
     pub configured: Option<u64>,
     /// Reads the device's used memory (NVML), `None` when not available.
     pub used_now: &'a dyn Fn(usize) -> Option<u64>,
+    /// Reads this process's own used memory on the device (NVML process list).
+    pub own_used: &'a dyn Fn(usize) -> OwnUsage,
+    /// Bytes of non-context memory this process has charged on the device (to subtract
+    /// data allocated by other threads while the context was created).
+    pub own_data: &'a dyn Fn(usize) -> u64,
+    /// Bytes of non-context memory every process sharing the region has charged on the
+    /// device (to subtract their allocations from a device-level delta).
+    pub region_data: &'a dyn Fn(usize) -> u64,
+    /// Takes the region-wide context-creation lock (`None`: not available).
+    pub serialize: &'a dyn Fn() -> Option<Held>,
 }
 
 impl Meter<'_> {
+    /// Runs `call` (a context creation on `dev`) between readings. Unless this process is
+    /// already known to appear in NVML's process list (`listed`), the region-wide lock is
+    /// held around the readings and the call, so that a device-level fallback is not
+    /// disturbed by another process's concurrent context creation.
     fn around(
         &self,
         dev: usize,
+        listed: &AtomicBool,
         call: impl FnOnce() -> Result<usize, CUresult>,
     ) -> (Result<usize, CUresult>, ContextCost) {
         if let Some(b) = self.configured {
             return (call(), ContextCost::Configured(b));
         }
-        let before = (self.used_now)(dev);
-        let r = call();
-        let after = if r.is_ok() {
-            (self.used_now)(dev)
-        } else {
+        let held = if listed.load(Ordering::Relaxed) {
             None
+        } else {
+            (self.serialize)()
         };
-        (r, context_cost(None, before, after))
+        let data_before = (self.own_data)(dev);
+        let region_before = (self.region_data)(dev);
+        let own_before = match (self.own_used)(dev) {
+            OwnUsage::Listed(b) => Some(b),
+            OwnUsage::NotListed => Some(0),
+            OwnUsage::Unavailable => None,
+        };
+        let dev_before = (self.used_now)(dev);
+        let r = call();
+        if r.is_err() {
+            return (r, ContextCost::Unknown);
+        }
+        let own_after = match (self.own_used)(dev) {
+            OwnUsage::Listed(a) => Some(a),
+            _ => None,
+        };
+        let dev_after = (self.used_now)(dev);
+        let change = |now: u64, before: u64| (i128::from(now) - i128::from(before)) as i64;
+        let own_meanwhile = change((self.own_data)(dev), data_before);
+        let region_meanwhile = change((self.region_data)(dev), region_before);
+        let serialized = held.is_some();
+        drop(held);
+        if own_after.is_some() {
+            listed.store(true, Ordering::Relaxed);
+        }
+        let readings = ContextReadings {
+            own_before,
+            own_after,
+            dev_before,
+            dev_after,
+            own_meanwhile,
+            region_meanwhile,
+            serialized,
+        };
+        (r, context_cost(None, &readings))
     }
 }
 
@@ -85,7 +151,7 @@ impl ContextTable {
                 Err(e) => (e, None),
             };
         }
-        let (r, cost) = meter.around(dev, call);
+        let (r, cost) = meter.around(dev, &self.listed, call);
         match r {
             Ok(ctx) => {
                 let bytes = cost.bytes();
@@ -162,7 +228,7 @@ impl ContextTable {
             return (call().err().unwrap_or(CUDA_SUCCESS), None);
         }
         let mut g = self.lock();
-        let (r, cost) = meter.around(dev, call);
+        let (r, cost) = meter.around(dev, &self.listed, call);
         match r {
             Ok(ctx) => {
                 let bytes = cost.bytes();
@@ -203,6 +269,114 @@ mod tests {
 
     const MB: u64 = 1 << 20;
 
+    /// A meter with no NVML and no lock.
+    const NO_NVML: Meter<'static> = Meter {
+        configured: None,
+        used_now: &|_| None,
+        own_used: &|_| OwnUsage::Unavailable,
+        own_data: &|_| 0,
+        region_data: &|_| 0,
+        serialize: &|| None,
+    };
+
+    /// Two processes share a device; `other` creates a context while we create ours.
+    #[test]
+    fn per_process_measurement_ignores_other_processes() {
+        use std::cell::Cell;
+        let l = MemLedger::with_limit(0, 1 << 30);
+        let t = ContextTable::default();
+        let device = Cell::new(1000 * MB);
+        let mine = Cell::new(None::<u64>);
+        let locks = Cell::new(0);
+        let used_now = |_d: usize| Some(device.get());
+        let own_used = |_d: usize| mine.get().map_or(OwnUsage::NotListed, OwnUsage::Listed);
+        let serialize = || -> Option<Held> {
+            locks.set(locks.get() + 1);
+            Some(Box::new(()))
+        };
+        let m = Meter {
+            configured: None,
+            used_now: &used_now,
+            own_used: &own_used,
+            own_data: &|_| 0,
+            region_data: &|_| 0,
+            serialize: &serialize,
+        };
+        let (r, cost) = t.primary_retain(&l, 0, &m, || {
+            // Ours (518 MiB) and another process's (520 MiB) at the same moment.
+            device.set(device.get() + 518 * MB + 520 * MB);
+            mine.set(Some(518 * MB));
+            Ok(0xc0)
+        });
+        assert_eq!(r, CUDA_SUCCESS);
+        assert_eq!(cost, Some(ContextCost::PerProcess(518 * MB)));
+        assert_eq!(l.used(0, UsageKind::Context), 518 * MB);
+        assert_eq!(locks.get(), 1, "first creation: not yet known to be listed");
+        // A created context on the same device: only its own growth counts, no lock now.
+        let (_, cost) = t.create(&l, 0, &m, || {
+            mine.set(Some(518 * MB + 64 * MB));
+            device.set(device.get() + 64 * MB + 700 * MB);
+            Ok(0xc1)
+        });
+        assert_eq!(cost, Some(ContextCost::PerProcess(64 * MB)));
+        assert_eq!(locks.get(), 1);
+        assert_eq!(l.used(0, UsageKind::Context), 582 * MB);
+    }
+
+    /// NVML does not list our pid (container pid namespace): device-level delta, under the
+    /// lock, minus the data this process allocated meanwhile.
+    #[test]
+    fn unlisted_process_falls_back_to_a_serialized_device_delta() {
+        use std::cell::Cell;
+        let l = MemLedger::with_limit(0, 1 << 30);
+        let t = ContextTable::default();
+        let device = Cell::new(0u64);
+        let data = Cell::new(10 * MB);
+        let held = std::rc::Rc::new(Cell::new(false));
+        let used_now = |_d: usize| Some(device.get());
+        let own_data = |_d: usize| data.get();
+        struct Guard(std::rc::Rc<Cell<bool>>);
+        impl Drop for Guard {
+            fn drop(&mut self) {
+                self.0.set(false);
+            }
+        }
+        let h2 = held.clone();
+        let serialize = move || -> Option<Held> {
+            h2.set(true);
+            Some(Box::new(Guard(h2.clone())))
+        };
+        let m = Meter {
+            configured: None,
+            used_now: &used_now,
+            own_used: &|_| OwnUsage::NotListed,
+            own_data: &own_data,
+            region_data: &own_data,
+            serialize: &serialize,
+        };
+        for round in 0..2 {
+            let (_, cost) = t.create(&l, 0, &m, || {
+                assert!(held.get(), "the lock is held around the creation");
+                device.set(device.get() + 300 * MB + 8 * MB);
+                data.set(data.get() + 8 * MB);
+                Ok(0xa0 + round)
+            });
+            assert!(!held.get(), "released after the measurement");
+            assert_eq!(
+                cost,
+                Some(ContextCost::DeviceDelta {
+                    bytes: 300 * MB,
+                    serialized: true
+                })
+            );
+        }
+        assert_eq!(l.used(0, UsageKind::Context), 600 * MB);
+        // A failed creation charges nothing and releases the lock.
+        assert_eq!(t.create(&l, 0, &m, || Err(2)).0, 2);
+        assert!(!held.get());
+        assert_eq!(l.used(0, UsageKind::Context), 600 * MB);
+    }
+
     #[test]
     fn primary_lifecycle() {
         let l = MemLedger::with_limit(0, 1 << 30);
@@ -213,13 +387,20 @@ mod tests {
         let m = Meter {
             configured: None,
             used_now: &read,
+            ..NO_NVML
         };
         let (r, cost) = t.primary_retain(&l, 0, &m, || {
             used.set(400 * MB);
             Ok(0xc0)
         });
         assert_eq!(r, CUDA_SUCCESS);
-        assert_eq!(cost, Some(ContextCost::Measured(300 * MB)));
+        assert_eq!(
+            cost,
+            Some(ContextCost::DeviceDelta {
+                bytes: 300 * MB,
+                serialized: false
+            })
+        );
         assert_eq!(l.used(0, UsageKind::Context), 300 * MB);
         // Second retain: no charge.
         assert_eq!(t.primary_retain(&l, 0, &m, || Ok(0xc0)).0, CUDA_SUCCESS);
@@ -253,10 +434,9 @@ mod tests {
         let l = MemLedger::with_limit(1, 1 << 30);
         let a = Accounts::default();
         let t = ContextTable::default();
-        let read = |_d: usize| None;
         let m = Meter {
             configured: Some(64 * MB),
-            used_now: &read,
+            ..NO_NVML
         };
         assert_eq!(
             t.create(&l, 1, &m, || Ok(0xa)).1,
@@ -281,7 +461,7 @@ mod tests {
         // Unmeasurable: nothing charged.
         let m = Meter {
             configured: None,
-            used_now: &read,
+            ..NO_NVML
         };
         assert_eq!(
             t.create(&l, 1, &m, || Ok(0xb)).1,
@@ -295,10 +475,9 @@ mod tests {
         let l = MemLedger::with_limit(0, 1 << 30);
         let a = Accounts::default();
         let t = ContextTable::default();
-        let read = |_d: usize| None;
         let m = Meter {
             configured: Some(MB),
-            used_now: &read,
+            ..NO_NVML
         };
         t.primary_retain(&l, 0, &m, || Ok(0xc0));
         a.alloc(

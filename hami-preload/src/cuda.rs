@@ -121,6 +121,35 @@ pub const NVML_ERROR_INVALID_ARGUMENT: nvmlReturn_t = 2;
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
 /// `NVML_ERROR_UNKNOWN`.
 pub const NVML_ERROR_UNKNOWN: nvmlReturn_t = 999;
+/// `NVML_ERROR_INSUFFICIENT_SIZE`.
+pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
+/// `NVML_VALUE_NOT_AVAILABLE`: a process's `usedGpuMemory` NVML cannot report.
+pub const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;
+
+/// `nvmlProcessInfo_v1_t` (entries of `nvmlDeviceGetComputeRunningProcesses`, the v1 name).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlProcessInfo_v1_t {
+    /// Process id (as the host's pid namespace numbers it).
+    pub pid: c_uint,
+    /// Device memory the process uses, or [`NVML_VALUE_NOT_AVAILABLE`].
+    pub used_gpu_memory: u64,
+}
+
+/// `nvmlProcessInfo_v2_t`, also `nvmlProcessInfo_t` (entries of
+/// `nvmlDeviceGetComputeRunningProcesses_v2` and `_v3`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlProcessInfo_v2_t {
+    /// Process id (as the host's pid namespace numbers it).
+    pub pid: c_uint,
+    /// Device memory the process uses, or [`NVML_VALUE_NOT_AVAILABLE`].
+    pub used_gpu_memory: u64,
+    /// GPU instance (MIG), `0xFFFFFFFF` if none.
+    pub gpu_instance_id: c_uint,
+    /// Compute instance (MIG), `0xFFFFFFFF` if none.
+    pub compute_instance_id: c_uint,
+}
 
 /// `nvmlMemory_t`.
 #[repr(C)]
@@ -232,6 +261,12 @@ pub type FnNvmlGetUuid = unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint)
 pub type FnNvmlHandleByUuid =
     unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
 
+/// `nvmlDeviceGetComputeRunningProcesses` (v1 entries).
+pub type FnNvmlProcsV1 =
+    unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t;
+/// `nvmlDeviceGetComputeRunningProcesses_v2` / `_v3` (v2 entries).
+pub type FnNvmlProcsV2 =
+    unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_v2_t) -> nvmlReturn_t;
 /// `nvmlDeviceGetCount_v2`.
 pub type FnNvmlGetCount = unsafe extern "C" fn(*mut c_uint) -> nvmlReturn_t;
 /// `nvmlDeviceGetHandleByIndex_v2`.
@@ -278,6 +313,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<CUDA_ARRAY3D_DESCRIPTOR>(), 40);
         assert_eq!(std::mem::size_of::<nvmlMemory_t>(), 24);
         assert_eq!(std::mem::size_of::<nvmlMemory_v2_t>(), 40);
+        assert_eq!(std::mem::size_of::<nvmlProcessInfo_v1_t>(), 16);
+        assert_eq!(std::mem::size_of::<nvmlProcessInfo_v2_t>(), 24);
     }
 
     #[test]

@@ -5,7 +5,8 @@
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use crate::accounting::{AllocError, Allocated, Deny, Ns};
-use crate::contexts::Meter;
+use crate::contexts::{Held, Meter, OwnUsage};
+use crate::ctxlock::{self, CtxLock};
 use crate::cuda::*;
 use crate::policy::{self, ContextCost, DeviceQuota};
 use crate::state::{self, ProcLedger, ProcState};
@@ -453,8 +454,8 @@ fn nvml_ready() -> bool {
     })
 }
 
-/// Device used memory per NVML for CUDA ordinal `dev` (real NVML, not our view).
-fn nvml_used(dev: usize) -> Option<u64> {
+/// The NVML handle of CUDA ordinal `dev` (found by UUID, cached).
+fn nvml_handle(dev: usize) -> Option<nvmlDevice_t> {
     if dev >= MAX_DEVICES || !nvml_ready() {
         return None;
     }
@@ -465,13 +466,136 @@ fn nvml_used(dev: usize) -> Option<u64> {
         let uuid = state::device_uuid(dev as CUdevice)?;
         cache[dev] = nvml_handle_for_uuid(&uuid)? as usize;
     }
-    let h = cache[dev] as nvmlDevice_t;
-    drop(cache);
+    Some(cache[dev] as nvmlDevice_t)
+}
+
+/// Device used memory per NVML for CUDA ordinal `dev` (real NVML, not our view).
+fn nvml_used(dev: usize) -> Option<u64> {
+    let h = nvml_handle(dev)?;
     // SAFETY: documented type.
     let info = unsafe { symbols::nv::<FnNvmlMemInfo>(Nv::MemInfo) }?;
     let mut m = nvmlMemory_t::default();
     // SAFETY: handle from NVML, valid out pointer.
     (unsafe { info(h, &mut m) } == NVML_SUCCESS).then_some(m.used)
+}
+
+/// This process's entry in one `nvmlDeviceGetComputeRunningProcesses*` list. `call(count,
+/// buffer)` is the NVML function; `entry` reads (pid, used) from an entry. The buffer grows
+/// while NVML answers `NVML_ERROR_INSUFFICIENT_SIZE`. Entries of our pid are summed (MIG
+/// lists a process once per instance).
+fn own_in_list<T: Copy + Default>(
+    pid: u32,
+    call: impl Fn(*mut c_uint, *mut T) -> nvmlReturn_t,
+    entry: impl Fn(&T) -> (u32, u64),
+) -> OwnUsage {
+    let mut cap: usize = 64;
+    for _ in 0..4 {
+        let mut buf = vec![T::default(); cap];
+        let mut n = cap as c_uint;
+        match call(&mut n, buf.as_mut_ptr()) {
+            NVML_SUCCESS => {
+                let mut found = None::<u64>;
+                for e in &buf[..(n as usize).min(cap)] {
+                    let (p, used) = entry(e);
+                    if p != pid {
+                        continue;
+                    }
+                    if used == NVML_VALUE_NOT_AVAILABLE {
+                        return OwnUsage::Unavailable;
+                    }
+                    found = Some(found.unwrap_or(0).saturating_add(used));
+                }
+                return found.map_or(OwnUsage::NotListed, OwnUsage::Listed);
+            }
+            NVML_ERROR_INSUFFICIENT_SIZE => cap = (n as usize).max(cap) + 16,
+            _ => return OwnUsage::Unavailable,
+        }
+    }
+    OwnUsage::Unavailable
+}
+
+/// This process's used memory on CUDA ordinal `dev` per NVML's list of compute processes
+/// (`_v3`, else `_v2`, else the v1 name). NVML reports pids of the host's pid namespace: in
+/// a container with its own pid namespace our `getpid()` is not listed.
+fn nvml_own_used(dev: usize) -> OwnUsage {
+    let Some(h) = nvml_handle(dev) else {
+        return OwnUsage::Unavailable;
+    };
+    // SAFETY: no preconditions.
+    let pid = unsafe { libc::getpid() } as u32;
+    for sym in [Nv::ProcsV3, Nv::ProcsV2] {
+        // SAFETY: `_v3` and `_v2` both take `nvmlProcessInfo_v2_t` entries.
+        if let Some(f) = unsafe { symbols::nv::<FnNvmlProcsV2>(sym) } {
+            let r = own_in_list(
+                pid,
+                // SAFETY: handle from NVML; `buf` holds `*n` entries.
+                |n, buf| unsafe { f(h, n, buf) },
+                |e: &nvmlProcessInfo_v2_t| (e.pid, e.used_gpu_memory),
+            );
+            if r != OwnUsage::Unavailable {
+                return r;
+            }
+        }
+    }
+    // SAFETY: the v1 name takes `nvmlProcessInfo_v1_t` entries.
+    match unsafe { symbols::nv::<FnNvmlProcsV1>(Nv::ProcsV1) } {
+        Some(f) => own_in_list(
+            pid,
+            // SAFETY: handle from NVML; `buf` holds `*n` entries.
+            |n, buf| unsafe { f(h, n, buf) },
+            |e: &nvmlProcessInfo_v1_t| (e.pid, e.used_gpu_memory),
+        ),
+        None => OwnUsage::Unavailable,
+    }
+}
+
+/// Takes the region-wide context-creation lock (see [`crate::ctxlock`]).
+fn ctx_serialize() -> Option<Held> {
+    let g = state::global();
+    g.region.as_ref().ok()?;
+    match CtxLock::acquire(&g.config.region_path, ctxlock::WAIT_LIMIT) {
+        Ok(l) => Some(Box::new(l)),
+        Err(e) => {
+            crate::warn!("context-creation lock: {e}; measuring context memory without it");
+            None
+        }
+    }
+}
+
+/// This process's non-context charges on `dev`.
+fn own_data(dev: usize) -> u64 {
+    ProcLedger::current().own_non_context(dev)
+}
+
+/// Non-context charges of every process sharing the region on `dev`.
+fn region_data(dev: usize) -> u64 {
+    let Ok(region) = &state::global().region else {
+        return 0;
+    };
+    let kinds: Vec<usize> = hami_common::layout::UsageKind::ALL
+        .iter()
+        .filter(|&&k| k != hami_common::layout::UsageKind::Context)
+        .map(|k| k.index())
+        .collect();
+    region
+        .snapshot()
+        .slots
+        .iter()
+        .filter_map(|s| s.usage.get(dev))
+        .flat_map(|u| kinds.iter().map(move |&k| u[k]))
+        .fold(0u64, u64::saturating_add)
+}
+
+/// The meter of context memory used by the context hooks.
+fn meter() -> Meter<'static> {
+    Meter {
+        configured: state::global().config.context_overhead,
+        used_now: &nvml_used,
+        own_used: &nvml_own_used,
+        own_data: &own_data,
+        region_data: &region_data,
+        serialize: &ctx_serialize,
+    }
 }
 
 /// The NVML handle of the device with `uuid`: `nvmlDeviceGetHandleByUUID`, else a scan of
@@ -526,13 +650,20 @@ fn log_context_cost(what: &str, dev: usize, cost: Option<ContextCost>) {
         Some(ContextCost::Unknown) => crate::warn!(
             "{what}: device {dev}: context memory could not be measured (NVML unavailable or disturbed); charged 0 bytes (set HAMI_CONTEXT_OVERHEAD to fix a value)"
         ),
-        Some(c) => crate::debug!("{what}: device {dev}: context charged {} bytes ({c:?})", c.bytes()),
+        Some(ContextCost::Configured(b)) => {
+            crate::info!("{what}: device {dev}: context charged {b} bytes (HAMI_CONTEXT_OVERHEAD)")
+        }
+        Some(ContextCost::PerProcess(b)) => crate::info!(
+            "{what}: device {dev}: context charged {b} bytes (measured per process: this process's NVML used memory after minus before)"
+        ),
+        Some(ContextCost::DeviceDelta { bytes, serialized: true }) => crate::info!(
+            "{what}: device {dev}: context charged {bytes} bytes (measured at device level, serialized: NVML device used memory after minus before under the region's context-creation lock; this pid is not in NVML's process list)"
+        ),
+        Some(ContextCost::DeviceDelta { bytes, serialized: false }) => crate::warn!(
+            "{what}: device {dev}: context charged {bytes} bytes (measured at device level WITHOUT the context-creation lock: may include other processes' concurrent contexts)"
+        ),
         None => {}
     }
-}
-
-fn meter_config() -> Option<u64> {
-    state::global().config.context_overhead
 }
 
 /// Hook of `cuDevicePrimaryCtxRetain`: the first retain per device charges the context.
@@ -548,10 +679,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
             return unsafe { f(pctx, dev) };
         }
         let l = ProcLedger::current();
-        let m = Meter {
-            configured: meter_config(),
-            used_now: &nvml_used,
-        };
+        let m = meter();
         let (r, cost) = l.p.contexts.primary_retain(&l, dev as usize, &m, || {
             // SAFETY: forwarded arguments; *pctx written on success.
             match unsafe { f(pctx, dev) } {
@@ -631,10 +759,7 @@ fn ctx_create(
         return real();
     }
     let l = ProcLedger::current();
-    let m = Meter {
-        configured: meter_config(),
-        used_now: &nvml_used,
-    };
+    let m = meter();
     let (r, cost) = l.p.contexts.create(&l, dev as usize, &m, || match real() {
         // SAFETY: *pctx written on success.
         CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),

@@ -51,8 +51,18 @@ pub const MAX_MEASURED_CONTEXT: u64 = 4 << 30;
 pub enum ContextCost {
     /// `HAMI_CONTEXT_OVERHEAD`.
     Configured(u64),
-    /// NVML device used memory after minus before.
-    Measured(u64),
+    /// This process's own used memory on the device per NVML's process list, after minus
+    /// before (minus data this process allocated meanwhile). Other processes cannot disturb it.
+    PerProcess(u64),
+    /// NVML device used memory after minus before (minus data this process allocated
+    /// meanwhile). `serialized`: measured under the region's context-creation lock, so no
+    /// other process sharing the region created a context meanwhile.
+    DeviceDelta {
+        /// Bytes charged.
+        bytes: u64,
+        /// Whether the context-creation lock was held.
+        serialized: bool,
+    },
     /// Not measurable: nothing charged.
     Unknown,
 }
@@ -61,27 +71,61 @@ impl ContextCost {
     /// Bytes to charge.
     pub fn bytes(self) -> u64 {
         match self {
-            ContextCost::Configured(b) | ContextCost::Measured(b) => b,
+            ContextCost::Configured(b)
+            | ContextCost::PerProcess(b)
+            | ContextCost::DeviceDelta { bytes: b, .. } => b,
             ContextCost::Unknown => 0,
         }
     }
 }
 
-/// The memory a new context takes, from the configured override or a before/after reading
-/// of the device's used memory.
-pub fn context_cost(
-    configured: Option<u64>,
-    before: Option<u64>,
-    after: Option<u64>,
-) -> ContextCost {
+/// The NVML readings taken around a context creation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ContextReadings {
+    /// This process's used memory on the device before (0 when NVML does not list it yet);
+    /// `None`: NVML's process list is unavailable.
+    pub own_before: Option<u64>,
+    /// This process's used memory on the device after; `None`: not listed (another pid
+    /// namespace) or unavailable.
+    pub own_after: Option<u64>,
+    /// The device's used memory before.
+    pub dev_before: Option<u64>,
+    /// The device's used memory after.
+    pub dev_after: Option<u64>,
+    /// Change of this process's non-context charges on the device between the readings
+    /// (data other threads allocated or freed meanwhile).
+    pub own_meanwhile: i64,
+    /// Change of the non-context charges of every process sharing the region on the device
+    /// between the readings (their allocations are not serialized with context creation).
+    pub region_meanwhile: i64,
+    /// Whether the context-creation lock was held around the readings.
+    pub serialized: bool,
+}
+
+/// `after - before - meanwhile`, if that is neither negative nor above
+/// [`MAX_MEASURED_CONTEXT`] (then something else happened meanwhile: discarded).
+fn delta(before: Option<u64>, after: Option<u64>, meanwhile: i64) -> Option<u64> {
+    let d = i128::from(after?) - i128::from(before?) - i128::from(meanwhile);
+    (0..=i128::from(MAX_MEASURED_CONTEXT))
+        .contains(&d)
+        .then_some(d as u64)
+}
+
+/// The memory a new context takes: the configured override, else this process's own NVML
+/// usage delta, else the device-level delta, else unknown.
+pub fn context_cost(configured: Option<u64>, r: &ContextReadings) -> ContextCost {
     if let Some(b) = configured {
         return ContextCost::Configured(b);
     }
-    match (before, after) {
-        (Some(b), Some(a)) if a >= b && a - b <= MAX_MEASURED_CONTEXT => {
-            ContextCost::Measured(a - b)
-        }
-        _ => ContextCost::Unknown,
+    if let Some(b) = delta(r.own_before, r.own_after, r.own_meanwhile) {
+        return ContextCost::PerProcess(b);
+    }
+    match delta(r.dev_before, r.dev_after, r.region_meanwhile) {
+        Some(bytes) => ContextCost::DeviceDelta {
+            bytes,
+            serialized: r.serialized,
+        },
+        None => ContextCost::Unknown,
     }
 }
 
@@ -165,24 +209,81 @@ mod tests {
 
     #[test]
     fn context_costs() {
+        let dev = |b, a| ContextReadings {
+            dev_before: Some(b),
+            dev_after: Some(a),
+            serialized: true,
+            ..ContextReadings::default()
+        };
         assert_eq!(
-            context_cost(Some(5), Some(1), Some(100)),
+            context_cost(Some(5), &dev(1, 100)),
             ContextCost::Configured(5)
         );
         assert_eq!(
-            context_cost(None, Some(100), Some(400)),
-            ContextCost::Measured(300)
+            context_cost(None, &dev(100, 400)),
+            ContextCost::DeviceDelta {
+                bytes: 300,
+                serialized: true
+            }
         );
-        assert_eq!(
-            context_cost(None, Some(400), Some(100)),
-            ContextCost::Unknown
-        );
-        assert_eq!(context_cost(None, None, Some(100)), ContextCost::Unknown);
-        assert_eq!(
-            context_cost(None, Some(0), Some(5 * GB)),
-            ContextCost::Unknown
-        );
+        assert_eq!(context_cost(None, &dev(400, 100)), ContextCost::Unknown);
+        let no_before = ContextReadings {
+            dev_before: None,
+            ..dev(0, 100)
+        };
+        assert_eq!(context_cost(None, &no_before), ContextCost::Unknown);
+        assert_eq!(context_cost(None, &dev(0, 5 * GB)), ContextCost::Unknown);
         assert_eq!(ContextCost::Unknown.bytes(), 0);
+        // Per-process readings win over a disturbed device-level delta.
+        let both = ContextReadings {
+            own_before: Some(0),
+            own_after: Some(518),
+            dev_before: Some(1000),
+            dev_after: Some(2100),
+            own_meanwhile: 0,
+            region_meanwhile: 0,
+            serialized: false,
+        };
+        assert_eq!(context_cost(None, &both), ContextCost::PerProcess(518));
+        // Data this process allocated meanwhile is not context memory.
+        let data = ContextReadings {
+            own_before: Some(100),
+            own_after: Some(700),
+            own_meanwhile: 64,
+            ..both
+        };
+        assert_eq!(context_cost(None, &data), ContextCost::PerProcess(536));
+        // Another thread freed 64 bytes meanwhile.
+        let freed = ContextReadings {
+            own_meanwhile: -64,
+            ..data
+        };
+        assert_eq!(context_cost(None, &freed), ContextCost::PerProcess(664));
+        // Not listed after (container pid namespace): the device-level delta.
+        let hidden = ContextReadings {
+            own_after: None,
+            ..both
+        };
+        assert_eq!(
+            context_cost(None, &hidden),
+            ContextCost::DeviceDelta {
+                bytes: 1100,
+                serialized: false
+            }
+        );
+        // A per-process delta that makes no sense falls back to the device level.
+        let odd = ContextReadings {
+            own_before: Some(900),
+            own_after: Some(100),
+            ..both
+        };
+        assert_eq!(context_cost(None, &odd).bytes(), 1100);
+        // Other processes of the region allocated 500 and freed 20 meanwhile.
+        let busy = ContextReadings {
+            region_meanwhile: 480,
+            ..hidden
+        };
+        assert_eq!(context_cost(None, &busy).bytes(), 620);
     }
 
     #[test]

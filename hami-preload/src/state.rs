@@ -304,6 +304,19 @@ impl ProcLedger {
             .map_err(|e| Deny::NoRegion(e.clone()))
     }
 
+    /// Bytes this process has charged on `dev` other than context memory (0 before it
+    /// registers).
+    pub fn own_non_context(&self, dev: usize) -> u64 {
+        let (Ok(region), Some(slot)) = (self.region(), self.p.slot()) else {
+            return 0;
+        };
+        UsageKind::ALL
+            .iter()
+            .filter(|&&k| k != UsageKind::Context)
+            .map(|&k| region.slot_usage(slot, dev, k))
+            .fold(0u64, u64::saturating_add)
+    }
+
     fn local_invalid(&self, dev: usize) -> bool {
         self.g
             .config

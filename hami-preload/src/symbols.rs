@@ -83,6 +83,9 @@ symbol_table! {
         HandleByUuid = c"nvmlDeviceGetHandleByUUID",
         GetCountV2 = c"nvmlDeviceGetCount_v2",
         HandleByIndexV2 = c"nvmlDeviceGetHandleByIndex_v2",
+        ProcsV3 = c"nvmlDeviceGetComputeRunningProcesses_v3",
+        ProcsV2 = c"nvmlDeviceGetComputeRunningProcesses_v2",
+        ProcsV1 = c"nvmlDeviceGetComputeRunningProcesses",
     }
 }
 

@@ -132,3 +132,89 @@ fn unknown_and_double_frees_return_the_drivers_error() {
         );
     }
 }
+
+/// Starts `n` preloaded probes at the same moment (each retains its primary context at
+/// start, which the fake makes take `FAKE_CUDA_CTX_CREATE_DELAY_MS`), runs `ops` in each and
+/// returns their outputs.
+fn concurrent_probes(env: &Env, n: usize, ops: &[&str]) -> Vec<Probe> {
+    let children: Vec<_> = (0..n)
+        .map(|_| {
+            env.command(&artifacts().probe, true)
+                .args(ops)
+                .env("LIBCUDA_LOG_LEVEL", "2")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn hprobe")
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| Probe::from(c.wait_with_output().expect("wait hprobe")))
+        .collect()
+}
+
+/// Context memory charged to each slot of the region on device 0.
+fn context_charges(env: &Env) -> Vec<u64> {
+    env.region()
+        .snapshot()
+        .slots
+        .iter()
+        .map(|s| s.usage[0][hami_common::layout::UsageKind::Context.index()])
+        .collect()
+}
+
+/// Found on the H200: two processes sharing a region created their contexts at the same
+/// moment; context memory was the NVML device-level delta, so one of them was charged both
+/// contexts (1,097,990,144 bytes for 2 x 518 MiB) and both 2.5 GiB allocations in a 4 GiB
+/// quota failed. Now each process is charged its own context, read from NVML's per-process
+/// list: 3 x (500M context + 800M data) = 3900M fit in 4 GiB; one context charged twice would
+/// not.
+#[test]
+fn concurrent_context_creation_charges_each_process_its_own_context() {
+    let env = Env::new("ctx-concurrent")
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "4G")
+        .set("FAKE_CUDA_CTX_OVERHEAD", "500M")
+        .set("FAKE_CUDA_CTX_CREATE_DELAY_MS", "400");
+    let outs = concurrent_probes(&env, 3, &["alloc", "800M", "sleep", "3000", "exit", "0"]);
+    for p in &outs {
+        assert_eq!(p.rcs(), vec![0, 0], "{}", p.dump());
+        assert!(
+            p.stderr()
+                .contains("context charged 524288000 bytes (measured per process"),
+            "{}",
+            p.dump()
+        );
+    }
+    assert_eq!(context_charges(&env), vec![500 * MB; 3]);
+    assert_eq!(env.region().used(0), 3 * 1300 * MB);
+}
+
+/// The fallback when NVML does not list our pid (a container's own pid namespace; simulated
+/// with `FAKE_NVML_HIDE_PROCESSES`): the device-level delta, taken under the region-wide
+/// context-creation lock, so concurrent creations still charge one context each. Another
+/// process's allocation (the first one's 300M, made while the others create their
+/// contexts) is subtracted as region data.
+#[test]
+fn concurrent_context_creation_without_per_process_nvml_is_serialized() {
+    let env = Env::new("ctx-concurrent-hidden")
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "4G")
+        .set("FAKE_CUDA_CTX_OVERHEAD", "500M")
+        .set("FAKE_CUDA_CTX_CREATE_DELAY_MS", "400")
+        .set("FAKE_NVML_HIDE_PROCESSES", "1");
+    let t = std::time::Instant::now();
+    let outs = concurrent_probes(&env, 3, &["alloc", "300M", "sleep", "3000", "exit", "0"]);
+    for p in &outs {
+        assert_eq!(p.rcs(), vec![0, 0], "{}", p.dump());
+        assert!(
+            p.stderr()
+                .contains("context charged 524288000 bytes (measured at device level, serialized"),
+            "{}",
+            p.dump()
+        );
+    }
+    assert_eq!(context_charges(&env), vec![500 * MB; 3]);
+    assert_eq!(env.region().used(0), 3 * 800 * MB);
+    // Serialized: three creations of 400 ms each, one after the other.
+    assert!(t.elapsed() >= std::time::Duration::from_millis(3 * 400 + 3000));
+}

@@ -164,6 +164,19 @@ fn managed_charges() -> bool {
     *V.get_or_init(|| std::env::var("FAKE_CUDA_MANAGED_CHARGES").is_ok_and(|v| v == "1"))
 }
 
+/// Test knob `FAKE_CUDA_CTX_CREATE_DELAY_MS`: how long creating a context (`cuCtxCreate*`, a
+/// first `cuDevicePrimaryCtxRetain`) takes after its memory is charged, to make the creations
+/// of concurrent processes overlap as they do on a real GPU. Default 0.
+fn ctx_create_delay() -> std::time::Duration {
+    static V: OnceLock<u64> = OnceLock::new();
+    std::time::Duration::from_millis(*V.get_or_init(|| {
+        std::env::var("FAKE_CUDA_CTX_CREATE_DELAY_MS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }))
+}
+
 fn lock() -> MutexGuard<'static, Inner> {
     INNER.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -297,6 +310,10 @@ impl Inner {
     fn activate_context(&mut self, h: u64, ordinal: usize, phys: usize, primary: bool) -> R<()> {
         self.charge(phys, self.shared().ctx_overhead())?;
         self.shared().count_context(phys, self.slot, 1);
+        let delay = ctx_create_delay();
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         self.contexts.insert(
             h,
             Ctx {

@@ -333,6 +333,17 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     })
 }
 
+/// Test knob `FAKE_NVML_HIDE_PROCESSES=1`: the process lists report every pid shifted by
+/// [`HIDDEN_PID_OFFSET`], as NVML looks from a container with its own pid namespace (it lists
+/// host pids, none of which is the caller's `getpid()`).
+/// Added to every pid under `FAKE_NVML_HIDE_PROCESSES=1`: beyond Linux's largest pid (2^22).
+pub const HIDDEN_PID_OFFSET: u32 = 1 << 22;
+
+fn hide_processes() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| std::env::var("FAKE_NVML_HIDE_PROCESSES").is_ok_and(|v| v == "1"))
+}
+
 /// Shared body of the `GetComputeRunningProcesses` family; `write(k, pid, used)` fills entry k.
 fn running_processes(
     device: *mut c_void,
@@ -343,7 +354,12 @@ fn running_processes(
     run(|| {
         let (sh, i) = device_of(device)?;
         nonnull(count)?;
-        let list = sh.processes_on(i);
+        let mut list = sh.processes_on(i);
+        if hide_processes() {
+            for (pid, _) in &mut list {
+                *pid = pid.wrapping_add(HIDDEN_PID_OFFSET);
+            }
+        }
         // SAFETY: checked non-NULL; C contract.
         let cap = unsafe { count.read() } as usize;
         // SAFETY: checked non-NULL; C contract.
