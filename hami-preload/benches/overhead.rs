@@ -1,12 +1,21 @@
 //! Benchmark (not a test): added cost of the preload.
 //!
-//! * ns per `cuMemAlloc_v2` + `cuMemFree_v2` pair against the fake driver, with and without
-//!   the preload (cudaprobe `bench-pair`), for 1, 8 and 64 processes contending on one region;
+//! * `cuMemAlloc_v2` + `cuMemFree_v2` pairs against the fake driver, with and without the
+//!   preload in the same run, for 1, 8 and 64 processes contending on one region. The
+//!   processes (cudaprobe `bench-for`) are started, wait at a barrier until every one is
+//!   initialised, then all loop for the same fixed time, so they really overlap. Reported:
+//!   CPU time (user + sys) per pair over all processes, which does not count time spent
+//!   descheduled when there are more processes than CPUs, and pairs per second of all
+//!   processes together. Rounds without and with the preload alternate; the best round of
+//!   each is shown (on a shared machine noise only adds: other processes' cache traffic, or
+//!   an eBPF agent's uprobes on every libcuda, which cost microseconds per call).
+//!   `HAMI_BENCH_SECONDS` (default 0.5) and `HAMI_BENCH_ROUNDS` (default 5) tune it.
 //! * cost of registering a process when 1000 slots are live.
 //!
 //! Run: `cargo bench -p hami-preload` (builds the fake driver and cudaprobe itself).
 
 use hami_common::region::{ProcessId, Region, RegionConfig};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
@@ -62,25 +71,63 @@ fn build() -> (PathBuf, PathBuf, PathBuf) {
     (prof.join("libhami_preload.so"), libdir, probe)
 }
 
-/// Runs `procs` cudaprobes doing `n` pairs each; returns the mean ns per pair.
-fn pairs(
+/// One run of `procs` cudaprobes started together, each doing pairs for `secs` seconds.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    /// Pairs done by all processes.
+    pairs: f64,
+    /// CPU time (user + sys) of all processes over their loops, ns.
+    cpu_ns: f64,
+    /// From the first process's start to the last one's end, ns.
+    wall_ns: f64,
+    /// Time all processes were running their loops at once, ns.
+    overlap_ns: f64,
+}
+
+impl Run {
+    fn cpu_per_pair(&self) -> f64 {
+        self.cpu_ns / self.pairs
+    }
+    fn mpairs_per_s(&self) -> f64 {
+        self.pairs / self.wall_ns * 1e3
+    }
+}
+
+/// `CLOCK_MONOTONIC` in ns (the clock cudaprobe reports on).
+fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// Starts `procs` cudaprobes (`bench-for`), waits until each is initialised and registered
+/// (its `state=ready` line), releases them all at once with a common deadline through the
+/// one pipe that is every process's stdin, and sums what they report.
+fn run(
     preload: Option<&Path>,
     libdir: &Path,
     probe: &Path,
     dir: &Path,
     procs: usize,
-    n: u64,
-) -> f64 {
-    let kids: Vec<_> = (0..procs)
+    secs: f64,
+) -> Run {
+    let (gate_r, gate_w) = std::io::pipe().unwrap();
+    let mut kids: Vec<_> = (0..procs)
         .map(|_| {
             let mut c = Command::new(probe);
-            c.args(["init", "ctx", "bench-pair", &n.to_string(), "1M"])
+            c.args(["init", "ctx", "bench-for", &secs.to_string(), "1M"])
                 .env("LD_LIBRARY_PATH", libdir)
                 .env("FAKE_CUDA_STATE", dir.join("fake.state"))
                 .env("FAKE_CUDA_TOTAL_MEM", "1T")
                 .env("CUDA_DEVICE_MEMORY_LIMIT", "512G")
                 .env("HAMI_CONTEXT_OVERHEAD", "0")
                 .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.join("region"))
+                .env_remove("LD_PRELOAD")
+                .stdin(gate_r.try_clone().unwrap())
                 .stdout(Stdio::piped());
             if let Some(p) = preload {
                 c.env("LD_PRELOAD", p);
@@ -88,24 +135,77 @@ fn pairs(
             c.spawn().unwrap()
         })
         .collect();
-    let mut ns = Vec::new();
-    for k in kids {
-        let out = k.wait_with_output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    drop(gate_r);
+    let mut outs: Vec<_> = kids
+        .iter_mut()
+        .map(|k| BufReader::new(k.stdout.take().unwrap()))
+        .collect();
+    let mut seen: Vec<String> = vec![String::new(); procs];
+    for (o, text) in outs.iter_mut().zip(&mut seen) {
+        loop {
+            let mut line = String::new();
+            let n = o.read_line(&mut line).unwrap();
+            assert!(n > 0, "cudaprobe ended before the barrier:\n{text}");
+            text.push_str(&line);
+            if line.contains("op=bench-for state=ready") {
+                break;
+            }
+        }
+    }
+    // One 24-byte record per process, the common deadline, in one write (atomic: less than
+    // PIPE_BUF): every process takes one record and they all start now and stop together.
+    let deadline = format!("{:<23}\n", monotonic_ns() + (secs * 1e9) as u64);
+    let mut gate_w = gate_w;
+    gate_w.write_all(deadline.repeat(procs).as_bytes()).unwrap();
+    drop(gate_w);
+    let mut total = Run {
+        pairs: 0.0,
+        cpu_ns: 0.0,
+        wall_ns: 0.0,
+        overlap_ns: 0.0,
+    };
+    let (mut first_start, mut last_start) = (f64::MAX, f64::MIN);
+    let (mut first_end, mut last_end) = (f64::MAX, f64::MIN);
+    for ((k, mut o), mut text) in kids.into_iter().zip(outs).zip(seen) {
+        o.read_to_string(&mut text).unwrap();
+        assert!(k.wait_with_output().unwrap().status.success(), "{text}");
         let line = text
             .lines()
-            .find(|l| l.contains("op=bench-pair"))
-            .unwrap_or("");
-        let v = line
-            .split_whitespace()
-            .find_map(|f| f.strip_prefix("ns_per_pair="))
-            .unwrap_or_else(|| panic!("no figure in {text:?}"))
-            .parse::<f64>()
-            .unwrap();
+            .find(|l| l.contains("op=bench-for") && l.contains("pairs="))
+            .unwrap_or_else(|| panic!("no figure in {text:?}"));
         assert!(line.contains("failures=0"), "{text}");
-        ns.push(v);
+        let field = |key: &str| -> f64 {
+            line.split_whitespace()
+                .find_map(|f| f.strip_prefix(key))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+        };
+        let (start, end) = (field("start_ns="), field("end_ns="));
+        total.pairs += field("pairs=");
+        total.cpu_ns += field("cpu_ns=");
+        first_start = first_start.min(start);
+        last_start = last_start.max(start);
+        first_end = first_end.min(end);
+        last_end = last_end.max(end);
     }
-    ns.iter().sum::<f64>() / ns.len() as f64
+    total.wall_ns = last_end - first_start;
+    total.overlap_ns = (first_end - last_start).max(0.0);
+    total
+}
+
+fn min(v: impl Iterator<Item = f64>) -> f64 {
+    v.fold(f64::INFINITY, f64::min)
+}
+
+fn max(v: impl Iterator<Item = f64>) -> f64 {
+    v.fold(0.0, f64::max)
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn main() {
@@ -113,19 +213,48 @@ fn main() {
     let (preload, libdir, probe) = build();
     let dir = std::env::temp_dir().join(format!("hami-preload-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    println!("ns per cuMemAlloc_v2+cuMemFree_v2 pair (fake driver), mean over processes:");
+    let secs: f64 = env_or("HAMI_BENCH_SECONDS", 0.5);
+    let rounds: usize = env_or("HAMI_BENCH_ROUNDS", 5).max(1);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "{:>6} {:>14} {:>14} {:>12}",
-        "procs", "without", "with preload", "added"
+        "cuMemAlloc_v2+cuMemFree_v2 pair (fake driver, 1 MiB), {cpus} CPUs: N processes on one region \
+         released together by a barrier and stopped at a common deadline {secs} s later; rounds \
+         without and with the preload alternate; best of {rounds} (the machine is shared: noise \
+         only adds)."
+    );
+    println!(
+        "cpu = CPU ns (user+sys) per pair over all processes (flat = the added column does not \
+         grow with N); Mpairs/s = pairs of all processes / wall time of the run."
+    );
+    println!(
+        "{:>6} {:>12} {:>12} {:>12} {:>15} {:>15}",
+        "procs", "cpu_without", "cpu_with", "added", "Mpairs/s_without", "Mpairs/s_with"
     );
     for procs in [1usize, 8, 64] {
-        let n = if procs == 64 { 20_000 } else { 200_000 };
-        let without = pairs(None, &libdir, &probe, &dir, procs, n);
-        let with = pairs(Some(&preload), &libdir, &probe, &dir, procs, n);
+        let (mut without, mut with) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            without.push(run(None, &libdir, &probe, &dir, procs, secs));
+            with.push(run(Some(&preload), &libdir, &probe, &dir, procs, secs));
+        }
+        let min_overlap = without
+            .iter()
+            .chain(&with)
+            .map(|r| r.overlap_ns / r.wall_ns)
+            .fold(1.0f64, f64::min);
+        let cpu_without = min(without.iter().map(Run::cpu_per_pair));
+        let cpu_with = min(with.iter().map(Run::cpu_per_pair));
+        let mps_without = max(without.iter().map(Run::mpairs_per_s));
+        let mps_with = max(with.iter().map(Run::mpairs_per_s));
         println!(
-            "{procs:>6} {without:>14.1} {with:>14.1} {:>12.1}",
-            with - without
+            "{procs:>6} {cpu_without:>12.1} {cpu_with:>12.1} {:>12.1} {mps_without:>15.2} {mps_with:>15.2}",
+            cpu_with - cpu_without
         );
+        if min_overlap < 0.9 {
+            println!(
+                "       (warning: in some run the processes overlapped for only {:.0}% of the wall time)",
+                min_overlap * 100.0
+            );
+        }
     }
 
     // Registration with 1000 live slots.

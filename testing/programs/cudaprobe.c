@@ -378,7 +378,7 @@ static void usage(void) {
        "  alloc SIZE | alloc-null | free IDX|ADDR|last|all | free-raw 0xADDR\n"
        "  pitch WIDTH HEIGHT | managed SIZE | async SIZE | async-ptsz SIZE | freeasync IDX\n"
        "  pool SIZE | create SIZE | release IDX | array W H | array3d W H D | arraydestroy IDX\n"
-       "  fill SIZE | bench-pair N SIZE | getproc NAME [VERSION [FLAGS]] | getproc1 NAME [VERSION [FLAGS]]\n"
+       "  fill SIZE | bench-pair N SIZE | bench-for SECONDS SIZE | getproc NAME [VERSION [FLAGS]] | getproc1 NAME [VERSION [FLAGS]]\n"
        "  errname CODE\n"
        "  sleep SECONDS | wait | exit CODE");
 }
@@ -567,6 +567,42 @@ int main(int argc, char **argv) {
       }
       double dt = now_ns() - t0;
       printf("op=bench-pair n=%ld size=%zu ns_per_pair=%.1f failures=%ld", n, s, n ? dt / n : 0.0, fails); end(last);
+    } else if (!strcmp(op, "bench-for")) {
+      /* Barrier, then alloc+free pairs until a deadline. Prints "state=ready" and blocks
+       * reading a 24-byte record from stdin: the absolute CLOCK_MONOTONIC deadline in ns, as
+       * text (a parent writes one record per process into one pipe that is every process's
+       * stdin, in one write: all are released together and stop together). On EOF instead
+       * (stdin closed or /dev/null) the deadline is SECONDS from now. Reports pairs, its
+       * window on CLOCK_MONOTONIC and the process's CPU time (user+sys) over the loop. */
+      NEED(2); double sec = atof(argv[++a]); size_t s = parse_size(argv[++a]); long fails = 0; CUresult last = 0;
+      printf("op=bench-for state=ready\n"); fflush(stdout);
+      char b[25]; size_t got = 0;
+      while (got < 24) {
+        ssize_t r = read(0, b + got, 24 - got);
+        if (r == 0 || (r < 0 && errno != EINTR)) break;
+        if (r > 0) got += (size_t)r;
+      }
+      b[got] = 0;
+      double t0 = now_ns(), stop = got == 24 ? atof(b) : t0 + sec * 1e9, t1 = t0;
+      struct timespec c0, c1;
+      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+      unsigned long long pairs = 0;
+      do {
+        for (int j = 0; j < 64; j++) {
+          CUdeviceptr p;
+          CUresult r = cu.MemAlloc(&p, s);
+          if (r) { fails++; last = r; continue; }
+          r = cu.MemFree(p);
+          if (r) { fails++; last = r; }
+        }
+        pairs += 64;
+        t1 = now_ns();
+      } while (t1 < stop);
+      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+      double cpu = (c1.tv_sec - c0.tv_sec) * 1e9 + (c1.tv_nsec - c0.tv_nsec);
+      printf("op=bench-for size=%zu pairs=%llu start_ns=%.0f end_ns=%.0f cpu_ns=%.0f failures=%ld", s, pairs, t0, t1,
+             cpu, fails);
+      end(last);
     } else if (!strcmp(op, "getproc")) {
       NEED(1); const char *name = argv[++a];
       int ver = (a + 1 < argc && argv[a + 1][0] >= '0' && argv[a + 1][0] <= '9') ? atoi(argv[++a]) : cuda_version;

@@ -341,15 +341,16 @@ fn kv(text: &str, key: &str) -> Option<f64> {
     figure(text, &format!("{key}="))
 }
 
-/// A row of the preload bench's table: `procs without with added`.
-fn preload_row(text: &str, procs: u32) -> Option<[f64; 3]> {
+/// A row of the preload bench's table: `procs cpu_without cpu_with added mpairs_without
+/// mpairs_with` (CPU ns per pair over all processes, million pairs per second in total).
+fn preload_row(text: &str, procs: u32) -> Option<[f64; 5]> {
     text.lines().find_map(|l| {
         let v: Vec<f64> = l
             .split_whitespace()
             .map(|t| t.parse::<f64>())
             .collect::<Result<_, _>>()
             .ok()?;
-        (v.len() == 4 && v[0] == f64::from(procs)).then(|| [v[1], v[2], v[3]])
+        (v.len() == 6 && v[0] == f64::from(procs)).then(|| [v[1], v[2], v[3], v[4], v[5]])
     })
 }
 
@@ -371,7 +372,7 @@ fn summarize(
     writeln!(s, "|---|---|---|")?;
 
     for procs in [1u32, 8, 64] {
-        let [without, with, added] = need(
+        let [without, with, added, mps_without, mps_with] = need(
             preload_row(preload, procs),
             &format!("{procs} processes (preload bench)"),
         )?;
@@ -381,7 +382,7 @@ fn summarize(
         };
         writeln!(
             s,
-            "| `cuMemAlloc_v2`+`cuMemFree_v2` pair, {procs} process{} on one region: without / with preload / **added** | {without:.1} / {with:.1} / **{added:+.1} ns** | {target} |",
+            "| `cuMemAlloc_v2`+`cuMemFree_v2` pair, {procs} process{} on one region, CPU ns per pair: without / with preload / **added** (pairs/s of all processes: without / with) | {without:.1} / {with:.1} / **{added:+.1} ns** ({mps_without:.2} / {mps_with:.2} M/s) | {target} |",
             if procs == 1 { "" } else { "es" }
         )?;
     }
@@ -475,7 +476,9 @@ fn summarize(
         s,
         "\nSources: `cargo bench -p hami-preload --bench overhead`, `cargo bench -p hami-common --features std --bench region`, \
          `cargo bench -p hami-user --bench probes`, and `hami-agent run` measured by `cargo xtask bench`. \
-         Per-pair figures are wall-clock means per process; with more processes than CPUs they include time spent descheduled."
+         Preload figures: processes released together by a barrier and stopped at a common deadline; CPU time (user+sys) per pair \
+         over all processes, so time spent descheduled with more processes than CPUs is not counted (best of several rounds). \
+         Region contention figures are wall-clock means per process and do include it."
     )?;
     Ok(s)
 }
@@ -492,11 +495,12 @@ contended, 64 processes:   2900.5 ns per pair seen by each process,    5.0 M pai
 register+unregister with 1000 live slots:      3.25 us
 ";
     const PRELOAD: &str =
-        "ns per cuMemAlloc_v2+cuMemFree_v2 pair (fake driver), mean over processes:
- procs        without   with preload        added
-     1          250.0          300.5         50.5
-     8          900.0         1000.0        100.0
-    64        9000.0        9500.0        500.0
+        "cuMemAlloc_v2+cuMemFree_v2 pair (fake driver, 1 MiB), 2 CPUs: N processes on one region ...
+cpu = CPU ns (user+sys) per pair over all processes ...; Mpairs/s = pairs of all processes / wall time of the run.
+ procs  cpu_without     cpu_with        added Mpairs/s_without   Mpairs/s_with
+     1        250.0        300.5         50.5           4.00            3.33
+     8        900.0       1000.0        100.0           2.22            2.00
+    64       9000.0       9500.0        500.0           0.22            0.21
 register+unregister with 1000 live slots: 12.5 us
 ";
     const PROBES: &str = "pairs_per_process=200000
@@ -524,7 +528,10 @@ rss_kib_with_probes=9000
             figure(REGION, "register+unregister with 1000 live slots:"),
             Some(3.25)
         );
-        assert_eq!(preload_row(PRELOAD, 8), Some([900.0, 1000.0, 100.0]));
+        assert_eq!(
+            preload_row(PRELOAD, 8),
+            Some([900.0, 1000.0, 100.0, 2.22, 2.0])
+        );
         assert_eq!(preload_row(PRELOAD, 2), None);
         assert_eq!(kv(PROBES, "events_dropped"), Some(0.0));
         assert_eq!(kv(PROBES, "added_ns_per_pair"), Some(1000.5));
@@ -545,7 +552,7 @@ rss_kib_with_probes=9000
         let s = summarize("ctx", REGION, PRELOAD, PROBES, &load).unwrap();
         for want in [
             "**+50.5 ns**",
-            "**+500.0 ns**",
+            "**+500.0 ns** (0.22 / 0.21 M/s)",
             "**12.5 µs**",
             "3.25 µs",
             "**41.3 ns**",
