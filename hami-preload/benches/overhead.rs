@@ -249,6 +249,12 @@ fn main() {
             "{procs:>6} {cpu_without:>12.1} {cpu_with:>12.1} {:>12.1} {mps_without:>15.2} {mps_with:>15.2}",
             cpu_with - cpu_without
         );
+        let spread: Vec<String> = without
+            .iter()
+            .zip(&with)
+            .map(|(a, b)| format!("{:.0}", b.cpu_per_pair() - a.cpu_per_pair()))
+            .collect();
+        println!("       (added per round: {})", spread.join(" "));
         if min_overlap < 0.9 {
             println!(
                 "       (warning: in some run the processes overlapped for only {:.0}% of the wall time)",

@@ -11,6 +11,7 @@
 //!   driver succeeded (put the entry back otherwise). An object we never tracked (or already
 //!   released: a double free) goes straight to the driver, whose error code is returned.
 
+use crate::ctxcache::CtxDevices;
 use crate::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use hami_common::layout::UsageKind;
 use std::collections::HashMap;
@@ -110,12 +111,15 @@ type Map = HashMap<(Ns, u64), Entry, std::hash::BuildHasherDefault<KeyHasher>>;
 /// The table of tracked objects, sharded to keep threads from contending.
 pub struct Accounts {
     shards: [Mutex<Map>; SHARDS],
+    /// Context → device cache of the allocation path, emptied by [`Accounts::drop_context`].
+    pub ctx_devices: CtxDevices,
 }
 
 impl Default for Accounts {
     fn default() -> Self {
         Accounts {
             shards: std::array::from_fn(|_| Mutex::new(Map::default())),
+            ctx_devices: CtxDevices::default(),
         }
     }
 }
@@ -235,8 +239,11 @@ impl Accounts {
     }
 
     /// Forgets every object of context `ctx` (the driver destroyed them with the context)
-    /// and releases their charges. Returns how many there were.
+    /// and releases their charges. Returns how many there were. Every path that destroys a
+    /// context calls this; it also empties the context → device cache (the handle may be
+    /// reused by a context on another device).
     pub fn drop_context<L: Ledger + ?Sized>(&self, ledger: &L, ctx: usize) -> usize {
+        self.ctx_devices.invalidate();
         if ctx == 0 {
             return 0;
         }

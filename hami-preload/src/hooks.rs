@@ -34,8 +34,24 @@ macro_rules! real_cu {
     };
 }
 
-/// The current context's device and the context itself.
+/// The current context's device and the context itself. The device comes from the process's
+/// context → device cache when it can (see [`crate::ctxcache`]), else from `cuCtxGetDevice`.
 fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
+    let cache = &state::proc_state().accounts.ctx_devices;
+    // Before asking the driver: a context destroyed after this point is not cached.
+    let token = cache.token();
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: documented type; valid out pointer.
+    if let Some(f) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::CtxGetCurrent) } {
+        // SAFETY: valid out pointer.
+        if unsafe { f(&mut ctx) } != CUDA_SUCCESS {
+            ctx = std::ptr::null_mut();
+        }
+    }
+    let ctx = ctx as usize;
+    if let Some(dev) = cache.lookup(token, ctx) {
+        return Ok((dev, ctx));
+    }
     // SAFETY: documented types.
     let get_dev =
         unsafe { symbols::cu::<FnCtxGetDevice>(Cu::CtxGetDevice) }.ok_or(CUDA_ERROR_NOT_FOUND)?;
@@ -45,15 +61,9 @@ fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
     if r != CUDA_SUCCESS {
         return Err(r);
     }
-    let mut ctx: CUcontext = std::ptr::null_mut();
-    // SAFETY: documented type; valid out pointer.
-    if let Some(f) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::CtxGetCurrent) } {
-        // SAFETY: valid out pointer.
-        if unsafe { f(&mut ctx) } != CUDA_SUCCESS {
-            ctx = std::ptr::null_mut();
-        }
-    }
-    Ok((dev.max(0) as usize, ctx as usize))
+    let dev = dev.max(0) as usize;
+    cache.fill(token, ctx, dev);
+    Ok((dev, ctx))
 }
 
 fn report_denial(what: &str, p: &ProcState, dev: usize, d: &Deny) {

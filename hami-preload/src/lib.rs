@@ -17,6 +17,7 @@
 pub mod accounting;
 pub mod config;
 pub mod contexts;
+pub mod ctxcache;
 pub mod ctxlock;
 pub mod cuda;
 pub mod dlsym;

@@ -1,0 +1,111 @@
+//! The allocation path's context → device cache: allocations are charged to the device of
+//! the context current at the time of each call, across context switches, creations and
+//! destructions (cudaprobe, two fake devices).
+
+mod support;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use support::*;
+
+/// `testing/programs/cudaprobe.c`, compiled against the fake driver of the support module.
+fn cudaprobe() -> &'static PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let a = artifacts();
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../testing/programs/cudaprobe.c");
+        let out = a.probe.with_file_name("alloc-path-cudaprobe");
+        let st = Command::new("cc")
+            .args(["-O1", "-o"])
+            .arg(&out)
+            .arg(&src)
+            .arg("-L")
+            .arg(&a.libdir)
+            .args(["-l:libcuda.so.1", "-ldl", "-lpthread"])
+            .status()
+            .expect("cc");
+        assert!(st.success(), "compiling cudaprobe.c failed");
+        out
+    })
+}
+
+/// Runs cudaprobe with the preload; returns (stdout, rc of every op line).
+fn run(env: &Env, args: &[&str]) -> (String, Vec<i64>) {
+    let out = env.command(cudaprobe(), true).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let rcs = text
+        .lines()
+        .filter(|l| l.starts_with("op=") && l.contains(" rc="))
+        .map(|l| {
+            l.split_whitespace()
+                .find_map(|f| f.strip_prefix("rc="))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(-1)
+        })
+        .collect();
+    (
+        format!("{text}{}", String::from_utf8_lossy(&out.stderr)),
+        rcs,
+    )
+}
+
+#[test]
+fn charges_follow_the_current_context_across_switches_and_destruction() {
+    let env = Env::new("alloc-path-ctx")
+        .set("FAKE_CUDA_DEVICE_COUNT", "2")
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "4G")
+        .set("HAMI_CONTEXT_OVERHEAD", "0");
+    let (text, rcs) = run(
+        &env,
+        &[
+            "init",
+            "ctx",
+            "alloc",
+            "100M", // primary context of device 0
+            "device",
+            "1",
+            "ctxcreate",
+            "alloc",
+            "200M", // created context on device 1
+            "ctxdestroy",
+            "alloc",
+            "300M", // popped: device 0's primary again
+            "ctx",
+            "alloc",
+            "10M", // primary context of device 1 made current
+            "device",
+            "0",
+            "ctx",
+            "alloc",
+            "1M", // and back to device 0's
+            "device",
+            "1",
+            "ctxcreate",
+            "alloc",
+            "50M", // another created context
+            "exit",
+            "0",
+        ],
+    );
+    assert!(rcs.iter().all(|&r| r == 0), "{text}");
+    assert_eq!(rcs.len(), 16, "{text}");
+    let r = env.region();
+    // The 200M went with the destroyed context.
+    assert_eq!((r.used(0), r.used(1)), (401 * MB, 60 * MB), "{text}");
+}
+
+#[test]
+fn a_failing_device_query_without_context_is_returned() {
+    // No current context: cuCtxGetDevice's error comes back (nothing is cached for null).
+    let env = Env::new("alloc-path-noctx")
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
+        .set("HAMI_CONTEXT_OVERHEAD", "0");
+    let (text, rcs) = run(
+        &env,
+        &["init", "alloc", "1M", "ctx", "alloc", "1M", "exit", "0"],
+    );
+    // CUDA_ERROR_INVALID_CONTEXT (201), then success once a context is current.
+    assert_eq!(rcs, vec![0, 201, 0, 0], "{text}");
+    assert_eq!(env.region().used(0), MB, "{text}");
+}
