@@ -22,6 +22,8 @@ use crate::layout::{
 };
 
 const HEADER_SIZE: usize = core::mem::size_of::<RegionHeader>();
+/// `pthread_mutex_trylock` attempts before blocking (a few microseconds in all).
+const LOCK_SPINS: u32 = 64;
 
 // The mutex must fit in the bytes the layout reserves for it, at a suitable alignment.
 const _: () = assert!(core::mem::size_of::<libc::pthread_mutex_t>() <= LOCK_BYTES);
@@ -1213,8 +1215,7 @@ impl Region {
         if !self.writable {
             return Err(self.read_only_err());
         }
-        // SAFETY: the mutex was initialised (process-shared, robust) before INIT_READY.
-        let rc = unsafe { libc::pthread_mutex_lock(self.mutex()) };
+        let rc = self.acquire();
         match rc {
             0 => Ok(LockGuard { region: self }),
             libc::EOWNERDEAD => {
@@ -1230,6 +1231,27 @@ impl Region {
                 source: io::Error::from_raw_os_error(e),
             }),
         }
+    }
+
+    /// Takes the mutex: a short bounded spin on `pthread_mutex_trylock` first, then the
+    /// blocking `pthread_mutex_lock`. The lock is held for a few stores, so a holder running
+    /// on another CPU releases it within the spin, sparing both sides a futex sleep and wake;
+    /// a preempted holder makes the spin run out and the caller sleep as before. Both calls
+    /// report a dead owner the same way (`EOWNERDEAD`, with the lock taken), handled by
+    /// [`Region::lock`] for both.
+    fn acquire(&self) -> libc::c_int {
+        for i in 0..LOCK_SPINS {
+            // SAFETY: the mutex was initialised (process-shared, robust) before INIT_READY.
+            let rc = unsafe { libc::pthread_mutex_trylock(self.mutex()) };
+            if rc != libc::EBUSY {
+                return rc;
+            }
+            for _ in 0..(1u32 << (i / 16).min(3)) {
+                core::hint::spin_loop();
+            }
+        }
+        // SAFETY: as above.
+        unsafe { libc::pthread_mutex_lock(self.mutex()) }
     }
 
     fn read_only_err(&self) -> RegionError {
