@@ -110,10 +110,17 @@ impl LazyLib {
 
     /// Resolves the library. With `load == false` only a library that is already loaded is
     /// used (`RTLD_NOLOAD`). Returns `None` when it cannot be found or on re-entrant calls.
+    #[inline]
     pub fn get(&self, load: bool) -> Option<&RealLib> {
-        if let Some(l) = self.cell.get() {
-            return Some(l);
+        match self.cell.get() {
+            Some(l) => Some(l),
+            None => self.get_slow(load),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn get_slow(&self, load: bool) -> Option<&RealLib> {
         if resolving() {
             return None;
         }

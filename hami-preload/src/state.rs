@@ -34,10 +34,17 @@ pub struct Global {
 static GLOBAL: OnceLock<Global> = OnceLock::new();
 
 /// The global state, built on first use.
+#[inline]
 pub fn global() -> &'static Global {
-    if let Some(g) = GLOBAL.get() {
-        return g;
+    match GLOBAL.get() {
+        Some(g) => g,
+        None => global_slow(),
     }
+}
+
+#[cold]
+#[inline(never)]
+fn global_slow() -> &'static Global {
     let (g, messages) = build_global();
     if GLOBAL.set(g).is_ok() {
         // Only the thread whose state was kept reports.
@@ -224,12 +231,19 @@ static PROC: AtomicPtr<ProcState> = AtomicPtr::new(std::ptr::null_mut());
 static HANDLERS: std::sync::Once = std::sync::Once::new();
 
 /// This process's state, created on first use.
+#[inline]
 pub fn proc_state() -> &'static ProcState {
     let p = PROC.load(Ordering::Acquire);
     if !p.is_null() {
         // SAFETY: PROC only ever holds leaked boxes, never freed.
         return unsafe { &*p };
     }
+    proc_state_slow()
+}
+
+#[cold]
+#[inline(never)]
+fn proc_state_slow() -> &'static ProcState {
     HANDLERS.call_once(|| {
         // SAFETY: registering a handler with no preconditions; the library is never unloaded
         // (linked with -z nodelete).
