@@ -477,7 +477,7 @@ fn summarize(
         "\nSources: `cargo bench -p hami-preload --bench overhead`, `cargo bench -p hami-common --features std --bench region`, \
          `cargo bench -p hami-user --bench probes`, and `hami-agent run` measured by `cargo xtask bench`. \
          Preload figures: processes released together by a barrier and stopped at a common deadline; CPU time (user+sys) per pair \
-         over all processes, so time spent descheduled with more processes than CPUs is not counted (best of several rounds). \
+         over all processes, so time spent descheduled with more processes than CPUs is not counted (median of several rounds). \
          Region contention figures are wall-clock means per process and do include it."
     )?;
     Ok(s)
