@@ -362,6 +362,23 @@ fn audit_exits_non_zero_on_bypass() {
     probe.resume();
 }
 
+#[test]
+fn agent_exits_promptly_after_sigterm_and_still_reports() {
+    let _g = serial();
+    let env = TestEnv::new();
+    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "60"]);
+    let t = Instant::now();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) };
+    let (st, out, log) = agent.finish();
+    let took = t.elapsed();
+    // Detaching the 47 probe links in the agent took about 5 s; a keeper process does it now.
+    assert!(took < Duration::from_secs(3), "exit took {took:?}");
+    assert_eq!(st.code(), Some(0));
+    let audit = parse_audit(&out, &log);
+    assert_eq!(audit["failed"], false, "{audit:#}");
+}
+
 fn inspect(region: &Path) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_hami-agent"))
         .args(["inspect", "--json"])

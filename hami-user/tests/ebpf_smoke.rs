@@ -707,3 +707,51 @@ async fn container_libcuda_found_through_proc_root() {
         "{evs:#?}"
     );
 }
+
+/// Runs the mini program once and returns how many events the probes sent meanwhile.
+fn sent_by_one_run(probes: &Probes, prog: &Path) -> u64 {
+    let before = probes.counters().sent;
+    let st = Command::new(prog)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    probes.counters().sent - before
+}
+
+#[test]
+fn links_handed_to_a_keeper_process_are_detached_without_waiting() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let (lib, prog) = build_mini(tmp.path());
+    let mut probes = Probes::load(&ProbeOptions::default()).unwrap();
+    let outcome = probes.attach_libcuda(&lib).unwrap();
+    assert!(
+        sent_by_one_run(&probes, &prog) > 0,
+        "the probes do not fire"
+    );
+    let links = probes.take_links();
+    // Entry and return probe per symbol, plus the process-exit tracepoint.
+    assert_eq!(links.len(), 2 * outcome.attached.len() + 1);
+    assert!(matches!(
+        probes.attach_libcuda(&lib),
+        Err(ProbeError::Closed)
+    ));
+    let t = std::time::Instant::now();
+    assert!(links.detach_in_background(), "not handed off");
+    // Detaching here takes about 0.1 s per link (4-5 s); handing off takes milliseconds.
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "hand-off took {:?}",
+        t.elapsed()
+    );
+    // The keeper detaches them in the background: the probes stop firing.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while sent_by_one_run(&probes, &prog) > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "probes still attached 60 s after the hand-off"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

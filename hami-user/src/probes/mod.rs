@@ -13,6 +13,7 @@
 //! ```
 
 pub mod discovery;
+mod teardown;
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -23,7 +24,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
-use aya::programs::uprobe::{UProbeLinkId, UProbeScope};
+use aya::programs::raw_trace_point::RawTracePointLink;
+use aya::programs::uprobe::{UProbeLink, UProbeScope};
 use aya::programs::{ProgramError, RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use hami_common::event::{counter, CudaEvent};
@@ -33,6 +35,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 pub use discovery::{discover_libcuda, parse_ld_so_cache};
+pub use teardown::ProbeLinks;
 
 /// The compiled eBPF object (built by `build.rs` through aya-build).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hami-ebpf"));
@@ -130,6 +133,9 @@ pub enum ProbeError {
     /// Registering the ring buffer with tokio failed (no runtime, or epoll refused it).
     #[error("registering the event ring buffer with tokio: {0}")]
     Runtime(#[source] io::Error),
+    /// The probes were shut down ([`Probes::take_links`]): nothing more is attached.
+    #[error("the probes are shut down")]
+    Closed,
 }
 
 /// Options for [`Probes::load`].
@@ -223,7 +229,8 @@ struct Lib {
     path: PathBuf,
     attached_at: SystemTime,
     symbols: Vec<&'static str>,
-    links: Vec<(String, UProbeLinkId)>,
+    /// Owned links: dropping one detaches it.
+    links: Vec<UProbeLink>,
 }
 
 /// Loaded (not yet streaming) probes. See the module docs.
@@ -234,7 +241,9 @@ pub struct Probes {
     rejected: HashSet<(u64, u64)>,
     counters: PerCpuArray<MapData, u64>,
     ring: Option<RingBuf<MapData>>,
-    _exit_tp: (),
+    exit_tp: Option<RawTracePointLink>,
+    /// Set by [`Probes::take_links`]: attaching is refused from then on.
+    closed: bool,
 }
 
 fn prog_err(name: &str, e: ProgramError) -> ProbeError {
@@ -286,12 +295,13 @@ impl Probes {
             .map_err(|e| prog_err("sched_process_exit", e))?;
         tp.load().map_err(|e| prog_err("sched_process_exit", e))?;
         // A raw tracepoint: attached through bpf(), no tracefs mount needed.
-        tp.attach("sched_process_exit")
-            .map_err(|e| ProbeError::Attach {
-                symbol: "raw tracepoint sched_process_exit".into(),
-                path: PathBuf::from("(kernel)"),
-                source: Box::new(e),
-            })?;
+        let tp_err = |e| ProbeError::Attach {
+            symbol: "raw tracepoint sched_process_exit".into(),
+            path: PathBuf::from("(kernel)"),
+            source: Box::new(e),
+        };
+        let tp_id = tp.attach("sched_process_exit").map_err(tp_err)?;
+        let exit_tp = tp.take_link(tp_id).map_err(tp_err)?;
         let counters = ebpf
             .take_map("COUNTERS")
             .ok_or_else(|| ProbeError::Missing("map COUNTERS".into()))?;
@@ -312,7 +322,8 @@ impl Probes {
             rejected: HashSet::new(),
             counters,
             ring: Some(ring),
-            _exit_tp: (),
+            exit_tp: Some(exit_tp),
+            closed: false,
         })
     }
 
@@ -321,6 +332,9 @@ impl Probes {
     /// does not export are listed in [`AttachOutcome::missing`]; other failures detach what
     /// was attached and return the error.
     pub fn attach_libcuda(&mut self, path: &Path) -> Result<AttachOutcome, ProbeError> {
+        if self.closed {
+            return Err(ProbeError::Closed);
+        }
         let meta = std::fs::metadata(path).map_err(|source| ProbeError::File {
             path: path.to_path_buf(),
             source,
@@ -339,20 +353,20 @@ impl Probes {
             return Err(ProbeError::NotLibcuda(path.to_path_buf()));
         }
         check_elf(path)?;
-        let mut links: Vec<(String, UProbeLinkId)> = Vec::new();
+        let mut links: Vec<UProbeLink> = Vec::new();
         let mut attached = Vec::new();
         let mut missing = Vec::new();
         for &sym in PROBED_SYMBOLS {
             let ret_name = format!("{sym}_ret");
             match self.attach_one(sym, sym, path) {
-                Ok(l) => links.push((sym.to_string(), l)),
+                Ok(l) => links.push(l),
                 Err(AttachErr::NoSymbol) => {
                     tracing::debug!(symbol = sym, path = %path.display(), "not exported; skipped");
                     missing.push(sym);
                     continue;
                 }
                 Err(AttachErr::Other(e)) => {
-                    self.detach_all(links);
+                    drop(ProbeLinks::new(links));
                     return Err(ProbeError::Attach {
                         symbol: sym.to_string(),
                         path: path.to_path_buf(),
@@ -361,14 +375,14 @@ impl Probes {
                 }
             }
             match self.attach_one(&ret_name, sym, path) {
-                Ok(l) => links.push((ret_name, l)),
+                Ok(l) => links.push(l),
                 Err(AttachErr::NoSymbol) => {
                     // Cannot happen after the entry resolved; treat as missing.
                     missing.push(sym);
                     continue;
                 }
                 Err(AttachErr::Other(e)) => {
-                    self.detach_all(links);
+                    drop(ProbeLinks::new(links));
                     return Err(ProbeError::Attach {
                         symbol: ret_name,
                         path: path.to_path_buf(),
@@ -406,12 +420,7 @@ impl Probes {
         })
     }
 
-    fn attach_one(
-        &mut self,
-        prog: &str,
-        sym: &str,
-        path: &Path,
-    ) -> Result<UProbeLinkId, AttachErr> {
+    fn attach_one(&mut self, prog: &str, sym: &str, path: &Path) -> Result<UProbeLink, AttachErr> {
         let p: &mut UProbe = self
             .ebpf
             .program_mut(prog)
@@ -419,21 +428,12 @@ impl Probes {
             .try_into()
             .map_err(AttachErr::Other)?;
         match p.attach(sym, path, UProbeScope::AllProcesses) {
-            Ok(l) => Ok(l),
+            // Take ownership of the link so that detaching is dropping it, from any thread.
+            Ok(id) => p.take_link(id).map_err(AttachErr::Other),
             Err(ProgramError::UProbeError(aya::programs::UProbeError::SymbolError { .. })) => {
                 Err(AttachErr::NoSymbol)
             }
             Err(e) => Err(AttachErr::Other(e)),
-        }
-    }
-
-    fn detach_all(&mut self, links: Vec<(String, UProbeLinkId)>) {
-        for (prog, link) in links {
-            if let Some(p) = self.ebpf.program_mut(&prog) {
-                if let Ok(p) = <&mut UProbe>::try_from(p) {
-                    let _ = p.detach(link);
-                }
-            }
         }
     }
 
@@ -442,11 +442,28 @@ impl Probes {
     pub fn detach_libcuda(&mut self, file_id: (u64, u64)) -> bool {
         match self.libs.remove(&file_id) {
             Some(lib) => {
-                self.detach_all(lib.links);
+                drop(ProbeLinks::new(lib.links));
                 true
             }
             None => false,
         }
+    }
+
+    /// Takes every link out (the process-exit tracepoint and all libcuda probes) and refuses
+    /// further attaching. The probes stay in the kernel until the returned [`ProbeLinks`] is
+    /// dropped or handed off: detaching is slow (about 0.1 s per link, one after another in
+    /// the kernel), so a caller that is about to exit can use
+    /// [`ProbeLinks::detach_in_background`].
+    pub fn take_links(&mut self) -> ProbeLinks {
+        self.closed = true;
+        let mut links = ProbeLinks::default();
+        for (_, lib) in self.libs.drain() {
+            links.extend(lib.links);
+        }
+        if let Some(tp) = self.exit_tp.take() {
+            links.push(tp);
+        }
+        links
     }
 
     /// The libraries attached so far.
@@ -547,6 +564,14 @@ impl Probes {
 enum AttachErr {
     NoSymbol,
     Other(ProgramError),
+}
+
+impl Drop for Probes {
+    /// Detaches every probe, all at once (see [`ProbeLinks`]); the programs and maps go
+    /// after, with the [`Ebpf`].
+    fn drop(&mut self) {
+        drop(self.take_links());
+    }
 }
 
 fn check_elf(path: &Path) -> Result<(), ProbeError> {
@@ -686,7 +711,7 @@ fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> Vec<AttachOu
                 }
                 true
             }
-            Err(ProbeError::NotLibcuda(_)) => true,
+            Err(ProbeError::NotLibcuda(_) | ProbeError::Closed) => true,
             Err(ProbeError::File { .. }) => false, // process gone: retry next time if still there
             Err(e) => {
                 tracing::warn!(path = %c.path.display(), error = %e, "cannot attach libcuda probes");
@@ -735,6 +760,15 @@ impl ProbeHandle {
     /// Run one discovery pass now (blocking) and return what was newly attached.
     pub fn rescan(&self) -> Vec<AttachOutcome> {
         rescan(&self.shared, &self.proc_root, &mut ScanState::default())
+    }
+
+    /// Stops the event and discovery tasks and takes every link out (see
+    /// [`Probes::take_links`]); the probes go when the result is dropped or handed off.
+    pub fn shutdown(self) -> ProbeLinks {
+        for t in &self.tasks {
+            t.abort();
+        }
+        self.shared.lock().take_links()
     }
 }
 
