@@ -179,11 +179,12 @@ fn fork_keeper(mut keep: Vec<RawFd>, highest: RawFd) -> Option<Fd> {
     if pid == 0 {
         // SAFETY: as above; `keeper` never returns.
         unsafe {
-            if libc::fork() == 0 {
+            let keeper_pid = libc::fork();
+            if keeper_pid == 0 {
                 keeper(&keep, read_end.0, highest);
             }
             // The keeper, if it started, is reparented to init; status 1 says it did not.
-            libc::_exit(i32::from(pid == -1));
+            libc::_exit(i32::from(keeper_pid < 0));
         }
     }
     drop(read_end);
