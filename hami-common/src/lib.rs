@@ -6,6 +6,7 @@
 //! * [`event`]: the structs the eBPF programs send to user space.
 //! * `region` (feature `std`): opening, creating, locking and updating a region.
 #![cfg_attr(not(feature = "std"), no_std)]
+#![warn(missing_docs)]
 
 pub mod array;
 pub mod event;

@@ -15,6 +15,7 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 // Program names are the libcuda symbol names, so that user space can attach by name.
 #![allow(non_snake_case)]
+#![warn(missing_docs)]
 
 use aya_ebpf::{
     helpers::{bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_user},
@@ -370,11 +371,14 @@ fn ret_set_current(ctx: &RetProbeContext, slot: u64) {
 // ---- the programs -------------------------------------------------------------------------
 
 /// Define the entry and return programs of one libcuda symbol.
+///
+/// The programs are private: the aya-ebpf attribute macros drop doc comments but keep the
+/// visibility, and `#[no_mangle]` (which they add) exports the symbol either way.
 macro_rules! probe {
     ($sym:ident, $ret:ident, $slot:expr, |$c:ident, $s:ident| $entry:expr, |$rc:ident, $rs:ident| $exit:expr) => {
         #[doc = concat!("Entry of `", stringify!($sym), "`.")]
         #[uprobe]
-        pub fn $sym($c: ProbeContext) -> u32 {
+        fn $sym($c: ProbeContext) -> u32 {
             let $s: u64 = $slot;
             $entry;
             0
@@ -382,7 +386,7 @@ macro_rules! probe {
 
         #[doc = concat!("Return of `", stringify!($sym), "`.")]
         #[uretprobe]
-        pub fn $ret($rc: RetProbeContext) -> u32 {
+        fn $ret($rc: RetProbeContext) -> u32 {
             let $rs: u64 = $slot;
             $exit;
             0
@@ -559,7 +563,7 @@ probe!(
 /// Raw tracepoint `sched_process_exit` (attached without tracefs): a thread exits. Forget its
 /// current context; when it is the thread-group leader, report the process exit.
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
-pub fn sched_process_exit(_ctx: RawTracePointContext) -> u32 {
+fn sched_process_exit(_ctx: RawTracePointContext) -> u32 {
     let pt = bpf_get_current_pid_tgid();
     let tid = pt as u32;
     let _ = CURRENT_CTX.remove(tid);

@@ -10,6 +10,7 @@
 //! * [`agent`]: the event-fed core that ties them together;
 //! * [`report`]: audit table / JSON and `inspect` output;
 //! * `probes` (eBPF loading, attaching, libcuda discovery, event stream).
+#![warn(missing_docs)]
 
 pub mod agent;
 pub mod findings;

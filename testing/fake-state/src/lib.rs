@@ -9,6 +9,7 @@
 //! The file is created and initialised under an exclusive `flock`, by whichever process opens
 //! it first; its configuration (device count, memory, names, context overhead) comes from that
 //! process's environment. Afterwards every counter is an atomic updated lock-free.
+#![warn(missing_docs)]
 
 use std::ffi::CStr;
 use std::fs::{File, OpenOptions};

@@ -12,6 +12,7 @@
 //!   operation); [`RunningProbe`] drives a probe that is still running (e.g. blocked in `wait`).
 //!
 //! Everything here is test support: failures to build or spawn panic with a clear message.
+#![warn(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
