@@ -2,6 +2,7 @@
 //!
 //! * [`layout`]: the on-disk / in-memory layout of the shared region file (one per container),
 //!   documented in `docs/shared-region.md`.
+//! * [`config`]: environment variable names and the size syntax both halves read.
 //! * [`array`]: the CUDA array footprint estimate shared by the preload and the probes.
 //! * [`event`]: the structs the eBPF programs send to user space.
 //! * `region` (feature `std`): opening, creating, locking and updating a region.
@@ -9,6 +10,7 @@
 #![warn(missing_docs)]
 
 pub mod array;
+pub mod config;
 pub mod event;
 // The BPF target has no 32-bit atomics, and the eBPF programs do not need the region layout.
 #[cfg(not(target_arch = "bpf"))]

@@ -10,12 +10,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-/// Default region path used by the preload when `CUDA_DEVICE_MEMORY_SHARED_CACHE` is unset.
-pub const DEFAULT_REGION_PATH: &str = "/tmp/cudevshr.cache";
-/// Environment variable naming the region file (path inside the process's mount namespace).
-pub const REGION_ENV: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
-/// Environment variable with the limit for every device (`_<i>` suffix: device `i` only).
-pub const LIMIT_ENV: &str = "CUDA_DEVICE_MEMORY_LIMIT";
+pub use hami_common::config::{
+    DEFAULT_REGION_PATH, ENV_LIMIT as LIMIT_ENV, ENV_REGION as REGION_ENV,
+};
 /// File-name prefix of the preload library.
 pub const PRELOAD_NAME: &str = "libhami_preload";
 
@@ -111,23 +108,10 @@ pub struct ProcInfo {
     pub env_limits: EnvLimits,
 }
 
-/// Parse a size exactly like the preload (`hami-preload/src/config.rs`): decimal digits with
-/// an optional single `K`/`M`/`G`/`T` suffix (either case, powers of 1024), surrounding
-/// whitespace ignored. `0` is valid (no limit). `None` for anything else.
+/// Parse a size exactly like the preload (one parser, in `hami_common::config`); `None` for
+/// anything the preload would reject.
 pub fn parse_size(s: &str) -> Option<u64> {
-    let v = s.trim();
-    let (digits, shift) = match v.as_bytes().last()? {
-        b'k' | b'K' => (&v[..v.len() - 1], 10),
-        b'm' | b'M' => (&v[..v.len() - 1], 20),
-        b'g' | b'G' => (&v[..v.len() - 1], 30),
-        b't' | b'T' => (&v[..v.len() - 1], 40),
-        _ => (v, 0),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    n.checked_mul(1u64 << shift)
+    hami_common::config::parse_size(s).ok()
 }
 
 /// Parse `/proc/<pid>/environ` contents (NUL-separated `KEY=VALUE`).
