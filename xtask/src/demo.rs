@@ -514,9 +514,7 @@ fn story(art: &Artifacts, agent_bin: &Path, driver: &Driver, sb: &Sandbox) -> Re
         "the metrics should count the bypass, the leaked slot and its reclaim"
     );
     check("the metrics count the findings and the reclaim; no event dropped");
-    println!(
-        "\nstopping the agent (SIGTERM; detaching its uprobes takes the kernel a few seconds)"
-    );
+    println!("\nstopping the agent (SIGTERM; a short-lived helper process detaches its uprobes)");
     let t = Instant::now();
     agent.stop()?;
     println!("    stopped in {:.1} s", t.elapsed().as_secs_f64());
