@@ -12,6 +12,7 @@ use crate::policy::{self, ContextCost, DeviceQuota};
 use crate::state::{self, ProcLedger, ProcState};
 use crate::symbols::{self, Cu, Nv, CUDA};
 use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
+use std::cell::Cell;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -22,6 +23,35 @@ fn guard<R>(err: R, f: impl FnOnce() -> R) -> R {
         crate::error!("internal error (panic) in a hook; returning an error code");
         err
     })
+}
+
+thread_local! {
+    /// Whether this thread is inside one of our hooks.
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the thread as inside a hook until dropped (also when a panic unwinds to [`guard`]).
+struct Entered;
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        let _ = IN_HOOK.try_with(|f| f.set(false));
+    }
+}
+
+/// Enters a hook. `None` when this thread is already inside one: the driver is calling one of
+/// its own exported functions (a library linked without `-Bsymbolic` goes through its PLT,
+/// i.e. into our exports; e.g. a primary-context retain that calls `cuCtxCreate_v2`, or a
+/// pitched allocation that calls `cuMemAlloc_v2`). The caller then forwards the call to the
+/// real function untouched: the outer hook accounts for it, exactly once, and no lock of
+/// ours is taken twice by one thread.
+#[inline]
+fn enter() -> Option<Entered> {
+    match IN_HOOK.try_with(|f| f.replace(true)) {
+        Ok(true) => None,
+        // Ok(false), or no thread-local storage any more (thread exit): account normally.
+        _ => Some(Entered),
+    }
 }
 
 macro_rules! real_cu {
@@ -137,6 +167,10 @@ fn release(ns: Ns, key: u64, real: impl FnOnce() -> CUresult) -> CUresult {
 pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemAlloc, FnMemAlloc);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dptr, bytesize) };
+        };
         // SAFETY: forwarded arguments.
         unsafe { alloc_ptr("cuMemAlloc_v2", dptr, bytesize as u64, || f(dptr, bytesize)) }
     })
@@ -151,6 +185,10 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemAllocManaged, FnMemAllocManaged);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dptr, bytesize, flags) };
+        };
         // SAFETY: forwarded arguments.
         unsafe {
             alloc_ptr("cuMemAllocManaged", dptr, bytesize as u64, || {
@@ -169,6 +207,10 @@ pub unsafe extern "C" fn cuMemAllocAsync(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemAllocAsync, FnMemAllocAsync);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dptr, bytesize, stream) };
+        };
         // SAFETY: forwarded arguments.
         unsafe {
             alloc_ptr("cuMemAllocAsync", dptr, bytesize as u64, || {
@@ -187,6 +229,10 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemAllocAsyncPtsz, FnMemAllocAsync);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dptr, bytesize, stream) };
+        };
         // SAFETY: forwarded arguments.
         unsafe {
             alloc_ptr("cuMemAllocAsync_ptsz", dptr, bytesize as u64, || {
@@ -206,6 +252,10 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemAllocFromPoolAsync, FnMemAllocFromPoolAsync);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dptr, bytesize, pool, stream) };
+        };
         // SAFETY: forwarded arguments.
         unsafe {
             alloc_ptr("cuMemAllocFromPoolAsync", dptr, bytesize as u64, || {
@@ -225,6 +275,10 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemAllocFromPoolAsyncPtsz, FnMemAllocFromPoolAsync);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dptr, bytesize, pool, stream) };
+        };
         // SAFETY: forwarded arguments.
         unsafe {
             alloc_ptr(
@@ -248,6 +302,10 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemAllocPitch, FnMemAllocPitch);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dptr, pitch, width, height, elem) };
+        };
         if dptr.is_null() || pitch.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -294,6 +352,10 @@ pub unsafe extern "C" fn cuMemCreate(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemCreate, FnMemCreate);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(handle, size, prop, flags) };
+        };
         if handle.is_null() || prop.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -363,6 +425,10 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(ArrayCreate, FnArrayCreate);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(out, desc) };
+        };
         if out.is_null() || desc.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -383,6 +449,10 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(Array3DCreate, FnArray3DCreate);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(out, desc) };
+        };
         if out.is_null() || desc.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -402,6 +472,10 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemFree, FnMemFree);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dptr) };
+        };
         // SAFETY: forwarded argument.
         release(Ns::Ptr, dptr, || unsafe { f(dptr) })
     })
@@ -412,6 +486,10 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemFreeAsync, FnMemFreeAsync);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dptr, stream) };
+        };
         // SAFETY: forwarded arguments.
         release(Ns::Ptr, dptr, || unsafe { f(dptr, stream) })
     })
@@ -422,6 +500,10 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> 
 pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemFreeAsyncPtsz, FnMemFreeAsync);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dptr, stream) };
+        };
         // SAFETY: forwarded arguments.
         release(Ns::Ptr, dptr, || unsafe { f(dptr, stream) })
     })
@@ -432,6 +514,10 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemRelease, FnMemRelease);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(handle) };
+        };
         // SAFETY: forwarded argument.
         release(Ns::Handle, handle, || unsafe { f(handle) })
     })
@@ -442,6 +528,10 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
 pub unsafe extern "C" fn cuArrayDestroy(array: CUarray) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(ArrayDestroy, FnArrayDestroy);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(array) };
+        };
         // SAFETY: forwarded argument.
         release(Ns::Array, array as u64, || unsafe { f(array) })
     })
@@ -681,6 +771,10 @@ fn log_context_cost(what: &str, dev: usize, cost: Option<ContextCost>) {
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(PrimaryCtxRetain, FnPrimaryCtxRetain);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(pctx, dev) };
+        };
         if pctx.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -728,7 +822,12 @@ fn primary_reset(f: FnDeviceOp, dev: CUdevice) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        primary_release(real_cu!(PrimaryCtxRelease, FnDeviceOp), dev)
+        let f = real_cu!(PrimaryCtxRelease, FnDeviceOp);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dev) };
+        };
+        primary_release(f, dev)
     })
 }
 
@@ -736,7 +835,12 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        primary_release(real_cu!(PrimaryCtxReleaseV2, FnDeviceOp), dev)
+        let f = real_cu!(PrimaryCtxReleaseV2, FnDeviceOp);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dev) };
+        };
+        primary_release(f, dev)
     })
 }
 
@@ -744,7 +848,12 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        primary_reset(real_cu!(PrimaryCtxReset, FnDeviceOp), dev)
+        let f = real_cu!(PrimaryCtxReset, FnDeviceOp);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dev) };
+        };
+        primary_reset(f, dev)
     })
 }
 
@@ -752,7 +861,12 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
-        primary_reset(real_cu!(PrimaryCtxResetV2, FnDeviceOp), dev)
+        let f = real_cu!(PrimaryCtxResetV2, FnDeviceOp);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(dev) };
+        };
+        primary_reset(f, dev)
     })
 }
 
@@ -788,10 +902,33 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(CtxCreateV2, FnCtxCreateV2);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(pctx, flags, dev) };
+        };
         // SAFETY: forwarded arguments.
         ctx_create("cuCtxCreate_v2", pctx, dev, || unsafe {
             f(pctx, flags, dev)
         })
+    })
+}
+
+/// Hook of `cuCtxCreate`, the pre-3.2 name of `cuCtxCreate_v2` (same arguments and meaning;
+/// still exported by the driver and reached by `cuGetProcAddress("cuCtxCreate", < 3020)`).
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxCreate(
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(CtxCreateV1, FnCtxCreateV2);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(pctx, flags, dev) };
+        };
+        // SAFETY: forwarded arguments.
+        ctx_create("cuCtxCreate", pctx, dev, || unsafe { f(pctx, flags, dev) })
     })
 }
 
@@ -806,6 +943,10 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(CtxCreateV3, FnCtxCreateV3);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(pctx, params, num_params, flags, dev) };
+        };
         // SAFETY: forwarded arguments.
         ctx_create("cuCtxCreate_v3", pctx, dev, || unsafe {
             f(pctx, params, num_params, flags, dev)
@@ -823,10 +964,31 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(CtxCreateV4, FnCtxCreateV4);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(pctx, params, flags, dev) };
+        };
         // SAFETY: forwarded arguments.
         ctx_create("cuCtxCreate_v4", pctx, dev, || unsafe {
             f(pctx, params, flags, dev)
         })
+    })
+}
+
+/// Hook of `cuCtxDestroy`, the pre-4.0 name of `cuCtxDestroy_v2`: when the driver succeeds the
+/// context is gone, so it is uncharged the same way.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
+    guard(CUDA_ERROR_UNKNOWN, || {
+        let f = real_cu!(CtxDestroyV1, FnCtxDestroy);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(ctx) };
+        };
+        let l = ProcLedger::current();
+        // SAFETY: forwarded argument.
+        l.p.contexts
+            .destroy(&l, &l.p.accounts, ctx as usize, || unsafe { f(ctx) })
     })
 }
 
@@ -835,6 +997,10 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(CtxDestroyV2, FnCtxDestroy);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(ctx) };
+        };
         let l = ProcLedger::current();
         // SAFETY: forwarded argument.
         l.p.contexts
@@ -871,6 +1037,10 @@ fn quota(dev: usize) -> Option<DeviceQuota> {
 pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(MemGetInfoV2, FnMemGetInfo);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(free, total) };
+        };
         if free.is_null() || total.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -899,6 +1069,10 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(DeviceTotalMemV2, FnDeviceTotalMem);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(bytes, dev) };
+        };
         if bytes.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -985,6 +1159,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
         let Some(f) = (unsafe { symbols::nv::<FnNvmlMemInfo>(Nv::MemInfo) }) else {
             return NVML_ERROR_FUNCTION_NOT_FOUND;
         };
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (NVML calling its own export): forwarded untouched.
+            return unsafe { f(device, memory) };
+        };
         if memory.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
         }
@@ -1009,6 +1187,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         // SAFETY: documented type.
         let Some(f) = (unsafe { symbols::nv::<FnNvmlMemInfoV2>(Nv::MemInfoV2) }) else {
             return NVML_ERROR_FUNCTION_NOT_FOUND;
+        };
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (NVML calling its own export): forwarded untouched.
+            return unsafe { f(device, memory) };
         };
         if memory.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -1070,6 +1252,10 @@ pub unsafe extern "C" fn cuGetProcAddress(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(GetProcAddress, FnGetProcAddress);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(symbol, pfn, version, flags) };
+        };
         // SAFETY: forwarded arguments.
         let r = unsafe { f(symbol, pfn, version, flags) };
         if r == CUDA_SUCCESS {
@@ -1091,6 +1277,10 @@ pub unsafe extern "C" fn cuGetProcAddress_v2(
 ) -> CUresult {
     guard(CUDA_ERROR_UNKNOWN, || {
         let f = real_cu!(GetProcAddressV2, FnGetProcAddressV2);
+        let Some(_entered) = enter() else {
+            // SAFETY: nested call (the driver calling its own export): forwarded untouched.
+            return unsafe { f(symbol, pfn, version, flags, status) };
+        };
         // SAFETY: forwarded arguments.
         let r = unsafe { f(symbol, pfn, version, flags, status) };
         if r == CUDA_SUCCESS {

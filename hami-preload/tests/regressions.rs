@@ -218,3 +218,105 @@ fn concurrent_context_creation_without_per_process_nvml_is_serialized() {
     // Serialized: three creations of 400 ms each, one after the other.
     assert!(t.elapsed() >= std::time::Duration::from_millis(3 * 400 + 3000));
 }
+
+/// Runs `cmd` for at most `limit`; kills it (and fails the test) if it takes longer.
+fn output_within(mut cmd: Command, limit: std::time::Duration) -> std::process::Output {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let start = std::time::Instant::now();
+    while child.try_wait().expect("try_wait").is_none() {
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("wait");
+            panic!(
+                "hung for {limit:?} (killed)\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("wait")
+}
+
+/// A driver other than ours (`tests/programs/minifake.c`): linked without `-Bsymbolic`, so
+/// its internal calls to its own exported functions land in our hooks (primary retain calls
+/// `cuCtxCreate_v2`, primary release calls `cuCtxDestroy_v2`, pitch calls `cuMemAlloc_v2`);
+/// its `cuGetProcAddress_v2` is `dlsym(RTLD_DEFAULT, ...)`, so it hands out our own hooks;
+/// it has no NVML and no `cuDeviceGetUuid_v2`, and answers an unknown free with 400.
+///
+/// Found in review: the primary retain deadlocked (the context table's lock was taken again
+/// by the nested `cuCtxCreate_v2` hook on the same thread), and a pitched allocation was
+/// charged twice (outer estimate + inner `cuMemAlloc_v2`), refusing 200 MiB in a 480 MiB
+/// room. A hook entered while the thread is already inside one now passes straight through.
+#[test]
+fn other_driver_nested_calls_pass_through_once() {
+    let env = Env::new("minifake");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs");
+    let lib = env.dir.join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    assert!(Command::new("cc")
+        .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
+        .arg(lib.join("libcuda.so.1"))
+        .arg(src.join("minifake.c"))
+        .arg("-ldl")
+        .status()
+        .unwrap()
+        .success());
+    let main = env.dir.join("minimain");
+    assert!(Command::new("cc")
+        .arg("-o")
+        .arg(&main)
+        .arg(src.join("minimain.c"))
+        .arg("-L")
+        .arg(&lib)
+        .arg("-l:libcuda.so.1")
+        .status()
+        .unwrap()
+        .success());
+    let mut cmd = Command::new(&main);
+    cmd.env("LD_LIBRARY_PATH", &lib)
+        .env("LD_PRELOAD", &artifacts().preload)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "512M")
+        .env("HAMI_CONTEXT_OVERHEAD", "32M")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", env.region_path());
+    let p = Probe::from(output_within(cmd, std::time::Duration::from_secs(20)));
+    assert!(p.ok(), "{}", p.dump());
+    let ops: Vec<&str> = p.lines.iter().map(|(op, _)| op.as_str()).collect();
+    assert_eq!(ops.len(), 20, "{}", p.dump());
+    // Before cuInit: the driver's own code, not ours.
+    assert_eq!(p.rc(0), 3, "{}", p.dump());
+    let free_at = |n: usize| p.field(n, "free").parse::<u64>().unwrap();
+    assert_eq!(p.field(3, "total"), (512 * MB).to_string(), "{}", p.dump());
+    assert_eq!(free_at(3), 480 * MB, "primary context charged once");
+    assert_eq!(p.rc(4), 0, "pitch 200 MiB in 480 MiB: {}", p.dump());
+    assert_eq!(free_at(5), 280 * MB, "pitch charged once: {}", p.dump());
+    // cuGetProcAddress_v2 via dlsym(RTLD_DEFAULT) returned our hook: still enforced, once.
+    assert_eq!(p.rc(6), 0);
+    assert_eq!(p.rc(7), 0, "usage + request == limit passes: {}", p.dump());
+    assert_eq!(p.rc(8), OOM, "one byte more fails: {}", p.dump());
+    // Unknown and double frees: the driver's own code (400), nothing uncharged.
+    assert_eq!((p.rc(9), p.rc(10), p.rc(11)), (400, 0, 400), "{}", p.dump());
+    assert_eq!(free_at(12), 200 * MB, "{}", p.dump());
+    assert_eq!(p.rc(13), 0);
+    assert_eq!(free_at(14), 480 * MB);
+    // The legacy cuCtxCreate / cuCtxDestroy (identical semantics) are hooked too.
+    assert_eq!(p.rc(15), 0);
+    assert_eq!(
+        free_at(16),
+        448 * MB,
+        "cuCtxCreate (v1) charged: {}",
+        p.dump()
+    );
+    assert_eq!(p.rc(17), 0);
+    assert_eq!(free_at(18), 480 * MB, "cuCtxDestroy (v1) uncharged");
+    assert_eq!(
+        p.rc(19),
+        0,
+        "primary release (nested cuCtxDestroy_v2) did not hang"
+    );
+    assert_eq!(env.region().used(0), 0, "{}", p.dump());
+}
