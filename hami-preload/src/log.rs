@@ -42,9 +42,20 @@ static LEVEL: AtomicU8 = AtomicU8::new(UNSET);
 /// Parses a `LIBCUDA_LOG_LEVEL` value: an integer 0-4 (larger values mean 4).
 /// `None` (unset) or garbage gives [`DEFAULT_LEVEL`].
 pub fn parse_level(value: Option<&str>) -> u8 {
-    match value.map(str::trim).and_then(|v| v.parse::<u64>().ok()) {
-        Some(n) => n.min(4) as u8,
-        None => DEFAULT_LEVEL,
+    check_level(value).unwrap_or(DEFAULT_LEVEL)
+}
+
+/// Like [`parse_level`], but a value that is set and is not a non-negative integer is an
+/// error (the caller then uses [`DEFAULT_LEVEL`] and says so).
+pub fn check_level(value: Option<&str>) -> Result<u8, String> {
+    let Some(v) = value else {
+        return Ok(DEFAULT_LEVEL);
+    };
+    match v.trim().parse::<u64>() {
+        Ok(n) => Ok(n.min(4) as u8),
+        Err(_) => Err(format!(
+            "invalid LIBCUDA_LOG_LEVEL={v:?}: not an integer 0-4; using {DEFAULT_LEVEL}"
+        )),
     }
 }
 
@@ -54,9 +65,28 @@ fn current_level() -> u8 {
         return l;
     }
     let v = std::env::var("LIBCUDA_LOG_LEVEL").ok();
-    let l = parse_level(v.as_deref());
-    LEVEL.store(l, Ordering::Relaxed);
-    l
+    match check_level(v.as_deref()) {
+        Ok(l) => {
+            LEVEL.store(l, Ordering::Relaxed);
+            l
+        }
+        Err(msg) => {
+            // Stored first: the warning below reads the level again.
+            if LEVEL
+                .compare_exchange(UNSET, DEFAULT_LEVEL, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                write(Level::Warn, format_args!("{msg}"));
+            }
+            DEFAULT_LEVEL
+        }
+    }
+}
+
+/// Reads `LIBCUDA_LOG_LEVEL` now (at the first CUDA call), so that a malformed value is
+/// reported even if nothing else is ever logged.
+pub fn init() {
+    current_level();
 }
 
 /// Whether a message of `level` would be written.
@@ -133,5 +163,12 @@ mod tests {
         assert_eq!(parse_level(Some("9")), 4);
         assert_eq!(parse_level(Some("loud")), DEFAULT_LEVEL);
         assert_eq!(parse_level(Some("-1")), DEFAULT_LEVEL);
+        assert_eq!(check_level(Some("2")), Ok(2));
+        assert_eq!(check_level(None), Ok(DEFAULT_LEVEL));
+        let e = check_level(Some("debug")).unwrap_err();
+        assert!(
+            e.contains("LIBCUDA_LOG_LEVEL=\"debug\"") && e.contains("using 1"),
+            "{e}"
+        );
     }
 }

@@ -71,6 +71,7 @@ fn device_count() -> u32 {
 }
 
 fn build_global() -> (Global, Vec<(Level, String)>) {
+    crate::log::init();
     let config = Config::from_env();
     let mut messages = Vec::new();
     for e in &config.errors {

@@ -320,3 +320,31 @@ fn other_driver_nested_calls_pass_through_once() {
     );
     assert_eq!(env.region().used(0), 0, "{}", p.dump());
 }
+
+/// Found in review: a malformed `LIBCUDA_LOG_LEVEL` silently meant the default. It now says
+/// so (once, as a warning, at the first CUDA call), in the usual one-line prefixed format.
+#[test]
+fn malformed_log_level_is_reported_once_and_defaults() {
+    let env = Env::new("loglevel")
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
+        .set("HAMI_CONTEXT_OVERHEAD", "0")
+        .set("LIBCUDA_LOG_LEVEL", "verbose");
+    let p = env.probe(&["alloc", "1M", "info"]);
+    assert!(p.ok(), "{}", p.dump());
+    assert_eq!(p.rcs(), vec![0, 0], "{}", p.dump());
+    let err = p.stderr();
+    let warnings: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("LIBCUDA_LOG_LEVEL"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{err}");
+    assert!(
+        warnings[0].starts_with("[hami-preload pid=")
+            && warnings[0].contains("WARN: invalid LIBCUDA_LOG_LEVEL=\"verbose\""),
+        "{err}"
+    );
+    assert!(
+        err.lines().all(|l| l.starts_with("[hami-preload pid=")),
+        "{err}"
+    );
+}
