@@ -90,15 +90,23 @@ impl RealLib {
 pub struct LazyLib {
     cell: OnceLock<RealLib>,
     soname: &'static CStr,
+    probe: &'static CStr,
     names: &'static [&'static CStr],
 }
 
 impl LazyLib {
-    /// A library with soname `soname` and the symbols `names`.
-    pub const fn new(soname: &'static CStr, names: &'static [&'static CStr]) -> LazyLib {
+    /// A library with soname `soname` and the symbols `names`. `probe` is a function only
+    /// that library defines (and we do not export), used to find it when it was loaded
+    /// under another name.
+    pub const fn new(
+        soname: &'static CStr,
+        probe: &'static CStr,
+        names: &'static [&'static CStr],
+    ) -> LazyLib {
         LazyLib {
             cell: OnceLock::new(),
             soname,
+            probe,
             names,
         }
     }
@@ -136,6 +144,12 @@ impl LazyLib {
         let flags = libc::RTLD_NOW | libc::RTLD_GLOBAL;
         // SAFETY: dlopen with a valid C string.
         let mut h = unsafe { libc::dlopen(self.soname.as_ptr(), flags | libc::RTLD_NOLOAD) };
+        if h.is_null() {
+            // Loaded under another name (e.g. a `libcuda.so` without a soname, linked with
+            // `-lcuda`): the object that defines the probe function in the global scope.
+            // SAFETY: RTLD_DEFAULT is a valid pseudo-handle.
+            h = unsafe { defining_object(libc::RTLD_DEFAULT, self.probe) };
+        }
         if h.is_null() && load {
             // SAFETY: as above.
             h = unsafe { libc::dlopen(self.soname.as_ptr(), flags) };
@@ -154,4 +168,30 @@ impl LazyLib {
             .collect();
         Some(RealLib { handle: h, fns })
     }
+}
+
+/// The object that defines `probe` as `handle` resolves it, opened again by its path with
+/// `RTLD_NOLOAD` (a handle of the object itself, not of whatever depends on it). Null if the
+/// symbol is not found or its object cannot be named.
+///
+/// # Safety
+/// `handle` is a `dlopen` handle or a pseudo-handle.
+unsafe fn defining_object(handle: *mut c_void, probe: &CStr) -> *mut c_void {
+    // SAFETY: per the contract.
+    let addr = unsafe { real_dlsym(handle, probe) };
+    if addr.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: Dl_info is plain data; all-zero is a valid value.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: `addr` is an address dlsym returned; `info` is a valid out pointer.
+    if unsafe { libc::dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: dladdr returned a NUL-terminated name that lives as long as the object.
+    if unsafe { *info.dli_fname } == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: valid C string; RTLD_NOLOAD never loads anything new.
+    unsafe { libc::dlopen(info.dli_fname, libc::RTLD_NOW | libc::RTLD_NOLOAD) }
 }

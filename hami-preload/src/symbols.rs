@@ -6,7 +6,8 @@ use std::ffi::{c_void, CStr};
 
 macro_rules! symbol_table {
     (
-        $lib:ident, $enum:ident, $names:ident, $hooked:ident, $hook_addr:ident, $soname:literal;
+        $lib:ident, $enum:ident, $names:ident, $hooked:ident, $hook_addr:ident, $soname:literal,
+        $probe:literal;
         hooked { $($hid:ident = $hname:literal => $hfn:path,)* }
         helpers { $($id:ident = $name:literal,)* }
     ) => {
@@ -25,12 +26,12 @@ macro_rules! symbol_table {
             table.get(i).copied().unwrap_or(std::ptr::null_mut())
         }
         /// The lazily resolved library.
-        pub static $lib: LazyLib = LazyLib::new($soname, $names);
+        pub static $lib: LazyLib = LazyLib::new($soname, $probe, $names);
     };
 }
 
 symbol_table! {
-    CUDA, Cu, CU_NAMES, CU_HOOKED, cu_hook_addr, c"libcuda.so.1";
+    CUDA, Cu, CU_NAMES, CU_HOOKED, cu_hook_addr, c"libcuda.so.1", c"cuInit";
     hooked {
         MemAlloc = c"cuMemAlloc_v2" => crate::hooks::cuMemAlloc_v2,
         MemAllocPitch = c"cuMemAllocPitch_v2" => crate::hooks::cuMemAllocPitch_v2,
@@ -74,7 +75,7 @@ symbol_table! {
 }
 
 symbol_table! {
-    NVML, Nv, NV_NAMES, NV_HOOKED, nv_hook_addr, c"libnvidia-ml.so.1";
+    NVML, Nv, NV_NAMES, NV_HOOKED, nv_hook_addr, c"libnvidia-ml.so.1", c"nvmlInit_v2";
     hooked {
         MemInfo = c"nvmlDeviceGetMemoryInfo" => crate::hooks::nvmlDeviceGetMemoryInfo,
         MemInfoV2 = c"nvmlDeviceGetMemoryInfo_v2" => crate::hooks::nvmlDeviceGetMemoryInfo_v2,

@@ -254,13 +254,40 @@ fn output_within(mut cmd: Command, limit: std::time::Duration) -> std::process::
 /// room. A hook entered while the thread is already inside one now passes straight through.
 #[test]
 fn other_driver_nested_calls_pass_through_once() {
-    let env = Env::new("minifake");
+    other_driver(true);
+}
+
+/// Found in review: a driver loaded under another name than `libcuda.so.1` (here a
+/// `libcuda.so` without a soname, linked with `-lcuda`) was never found: every hook returned
+/// `CUDA_ERROR_NOT_FOUND`. The object defining `cuInit` in the global scope is used now.
+#[test]
+fn other_driver_without_soname_is_found() {
+    other_driver(false);
+}
+
+/// Builds `minifake.c` (as `libcuda.so.1` with that soname, or as a `libcuda.so` without
+/// one) and `minimain.c`, runs it with the preload and checks every step.
+fn other_driver(soname: bool) {
+    let env = Env::new(if soname {
+        "minifake"
+    } else {
+        "minifake-nosoname"
+    });
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs");
     let lib = env.dir.join("lib");
     std::fs::create_dir_all(&lib).unwrap();
+    let (file, soname_arg, link) = if soname {
+        (
+            "libcuda.so.1",
+            "-Wl,-soname,libcuda.so.1",
+            "-l:libcuda.so.1",
+        )
+    } else {
+        ("libcuda.so", "-Wl,--no-undefined", "-lcuda")
+    };
     assert!(Command::new("cc")
-        .args(["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o"])
-        .arg(lib.join("libcuda.so.1"))
+        .args(["-shared", "-fPIC", soname_arg, "-o"])
+        .arg(lib.join(file))
         .arg(src.join("minifake.c"))
         .arg("-ldl")
         .status()
@@ -273,7 +300,7 @@ fn other_driver_nested_calls_pass_through_once() {
         .arg(src.join("minimain.c"))
         .arg("-L")
         .arg(&lib)
-        .arg("-l:libcuda.so.1")
+        .arg(link)
         .status()
         .unwrap()
         .success());
