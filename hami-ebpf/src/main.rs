@@ -44,6 +44,10 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT
 #[map]
 static PENDING: LruHashMap<u64, Pending> = LruHashMap::with_max_entries(16384, 0);
 
+/// Per thread: how many probed calls are in flight on it (see [`Depth`]).
+#[map]
+static DEPTH: LruHashMap<u32, Depth> = LruHashMap::with_max_entries(16384, 0);
+
 /// Each thread's current context (as set by `cuCtxSetCurrent` or a context creation).
 #[map]
 static CURRENT_CTX: LruHashMap<u32, u64> = LruHashMap::with_max_entries(16384, 0);
@@ -56,6 +60,23 @@ pub struct Pending {
     b: u64,
     c: u64,
 }
+
+/// Probed calls in flight on one thread. Only the outermost call is reported: a driver whose
+/// exported function calls another exported one (`cuArrayCreate` -> `cuMemAlloc_v2`,
+/// `cuDevicePrimaryCtxRelease` -> `_v2`, an interposer calling the real function, ...) would
+/// otherwise report one allocation twice, possibly under two keys that never meet.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Depth {
+    depth: u32,
+    _pad: u32,
+    /// `bpf_ktime_get_ns()` at the outermost entry.
+    ts: u64,
+}
+
+/// An outermost call older than this is taken to have lost its return (so that a missed
+/// return cannot silence a thread for good).
+const STALE_NS: u64 = 5_000_000_000;
 
 /// `CUDA_ARRAY_DESCRIPTOR` (`_v2`).
 #[repr(C)]
@@ -125,6 +146,29 @@ fn save(slot: u64, a: u64, b: u64, c: u64) {
     if ignored(pid_tgid) {
         return;
     }
+    let tid = pid_tgid as u32;
+    // SAFETY: helper without preconditions.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if let Some(d) = DEPTH.get_ptr_mut(tid) {
+        // SAFETY: `d` points to this thread's entry (only this thread writes it), valid for
+        // the program's run.
+        unsafe {
+            if (*d).depth > 0 && now.wrapping_sub((*d).ts) < STALE_NS {
+                // Nested in another probed call of this thread: that one is reported.
+                (*d).depth += 1;
+                return;
+            }
+        }
+    }
+    let _ = DEPTH.insert(
+        tid,
+        Depth {
+            depth: 1,
+            _pad: 0,
+            ts: now,
+        },
+        0,
+    );
     let _ = PENDING.insert(key(pid_tgid, slot), Pending { a, b, c }, 0);
 }
 
@@ -135,6 +179,18 @@ fn take(ctx: &RetProbeContext, slot: u64) -> Option<(u64, Pending)> {
     let pid_tgid = bpf_get_current_pid_tgid();
     if ignored(pid_tgid) {
         return None;
+    }
+    let tid = pid_tgid as u32;
+    if let Some(d) = DEPTH.get_ptr_mut(tid) {
+        // SAFETY: as in `save`.
+        unsafe {
+            if (*d).depth > 1 {
+                // The return of a nested call: the outer call reports.
+                (*d).depth -= 1;
+                return None;
+            }
+        }
+        let _ = DEPTH.remove(tid);
     }
     let k = key(pid_tgid, slot);
     // SAFETY: the value is copied out at once; the entry belongs to this thread only.
@@ -567,6 +623,7 @@ fn sched_process_exit(_ctx: RawTracePointContext) -> u32 {
     let pt = bpf_get_current_pid_tgid();
     let tid = pt as u32;
     let _ = CURRENT_CTX.remove(tid);
+    let _ = DEPTH.remove(tid);
     if tid == (pt >> 32) as u32 && !ignored(pt) {
         emit(EventKind::ProcessExit, pt, 0, 0, 0, 0);
     }
