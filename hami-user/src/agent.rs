@@ -5,7 +5,7 @@
 //! Nothing here needs root or eBPF: tests drive it with synthetic events, a fake `/proc` tree
 //! and real region files.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -113,6 +113,10 @@ pub struct Agent {
     reclaimed: Vec<Reclaimed>,
     events: BTreeMap<&'static str, u64>,
     unknown_events: u64,
+    /// `/proc/<pid>/maps` identities of the probed libcuda files (any file name).
+    libcuda_ids: HashSet<(String, u64)>,
+    /// The agent's own start time (ticks since boot), to tell processes that started after it.
+    started_at: Option<u64>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -129,6 +133,10 @@ impl Agent {
     pub fn new(opts: AgentOptions) -> Agent {
         let own_pidns = procinfo::read_pidns(&opts.proc_root, std::process::id())
             .or_else(|| procinfo::read_pidns(Path::new("/proc"), std::process::id()));
+        let started_at = procinfo::read_stat(&opts.proc_root, std::process::id())
+            .or_else(|_| procinfo::read_stat(Path::new("/proc"), std::process::id()))
+            .ok()
+            .map(|s| s.start_time);
         let mut a = Agent {
             own_pidns,
             procs: Processes::new(),
@@ -143,6 +151,8 @@ impl Agent {
             reclaimed: Vec::new(),
             events: BTreeMap::new(),
             unknown_events: 0,
+            libcuda_ids: HashSet::new(),
+            started_at,
             opts,
         };
         for p in a.opts.regions.clone() {
@@ -170,6 +180,18 @@ impl Agent {
         self.nvml.as_ref()
     }
 
+    /// Adds the `/proc/<pid>/maps` identities (`("fd:01", inode)`) of probed libcuda files,
+    /// so that processes mapping a driver under another file name count as GPU processes.
+    pub fn add_libcuda_ids(&mut self, ids: impl IntoIterator<Item = (String, u64)>) {
+        self.libcuda_ids.extend(ids);
+    }
+
+    /// Sets the agent's start time (ticks since boot; read from `/proc` by [`Agent::new`]):
+    /// processes found by [`Agent::baseline_scan`] that started later are *attached late*.
+    pub fn set_started_at(&mut self, ticks: Option<u64>) {
+        self.started_at = ticks;
+    }
+
     /// Baselines every process that has a libcuda mapped now and is not tracked yet: it may
     /// have allocated before the probes went in. Call right after probes are attached (and
     /// after each newly attached libcuda). Returns the pids baselined.
@@ -183,14 +205,30 @@ impl Agent {
             let Ok(maps) = procinfo::read_maps(&self.opts.proc_root, pid) else {
                 continue;
             };
-            if !procinfo::maps_has_libcuda(&maps) {
+            if !procinfo::maps_has_libcuda(&maps)
+                && !procinfo::maps_has_ids(&maps, &self.libcuda_ids)
+            {
                 continue;
             }
             let nvml_bytes = self
                 .nvml
                 .as_ref()
                 .and_then(|n| n.processes.get(&pid).copied());
-            self.procs.baseline(pid, nvml_bytes);
+            let late = match (
+                self.started_at,
+                procinfo::read_stat(&self.opts.proc_root, pid),
+            ) {
+                (Some(me), Ok(st)) => st.start_time > me,
+                _ => false,
+            };
+            self.procs.baseline_as(
+                pid,
+                if late {
+                    Baseline::AttachedLate { nvml_bytes }
+                } else {
+                    Baseline::PreExisting { nvml_bytes }
+                },
+            );
             self.learn(pid);
             out.push(pid);
         }
@@ -432,6 +470,12 @@ impl Agent {
                     alloc_events: p.alloc_events,
                     peak_bytes: p.peak_bytes,
                     pre_existing: p.baseline.is_pre_existing(),
+                    attached_late: matches!(p.baseline, Baseline::AttachedLate { .. }),
+                    nvml_bytes: self
+                        .nvml
+                        .as_ref()
+                        .and_then(|n| n.processes.get(&p.pid).copied())
+                        .or(p.baseline.nvml_bytes()),
                     seen_by_events: p.first_ns != 0 || p.alloc_events + p.free_events > 0,
                     env_limits: info.env_limits.clone(),
                 })
@@ -596,6 +640,10 @@ impl Agent {
                 Baseline::PreExisting { .. } => {
                     Some("pre-existing, not observed from start".to_string())
                 }
+                Baseline::AttachedLate { .. } => Some(
+                    "attached late: started after the agent, libcuda probed after it was loaded; earlier allocations not observed"
+                        .to_string(),
+                ),
             };
             let unknown_device = p.by_device().contains_key(&None);
             rows.push(ProcessRow {
@@ -627,10 +675,7 @@ impl Agent {
                     .as_ref()
                     .and_then(|n| n.processes.get(&p.pid).copied()),
                 baseline,
-                baseline_nvml: match p.baseline {
-                    Baseline::PreExisting { nvml_bytes } => nvml_bytes,
-                    _ => None,
-                },
+                baseline_nvml: p.baseline.nvml_bytes(),
                 verdict: if verdict.is_empty() {
                     "ok".to_string()
                 } else {

@@ -159,6 +159,11 @@ pub struct ProcView {
     pub peak_bytes: u64,
     /// Running before the agent attached.
     pub pre_existing: bool,
+    /// Started after the agent, but its libcuda was probed only after it loaded it (some of
+    /// its allocations may have been missed). Implies `pre_existing`.
+    pub attached_late: bool,
+    /// NVML per-process used memory, when known.
+    pub nvml_bytes: Option<u64>,
     /// Whether any event of this process was seen.
     pub seen_by_events: bool,
     /// Limits from its environment.
@@ -363,6 +368,22 @@ fn process_findings(p: &ProcView, regions: &[RegionView], tol: Tolerance, out: &
                     human_bytes(observed),
                     human_bytes(p.peak_bytes),
                     p.alloc_events
+                ),
+            ));
+        } else if p.attached_late {
+            // It loaded a libcuda the agent had not probed yet, after the agent started:
+            // an unhooked CUDA process whose first allocations could not be seen. Report it
+            // (it is not a process that was running before the agent).
+            let bytes = observed.max(p.nvml_bytes.unwrap_or(0));
+            out.push(base(
+                FindingKind::Bypass,
+                reason::NO_PRELOAD,
+                bytes,
+                format!(
+                    "uses libcuda without libhami_preload.so; its libcuda was probed only after it \
+                     was loaded, so allocations before then were not observed ({} observed since, NVML {})",
+                    human_bytes(observed),
+                    p.nvml_bytes.map_or("unavailable".to_string(), human_bytes)
                 ),
             ));
         }

@@ -150,8 +150,10 @@ fn main() -> ExitCode {
 fn real_main(cli: Cli) -> Result<ExitCode> {
     match cli.cmd {
         Cmd::Inspect { region, json } => {
+            // The region error names the path and the problem; printed once (not also as
+            // a source chain).
             let r = Region::open_existing(&region, false)
-                .with_context(|| format!("region unreadable: {}", region.display()))?;
+                .map_err(|e| anyhow::anyhow!("region unreadable: {e}"))?;
             let snap = r.snapshot();
             let name = region.display().to_string();
             if json {

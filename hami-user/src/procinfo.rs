@@ -295,6 +295,21 @@ pub fn maps_has_libcuda(maps: &str) -> bool {
     mapped_files(maps).any(|p| file_name(p).starts_with("libcuda.so"))
 }
 
+/// Whether `/proc/<pid>/maps` contents map a file whose `(device, inode)` (as the maps write
+/// them, e.g. `("fd:01", 1234)`) is in `ids`.
+pub fn maps_has_ids(maps: &str, ids: &std::collections::HashSet<(String, u64)>) -> bool {
+    if ids.is_empty() {
+        return false;
+    }
+    maps.lines().any(|l| {
+        let mut it = l.split_ascii_whitespace().skip(3);
+        match (it.next(), it.next().and_then(|i| i.parse::<u64>().ok())) {
+            (Some(dev), Some(ino)) if ino != 0 => ids.contains(&(dev.to_string(), ino)),
+            _ => false,
+        }
+    })
+}
+
 /// The file paths in `/proc/<pid>/maps` contents (the sixth column, when it is a path).
 pub fn mapped_files(maps: &str) -> impl Iterator<Item = &str> {
     maps.lines().filter_map(|l| {

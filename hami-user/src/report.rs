@@ -190,7 +190,7 @@ impl AuditReport {
         if self.processes.iter().any(|p| p.baseline.is_some()) {
             let _ = writeln!(
                 out,
-                "(baseline) = running before the agent attached: observed counts only allocations made since; never reported as bypass or drift for the rest"
+                "(baseline) = running before the agent attached, or loaded a libcuda before its probes went in (\"attached late\"): observed counts only allocations made since; never reported as drift, nor as bypass for what was not seen (an unhooked process that started after the agent is still a bypass)"
             );
         }
         let _ = writeln!(out);

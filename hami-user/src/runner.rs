@@ -63,6 +63,8 @@ struct Running {
     nvml_error: Option<String>,
     metrics: Arc<Metrics>,
     attached: usize,
+    /// [`ProbeHandle::attach_generation`] last acted on.
+    generation: u64,
 }
 
 fn start(opts: &RunOptions) -> Result<Running, RunError> {
@@ -101,6 +103,8 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
     for l in &attached {
         tracing::info!(path = %l.path.display(), symbols = l.symbols.len(), "probes attached");
     }
+    let generation = handle.attach_generation();
+    agent.add_libcuda_ids(handle.announced_maps_ids());
     let baselined = agent.baseline_scan();
     if !baselined.is_empty() {
         tracing::info!(pids = ?baselined, "processes running before attach: baselined (pre-existing, not observed from start)");
@@ -116,6 +120,7 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
         nvml_error,
         metrics,
         attached: attached.len(),
+        generation,
     })
 }
 
@@ -179,15 +184,8 @@ impl Running {
     }
 
     fn on_tick(&mut self, log: bool, last_nvml: &mut Instant) {
-        let attached = self.handle.attached().len();
-        if attached > self.attached {
-            // New libcuda files: processes already using them may have allocated unseen.
-            let b = self.agent.baseline_scan();
-            if !b.is_empty() {
-                tracing::info!(pids = ?b, "baselined processes of a newly attached libcuda");
-            }
-            self.attached = attached;
-        }
+        self.check_new_libraries();
+        self.attached = self.handle.attached().len();
         if let Some(n) = &self.nvml {
             if last_nvml.elapsed() >= Duration::from_secs(2) {
                 self.agent.set_nvml(Some(n.snapshot()));
@@ -203,7 +201,24 @@ impl Running {
         self.update_metrics();
     }
 
+    /// A libcuda file is being attached: the processes that already map it may have
+    /// allocated unseen, so they are baselined before any of its events is applied (a
+    /// process that started after the agent is marked *attached late*).
+    fn check_new_libraries(&mut self) {
+        let g = self.handle.attach_generation();
+        if g == self.generation {
+            return;
+        }
+        self.generation = g;
+        self.agent.add_libcuda_ids(self.handle.announced_maps_ids());
+        let b = self.agent.baseline_scan();
+        if !b.is_empty() {
+            tracing::info!(pids = ?b, "baselined processes of a newly attached libcuda (loaded it before its probes went in)");
+        }
+    }
+
     fn consume(&mut self, ev: &CudaEvent) {
+        self.check_new_libraries();
         let kind = hami_common::event::EventKind::from_u32(ev.kind)
             .map(crate::state::kind_name)
             .unwrap_or("unknown");

@@ -85,12 +85,31 @@ pub enum Baseline {
         /// NVML per-process used memory at baseline time.
         nvml_bytes: Option<u64>,
     },
+    /// The process started after the agent, but loaded a libcuda the agent had not probed
+    /// yet (found by discovery afterwards): its allocations before the attach were missed.
+    AttachedLate {
+        /// NVML per-process used memory at baseline time.
+        nvml_bytes: Option<u64>,
+    },
 }
 
 impl Baseline {
     /// Whether the agent may have missed allocations of this process.
     pub fn is_pre_existing(&self) -> bool {
-        matches!(self, Baseline::PreExisting { .. })
+        matches!(
+            self,
+            Baseline::PreExisting { .. } | Baseline::AttachedLate { .. }
+        )
+    }
+
+    /// NVML used memory at baseline time, if any.
+    pub fn nvml_bytes(&self) -> Option<u64> {
+        match *self {
+            Baseline::ObservedFromStart => None,
+            Baseline::PreExisting { nvml_bytes } | Baseline::AttachedLate { nvml_bytes } => {
+                nvml_bytes
+            }
+        }
     }
 }
 
@@ -241,6 +260,14 @@ impl Processes {
             pid,
             ProcState::new(pid, Baseline::PreExisting { nvml_bytes }),
         );
+    }
+
+    /// Records a process with the given baseline (replacing nothing: a tracked process is
+    /// left as it is).
+    pub fn baseline_as(&mut self, pid: u32, baseline: Baseline) {
+        self.procs
+            .entry(pid)
+            .or_insert_with(|| ProcState::new(pid, baseline));
     }
 
     /// A tracked process.

@@ -1,9 +1,10 @@
 //! Finding libcuda files: the host's `ld.so.cache`, well-known driver directories, and the
 //! memory maps of running processes (inside containers through `/proc/<pid>/root`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs;
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Directories where NVIDIA drivers commonly put `libcuda.so.1` (host and GPU images).
@@ -21,6 +22,139 @@ pub const WELL_KNOWN_DIRS: &[&str] = &[
 /// `libcuda.so.580.1.2`, ...).
 pub fn is_libcuda_name(name: &str) -> bool {
     name.starts_with("libcuda.so")
+}
+
+/// Symbols whose definition marks a library as a CUDA driver even when its file name is not
+/// `libcuda.so*` (a driver installed under another name and reached through a symlink: the
+/// maps then show the target's name).
+pub const DRIVER_SYMBOLS: &[&str] = &[
+    "cuMemAlloc_v2",
+    "cuMemAllocAsync",
+    "cuMemCreate",
+    "cuMemAllocManaged",
+];
+
+/// Whether the ELF shared object at `path` defines `cuInit` and at least one of
+/// [`DRIVER_SYMBOLS`] in its dynamic symbol table. Reads the section headers, `.dynsym` and
+/// its string table only (not the whole file); anything unreadable or malformed is `false`.
+pub fn elf_defines_driver_symbols(path: &Path) -> bool {
+    let mut wanted = vec!["cuInit"];
+    wanted.extend_from_slice(DRIVER_SYMBOLS);
+    elf_defined_symbols(path, &wanted).is_some_and(|found| {
+        found.iter().any(|s| s == "cuInit") && found.iter().any(|s| s != "cuInit")
+    })
+}
+
+/// Which of `wanted` the ELF64 little-endian file at `path` defines (`st_shndx != 0`) in
+/// its `.dynsym`; `None` if it is not such a file or cannot be read.
+pub fn elf_defined_symbols(path: &Path, wanted: &[&str]) -> Option<Vec<String>> {
+    const MAX_TABLE: u64 = 64 << 20;
+    let f = fs::File::open(path).ok()?;
+    let read = |off: u64, len: u64| -> Option<Vec<u8>> {
+        if len > MAX_TABLE {
+            return None;
+        }
+        let mut b = vec![0u8; len as usize];
+        f.read_exact_at(&mut b, off).ok()?;
+        Some(b)
+    };
+    let u16_at = |b: &[u8], o: usize| -> Option<u64> {
+        Some(u64::from(u16::from_le_bytes(
+            b.get(o..o + 2)?.try_into().ok()?,
+        )))
+    };
+    let u32_at = |b: &[u8], o: usize| -> Option<u64> {
+        Some(u64::from(u32::from_le_bytes(
+            b.get(o..o + 4)?.try_into().ok()?,
+        )))
+    };
+    let u64_at = |b: &[u8], o: usize| -> Option<u64> {
+        Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
+    };
+    let eh = read(0, 64)?;
+    // ELF magic, 64-bit, little-endian.
+    if &eh[..4] != b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
+        return None;
+    }
+    let shoff = u64_at(&eh, 0x28)?;
+    let shentsize = u16_at(&eh, 0x3a)?;
+    let shnum = u16_at(&eh, 0x3c)?;
+    if shentsize < 64 || shnum == 0 {
+        return None;
+    }
+    let sh = read(shoff, shentsize * shnum)?;
+    let section = |i: u64| -> Option<(u64, u64, u64, u64)> {
+        let o = (i * shentsize) as usize;
+        // (type, offset, size, link)
+        Some((
+            u32_at(&sh, o + 4)?,
+            u64_at(&sh, o + 0x18)?,
+            u64_at(&sh, o + 0x20)?,
+            u32_at(&sh, o + 0x28)?,
+        ))
+    };
+    const SHT_DYNSYM: u64 = 11;
+    let (_, sym_off, sym_size, link) =
+        (0..shnum).find_map(|i| section(i).filter(|s| s.0 == SHT_DYNSYM))?;
+    let (_, str_off, str_size, _) = section(link).filter(|_| link < shnum)?;
+    let syms = read(sym_off, sym_size)?;
+    let strs = read(str_off, str_size)?;
+    let mut found: Vec<String> = Vec::new();
+    for sym in syms.chunks_exact(24) {
+        let name = u32_at(sym, 0)? as usize;
+        let shndx = u16_at(sym, 6)?;
+        if shndx == 0 {
+            continue; // undefined: imported, not exported
+        }
+        let Some(rest) = strs.get(name..) else {
+            continue;
+        };
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        let Ok(n) = std::str::from_utf8(&rest[..end]) else {
+            continue;
+        };
+        if wanted.contains(&n) && !found.iter().any(|f| f == n) {
+            found.push(n.to_string());
+        }
+    }
+    Some(found)
+}
+
+/// Remembers which mapped files (by their `/proc/<pid>/maps` device and inode) are CUDA
+/// drivers, so that each file's symbols are read once.
+#[derive(Debug, Default)]
+pub struct Classifier {
+    known: HashMap<(String, u64), bool>,
+}
+
+impl Classifier {
+    /// Files remembered before the memory is cleared (a node that keeps starting containers
+    /// sees new inodes for ever).
+    const MAX: usize = 1 << 16;
+
+    /// Whether the mapped file `id`, opened as `path` (named `name` in the maps), is a CUDA
+    /// driver: named `libcuda.so*`, or an ELF that defines `cuInit` and an allocation
+    /// function (not `libhami_preload*.so`, which defines them as hooks).
+    pub fn is_driver(&mut self, id: &(String, u64), path: &Path, name: &str) -> bool {
+        if is_libcuda_name(name) {
+            return true;
+        }
+        if name.starts_with("libhami_preload") {
+            return false;
+        }
+        if let Some(&k) = self.known.get(id) {
+            return k;
+        }
+        let Ok(meta) = fs::metadata(path) else {
+            return false; // process gone: decide next time
+        };
+        let k = meta.is_file() && elf_defines_driver_symbols(path);
+        if self.known.len() >= Self::MAX {
+            self.known.clear();
+        }
+        self.known.insert(id.clone(), k);
+        k
+    }
 }
 
 /// One libcuda file found by [`discover_libcuda_detailed`].
@@ -47,6 +181,11 @@ pub fn discover_libcuda(proc_root: &Path) -> Vec<PathBuf> {
 
 /// [`discover_libcuda`] with the maps identity of each candidate.
 pub fn discover_libcuda_detailed(proc_root: &Path) -> Vec<Candidate> {
+    discover_libcuda_with(proc_root, &mut Classifier::default())
+}
+
+/// [`discover_libcuda_detailed`] remembering, in `classifier`, which mapped files are drivers.
+pub fn discover_libcuda_with(proc_root: &Path, classifier: &mut Classifier) -> Vec<Candidate> {
     let mut out = Vec::new();
     for cache in [
         PathBuf::from("/etc/ld.so.cache"),
@@ -83,7 +222,7 @@ pub fn discover_libcuda_detailed(proc_root: &Path) -> Vec<Candidate> {
             }
         }
     }
-    out.extend(scan_proc_maps(proc_root));
+    out.extend(scan_proc_maps_with(proc_root, classifier));
     out.retain(|c| c.path.is_file());
     out
 }
@@ -98,6 +237,12 @@ fn rooted(prefix: &Path, p: &Path) -> PathBuf {
 
 /// libcuda files mapped by running processes, as `<proc_root>/<pid>/root/<path>`.
 pub fn scan_proc_maps(proc_root: &Path) -> Vec<Candidate> {
+    scan_proc_maps_with(proc_root, &mut Classifier::default())
+}
+
+/// [`scan_proc_maps`]: every executable file mapping is a candidate when `classifier` says
+/// it is a driver (by name, or by the symbols it defines).
+pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec<Candidate> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     let Ok(entries) = fs::read_dir(proc_root) else {
@@ -114,13 +259,23 @@ pub fn scan_proc_maps(proc_root: &Path) -> Vec<Candidate> {
         let Ok(f) = fs::File::open(proc_root.join(pid).join("maps")) else {
             continue;
         };
-        for (dev, ino, path) in libcuda_in_maps(BufReader::new(f)) {
-            if !seen.insert((dev.clone(), ino)) {
+        for (dev, ino, path) in exec_mappings(BufReader::new(f)) {
+            let id = (dev, ino);
+            if seen.contains(&id) {
                 continue;
             }
+            let open_path = rooted(&proc_root.join(pid).join("root"), Path::new(&path));
+            let name = Path::new(&path)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("");
+            if !classifier.is_driver(&id, &open_path, name) {
+                continue;
+            }
+            seen.insert(id.clone());
             out.push(Candidate {
-                path: rooted(&proc_root.join(pid).join("root"), Path::new(&path)),
-                maps_id: Some((dev, ino)),
+                path: open_path,
+                maps_id: Some(id),
             });
         }
     }
@@ -167,6 +322,39 @@ pub fn libcuda_in_maps(r: impl BufRead) -> Vec<(String, u64, String)> {
 
 const NEW_MAGIC: &[u8] = b"glibc-ld.so.cache1.1";
 const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
+
+/// `(dev, inode, path)` of every executable file mapping in a `/proc/<pid>/maps` text (each
+/// file once; deleted files left out: they cannot be opened by path).
+pub fn exec_mappings(r: impl BufRead) -> Vec<(String, u64, String)> {
+    let mut out: Vec<(String, u64, String)> = Vec::new();
+    for line in r.lines().map_while(Result::ok) {
+        let mut it = line.splitn(6, ' ');
+        let (_, Some(perms), _, Some(dev), Some(ino), Some(path)) = (
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+            it.next(),
+        ) else {
+            continue;
+        };
+        if perms.as_bytes().get(2) != Some(&b'x') {
+            continue;
+        }
+        let path = path.trim_start();
+        if !path.starts_with('/') || path.ends_with(" (deleted)") {
+            continue;
+        }
+        let Ok(ino) = ino.parse::<u64>() else {
+            continue;
+        };
+        if ino != 0 && !out.iter().any(|(d, i, _)| d == dev && *i == ino) {
+            out.push((dev.to_string(), ino, path.to_string()));
+        }
+    }
+    out
+}
 
 /// Library paths listed in an `ld.so.cache` file (glibc's new format, possibly after the old
 /// one). Unknown or truncated data gives what could be read, never a panic.
@@ -303,6 +491,37 @@ mod tests {
                 ("00:2b".into(), 5, "/opt/fake/libcuda.so.1".into()),
             ]
         );
+    }
+
+    #[test]
+    fn exec_mappings_and_elf_symbols_of_this_process() {
+        use std::os::unix::fs::MetadataExt;
+        let f = fs::File::open("/proc/self/maps").unwrap();
+        let maps = exec_mappings(BufReader::new(f));
+        let (dev, ino, libc) = maps
+            .iter()
+            .find(|(_, _, p)| p.contains("libc.so") || p.contains("libc-"))
+            .cloned()
+            .expect("libc mapped");
+        let found = elf_defined_symbols(Path::new(&libc), &["malloc", "cuInit", "free"]).unwrap();
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(found.contains(&"malloc".to_string()));
+        assert!(!elf_defines_driver_symbols(Path::new(&libc)));
+        assert!(elf_defined_symbols(Path::new("/proc/self/maps"), &["malloc"]).is_none());
+        let m = fs::metadata(&libc).unwrap();
+        assert_eq!(m.ino(), ino);
+        assert_eq!(crate::probes::maps_dev(m.dev()), dev);
+        let mut c = Classifier::default();
+        assert!(!c.is_driver(&(dev.clone(), ino), Path::new(&libc), "libc.so.6"));
+        assert!(c.is_driver(
+            &("00:00".into(), 1),
+            Path::new("/nonexistent"),
+            "libcuda.so.1"
+        ));
+        let ids = [(dev, ino)].into_iter().collect();
+        let text = fs::read_to_string("/proc/self/maps").unwrap();
+        assert!(crate::procinfo::maps_has_ids(&text, &ids));
+        assert!(!crate::procinfo::maps_has_ids(&text, &Default::default()));
     }
 
     #[test]

@@ -208,6 +208,16 @@ pub struct AttachedLibrary {
     pub attached_at: SystemTime,
     /// Symbols probed.
     pub symbols: Vec<&'static str>,
+    /// The `(device, inode)` pairs under which `/proc/<pid>/maps` shows this file
+    /// (`"fd:01"` form): its own, and those discovery saw it mapped under (overlayfs).
+    pub maps_ids: Vec<(String, u64)>,
+}
+
+/// `st_dev` as `/proc/<pid>/maps` writes it (`major:minor`, hex, at least two digits each).
+pub fn maps_dev(dev: u64) -> String {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    format!("{major:02x}:{minor:02x}")
 }
 
 /// Counters of the probes, summed over CPUs.
@@ -229,12 +239,32 @@ struct Lib {
     path: PathBuf,
     attached_at: SystemTime,
     symbols: Vec<&'static str>,
+    maps_ids: Vec<(String, u64)>,
     /// Owned links: dropping one detaches it.
     links: Vec<UProbeLink>,
 }
 
+/// Libraries announced before their probes go in (see [`ProbeHandle::attach_generation`]).
+#[derive(Debug, Default)]
+struct Announce {
+    generation: AtomicU64,
+    maps_ids: Mutex<Vec<(String, u64)>>,
+}
+
+impl Announce {
+    fn add(&self, id: (String, u64)) {
+        let mut v = self.maps_ids.lock().unwrap_or_else(|p| p.into_inner());
+        if !v.contains(&id) {
+            v.push(id);
+        }
+        drop(v);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// Loaded (not yet streaming) probes. See the module docs.
 pub struct Probes {
+    announce: Arc<Announce>,
     ebpf: Ebpf,
     libs: HashMap<(u64, u64), Lib>,
     /// Files that are not libcuda (checked once).
@@ -317,6 +347,7 @@ impl Probes {
             source: Box::new(e),
         })?;
         Ok(Probes {
+            announce: Arc::default(),
             ebpf,
             libs: HashMap::new(),
             rejected: HashSet::new(),
@@ -353,6 +384,9 @@ impl Probes {
             return Err(ProbeError::NotLibcuda(path.to_path_buf()));
         }
         check_elf(path)?;
+        // Announced before the first probe goes in: a consumer that sees an event of this
+        // library sees the announcement too, and can baseline its processes first.
+        self.announce.add((maps_dev(id.0), id.1));
         let mut links: Vec<UProbeLink> = Vec::new();
         let mut attached = Vec::new();
         let mut missing = Vec::new();
@@ -408,6 +442,7 @@ impl Probes {
                 path: path.to_path_buf(),
                 attached_at: SystemTime::now(),
                 symbols: attached.clone(),
+                maps_ids: vec![(maps_dev(id.0), id.1)],
                 links,
             },
         );
@@ -434,6 +469,16 @@ impl Probes {
                 Err(AttachErr::NoSymbol)
             }
             Err(e) => Err(AttachErr::Other(e)),
+        }
+    }
+
+    /// Records that `/proc/<pid>/maps` shows the attached library `file_id` as `maps_id`.
+    fn add_maps_id(&mut self, file_id: (u64, u64), maps_id: &(String, u64)) {
+        if let Some(l) = self.libs.get_mut(&file_id) {
+            if !l.maps_ids.contains(maps_id) {
+                l.maps_ids.push(maps_id.clone());
+                self.announce.add(maps_id.clone());
+            }
         }
     }
 
@@ -476,6 +521,7 @@ impl Probes {
                 file_id: *id,
                 attached_at: l.attached_at,
                 symbols: l.symbols.clone(),
+                maps_ids: l.maps_ids.clone(),
             })
             .collect();
         v.sort_by_key(|l| l.attached_at);
@@ -513,6 +559,7 @@ impl Probes {
         let (tx, rx) = mpsc::channel(discovery.channel_capacity.max(1));
         let user = Arc::new(UserCounters::default());
         let shared = Arc::new(Shared {
+            announce: self.announce.clone(),
             probes: Mutex::new(self),
             user: user.clone(),
         });
@@ -678,6 +725,7 @@ async fn pump(
 struct Shared {
     probes: Mutex<Probes>,
     user: Arc<UserCounters>,
+    announce: Arc<Announce>,
 }
 
 impl Shared {
@@ -691,11 +739,12 @@ impl Shared {
 struct ScanState {
     seen_maps: HashSet<(String, u64)>,
     seen_paths: HashSet<PathBuf>,
+    classifier: discovery::Classifier,
 }
 
 fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> Vec<AttachOutcome> {
     let mut out = Vec::new();
-    for c in discovery::discover_libcuda_detailed(proc_root) {
+    for c in discovery::discover_libcuda_with(proc_root, &mut st.classifier) {
         let new = match &c.maps_id {
             Some(id) => !st.seen_maps.contains(id),
             None => !st.seen_paths.contains(&c.path),
@@ -704,6 +753,9 @@ fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> Vec<AttachOu
             continue;
         }
         let res = shared.lock().attach_libcuda(&c.path);
+        if let (Ok(o), Some(mid)) = (&res, &c.maps_id) {
+            shared.lock().add_maps_id(o.file_id, mid);
+        }
         let done = match res {
             Ok(o) => {
                 if !o.already_attached {
@@ -750,6 +802,24 @@ impl ProbeHandle {
     /// The libraries attached so far (with the time each was attached).
     pub fn attached(&self) -> Vec<AttachedLibrary> {
         self.shared.lock().attached()
+    }
+
+    /// Increases each time a libcuda file is about to be attached (before its first probe
+    /// goes in) or becomes known under another maps identity. A consumer that sees it change
+    /// should baseline the processes that map [`ProbeHandle::announced_maps_ids`] *before*
+    /// applying further events: events of a newly probed library can follow at once.
+    pub fn attach_generation(&self) -> u64 {
+        self.shared.announce.generation.load(Ordering::SeqCst)
+    }
+
+    /// The `/proc/<pid>/maps` identities of every libcuda file attached or being attached.
+    pub fn announced_maps_ids(&self) -> Vec<(String, u64)> {
+        self.shared
+            .announce
+            .maps_ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Attach a libcuda file now (blocking: a few ms per file).

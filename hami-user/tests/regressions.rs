@@ -1,0 +1,420 @@
+//! Regressions found by review: each test pins one behaviour the other suites did not cover.
+//! The eBPF ones need root (CI runs as root) and never skip.
+//!
+//! * a driver the agent has never seen (odd directory, another file name behind a
+//!   `libcuda.so.1` symlink, exported functions calling each other), loaded by a process
+//!   started after the agent, with no `--libcuda`: found by discovery, the process marked
+//!   *attached late*, reported as a bypass, and nothing counted twice;
+//! * `inspect` on files that are not valid regions: a clear error naming the path, non-zero
+//!   exit, no panic;
+//! * not root: a clear error, exit 1.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::channel;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use hami_common::array::array_footprint;
+use serde_json::Value;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const AGENT: &str = env!("CARGO_BIN_EXE_hami-agent");
+const MIB: u64 = 1 << 20;
+
+/// A driver whose exported functions call other exported ones: `cuMemAllocPitch_v2` and
+/// `cuArrayCreate_v2` allocate through `cuMemAlloc_v2`, `cuArrayDestroy` frees through
+/// `cuMemFree_v2`, `cuDevicePrimaryCtxRelease` is `cuDevicePrimaryCtxRelease_v2`. Each
+/// nested call would be a second event for the same memory if the probes reported it.
+const NESTED_DRIVER: &str = r#"
+#include <stddef.h>
+#include <stdlib.h>
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef int CUdevice;
+typedef struct { size_t Width, Height; unsigned Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
+struct arr { CUdeviceptr mem; };
+typedef struct arr *CUarray;
+static unsigned long long next_ptr = 0x7f2000000000ULL;
+static int refs[8];
+
+CUresult cuInit(unsigned flags) { return 0; }
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    if (!p || n == 0) return 1;
+    *p = next_ptr; next_ptr += (n + 0xfffff) & ~0xfffffULL; return 0;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) { return p ? 0 : 1; }
+CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned e) {
+    *pitch = (w + 511) & ~511ULL;
+    return cuMemAlloc_v2(p, *pitch * h);
+}
+CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d) {
+    struct arr *x = malloc(sizeof *x);
+    size_t bytes = d->Width * (d->Height ? d->Height : 1) * d->NumChannels * 4;
+    CUresult rc = cuMemAlloc_v2(&x->mem, bytes);
+    if (rc) { free(x); return rc; }
+    *a = x; return 0;
+}
+CUresult cuArrayDestroy(CUarray a) { CUresult rc = cuMemFree_v2(a->mem); free(a); return rc; }
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+    refs[d & 7]++; *c = (CUcontext)(0xc0000ULL + d); return 0;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { if (refs[d & 7] > 0) refs[d & 7]--; return 0; }
+CUresult cuDevicePrimaryCtxRelease(CUdevice d) { return cuDevicePrimaryCtxRelease_v2(d); }
+CUresult cuCtxSetCurrent(CUcontext c) { return 0; }
+"#;
+
+/// Loads `libcuda.so.1` by name (LD_LIBRARY_PATH), allocates 64 MiB at once (before any
+/// probe can be on the new driver), waits for `argv[1]` to exist, then allocates through the
+/// nested functions and prints what it holds.
+const NESTED_PROGRAM: &str = r#"
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stddef.h>
+#include <unistd.h>
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext;
+typedef struct { size_t Width, Height; unsigned Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
+int main(int argc, char **argv) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 2; }
+    CUresult (*init)(unsigned) = dlsym(h, "cuInit");
+    CUresult (*alloc)(CUdeviceptr *, size_t) = dlsym(h, "cuMemAlloc_v2");
+    CUresult (*pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned) = dlsym(h, "cuMemAllocPitch_v2");
+    CUresult (*array)(void **, const CUDA_ARRAY_DESCRIPTOR *) = dlsym(h, "cuArrayCreate_v2");
+    CUresult (*retain)(CUcontext *, int) = dlsym(h, "cuDevicePrimaryCtxRetain");
+    CUresult (*release)(int) = dlsym(h, "cuDevicePrimaryCtxRelease");
+    CUresult (*setcur)(CUcontext) = dlsym(h, "cuCtxSetCurrent");
+    CUdeviceptr early = 0, p = 0, a = 0; size_t pp = 0; void *arr = 0; CUcontext c = 0;
+    int rc = init(0) | alloc(&early, 64 << 20);
+    printf("early\n"); fflush(stdout);
+    while (access(argv[1], F_OK) != 0) usleep(10000);
+    rc |= retain(&c, 0) | retain(&c, 0) | setcur(c);
+    rc |= pitch(&p, &pp, 1000, 1000, 4);
+    CUDA_ARRAY_DESCRIPTOR d = { 1024, 1024, 0x20, 4 };
+    rc |= array(&arr, &d);
+    rc |= alloc(&a, 32 << 20);
+    /* One of the two references goes: the context (and its memory) stays. */
+    rc |= release(0);
+    printf("pitch=%zu\ndone rc=%d\n", pp, rc); fflush(stdout);
+    pause();
+    return 0;
+}
+"#;
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "these tests load eBPF programs and must run as root"
+    );
+}
+
+fn gcc(args: &[&str]) {
+    let out = Command::new("gcc").args(args).output().expect("gcc");
+    assert!(
+        out.status.success(),
+        "gcc {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The driver as `<dir>/drv/libweird_driver.so` with a `libcuda.so.1` symlink to it (the
+/// maps then name `libweird_driver.so`), and the program.
+fn build_nested(dir: &Path) -> (PathBuf, PathBuf) {
+    let drv = dir.join("drv");
+    std::fs::create_dir_all(&drv).unwrap();
+    std::fs::write(dir.join("d.c"), NESTED_DRIVER).unwrap();
+    std::fs::write(dir.join("p.c"), NESTED_PROGRAM).unwrap();
+    let lib = drv.join("libweird_driver.so");
+    gcc(&[
+        "-O0",
+        "-shared",
+        "-fPIC",
+        "-o",
+        lib.to_str().unwrap(),
+        dir.join("d.c").to_str().unwrap(),
+    ]);
+    std::os::unix::fs::symlink("libweird_driver.so", drv.join("libcuda.so.1")).unwrap();
+    let prog = dir.join("prog");
+    gcc(&[
+        "-O0",
+        "-o",
+        prog.to_str().unwrap(),
+        dir.join("p.c").to_str().unwrap(),
+        "-ldl",
+    ]);
+    (drv, prog)
+}
+
+/// Spawns the agent, forwards its stderr lines, waits for `ready`.
+fn start_agent(args: &[&str]) -> (Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = Command::new(AGENT)
+        .args(args)
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn hami-agent");
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let end = Instant::now() + Duration::from_secs(60);
+    let mut log = Vec::new();
+    loop {
+        let l = match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("no ready line ({e}); log:\n{}", log.join("\n"));
+            }
+        };
+        let ready = l.contains("hami-agent: ready");
+        log.push(l);
+        if ready {
+            return (child, rx);
+        }
+    }
+}
+
+#[test]
+fn unseen_driver_loaded_after_the_agent_is_found_and_nested_calls_count_once() {
+    require_root();
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (drv, prog) = build_nested(tmp.path());
+    let go = tmp.path().join("go");
+    let (mut agent, log) = start_agent(&["audit", "--json", "--seconds", "5"]);
+    let t_ready = Instant::now();
+    let mut p = Command::new(&prog)
+        .arg(&go)
+        .env("LD_LIBRARY_PATH", &drv)
+        .env_remove("LD_PRELOAD")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn program");
+    let pid = p.id();
+    let mut out = BufReader::new(p.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "early");
+    // Discovery runs every 500 ms; give it two rounds, then the nested allocations.
+    std::thread::sleep(Duration::from_millis(1200));
+    std::fs::write(&go, b"").unwrap();
+    let mut rest = String::new();
+    loop {
+        line.clear();
+        if out.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        rest.push_str(&line);
+        if line.starts_with("done") {
+            break;
+        }
+    }
+    assert!(rest.contains("done rc=0"), "program: {rest}");
+    let pitch: u64 = rest
+        .lines()
+        .find_map(|l| l.strip_prefix("pitch="))
+        .and_then(|v| v.parse().ok())
+        .expect("pitch");
+    let st = agent.wait().unwrap();
+    let mut stdout = String::new();
+    agent
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    let _ = p.kill();
+    let _ = p.wait();
+    let logs: Vec<String> = log.try_iter().collect();
+    let audit: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\nlog:\n{}", logs.join("\n")));
+    assert!(t_ready.elapsed() < Duration::from_secs(30));
+    let attached = audit["probes"]["attached"].to_string();
+    assert!(
+        attached.contains("libweird_driver.so"),
+        "driver not discovered by its symbols: {attached}\nlog:\n{}",
+        logs.join("\n")
+    );
+    let row = audit["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not in the audit:\n{audit:#}"));
+    // The 64 MiB allocated before the probes went in is not seen, and the process says so.
+    assert!(
+        row["baseline"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("attached late")),
+        "{row:#}"
+    );
+    // Each allocation once: pitch * height, the array's footprint (as the probes estimate
+    // it), 32 MiB; the primary-context release through the v1 name (one reference of two)
+    // drops nothing.
+    let expected = pitch * 1000 + array_footprint(1024, 1024, 0, 0x20, 4) + 32 * MIB;
+    assert_eq!(row["observed"], expected, "{row:#}");
+    assert_eq!(row["alloc_events"], 3, "{row:#}");
+    let bypass = audit["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["pid"] == pid && f["kind"] == "bypass")
+        .unwrap_or_else(|| panic!("no bypass for {pid}:\n{audit:#}"));
+    assert_eq!(bypass["reason"], "no_preload", "{bypass:#}");
+    assert_eq!(st.code(), Some(2), "audit exit status");
+}
+
+#[test]
+fn late_attached_unhooked_process_is_a_bypass_even_without_further_allocations() {
+    require_root();
+    let _g = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let (drv, prog) = build_nested(tmp.path());
+    let (mut agent, log) = start_agent(&["run", "--json-log", "--metrics-addr", "127.0.0.1:0"]);
+    let mut p = Command::new(&prog)
+        .arg(tmp.path().join("never"))
+        .env("LD_LIBRARY_PATH", &drv)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = p.id();
+    let mut line = String::new();
+    BufReader::new(p.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "early");
+    let t0 = Instant::now();
+    let mut seen = Vec::new();
+    let found = loop {
+        match log.recv_timeout(Duration::from_secs(5)) {
+            Ok(l) => {
+                let hit = serde_json::from_str::<Value>(&l).ok().and_then(|v| {
+                    let f = v.get("fields")?.clone();
+                    (f["kind"] == "bypass" && f["pid"] == pid).then_some(f)
+                });
+                seen.push(l);
+                if let Some(f) = hit {
+                    break f;
+                }
+            }
+            Err(_) => panic!("no bypass for {pid}; log:\n{}", seen.join("\n")),
+        }
+    };
+    // Discovery (500 ms) + attach + one tick.
+    assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+    assert_eq!(found["reason"], "no_preload");
+    let _ = p.kill();
+    let _ = p.wait();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
+    let _ = agent.wait();
+}
+
+fn inspect(path: &Path) -> (Option<i32>, String, String) {
+    let out = Command::new(AGENT)
+        .args(["inspect", "--json"])
+        .arg(path)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn inspect_rejects_what_is_not_a_valid_region_clearly() {
+    use hami_common::region::{Region, RegionConfig};
+    let tmp = tempfile::tempdir().unwrap();
+    let good = tmp.path().join("good.cache");
+    let mut cfg = RegionConfig::default();
+    cfg.limits[0] = 1 << 30;
+    cfg.device_count = 1;
+    drop(Region::open_or_create(&good, &cfg).unwrap());
+    let (code, out, err) = inspect(&good);
+    assert_eq!(code, Some(0), "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["devices"][0]["limit"], 1u64 << 30, "{v:#}");
+
+    let data = std::fs::read(&good).unwrap();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("empty", Vec::new(), ""),
+        ("garbage", vec![0x5a; 4096], "magic"),
+        ("truncated", data[..data.len() / 2].to_vec(), ""),
+        ("header-only", data[..64].to_vec(), ""),
+        (
+            "other-version",
+            {
+                let mut d = data.clone();
+                d[8..12].copy_from_slice(&99u32.to_le_bytes());
+                d
+            },
+            "version",
+        ),
+    ];
+    for (name, bytes, word) in cases {
+        let p = tmp.path().join(name);
+        std::fs::write(&p, &bytes).unwrap();
+        let (code, out, err) = inspect(&p);
+        assert_eq!(code, Some(1), "{name}: stdout {out} stderr {err}");
+        assert!(out.is_empty(), "{name}: {out}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+        assert!(
+            err.contains(p.to_str().unwrap()),
+            "{name}: the error must name the file: {err}"
+        );
+        assert!(err.contains(word), "{name}: expected '{word}' in: {err}");
+        assert_eq!(err.lines().count(), 1, "{name}: one line: {err}");
+    }
+    let (code, _, err) = inspect(&tmp.path().join("missing"));
+    assert_eq!(code, Some(1));
+    assert!(err.contains("No such file"), "{err}");
+    assert_eq!(err.matches("No such file").count(), 1, "said once: {err}");
+}
+
+#[test]
+fn not_root_is_a_clear_error() {
+    require_root();
+    // Drop to nobody for the agent only.
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            AGENT,
+            "audit",
+            "--seconds",
+            "0",
+        ])
+        .output()
+        .expect("setpriv (util-linux)");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("needs root (running as uid 65534)"),
+        "unclear error: {err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
