@@ -158,9 +158,18 @@ fn build_nested(dir: &Path) -> (PathBuf, PathBuf) {
 
 /// Spawns the agent, forwards its stderr lines, waits for `ready`.
 fn start_agent(args: &[&str]) -> (Child, std::sync::mpsc::Receiver<String>) {
+    start_agent_with(args, &[])
+}
+
+/// [`start_agent`] with extra environment variables.
+fn start_agent_with(
+    args: &[&str],
+    envs: &[(&str, &std::ffi::OsStr)],
+) -> (Child, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(AGENT)
         .args(args)
         .env_remove("LD_LIBRARY_PATH")
+        .envs(envs.iter().map(|(k, v)| (*k, *v)))
         .env_remove("LD_PRELOAD")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -417,4 +426,98 @@ fn not_root_is_a_clear_error() {
         "unclear error: {err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// The host pid of the only child of `pid` (waits up to 5 s for it to appear).
+fn only_child(pid: u32) -> u32 {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let c =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(c) = c.split_whitespace().next() {
+            return c.parse().unwrap();
+        }
+        assert!(Instant::now() < end, "no child of {pid}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn hooked_process_in_its_own_pid_namespace_is_matched_to_its_slot() {
+    use hami_test_harness::{Artifacts, RunningProbe, TestEnv};
+    require_root();
+    let _g = serial();
+    let a = Artifacts::get();
+    let env = TestEnv::new()
+        .preload(true)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .env("FAKE_CUDA_DEVICE_COUNT", "1");
+    let (agent, log) = start_agent_with(
+        &[
+            "audit",
+            "--json",
+            "--seconds",
+            "2.5",
+            "--libcuda",
+            a.fake_libcuda.to_str().unwrap(),
+        ],
+        &[
+            ("LD_LIBRARY_PATH", a.fake_lib_dir.as_os_str()),
+            ("FAKE_CUDA_STATE", env.state_path().as_os_str()),
+        ],
+    );
+    // cudaprobe as pid 1 of a new pid namespace: its slot holds pid 1.
+    let mut c = env.command(Path::new("unshare"));
+    c.args(["--pid", "--fork", "--kill-child"])
+        .arg(&a.cudaprobe)
+        .args(["init", "ctx", "alloc", "64M", "wait"])
+        .stdin(Stdio::piped());
+    let mut probe = RunningProbe::start(c);
+    let alloc = probe.wait_for("alloc");
+    assert!(alloc.ok(), "{alloc:?}");
+    probe.wait_for("wait");
+    let host_pid = only_child(probe.pid);
+    let nspid = std::fs::read_to_string(format!("/proc/{host_pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:").map(str::to_string))
+        .unwrap();
+    assert_eq!(
+        nspid.split_whitespace().nth(1),
+        Some("1"),
+        "not in a child pid namespace: {nspid}"
+    );
+    let mut agent = agent;
+    let st = agent.wait().unwrap();
+    let mut out = String::new();
+    agent
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let logs: Vec<String> = log.try_iter().collect();
+    let audit: Value = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("{e}: {out}\nlog:\n{}", logs.join("\n")));
+    let row = audit["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["pid"] == host_pid)
+        .unwrap_or_else(|| panic!("pid {host_pid} not in the audit:\n{audit:#}"));
+    assert_eq!(row["nspid"], 1, "{row:#}");
+    assert_eq!(row["hooked"], true, "{row:#}");
+    assert_eq!(row["observed"], 64 * MIB, "{row:#}");
+    assert_eq!(row["accounted"], 64 * MIB, "{row:#}");
+    assert_eq!(row["verdict"], "ok", "{audit:#}");
+    assert!(
+        !audit["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["pid"] == host_pid),
+        "{audit:#}"
+    );
+    assert_eq!(st.code(), Some(if audit["failed"] == true { 2 } else { 0 }));
+    probe.resume();
 }
