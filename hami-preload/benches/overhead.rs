@@ -13,63 +13,24 @@
 //!   `HAMI_BENCH_SECONDS` (default 0.5) and `HAMI_BENCH_ROUNDS` (default 5) tune it.
 //! * cost of registering a process when 1000 slots are live.
 //!
-//! Run: `cargo bench -p hami-preload` (builds the fake driver and cudaprobe itself).
+//! Run: `cargo bench -p hami-preload` (the test harness builds the fake driver, the preload
+//! and cudaprobe).
 
 use hami_common::region::{ProcessId, Region, RegionConfig};
+use hami_test_harness::Artifacts;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(Path::parent).unwrap().to_path_buf()
-}
-
+/// The preload, the fake driver's directory and cudaprobe, built by the test harness.
 fn build() -> (PathBuf, PathBuf, PathBuf) {
-    let prof = profile_dir();
-    let target = prof.parent().unwrap();
-    let release = prof.file_name().is_some_and(|n| n == "release");
-    let mut c = Command::new(env!("CARGO"));
-    c.args([
-        "build",
-        "-p",
-        "hami-preload",
-        "-p",
-        "fake-cuda",
-        "-p",
-        "fake-nvml",
-    ])
-    .env("CARGO_TARGET_DIR", target)
-    .current_dir(env!("CARGO_MANIFEST_DIR"));
-    if release {
-        c.arg("--release");
-    }
-    assert!(c.status().unwrap().success());
-    let libdir = prof.join("bench-libs");
-    std::fs::create_dir_all(&libdir).unwrap();
-    for (from, to) in [
-        ("libcuda.so", "libcuda.so.1"),
-        ("libnvidia_ml.so", "libnvidia-ml.so.1"),
-    ] {
-        let _ = std::fs::remove_file(libdir.join(to));
-        std::fs::copy(prof.join(from), libdir.join(to)).unwrap();
-    }
-    let _ = std::fs::remove_file(libdir.join("libcuda.so"));
-    std::os::unix::fs::symlink("libcuda.so.1", libdir.join("libcuda.so")).unwrap();
-    let probe = prof.join("bench-cudaprobe");
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testing/programs/cudaprobe.c");
-    assert!(Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&probe)
-        .arg(&src)
-        .arg("-L")
-        .arg(&libdir)
-        .args(["-lcuda", "-ldl", "-lpthread"])
-        .status()
-        .unwrap()
-        .success());
-    (prof.join("libhami_preload.so"), libdir, probe)
+    let a = Artifacts::get();
+    (
+        a.preload_so.clone(),
+        a.fake_lib_dir.clone(),
+        a.cudaprobe.clone(),
+    )
 }
 
 /// One run of `procs` cudaprobes started together, each doing pairs for `secs` seconds.

@@ -3,56 +3,24 @@
 //! destructions (cudaprobe, two fake devices).
 
 mod support;
-use std::path::PathBuf;
-use std::process::Command;
-use std::sync::OnceLock;
+use hami_test_harness::ProbeOutput;
 use support::*;
 
-/// `testing/programs/cudaprobe.c`, compiled against the fake driver of the support module.
-fn cudaprobe() -> &'static PathBuf {
-    static P: OnceLock<PathBuf> = OnceLock::new();
-    P.get_or_init(|| {
-        let a = artifacts();
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../testing/programs/cudaprobe.c");
-        let out = a.probe.with_file_name("alloc-path-cudaprobe");
-        let st = Command::new("cc")
-            .args(["-O1", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .arg("-L")
-            .arg(&a.libdir)
-            .args(["-l:libcuda.so.1", "-ldl", "-lpthread"])
-            .status()
-            .expect("cc");
-        assert!(st.success(), "compiling cudaprobe.c failed");
-        out
-    })
-}
-
-/// Runs cudaprobe with the preload; returns (stdout, rc of every op line).
-fn run(env: &Env, args: &[&str]) -> (String, Vec<i64>) {
-    let out = env.command(cudaprobe(), true).args(args).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let rcs = text
-        .lines()
-        .filter(|l| l.starts_with("op=") && l.contains(" rc="))
-        .map(|l| {
-            l.split_whitespace()
-                .find_map(|f| f.strip_prefix("rc="))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(-1)
-        })
-        .collect();
-    (
-        format!("{text}{}", String::from_utf8_lossy(&out.stderr)),
-        rcs,
-    )
+/// Runs the harness's cudaprobe with the preload; returns (its output for messages, rc of
+/// every op line).
+fn run(env: &Env, args: &[&str]) -> (String, Vec<i32>) {
+    let out = env
+        .command(&Artifacts::get().cudaprobe, true)
+        .args(args)
+        .output()
+        .expect("run cudaprobe");
+    let p = ProbeOutput::from_output(out);
+    (p.dump(), p.rcs())
 }
 
 #[test]
 fn charges_follow_the_current_context_across_switches_and_destruction() {
-    let env = Env::new("alloc-path-ctx")
+    let env = Env::new()
         .set("FAKE_CUDA_DEVICE_COUNT", "2")
         .set("CUDA_DEVICE_MEMORY_LIMIT", "4G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
@@ -98,7 +66,7 @@ fn charges_follow_the_current_context_across_switches_and_destruction() {
 #[test]
 fn a_failing_device_query_without_context_is_returned() {
     // No current context: cuCtxGetDevice's error comes back (nothing is cached for null).
-    let env = Env::new("alloc-path-noctx")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     let (text, rcs) = run(

@@ -16,7 +16,7 @@ fn malformed_limits_fail_closed_with_the_variable_named() {
         ("CUDA_DEVICE_MEMORY_LIMIT", ""),
         ("CUDA_DEVICE_MEMORY_LIMIT_0", "12q"),
     ] {
-        let env = Env::new("malformed").set(var, value);
+        let env = Env::new().set(var, value);
         let p = env.probe(&["alloc", "1M", "info", "alloc", "1M"]);
         assert!(p.ok(), "the application must not crash: {}", p.dump());
         assert_eq!(p.rcs(), vec![OOM, 0, OOM], "{var}={value:?}: {}", p.dump());
@@ -35,7 +35,7 @@ fn malformed_limits_fail_closed_with_the_variable_named() {
 
 #[test]
 fn a_valid_per_device_limit_overrides_a_malformed_global_one() {
-    let env = Env::new("override")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "junk")
         .set("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
@@ -46,7 +46,7 @@ fn a_valid_per_device_limit_overrides_a_malformed_global_one() {
 
 #[test]
 fn later_process_keeps_the_regions_limits_and_warns() {
-    let env = Env::new("differs")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     assert_eq!(env.probe(&["info"]).rcs(), vec![0]);
@@ -70,7 +70,7 @@ fn corrupt_truncated_or_foreign_region_fails_closed_without_crashing() {
         ("text", b"hello, not a region\n".to_vec()),
     ];
     for (what, bytes) in cases {
-        let env = Env::new(&format!("corrupt-{what}")).set("CUDA_DEVICE_MEMORY_LIMIT", "1G");
+        let env = Env::new().set("CUDA_DEVICE_MEMORY_LIMIT", "1G");
         std::fs::write(env.region_path(), &bytes).unwrap();
         let p = env.probe(&["alloc", "1M", "info", "alloc", "1M", "free"]);
         assert!(p.ok(), "{what}: {}", p.dump());
@@ -89,7 +89,7 @@ fn corrupt_truncated_or_foreign_region_fails_closed_without_crashing() {
 
 #[test]
 fn unusable_region_path_fails_closed() {
-    let env = Env::new("unusable").set("CUDA_DEVICE_MEMORY_LIMIT", "1G");
+    let env = Env::new().set("CUDA_DEVICE_MEMORY_LIMIT", "1G");
     // A directory where the region file should be: cannot be opened for writing (tests run
     // as root, so file permissions would not stop us).
     std::fs::create_dir(env.region_path()).unwrap();
@@ -101,7 +101,7 @@ fn unusable_region_path_fails_closed() {
 
 #[test]
 fn non_cuda_programs_are_untouched_and_create_nothing() {
-    let env = Env::new("noncuda").set("CUDA_DEVICE_MEMORY_LIMIT", "1G");
+    let env = Env::new().set("CUDA_DEVICE_MEMORY_LIMIT", "1G");
     let mut progs: Vec<Vec<&str>> = vec![
         vec!["/bin/true"],
         vec!["/bin/sh", "-c", "echo hi; ls / > /dev/null"],

@@ -10,7 +10,7 @@ const VIAS: [&str; 3] = ["direct", "dlsym", "procaddr"];
 /// releases, allocates again and leaves without cleanup (`_exit`) so that the region still
 /// shows the live allocation.
 fn check(via: &str, kind: &str, args: &[&str], release: &str, charged: u64) {
-    let env = Env::new(&format!("{via}-{kind}"))
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     let mut a = vec!["--via", via];
@@ -82,7 +82,7 @@ hook_tests! {
 
 #[test]
 fn host_located_mem_create_is_not_charged() {
-    let env = Env::new("hostcreate")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     for via in VIAS {
@@ -107,7 +107,7 @@ fn host_located_mem_create_is_not_charged() {
 
 #[test]
 fn views_report_the_quota() {
-    let env = Env::new("views")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "3G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     for via in VIAS {
@@ -119,14 +119,14 @@ fn views_report_the_quota() {
         assert_eq!(p.field(3, "free"), (2 * GB).to_string());
     }
     // Unlimited: the physical values (the fake has 16 GiB).
-    let env = Env::new("views-unlimited");
+    let env = Env::new();
     let p = env.probe(&["total"]);
     assert_eq!(p.field(0, "total"), (16 * GB).to_string(), "{}", p.dump());
 }
 
 #[test]
 fn context_memory_is_charged() {
-    let env = Env::new("ctx")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "100M");
     let p = env.probe(&["info", "alloc", "900M", "alloc", "800M", "exit", "0"]);
@@ -145,7 +145,7 @@ fn context_memory_is_charged() {
 
 #[test]
 fn context_memory_is_measured_with_nvml() {
-    let env = Env::new("ctx-measured")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("FAKE_CUDA_CTX_OVERHEAD", "200M");
     let p = env.probe(&["info", "exit", "0"]);
@@ -162,13 +162,13 @@ fn context_memory_is_measured_with_nvml() {
 
 #[test]
 fn nvml_memory_info_shows_the_quota() {
-    let env = Env::new("nvml")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "2G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     // A CUDA process leaves 512M behind (and records the device UUIDs).
     assert_eq!(env.probe(&["alloc", "512M", "exit", "0"]).rcs(), vec![0]);
     let out = env
-        .command(&artifacts().nvmlprobe, true)
+        .command(&Artifacts::get().nvmlprobe, true)
         .args(["--index", "0"])
         .output()
         .unwrap();
@@ -187,7 +187,7 @@ fn nvml_memory_info_shows_the_quota() {
     assert_eq!(v2.1["free"], (1536 * MB).to_string(), "{}", p.dump());
     // Without the preload: the physical device.
     let out = env
-        .command(&artifacts().nvmlprobe, false)
+        .command(&Artifacts::get().nvmlprobe, false)
         .args(["--index", "0"])
         .output()
         .unwrap();

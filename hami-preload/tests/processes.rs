@@ -20,7 +20,7 @@ fn wait_deadline(mut c: Child, secs: u64) -> Probe {
 }
 
 fn spawn(env: &Env, args: &[&str]) -> Child {
-    env.command(&artifacts().probe, true)
+    env.command(hprobe(), true)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -30,7 +30,7 @@ fn spawn(env: &Env, args: &[&str]) -> Child {
 
 #[test]
 fn four_processes_racing_never_exceed_the_limit() {
-    let env = Env::new("race")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     for round in 0..3 {
@@ -60,7 +60,7 @@ fn four_processes_racing_never_exceed_the_limit() {
 
 #[test]
 fn sigkilled_process_never_blocks_others_and_is_reclaimed() {
-    let env = Env::new("kill")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     let workers: Vec<Child> = (0..2)
@@ -94,7 +94,7 @@ fn sigkilled_process_never_blocks_others_and_is_reclaimed() {
 
 #[test]
 fn forked_child_gets_its_own_slot_and_no_parent_allocations() {
-    let env = Env::new("fork")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     // Parent: 600M. Child: its free of the parent's pointer is not its business (untracked:
@@ -118,7 +118,7 @@ fn forked_child_gets_its_own_slot_and_no_parent_allocations() {
 
 #[test]
 fn normal_exit_releases_and_abnormal_exit_is_reclaimed() {
-    let env = Env::new("exit")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     // Normal exit without freeing: the slot and its usage go.

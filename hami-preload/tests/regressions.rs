@@ -1,6 +1,7 @@
 //! Regression tests: behaviours that broke or could easily break.
 
 mod support;
+use hami_test_harness::cc;
 use std::process::Command;
 use support::*;
 
@@ -9,9 +10,9 @@ use support::*;
 /// its own (which would recurse).
 #[test]
 fn rtld_next_resolves_relative_to_the_real_caller() {
-    let env = Env::new("rtldnext");
-    let shim_c = env.dir.join("shim.c");
-    let main_c = env.dir.join("main.c");
+    let env = Env::new();
+    let shim_c = env.dir().join("shim.c");
+    let main_c = env.dir().join("main.c");
     std::fs::write(
         &shim_c,
         r#"#define _GNU_SOURCE
@@ -40,25 +41,15 @@ int main(void) {
 "#,
     )
     .unwrap();
-    let shim = env.dir.join("shim.so");
-    let main = env.dir.join("main");
-    assert!(Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&shim)
-        .arg(&shim_c)
-        .arg("-ldl")
-        .status()
-        .unwrap()
-        .success());
-    assert!(Command::new("cc")
-        .arg("-o")
-        .arg(&main)
-        .arg(&main_c)
-        .arg("-ldl")
-        .status()
-        .unwrap()
-        .success());
-    let preload = format!("{}:{}", artifacts().preload.display(), shim.display());
+    let shim = env.dir().join("shim.so");
+    let main = env.dir().join("main");
+    cc(&shim_c, &shim, &["-shared", "-fPIC", "-ldl"]);
+    cc(&main_c, &main, &["-ldl"]);
+    let preload = format!(
+        "{}:{}",
+        Artifacts::get().preload_so.display(),
+        shim.display()
+    );
     let out = Command::new(&main)
         .env("LD_PRELOAD", preload)
         .output()
@@ -72,7 +63,7 @@ int main(void) {
 
 #[test]
 fn null_output_pointers_are_invalid_value_not_a_crash() {
-    let env = Env::new("null")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     for via in ["direct", "dlsym", "procaddr"] {
@@ -87,7 +78,7 @@ fn null_output_pointers_are_invalid_value_not_a_crash() {
 /// preload, must come back unchanged through it, and nothing may be uncharged twice.
 #[test]
 fn unknown_and_double_frees_return_the_drivers_error() {
-    let env = Env::new("frees")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     let args = [
@@ -100,12 +91,7 @@ fn unknown_and_double_frees_return_the_drivers_error() {
         "100M",
         "info",
     ];
-    let plain = Probe::from(
-        env.command(&artifacts().probe, false)
-            .args(args)
-            .output()
-            .unwrap(),
-    );
+    let plain = Probe::from(env.command(hprobe(), false).args(args).output().unwrap());
     let driver_double = plain.rc(2);
     let driver_unknown = plain.rc(3);
     assert_ne!(driver_double, 0, "the fake driver rejects a double free");
@@ -139,7 +125,7 @@ fn unknown_and_double_frees_return_the_drivers_error() {
 fn concurrent_probes(env: &Env, n: usize, ops: &[&str]) -> Vec<Probe> {
     let children: Vec<_> = (0..n)
         .map(|_| {
-            env.command(&artifacts().probe, true)
+            env.command(hprobe(), true)
                 .args(ops)
                 .env("LIBCUDA_LOG_LEVEL", "2")
                 .stdout(std::process::Stdio::piped())
@@ -172,7 +158,7 @@ fn context_charges(env: &Env) -> Vec<u64> {
 /// not.
 #[test]
 fn concurrent_context_creation_charges_each_process_its_own_context() {
-    let env = Env::new("ctx-concurrent")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "4G")
         .set("FAKE_CUDA_CTX_OVERHEAD", "500M")
         .set("FAKE_CUDA_CTX_CREATE_DELAY_MS", "400");
@@ -197,7 +183,7 @@ fn concurrent_context_creation_charges_each_process_its_own_context() {
 /// contexts) is subtracted as region data.
 #[test]
 fn concurrent_context_creation_without_per_process_nvml_is_serialized() {
-    let env = Env::new("ctx-concurrent-hidden")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "4G")
         .set("FAKE_CUDA_CTX_OVERHEAD", "500M")
         .set("FAKE_CUDA_CTX_CREATE_DELAY_MS", "400")
@@ -268,13 +254,9 @@ fn other_driver_without_soname_is_found() {
 /// Builds `minifake.c` (as `libcuda.so.1` with that soname, or as a `libcuda.so` without
 /// one) and `minimain.c`, runs it with the preload and checks every step.
 fn other_driver(soname: bool) {
-    let env = Env::new(if soname {
-        "minifake"
-    } else {
-        "minifake-nosoname"
-    });
+    let env = Env::new();
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs");
-    let lib = env.dir.join("lib");
+    let lib = env.dir().join("lib");
     std::fs::create_dir_all(&lib).unwrap();
     let (file, soname_arg, link) = if soname {
         (
@@ -285,28 +267,17 @@ fn other_driver(soname: bool) {
     } else {
         ("libcuda.so", "-Wl,--no-undefined", "-lcuda")
     };
-    assert!(Command::new("cc")
-        .args(["-shared", "-fPIC", soname_arg, "-o"])
-        .arg(lib.join(file))
-        .arg(src.join("minifake.c"))
-        .arg("-ldl")
-        .status()
-        .unwrap()
-        .success());
-    let main = env.dir.join("minimain");
-    assert!(Command::new("cc")
-        .arg("-o")
-        .arg(&main)
-        .arg(src.join("minimain.c"))
-        .arg("-L")
-        .arg(&lib)
-        .arg(link)
-        .status()
-        .unwrap()
-        .success());
+    cc(
+        &src.join("minifake.c"),
+        &lib.join(file),
+        &["-shared", "-fPIC", soname_arg, "-ldl"],
+    );
+    let main = env.dir().join("minimain");
+    let libdir = format!("-L{}", lib.display());
+    cc(&src.join("minimain.c"), &main, &[&libdir, link]);
     let mut cmd = Command::new(&main);
     cmd.env("LD_LIBRARY_PATH", &lib)
-        .env("LD_PRELOAD", &artifacts().preload)
+        .env("LD_PRELOAD", &Artifacts::get().preload_so)
         .env("CUDA_DEVICE_MEMORY_LIMIT", "512M")
         .env("HAMI_CONTEXT_OVERHEAD", "32M")
         .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", env.region_path());
@@ -352,7 +323,7 @@ fn other_driver(soname: bool) {
 /// so (once, as a warning, at the first CUDA call), in the usual one-line prefixed format.
 #[test]
 fn malformed_log_level_is_reported_once_and_defaults() {
-    let env = Env::new("loglevel")
+    let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0")
         .set("LIBCUDA_LOG_LEVEL", "verbose");

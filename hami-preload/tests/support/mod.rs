@@ -1,159 +1,69 @@
-//! Test support: builds the preload and the fake driver, compiles `hprobe.c`, runs it in a
-//! temp dir with its own region and fake-driver state.
+//! Test support over the workspace's test harness (`hami-test-harness`): its artifacts (the
+//! preload, the fake driver and NVML, `cudaprobe`, `nvmlprobe`, built once per test binary)
+//! and its sandboxes ([`TestEnv`]), plus what is this crate's own: `tests/programs/hprobe.c`
+//! (operations `cudaprobe` has no equivalent for: `hostcreate`, `fork`, `loop`, the
+//! null-pointer and unknown-pointer calls, `info` with free and total on one line) and a
+//! parser for its `OP key=value ...` lines (`nvmlprobe` prints the same shape).
 #![allow(dead_code)]
 
 use hami_common::region::Region;
+pub use hami_test_harness::{Artifacts, TestEnv};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-/// Built artifacts.
-pub struct Artifacts {
-    /// `libhami_preload.so`.
-    pub preload: PathBuf,
-    /// Directory holding `libcuda.so.1` and `libnvidia-ml.so.1` (the fakes).
-    pub libdir: PathBuf,
-    /// The compiled probe.
-    pub probe: PathBuf,
-    /// `testing/programs/nvmlprobe.c`, compiled.
-    pub nvmlprobe: PathBuf,
-}
-
-fn target_profile_dir() -> PathBuf {
-    // <target>/<profile>/deps/<test binary>
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("profile dir")
-        .to_path_buf()
-}
-
-/// Builds everything once per test binary.
-pub fn artifacts() -> &'static Artifacts {
-    static A: OnceLock<Artifacts> = OnceLock::new();
-    A.get_or_init(|| {
-        let prof = target_profile_dir();
-        let target = prof.parent().expect("target dir");
-        let release = prof.file_name().is_some_and(|n| n == "release");
-        let mut cmd = Command::new(env!("CARGO"));
-        cmd.args([
-            "build",
-            "-p",
-            "hami-preload",
-            "-p",
-            "fake-cuda",
-            "-p",
-            "fake-nvml",
-        ])
-        .env("CARGO_TARGET_DIR", target)
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-        if release {
-            cmd.arg("--release");
-        }
-        let st = cmd.status().expect("cargo build");
-        assert!(
-            st.success(),
-            "building the preload and the fake driver failed"
-        );
-        let libdir = prof.join("hprobe-libs");
-        std::fs::create_dir_all(&libdir).unwrap();
-        for (from, to) in [
-            ("libcuda.so", "libcuda.so.1"),
-            ("libnvidia_ml.so", "libnvidia-ml.so.1"),
-        ] {
-            let dst = libdir.join(to);
-            let _ = std::fs::remove_file(&dst);
-            std::fs::copy(prof.join(from), &dst).unwrap();
-        }
+/// `tests/programs/hprobe.c`, compiled against the harness's fake driver (once per binary).
+pub fn hprobe() -> &'static PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/hprobe.c");
-        let probe = prof.join("hprobe");
-        let st = Command::new("cc")
-            .arg("-O1")
-            .arg("-o")
-            .arg(&probe)
-            .arg(&src)
-            .arg("-L")
-            .arg(&libdir)
-            .arg("-l:libcuda.so.1")
-            .arg("-ldl")
-            .status()
-            .expect("cc");
-        assert!(st.success(), "compiling hprobe.c failed");
-        let nvsrc = Path::new(env!("CARGO_MANIFEST_DIR")).join("../testing/programs/nvmlprobe.c");
-        let nvmlprobe = prof.join("hami-nvmlprobe");
-        let st = Command::new("cc")
-            .arg("-O1")
-            .arg("-o")
-            .arg(&nvmlprobe)
-            .arg(&nvsrc)
-            .arg("-ldl")
-            .status()
-            .expect("cc");
-        assert!(st.success(), "compiling nvmlprobe.c failed");
-        Artifacts {
-            preload: prof.join("libhami_preload.so"),
-            libdir,
-            probe,
-            nvmlprobe,
-        }
+        Artifacts::get().compile_against_fake(&src, "hprobe")
     })
 }
 
-/// A temp dir with a region path and a fake-driver state.
+/// A harness sandbox (temp dir, fake-driver state, region path) with the fake's memory fixed
+/// at 16 GiB per device.
 pub struct Env {
-    /// The directory.
-    pub dir: PathBuf,
-    /// Extra environment for every process.
-    pub vars: HashMap<String, String>,
+    env: TestEnv,
 }
 
 impl Env {
-    /// A fresh environment named after the test.
-    pub fn new(name: &str) -> Env {
-        let dir =
-            std::env::temp_dir().join(format!("hami-preload-it-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut vars = HashMap::new();
-        vars.insert(
-            "FAKE_CUDA_STATE".into(),
-            dir.join("fake.state").display().to_string(),
-        );
-        vars.insert("FAKE_CUDA_TOTAL_MEM".into(), "16G".into());
-        vars.insert(
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
-            dir.join("region").display().to_string(),
-        );
-        Env { dir, vars }
+    /// A fresh sandbox.
+    pub fn new() -> Env {
+        Env {
+            env: TestEnv::new().env("FAKE_CUDA_TOTAL_MEM", "16G"),
+        }
     }
 
     /// Sets a variable for every process.
-    pub fn set(mut self, k: &str, v: &str) -> Env {
-        self.vars.insert(k.into(), v.into());
-        self
+    pub fn set(self, k: &str, v: &str) -> Env {
+        Env {
+            env: self.env.env(k, v),
+        }
+    }
+
+    /// The sandbox's directory.
+    pub fn dir(&self) -> &Path {
+        self.env.dir()
     }
 
     /// The region file.
     pub fn region_path(&self) -> PathBuf {
-        self.dir.join("region")
+        self.env.region_path().to_path_buf()
     }
 
     /// Opens the region read-only.
     pub fn region(&self) -> Region {
-        Region::open_existing(&self.region_path(), false).expect("region exists")
+        Region::open_existing(self.env.region_path(), false).expect("region exists")
     }
 
-    /// A command running `prog` with the preload (if `preload`) and this environment.
+    /// A command running `prog` against the fakes with this environment, with the preload
+    /// if `preload` (stdout and stderr piped, see [`TestEnv::command`]).
     pub fn command(&self, prog: &Path, preload: bool) -> Command {
-        let a = artifacts();
-        let mut c = Command::new(prog);
-        c.env("LD_LIBRARY_PATH", &a.libdir);
-        for (k, v) in &self.vars {
-            c.env(k, v);
-        }
+        let mut c = self.env.command(prog);
         if preload {
-            c.env("LD_PRELOAD", &a.preload);
+            c.env("LD_PRELOAD", &Artifacts::get().preload_so);
         }
         c
     }
@@ -161,17 +71,11 @@ impl Env {
     /// Runs hprobe with the preload.
     pub fn probe(&self, args: &[&str]) -> Probe {
         let out = self
-            .command(&artifacts().probe, true)
+            .command(hprobe(), true)
             .args(args)
             .output()
             .expect("run hprobe");
         Probe::from(out)
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -128,15 +128,27 @@ fn compile(name: &str, out_dir: &Path, extra: &[&str]) -> PathBuf {
         .join("testing/programs")
         .join(format!("{name}.c"));
     let out = out_dir.join(name);
-    let tmp = out_dir.join(format!(".{name}.tmp{}", std::process::id()));
+    let mut args = vec!["-O2", "-Wall"];
+    args.extend_from_slice(extra);
+    cc(&src, &out, &args);
+    out
+}
+
+/// Compiles `src` into `out` with the C compiler (`$CC`, else `gcc`): the command line is
+/// `$CC -o <tmp> <src> ARGS...` (so `-l...` in `args` come after the source). The output is
+/// written under a temp name and renamed into place, so concurrent test binaries never run a
+/// half-written program. Panics with the compiler's output if it fails.
+pub fn cc(src: &Path, out: &Path, args: &[&str]) {
+    let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    let tmp = out.with_file_name(format!(".{name}.tmp{}", std::process::id()));
     let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".to_string());
     let o = Command::new(&cc)
-        .args(["-O2", "-Wall", "-o"])
+        .arg("-o")
         .arg(&tmp)
-        .arg(&src)
-        .args(extra)
+        .arg(src)
+        .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("running {cc} (needed to build {name}.c): {e}"));
+        .unwrap_or_else(|e| panic!("running {cc} (needed to build {}): {e}", src.display()));
     assert!(
         o.status.success(),
         "compiling {}: {}\n{}",
@@ -144,8 +156,7 @@ fn compile(name: &str, out_dir: &Path, extra: &[&str]) -> PathBuf {
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
     );
-    std::fs::rename(&tmp, &out).unwrap_or_else(|e| panic!("rename to {}: {e}", out.display()));
-    out
+    std::fs::rename(&tmp, out).unwrap_or_else(|e| panic!("rename to {}: {e}", out.display()));
 }
 
 impl Artifacts {
@@ -153,6 +164,21 @@ impl Artifacts {
     pub fn get() -> &'static Artifacts {
         static A: OnceLock<Artifacts> = OnceLock::new();
         A.get_or_init(Artifacts::build)
+    }
+
+    /// Compiles the C program `src` (one outside `testing/programs`, e.g. a crate's own test
+    /// program) into [`Artifacts::programs_dir`] under `name`, linked against the fake driver
+    /// like `cudaprobe` (`-O2 -Wall -L<fake_lib_dir> -lcuda -ldl -lpthread`), and returns its
+    /// path.
+    pub fn compile_against_fake(&self, src: &Path, name: &str) -> PathBuf {
+        let out = self.programs_dir.join(name);
+        let libdir = format!("-L{}", self.fake_lib_dir.display());
+        cc(
+            src,
+            &out,
+            &["-O2", "-Wall", &libdir, "-lcuda", "-ldl", "-lpthread"],
+        );
+        out
     }
 
     fn build() -> Artifacts {
