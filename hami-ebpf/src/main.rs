@@ -426,195 +426,77 @@ fn ret_set_current(ctx: &RetProbeContext, slot: u64) {
 
 // ---- the programs -------------------------------------------------------------------------
 
-/// Define the entry and return programs of one libcuda symbol.
+/// Define the entry and return programs of libcuda symbols, one line each:
+///
+/// `slot symbol / symbol_ret: entry_helper(extra args) => return_helper(extra args);`
+///
+/// The entry program calls `entry_helper(&ctx, slot, extra args)`, the return program
+/// `return_helper(&ctx, slot, extra args)`. The slot keys the saved arguments of one call
+/// (unique per symbol). Program names are the symbol names (user space attaches by name,
+/// see `hami_user::probes::PROBED_SYMBOLS`).
 ///
 /// The programs are private: the aya-ebpf attribute macros drop doc comments but keep the
 /// visibility, and `#[no_mangle]` (which they add) exports the symbol either way.
-macro_rules! probe {
-    ($sym:ident, $ret:ident, $slot:expr, |$c:ident, $s:ident| $entry:expr, |$rc:ident, $rs:ident| $exit:expr) => {
+macro_rules! probes {
+    ($($slot:literal $sym:ident / $ret:ident :
+        $entry:ident($($ea:expr),*) => $exit:ident($($ra:expr),*);)*) => {$(
         #[doc = concat!("Entry of `", stringify!($sym), "`.")]
         #[uprobe]
-        fn $sym($c: ProbeContext) -> u32 {
-            let $s: u64 = $slot;
-            $entry;
+        fn $sym(ctx: ProbeContext) -> u32 {
+            $entry(&ctx, $slot, $($ea),*);
             0
         }
 
         #[doc = concat!("Return of `", stringify!($sym), "`.")]
         #[uretprobe]
-        fn $ret($rc: RetProbeContext) -> u32 {
-            let $rs: u64 = $slot;
-            $exit;
+        fn $ret(ctx: RetProbeContext) -> u32 {
+            $exit(&ctx, $slot, $($ra),*);
             0
         }
-    };
+    )*};
 }
 
-probe!(
-    cuMemAlloc_v2,
-    cuMemAlloc_v2_ret,
-    1,
-    |c, s| entry_out_size(&c, s),
-    |r, s| ret_alloc(&r, s, EventKind::MemAlloc)
-);
-probe!(
-    cuMemAllocPitch_v2,
-    cuMemAllocPitch_v2_ret,
-    2,
-    |c, s| entry_pitch(&c, s),
-    |r, s| ret_pitch(&r, s)
-);
-probe!(
-    cuMemAllocManaged,
-    cuMemAllocManaged_ret,
-    3,
-    |c, s| entry_out_size(&c, s),
-    |r, s| ret_alloc(&r, s, EventKind::MemAllocManaged)
-);
-probe!(
-    cuMemAllocAsync,
-    cuMemAllocAsync_ret,
-    4,
-    |c, s| entry_out_size(&c, s),
-    |r, s| ret_alloc(&r, s, EventKind::MemAllocAsync)
-);
-probe!(
-    cuMemAllocAsync_ptsz,
-    cuMemAllocAsync_ptsz_ret,
-    5,
-    |c, s| entry_out_size(&c, s),
-    |r, s| ret_alloc(&r, s, EventKind::MemAllocAsync)
-);
-probe!(
-    cuMemAllocFromPoolAsync,
-    cuMemAllocFromPoolAsync_ret,
-    6,
-    |c, s| entry_out_size(&c, s),
-    |r, s| ret_alloc(&r, s, EventKind::MemAllocFromPool)
-);
-probe!(
-    cuMemAllocFromPoolAsync_ptsz,
-    cuMemAllocFromPoolAsync_ptsz_ret,
-    7,
-    |c, s| entry_out_size(&c, s),
-    |r, s| ret_alloc(&r, s, EventKind::MemAllocFromPool)
-);
-probe!(
-    cuMemCreate,
-    cuMemCreate_ret,
-    8,
-    |c, s| entry_mem_create(&c, s),
-    |r, s| ret_mem_create(&r, s)
-);
-probe!(
-    cuArrayCreate_v2,
-    cuArrayCreate_v2_ret,
-    9,
-    |c, s| entry_array2d(&c, s),
-    |r, s| ret_alloc(&r, s, EventKind::ArrayCreate)
-);
-probe!(
-    cuArray3DCreate_v2,
-    cuArray3DCreate_v2_ret,
-    10,
-    |c, s| entry_array3d(&c, s),
-    |r, s| ret_alloc(&r, s, EventKind::Array3DCreate)
-);
-probe!(
-    cuMemFree_v2,
-    cuMemFree_v2_ret,
-    11,
-    |c, s| entry_value(&c, s),
-    |r, s| ret_free(&r, s, EventKind::MemFree)
-);
-probe!(
-    cuMemFreeAsync,
-    cuMemFreeAsync_ret,
-    12,
-    |c, s| entry_value(&c, s),
-    |r, s| ret_free(&r, s, EventKind::MemFreeAsync)
-);
-probe!(
-    cuMemFreeAsync_ptsz,
-    cuMemFreeAsync_ptsz_ret,
-    13,
-    |c, s| entry_value(&c, s),
-    |r, s| ret_free(&r, s, EventKind::MemFreeAsync)
-);
-probe!(
-    cuMemRelease,
-    cuMemRelease_ret,
-    14,
-    |c, s| entry_value(&c, s),
-    |r, s| ret_free(&r, s, EventKind::MemRelease)
-);
-probe!(
-    cuArrayDestroy,
-    cuArrayDestroy_ret,
-    15,
-    |c, s| entry_value(&c, s),
-    |r, s| ret_free(&r, s, EventKind::ArrayDestroy)
-);
-// cuCtxCreate_v2(CUcontext*, unsigned flags, CUdevice dev)
-probe!(
-    cuCtxCreate_v2,
-    cuCtxCreate_v2_ret,
-    16,
-    |c, s| entry_ctx_out(&c, s, 2),
-    |r, s| ret_ctx_create(&r, s)
-);
-// cuCtxCreate_v3(CUcontext*, CUexecAffinityParam*, int n, unsigned flags, CUdevice dev)
-probe!(
-    cuCtxCreate_v3,
-    cuCtxCreate_v3_ret,
-    17,
-    |c, s| entry_ctx_out(&c, s, 4),
-    |r, s| ret_ctx_create(&r, s)
-);
-// cuCtxCreate_v4(CUcontext*, CUctxCreateParams*, unsigned flags, CUdevice dev)
-probe!(
-    cuCtxCreate_v4,
-    cuCtxCreate_v4_ret,
-    18,
-    |c, s| entry_ctx_out(&c, s, 3),
-    |r, s| ret_ctx_create(&r, s)
-);
-probe!(
-    cuCtxDestroy_v2,
-    cuCtxDestroy_v2_ret,
-    19,
-    |c, s| entry_value(&c, s),
-    |r, s| ret_ctx_destroy(&r, s)
-);
-// cuDevicePrimaryCtxRetain(CUcontext*, CUdevice dev)
-probe!(
-    cuDevicePrimaryCtxRetain,
-    cuDevicePrimaryCtxRetain_ret,
-    20,
-    |c, s| entry_ctx_out(&c, s, 1),
-    |r, s| ret_primary_retain(&r, s)
-);
-probe!(
-    cuDevicePrimaryCtxRelease,
-    cuDevicePrimaryCtxRelease_ret,
-    21,
-    |c, s| entry_value(&c, s),
-    |r, s| ret_primary_release(&r, s)
-);
-probe!(
-    cuDevicePrimaryCtxRelease_v2,
-    cuDevicePrimaryCtxRelease_v2_ret,
-    22,
-    |c, s| entry_value(&c, s),
-    |r, s| ret_primary_release(&r, s)
-);
-probe!(
-    cuCtxSetCurrent,
-    cuCtxSetCurrent_ret,
-    23,
-    |c, s| entry_value(&c, s),
-    |r, s| ret_set_current(&r, s)
-);
+// `entry_ctx_out`'s argument is the position of the `CUdevice` parameter:
+// cuCtxCreate_v2(CUcontext*, unsigned flags, CUdevice),
+// cuCtxCreate_v3(CUcontext*, CUexecAffinityParam*, int n, unsigned flags, CUdevice),
+// cuCtxCreate_v4(CUcontext*, CUctxCreateParams*, unsigned flags, CUdevice),
+// cuDevicePrimaryCtxRetain(CUcontext*, CUdevice).
+probes! {
+    1 cuMemAlloc_v2 / cuMemAlloc_v2_ret: entry_out_size() => ret_alloc(EventKind::MemAlloc);
+    2 cuMemAllocPitch_v2 / cuMemAllocPitch_v2_ret: entry_pitch() => ret_pitch();
+    3 cuMemAllocManaged / cuMemAllocManaged_ret:
+        entry_out_size() => ret_alloc(EventKind::MemAllocManaged);
+    4 cuMemAllocAsync / cuMemAllocAsync_ret:
+        entry_out_size() => ret_alloc(EventKind::MemAllocAsync);
+    5 cuMemAllocAsync_ptsz / cuMemAllocAsync_ptsz_ret:
+        entry_out_size() => ret_alloc(EventKind::MemAllocAsync);
+    6 cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ret:
+        entry_out_size() => ret_alloc(EventKind::MemAllocFromPool);
+    7 cuMemAllocFromPoolAsync_ptsz / cuMemAllocFromPoolAsync_ptsz_ret:
+        entry_out_size() => ret_alloc(EventKind::MemAllocFromPool);
+    8 cuMemCreate / cuMemCreate_ret: entry_mem_create() => ret_mem_create();
+    9 cuArrayCreate_v2 / cuArrayCreate_v2_ret:
+        entry_array2d() => ret_alloc(EventKind::ArrayCreate);
+    10 cuArray3DCreate_v2 / cuArray3DCreate_v2_ret:
+        entry_array3d() => ret_alloc(EventKind::Array3DCreate);
+    11 cuMemFree_v2 / cuMemFree_v2_ret: entry_value() => ret_free(EventKind::MemFree);
+    12 cuMemFreeAsync / cuMemFreeAsync_ret: entry_value() => ret_free(EventKind::MemFreeAsync);
+    13 cuMemFreeAsync_ptsz / cuMemFreeAsync_ptsz_ret:
+        entry_value() => ret_free(EventKind::MemFreeAsync);
+    14 cuMemRelease / cuMemRelease_ret: entry_value() => ret_free(EventKind::MemRelease);
+    15 cuArrayDestroy / cuArrayDestroy_ret: entry_value() => ret_free(EventKind::ArrayDestroy);
+    16 cuCtxCreate_v2 / cuCtxCreate_v2_ret: entry_ctx_out(2) => ret_ctx_create();
+    17 cuCtxCreate_v3 / cuCtxCreate_v3_ret: entry_ctx_out(4) => ret_ctx_create();
+    18 cuCtxCreate_v4 / cuCtxCreate_v4_ret: entry_ctx_out(3) => ret_ctx_create();
+    19 cuCtxDestroy_v2 / cuCtxDestroy_v2_ret: entry_value() => ret_ctx_destroy();
+    20 cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRetain_ret:
+        entry_ctx_out(1) => ret_primary_retain();
+    21 cuDevicePrimaryCtxRelease / cuDevicePrimaryCtxRelease_ret:
+        entry_value() => ret_primary_release();
+    22 cuDevicePrimaryCtxRelease_v2 / cuDevicePrimaryCtxRelease_v2_ret:
+        entry_value() => ret_primary_release();
+    23 cuCtxSetCurrent / cuCtxSetCurrent_ret: entry_value() => ret_set_current();
+}
 
 /// Raw tracepoint `sched_process_exit` (attached without tracefs): a thread exits. Forget its
 /// current context; when it is the thread-group leader, report the process exit.
