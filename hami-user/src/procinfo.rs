@@ -298,29 +298,45 @@ pub fn maps_has_libcuda(maps: &str) -> bool {
 /// Whether `/proc/<pid>/maps` contents map a file whose `(device, inode)` (as the maps write
 /// them, e.g. `("fd:01", 1234)`) is in `ids`.
 pub fn maps_has_ids(maps: &str, ids: &std::collections::HashSet<(String, u64)>) -> bool {
-    if ids.is_empty() {
-        return false;
-    }
-    maps.lines().any(|l| {
-        let mut it = l.split_ascii_whitespace().skip(3);
-        match (it.next(), it.next().and_then(|i| i.parse::<u64>().ok())) {
-            (Some(dev), Some(ino)) if ino != 0 => ids.contains(&(dev.to_string(), ino)),
-            _ => false,
-        }
+    !ids.is_empty()
+        && maps_entries(maps).any(|m| m.inode != 0 && ids.contains(&(m.dev.to_string(), m.inode)))
+}
+
+/// The file paths in `/proc/<pid>/maps` contents (the sixth column, when it is a path;
+/// a ` (deleted)` suffix removed).
+pub fn mapped_files(maps: &str) -> impl Iterator<Item = &str> {
+    maps_entries(maps).filter_map(|m| {
+        let p = m.path.strip_suffix(" (deleted)").unwrap_or(m.path);
+        p.starts_with('/').then_some(p)
     })
 }
 
-/// The file paths in `/proc/<pid>/maps` contents (the sixth column, when it is a path).
-pub fn mapped_files(maps: &str) -> impl Iterator<Item = &str> {
+/// One line of `/proc/<pid>/maps`: `address perms offset dev inode [path]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapsEntry<'a> {
+    /// Permissions (`r-xp`).
+    pub perms: &'a str,
+    /// Device as the maps write it (`fd:01`).
+    pub dev: &'a str,
+    /// Inode (0 for anonymous mappings).
+    pub inode: u64,
+    /// The path column, leading padding removed (empty, `[heap]`, `/x (deleted)`, ...).
+    pub path: &'a str,
+}
+
+/// The lines of `/proc/<pid>/maps` contents; malformed lines are skipped.
+pub fn maps_entries(maps: &str) -> impl Iterator<Item = MapsEntry<'_>> {
     maps.lines().filter_map(|l| {
-        // address perms offset dev inode path
         let mut it = l.splitn(6, ' ');
-        for _ in 0..5 {
-            it.next()?;
-        }
-        let p = it.next()?.trim_start();
-        let p = p.strip_suffix(" (deleted)").unwrap_or(p);
-        p.starts_with('/').then_some(p)
+        let (_, perms, _, dev) = (it.next()?, it.next()?, it.next()?, it.next()?);
+        let inode = it.next()?.parse().ok()?;
+        let path = it.next().unwrap_or("").trim_start();
+        Some(MapsEntry {
+            perms,
+            dev,
+            inode,
+            path,
+        })
     })
 }
 

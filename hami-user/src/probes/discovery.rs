@@ -3,9 +3,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+use crate::procinfo::{maps_entries, MapsEntry};
 
 /// Directories where NVIDIA drivers commonly put `libcuda.so.1` (host and GPU images).
 pub const WELL_KNOWN_DIRS: &[&str] = &[
@@ -256,10 +257,10 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
         else {
             continue;
         };
-        let Ok(f) = fs::File::open(proc_root.join(pid).join("maps")) else {
+        let Ok(maps) = fs::read_to_string(proc_root.join(pid).join("maps")) else {
             continue;
         };
-        for (dev, ino, path) in exec_mappings(BufReader::new(f)) {
+        for (dev, ino, path) in exec_mappings(&maps) {
             let id = (dev, ino);
             if seen.contains(&id) {
                 continue;
@@ -282,39 +283,27 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
     out
 }
 
-/// `(dev, inode, path)` of every libcuda mapping in a `/proc/<pid>/maps` text.
-pub fn libcuda_in_maps(r: impl BufRead) -> Vec<(String, u64, String)> {
-    let mut out: Vec<(String, u64, String)> = Vec::new();
-    for line in r.lines().map_while(Result::ok) {
-        if !line.contains("libcuda.so") {
-            continue;
-        }
-        // address perms offset dev inode path
-        let mut it = line.splitn(6, ' ');
-        let (_, _, _, Some(dev), Some(ino), Some(path)) = (
-            it.next(),
-            it.next(),
-            it.next(),
-            it.next(),
-            it.next(),
-            it.next(),
-        ) else {
-            continue;
-        };
-        let path = path.trim_start();
-        // " (deleted)" files cannot be opened by path any more.
-        if !path.starts_with('/') || path.ends_with(" (deleted)") {
-            continue;
-        }
-        let is_cuda = Path::new(path)
+/// `(dev, inode, path)` of every libcuda mapping in a `/proc/<pid>/maps` text (each file
+/// once; deleted files left out).
+pub fn libcuda_in_maps(maps: &str) -> Vec<(String, u64, String)> {
+    file_mappings(maps, |m| {
+        Path::new(m.path)
             .file_name()
             .and_then(|n| n.to_str())
-            .is_some_and(is_libcuda_name);
-        let Ok(ino) = ino.parse::<u64>() else {
+            .is_some_and(is_libcuda_name)
+    })
+}
+
+/// `(dev, inode, path)` of the file mappings `keep` accepts, each file once, deleted files
+/// left out (they cannot be opened by path any more).
+fn file_mappings(maps: &str, keep: impl Fn(&MapsEntry<'_>) -> bool) -> Vec<(String, u64, String)> {
+    let mut out: Vec<(String, u64, String)> = Vec::new();
+    for m in maps_entries(maps) {
+        if m.inode == 0 || !m.path.starts_with('/') || m.path.ends_with(" (deleted)") || !keep(&m) {
             continue;
-        };
-        if is_cuda && !out.iter().any(|(d, i, _)| d == dev && *i == ino) {
-            out.push((dev.to_string(), ino, path.to_string()));
+        }
+        if !out.iter().any(|(d, i, _)| d == m.dev && *i == m.inode) {
+            out.push((m.dev.to_string(), m.inode, m.path.to_string()));
         }
     }
     out
@@ -325,35 +314,8 @@ const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
 
 /// `(dev, inode, path)` of every executable file mapping in a `/proc/<pid>/maps` text (each
 /// file once; deleted files left out: they cannot be opened by path).
-pub fn exec_mappings(r: impl BufRead) -> Vec<(String, u64, String)> {
-    let mut out: Vec<(String, u64, String)> = Vec::new();
-    for line in r.lines().map_while(Result::ok) {
-        let mut it = line.splitn(6, ' ');
-        let (_, Some(perms), _, Some(dev), Some(ino), Some(path)) = (
-            it.next(),
-            it.next(),
-            it.next(),
-            it.next(),
-            it.next(),
-            it.next(),
-        ) else {
-            continue;
-        };
-        if perms.as_bytes().get(2) != Some(&b'x') {
-            continue;
-        }
-        let path = path.trim_start();
-        if !path.starts_with('/') || path.ends_with(" (deleted)") {
-            continue;
-        }
-        let Ok(ino) = ino.parse::<u64>() else {
-            continue;
-        };
-        if ino != 0 && !out.iter().any(|(d, i, _)| d == dev && *i == ino) {
-            out.push((dev.to_string(), ino, path.to_string()));
-        }
-    }
-    out
+pub fn exec_mappings(maps: &str) -> Vec<(String, u64, String)> {
+    file_mappings(maps, |m| m.perms.as_bytes().get(2) == Some(&b'x'))
 }
 
 /// Library paths listed in an `ld.so.cache` file (glibc's new format, possibly after the old
@@ -479,7 +441,7 @@ mod tests {
 7f0000003000-7f0000004000 r-xp 00001000 00:2a 99       /tmp/x/libcuda.so.1 (deleted)\n\
 7f0000005000-7f0000006000 r-xp 00001000 00:2a 77       /opt/libcudart.so.12\n\
 7f0000007000-7f0000008000 r-xp 00001000 00:2b 5        /opt/fake/libcuda.so.1\n";
-        let got = libcuda_in_maps(text.as_bytes());
+        let got = libcuda_in_maps(text);
         assert_eq!(
             got,
             vec![
@@ -496,8 +458,7 @@ mod tests {
     #[test]
     fn exec_mappings_and_elf_symbols_of_this_process() {
         use std::os::unix::fs::MetadataExt;
-        let f = fs::File::open("/proc/self/maps").unwrap();
-        let maps = exec_mappings(BufReader::new(f));
+        let maps = exec_mappings(&fs::read_to_string("/proc/self/maps").unwrap());
         let (dev, ino, libc) = maps
             .iter()
             .find(|(_, _, p)| p.contains("libc.so") || p.contains("libc-"))
