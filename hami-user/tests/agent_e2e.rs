@@ -6,15 +6,18 @@
 //! Tests run one at a time (a lock): each starts its own agent, and every agent sees every
 //! process that calls the fake libcuda, so assertions always filter by pid or region.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hami_test_harness::{Artifacts, RunningProbe, TestEnv};
 use serde_json::Value;
+
+mod common;
+use common::forward_lines;
 
 const MIB: u64 = 1 << 20;
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -47,17 +50,8 @@ impl Agent {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = c.spawn().expect("spawn hami-agent");
-        let err = child.stderr.take().expect("stderr");
+        let rx = forward_lines(child.stderr.take().expect("stderr"));
         let mut out = child.stdout.take().expect("stdout");
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
         let stdout = std::thread::spawn(move || {
             let mut s = String::new();
             let _ = out.read_to_string(&mut s);

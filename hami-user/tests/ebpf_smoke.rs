@@ -15,7 +15,11 @@ use hami_common::array::array_footprint;
 use hami_common::event::{CudaEvent, EventKind};
 use hami_user::probes::{DiscoveryOptions, ProbeError, ProbeOptions, Probes};
 
-const MINI_DRIVER: &str = r#"
+mod common;
+use common::{compile_c, require_root};
+
+/// The CUDA types both the mini driver and the mini program use (prepended to each).
+const MINI_TYPES: &str = r#"
 #include <stddef.h>
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -26,6 +30,9 @@ typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct { size_t Width, Height; unsigned Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
 typedef struct { size_t Width, Height, Depth; unsigned Format, NumChannels, Flags; } CUDA_ARRAY3D_DESCRIPTOR;
 typedef struct { unsigned type, requestedHandleTypes; struct { unsigned type; int id; } location; void *win32; unsigned char flags[8]; } CUmemAllocationProp;
+"#;
+
+const MINI_DRIVER: &str = r#"
 
 static unsigned long long next_ptr = 0x7f1000000000ULL;
 static unsigned long long next_handle = 0x500;
@@ -65,17 +72,7 @@ CUresult cuCtxDestroy_v2(CUcontext c) { return c ? 0 : 201; }
 
 const MINI_PROGRAM: &str = r#"
 #include <stdio.h>
-#include <stddef.h>
 #include <pthread.h>
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUarray_st *CUarray;
-typedef int CUdevice;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct { size_t Width, Height; unsigned Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
-typedef struct { size_t Width, Height, Depth; unsigned Format, NumChannels, Flags; } CUDA_ARRAY3D_DESCRIPTOR;
-typedef struct { unsigned type, requestedHandleTypes; struct { unsigned type; int id; } location; void *win32; unsigned char flags[8]; } CUmemAllocationProp;
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
 CUresult cuMemAllocAsync(CUdeviceptr *, size_t, void *);
@@ -153,54 +150,26 @@ int main(void) {
 }
 "#;
 
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "the eBPF smoke tests load programs into the kernel and must run as root (CI does)"
-    );
-}
-
-fn gcc(args: &[&str]) {
-    let out = Command::new("gcc")
-        .args(args)
-        .output()
-        .expect("running gcc");
-    assert!(
-        out.status.success(),
-        "gcc {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Build the mini driver and program in a fresh directory; return (dir, libcuda, program).
+/// Build the mini driver and program in a fresh directory; return (libcuda, program).
 fn build_mini(tmp: &Path) -> (PathBuf, PathBuf) {
     let lib_dir = tmp.join("lib");
     std::fs::create_dir_all(&lib_dir).unwrap();
-    std::fs::write(tmp.join("driver.c"), MINI_DRIVER).unwrap();
-    std::fs::write(tmp.join("prog.c"), MINI_PROGRAM).unwrap();
     let lib = lib_dir.join("libcuda.so.1");
-    // -O0: no identical-code folding (two symbols at one address would fire both probes).
-    gcc(&[
-        "-O0",
-        "-shared",
-        "-fPIC",
-        "-Wl,-soname,libcuda.so.1",
-        "-o",
-        lib.to_str().unwrap(),
-        tmp.join("driver.c").to_str().unwrap(),
-    ]);
+    compile_c(
+        &format!("{MINI_TYPES}{MINI_DRIVER}"),
+        &lib,
+        &["-shared", "-fPIC", "-Wl,-soname,libcuda.so.1"],
+    );
     let prog = tmp.join("prog");
-    gcc(&[
-        "-O0",
-        "-o",
-        prog.to_str().unwrap(),
-        tmp.join("prog.c").to_str().unwrap(),
-        lib.to_str().unwrap(),
-        &format!("-Wl,-rpath,{}", lib_dir.display()),
-        "-pthread",
-    ]);
+    compile_c(
+        &format!("{MINI_TYPES}{MINI_PROGRAM}"),
+        &prog,
+        &[
+            lib.to_str().unwrap(),
+            &format!("-Wl,-rpath,{}", lib_dir.display()),
+            "-pthread",
+        ],
+    );
     (lib, prog)
 }
 

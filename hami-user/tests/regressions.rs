@@ -12,12 +12,14 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::channel;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hami_common::array::array_footprint;
 use serde_json::Value;
+
+mod common;
+use common::{compile_c, forward_lines, require_root};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -110,49 +112,19 @@ int main(int argc, char **argv) {
 }
 "#;
 
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "these tests load eBPF programs and must run as root"
-    );
-}
-
-fn gcc(args: &[&str]) {
-    let out = Command::new("gcc").args(args).output().expect("gcc");
-    assert!(
-        out.status.success(),
-        "gcc {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The driver as `<dir>/drv/libweird_driver.so` with a `libcuda.so.1` symlink to it (the
 /// maps then name `libweird_driver.so`), and the program.
 fn build_nested(dir: &Path) -> (PathBuf, PathBuf) {
     let drv = dir.join("drv");
     std::fs::create_dir_all(&drv).unwrap();
-    std::fs::write(dir.join("d.c"), NESTED_DRIVER).unwrap();
-    std::fs::write(dir.join("p.c"), NESTED_PROGRAM).unwrap();
-    let lib = drv.join("libweird_driver.so");
-    gcc(&[
-        "-O0",
-        "-shared",
-        "-fPIC",
-        "-o",
-        lib.to_str().unwrap(),
-        dir.join("d.c").to_str().unwrap(),
-    ]);
+    compile_c(
+        NESTED_DRIVER,
+        &drv.join("libweird_driver.so"),
+        &["-shared", "-fPIC"],
+    );
     std::os::unix::fs::symlink("libweird_driver.so", drv.join("libcuda.so.1")).unwrap();
     let prog = dir.join("prog");
-    gcc(&[
-        "-O0",
-        "-o",
-        prog.to_str().unwrap(),
-        dir.join("p.c").to_str().unwrap(),
-        "-ldl",
-    ]);
+    compile_c(NESTED_PROGRAM, &prog, &["-ldl"]);
     (drv, prog)
 }
 
@@ -176,15 +148,7 @@ fn start_agent_with(
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn hami-agent");
-    let err = child.stderr.take().unwrap();
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for l in BufReader::new(err).lines().map_while(Result::ok) {
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = forward_lines(child.stderr.take().unwrap());
     let end = Instant::now() + Duration::from_secs(60);
     let mut log = Vec::new();
     loop {

@@ -1,0 +1,54 @@
+//! Helpers shared by the integration tests (each test target includes this module and uses
+//! only part of it).
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::Command;
+use std::sync::mpsc::{channel, Receiver};
+
+/// Fails (never skips) unless running as root: the tests load eBPF programs.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "these tests load eBPF programs into the kernel and must run as root (CI does)"
+    );
+}
+
+/// Writes `source` as `<out>.c` and compiles it into `out` with `gcc -O0 <args>`; panics with
+/// gcc's stderr on failure. `-O0`: no identical-code folding (two symbols at one address
+/// would fire both probes).
+pub fn compile_c(source: &str, out: &Path, args: &[&str]) {
+    let src = out.with_extension("c");
+    std::fs::write(&src, source).unwrap();
+    let o = Command::new("gcc")
+        .arg("-O0")
+        .arg("-o")
+        .arg(out)
+        .arg(&src)
+        .args(args)
+        .output()
+        .expect("running gcc");
+    assert!(
+        o.status.success(),
+        "gcc {} {args:?} failed: {}",
+        src.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Forwards the lines of `r` (a child's stderr) to a channel from a thread; ends at EOF, at
+/// an unreadable line, or when the receiver is gone.
+pub fn forward_lines(r: impl Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(r).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
