@@ -649,8 +649,13 @@ fn nvml_own_used(dev: usize) -> OwnUsage {
     }
 }
 
-/// Takes the region-wide context-creation lock (see [`crate::ctxlock`]).
+/// Takes the region-wide context-creation lock (see [`crate::ctxlock`]). Without NVML
+/// nothing is measured, so there is nothing to protect: no lock (it would only serialize
+/// context creation across the region's processes).
 fn ctx_serialize() -> Option<Held> {
+    if !nvml_ready() {
+        return None;
+    }
     let g = state::global();
     g.region.as_ref().ok()?;
     match CtxLock::acquire(&g.config.region_path, ctxlock::WAIT_LIMIT) {

@@ -346,3 +346,44 @@ fn malformed_log_level_is_reported_once_and_defaults() {
         "{err}"
     );
 }
+
+/// Found in review: the region-wide context-creation lock was taken even without NVML, when
+/// nothing is measured: pure serialization of every process's context creation. Three
+/// processes without NVML whose context creations take 1.5 s each must overlap (the lock
+/// would make it 4.5 s).
+#[test]
+fn without_nvml_context_creations_are_not_serialized() {
+    let env = Env::new()
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
+        .set("FAKE_CUDA_CTX_CREATE_DELAY_MS", "1500");
+    // Only the fake driver, no libnvidia-ml.so.1 (the sandbox's variables override the
+    // harness's LD_LIBRARY_PATH).
+    let libdir = env.dir().join("no-nvml");
+    std::fs::create_dir_all(&libdir).unwrap();
+    std::os::unix::fs::symlink(&Artifacts::get().fake_libcuda, libdir.join("libcuda.so.1"))
+        .unwrap();
+    let env = env.set("LD_LIBRARY_PATH", libdir.to_str().unwrap());
+    // A first process creates the region (so the three below do not race for that).
+    let p = env.probe(&["info"]);
+    assert_eq!(p.rcs(), vec![0], "{}", p.dump());
+    let t = std::time::Instant::now();
+    let outs = concurrent_probes(&env, 3, &["info"]);
+    let took = t.elapsed();
+    for p in &outs {
+        assert_eq!(p.rcs(), vec![0], "{}", p.dump());
+        assert!(
+            p.stderr().contains("context memory could not be measured"),
+            "NVML is really absent: {}",
+            p.dump()
+        );
+        assert!(
+            !p.stderr().contains("context-creation lock"),
+            "{}",
+            p.dump()
+        );
+    }
+    assert!(
+        took < std::time::Duration::from_millis(3500),
+        "context creations were serialized: {took:?}"
+    );
+}
