@@ -4,7 +4,6 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
-use std::process::Command;
 use std::sync::mpsc::{channel, Receiver};
 
 /// Fails (never skips) unless running as root: the tests load eBPF programs.
@@ -17,26 +16,14 @@ pub fn require_root() {
     );
 }
 
-/// Writes `source` as `<out>.c` and compiles it into `out` with `gcc -O0 <args>`; panics with
-/// gcc's stderr on failure. `-O0`: no identical-code folding (two symbols at one address
-/// would fire both probes).
+/// Writes `source` as `<out>.c` and compiles it into `out` with the harness's
+/// [`hami_test_harness::cc`] (`-O0 <args>`; panics with the compiler's output on failure).
+/// `-O0`: no identical-code folding (two symbols at one address would fire both probes).
 pub fn compile_c(source: &str, out: &Path, args: &[&str]) {
     let src = out.with_extension("c");
     std::fs::write(&src, source).unwrap();
-    let o = Command::new("gcc")
-        .arg("-O0")
-        .arg("-o")
-        .arg(out)
-        .arg(&src)
-        .args(args)
-        .output()
-        .expect("running gcc");
-    assert!(
-        o.status.success(),
-        "gcc {} {args:?} failed: {}",
-        src.display(),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let args: Vec<&str> = std::iter::once("-O0").chain(args.iter().copied()).collect();
+    hami_test_harness::cc(&src, out, &args);
 }
 
 /// Forwards the lines of `r` (a child's stderr) to a channel from a thread; ends at EOF, at
