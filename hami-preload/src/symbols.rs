@@ -116,31 +116,38 @@ pub fn cu_hook_for_real(lib: &RealLib, addr: *mut c_void) -> Option<*mut c_void>
         .map(cu_hook_addr)
 }
 
-/// The real CUDA function `sym` as a function pointer of type `F`, if the driver has it.
+/// Entry `index` of `lib` (loaded on first use) as a function pointer of type `F`, if the
+/// library is there and defines it.
 ///
 /// # Safety
-/// `F` must be the function-pointer type of `sym`.
-pub unsafe fn cu<F: Copy>(sym: Cu) -> Option<F> {
-    let lib = CUDA.get(true)?;
-    let p = lib.get(sym as usize);
+/// `F` must be the function-pointer type of that entry.
+#[inline]
+unsafe fn typed<F: Copy>(lib: &LazyLib, index: usize) -> Option<F> {
+    let p = lib.get(true)?.get(index);
     if p.is_null() {
         return None;
     }
     debug_assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
-    // SAFETY: the caller guarantees F is the function pointer type for this symbol.
+    // SAFETY: the caller guarantees F is the function pointer type for this entry.
     Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+}
+
+/// The real CUDA function `sym` as a function pointer of type `F`, if the driver has it.
+///
+/// # Safety
+/// `F` must be the function-pointer type of `sym`.
+#[inline]
+pub unsafe fn cu<F: Copy>(sym: Cu) -> Option<F> {
+    // SAFETY: forwarded contract.
+    unsafe { typed(&CUDA, sym as usize) }
 }
 
 /// The real NVML function `sym` as a function pointer of type `F`, if NVML has it.
 ///
 /// # Safety
 /// `F` must be the function-pointer type of `sym`.
+#[inline]
 pub unsafe fn nv<F: Copy>(sym: Nv) -> Option<F> {
-    let lib = NVML.get(true)?;
-    let p = lib.get(sym as usize);
-    if p.is_null() {
-        return None;
-    }
-    // SAFETY: the caller guarantees F is the function pointer type for this symbol.
-    Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) })
+    // SAFETY: forwarded contract.
+    unsafe { typed(&NVML, sym as usize) }
 }
