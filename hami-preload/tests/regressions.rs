@@ -382,8 +382,10 @@ fn without_nvml_context_creations_are_not_serialized() {
             p.dump()
         );
     }
+    // Serialized, the three creations take at least 3 x 1.5 s = 4.5 s; overlapping, about
+    // 1.5 s. The bound sits just under 4.5 s so a loaded CI machine has the most room.
     assert!(
-        took < std::time::Duration::from_millis(3500),
+        took < std::time::Duration::from_millis(4300),
         "context creations were serialized: {took:?}"
     );
 }
