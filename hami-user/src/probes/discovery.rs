@@ -283,17 +283,6 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
     out
 }
 
-/// `(dev, inode, path)` of every libcuda mapping in a `/proc/<pid>/maps` text (each file
-/// once; deleted files left out).
-pub fn libcuda_in_maps(maps: &str) -> Vec<(String, u64, String)> {
-    file_mappings(maps, |m| {
-        Path::new(m.path)
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(is_libcuda_name)
-    })
-}
-
 /// `(dev, inode, path)` of the file mappings `keep` accepts, each file once, deleted files
 /// left out (they cannot be opened by path any more).
 fn file_mappings(maps: &str, keep: impl Fn(&MapsEntry<'_>) -> bool) -> Vec<(String, u64, String)> {
@@ -441,7 +430,13 @@ mod tests {
 7f0000003000-7f0000004000 r-xp 00001000 00:2a 99       /tmp/x/libcuda.so.1 (deleted)\n\
 7f0000005000-7f0000006000 r-xp 00001000 00:2a 77       /opt/libcudart.so.12\n\
 7f0000007000-7f0000008000 r-xp 00001000 00:2b 5        /opt/fake/libcuda.so.1\n";
-        let got = libcuda_in_maps(text);
+        // The filter discovery uses for libcuda names, over the shared maps walker.
+        let got = file_mappings(text, |m| {
+            Path::new(m.path)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(is_libcuda_name)
+        });
         assert_eq!(
             got,
             vec![
