@@ -4,7 +4,9 @@
 
 use crate::accounting::{Accounts, Ledger};
 use crate::cuda::{CUresult, CUDA_SUCCESS};
-use crate::policy::{context_cost, ContextCost, ContextReadings};
+use crate::policy::{
+    context_cost, driver_context_cost, ContextCost, ContextReadings, DriverReadings,
+};
 use hami_common::layout::{UsageKind, MAX_DEVICES};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,6 +65,15 @@ pub struct Meter<'a> {
     pub region_data: &'a dyn Fn(usize) -> u64,
     /// Takes the region-wide context-creation lock (`None`: not available).
     pub serialize: &'a dyn Fn() -> Option<Held>,
+    /// NVML is available. When it is not, context memory is measured through the driver
+    /// ([`Meter::driver_info`]).
+    pub nvml: bool,
+    /// `(free, total)` of a context's device per the driver's `cuMemGetInfo_v2`, the context
+    /// made current for the reading and the caller's current context restored (`None`: not
+    /// available).
+    pub driver_info: &'a dyn Fn(usize) -> Option<(u64, u64)>,
+    /// Bytes every process sharing the region has charged on the device, all kinds.
+    pub region_used: &'a dyn Fn(usize) -> u64,
 }
 
 impl Meter<'_> {
@@ -70,14 +81,21 @@ impl Meter<'_> {
     /// already known to appear in NVML's process list (`listed`), the region-wide lock is
     /// held around the readings and the call, so that a device-level fallback is not
     /// disturbed by another process's concurrent context creation.
+    ///
+    /// Without NVML the driver is read instead (always under the lock): `existing`, a
+    /// context this process already has on `dev`, gives the reading before the call.
     fn around(
         &self,
         dev: usize,
+        existing: Option<usize>,
         listed: &AtomicBool,
         call: impl FnOnce() -> Result<usize, CUresult>,
     ) -> (Result<usize, CUresult>, ContextCost) {
         if let Some(b) = self.configured {
             return (call(), ContextCost::Configured(b));
+        }
+        if !self.nvml {
+            return self.around_driver(dev, existing, call);
         }
         let held = if listed.load(Ordering::Relaxed) {
             None
@@ -120,6 +138,38 @@ impl Meter<'_> {
         };
         (r, context_cost(None, &readings))
     }
+
+    /// The driver-only measurement (NVML unavailable), under the region-wide lock.
+    fn around_driver(
+        &self,
+        dev: usize,
+        existing: Option<usize>,
+        call: impl FnOnce() -> Result<usize, CUresult>,
+    ) -> (Result<usize, CUresult>, ContextCost) {
+        let held = (self.serialize)();
+        let region_before = (self.region_data)(dev);
+        let free_before = existing
+            .and_then(|c| (self.driver_info)(c))
+            .map(|(free, _)| free);
+        let r = call();
+        let Ok(ctx) = r else {
+            return (r, ContextCost::Unknown);
+        };
+        let after = (self.driver_info)(ctx);
+        let region_meanwhile =
+            (i128::from((self.region_data)(dev)) - i128::from(region_before)) as i64;
+        let region_used = (self.region_used)(dev);
+        let serialized = held.is_some();
+        drop(held);
+        let readings = DriverReadings {
+            free_before,
+            after,
+            region_meanwhile,
+            region_used,
+            serialized,
+        };
+        (r, driver_context_cost(&readings))
+    }
 }
 
 impl ContextTable {
@@ -151,7 +201,8 @@ impl ContextTable {
                 Err(e) => (e, None),
             };
         }
-        let (r, cost) = meter.around(dev, &self.listed, call);
+        let existing = Self::existing(&g, dev);
+        let (r, cost) = meter.around(dev, existing, &self.listed, call);
         match r {
             Ok(ctx) => {
                 let bytes = cost.bytes();
@@ -211,6 +262,19 @@ impl ContextTable {
         r
     }
 
+    /// A context this process already has on `dev` (its primary context if retained, else
+    /// a created one).
+    fn existing(g: &Inner, dev: usize) -> Option<usize> {
+        let p = g.primary[dev];
+        if p.count > 0 && p.ctx != 0 {
+            return Some(p.ctx);
+        }
+        g.created
+            .iter()
+            .find(|(_, &(d, _))| d == dev)
+            .map(|(&c, _)| c)
+    }
+
     /// The primary context of `dev` as last retained (0 if none).
     pub fn primary_ctx(&self, dev: usize) -> usize {
         self.lock().primary.get(dev).map_or(0, |p| p.ctx)
@@ -228,7 +292,8 @@ impl ContextTable {
             return (call().err().unwrap_or(CUDA_SUCCESS), None);
         }
         let mut g = self.lock();
-        let (r, cost) = meter.around(dev, &self.listed, call);
+        let existing = Self::existing(&g, dev);
+        let (r, cost) = meter.around(dev, existing, &self.listed, call);
         match r {
             Ok(ctx) => {
                 let bytes = cost.bytes();
@@ -277,6 +342,9 @@ mod tests {
         own_data: &|_| 0,
         region_data: &|_| 0,
         serialize: &|| None,
+        nvml: false,
+        driver_info: &|_| None,
+        region_used: &|_| 0,
     };
 
     /// Two processes share a device; `other` creates a context while we create ours.
@@ -301,6 +369,8 @@ mod tests {
             own_data: &|_| 0,
             region_data: &|_| 0,
             serialize: &serialize,
+            nvml: true,
+            ..NO_NVML
         };
         let (r, cost) = t.primary_retain(&l, 0, &m, || {
             // Ours (518 MiB) and another process's (520 MiB) at the same moment.
@@ -353,6 +423,8 @@ mod tests {
             own_data: &own_data,
             region_data: &own_data,
             serialize: &serialize,
+            nvml: true,
+            ..NO_NVML
         };
         for round in 0..2 {
             let (_, cost) = t.create(&l, 0, &m, || {
@@ -387,6 +459,7 @@ mod tests {
         let m = Meter {
             configured: None,
             used_now: &read,
+            nvml: true,
             ..NO_NVML
         };
         let (r, cost) = t.primary_retain(&l, 0, &m, || {

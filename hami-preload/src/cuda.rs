@@ -191,6 +191,10 @@ pub type FnDeviceGetUuid = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresu
 pub type FnCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
 /// `cuCtxGetCurrent`.
 pub type FnCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+/// `cuCtxPushCurrent_v2`.
+pub type FnCtxPushCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
+/// `cuCtxPopCurrent_v2`.
+pub type FnCtxPopCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
 /// `cuMemAlloc_v2`.
 pub type FnMemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
 /// `cuMemAllocPitch_v2`.

@@ -649,11 +649,12 @@ fn nvml_own_used(dev: usize) -> OwnUsage {
     }
 }
 
-/// Takes the region-wide context-creation lock (see [`crate::ctxlock`]). Without NVML
-/// nothing is measured, so there is nothing to protect: no lock (it would only serialize
-/// context creation across the region's processes).
+/// Takes the region-wide context-creation lock (see [`crate::ctxlock`]). When no
+/// measurement is possible (neither NVML nor the driver's `cuMemGetInfo_v2`) there is
+/// nothing to protect: no lock (it would only serialize context creation across the
+/// region's processes).
 fn ctx_serialize() -> Option<Held> {
-    if !nvml_ready() {
+    if !nvml_ready() && !driver_info_available() {
         return None;
     }
     let g = state::global();
@@ -691,6 +692,65 @@ fn region_data(dev: usize) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
+/// Everything every process sharing the region has charged on `dev`, all kinds.
+fn region_used(dev: usize) -> u64 {
+    let Ok(region) = &state::global().region else {
+        return 0;
+    };
+    region
+        .snapshot()
+        .slots
+        .iter()
+        .filter_map(|s| s.usage.get(dev))
+        .flat_map(|u| u.iter().copied())
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Whether the driver offers `cuMemGetInfo_v2` (the driver-only context measurement).
+fn driver_info_available() -> bool {
+    // SAFETY: documented type.
+    unsafe { symbols::cu::<FnMemGetInfo>(Cu::MemGetInfoV2) }.is_some()
+}
+
+/// `(free, total)` of `ctx`'s device per the real `cuMemGetInfo_v2`, with `ctx` made
+/// current for the reading (`cuCtxPushCurrent_v2` / `cuCtxPopCurrent_v2`), so that the
+/// calling thread's context stack is left exactly as it was. If `ctx` is already current no
+/// push is needed; otherwise, without both push and pop, `None`.
+fn driver_info(ctx: usize) -> Option<(u64, u64)> {
+    // SAFETY: documented type.
+    let info = unsafe { symbols::cu::<FnMemGetInfo>(Cu::MemGetInfoV2) }?;
+    let mut cur: CUcontext = std::ptr::null_mut();
+    // SAFETY: documented type.
+    if let Some(get) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::CtxGetCurrent) } {
+        // SAFETY: valid out pointer.
+        if unsafe { get(&mut cur) } != CUDA_SUCCESS {
+            cur = std::ptr::null_mut();
+        }
+    }
+    let pop = if cur as usize == ctx {
+        None
+    } else {
+        // SAFETY: documented types.
+        let push = unsafe { symbols::cu::<FnCtxPushCurrent>(Cu::CtxPushCurrentV2) }?;
+        // SAFETY: documented type.
+        let pop = unsafe { symbols::cu::<FnCtxPopCurrent>(Cu::CtxPopCurrentV2) }?;
+        // SAFETY: a context of this process (the driver checks it).
+        if unsafe { push(ctx as CUcontext) } != CUDA_SUCCESS {
+            return None;
+        }
+        Some(pop)
+    };
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out pointers; the real function, not our quota view.
+    let r = unsafe { info(&mut free, &mut total) };
+    if let Some(pop) = pop {
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer; pops the context pushed above.
+        unsafe { pop(&mut popped) };
+    }
+    (r == CUDA_SUCCESS).then_some((free as u64, total as u64))
+}
+
 /// The meter of context memory used by the context hooks.
 fn meter() -> Meter<'static> {
     Meter {
@@ -700,6 +760,9 @@ fn meter() -> Meter<'static> {
         own_data: &own_data,
         region_data: &region_data,
         serialize: &ctx_serialize,
+        nvml: nvml_ready(),
+        driver_info: &driver_info,
+        region_used: &region_used,
     }
 }
 
@@ -753,7 +816,15 @@ fn nvml_uuid(device: nvmlDevice_t) -> Option<[u8; 16]> {
 fn log_context_cost(what: &str, dev: usize, cost: Option<ContextCost>) {
     match cost {
         Some(ContextCost::Unknown) => crate::warn!(
-            "{what}: device {dev}: context memory could not be measured (NVML unavailable or disturbed); charged 0 bytes (set HAMI_CONTEXT_OVERHEAD to fix a value)"
+            "{what}: device {dev}: context memory could not be measured (no NVML or driver reading, or one disturbed by other processes' memory); charged 0 bytes (set HAMI_CONTEXT_OVERHEAD to fix a value)"
+        ),
+        Some(ContextCost::Driver { bytes, first: false, serialized }) => crate::info!(
+            "{what}: device {dev}: context charged {bytes} bytes (measured from cuMemGetInfo (no NVML): free before (through this process's existing context) minus free after (through the new one), corrected for the region's data charged meanwhile; context-creation lock {})",
+            if serialized { "held" } else { "NOT held" }
+        ),
+        Some(ContextCost::Driver { bytes, first: true, serialized }) => crate::info!(
+            "{what}: device {dev}: context charged {bytes} bytes (measured from cuMemGetInfo (no NVML): device used after (total - free through the new context) minus the region's accounted usage; assumes the region's processes are the device's only users; context-creation lock {})",
+            if serialized { "held" } else { "NOT held" }
         ),
         Some(ContextCost::Configured(b)) => {
             crate::info!("{what}: device {dev}: context charged {b} bytes (HAMI_CONTEXT_OVERHEAD)")

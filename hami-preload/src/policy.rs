@@ -63,6 +63,20 @@ pub enum ContextCost {
         /// Whether the context-creation lock was held.
         serialized: bool,
     },
+    /// NVML unavailable: measured through the driver (`cuMemGetInfo_v2` with the context
+    /// made current temporarily), under the region's context-creation lock when `serialized`.
+    /// `first`: this process had no context on the device before, so the cost is the
+    /// device's used memory after the creation minus everything the region had accounted on
+    /// the device; otherwise free before minus free after, minus the change of the data
+    /// charged in the region meanwhile.
+    Driver {
+        /// Bytes charged.
+        bytes: u64,
+        /// First context of this process on the device (the residual method).
+        first: bool,
+        /// Whether the context-creation lock was held.
+        serialized: bool,
+    },
     /// Not measurable: nothing charged.
     Unknown,
 }
@@ -73,7 +87,8 @@ impl ContextCost {
         match self {
             ContextCost::Configured(b)
             | ContextCost::PerProcess(b)
-            | ContextCost::DeviceDelta { bytes: b, .. } => b,
+            | ContextCost::DeviceDelta { bytes: b, .. }
+            | ContextCost::Driver { bytes: b, .. } => b,
             ContextCost::Unknown => 0,
         }
     }
@@ -123,6 +138,63 @@ pub fn context_cost(configured: Option<u64>, r: &ContextReadings) -> ContextCost
     match delta(r.dev_before, r.dev_after, r.region_meanwhile) {
         Some(bytes) => ContextCost::DeviceDelta {
             bytes,
+            serialized: r.serialized,
+        },
+        None => ContextCost::Unknown,
+    }
+}
+
+/// Largest context footprint believed from the driver-only residual method (device used
+/// memory minus what the region accounted): more means that memory of processes outside the
+/// region was counted, and the measurement is discarded.
+pub const MAX_RESIDUAL_CONTEXT: u64 = 2 << 30;
+
+/// The driver readings taken around a context creation when NVML is unavailable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DriverReadings {
+    /// Free memory of the device before, read through another context of this process on
+    /// the device; `None`: this process had none (or it could not be read).
+    pub free_before: Option<u64>,
+    /// `(free, total)` of the device after, read through the new context.
+    pub after: Option<(u64, u64)>,
+    /// Change of the non-context charges of every process sharing the region on the device
+    /// between the readings.
+    pub region_meanwhile: i64,
+    /// Everything the region had accounted on the device (all processes, all kinds) after
+    /// the creation, before the new context is charged.
+    pub region_used: u64,
+    /// Whether the context-creation lock was held around the readings.
+    pub serialized: bool,
+}
+
+/// The memory a new context takes, measured through the driver (NVML unavailable): with a
+/// before reading, the device-level delta of [`context_cost`] (same correction for the
+/// region's data charged meanwhile); without one, the device's used memory after minus the
+/// region's accounted usage, believed only within `0..=`[`MAX_RESIDUAL_CONTEXT`] (the region's
+/// processes are assumed to be the device's only users).
+pub fn driver_context_cost(r: &DriverReadings) -> ContextCost {
+    let Some((free, total)) = r.after else {
+        return ContextCost::Unknown;
+    };
+    let used_after = total.saturating_sub(free);
+    let (bytes, first) = match r.free_before {
+        Some(fb) => {
+            let used_before = total.saturating_sub(fb);
+            (
+                delta(Some(used_before), Some(used_after), r.region_meanwhile),
+                false,
+            )
+        }
+        None => {
+            let d = i128::from(used_after) - i128::from(r.region_used);
+            let ok = (0..=i128::from(MAX_RESIDUAL_CONTEXT)).contains(&d);
+            (ok.then_some(d as u64), true)
+        }
+    };
+    match bytes {
+        Some(bytes) => ContextCost::Driver {
+            bytes,
+            first,
             serialized: r.serialized,
         },
         None => ContextCost::Unknown,
@@ -309,5 +381,52 @@ mod tests {
         assert_eq!(array3d_charge(&d3), 32 << 20);
         d3.flags = CUDA_ARRAY3D_DEFERRED_MAPPING;
         assert_eq!(array3d_charge(&d3), 0);
+    }
+
+    #[test]
+    fn driver_context_cost_before_delta_and_first_residual() {
+        const MB: u64 = 1 << 20;
+        let r = DriverReadings {
+            free_before: Some(1000 * MB),
+            after: Some((600 * MB, 2000 * MB)),
+            region_meanwhile: 100 * MB as i64,
+            region_used: 0,
+            serialized: true,
+        };
+        // free before - free after = 400 MiB, of which 100 MiB data charged meanwhile.
+        let want = ContextCost::Driver {
+            bytes: 300 * MB,
+            first: false,
+            serialized: true,
+        };
+        assert_eq!(driver_context_cost(&r), want);
+        // First context: device used (1400 MiB) minus the region's accounted 1100 MiB.
+        let first = DriverReadings {
+            free_before: None,
+            region_used: 1100 * MB,
+            ..r
+        };
+        assert_eq!(
+            driver_context_cost(&first),
+            ContextCost::Driver {
+                bytes: 300 * MB,
+                first: true,
+                serialized: true
+            }
+        );
+        // Another tenant's memory: above 2 GiB or negative is discarded.
+        let big = DriverReadings {
+            after: Some((0, 3000 * MB)),
+            region_used: 0,
+            ..first
+        };
+        assert_eq!(driver_context_cost(&big), ContextCost::Unknown);
+        let neg = DriverReadings {
+            region_used: 1500 * MB,
+            ..first
+        };
+        assert_eq!(driver_context_cost(&neg), ContextCost::Unknown);
+        let none = DriverReadings { after: None, ..r };
+        assert_eq!(driver_context_cost(&none), ContextCost::Unknown);
     }
 }

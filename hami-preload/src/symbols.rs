@@ -71,6 +71,8 @@ symbol_table! {
         DeviceGetUuidV2 = c"cuDeviceGetUuid_v2",
         CtxGetDevice = c"cuCtxGetDevice",
         CtxGetCurrent = c"cuCtxGetCurrent",
+        CtxPushCurrentV2 = c"cuCtxPushCurrent_v2",
+        CtxPopCurrentV2 = c"cuCtxPopCurrent_v2",
     }
 }
 

@@ -347,22 +347,27 @@ fn malformed_log_level_is_reported_once_and_defaults() {
     );
 }
 
-/// Found in review: the region-wide context-creation lock was taken even without NVML, when
-/// nothing is measured: pure serialization of every process's context creation. Three
-/// processes without NVML whose context creations take 1.5 s each must overlap (the lock
-/// would make it 4.5 s).
-#[test]
-fn without_nvml_context_creations_are_not_serialized() {
-    let env = Env::new()
-        .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
-        .set("FAKE_CUDA_CTX_CREATE_DELAY_MS", "1500");
-    // Only the fake driver, no libnvidia-ml.so.1 (the sandbox's variables override the
-    // harness's LD_LIBRARY_PATH).
+/// An environment whose library path holds only the fake driver, no libnvidia-ml.so.1 (the
+/// sandbox's variables override the harness's LD_LIBRARY_PATH).
+fn without_nvml(env: Env) -> Env {
     let libdir = env.dir().join("no-nvml");
     std::fs::create_dir_all(&libdir).unwrap();
     std::os::unix::fs::symlink(&Artifacts::get().fake_libcuda, libdir.join("libcuda.so.1"))
         .unwrap();
-    let env = env.set("LD_LIBRARY_PATH", libdir.to_str().unwrap());
+    let path = libdir.to_str().unwrap().to_string();
+    env.set("LD_LIBRARY_PATH", &path)
+}
+
+/// With `HAMI_CONTEXT_OVERHEAD` set nothing is measured, so context creations take no
+/// region-wide lock: three processes creating contexts at once overlap.
+#[test]
+fn configured_overhead_context_creations_are_not_serialized() {
+    let env = without_nvml(
+        Env::new()
+            .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
+            .set("HAMI_CONTEXT_OVERHEAD", "100M")
+            .set("FAKE_CUDA_CTX_CREATE_DELAY_MS", "1500"),
+    );
     // A first process creates the region (so the three below do not race for that).
     let p = env.probe(&["info"]);
     assert_eq!(p.rcs(), vec![0], "{}", p.dump());
@@ -372,8 +377,9 @@ fn without_nvml_context_creations_are_not_serialized() {
     for p in &outs {
         assert_eq!(p.rcs(), vec![0], "{}", p.dump());
         assert!(
-            p.stderr().contains("context memory could not be measured"),
-            "NVML is really absent: {}",
+            p.stderr()
+                .contains("context charged 104857600 bytes (HAMI_CONTEXT_OVERHEAD)"),
+            "{}",
             p.dump()
         );
         assert!(
@@ -388,4 +394,92 @@ fn without_nvml_context_creations_are_not_serialized() {
         took < std::time::Duration::from_millis(4300),
         "context creations were serialized: {took:?}"
     );
+}
+
+const DRIVER_FIRST: &str =
+    "context charged 314572800 bytes (measured from cuMemGetInfo (no NVML): device used after";
+const DRIVER_DELTA: &str =
+    "context charged 314572800 bytes (measured from cuMemGetInfo (no NVML): free before";
+
+/// Without NVML, context memory is measured through the driver: the primary context (first
+/// context of the process: device used minus the region's usage) and a created context
+/// (free before through the primary context minus free after) are each charged exactly the
+/// driver's context footprint, and the caller's context stack is left as it was.
+#[test]
+fn without_nvml_contexts_are_measured_through_the_driver() {
+    let env = without_nvml(
+        Env::new()
+            .set("CUDA_DEVICE_MEMORY_LIMIT", "2G")
+            .set("FAKE_CUDA_CTX_OVERHEAD", "300M")
+            .set("LIBCUDA_LOG_LEVEL", "2"),
+    );
+    // hprobe retains the primary context p and sets it current (stack [p]); the creation
+    // pushes c (stack [p, c]): popping gives c, then p, then nothing.
+    let p = env.probe(&[
+        "ctxcur",
+        "ctxcreate",
+        "ctxcur",
+        "ctxpop",
+        "ctxpop",
+        "ctxpop",
+    ]);
+    assert_eq!(p.rcs().len(), 6, "{}", p.dump());
+    assert_eq!(&p.rcs()[..5], &[0, 0, 0, 0, 0], "{}", p.dump());
+    assert_ne!(p.rc(5), 0, "the stack holds only p and c: {}", p.dump());
+    let (primary, created) = (p.field(0, "ctx"), p.field(1, "ctx"));
+    assert_ne!(primary, created);
+    assert_eq!(p.field(2, "ctx"), created, "{}", p.dump());
+    assert_eq!(p.field(3, "ctx"), created, "{}", p.dump());
+    assert_eq!(p.field(4, "ctx"), primary, "{}", p.dump());
+    let err = p.stderr();
+    assert_eq!(err.matches(DRIVER_FIRST).count(), 1, "{}", p.dump());
+    assert_eq!(err.matches(DRIVER_DELTA).count(), 1, "{}", p.dump());
+    assert!(err.contains("context-creation lock held"), "{}", p.dump());
+
+    // The other order: a created context first (current, stack [c]), then the primary
+    // context retained (measured through c, then through itself): c stays current and the
+    // stack unchanged.
+    let p = env.probe(&[
+        "--no-ctx",
+        "ctxcreate",
+        "ctxretain",
+        "ctxcur",
+        "ctxpop",
+        "ctxpop",
+    ]);
+    assert_eq!(p.rcs().len(), 5, "{}", p.dump());
+    assert_eq!(&p.rcs()[..4], &[0, 0, 0, 0], "{}", p.dump());
+    assert_ne!(p.rc(4), 0, "the retain pushed nothing: {}", p.dump());
+    let created = p.field(0, "ctx");
+    assert_ne!(p.field(1, "ctx"), created);
+    assert_eq!(p.field(2, "ctx"), created, "{}", p.dump());
+    assert_eq!(p.field(3, "ctx"), created, "{}", p.dump());
+    let err = p.stderr();
+    assert_eq!(err.matches(DRIVER_FIRST).count(), 1, "{}", p.dump());
+    assert_eq!(err.matches(DRIVER_DELTA).count(), 1, "{}", p.dump());
+}
+
+/// Without NVML, three processes creating their first contexts at once are serialized by
+/// the region-wide lock, so each is charged exactly its own context.
+#[test]
+fn without_nvml_concurrent_context_creations_are_serialized_and_exact() {
+    let env = without_nvml(
+        Env::new()
+            .set("CUDA_DEVICE_MEMORY_LIMIT", "4G")
+            .set("FAKE_CUDA_CTX_OVERHEAD", "300M")
+            .set("FAKE_CUDA_CTX_CREATE_DELAY_MS", "400"),
+    );
+    // A first process creates the region (so the three below do not race for that).
+    let p = env.probe(&["info"]);
+    assert_eq!(p.rcs(), vec![0], "{}", p.dump());
+    let outs = concurrent_probes(&env, 3, &["info", "sleep", "2000", "exit", "0"]);
+    for p in &outs {
+        assert_eq!(p.rc(0), 0, "{}", p.dump());
+        assert_eq!(p.stderr().matches(DRIVER_FIRST).count(), 1, "{}", p.dump());
+    }
+    let charged: Vec<u64> = context_charges(&env)
+        .into_iter()
+        .filter(|&b| b != 0)
+        .collect();
+    assert_eq!(charged, vec![300 * MB; 3]);
 }

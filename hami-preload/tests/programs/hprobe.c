@@ -6,7 +6,10 @@
  *      create SIZE | hostcreate SIZE | array W H | array3d W H D | free [PTR] |
  *      freeasync | release | destroy | info | total | nullalloc | nullinfo | nulltotal |
  *      freeunknown | fill CHUNK (alloc until refused, prints total) | sleep MS |
- *      fork OP... (child runs the rest, parent waits) | exit CODE | loop N SIZE
+ *      fork OP... (child runs the rest, parent waits) | exit CODE | loop N SIZE |
+ *      ctxcreate (cuCtxCreate_v2 on device 0) | ctxretain (primary context of device 0, not
+ *      made current) | ctxcur (cuCtxGetCurrent) | ctxpop (cuCtxPopCurrent_v2); these print
+ *      ctx=POINTER and always call the exports directly.
  * SIZE accepts K/M/G suffixes. The last pointer/handle/array allocated is the default
  * argument of the release ops. */
 #define _GNU_SOURCE
@@ -28,6 +31,9 @@ typedef struct { unsigned type, htypes; struct { unsigned type; int id; } loc; v
 CUresult cuInit(unsigned);
 CUresult cuDevicePrimaryCtxRetain(void **, int);
 CUresult cuCtxSetCurrent(void *);
+CUresult cuCtxCreate_v2(void **, unsigned, int);
+CUresult cuCtxGetCurrent(void **);
+CUresult cuCtxPopCurrent_v2(void **);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
@@ -172,6 +178,17 @@ static int run(int argc, char **argv, int i) {
                 else fails++;
             }
             printf("loop rc=0 refused=%d\n", fails);
+        } else if (!strcmp(op, "ctxcreate") || !strcmp(op, "ctxretain") || !strcmp(op, "ctxcur") ||
+                   !strcmp(op, "ctxpop")) {
+            void *c = NULL;
+            r = cuInit(0);
+            if (!r) {
+                if (!strcmp(op, "ctxcreate")) r = cuCtxCreate_v2(&c, 0, 0);
+                else if (!strcmp(op, "ctxretain")) r = cuDevicePrimaryCtxRetain(&c, 0);
+                else if (!strcmp(op, "ctxcur")) r = cuCtxGetCurrent(&c);
+                else r = cuCtxPopCurrent_v2(&c);
+            }
+            printf("%s rc=%d ctx=%p\n", op, r, c);
         } else if (!strcmp(op, "sleep")) {
             usleep(atoi(argv[++i]) * 1000);
             printf("sleep rc=0\n");
