@@ -72,6 +72,52 @@ impl EventKind {
         })
     }
 
+    /// Every kind, in value order.
+    pub const ALL: [EventKind; 18] = [
+        EventKind::MemAlloc,
+        EventKind::MemAllocPitch,
+        EventKind::MemAllocManaged,
+        EventKind::MemAllocAsync,
+        EventKind::MemAllocFromPool,
+        EventKind::MemCreate,
+        EventKind::ArrayCreate,
+        EventKind::Array3DCreate,
+        EventKind::MemFree,
+        EventKind::MemFreeAsync,
+        EventKind::MemRelease,
+        EventKind::ArrayDestroy,
+        EventKind::CtxCreate,
+        EventKind::CtxDestroy,
+        EventKind::PrimaryCtxRetain,
+        EventKind::PrimaryCtxRelease,
+        EventKind::CtxSetCurrent,
+        EventKind::ProcessExit,
+    ];
+
+    /// Stable lower-case name (logs, metric labels).
+    pub const fn name(self) -> &'static str {
+        match self {
+            EventKind::MemAlloc => "mem_alloc",
+            EventKind::MemAllocPitch => "mem_alloc_pitch",
+            EventKind::MemAllocManaged => "mem_alloc_managed",
+            EventKind::MemAllocAsync => "mem_alloc_async",
+            EventKind::MemAllocFromPool => "mem_alloc_from_pool",
+            EventKind::MemCreate => "mem_create",
+            EventKind::ArrayCreate => "array_create",
+            EventKind::Array3DCreate => "array_3d_create",
+            EventKind::MemFree => "mem_free",
+            EventKind::MemFreeAsync => "mem_free_async",
+            EventKind::MemRelease => "mem_release",
+            EventKind::ArrayDestroy => "array_destroy",
+            EventKind::CtxCreate => "ctx_create",
+            EventKind::CtxDestroy => "ctx_destroy",
+            EventKind::PrimaryCtxRetain => "primary_ctx_retain",
+            EventKind::PrimaryCtxRelease => "primary_ctx_release",
+            EventKind::CtxSetCurrent => "ctx_set_current",
+            EventKind::ProcessExit => "process_exit",
+        }
+    }
+
     /// Whether the event adds memory.
     pub const fn is_alloc(self) -> bool {
         (self as u32) < 16
@@ -123,3 +169,22 @@ pub mod counter {
 // SAFETY: CudaEvent is repr(C), Copy, made only of integers, with no padding holes.
 #[cfg(feature = "user")]
 unsafe impl aya::Pod for CudaEvent {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_decodes_from_its_value_and_has_a_unique_name() {
+        for (i, k) in EventKind::ALL.iter().enumerate() {
+            assert_eq!(EventKind::from_u32(*k as u32), Some(*k), "{k:?}");
+            for other in &EventKind::ALL[i + 1..] {
+                assert_ne!(k.name(), other.name());
+                assert!((*k as u32) < (*other as u32), "ALL is in value order");
+            }
+        }
+        assert_eq!(EventKind::from_u32(0), None);
+        assert_eq!(EventKind::MemAlloc.name(), "mem_alloc");
+        assert_eq!(EventKind::Array3DCreate.name(), "array_3d_create");
+    }
+}

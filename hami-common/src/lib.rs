@@ -5,6 +5,7 @@
 //! * [`config`]: environment variable names and the size syntax both halves read.
 //! * [`array`]: the CUDA array footprint estimate shared by the preload and the probes.
 //! * [`event`]: the structs the eBPF programs send to user space.
+//! * [`intercept`]: the one list of functions the preload hooks and the agent probes.
 //! * `region` (feature `std`): opening, creating, locking and updating a region.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
@@ -12,6 +13,7 @@
 pub mod array;
 pub mod config;
 pub mod event;
+pub mod intercept;
 // The BPF target has no 32-bit atomics, and the eBPF programs do not need the region layout.
 #[cfg(not(target_arch = "bpf"))]
 pub mod layout;

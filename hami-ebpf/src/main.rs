@@ -26,6 +26,7 @@ use aya_ebpf::{
 use hami_common::{
     array::array_footprint,
     event::{counter, CudaEvent, EventKind},
+    intercept,
 };
 
 /// TGID whose calls are ignored (the agent itself); set by user space at load time.
@@ -321,34 +322,20 @@ fn ret_alloc(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
 }
 
 #[inline(always)]
-fn ret_mem_create(ctx: &RetProbeContext, slot: u64) {
+fn ret_mem_create(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
     if let Some((pt, p)) = take(ctx, slot) {
-        emit(
-            EventKind::MemCreate,
-            pt,
-            p.b,
-            read_u64(p.a),
-            current_ctx(pt),
-            p.c,
-        );
+        emit(kind, pt, p.b, read_u64(p.a), current_ctx(pt), p.c);
     }
 }
 
 #[inline(always)]
-fn ret_pitch(ctx: &RetProbeContext, slot: u64) {
+fn ret_pitch(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
     if let Some((pt, p)) = take(ctx, slot) {
         let pitch = read_u64(p.b);
         // Clamped so the product needs no overflow check (no 128-bit multiply in BPF);
         // real pitches and heights are far below 2^32.
         let size = pitch.min(1 << 32).wrapping_mul(p.c.min(1 << 32));
-        emit(
-            EventKind::MemAllocPitch,
-            pt,
-            size,
-            read_u64(p.a),
-            current_ctx(pt),
-            pitch,
-        );
+        emit(kind, pt, size, read_u64(p.a), current_ctx(pt), pitch);
     }
 }
 
@@ -360,55 +347,41 @@ fn ret_free(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
 }
 
 #[inline(always)]
-fn ret_ctx_create(ctx: &RetProbeContext, slot: u64) {
+fn ret_ctx_create(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
     if let Some((pt, p)) = take(ctx, slot) {
         let new_ctx = read_u64(p.a);
         let _ = CURRENT_CTX.insert(pt as u32, new_ctx, 0);
-        emit(EventKind::CtxCreate, pt, 0, new_ctx, new_ctx, p.c);
+        emit(kind, pt, 0, new_ctx, new_ctx, p.c);
     }
 }
 
 #[inline(always)]
-fn ret_ctx_destroy(ctx: &RetProbeContext, slot: u64) {
+fn ret_ctx_destroy(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
     if let Some((pt, p)) = take(ctx, slot) {
         let cur = current_ctx(pt);
         if cur == p.a {
             let _ = CURRENT_CTX.remove(pt as u32);
         }
-        emit(EventKind::CtxDestroy, pt, 0, p.a, cur, 0);
+        emit(kind, pt, 0, p.a, cur, 0);
     }
 }
 
 #[inline(always)]
-fn ret_primary_retain(ctx: &RetProbeContext, slot: u64) {
+fn ret_primary_retain(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
     if let Some((pt, p)) = take(ctx, slot) {
-        emit(
-            EventKind::PrimaryCtxRetain,
-            pt,
-            0,
-            read_u64(p.a),
-            current_ctx(pt),
-            p.c,
-        );
+        emit(kind, pt, 0, read_u64(p.a), current_ctx(pt), p.c);
     }
 }
 
 #[inline(always)]
-fn ret_primary_release(ctx: &RetProbeContext, slot: u64) {
+fn ret_primary_release(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
     if let Some((pt, p)) = take(ctx, slot) {
-        emit(
-            EventKind::PrimaryCtxRelease,
-            pt,
-            0,
-            0,
-            current_ctx(pt),
-            p.a as u32 as u64,
-        );
+        emit(kind, pt, 0, 0, current_ctx(pt), p.a as u32 as u64);
     }
 }
 
 #[inline(always)]
-fn ret_set_current(ctx: &RetProbeContext, slot: u64) {
+fn ret_set_current(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
     if let Some((pt, p)) = take(ctx, slot) {
         let cur = current_ctx(pt);
         if cur == p.a {
@@ -420,7 +393,7 @@ fn ret_set_current(ctx: &RetProbeContext, slot: u64) {
         } else {
             let _ = CURRENT_CTX.insert(pt as u32, p.a, 0);
         }
-        emit(EventKind::CtxSetCurrent, pt, 0, p.a, p.a, 0);
+        emit(kind, pt, 0, p.a, p.a, 0);
     }
 }
 
@@ -428,32 +401,51 @@ fn ret_set_current(ctx: &RetProbeContext, slot: u64) {
 
 /// Define the entry and return programs of libcuda symbols, one line each:
 ///
-/// `slot symbol / symbol_ret: entry_helper(extra args) => return_helper(extra args);`
+/// `symbol / symbol_ret: entry_helper(extra args) => return_helper(extra args);`
 ///
 /// The entry program calls `entry_helper(&ctx, slot, extra args)`, the return program
-/// `return_helper(&ctx, slot, extra args)`. The slot keys the saved arguments of one call
-/// (unique per symbol). Program names are the symbol names (user space attaches by name,
-/// see `hami_user::probes::PROBED_SYMBOLS`).
+/// `return_helper(&ctx, slot, kind, extra args)`. Slot and kind come from the symbol's row
+/// in [`hami_common::intercept::INTERCEPTS`]: a symbol that is not a probed row there does
+/// not compile, and neither does a table that misses a probed row. The slot keys the saved
+/// arguments of one call (unique per symbol). Program names are the symbol names (user
+/// space attaches by name, see `hami_user::probes::PROBED_SYMBOLS`).
 ///
 /// The programs are private: the aya-ebpf attribute macros drop doc comments but keep the
 /// visibility, and `#[no_mangle]` (which they add) exports the symbol either way.
 macro_rules! probes {
-    ($($slot:literal $sym:ident / $ret:ident :
-        $entry:ident($($ea:expr),*) => $exit:ident($($ra:expr),*);)*) => {$(
-        #[doc = concat!("Entry of `", stringify!($sym), "`.")]
-        #[uprobe]
-        fn $sym(ctx: ProbeContext) -> u32 {
-            $entry(&ctx, $slot, $($ea),*);
-            0
-        }
+    ($($sym:ident / $ret:ident :
+        $entry:ident($($ea:expr),*) => $exit:ident($($ra:expr),*);)*) => {
+        $(
+            #[doc = concat!("Entry of `", stringify!($sym), "`.")]
+            #[uprobe]
+            fn $sym(ctx: ProbeContext) -> u32 {
+                const SLOT: u64 = intercept::probe_slot(stringify!($sym));
+                $entry(&ctx, SLOT, $($ea),*);
+                0
+            }
 
-        #[doc = concat!("Return of `", stringify!($sym), "`.")]
-        #[uretprobe]
-        fn $ret(ctx: RetProbeContext) -> u32 {
-            $exit(&ctx, $slot, $($ra),*);
-            0
-        }
-    )*};
+            #[doc = concat!("Return of `", stringify!($sym), "`.")]
+            #[uretprobe]
+            fn $ret(ctx: RetProbeContext) -> u32 {
+                const SLOT: u64 = intercept::probe_slot(stringify!($sym));
+                const KIND: EventKind = intercept::probe_kind(stringify!($sym));
+                $exit(&ctx, SLOT, KIND, $($ra),*);
+                0
+            }
+
+            const _: () = assert!(
+                intercept::str_eq(stringify!($ret), concat!(stringify!($sym), "_ret")),
+                "the return program of `symbol` must be named `symbol_ret`"
+            );
+        )*
+
+        // Every name above is a probed row (or `probe_slot` fails) and appears once (or the
+        // functions clash): equal counts mean every probed row has its programs.
+        const _: () = assert!(
+            [$(stringify!($sym)),*].len() == intercept::PROBED_COUNT,
+            "a probed function of hami_common::intercept::INTERCEPTS has no program here"
+        );
+    };
 }
 
 // `entry_ctx_out`'s argument is the position of the `CUdevice` parameter:
@@ -462,40 +454,33 @@ macro_rules! probes {
 // cuCtxCreate_v4(CUcontext*, CUctxCreateParams*, unsigned flags, CUdevice),
 // cuDevicePrimaryCtxRetain(CUcontext*, CUdevice).
 probes! {
-    1 cuMemAlloc_v2 / cuMemAlloc_v2_ret: entry_out_size() => ret_alloc(EventKind::MemAlloc);
-    2 cuMemAllocPitch_v2 / cuMemAllocPitch_v2_ret: entry_pitch() => ret_pitch();
-    3 cuMemAllocManaged / cuMemAllocManaged_ret:
-        entry_out_size() => ret_alloc(EventKind::MemAllocManaged);
-    4 cuMemAllocAsync / cuMemAllocAsync_ret:
-        entry_out_size() => ret_alloc(EventKind::MemAllocAsync);
-    5 cuMemAllocAsync_ptsz / cuMemAllocAsync_ptsz_ret:
-        entry_out_size() => ret_alloc(EventKind::MemAllocAsync);
-    6 cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ret:
-        entry_out_size() => ret_alloc(EventKind::MemAllocFromPool);
-    7 cuMemAllocFromPoolAsync_ptsz / cuMemAllocFromPoolAsync_ptsz_ret:
-        entry_out_size() => ret_alloc(EventKind::MemAllocFromPool);
-    8 cuMemCreate / cuMemCreate_ret: entry_mem_create() => ret_mem_create();
-    9 cuArrayCreate_v2 / cuArrayCreate_v2_ret:
-        entry_array2d() => ret_alloc(EventKind::ArrayCreate);
-    10 cuArray3DCreate_v2 / cuArray3DCreate_v2_ret:
-        entry_array3d() => ret_alloc(EventKind::Array3DCreate);
-    11 cuMemFree_v2 / cuMemFree_v2_ret: entry_value() => ret_free(EventKind::MemFree);
-    12 cuMemFreeAsync / cuMemFreeAsync_ret: entry_value() => ret_free(EventKind::MemFreeAsync);
-    13 cuMemFreeAsync_ptsz / cuMemFreeAsync_ptsz_ret:
-        entry_value() => ret_free(EventKind::MemFreeAsync);
-    14 cuMemRelease / cuMemRelease_ret: entry_value() => ret_free(EventKind::MemRelease);
-    15 cuArrayDestroy / cuArrayDestroy_ret: entry_value() => ret_free(EventKind::ArrayDestroy);
-    16 cuCtxCreate_v2 / cuCtxCreate_v2_ret: entry_ctx_out(2) => ret_ctx_create();
-    17 cuCtxCreate_v3 / cuCtxCreate_v3_ret: entry_ctx_out(4) => ret_ctx_create();
-    18 cuCtxCreate_v4 / cuCtxCreate_v4_ret: entry_ctx_out(3) => ret_ctx_create();
-    19 cuCtxDestroy_v2 / cuCtxDestroy_v2_ret: entry_value() => ret_ctx_destroy();
-    20 cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRetain_ret:
+    cuMemAlloc_v2 / cuMemAlloc_v2_ret: entry_out_size() => ret_alloc();
+    cuMemAllocPitch_v2 / cuMemAllocPitch_v2_ret: entry_pitch() => ret_pitch();
+    cuMemAllocManaged / cuMemAllocManaged_ret: entry_out_size() => ret_alloc();
+    cuMemAllocAsync / cuMemAllocAsync_ret: entry_out_size() => ret_alloc();
+    cuMemAllocAsync_ptsz / cuMemAllocAsync_ptsz_ret: entry_out_size() => ret_alloc();
+    cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ret: entry_out_size() => ret_alloc();
+    cuMemAllocFromPoolAsync_ptsz / cuMemAllocFromPoolAsync_ptsz_ret:
+        entry_out_size() => ret_alloc();
+    cuMemCreate / cuMemCreate_ret: entry_mem_create() => ret_mem_create();
+    cuArrayCreate_v2 / cuArrayCreate_v2_ret: entry_array2d() => ret_alloc();
+    cuArray3DCreate_v2 / cuArray3DCreate_v2_ret: entry_array3d() => ret_alloc();
+    cuMemFree_v2 / cuMemFree_v2_ret: entry_value() => ret_free();
+    cuMemFreeAsync / cuMemFreeAsync_ret: entry_value() => ret_free();
+    cuMemFreeAsync_ptsz / cuMemFreeAsync_ptsz_ret: entry_value() => ret_free();
+    cuMemRelease / cuMemRelease_ret: entry_value() => ret_free();
+    cuArrayDestroy / cuArrayDestroy_ret: entry_value() => ret_free();
+    cuCtxCreate_v2 / cuCtxCreate_v2_ret: entry_ctx_out(2) => ret_ctx_create();
+    cuCtxCreate_v3 / cuCtxCreate_v3_ret: entry_ctx_out(4) => ret_ctx_create();
+    cuCtxCreate_v4 / cuCtxCreate_v4_ret: entry_ctx_out(3) => ret_ctx_create();
+    cuCtxDestroy_v2 / cuCtxDestroy_v2_ret: entry_value() => ret_ctx_destroy();
+    cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRetain_ret:
         entry_ctx_out(1) => ret_primary_retain();
-    21 cuDevicePrimaryCtxRelease / cuDevicePrimaryCtxRelease_ret:
+    cuDevicePrimaryCtxRelease / cuDevicePrimaryCtxRelease_ret:
         entry_value() => ret_primary_release();
-    22 cuDevicePrimaryCtxRelease_v2 / cuDevicePrimaryCtxRelease_v2_ret:
+    cuDevicePrimaryCtxRelease_v2 / cuDevicePrimaryCtxRelease_v2_ret:
         entry_value() => ret_primary_release();
-    23 cuCtxSetCurrent / cuCtxSetCurrent_ret: entry_value() => ret_set_current();
+    cuCtxSetCurrent / cuCtxSetCurrent_ret: entry_value() => ret_set_current();
 }
 
 /// Raw tracepoint `sched_process_exit` (attached without tracefs): a thread exits. Forget its

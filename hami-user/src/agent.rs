@@ -19,7 +19,7 @@ use crate::findings::{
 };
 use crate::nvml::NvmlSnapshot;
 use crate::procinfo::{self, ProcInfo};
-use crate::state::{self, Applied, Baseline, Processes};
+use crate::state::{Applied, Baseline, Processes};
 
 /// Options of the agent core.
 #[derive(Clone, Debug)]
@@ -241,7 +241,7 @@ impl Agent {
             self.unknown_events += 1;
             return Applied::Ignored;
         };
-        *self.events.entry(state::kind_name(kind)).or_insert(0) += 1;
+        *self.events.entry(kind.name()).or_insert(0) += 1;
         if kind == EventKind::ProcessExit {
             self.entries.remove(&ev.tgid);
             return self.procs.apply(ev);

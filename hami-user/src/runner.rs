@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hami_common::event::CudaEvent;
+use hami_common::event::{CudaEvent, EventKind};
 use tokio::sync::mpsc;
 
 use crate::agent::{Agent, AgentOptions, TickOutcome};
@@ -219,8 +219,8 @@ impl Running {
 
     fn consume(&mut self, ev: &CudaEvent) {
         self.check_new_libraries();
-        let kind = hami_common::event::EventKind::from_u32(ev.kind)
-            .map(crate::state::kind_name)
+        let kind = EventKind::from_u32(ev.kind)
+            .map(EventKind::name)
             .unwrap_or("unknown");
         self.metrics.events.with_label_values(&[kind]).inc();
         self.agent.on_event(ev);

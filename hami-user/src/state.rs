@@ -34,31 +34,6 @@ pub fn key_space(kind: EventKind) -> Option<KeySpace> {
     })
 }
 
-/// Stable lower-case name of an event kind (logs, metrics).
-pub fn kind_name(kind: EventKind) -> &'static str {
-    use EventKind::*;
-    match kind {
-        MemAlloc => "mem_alloc",
-        MemAllocPitch => "mem_alloc_pitch",
-        MemAllocManaged => "mem_alloc_managed",
-        MemAllocAsync => "mem_alloc_async",
-        MemAllocFromPool => "mem_alloc_from_pool",
-        MemCreate => "mem_create",
-        ArrayCreate => "array_create",
-        Array3DCreate => "array_3d_create",
-        MemFree => "mem_free",
-        MemFreeAsync => "mem_free_async",
-        MemRelease => "mem_release",
-        ArrayDestroy => "array_destroy",
-        CtxCreate => "ctx_create",
-        CtxDestroy => "ctx_destroy",
-        PrimaryCtxRetain => "primary_ctx_retain",
-        PrimaryCtxRelease => "primary_ctx_release",
-        CtxSetCurrent => "ctx_set_current",
-        ProcessExit => "process_exit",
-    }
-}
-
 /// One live allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Alloc {

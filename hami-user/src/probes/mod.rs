@@ -40,33 +40,10 @@ pub use teardown::ProbeLinks;
 /// The compiled eBPF object (built by `build.rs` through aya-build).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hami-ebpf"));
 
-/// libcuda symbols the programs probe. Each has an entry program named like the symbol and a
-/// return program named `<symbol>_ret`.
-pub const PROBED_SYMBOLS: &[&str] = &[
-    "cuMemAlloc_v2",
-    "cuMemAllocPitch_v2",
-    "cuMemAllocManaged",
-    "cuMemAllocAsync",
-    "cuMemAllocAsync_ptsz",
-    "cuMemAllocFromPoolAsync",
-    "cuMemAllocFromPoolAsync_ptsz",
-    "cuMemCreate",
-    "cuArrayCreate_v2",
-    "cuArray3DCreate_v2",
-    "cuMemFree_v2",
-    "cuMemFreeAsync",
-    "cuMemFreeAsync_ptsz",
-    "cuMemRelease",
-    "cuArrayDestroy",
-    "cuCtxCreate_v2",
-    "cuCtxCreate_v3",
-    "cuCtxCreate_v4",
-    "cuCtxDestroy_v2",
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease",
-    "cuDevicePrimaryCtxRelease_v2",
-    "cuCtxSetCurrent",
-];
+/// libcuda symbols the programs probe (the probed rows of
+/// [`hami_common::intercept::INTERCEPTS`]). Each has an entry program named like the symbol
+/// and a return program named `<symbol>_ret`.
+pub const PROBED_SYMBOLS: &[&str] = &hami_common::intercept::PROBED_NAMES;
 
 /// Errors of the probe subsystem.
 #[derive(Debug, thiserror::Error)]
