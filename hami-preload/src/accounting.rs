@@ -14,30 +14,74 @@
 use crate::ctxcache::CtxDevices;
 use crate::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use hami_common::layout::UsageKind;
+use hami_common::region::{Denied, DenyReason, RegionError};
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// Why a charge was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a charge was refused. Plain values (no allocation on the refusal path); the message
+/// is written by `Display`, only when a log line is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Deny {
     /// The region refused it (over the limit, invalid configuration, ...).
     #[error("{0}")]
-    Region(String),
+    Region(Denied),
     /// The device's limit variable in this process's environment is invalid.
     #[error("device {0}: this process's memory limit configuration is invalid (see the error logged at start): allocations refused")]
     LocalConfig(usize),
-    /// The shared region could not be opened.
+    /// The shared region could not be opened (the reason, as logged at start).
     #[error("shared region unavailable ({0}): allocations refused")]
-    NoRegion(String),
-    /// The process could not get a slot.
-    #[error("cannot register in the shared region ({0}): allocations refused")]
-    NoSlot(String),
+    NoRegion(&'static str),
+    /// The process could not get a slot in the region at `region`.
+    #[error("cannot register in the shared region {} ({why}): allocations refused", region.display())]
+    NoSlot {
+        /// Why.
+        why: NoSlot,
+        /// The region file.
+        region: &'static Path,
+    },
+    /// The process is exiting: its slot is being released.
+    #[error("process is exiting: allocations refused")]
+    Exiting,
 }
 
 impl Deny {
     /// Whether this is a plain "over the quota" refusal (as opposed to failing closed).
     pub fn is_over_limit(&self) -> bool {
-        matches!(self, Deny::Region(s) if s.contains("over the limit"))
+        matches!(self, Deny::Region(d) if d.reason == DenyReason::OverLimit)
+    }
+}
+
+/// Why registering in the region failed (see [`Deny::NoSlot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NoSlot {
+    /// Every slot is held by a live process.
+    #[error(
+        "all {} process slots are held by live processes",
+        hami_common::layout::MAX_SLOTS
+    )]
+    Full,
+    /// The region lock is unusable.
+    #[error("its lock is unusable")]
+    LockFailed,
+    /// The region cannot be written.
+    #[error("it is not writable")]
+    ReadOnly,
+    /// Another I/O error (logged at debug level when it happens).
+    #[error("I/O error: {0}")]
+    Io(std::io::ErrorKind),
+}
+
+impl NoSlot {
+    /// The kind of a registration error.
+    pub fn of(e: &RegionError) -> NoSlot {
+        match e {
+            RegionError::Full { .. } => NoSlot::Full,
+            RegionError::Lock { .. } => NoSlot::LockFailed,
+            RegionError::ReadOnly { .. } => NoSlot::ReadOnly,
+            RegionError::Io { source, .. } => NoSlot::Io(source.kind()),
+            _ => NoSlot::Io(std::io::ErrorKind::Other),
+        }
     }
 }
 
@@ -268,7 +312,7 @@ impl Accounts {
 }
 
 /// Why an allocation failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AllocError {
     /// The charge was refused.
     Denied(Deny),
@@ -330,9 +374,13 @@ impl Ledger for MemLedger {
             .sum();
         let limit = g.limits.get(&dev).copied().unwrap_or(0);
         if limit != 0 && total.saturating_add(bytes) > limit {
-            return Err(Deny::Region(format!(
-                "device {dev}: {bytes} bytes requested, {total} of {limit} bytes in use: over the limit"
-            )));
+            return Err(Deny::Region(Denied {
+                reason: DenyReason::OverLimit,
+                dev,
+                limit,
+                used: total,
+                requested: bytes,
+            }));
         }
         *g.used.entry((dev, kind.index())).or_default() += bytes;
         Ok(())
@@ -360,6 +408,59 @@ mod tests {
 
     fn ok(key: u64, bytes: u64) -> impl FnOnce() -> Result<Allocated, CUresult> {
         move || Ok(Allocated { key, bytes })
+    }
+
+    /// The log level of a refusal (info for a plain over-limit, error for failing closed)
+    /// follows the region's typed reason, not the wording of the message.
+    #[test]
+    fn over_limit_is_told_by_the_reason_not_the_message() {
+        let l = MemLedger::with_limit(1, 100);
+        let d = l.try_charge(1, UsageKind::Data, 200).unwrap_err();
+        assert_eq!(
+            d,
+            Deny::Region(Denied {
+                reason: DenyReason::OverLimit,
+                dev: 1,
+                limit: 100,
+                used: 0,
+                requested: 200,
+            })
+        );
+        assert!(d.is_over_limit());
+        assert_eq!(
+            d.to_string(),
+            "device 1: 200 bytes requested, 0 of 100 bytes in use: over the limit"
+        );
+        for reason in [
+            DenyReason::ConfigInvalid,
+            DenyReason::BadDevice,
+            DenyReason::SlotLost,
+            DenyReason::ReadOnly,
+            DenyReason::LockFailed,
+        ] {
+            let d = Deny::Region(Denied {
+                reason,
+                dev: 0,
+                limit: 1,
+                used: 2,
+                requested: 3,
+            });
+            assert!(!d.is_over_limit(), "{reason:?}");
+        }
+        // Failing closed, whatever the text says.
+        assert!(!Deny::NoRegion("quota over the limit").is_over_limit());
+        assert!(!Deny::Exiting.is_over_limit());
+        assert!(!Deny::LocalConfig(0).is_over_limit());
+        let full = Deny::NoSlot {
+            why: NoSlot::Full,
+            region: Path::new("/tmp/r.cache"),
+        };
+        assert!(!full.is_over_limit());
+        assert_eq!(
+            full.to_string(),
+            "cannot register in the shared region /tmp/r.cache (all 1024 process slots are \
+             held by live processes): allocations refused"
+        );
     }
 
     #[test]

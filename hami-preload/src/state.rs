@@ -11,7 +11,7 @@
 //! one result is kept. Nothing runs at load time; a `.fini_array` entry unregisters the slot
 //! at normal exit (and does nothing in a process that never used CUDA).
 
-use crate::accounting::{Accounts, Deny, Ledger};
+use crate::accounting::{Accounts, Deny, Ledger, NoSlot};
 use crate::config::Config;
 use crate::contexts::ContextTable;
 use crate::cuda::{CUdevice, CUuuid, CUDA_SUCCESS};
@@ -164,7 +164,7 @@ impl ProcState {
     }
 
     /// Registers (once) and returns the slot.
-    fn ensure_slot(&self, region: &Region) -> Result<SlotId, Deny> {
+    fn ensure_slot(&self, region: &'static Region) -> Result<SlotId, Deny> {
         if let Some(s) = self.slot() {
             return Ok(s);
         }
@@ -173,9 +173,13 @@ impl ProcState {
             return Ok(s);
         }
         let who = *self.who.get_or_init(ProcessId::current);
-        let s = region
-            .register(who)
-            .map_err(|e| Deny::NoSlot(e.to_string()))?;
+        let s = region.register(who).map_err(|e| {
+            crate::debug!("registering in the shared region failed: {e}");
+            Deny::NoSlot {
+                why: NoSlot::of(&e),
+                region: region.path(),
+            }
+        })?;
         // A slot already holding exactly this process (same pid and start time) is what a
         // previous program image left before `exec`: its objects are gone.
         for dev in 0..MAX_DEVICES {
@@ -312,11 +316,9 @@ impl ProcLedger {
         }
     }
 
-    fn region(&self) -> Result<&Region, Deny> {
-        self.g
-            .region
-            .as_ref()
-            .map_err(|e| Deny::NoRegion(e.clone()))
+    fn region(&self) -> Result<&'static Region, Deny> {
+        let g: &'static Global = self.g;
+        g.region.as_ref().map_err(|e| Deny::NoRegion(e.as_str()))
     }
 
     /// Bytes this process has charged on `dev` other than context memory (0 before it
@@ -344,7 +346,7 @@ impl ProcLedger {
 impl Ledger for ProcLedger {
     fn try_charge(&self, dev: usize, kind: UsageKind, bytes: u64) -> Result<(), Deny> {
         if self.p.exiting.load(Ordering::Relaxed) {
-            return Err(Deny::NoSlot("process is exiting".into()));
+            return Err(Deny::Exiting);
         }
         if self.local_invalid(dev) {
             return Err(Deny::LocalConfig(dev));
@@ -365,10 +367,10 @@ impl Ledger for ProcLedger {
                 Err(d) if !retried && d.reason == DenyReason::OverLimit => {
                     // Dead processes may still hold usage: reclaim, then decide again.
                     if region.reclaim_dead().is_empty() {
-                        return Err(Deny::Region(d.to_string()));
+                        return Err(Deny::Region(d));
                     }
                 }
-                Err(d) => return Err(Deny::Region(d.to_string())),
+                Err(d) => return Err(Deny::Region(d)),
             }
             retried = true;
         }
