@@ -111,8 +111,6 @@ pub struct Agent {
     standing: BTreeMap<FindingKey, Finding>,
     history: BTreeMap<FindingKey, Finding>,
     reclaimed: Vec<Reclaimed>,
-    events: BTreeMap<&'static str, u64>,
-    unknown_events: u64,
     /// `/proc/<pid>/maps` identities of the probed libcuda files (any file name).
     libcuda_ids: HashSet<(String, u64)>,
     /// The agent's own start time (ticks since boot), to tell processes that started after it.
@@ -149,8 +147,6 @@ impl Agent {
             standing: BTreeMap::new(),
             history: BTreeMap::new(),
             reclaimed: Vec::new(),
-            events: BTreeMap::new(),
-            unknown_events: 0,
             libcuda_ids: HashSet::new(),
             started_at,
             opts,
@@ -184,12 +180,6 @@ impl Agent {
     /// so that processes mapping a driver under another file name count as GPU processes.
     pub fn add_libcuda_ids(&mut self, ids: impl IntoIterator<Item = (String, u64)>) {
         self.libcuda_ids.extend(ids);
-    }
-
-    /// Sets the agent's start time (ticks since boot; read from `/proc` by [`Agent::new`]):
-    /// processes found by [`Agent::baseline_scan`] that started later are *attached late*.
-    pub fn set_started_at(&mut self, ticks: Option<u64>) {
-        self.started_at = ticks;
     }
 
     /// Baselines every process that has a libcuda mapped now and is not tracked yet: it may
@@ -238,10 +228,8 @@ impl Agent {
     /// Consumes one event.
     pub fn on_event(&mut self, ev: &CudaEvent) -> Applied {
         let Some(kind) = EventKind::from_u32(ev.kind) else {
-            self.unknown_events += 1;
             return Applied::Ignored;
         };
-        *self.events.entry(kind.name()).or_insert(0) += 1;
         if kind == EventKind::ProcessExit {
             self.entries.remove(&ev.tgid);
             return self.procs.apply(ev);
@@ -250,11 +238,6 @@ impl Agent {
             self.learn(ev.tgid);
         }
         self.procs.apply(ev)
-    }
-
-    /// Event counts by kind name since start.
-    pub fn event_counts(&self) -> &BTreeMap<&'static str, u64> {
-        &self.events
     }
 
     /// Number of tracked processes.
