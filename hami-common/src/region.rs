@@ -887,8 +887,8 @@ unsafe fn init_region(
     cfg: &RegionConfig,
     boot_id: [u8; 16],
 ) -> io::Result<()> {
-    // SAFETY (whole function): r is a valid writable mapping of REGION_SIZE bytes, not yet in
-    // use by anyone (init_state != READY and we hold the exclusive flock).
+    // SAFETY: (the whole block) r is a valid writable mapping of REGION_SIZE bytes, not yet
+    // in use by anyone (init_state != READY and we hold the exclusive flock).
     unsafe {
         core::ptr::write_bytes(r.cast::<u8>(), 0, REGION_SIZE);
         let h = addr_of_mut!((*r).header);

@@ -143,8 +143,8 @@ unsafe fn alloc_ptr(
         ctx,
         bytes,
         || match real() {
-            // SAFETY: the driver wrote *dptr on success.
             CUDA_SUCCESS => Ok(Allocated {
+                // SAFETY: the driver wrote *dptr on success.
                 key: unsafe { *dptr },
                 bytes,
             }),
@@ -324,7 +324,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
             // SAFETY: forwarded arguments; the driver wrote *dptr and *pitch on success.
             || match unsafe { f(dptr, pitch, width, height, elem) } {
                 CUDA_SUCCESS => Ok(Allocated {
+                    // SAFETY: the driver wrote *dptr on success.
                     key: unsafe { *dptr },
+                    // SAFETY: the driver wrote *pitch on success.
                     bytes: (unsafe { *pitch } as u64).saturating_mul(height as u64),
                 }),
                 e => Err(e),
@@ -376,6 +378,7 @@ pub unsafe extern "C" fn cuMemCreate(
             // SAFETY: forwarded arguments; the driver wrote *handle on success.
             || match unsafe { f(handle, size, prop, flags) } {
                 CUDA_SUCCESS => Ok(Allocated {
+                    // SAFETY: the driver wrote *handle on success.
                     key: unsafe { *handle },
                     bytes: size as u64,
                 }),
@@ -863,6 +866,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
         let (r, cost) = l.p.contexts.primary_retain(&l, dev as usize, &m, || {
             // SAFETY: forwarded arguments; *pctx written on success.
             match unsafe { f(pctx, dev) } {
+                // SAFETY: the driver wrote *pctx on success.
                 CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
                 e => Err(e),
             }
@@ -1183,6 +1187,7 @@ fn nvml_ordinal(device: nvmlDevice_t) -> Option<usize> {
         // No CUDA process recorded the UUIDs yet (e.g. nvidia-smi first): ask the driver.
         // SAFETY: documented types.
         let init = unsafe { symbols::cu::<FnInit>(Cu::Init) };
+        // SAFETY: documented types.
         let count = unsafe { symbols::cu::<FnDeviceGetCount>(Cu::DeviceGetCount) };
         if let (Some(init), Some(count)) = (init, count) {
             let mut n: c_int = 0;

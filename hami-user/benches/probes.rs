@@ -43,11 +43,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "the probe benchmark needs root"
-    );
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "the probe benchmark needs root");
     let n: u64 = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())

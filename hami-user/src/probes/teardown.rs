@@ -217,7 +217,7 @@ unsafe fn keeper(keep: &[RawFd], read_end: RawFd, highest: RawFd) -> ! {
         }
         from = k.saturating_add(1);
     }
-    // SAFETY (for the block): prctl reads a NUL-terminated name; read writes one byte into
+    // SAFETY: (the whole block) prctl reads a NUL-terminated name; read writes one byte into
     // a live local; _exit ends the process.
     unsafe {
         libc::prctl(libc::PR_SET_NAME, c"hami-detach".as_ptr());
