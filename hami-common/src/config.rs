@@ -13,6 +13,14 @@ pub const ENV_REGION: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 pub const ENV_LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
 /// Fixed context overhead in bytes (skips the measurement).
 pub const ENV_CONTEXT_OVERHEAD: &str = "HAMI_CONTEXT_OVERHEAD";
+/// Permission bits of a region file this process creates (octal, e.g. `0660`); default
+/// [`DEFAULT_REGION_MODE`]. See `docs/shared-region.md` (trust model).
+pub const ENV_REGION_MODE: &str = "HAMI_REGION_MODE";
+/// Numeric group id given to a region file this process creates (default: the creator's).
+pub const ENV_REGION_GROUP: &str = "HAMI_REGION_GROUP";
+/// Mode of a created region: every process of the container can use it, whatever its uid
+/// (the container is one trust domain sharing one quota; HAMi-core uses the same).
+pub const DEFAULT_REGION_MODE: u32 = 0o666;
 /// Region file used when [`ENV_REGION`] is unset or empty.
 pub const DEFAULT_REGION_PATH: &str = "/tmp/cudevshr.cache";
 
@@ -66,6 +74,76 @@ pub fn parse_size(value: &str) -> Result<u64, SizeError> {
     n.checked_mul(1u64 << shift).ok_or(SizeError::Overflow)
 }
 
+/// Why a [`ENV_REGION_MODE`] or [`ENV_REGION_GROUP`] value was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PermError {
+    /// Empty or whitespace only.
+    Empty,
+    /// Not octal digits (mode) or not decimal digits (group).
+    Malformed,
+    /// A mode with bits outside `0666` (execute, setuid, setgid, sticky, or > `07777`).
+    ExtraBits,
+    /// A mode without read and write for the owner (the creator itself could not reopen it).
+    OwnerCannotWrite,
+    /// A group id that does not fit in 32 bits, or the reserved `4294967295` (`-1`).
+    GroupOutOfRange,
+}
+
+impl fmt::Display for PermError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PermError::Empty => "empty value",
+            PermError::Malformed => "not a number (octal mode such as 0660, or numeric group id)",
+            PermError::ExtraBits => "mode may only hold read/write bits (at most 0666)",
+            PermError::OwnerCannotWrite => {
+                "mode must give the owner read and write (0600 at least)"
+            }
+            PermError::GroupOutOfRange => "group id out of range",
+        })
+    }
+}
+
+impl core::error::Error for PermError {}
+
+/// Parses a region mode: octal digits with an optional `0`/`0o` prefix (`666`, `0660`,
+/// `0o600`), surrounding whitespace ignored. Only read/write bits are allowed, and the owner
+/// must have both.
+pub fn parse_region_mode(value: &str) -> Result<u32, PermError> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Err(PermError::Empty);
+    }
+    let digits = v.strip_prefix("0o").unwrap_or(v);
+    if digits.is_empty() || digits.len() > 5 || !digits.bytes().all(|b| (b'0'..=b'7').contains(&b))
+    {
+        return Err(PermError::Malformed);
+    }
+    let mode = digits.bytes().fold(0u32, |m, b| m * 8 + (b - b'0') as u32);
+    if mode & !0o666 != 0 {
+        return Err(PermError::ExtraBits);
+    }
+    if mode & 0o600 != 0o600 {
+        return Err(PermError::OwnerCannotWrite);
+    }
+    Ok(mode)
+}
+
+/// Parses a region group: a decimal group id (names are not resolved: the preload must not
+/// load NSS modules inside an application).
+pub fn parse_region_group(value: &str) -> Result<u32, PermError> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Err(PermError::Empty);
+    }
+    if !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(PermError::Malformed);
+    }
+    match v.parse::<u32>() {
+        Ok(g) if g != u32::MAX => Ok(g),
+        _ => Err(PermError::GroupOutOfRange),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +172,42 @@ mod tests {
         assert_eq!(parse_size("18446744073709551615"), Ok(u64::MAX));
         assert_eq!(parse_size("16777216T"), Err(SizeError::Overflow));
         assert_eq!(parse_size("16777215T"), Ok(16777215u64 << 40));
+    }
+
+    #[test]
+    fn region_modes() {
+        assert_eq!(parse_region_mode("0666"), Ok(0o666));
+        assert_eq!(parse_region_mode("660"), Ok(0o660));
+        assert_eq!(parse_region_mode(" 0o600 "), Ok(0o600));
+        assert_eq!(parse_region_mode("00640"), Ok(0o640));
+        assert_eq!(parse_region_mode(""), Err(PermError::Empty));
+        assert_eq!(parse_region_mode("rw-rw----"), Err(PermError::Malformed));
+        assert_eq!(parse_region_mode("0668"), Err(PermError::Malformed));
+        assert_eq!(parse_region_mode("-660"), Err(PermError::Malformed));
+        assert_eq!(parse_region_mode("0o"), Err(PermError::Malformed));
+        assert_eq!(parse_region_mode("0777"), Err(PermError::ExtraBits));
+        assert_eq!(parse_region_mode("4666"), Err(PermError::ExtraBits));
+        assert_eq!(parse_region_mode("1666"), Err(PermError::ExtraBits));
+        assert_eq!(parse_region_mode("0466"), Err(PermError::OwnerCannotWrite));
+        assert_eq!(parse_region_mode("0"), Err(PermError::OwnerCannotWrite));
+        assert_eq!(parse_region_mode("1000000"), Err(PermError::Malformed));
+    }
+
+    #[test]
+    fn region_groups() {
+        assert_eq!(parse_region_group("0"), Ok(0));
+        assert_eq!(parse_region_group(" 44 "), Ok(44));
+        assert_eq!(parse_region_group("4294967294"), Ok(4294967294));
+        assert_eq!(
+            parse_region_group("4294967295"),
+            Err(PermError::GroupOutOfRange)
+        );
+        assert_eq!(
+            parse_region_group("99999999999"),
+            Err(PermError::GroupOutOfRange)
+        );
+        assert_eq!(parse_region_group("video"), Err(PermError::Malformed));
+        assert_eq!(parse_region_group("-1"), Err(PermError::Malformed));
+        assert_eq!(parse_region_group(""), Err(PermError::Empty));
     }
 }

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::config::DEFAULT_REGION_MODE;
 use crate::layout::{
     self, RegionHeader, UsageKind, INIT_READY, LIMIT_FLAG_INVALID, LOCK_BYTES, MAGIC, MAX_DEVICES,
     MAX_SLOTS, REGION_SIZE, SLOT_ACTIVE, SLOT_FREE, USAGE_KINDS, VERSION,
@@ -343,9 +344,12 @@ pub struct RegionConfig {
     pub limit_flags: [u32; MAX_DEVICES],
     /// Devices the creator saw (informational).
     pub device_count: u32,
-    /// File mode of a created region (default `0o600`); applied with `fchmod`, so the umask
-    /// does not narrow it.
+    /// Permission bits of a created region (default [`DEFAULT_REGION_MODE`], `0o666`: every
+    /// process of the container, whatever its uid); applied with `fchmod` before the file
+    /// appears under its name, so the umask does not narrow it.
     pub mode: u32,
+    /// Group of a created region (`None`: the creator's group).
+    pub group: Option<u32>,
 }
 
 impl Default for RegionConfig {
@@ -354,7 +358,8 @@ impl Default for RegionConfig {
             limits: [0; MAX_DEVICES],
             limit_flags: [0; MAX_DEVICES],
             device_count: 0,
-            mode: 0o600,
+            mode: DEFAULT_REGION_MODE,
+            group: None,
         }
     }
 }
@@ -679,6 +684,178 @@ fn cpath(path: &Path) -> Result<CString, RegionError> {
     })
 }
 
+/// Applies `cfg`'s mode (and group, if any) to an open file: `fchown` first (it may clear
+/// set-id bits), then `fchmod`, so the umask never narrows the mode.
+fn set_permissions(fd: libc::c_int, cfg: &RegionConfig) -> io::Result<()> {
+    if let Some(gid) = cfg.group {
+        // SAFETY: fd is open; uid -1 leaves the owner unchanged.
+        if unsafe { libc::fchown(fd, u32::MAX, gid) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    // SAFETY: fd is open.
+    if unsafe { libc::fchmod(fd, (cfg.mode & 0o666) as libc::mode_t) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// How many times [`open_or_publish`] retries when another process removes or publishes the
+/// file between two of its steps.
+const PUBLISH_ATTEMPTS: u32 = 16;
+
+/// Opens the region file for writing, creating it if it does not exist. Never opens an
+/// existing file with `O_CREAT` (which `fs.protected_regular` refuses in a sticky directory
+/// for a file owned by someone else). A new file is made under a private temporary name,
+/// given its final mode and group with `fchmod`/`fchown`, then published with `link(2)`,
+/// which fails if the name exists: the region never exists under its name with any other
+/// permissions, so a process of another uid that opens it right after it appears is never
+/// refused by a mode the creator has not set yet. When a file system has no hard links, the
+/// file is created with `O_EXCL` and its permissions set right after (a short window in which
+/// another uid can be refused; it then fails closed like any unwritable region).
+fn open_or_publish(path: &Path, cfg: &RegionConfig) -> Result<libc::c_int, RegionError> {
+    let c = cpath(path)?;
+    let denied = |what: &str, e: io::Error| -> RegionError {
+        if is_write_denied(&e) {
+            RegionError::ReadOnly {
+                path: path.to_path_buf(),
+                reason: format!("{what}: {e}"),
+            }
+        } else {
+            io_err(path, what, e)
+        }
+    };
+    let mut last = io::Error::from_raw_os_error(libc::ENOENT);
+    for attempt in 0..PUBLISH_ATTEMPTS {
+        // SAFETY: c is a valid C string.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd >= 0 {
+            return Ok(fd);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ENOENT) {
+            return Err(denied("open for writing", e));
+        }
+        match publish_new(path, &c, cfg, attempt) {
+            Ok(Some(fd)) => return Ok(fd),
+            // Someone else published it first (or removed it again): open theirs.
+            Ok(None) => last = io::Error::from_raw_os_error(libc::EEXIST),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io_err(
+        path,
+        "open (the file kept appearing and disappearing)",
+        last,
+    ))
+}
+
+/// One attempt at publishing a new, empty region file at `path` with `cfg`'s permissions.
+/// `Ok(None)`: the name exists now (another process won); open it instead.
+fn publish_new(
+    path: &Path,
+    c: &CString,
+    cfg: &RegionConfig,
+    attempt: u32,
+) -> Result<Option<libc::c_int>, RegionError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.display().to_string(),
+        _ => ".".to_string(),
+    };
+    let create_err = |what: String, e: io::Error| -> RegionError {
+        if is_write_denied(&e) {
+            RegionError::ReadOnly {
+                path: path.to_path_buf(),
+                reason: format!("{what}: {e}"),
+            }
+        } else {
+            io_err(path, &what, e)
+        }
+    };
+    // Unique per process (pid) and per call (counter: threads of one process may race).
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let mut tmp_name = path.as_os_str().to_owned();
+    // SAFETY: getpid has no preconditions.
+    let pid = unsafe { libc::getpid() };
+    tmp_name.push(format!(".new.{pid}.{n}.{attempt}"));
+    let tmp = cpath(Path::new(&tmp_name))?;
+    // SAFETY: tmp is a valid C string; the mode is the variadic third argument.
+    let tfd = unsafe {
+        libc::open(
+            tmp.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600 as libc::c_uint,
+        )
+    };
+    if tfd < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            // A name left by a dead process with our pid: try the next attempt's name.
+            return Ok(None);
+        }
+        return Err(create_err(format!("create in directory {dir}"), e));
+    }
+    let unlink_tmp = || {
+        // SAFETY: tmp is a valid C string; the name is ours (created with O_EXCL).
+        unsafe { libc::unlink(tmp.as_ptr()) };
+    };
+    let close = |fd: libc::c_int| {
+        // SAFETY: fd is open and ours.
+        unsafe { libc::close(fd) };
+    };
+    if let Err(e) = set_permissions(tfd, cfg) {
+        unlink_tmp();
+        close(tfd);
+        let what = match cfg.group {
+            Some(g) => format!(
+                "set group {g} and mode {:04o} of a new region file",
+                cfg.mode
+            ),
+            None => format!("set mode {:04o} of a new region file", cfg.mode),
+        };
+        return Err(io_err(path, &what, e));
+    }
+    // SAFETY: both are valid C strings.
+    let linked = unsafe { libc::link(tmp.as_ptr(), c.as_ptr()) };
+    let link_err = io::Error::last_os_error();
+    unlink_tmp();
+    if linked == 0 {
+        return Ok(Some(tfd));
+    }
+    close(tfd);
+    match link_err.raw_os_error() {
+        Some(libc::EEXIST) => Ok(None),
+        // No hard links here (some FUSE and network file systems): exclusive create, then
+        // the permissions.
+        Some(libc::EPERM) | Some(libc::EOPNOTSUPP) | Some(libc::EXDEV) | Some(libc::EMLINK) => {
+            // SAFETY: c is a valid C string; the mode is the variadic third argument.
+            let fd = unsafe {
+                libc::open(
+                    c.as_ptr(),
+                    libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                    0o600 as libc::c_uint,
+                )
+            };
+            if fd < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EEXIST) {
+                    return Ok(None);
+                }
+                return Err(create_err(format!("create in directory {dir}"), e));
+            }
+            if let Err(e) = set_permissions(fd, cfg) {
+                // Left in place (empty, creator-only): removing it could let a process that
+                // opened it meanwhile initialise a second, orphaned quota.
+                close(fd);
+                return Err(io_err(path, "set the permissions of a new region file", e));
+            }
+            Ok(Some(fd))
+        }
+        _ => Err(create_err(format!("publish in directory {dir}"), link_err)),
+    }
+}
+
 fn is_write_denied(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
@@ -972,26 +1149,7 @@ impl Region {
         path: &Path,
         cfg: &RegionConfig,
     ) -> Result<(Region, OpenOutcome), RegionError> {
-        let c = cpath(path)?;
-        // SAFETY: c is a valid C string; mode is passed as the variadic third argument.
-        let fd = unsafe {
-            libc::open(
-                c.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
-                (cfg.mode & 0o7777) as libc::c_uint,
-            )
-        };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            if is_write_denied(&e) {
-                return Err(RegionError::ReadOnly {
-                    path: path.to_path_buf(),
-                    reason: format!("open for writing: {e}"),
-                });
-            }
-            return Err(io_err(path, "open", e));
-        }
-        let fd = LockedFd(fd);
+        let fd = LockedFd(open_or_publish(path, cfg)?);
         flock_retry(fd.0, libc::LOCK_EX).map_err(|e| io_err(path, "flock", e))?;
         let boot_id = current_boot_id();
         let size = file_size(fd.0, path)?;
@@ -1024,13 +1182,10 @@ impl Region {
                         ));
                     }
                 }
-                // SAFETY: fd is open.
-                if unsafe { libc::fchmod(fd.0, (cfg.mode & 0o7777) as libc::mode_t) } != 0 {
-                    let e = io::Error::last_os_error();
-                    // Not fatal when the file is not ours (e.g. created by another user with
-                    // the right mode already); report nothing.
-                    let _ = e;
-                }
+                // A file left from another boot, or an empty one, gets the configured
+                // permissions again. Not fatal when the file is not ours (only its owner may
+                // change them): it was published with its creator's permissions.
+                let _ = set_permissions(fd.0, cfg);
                 let map = map_fd(fd.0, path, true)?;
                 let region = Region {
                     map,

@@ -223,7 +223,7 @@ fn create_then_open_existing_keeps_region_limits() {
     assert_eq!(out, OpenOutcome::Created);
     let md = std::fs::metadata(&p).unwrap();
     assert_eq!(md.len(), REGION_SIZE as u64);
-    assert_eq!(md.permissions().mode() & 0o777, 0o600);
+    assert_eq!(md.permissions().mode() & 0o777, 0o666);
     assert_eq!(r.limit(0), 8 * MIB);
     assert_eq!(r.limit(1), 4 * MIB);
     assert_eq!(r.device_count(), 2);
@@ -263,17 +263,139 @@ fn create_then_open_existing_keeps_region_limits() {
     assert_eq!(r3.limit_flags(3), 0);
 }
 
+/// Serialises the tests that change the process-wide umask.
+static UMASK: Mutex<()> = Mutex::new(());
+
+/// Runs `f` with umask `mask` (restored afterwards).
+fn with_umask<T>(mask: libc::mode_t, f: impl FnOnce() -> T) -> T {
+    let _g = UMASK.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: umask has no preconditions.
+    let old = unsafe { libc::umask(mask) };
+    let out = f();
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    out
+}
+
+/// Names in `dir` other than the region itself (temporary publish names must not stay).
+fn leftovers(d: &TempDir) -> Vec<String> {
+    std::fs::read_dir(&d.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "region.cache")
+        .collect()
+}
+
 #[test]
-fn custom_mode_is_applied_despite_umask() {
+fn default_mode_is_0666_despite_umask() {
     let d = TempDir::new("mode");
     let p = d.file();
+    let _r = with_umask(0o077, || Region::open_or_create(&p, &cfg(0)).unwrap());
+    let md = std::fs::metadata(&p).unwrap();
+    assert_eq!(md.permissions().mode() & 0o7777, 0o666);
+    assert_eq!(leftovers(&d), Vec::<String>::new());
+}
+
+#[test]
+fn configured_mode_and_group_are_applied() {
+    use std::os::unix::fs::MetadataExt;
+    let d = TempDir::new("group");
+    let p = d.file();
+    // SAFETY: getgid/geteuid have no preconditions.
+    let (gid, root) = unsafe { (libc::getgid(), libc::geteuid() == 0) };
+    // Root may give the file any group; anyone else only one of their own.
+    let group = if root { 54321 } else { gid };
     let c = RegionConfig {
-        mode: 0o666,
+        mode: 0o660,
+        group: Some(group),
         ..cfg(0)
     };
-    let _r = Region::open_or_create(&p, &c).unwrap();
+    let _r = with_umask(0o022, || Region::open_or_create(&p, &c).unwrap());
     let md = std::fs::metadata(&p).unwrap();
-    assert_eq!(md.permissions().mode() & 0o777, 0o666);
+    assert_eq!(md.permissions().mode() & 0o7777, 0o660);
+    assert_eq!(md.gid(), group);
+    assert_eq!(leftovers(&d), Vec::<String>::new());
+}
+
+#[test]
+fn a_group_that_cannot_be_set_is_a_clear_error_and_leaves_nothing() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // Root can set any group: checked in the same way through a child that drops to
+        // uid/gid 65534 (it cannot give the file group 0).
+        let d = TempDir::new("badgroup");
+        std::fs::set_permissions(&d.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let p = d.file();
+        // SAFETY: fork; the child only calls async-signal-safe functions and the region
+        // code (no locks held by other threads are needed), then `_exit`s.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let c = RegionConfig {
+                group: Some(0),
+                ..cfg(0)
+            };
+            // SAFETY: dropping privileges in the child.
+            let ok = unsafe {
+                libc::setgroups(0, std::ptr::null()) == 0
+                    && libc::setgid(65534) == 0
+                    && libc::setuid(65534) == 0
+            };
+            let code = match (ok, Region::open_or_create(&p, &c)) {
+                (false, _) => 3,
+                (true, Err(e)) if e.to_string().contains("set group 0") => 0,
+                (true, Err(_)) => 4,
+                (true, Ok(_)) => 5,
+            };
+            // SAFETY: child exit.
+            unsafe { libc::_exit(code) };
+        }
+        let mut st = 0;
+        // SAFETY: waiting for our child.
+        unsafe { libc::waitpid(pid, &mut st, 0) };
+        assert!(libc::WIFEXITED(st));
+        assert_eq!(libc::WEXITSTATUS(st), 0, "child status");
+        assert!(!p.exists(), "the region must not appear");
+        assert_eq!(leftovers(&d), Vec::<String>::new());
+    }
+}
+
+#[test]
+fn concurrent_creators_share_one_region_and_leave_no_temporaries() {
+    let d = TempDir::new("race");
+    let p = d.file();
+    let created = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| {
+                let (r, out) = Region::open_or_create(&p, &cfg(MIB)).unwrap();
+                if out == OpenOutcome::Created {
+                    created.fetch_add(1, Ordering::Relaxed);
+                }
+                assert_eq!(r.limit(0), MIB);
+            });
+        }
+    });
+    assert_eq!(created.load(Ordering::Relaxed), 1);
+    assert_eq!(leftovers(&d), Vec::<String>::new());
+}
+
+/// An existing file is opened without `O_CREAT`, so a region owned by another user in a
+/// sticky directory is usable under `fs.protected_regular` (which refuses `O_CREAT` there),
+/// and its owner's permissions are never changed by a later opener.
+#[test]
+fn an_existing_region_keeps_its_mode() {
+    let d = TempDir::new("keep");
+    let p = d.file();
+    let c = RegionConfig {
+        mode: 0o640,
+        ..cfg(MIB)
+    };
+    drop(Region::open_or_create(&p, &c).unwrap());
+    let (_r, out) = Region::open_or_create(&p, &cfg(MIB)).unwrap();
+    assert!(matches!(out, OpenOutcome::Existing { .. }));
+    let md = std::fs::metadata(&p).unwrap();
+    assert_eq!(md.permissions().mode() & 0o7777, 0o640);
 }
 
 #[test]
