@@ -6,9 +6,21 @@
 use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
 
 pub use hami_common::config::{
-    parse_size, SizeError, DEFAULT_REGION_PATH, ENV_CONTEXT_OVERHEAD, ENV_LIMIT, ENV_LOG_LEVEL,
-    ENV_REGION,
+    parse_region_group, parse_region_mode, parse_size, PermError, SizeError, DEFAULT_REGION_MODE,
+    DEFAULT_REGION_PATH, ENV_CONTEXT_OVERHEAD, ENV_LIMIT, ENV_LOG_LEVEL, ENV_REGION,
+    ENV_REGION_GROUP, ENV_REGION_MODE,
 };
+
+/// Why a variable's value was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Reason {
+    /// A size (limits, context overhead).
+    #[error("{0}")]
+    Size(SizeError),
+    /// A region permission setting ([`ENV_REGION_MODE`], [`ENV_REGION_GROUP`]).
+    #[error("{0}")]
+    Perm(PermError),
+}
 
 /// A configuration error for one variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -19,7 +31,7 @@ pub struct ConfigError {
     /// Its value.
     pub value: String,
     /// Why it was rejected.
-    pub reason: SizeError,
+    pub reason: Reason,
 }
 
 /// The preload's configuration.
@@ -35,6 +47,11 @@ pub struct Config {
     pub region_path: String,
     /// Fixed context overhead, if configured (`None` = measure).
     pub context_overhead: Option<u64>,
+    /// Mode of a region this process creates ([`ENV_REGION_MODE`], default
+    /// [`DEFAULT_REGION_MODE`]).
+    pub region_mode: u32,
+    /// Group of a region this process creates ([`ENV_REGION_GROUP`]; `None`: its own).
+    pub region_group: Option<u32>,
 }
 
 impl Config {
@@ -43,10 +60,13 @@ impl Config {
         let mut errors = Vec::new();
         let mut check = |var: String| -> Option<Result<u64, ()>> {
             let value = get(&var)?;
-            Some(
-                parse_size(&value)
-                    .map_err(|reason| errors.push(ConfigError { var, value, reason })),
-            )
+            Some(parse_size(&value).map_err(|reason| {
+                errors.push(ConfigError {
+                    var,
+                    value,
+                    reason: Reason::Size(reason),
+                })
+            }))
         };
         let global = check(ENV_LIMIT.to_string());
         let mut limits = [0u64; MAX_DEVICES];
@@ -69,18 +89,43 @@ impl Config {
                 errors.push(ConfigError {
                     var: ENV_CONTEXT_OVERHEAD.to_string(),
                     value: v,
-                    reason,
+                    reason: Reason::Size(reason),
                 });
                 None
             }
         });
+        let mut perm = |var: &str, parse: fn(&str) -> Result<u32, PermError>| {
+            let value = get(var)?;
+            parse(&value)
+                .map_err(|reason| {
+                    errors.push(ConfigError {
+                        var: var.to_string(),
+                        value,
+                        reason: Reason::Perm(reason),
+                    })
+                })
+                .ok()
+        };
+        let region_mode = perm(ENV_REGION_MODE, parse_region_mode).unwrap_or(DEFAULT_REGION_MODE);
+        let region_group = perm(ENV_REGION_GROUP, parse_region_group);
         Config {
             limits,
             limit_flags,
             errors,
             region_path,
             context_overhead,
+            region_mode,
+            region_group,
         }
+    }
+
+    /// The first error in the region's permission settings, if any: the region is then not
+    /// opened at all (fail closed), rather than created or used with permissions nobody
+    /// asked for.
+    pub fn region_error(&self) -> Option<&ConfigError> {
+        self.errors
+            .iter()
+            .find(|e| matches!(e.reason, Reason::Perm(_)))
     }
 
     /// Reads the configuration from the process environment.
@@ -119,6 +164,33 @@ mod tests {
         assert_eq!(c.region_path, DEFAULT_REGION_PATH);
         assert_eq!(c.context_overhead, None);
         assert_eq!(c.configured_devices(), 0);
+        assert_eq!(c.region_mode, 0o666);
+        assert_eq!(c.region_group, None);
+        assert!(c.region_error().is_none());
+    }
+
+    #[test]
+    fn region_permissions() {
+        let c = cfg(&[("HAMI_REGION_MODE", "0660"), ("HAMI_REGION_GROUP", "44")]);
+        assert_eq!(c.region_mode, 0o660);
+        assert_eq!(c.region_group, Some(44));
+        assert!(c.errors.is_empty());
+
+        for (var, value) in [
+            ("HAMI_REGION_MODE", "0777"),
+            ("HAMI_REGION_MODE", "rw"),
+            ("HAMI_REGION_MODE", "0066"),
+            ("HAMI_REGION_GROUP", "video"),
+            ("HAMI_REGION_GROUP", ""),
+        ] {
+            let c = cfg(&[(var, value)]);
+            let e = c.region_error().expect("rejected");
+            assert_eq!(e.var, var);
+            let msg = e.to_string();
+            assert!(msg.contains(var) && msg.contains(value), "{msg}");
+            // Limits are unaffected; only the region is refused.
+            assert_eq!(c.limit_flags, [0; MAX_DEVICES]);
+        }
     }
 
     #[test]
@@ -162,11 +234,11 @@ mod tests {
         let c = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "-5")]);
         assert_eq!(c.limit_flags[0], LIMIT_FLAG_INVALID);
         assert_eq!(c.limit_flags[1], 0);
-        assert_eq!(c.errors[0].reason, SizeError::Negative);
+        assert_eq!(c.errors[0].reason, Reason::Size(SizeError::Negative));
         assert_eq!(c.configured_devices(), 1);
 
         let c = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_0", "99999999999999999999")]);
-        assert_eq!(c.errors[0].reason, SizeError::Overflow);
+        assert_eq!(c.errors[0].reason, Reason::Size(SizeError::Overflow));
         assert_eq!(c.limit_flags[0], LIMIT_FLAG_INVALID);
 
         let c = cfg(&[("HAMI_CONTEXT_OVERHEAD", "x")]);

@@ -75,6 +75,9 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
     let config = Config::from_env();
     let mut messages = Vec::new();
     for e in &config.errors {
+        if matches!(e.reason, crate::config::Reason::Perm(_)) {
+            continue;
+        }
         messages.push((
             Level::Error,
             format!("{e}; allocations on the affected devices fail with CUDA_ERROR_OUT_OF_MEMORY"),
@@ -84,9 +87,20 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
         limits: config.limits,
         limit_flags: config.limit_flags,
         device_count: device_count().max(config.configured_devices()),
-        ..RegionConfig::default()
+        mode: config.region_mode,
+        group: config.region_group,
     };
-    let region = match Region::open_or_create(Path::new(&config.region_path), &rc) {
+    let opened = match config.region_error() {
+        // Fail closed: neither create nor use a region with permissions nobody asked for.
+        Some(e) => Err(format!(
+            "shared region {}: not opened: {e}",
+            config.region_path
+        )),
+        None => {
+            Region::open_or_create(Path::new(&config.region_path), &rc).map_err(|e| e.to_string())
+        }
+    };
+    let region = match opened {
         Ok((r, OpenOutcome::Created)) => {
             messages.push((
                 Level::Info,
@@ -111,7 +125,7 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
                 Level::Error,
                 format!("{e}; every allocation fails with CUDA_ERROR_OUT_OF_MEMORY"),
             ));
-            Err(e.to_string())
+            Err(e)
         }
     };
     (Global { config, region }, messages)

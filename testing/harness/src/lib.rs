@@ -240,6 +240,20 @@ impl Artifacts {
     }
 }
 
+/// Copies of the artifacts inside a sandbox, readable by every uid (see
+/// [`TestEnv::shared_with_all_users`]).
+#[derive(Debug, Clone)]
+pub struct SharedCopies {
+    /// Directory with the fake `libcuda.so.1` / `libnvidia-ml.so.1` (and their `.so` names).
+    pub lib_dir: PathBuf,
+    /// The copied `libhami_preload.so`.
+    pub preload_so: PathBuf,
+    /// The copied `cudaprobe`.
+    pub cudaprobe: PathBuf,
+    /// The copied `nvmlprobe`.
+    pub nvmlprobe: PathBuf,
+}
+
 /// One test's sandbox: temp dir, fake-driver state, region path, environment.
 pub struct TestEnv {
     dir: tempfile::TempDir,
@@ -247,6 +261,7 @@ pub struct TestEnv {
     region_path: PathBuf,
     vars: BTreeMap<String, String>,
     preload: bool,
+    shared: Option<SharedCopies>,
 }
 
 impl Default for TestEnv {
@@ -275,7 +290,66 @@ impl TestEnv {
             region_path,
             vars,
             preload: false,
+            shared: None,
         }
+    }
+
+    /// Makes the sandbox usable by processes of any uid (tests that run some processes as
+    /// another user, e.g. `Command::uid(65534)`): the temp dir becomes mode 1777 like `/tmp`
+    /// (so the region is created there by whichever process comes first), and the preload,
+    /// the fakes and the probes are copied into `<dir>/bin` (mode 0755), since the target dir
+    /// may sit under a path other users cannot traverse. Commands built afterwards use the
+    /// copies.
+    pub fn shared_with_all_users(mut self) -> TestEnv {
+        use std::os::unix::fs::PermissionsExt;
+        let a = Artifacts::get();
+        let bin = self.dir.path().join("bin");
+        std::fs::create_dir_all(&bin).expect("create bin dir");
+        let copy = |from: &Path, name: &str| -> PathBuf {
+            let to = bin.join(name);
+            install(from, &to);
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))
+                .unwrap_or_else(|e| panic!("chmod {}: {e}", to.display()));
+            to
+        };
+        let shared = SharedCopies {
+            preload_so: copy(&a.preload_so, "libhami_preload.so"),
+            cudaprobe: copy(&a.cudaprobe, "cudaprobe"),
+            nvmlprobe: copy(&a.nvmlprobe, "nvmlprobe"),
+            lib_dir: bin.clone(),
+        };
+        copy(&a.fake_libcuda, "libcuda.so.1");
+        copy(&a.fake_libnvml, "libnvidia-ml.so.1");
+        symlink("libcuda.so.1", &bin.join("libcuda.so"));
+        symlink("libnvidia-ml.so.1", &bin.join("libnvidia-ml.so"));
+        for (d, mode) in [(&bin, 0o755), (&self.dir.path().to_path_buf(), 0o1777)] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))
+                .unwrap_or_else(|e| panic!("chmod {}: {e}", d.display()));
+        }
+        self.shared = Some(shared);
+        self
+    }
+
+    /// The copies made by [`TestEnv::shared_with_all_users`], if it was called.
+    pub fn shared(&self) -> Option<&SharedCopies> {
+        self.shared.as_ref()
+    }
+
+    /// Copies `program` into the sandbox's shared `bin` dir (mode 0755) and returns the copy
+    /// (for programs other than the harness's probes). Panics unless
+    /// [`TestEnv::shared_with_all_users`] was called.
+    pub fn share_program(&self, program: &Path) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let s = self
+            .shared
+            .as_ref()
+            .expect("share_program needs shared_with_all_users");
+        let name = program.file_name().expect("program file name");
+        let to = s.lib_dir.join(name);
+        install(program, &to);
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))
+            .unwrap_or_else(|e| panic!("chmod {}: {e}", to.display()));
+        to
     }
 
     /// The temp dir (removed when the `TestEnv` drops).
@@ -326,14 +400,18 @@ impl TestEnv {
     /// the sandbox environment, `LD_PRELOAD` if enabled; stdin null, stdout/stderr piped.
     pub fn command(&self, program: &Path) -> Command {
         let a = Artifacts::get();
+        let (lib_dir, preload_so) = match &self.shared {
+            Some(s) => (&s.lib_dir, &s.preload_so),
+            None => (&a.fake_lib_dir, &a.preload_so),
+        };
         let mut c = Command::new(program);
-        c.env("LD_LIBRARY_PATH", &a.fake_lib_dir);
+        c.env("LD_LIBRARY_PATH", lib_dir);
         c.env_remove("LD_PRELOAD");
         for (k, v) in &self.vars {
             c.env(k, v);
         }
         if self.preload {
-            c.env("LD_PRELOAD", &a.preload_so);
+            c.env("LD_PRELOAD", preload_so);
         }
         c.current_dir(self.dir.path());
         c.stdin(Stdio::null())
@@ -344,7 +422,11 @@ impl TestEnv {
 
     /// A command running `cudaprobe ARGS...` (see [`TestEnv::command`]).
     pub fn cudaprobe_cmd(&self, args: &[&str]) -> Command {
-        let mut c = self.command(&Artifacts::get().cudaprobe);
+        let prog = self
+            .shared
+            .as_ref()
+            .map_or(&Artifacts::get().cudaprobe, |s| &s.cudaprobe);
+        let mut c = self.command(prog);
         c.args(args);
         c
     }
@@ -363,12 +445,18 @@ impl TestEnv {
         RunningProbe::start(c)
     }
 
+    /// A command running `nvmlprobe` (see [`TestEnv::command`]).
+    pub fn nvmlprobe_cmd(&self) -> Command {
+        let prog = self
+            .shared
+            .as_ref()
+            .map_or(&Artifacts::get().nvmlprobe, |s| &s.nvmlprobe);
+        self.command(prog)
+    }
+
     /// Runs `nvmlprobe` and parses what it reports.
     pub fn nvml(&self) -> NvmlSnapshot {
-        let out = self
-            .command(&Artifacts::get().nvmlprobe)
-            .output()
-            .expect("spawn nvmlprobe");
+        let out = self.nvmlprobe_cmd().output().expect("spawn nvmlprobe");
         NvmlSnapshot::parse(&String::from_utf8_lossy(&out.stdout))
     }
 }
