@@ -14,6 +14,7 @@ use hami_common::event::{CudaEvent, EventKind};
 use hami_common::region::{ProcessId, Region, RegionSnapshot, SlotId};
 use serde::Serialize;
 
+use crate::access::FileMeta;
 use crate::findings::{
     self, Finding, FindingKey, FindingKind, ProcView, RegionView, SlotLiveness, Tolerance,
 };
@@ -67,6 +68,18 @@ struct RegionEntry {
     file_id: (u64, u64),
     snapshot: Option<RegionSnapshot>,
     liveness: BTreeMap<usize, SlotLiveness>,
+    /// Owner, group and mode, refreshed every tick (`stat`, only while the path still names
+    /// the file that was opened).
+    file: Option<FileMeta>,
+}
+
+/// Owner, group and permission bits of a regular file.
+fn file_meta(md: &std::fs::Metadata) -> Option<FileMeta> {
+    md.is_file().then(|| FileMeta {
+        mode: md.mode() & 0o7777,
+        uid: md.uid(),
+        gid: md.gid(),
+    })
 }
 
 /// A slot released by `--reclaim`.
@@ -318,6 +331,7 @@ impl Agent {
             file_id: id,
             snapshot: None,
             liveness: BTreeMap::new(),
+            file: file_meta(&md),
         });
         self.region_ids.insert(id, i);
         Ok(i)
@@ -384,6 +398,12 @@ impl Agent {
         let root = self.opts.proc_root.clone();
         let mut index: Option<HashMap<(u64, u32), u32>> = None;
         for r in &mut self.regions {
+            // Metadata only (no open): the path may have been replaced since it was opened,
+            // in which case its permissions say nothing about this region.
+            r.file = std::fs::metadata(&r.host_path)
+                .ok()
+                .filter(|md| (md.dev(), md.ino()) == r.file_id)
+                .and_then(|md| file_meta(&md));
             let snap = r.region.snapshot();
             let mut live = BTreeMap::new();
             for s in &snap.slots {
@@ -433,6 +453,7 @@ impl Agent {
                     .as_ref()
                     .map(|n| n.devices.len())
                     .filter(|&n| n > 0),
+                file: r.file,
             })
             .collect();
         let procs = self
@@ -461,6 +482,7 @@ impl Agent {
                         .or(p.baseline.nvml_bytes()),
                     seen_by_events: p.first_ns != 0 || p.alloc_events + p.free_events > 0,
                     env_limits: info.env_limits.clone(),
+                    creds: info.creds.clone(),
                 })
             })
             .collect();

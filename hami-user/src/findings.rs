@@ -7,6 +7,7 @@ use hami_common::layout::{UsageKind, MAX_DEVICES};
 use hami_common::region::{RegionSnapshot, SlotSnapshot};
 use serde::Serialize;
 
+use crate::access::{write_denied, Creds, FileMeta};
 use crate::procinfo::{EnvLimit, EnvLimits};
 
 /// Stable, machine-readable kinds of finding.
@@ -23,19 +24,24 @@ pub enum FindingKind {
     Tamper,
     /// Accounted usage above observed usage beyond tolerance.
     Drift,
+    /// A hooked process that cannot write its container's region: every allocation it makes
+    /// is refused (fail closed).
+    LockedOut,
 }
 
 impl FindingKind {
     /// All kinds, in a fixed order.
-    pub const ALL: [FindingKind; 5] = [
+    pub const ALL: [FindingKind; 6] = [
         FindingKind::Bypass,
         FindingKind::LeakedSlot,
         FindingKind::OverLimit,
         FindingKind::Tamper,
         FindingKind::Drift,
+        FindingKind::LockedOut,
     ];
 
-    /// The stable name (`bypass`, `leaked_slot`, `over_limit`, `tamper`, `drift`).
+    /// The stable name (`bypass`, `leaked_slot`, `over_limit`, `tamper`, `drift`,
+    /// `locked_out`).
     pub const fn name(self) -> &'static str {
         match self {
             FindingKind::Bypass => "bypass",
@@ -43,6 +49,7 @@ impl FindingKind {
             FindingKind::OverLimit => "over_limit",
             FindingKind::Tamper => "tamper",
             FindingKind::Drift => "drift",
+            FindingKind::LockedOut => "locked_out",
         }
     }
 
@@ -75,6 +82,9 @@ pub mod reason {
     pub const LIMIT_DIFFERS_FROM_ENV: &str = "limit_differs_from_env";
     /// Tamper: the environment's value is invalid but the region enforces a limit.
     pub const ENV_INVALID_REGION_VALID: &str = "env_invalid_region_valid";
+    /// Locked out: the process's credentials do not allow it to open its region for reading
+    /// and writing (file owner, group and mode), and it holds no slot there.
+    pub const REGION_UNWRITABLE: &str = "region_unwritable";
     /// Drift: accounted data above observed data beyond tolerance.
     pub const ACCOUNTED_ABOVE_OBSERVED: &str = "accounted_above_observed";
 }
@@ -168,6 +178,8 @@ pub struct ProcView {
     pub seen_by_events: bool,
     /// Limits from its environment.
     pub env_limits: EnvLimits,
+    /// Its credentials (`/proc/<pid>/status`), when readable.
+    pub creds: Option<Creds>,
 }
 
 impl ProcView {
@@ -198,6 +210,8 @@ pub struct RegionView {
     pub single_device: bool,
     /// GPUs on the node when known (NVML): limits of devices beyond are not reported.
     pub node_devices: Option<usize>,
+    /// Owner, group and mode of the region file, when known.
+    pub file: Option<FileMeta>,
 }
 
 impl RegionView {
@@ -245,6 +259,8 @@ pub struct Finding {
     pub reason: &'static str,
     /// Host pid concerned, if one.
     pub pid: Option<u32>,
+    /// Filesystem uid of that process, when known.
+    pub uid: Option<u32>,
     /// Pid inside its container.
     pub nspid: Option<u32>,
     /// Container.
@@ -344,6 +360,7 @@ fn process_findings(p: &ProcView, regions: &[RegionView], tol: Tolerance, out: &
         kind,
         reason,
         pid: Some(p.pid),
+        uid: p.creds.as_ref().map(|c| c.fsuid),
         nspid: p.nspid,
         container: p.container.clone(),
         region: region.map(|r| r.name.clone()),
@@ -405,6 +422,23 @@ fn process_findings(p: &ProcView, regions: &[RegionView], tol: Tolerance, out: &
         return;
     };
     let Some(slot) = r.slot_of(p) else {
+        // No slot: if it cannot write the region, it never will have one.
+        if let Some(why) = r
+            .file
+            .as_ref()
+            .zip(p.creds.as_ref())
+            .and_then(|(f, c)| write_denied(f, c))
+        {
+            out.push(base(
+                FindingKind::LockedOut,
+                reason::REGION_UNWRITABLE,
+                0,
+                format!(
+                    "cannot write region {}: {why}; every allocation of this process is refused",
+                    r.name
+                ),
+            ));
+        }
         if p.alloc_events > 0 && observed > 0 {
             out.push(base(
                 FindingKind::Bypass,
@@ -507,6 +541,7 @@ fn region_findings(
             kind: FindingKind::LeakedSlot,
             reason,
             pid: None,
+            uid: None,
             nspid: Some(s.pid),
             container: r.container.clone(),
             region: Some(r.name.clone()),
@@ -547,6 +582,7 @@ fn region_findings(
                 kind: FindingKind::Tamper,
                 reason,
                 pid: Some(p.pid),
+                uid: p.creds.as_ref().map(|c| c.fsuid),
                 nspid: p.nspid,
                 container: p.container.clone(),
                 region: Some(r.name.clone()),
@@ -580,6 +616,7 @@ fn region_findings(
                 kind: FindingKind::OverLimit,
                 reason: reason::OBSERVED_ABOVE_LIMIT,
                 pid: None,
+                uid: None,
                 nspid: None,
                 container: r.container.clone(),
                 region: Some(r.name.clone()),
@@ -718,6 +755,7 @@ pub(crate) mod tests {
             liveness: live.iter().copied().collect(),
             single_device: true,
             node_devices: None,
+            file: None,
         }
     }
 
@@ -768,6 +806,76 @@ pub(crate) mod tests {
         assert_eq!(u[0].accounted_data, 64 * MIB);
         assert_eq!(u[0].accounted, 364 * MIB);
         assert_eq!(u[0].limit, 1 << 30);
+    }
+
+    /// Issue 13: a hooked process of another uid than the region's owner, with no slot and a
+    /// region mode that excludes it, is locked out; the finding names the region, the pid,
+    /// the uid and why.
+    #[test]
+    fn process_that_cannot_write_its_region_is_locked_out() {
+        let mut r = region(
+            snapshot(1 << 30, vec![slot(0, 10, 110, 0, 64 * MIB)]),
+            &[(0, SlotLiveness::Alive { host_pid: 10 })],
+        );
+        r.file = Some(FileMeta {
+            mode: 0o600,
+            uid: 0,
+            gid: 0,
+        });
+        let nobody = Creds {
+            fsuid: 65534,
+            fsgid: 65534,
+            groups: vec![],
+            cap_eff: 0,
+        };
+        // Its allocations are refused by the preload: the probes see none.
+        let mut p = proc_(12, true, 0);
+        p.creds = Some(nobody.clone());
+        let f = evaluate(&[p.clone()], &[r.clone()], Tolerance::default());
+        assert_eq!(
+            kinds(&f),
+            vec![(FindingKind::LockedOut, reason::REGION_UNWRITABLE)]
+        );
+        assert_eq!(f[0].pid, Some(12));
+        assert_eq!(f[0].uid, Some(65534));
+        assert_eq!(f[0].region.as_deref(), Some("/tmp/cudevshr.cache"));
+        assert!(f[0].detail.contains("0600") && f[0].detail.contains("uid 65534"));
+        assert!(!FindingKind::LockedOut.is_failure());
+
+        // The same process is fine with the default mode, or in the file's group with 0660.
+        let mut open = r.clone();
+        open.file = Some(FileMeta {
+            mode: 0o666,
+            uid: 0,
+            gid: 0,
+        });
+        assert!(evaluate(&[p.clone()], &[open], Tolerance::default()).is_empty());
+        let mut grp = r.clone();
+        grp.file = Some(FileMeta {
+            mode: 0o660,
+            uid: 0,
+            gid: 65534,
+        });
+        assert!(evaluate(&[p.clone()], &[grp], Tolerance::default()).is_empty());
+
+        // A process that holds a slot got in (e.g. before a chmod): not locked out.
+        let mut in_slot = proc_(10, true, 64 * MIB);
+        in_slot.creds = Some(nobody);
+        assert!(evaluate(&[in_slot], &[r.clone()], Tolerance::default()).is_empty());
+
+        // Root with CAP_DAC_OVERRIDE writes anything; unknown credentials or metadata: no
+        // finding.
+        let mut root = p.clone();
+        root.creds = Some(Creds {
+            cap_eff: 1 << 1,
+            ..Creds::default()
+        });
+        assert!(evaluate(&[root], &[r.clone()], Tolerance::default()).is_empty());
+        let mut unknown = p.clone();
+        unknown.creds = None;
+        assert!(evaluate(&[unknown], &[r.clone()], Tolerance::default()).is_empty());
+        r.file = None;
+        assert!(evaluate(&[p], &[r], Tolerance::default()).is_empty());
     }
 
     #[test]

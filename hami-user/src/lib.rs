@@ -4,6 +4,7 @@
 //! The logic lives in plain modules that are tested without root or eBPF:
 //! * [`procinfo`]: what `/proc` says about a process (container, `NSpid`, preload, region, env limits);
 //! * [`state`]: per-process live allocations built from [`hami_common::event::CudaEvent`]s;
+//! * [`access`]: whether a process may write its region file, from metadata only;
 //! * [`findings`]: the pure rules that turn processes and region snapshots into findings;
 //! * [`nvml`]: optional NVML queries (runs without NVML);
 //! * [`metrics`]: the Prometheus registry and the `/metrics` responder;
@@ -12,6 +13,7 @@
 //! * `probes` (eBPF loading, attaching, libcuda discovery, event stream).
 #![warn(missing_docs)]
 
+pub mod access;
 pub mod agent;
 pub mod findings;
 pub mod metrics;

@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::access::{parse_creds, Creds};
+
 pub use hami_common::config::{
     DEFAULT_REGION_PATH, ENV_LIMIT as LIMIT_ENV, ENV_REGION as REGION_ENV,
 };
@@ -106,6 +108,8 @@ pub struct ProcInfo {
     pub region_host_path: PathBuf,
     /// Limits from the environment.
     pub env_limits: EnvLimits,
+    /// Credentials from `/proc/<pid>/status` (who the kernel checks file access for).
+    pub creds: Option<Creds>,
 }
 
 /// Parse a size exactly like the preload (one parser, in `hami_common::config`); `None` for
@@ -420,6 +424,9 @@ pub fn read_proc(proc_root: &Path, pid: u32) -> Result<ProcInfo, ProcError> {
         region_path,
         region_from_env,
         env_limits: env_limits(&env),
+        creds: read_string(dir.join("status"))
+            .ok()
+            .and_then(|s| parse_creds(&s)),
     })
 }
 

@@ -494,6 +494,7 @@ mod tests {
             kind: Bypass,
             reason: crate::findings::reason::NO_PRELOAD,
             pid: Some(42),
+            uid: None,
             nspid: Some(42),
             container: "host".into(),
             region: None,

@@ -147,6 +147,7 @@ fn log_finding(f: &Finding) {
         kind = f.kind.name(),
         reason = f.reason,
         pid = f.pid,
+        uid = f.uid,
         nspid = f.nspid,
         container = %f.container,
         region = f.region.as_deref(),

@@ -39,10 +39,14 @@ impl Agent {
     /// waits for its `ready` line.
     fn start(env: &TestEnv, args: &[&str]) -> Agent {
         let a = Artifacts::get();
+        // A sandbox shared with other users runs its own copy of the fake libcuda.
+        let libcuda = env
+            .shared()
+            .map_or(a.fake_libcuda.clone(), |s| s.lib_dir.join("libcuda.so.1"));
         let mut c = Command::new(env!("CARGO_BIN_EXE_hami-agent"));
         c.args(args)
             .arg("--libcuda")
-            .arg(&a.fake_libcuda)
+            .arg(&libcuda)
             .env("LD_LIBRARY_PATH", &a.fake_lib_dir)
             .env("FAKE_CUDA_STATE", env.state_path())
             .env_remove("LD_PRELOAD")
@@ -421,4 +425,53 @@ fn inspect_matches_a_region_written_by_the_preload() {
     assert!(text.contains(&format!("pid {}", probe.pid)), "{text}");
     assert!(text.contains("limit 768.0 MiB"), "{text}");
     probe.resume();
+}
+
+/// Issue 13: a process of the container that cannot write the region (here: the region made
+/// root-only on purpose, the process running as uid 65534) keeps failing closed, and the
+/// agent reports it as `locked_out` with the region, its pid and uid, and why.
+#[test]
+fn process_that_cannot_write_its_region_is_reported_locked_out() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let _g = serial();
+    let env = hooked_env("1g").shared_with_all_users();
+    let region = env.region_path().display().to_string();
+    let mut agent = Agent::start(
+        &env,
+        &["run", "--json-log", "--metrics-addr", "127.0.0.1:0"],
+    );
+    let mut owner = spawn_waiting(&env, &["init", "ctx", "alloc", "64M", "wait"]);
+    std::fs::set_permissions(env.region_path(), std::fs::Permissions::from_mode(0o600))
+        .expect("chmod region");
+    let mut c = env.cudaprobe_cmd(&["init", "ctx", "alloc", "64M", "wait"]);
+    c.uid(65534).gid(65534).stdin(Stdio::piped());
+    let mut app = RunningProbe::start(c);
+    let alloc = app.wait_for("alloc");
+    assert_eq!(alloc.rc(), Some(2), "fails closed: {alloc:?}");
+    let pid = app.pid;
+    let line = agent.wait_line(Duration::from_secs(5), |l| {
+        finding_line(l, "locked_out", pid).is_some()
+    });
+    let f = finding_line(&line, "locked_out", pid).expect("finding");
+    assert_eq!(f["reason"], "region_unwritable", "{f:#}");
+    assert_eq!(f["region"], region, "{f:#}");
+    assert_eq!(f["uid"], 65534, "{f:#}");
+    let detail = f["message"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("0600") && detail.contains("uid 65534"),
+        "{f:#}"
+    );
+    // The region's owner (root) is not reported.
+    assert!(
+        !agent
+            .log
+            .iter()
+            .any(|l| finding_line(l, "locked_out", owner.pid).is_some()),
+        "{}",
+        agent.log.join("\n")
+    );
+    app.resume();
+    owner.resume();
+    agent.stop();
 }
