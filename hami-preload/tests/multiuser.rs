@@ -219,3 +219,25 @@ fn a_malformed_region_mode_fails_closed_naming_the_variable() {
         );
     }
 }
+
+/// The directory is the container's: a user who may not create in it fails closed with an
+/// error naming the directory, until a process allowed to create the region does so; from
+/// then on that user shares the quota.
+#[test]
+fn a_directory_only_root_can_write_waits_for_root_to_create_the_region() {
+    let env = sandbox();
+    let dir = env.dir().join("root-only");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let region = dir.join("r.cache");
+    let env = env.env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region.to_str().unwrap());
+    let early = run_as(&env, NOBODY, &["init", "ctx", "alloc", "1M"]);
+    assert_eq!(alloc_rcs(&early), vec![Some(OOM)], "{}", early.dump());
+    let want = format!("create in directory {}", dir.display());
+    assert!(early.stderr.contains(&want), "{}", early.dump());
+    assert!(!region.exists());
+    let root = run_as(&env, 0, &["init", "ctx", "alloc", "1M"]);
+    assert_eq!(alloc_rcs(&root), vec![Some(0)], "{}", root.dump());
+    let later = run_as(&env, NOBODY, &["init", "ctx", "alloc", "1M"]);
+    assert_eq!(alloc_rcs(&later), vec![Some(0)], "{}", later.dump());
+}
