@@ -1976,7 +1976,7 @@ class Runner:
         return h, None
 
     def phys_audit_end(self, h, title):
-        time.sleep(PHYS_AGENT_SETTLE_S)
+        time.sleep(self.args.phys_settle_s)
         return self.agent.audit_stop(h, title)
 
     def build_physical(self):
@@ -2386,6 +2386,8 @@ def main(argv=None):
                          "group (issue 8), alone it runs only that group")
     ap.add_argument("--phys-rows", nargs="*", choices=PHYS_ROWS,
                     help="rows of the physical group to run (default: all)")
+    ap.add_argument("--phys-settle-s", type=float, default=PHYS_AGENT_SETTLE_S,
+                    help="physical group: seconds the agent gets once the workload holds")
     ap.add_argument("--blind-preload",
                     help="an older libhami_preload.so, blind to the physical escape paths: the "
                          "agent must flag them under it (over_limit or drift)")
