@@ -641,7 +641,8 @@ def eval_mipmap_preload(lines, smi_mib, quota_mib):
         if smi_mib is None:
             return "fail", "refused, but nvidia-smi did not list the process", figs
         if smi_mib > quota_mib:
-            return "fail", f"refused, but nvidia-smi shows {smi_mib} MiB > quota {quota_mib} MiB", figs
+            return "fail", (f"refused, but nvidia-smi shows {smi_mib} MiB > quota "
+                            f"{quota_mib} MiB"), figs
         return "pass", "", figs
     if mip[0] != 0:
         return "fail", f"refused with {mip[1]}, expected CUDA_ERROR_OUT_OF_MEMORY", figs
@@ -692,7 +693,8 @@ def eval_module_preload(lines, smi_mib, quota_mib, lazy, control_ok):
     if is_oom_name(init[1]):
         return refused("context creation / module load")
     if init[0] != 0:
-        return "fail", f"context creation failed with {init[1]}, expected success or out-of-memory", figs
+        return "fail", (f"context creation failed with {init[1]}, expected success or "
+                        "out-of-memory"), figs
     if pre[0] != 0:
         if lazy or not is_oom_name(pre[1]):
             return "fail", (f"control: the probe allocation before the launch got {pre[1]}; "

@@ -81,8 +81,11 @@ def step_drop(b):
             raise
         wlproto.emit("ALLOC", ok=0, kind=type(e).__name__)
     torch.cuda.synchronize()
-    reserved = torch.cuda.memory_reserved()
-    wlproto.emit("DROPPED", reserved=reserved, allocated=torch.cuda.memory_allocated())
+    try:  # informational: nvidia-smi is the evidence, these figures must not end the step
+        reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+    except Exception:  # noqa: BLE001
+        reserved, allocated = -1, -1
+    wlproto.emit("DROPPED", reserved=reserved, allocated=allocated)
     wlproto.emit("HOLDING", bytes=reserved, requested=n, t=f"{time.time():.6f}")
     sys.stdin.readline()
     wlproto.emit("RELEASED")
