@@ -575,18 +575,25 @@ def smi_sum(sample, pids):
     return sum(sample.get(p, 0) for p in pids)
 
 
-def eval_pool_preload(a_lines, b_lines, samples, pids, quota_mib):
+POOL_DROPPED_LABEL = "A dropped its tensor"
+
+
+def eval_pool_preload(a_lines, b_lines, samples, pids, quota_mib, grab_mib):
     """Two PyTorch cudaMallocAsync processes, one quota, under the preload.
 
-    A allocates WL_GRAB_MB and drops the tensor (its pool keeps the memory); then B asks for
+    A allocates grab_mib and drops the tensor (its pool keeps the memory); then B asks for
     the same. Pass: A was granted, B got torch's OutOfMemoryError, nvidia-smi listed both
-    processes at least once, and no nvidia-smi sample shows them together above the quota."""
+    processes at least once, and no nvidia-smi sample shows them together above the quota.
+    The premise is checked too: when nvidia-smi listed A just after the drop, A still held at
+    least grab_mib (else the pool kept nothing and B's refusal is not explained by it)."""
     a = find_tag(a_lines, "ALLOC")
     dropped = find_tag(a_lines, "DROPPED")
     b = find_tag(b_lines, "GRAB")
     listed = [s for s in samples if s.get("apps") is not None]
     both = [s for s in listed if all(p in s["apps"] for p in pids)]
     sums = [smi_sum(s["apps"], pids) for s in listed]
+    after_drop = next((s["apps"].get(pids[0]) for s in listed
+                       if s.get("label") == POOL_DROPPED_LABEL), None)
     figs = {
         "a_alloc": a,
         "a_reserved_after_drop": to_int(dropped.get("reserved")) if dropped else None,
@@ -595,6 +602,7 @@ def eval_pool_preload(a_lines, b_lines, samples, pids, quota_mib):
         "smi_samples_with_both": len(both),
         "smi_max_sum_mib": max(sums) if sums else None,
         "smi_last_both_mib": both[-1]["apps"] if both else None,
+        "smi_a_after_drop_mib": after_drop,
         "quota_mib": quota_mib,
     }
     problems = []
@@ -614,6 +622,9 @@ def eval_pool_preload(a_lines, b_lines, samples, pids, quota_mib):
         problems.append(f"B refused with {b.get('kind')}, expected OutOfMemoryError")
     if not both:
         problems.append(f"nvidia-smi never listed both processes ({len(listed)} samples)")
+    if after_drop is not None and after_drop < grab_mib:
+        problems.append(f"A held only {after_drop} MiB after dropping its tensor (< {grab_mib} "
+                        "MiB): its pool kept nothing, B's refusal is not explained by it")
     if sums and max(sums) > quota_mib:
         problems.append(f"nvidia-smi: the two processes held {max(sums)} MiB together "
                         f"> quota {quota_mib} MiB")
@@ -2059,7 +2070,7 @@ class Runner:
                 tag, kv, _ = a.expect(["HOLDING"], 60)
                 if tag != "HOLDING":
                     notes.append(f"A: no HOLDING ({kv})")
-                sampler.sample("A dropped its tensor")
+                sampler.sample(POOL_DROPPED_LABEL)
                 b.send("go")
                 tag, kv, _ = b.expect(["GRAB"], 60)
                 if tag != "GRAB":
@@ -2082,7 +2093,7 @@ class Runner:
         self.results["physical"]["smi"][f"pool-{mode}"] = sampler.compact(pids)
         if mode == "preload":
             st, why, figs = eval_pool_preload(a.lines, b.lines, sampler.samples, pids,
-                                              PHYS_POOL_QUOTA_MB)
+                                              PHYS_POOL_QUOTA_MB, PHYS_POOL_GRAB_MB)
         else:
             st, why, figs = eval_agent_flag(parsed, mode, pids, self.region_path(region),
                                             escape_happened("pool", {"a": a.lines, "b": b.lines}))

@@ -329,8 +329,12 @@ POOL_B_OOM = ["PID pid=101", "READY step=grab", "GRAB ok=0 kind=OutOfMemoryError
 POOL_B_GRANTED = ["PID pid=101", "GRAB ok=1 bytes=2684354560", "HOLDING bytes=2684354560"]
 
 
-def smi(*apps):
-    return [{"t": i, "apps": a} for i, a in enumerate(apps)]
+def smi(*apps, dropped_at=None):
+    """nvidia-smi samples; the one at index dropped_at is the one taken after A's drop."""
+    out = [{"t": i, "apps": a} for i, a in enumerate(apps)]
+    if dropped_at is not None:
+        out[dropped_at]["label"] = ra.POOL_DROPPED_LABEL
+    return out
 
 
 MIP_REFUSED = ["INIT rc=0 name=CUDA_SUCCESS bytes=0", "PRE rc=0 name=CUDA_SUCCESS bytes=268435456",
@@ -372,16 +376,26 @@ REGION = "/tmp/hami-acc-x/phys-pool-blind.cache"
 class PhysicalPreload(unittest.TestCase):
     def test_pool_pass(self):
         st, why, figs = ra.eval_pool_preload(
-            POOL_A, POOL_B_OOM, smi({}, {100: 3240}, {100: 3240, 101: 518}), [100, 101], 4096)
+            POOL_A, POOL_B_OOM, smi({}, {100: 3240}, {100: 3240, 101: 518}, dropped_at=1),
+            [100, 101], 4096, 2560)
         self.assertEqual((st, why), ("pass", ""))
         self.assertEqual(figs["smi_max_sum_mib"], 3758)
+        self.assertEqual(figs["smi_a_after_drop_mib"], 3240)
         self.assertEqual(figs["a_reserved_after_drop"], 2684354560)
+
+    def test_pool_premise_a_keeps_its_pool(self):
+        # A's pool released its memory: B's refusal is then not the quota holding the pool.
+        st, why, _ = ra.eval_pool_preload(
+            POOL_A, POOL_B_OOM, smi({100: 520}, {100: 520, 101: 518}, dropped_at=0),
+            [100, 101], 4096, 2560)
+        self.assertEqual(st, "fail")
+        self.assertIn("A held only 520 MiB", why)
 
     def test_pool_b_granted_and_over_quota(self):
         """What the H200 showed at 129056f: B granted, 3240 + 3240 MiB held."""
         st, why, figs = ra.eval_pool_preload(
             POOL_A, POOL_B_GRANTED, smi({100: 3240, 101: 518}, {100: 3240, 101: 3240}),
-            [100, 101], 4096)
+            [100, 101], 4096, 2560)
         self.assertEqual(st, "fail")
         self.assertIn("B was granted", why)
         self.assertIn("6480 MiB together > quota 4096 MiB", why)
@@ -389,30 +403,32 @@ class PhysicalPreload(unittest.TestCase):
     def test_pool_over_quota_in_one_sample_fails(self):
         st, why, _ = ra.eval_pool_preload(
             POOL_A, POOL_B_OOM, smi({100: 3240, 101: 900}, {100: 3240, 101: 518}), [100, 101],
-            4096)
+            4096, 2560)
         self.assertEqual(st, "fail")
         self.assertIn("4140 MiB", why)
 
     def test_pool_needs_evidence(self):
         # OOM for B, but nvidia-smi never listed both processes: no pass on the error alone.
         st, why, _ = ra.eval_pool_preload(POOL_A, POOL_B_OOM, smi({100: 3240}, None), [100, 101],
-                                          4096)
+                                          4096, 2560)
         self.assertEqual(st, "fail")
         self.assertIn("never listed both", why)
-        st, why, _ = ra.eval_pool_preload(POOL_A, POOL_B_OOM, [], [100, 101], 4096)
+        st, why, _ = ra.eval_pool_preload(POOL_A, POOL_B_OOM, [], [100, 101], 4096, 2560)
         self.assertIn("0 samples", why)
 
     def test_pool_wrong_error_or_a_refused(self):
         b = [l.replace("OutOfMemoryError", "RuntimeError") for l in POOL_B_OOM]
-        st, why, _ = ra.eval_pool_preload(POOL_A, b, smi({100: 1, 101: 1}), [100, 101], 4096)
+        st, why, _ = ra.eval_pool_preload(POOL_A, b, smi({100: 1, 101: 1}), [100, 101], 4096,
+                                          2560)
         self.assertIn("expected OutOfMemoryError", why)
         a = [l.replace("ALLOC ok=1 bytes=2684354560", "ALLOC ok=0 kind=OutOfMemoryError")
              for l in POOL_A]
-        st, why, _ = ra.eval_pool_preload(a, POOL_B_OOM, smi({100: 1, 101: 1}), [100, 101], 4096)
+        st, why, _ = ra.eval_pool_preload(a, POOL_B_OOM, smi({100: 1, 101: 1}), [100, 101], 4096,
+                                          2560)
         self.assertEqual(st, "fail")
         self.assertIn("tested nothing", why)
         st, why, _ = ra.eval_pool_preload(["STEP_ERROR step=init err=ImportError:torch"], [],
-                                          [], [1, 2], 4096)
+                                          [], [1, 2], 4096, 2560)
         self.assertIn("A: init: ImportError:torch", why)
 
     def test_mipmap(self):
