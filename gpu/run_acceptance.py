@@ -66,6 +66,41 @@ CHECK_TITLES = {
     "bypass": "bypass caught",
 }
 
+# The "physical" group (issue 8, `--only physical`): device memory that arrives by paths other
+# than the plain allocation calls. Rows are escape paths, columns what must catch them.
+PHYS_ROWS = ["pool", "mipmap", "module-lazy", "module-eager", "pre-existing"]
+PHYS_ROW_TITLES = {
+    "pool": "torch cudaMallocAsync pool, 2 processes, 4 GiB",
+    "mipmap": "cuMipmappedArrayCreate 2 GiB, quota 1 GiB",
+    "module-lazy": "1.5 GiB __device__ global (lazy loading), quota 1 GiB",
+    "module-eager": "same, CUDA_MODULE_LOADING=EAGER",
+    "pre-existing": "unpreloaded torch holding 1.5 GiB before the audit",
+}
+PHYS_CHECKS = ["preload", "agent-none", "agent-blind", "audit"]
+PHYS_CHECK_TITLES = {
+    "preload": "preload refuses or charges",
+    "agent-none": "agent flags it, no preload (bypass)",
+    "agent-blind": "agent flags it, blind preload (over_limit/drift)",
+    "audit": "audit exits with findings (bypass)",
+}
+# Which cells each row has (the others are "-" in the table).
+PHYS_CELLS = {
+    "pool": ["preload", "agent-none", "agent-blind"],
+    "mipmap": ["preload", "agent-none", "agent-blind"],
+    "module-lazy": ["preload", "agent-none", "agent-blind"],
+    "module-eager": ["preload"],
+    "pre-existing": ["audit"],
+}
+PHYS_POOL_QUOTA_MB = 4096
+PHYS_POOL_GRAB_MB = 2560
+PHYS_SMALL_QUOTA_MB = 1024
+PHYS_PREEXISTING_MB = 1536
+# After the workload holds, the agent gets this long before its audit is stopped (evaluation
+# every 250 ms, findings settle 300 ms, NVML is refreshed at a bounded rate).
+PHYS_AGENT_SETTLE_S = 3.0
+# Upper bound of a physical-group audit; it is ended with SIGINT once the workload holds.
+PHYS_AUDIT_MAX_S = 90
+
 # Variables that must not leak from the caller into the runs (they change what is measured).
 SCRUB_ENV = [
     "LD_PRELOAD",
@@ -73,6 +108,7 @@ SCRUB_ENV = [
     "CUDA_DEVICE_MEMORY_SHARED_CACHE",
     "PYTORCH_CUDA_ALLOC_CONF",
     "CUDA_VISIBLE_DEVICES",
+    "CUDA_MODULE_LOADING",
 ]
 
 
@@ -179,6 +215,8 @@ def parse_audit_json(text):
                 "kind": str(_first_key(f, ["kind", "type"], "")).lower().replace("-", "_"),
                 "pid": to_int(_first_key(f, ["pid", "host_pid"])),
                 "bytes": to_int(_first_key(f, ["bytes", "observed_bytes"])),
+                "region": _first_key(f, ["region"]),
+                "reason": _first_key(f, ["reason"]),
                 "raw": f,
             }
         )
@@ -510,6 +548,287 @@ def eval_bypass(found, latency_s):
     return "pass", "", figs
 
 
+# ---- evaluation of the "physical" group (issue 8): device memory that arrives by other paths ----
+
+# The two out-of-memory codes: the driver API's and the runtime's (both 2).
+OOM_NAMES = ("CUDA_ERROR_OUT_OF_MEMORY", "cudaErrorMemoryAllocation")
+# `hami-agent audit`'s exit status when it raised a bypass or over-limit finding
+# (hami-user/src/report.rs EXIT_FINDINGS; gpu/test_runner.py checks it still is).
+AUDIT_EXIT_FINDINGS = 2
+
+
+def is_oom_name(name):
+    return str(name or "") in OOM_NAMES
+
+
+def stage(lines, tag):
+    """A `TAG rc=<n> name=<error name>` line of the C escape programs -> (rc, name), or
+    (None, None) when the line is missing."""
+    kv = find_tag(lines, tag)
+    if kv is None:
+        return None, None
+    return to_int(kv.get("rc")), kv.get("name")
+
+
+def smi_sum(sample, pids):
+    """Sum of used MiB of pids in one parsed `--query-compute-apps` sample (missing pids: 0)."""
+    return sum(sample.get(p, 0) for p in pids)
+
+
+POOL_DROPPED_LABEL = "A dropped its tensor"
+
+
+def eval_pool_preload(a_lines, b_lines, samples, pids, quota_mib, grab_mib):
+    """Two PyTorch cudaMallocAsync processes, one quota, under the preload.
+
+    A allocates grab_mib and drops the tensor (its pool keeps the memory); then B asks for
+    the same. Pass: A was granted, B got torch's OutOfMemoryError, nvidia-smi listed both
+    processes at least once, and no nvidia-smi sample shows them together above the quota.
+    The premise is checked too: when nvidia-smi listed A just after the drop, A still held at
+    least grab_mib (else the pool kept nothing and B's refusal is not explained by it)."""
+    a = find_tag(a_lines, "ALLOC")
+    dropped = find_tag(a_lines, "DROPPED")
+    b = find_tag(b_lines, "GRAB")
+    listed = [s for s in samples if s.get("apps") is not None]
+    both = [s for s in listed if all(p in s["apps"] for p in pids)]
+    sums = [smi_sum(s["apps"], pids) for s in listed]
+    after_drop = next((s["apps"].get(pids[0]) for s in listed
+                       if s.get("label") == POOL_DROPPED_LABEL), None)
+    figs = {
+        "a_alloc": a,
+        "a_reserved_after_drop": to_int(dropped.get("reserved")) if dropped else None,
+        "b_grab": b,
+        "smi_samples": len(listed),
+        "smi_samples_with_both": len(both),
+        "smi_max_sum_mib": max(sums) if sums else None,
+        "smi_last_both_mib": both[-1]["apps"] if both else None,
+        "smi_a_after_drop_mib": after_drop,
+        "quota_mib": quota_mib,
+    }
+    problems = []
+    for who, lines in (("A", a_lines), ("B", b_lines)):
+        for t, kv in map(parse_line, lines):
+            if t == "STEP_ERROR":
+                problems.append(f"{who}: {kv.get('step')}: {kv.get('err')}")
+    if not a:
+        problems.append("A reported no allocation")
+    elif a.get("ok") != "1":
+        problems.append(f"A's allocation was refused ({a.get('kind')}): the row tested nothing")
+    if not b:
+        problems.append("B reported no allocation")
+    elif b.get("ok") == "1":
+        problems.append("B was granted its allocation")
+    elif b.get("kind") != "OutOfMemoryError":
+        problems.append(f"B refused with {b.get('kind')}, expected OutOfMemoryError")
+    if not both:
+        problems.append(f"nvidia-smi never listed both processes ({len(listed)} samples)")
+    if after_drop is not None and after_drop < grab_mib:
+        problems.append(f"A held only {after_drop} MiB after dropping its tensor (< {grab_mib} "
+                        "MiB): its pool kept nothing, B's refusal is not explained by it")
+    if sums and max(sums) > quota_mib:
+        problems.append(f"nvidia-smi: the two processes held {max(sums)} MiB together "
+                        f"> quota {quota_mib} MiB")
+    return ("pass" if not problems else "fail"), "; ".join(problems), figs
+
+
+def eval_mipmap_preload(lines, smi_mib, quota_mib):
+    """cuMipmappedArrayCreate of 2 GiB under a 1 GiB quota, under the preload.
+
+    Pass: refused with CUDA_ERROR_OUT_OF_MEMORY (and nvidia-smi shows the process within the
+    quota), or granted and charged: the WL_PROBE_MB allocation that fitted before the array
+    (PRE, the control) is refused with out-of-memory after it (NEXT)."""
+    init, pre, mip, nxt = (stage(lines, t) for t in ("INIT", "PRE", "MIPMAP", "NEXT"))
+    figs = {"init": init[1], "pre": pre[1], "mipmap": mip[1], "next": nxt[1],
+            "smi_mib": smi_mib, "quota_mib": quota_mib}
+    if init[0] != 0:
+        return "fail", f"context creation failed ({init[1]})", figs
+    if pre[0] != 0:
+        return "fail", (f"control: the probe allocation before the array was refused "
+                        f"({pre[1]}); the quota had no room, the row proves nothing"), figs
+    if mip[0] is None:
+        return "fail", "no MIPMAP line", figs
+    if is_oom_name(mip[1]):
+        figs["outcome"] = "refused"
+        if smi_mib is None:
+            return "fail", "refused, but nvidia-smi did not list the process", figs
+        if smi_mib > quota_mib:
+            return "fail", (f"refused, but nvidia-smi shows {smi_mib} MiB > quota "
+                            f"{quota_mib} MiB"), figs
+        return "pass", "", figs
+    if mip[0] != 0:
+        return "fail", f"refused with {mip[1]}, expected CUDA_ERROR_OUT_OF_MEMORY", figs
+    figs["outcome"] = "granted"
+    if is_oom_name(nxt[1]):
+        figs["outcome"] = "charged"
+        return "pass", "", figs
+    return "fail", (f"granted and not charged: the next allocation got {nxt[1]} "
+                    f"(nvidia-smi {smi_mib} MiB, quota {quota_mib} MiB)"), figs
+
+
+def eval_module_preload(lines, smi_mib, quota_mib, lazy, control_ok):
+    """A program with a 1.5 GiB `__device__` array under a 1 GiB quota, under the preload.
+
+    Pass: an out-of-memory error at context creation (eager loading), at the first launch or
+    its synchronisation (lazy loading), with nvidia-smi showing the process within the quota;
+    or the module loads and is charged: the next WL_PROBE_MB allocation is refused with
+    out-of-memory, where that allocation is known to fit without the module (lazy: PRE in the
+    same process, before the launch; eager: `control_ok`, a PRE of an earlier cell of this
+    group under the same quota)."""
+    st = {t: stage(lines, t) for t in ("INIT", "PRE", "OUTBUF", "LAUNCH", "SYNC", "NEXT")}
+    res = find_tag(lines, "RESULT")
+    figs = {k.lower(): v[1] for k, v in st.items()}
+    figs.update({"result_ok": res.get("ok") == "1" if res else None, "smi_mib": smi_mib,
+                 "quota_mib": quota_mib, "loading": "lazy" if lazy else "eager"})
+
+    def refused(where):
+        figs["outcome"] = f"refused at {where}"
+        if smi_mib is None:
+            return "fail", f"refused at {where}, but nvidia-smi did not list the process", figs
+        if smi_mib > quota_mib:
+            return "fail", (f"refused at {where}, but nvidia-smi shows {smi_mib} MiB > quota "
+                            f"{quota_mib} MiB"), figs
+        return "pass", "", figs
+
+    def charged(where):
+        figs["outcome"] = f"charged (the {where} allocation refused)"
+        control = st["PRE"][0] == 0 if lazy else control_ok
+        figs["control_ok"] = control
+        if not control:
+            return "fail", (f"the {where} allocation was refused, but no control shows it fits "
+                            "without the module"), figs
+        return "pass", "", figs
+
+    init, pre, launch, sync, nxt = (st[k] for k in ("INIT", "PRE", "LAUNCH", "SYNC", "NEXT"))
+    if init[0] is None:
+        return "fail", "no INIT line", figs
+    if is_oom_name(init[1]):
+        return refused("context creation / module load")
+    if init[0] != 0:
+        return "fail", (f"context creation failed with {init[1]}, expected success or "
+                        "out-of-memory"), figs
+    if pre[0] != 0:
+        if lazy or not is_oom_name(pre[1]):
+            return "fail", (f"control: the probe allocation before the launch got {pre[1]}; "
+                            "the quota had no room, the row proves nothing"), figs
+        return charged("first")  # eager: the module came with the context and was charged
+    if launch[0] is None or sync[0] is None:
+        return "fail", "no LAUNCH/SYNC line", figs
+    if is_oom_name(launch[1]):
+        return refused("the first launch")
+    if is_oom_name(sync[1]):
+        return refused("the first launch (synchronisation)")
+    if launch[0] != 0 or sync[0] != 0:
+        return "fail", (f"launch {launch[1]}, sync {sync[1]}: expected success or an "
+                        "out-of-memory error"), figs
+    if is_oom_name(nxt[1]):
+        return charged("next")
+    return "fail", (f"module loaded and not charged: the next allocation got {nxt[1]} "
+                    f"(nvidia-smi {smi_mib} MiB, quota {quota_mib} MiB)"), figs
+
+
+def escape_happened(row, lines_by_role):
+    """Whether the workload really took the escape path (the premise of an agent cell):
+    (True, "") or (False, why). lines_by_role: {"a": lines, "b": lines} for the pool row,
+    {"main": lines} otherwise."""
+    if row == "pool":
+        a = find_tag(lines_by_role.get("a", []), "ALLOC")
+        b = find_tag(lines_by_role.get("b", []), "GRAB")
+        if not a or a.get("ok") != "1":
+            return False, f"A's allocation was not granted ({a})"
+        if not b or b.get("ok") != "1":
+            return False, f"B's allocation was not granted ({b})"
+        return True, ""
+    lines = lines_by_role.get("main", [])
+    if row == "mipmap":
+        rc, name = stage(lines, "MIPMAP")
+        return (rc == 0), ("" if rc == 0 else f"the mipmapped array was not created ({name})")
+    if row.startswith("module"):
+        (lrc, lname), (src, sname) = stage(lines, "LAUNCH"), stage(lines, "SYNC")
+        ok = lrc == 0 and src == 0
+        return ok, ("" if ok else f"the kernel did not run (launch {lname}, sync {sname})")
+    if row == "pre-existing":
+        kv = find_tag(lines, "HOLDING")
+        return kv is not None, ("" if kv else "the process never held its memory")
+    return False, f"unknown row {row}"
+
+
+def region_matches(finding_region, region_path):
+    if not finding_region or not region_path:
+        return False
+    return (finding_region == region_path
+            or os.path.basename(str(finding_region)) == os.path.basename(region_path))
+
+
+def eval_agent_flag(audit, mode, pids, region_path, escaped):
+    """The agent watched an escape path run with no preload (mode "none") or a preload that is
+    blind to it (mode "blind").
+
+    Pass, mode none: a bypass finding (or verdict) for every one of `pids`.
+    Pass, mode blind: an over_limit finding for the cell's region (or one of its pids), or a
+    drift finding for one of its pids. `escaped` = (bool, why) from escape_happened: when the
+    escape did not happen there was nothing to flag, and the cell is an error, not a pass."""
+    figs = {"mode": mode, "pids": list(pids), "region": region_path}
+    if audit is not None:
+        figs["findings"] = [{k: f.get(k) for k in ("kind", "reason", "pid", "region", "bytes")}
+                            for f in audit["findings"]][:20]
+        figs["verdicts"] = {str(p): (audit["processes"].get(p) or {}).get("verdict")
+                            for p in pids}
+    ok, why = escaped
+    if not ok:
+        return "error", f"the escape did not happen, nothing to flag: {why}", figs
+    if audit is None:
+        return "fail", "no audit report", figs
+    if mode == "none":
+        missing = [p for p in pids if not audit_bypass_for(audit, p)]
+        if missing:
+            kinds = sorted({f["kind"] for f in audit["findings"]}) or ["none"]
+            return "fail", (f"no bypass finding for pid(s) {missing} (kinds found: "
+                            f"{','.join(kinds)})"), figs
+        return "pass", "", figs
+    hits = []
+    for f in audit["findings"]:
+        if f["kind"] == "over_limit" and (region_matches(f.get("region"), region_path)
+                                          or f["pid"] in pids):
+            hits.append("over_limit")
+        elif f["kind"] == "drift" and f["pid"] in pids:
+            hits.append("drift")
+    for p in pids:
+        v = (audit["processes"].get(p) or {}).get("verdict")
+        for k in ("over_limit", "drift"):
+            if verdict_has(v, k):
+                hits.append(k)
+    figs["flagged_as"] = sorted(set(hits))
+    if not hits:
+        kinds = sorted({f["kind"] for f in audit["findings"]}) or ["none"]
+        return "fail", (f"no over_limit or drift finding for the cell (kinds found: "
+                        f"{','.join(kinds)})"), figs
+    return "pass", "", figs
+
+
+def eval_preexisting_audit(audit, rc, pid, escaped, smi_mib):
+    """`hami-agent audit` started while an unpreloaded process that started earlier holds
+    device memory. Pass: a bypass finding (or verdict) for that pid and the findings exit
+    status (AUDIT_EXIT_FINDINGS)."""
+    figs = {"audit_rc": rc, "pid": pid, "smi_mib": smi_mib}
+    if audit is not None:
+        figs["findings"] = [{k: f.get(k) for k in ("kind", "reason", "pid", "bytes")}
+                            for f in audit["findings"]][:20]
+        p = audit["processes"].get(pid) or {}
+        figs["verdict"] = p.get("verdict")
+        figs["baseline"] = (p.get("raw") or {}).get("baseline")
+    ok, why = escaped
+    if not ok:
+        return "error", f"premise not met: {why}", figs
+    problems = []
+    if audit is None:
+        problems.append("no audit report")
+    elif not audit_bypass_for(audit, pid):
+        problems.append(f"no bypass finding for pid {pid} (verdict {figs.get('verdict')})")
+    if rc != AUDIT_EXIT_FINDINGS:
+        problems.append(f"audit exited {rc}, expected {AUDIT_EXIT_FINDINGS}")
+    return ("pass" if not problems else "fail"), "; ".join(problems), figs
+
+
 # ---- report ----
 
 
@@ -547,20 +866,61 @@ def short_figure(c):
     return ""
 
 
-def render_markdown(results):
-    """The human table: 6 workloads x (native + 4 checks), two-process check, benchmarks."""
-    out = ["# hami-rs acceptance on a real GPU", ""]
-    meta = results.get("meta", {})
-    env = results.get("env", {})
-    out.append(f"- started: {meta.get('started')}, elapsed: {meta.get('elapsed_s')} s, "
-               f"quota: {meta.get('quota_mb')} MiB")
-    for k in ("gpu", "driver", "torch", "cupy", "glibc", "nvcc"):
-        if env.get(k):
-            out.append(f"- {k}: {env[k]}")
-    s = results.get("summary", {})
+def phys_short_figure(c):
+    """A few words of evidence for a physical-group cell in the table."""
+    f = c.get("figures", {}) or {}
+    ch, row = c["check"], c["workload"]
+    if c["status"] == "skipped":
+        return ""
+    if ch == "preload" and row == "pool":
+        b = f.get("b_grab") or {}
+        got = "granted" if b.get("ok") == "1" else b.get("kind", "?")
+        return f"B {got}; smi max {f.get('smi_max_sum_mib', '?')} MiB"
+    if ch == "preload":
+        return f"{f.get('outcome', '?')}; smi {f.get('smi_mib', '?')} MiB"
+    if ch.startswith("agent"):
+        kinds = f.get("flagged_as") or sorted({x.get("kind") for x in f.get("findings", [])
+                                               if x.get("kind")})
+        return ",".join(kinds) if kinds else "no finding"
+    if ch == "audit":
+        return f"rc {f.get('audit_rc')}, verdict {f.get('verdict')}"
+    return ""
+
+
+def render_physical(ph):
+    """The physical group's table (rows: escape paths; columns: what must catch them)."""
+    out = ["", "## Device memory by other paths (physical group, issue 8)", ""]
+    s = ph.get("summary", {})
+    out.append(f"- blind preload: {ph.get('blind_preload') or 'none given (blind cells skipped)'}")
     out.append(f"- cells: {s.get('pass', 0)} pass, {s.get('fail', 0)} fail, "
                f"{s.get('error', 0)} error, {s.get('skipped', 0)} skipped (of {s.get('total', 0)})")
     out.append("")
+    out.append("| escape path | " + " | ".join(PHYS_CHECK_TITLES[c] for c in PHYS_CHECKS) + " |")
+    out.append("|---" * (len(PHYS_CHECKS) + 1) + "|")
+    by = {(c["workload"], c["check"]): c for c in ph.get("cells", [])}
+    for row in ph.get("rows") or PHYS_ROWS:
+        cols = [f"{row}: {PHYS_ROW_TITLES[row]}"]
+        for ch in PHYS_CHECKS:
+            c = by.get((row, ch))
+            if c is None:
+                cols.append("-")
+            else:
+                fig = md(phys_short_figure(c), 80)
+                cols.append(c["status"].upper() + (f" ({fig})" if fig else ""))
+        out.append("| " + " | ".join(cols) + " |")
+    bad = [c for c in ph.get("cells", []) if c["status"] != "pass"]
+    if bad:
+        out += ["", "Cells not green:", ""]
+        for c in bad:
+            out.append(f"- {c['workload']} / {c['check']}: {c['status']}: {md(c['reason'], 500)}")
+    return out
+
+
+def _render_standard(results, s):
+    """The 6 workloads x (native + 4 checks) table and its cells not green."""
+    out = [f"- cells: {s.get('pass', 0)} pass, {s.get('fail', 0)} fail, "
+           f"{s.get('error', 0)} error, {s.get('skipped', 0)} skipped (of {s.get('total', 0)})",
+           ""]
     cols = ["native"] + CHECKS
     out.append("| workload | " + " | ".join(CHECK_TITLES[c] for c in cols) + " |")
     out.append("|---" * (len(cols) + 1) + "|")
@@ -580,6 +940,23 @@ def render_markdown(results):
         out += ["", "## Cells not green", ""]
         for c in bad:
             out.append(f"- {c['workload']} / {c['check']}: {c['status']}: {md(c['reason'])}")
+    return out
+
+
+def render_markdown(results):
+    """The human table: 6 workloads x (native + 4 checks), two-process check, benchmarks."""
+    out = ["# hami-rs acceptance on a real GPU", ""]
+    meta = results.get("meta", {})
+    env = results.get("env", {})
+    out.append(f"- started: {meta.get('started')}, elapsed: {meta.get('elapsed_s')} s, "
+               f"quota: {meta.get('quota_mb')} MiB")
+    for k in ("gpu", "driver", "torch", "cupy", "glibc", "nvcc"):
+        if env.get(k):
+            out.append(f"- {k}: {env[k]}")
+    s = results.get("summary", {})
+    standard = bool(results.get("cells")) or not results.get("physical")
+    if standard:
+        out += _render_standard(results, s)
     tp = results.get("two_process")
     if tp:
         out += ["", "## Two preloaded processes, one quota", ""]
@@ -588,7 +965,7 @@ def render_markdown(results):
             if k in tp:
                 out.append(f"- {k}: `{md(json.dumps(tp[k]), 600)}`")
     bench = results.get("bench", {})
-    if bench:
+    if bench and (bench.get("pair") or bench.get("train")):
         out += ["", "## Benchmarks", ""]
         pair = bench.get("pair", {})
         if pair:
@@ -610,6 +987,8 @@ def render_markdown(results):
             for k, v in train.items():
                 out.append(f"| {k} | {v.get('ms_per_step', '?')} | {v.get('loss_first', '?')} -> "
                            f"{v.get('loss_last', '?')} | {md(v.get('error', ''), 120)} |")
+    if results.get("physical"):
+        out += render_physical(results["physical"])
     notes = results.get("notes", [])
     if notes:
         out += ["", "## Notes", ""] + [f"- {md(n)}" for n in notes]
@@ -842,6 +1221,58 @@ class Proc:
         _kill_group(self.p)
 
 
+SMI_APPS_ARGV = ["nvidia-smi", "--query-compute-apps=pid,used_memory",
+                 "--format=csv,noheader,nounits"]
+
+
+class SmiSampler:
+    """`nvidia-smi --query-compute-apps` (unpreloaded: the driver's own per-process figures)
+    sampled in a background thread, plus labelled samples taken on demand."""
+
+    def __init__(self, env, period=0.25):
+        self.env = env
+        self.period = period
+        self.samples = []
+        self.t0 = time.monotonic()
+        self.stop_ev = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def _loop(self):
+        while not self.stop_ev.is_set():
+            self.sample()
+            self.stop_ev.wait(self.period)
+
+    def sample(self, label=None):
+        """One sample: {"t", "apps": {pid: MiB} or None, "label"?, "error"?}."""
+        r = run_cmd(SMI_APPS_ARGV, 15, env=self.env)
+        s = {"t": round(time.monotonic() - self.t0, 2),
+             "apps": parse_compute_apps(r["stdout"]) if r["rc"] == 0 else None}
+        if label:
+            s["label"] = label
+        if r["rc"] != 0:
+            s["error"] = f"rc={r['rc']} timed_out={r['timed_out']} {tail(r['stderr'], 200)}"
+        self.samples.append(s)
+        return s
+
+    def stop(self):
+        self.stop_ev.set()
+        self.thread.join(timeout=20)
+
+    def compact(self, pids):
+        """The samples restricted to pids (for results.json)."""
+        out = []
+        for s in self.samples:
+            c = {k: v for k, v in s.items() if k != "apps"}
+            if s["apps"] is not None:
+                c["mib"] = {str(p): s["apps"].get(p) for p in pids}
+            out.append(c)
+        return out
+
+
 # --------------------------------------------------------------------------------------------
 # The agent
 # --------------------------------------------------------------------------------------------
@@ -941,6 +1372,18 @@ class Agent:
             return parse_audit_json(out), None
         except (ValueError, TypeError, AttributeError) as e:
             return None, f"audit output unparsable ({e}); rc={h['p'].returncode} stderr: {tail(err, 400)}"
+
+    def audit_stop(self, h, title, timeout=20.0):
+        """End an audit started by audit_start now (SIGINT: it reports what it saw so far and
+        exits with its status). Returns (parsed or None, error or None, exit status)."""
+        if h["p"].poll() is None:
+            try:
+                os.killpg(h["p"].pid, signal.SIGINT)
+            except OSError:
+                pass
+        h["seconds"] = max(0.0, timeout - 20)  # audit_wait waits seconds + 20
+        parsed, err = self.audit_wait(h, title)
+        return parsed, err, h["p"].returncode
 
     def inspect(self, region, env):
         r = run_cmd([self.path, "inspect", region, "--json"], 20, env=env, log=self.log,
@@ -1054,8 +1497,10 @@ class Runner:
             "cells": [],
             "two_process": None,
             "bench": {"pair": {}, "train": {}},
+            "physical": None,
             "notes": [],
         }
+        self.phys_control = False
         self.agent = Agent(self.agent_path, args.metrics_addr, self.work, self.log)
 
     # ---- environments ----
@@ -1098,6 +1543,9 @@ class Runner:
     def save(self):
         self.results["meta"]["elapsed_s"] = round(time.monotonic() - self.t0, 1)
         self.results["summary"] = summarize(self.results["cells"])
+        if self.results.get("physical"):
+            ph = self.results["physical"]
+            ph["summary"] = summarize(ph["cells"])
         for name, text in (("results.json", json.dumps(self.results, indent=1, default=str)),
                            ("results.md", render_markdown(self.results))):
             tmp = os.path.join(self.out, name + ".tmp")
@@ -1496,6 +1944,332 @@ class Runner:
         tp["reason"] = "; ".join(problems)
         self.log.say(f"TWO-PROCESS {tp['status'].upper()} {tp['reason']}")
 
+    # ---- the physical group (issue 8): device memory that arrives by other paths ----
+
+    def phys_preload_for(self, mode):
+        """mode "preload": the preload under test; "blind": --blind-preload; "none": none."""
+        return {"preload": self.preload, "blind": self.args.blind_preload, "none": None}[mode]
+
+    def phys_env(self, preload, region_name, quota_mb, extra=None):
+        """A container's environment (limit, region file), with `preload` in LD_PRELOAD or no
+        preload at all."""
+        env = self.base_env()
+        if preload:
+            env["LD_PRELOAD"] = preload
+        env["CUDA_DEVICE_MEMORY_LIMIT"] = f"{quota_mb}M"
+        env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = self.region_path(region_name)
+        env.setdefault("LIBCUDA_LOG_LEVEL", "2")
+        env["WL_QUOTA_MB"] = str(quota_mb)
+        env.update(extra or {})
+        return env
+
+    def add_phys_cell(self, c):
+        self.results["physical"]["cells"].append(c)
+        self.log.say(f"PHYS {c['workload']:<13} {c['check']:<12} {c['status'].upper():<7} "
+                     f"{c['reason']}")
+        self.save()
+
+    def phys_proc(self, label, argv, env, budget=90.0):
+        try:
+            return Proc(label, argv, env, cwd=WORKLOADS_DIR, log=self.log,
+                        budget=self.deadline.cap(budget)), None
+        except OSError as e:
+            return None, f"cannot start: {e}"
+
+    def phys_audit_start(self):
+        """An audit that watches the whole cell: started before the workload (so that it is not
+        a pre-existing process), ended with SIGINT once the workload holds."""
+        if not self.agent_path:
+            return None, "hami-agent not found"
+        h = self.agent.audit_start(PHYS_AUDIT_MAX_S, self.base_env())
+        self.wait_audit_attached(h)
+        if h["p"].poll() is not None:
+            parsed, err = self.agent.audit_wait(h, "physical audit (ended at start)")
+            return None, f"audit ended at start (rc={h['p'].returncode}): {err or parsed}"
+        return h, None
+
+    def phys_audit_end(self, h, title):
+        time.sleep(self.args.phys_settle_s)
+        return self.agent.audit_stop(h, title)
+
+    def build_physical(self):
+        """mipmap_alloc.cu (driver API, linked with libcuda) and module_global.cu (cudart)."""
+        b = self.results["builds"]
+        nvcc = self.nvcc()
+        libcuda = self.results["env"].get("libcuda") or find_libcuda()
+        rpath = ["-Xlinker", "-rpath", "-Xlinker", os.path.dirname(libcuda)] if libcuda else []
+        cuda_root = os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda"
+        stubs = os.path.join(cuda_root, "lib64", "stubs")
+        mip_src = os.path.join(WORKLOADS_DIR, "mipmap_alloc.cu")
+        mod_src = os.path.join(WORKLOADS_DIR, "module_global.cu")
+        mip_exe = os.path.join(self.work, "mipmap_alloc")
+        mod_exe = os.path.join(self.work, "module_global")
+        attempts = {
+            "mipmap": [[mip_src, "-o", mip_exe, "-lcuda", *rpath],
+                       [mip_src, "-o", mip_exe, f"-L{stubs}", "-lcuda", *rpath]]
+            + ([[mip_src, "-o", mip_exe, "-Xlinker", libcuda, *rpath]] if libcuda else []),
+            "module_global": [["-arch=sm_90", "-cudart", "static", mod_src, "-o", mod_exe],
+                              ["-cudart", "static", mod_src, "-o", mod_exe]],
+        }
+        for key, variants in attempts.items():
+            if not nvcc:
+                b[key] = {"ok": False, "error": "nvcc not found"}
+                continue
+            ok, err = False, ""
+            exe = variants[0][variants[0].index("-o") + 1]
+            for v in variants:
+                r = run_cmd([nvcc, "-O2", *v], self.deadline.cap(120), log=self.log,
+                            title=f"nvcc {key} {' '.join(v)}")
+                if r["rc"] == 0 and os.path.exists(exe):
+                    ok = True
+                    break
+                err = tail(r["stderr"], 800)
+            b[key] = {"ok": ok, "error": "" if ok else err}
+            if ok:
+                self.bins[key] = exe
+
+    def phys_pool(self, mode):
+        """Two PyTorch cudaMallocAsync processes in one 4 GiB container: A allocates 2.5 GiB
+        and drops the tensor (its pool keeps it), then B asks for 2.5 GiB. nvidia-smi samples
+        the two processes all along."""
+        check = "preload" if mode == "preload" else f"agent-{mode}"
+        region = f"phys-pool-{mode}"
+        env = self.phys_env(self.phys_preload_for(mode), region, PHYS_POOL_QUOTA_MB, {
+            "PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync",
+            "WL_GRAB_MB": str(PHYS_POOL_GRAB_MB)})
+        audit, aerr = (None, None)
+        if mode != "preload":
+            audit, aerr = self.phys_audit_start()
+            if audit is None:
+                self.add_phys_cell(cell("pool", check, "error", aerr))
+                return
+        script = os.path.join(WORKLOADS_DIR, "torch_alloc.py")
+        procs = {}
+        for role, step in (("a", "drop"), ("b", "grab")):
+            p, err = self.phys_proc(f"pool {role.upper()} [{mode}]", [self.python, script, step],
+                                    env)
+            if p is None:
+                for q in procs.values():
+                    q.kill()
+                if audit is not None:
+                    self.agent.audit_stop(audit, "pool (aborted)")
+                self.add_phys_cell(cell("pool", check, "error", f"{role.upper()}: {err}"))
+                return
+            procs[role] = p
+        a, b = procs["a"], procs["b"]
+        sampler = SmiSampler(self.base_env()).start()
+        parsed, arc = None, None
+        notes = []
+        try:
+            for role, p in procs.items():
+                tag, kv, _ = p.expect(["READY"], 90)
+                if tag != "READY":
+                    notes.append(f"{role.upper()}: no READY ({kv})")
+            if not notes:
+                a.send("go")
+                tag, kv, _ = a.expect(["HOLDING"], 60)
+                if tag != "HOLDING":
+                    notes.append(f"A: no HOLDING ({kv})")
+                sampler.sample(POOL_DROPPED_LABEL)
+                b.send("go")
+                tag, kv, _ = b.expect(["GRAB"], 60)
+                if tag != "GRAB":
+                    notes.append(f"B: no GRAB ({kv})")
+                b.expect(["HOLDING"], 20)
+                sampler.sample("both hold")
+            if audit is not None:
+                parsed, aerr, arc = self.phys_audit_end(audit, f"pool [{mode}]")
+                audit = None
+        finally:
+            sampler.stop()
+            if audit is not None:
+                self.agent.audit_stop(audit, f"pool [{mode}] (aborted)")
+            for p in procs.values():
+                p.send("release")
+            for p in procs.values():
+                p.expect(["DONE"], 15)
+                p.finish(10)
+        pids = [a.wpid, b.wpid]
+        self.results["physical"]["smi"][f"pool-{mode}"] = sampler.compact(pids)
+        if mode == "preload":
+            st, why, figs = eval_pool_preload(a.lines, b.lines, sampler.samples, pids,
+                                              PHYS_POOL_QUOTA_MB, PHYS_POOL_GRAB_MB)
+        else:
+            st, why, figs = eval_agent_flag(parsed, mode, pids, self.region_path(region),
+                                            escape_happened("pool", {"a": a.lines, "b": b.lines}))
+            figs["audit_rc"] = arc
+            sums = [smi_sum(s["apps"], pids) for s in sampler.samples if s["apps"] is not None]
+            figs["smi_max_sum_mib"] = max(sums) if sums else None
+            if aerr:
+                why = (why + "; " if why else "") + aerr
+        figs["pids"] = pids
+        if notes:
+            why = (why + "; " if why else "") + "; ".join(notes)
+        self.add_phys_cell(cell("pool", check, st, why, figs, a.stderr_tail(700)
+                                + b.stderr_tail(700)))
+
+    def phys_single(self, row, mode):
+        """One C program: the 2 GiB mipmapped array or the 1.5 GiB module global, quota 1 GiB."""
+        check = "preload" if mode == "preload" else f"agent-{mode}"
+        key = "mipmap" if row == "mipmap" else "module_global"
+        exe = self.bins.get(key)
+        if not exe:
+            self.add_phys_cell(cell(row, check, "error", f"{key} was not built"))
+            return
+        extra = {"WL_PROBE_MB": "256"}
+        if row == "module-eager":
+            extra["CUDA_MODULE_LOADING"] = "EAGER"
+        region = f"phys-{row}-{mode}"
+        env = self.phys_env(self.phys_preload_for(mode), region, PHYS_SMALL_QUOTA_MB, extra)
+        audit, aerr = (None, None)
+        if mode != "preload":
+            audit, aerr = self.phys_audit_start()
+            if audit is None:
+                self.add_phys_cell(cell(row, check, "error", aerr))
+                return
+        p, err = self.phys_proc(f"{row} [{mode}]", [exe], env, budget=60)
+        if p is None:
+            if audit is not None:
+                self.agent.audit_stop(audit, f"{row} (aborted)")
+            self.add_phys_cell(cell(row, check, "error", err))
+            return
+        parsed, arc, smi_mib, notes = None, None, None, []
+        try:
+            tag, kv, _ = p.expect(["READY"], 45)
+            if tag != "READY":
+                notes.append(f"no READY ({kv})")
+            else:
+                p.send("go")
+                tag, kv, _ = p.expect(["HOLDING"], 45)
+                if tag != "HOLDING":
+                    notes.append(f"no HOLDING ({kv})")
+            r = run_cmd(SMI_APPS_ARGV, 15, env=self.base_env(), log=self.log,
+                        title=f"{row} [{mode}]: nvidia-smi compute apps")
+            smi_mib = parse_compute_apps(r["stdout"]).get(p.wpid) if r["rc"] == 0 else None
+            if audit is not None:
+                parsed, aerr, arc = self.phys_audit_end(audit, f"{row} [{mode}]")
+                audit = None
+        finally:
+            if audit is not None:
+                self.agent.audit_stop(audit, f"{row} [{mode}] (aborted)")
+            p.send("release")
+            p.expect(["DONE"], 15)
+            p.finish(10)
+        if mode == "preload":
+            if row == "mipmap":
+                st, why, figs = eval_mipmap_preload(p.lines, smi_mib, PHYS_SMALL_QUOTA_MB)
+            else:
+                if row == "module-eager" and not self.phys_control:
+                    self.phys_control_run()
+                st, why, figs = eval_module_preload(p.lines, smi_mib, PHYS_SMALL_QUOTA_MB,
+                                                    row == "module-lazy", self.phys_control)
+            if stage(p.lines, "PRE")[0] == 0 and row != "module-eager":
+                self.phys_control = True  # 256 MiB fits after a context in 1 GiB
+        else:
+            st, why, figs = eval_agent_flag(parsed, mode, [p.wpid], self.region_path(region),
+                                            escape_happened(row, {"main": p.lines}))
+            figs["audit_rc"] = arc
+            figs["smi_mib"] = smi_mib
+            if aerr:
+                why = (why + "; " if why else "") + aerr
+        figs["pid"] = p.wpid
+        if notes:
+            why = (why + "; " if why else "") + "; ".join(notes)
+        self.add_phys_cell(cell(row, check, st, why, figs, p.stderr_tail()))
+
+    def phys_control_run(self):
+        """The control of a "charged" outcome when no earlier cell gave one: under the preload
+        and the 1 GiB quota, a fresh process (mipmap_alloc, which has no module memory) gets
+        its 256 MiB PRE allocation after its context. stdin is closed, so it exits at READY."""
+        exe = self.bins.get("mipmap")
+        if not exe:
+            return
+        env = self.phys_env(self.preload, "phys-control", PHYS_SMALL_QUOTA_MB,
+                            {"WL_PROBE_MB": "256"})
+        r = run_cmd([exe], self.deadline.cap(30), env=env, log=self.log,
+                    title="physical control: 256 MiB after a context in 1 GiB")
+        self.phys_control = stage(r["stdout"].splitlines(), "PRE")[0] == 0
+
+    def phys_preexisting(self):
+        """`hami-agent audit` started while an unpreloaded PyTorch process that started
+        earlier holds 1.5 GiB."""
+        env = self.base_env()
+        env["WL_HOLD_MB"] = str(PHYS_PREEXISTING_MB)
+        p, err = self.phys_proc("pre-existing [none]",
+                                [self.python, os.path.join(WORKLOADS_DIR, "torch_alloc.py"),
+                                 "hold"], env)
+        if p is None:
+            self.add_phys_cell(cell("pre-existing", "audit", "error", err))
+            return
+        parsed, aerr, arc, smi_mib, notes = None, None, None, None, []
+        try:
+            tag, kv, _ = p.expect(["READY"], 90)
+            if tag == "READY":
+                p.send("go")
+                tag, kv, _ = p.expect(["HOLDING"], 60)
+            if tag != "HOLDING":
+                notes.append(f"no HOLDING ({kv})")
+            else:
+                r = run_cmd(SMI_APPS_ARGV, 15, env=self.base_env(), log=self.log,
+                            title="pre-existing: nvidia-smi compute apps")
+                smi_mib = parse_compute_apps(r["stdout"]).get(p.wpid) if r["rc"] == 0 else None
+                if not self.agent_path:
+                    aerr = "hami-agent not found"
+                else:
+                    h = self.agent.audit_start(self.args.audit_seconds, self.base_env())
+                    parsed, aerr = self.agent.audit_wait(h, "pre-existing audit")
+                    arc = h["p"].returncode
+        finally:
+            p.send("release")
+            p.expect(["DONE"], 15)
+            p.finish(10)
+        st, why, figs = eval_preexisting_audit(parsed, arc, p.wpid,
+                                               escape_happened("pre-existing", {"main": p.lines}),
+                                               smi_mib)
+        for extra in ([aerr] if aerr else []) + notes:
+            why = (why + "; " if why else "") + extra
+        self.add_phys_cell(cell("pre-existing", "audit", st, why, figs, p.stderr_tail()))
+
+    def physical(self):
+        """The whole group; every cell bounded, the run's deadline skips what is left."""
+        ph = self.results["physical"]
+        rows = [r for r in PHYS_ROWS if not self.args.phys_rows or r in self.args.phys_rows]
+        ph["rows"] = rows
+        blind = self.args.blind_preload
+        if blind and not os.path.exists(blind):
+            self.note(f"--blind-preload {blind} does not exist: blind cells are errors")
+        if not self.preload:
+            self.note("libhami_preload.so not found: the preload column will fail")
+        self.step("build physical workloads", self.build_physical)
+        for row in rows:
+            if row == "pool":
+                self.step("physical pool [preload]", self.phys_pool, "preload")
+            elif "preload" in PHYS_CELLS[row]:
+                self.step(f"physical {row} [preload]", self.phys_single, row, "preload")
+        if "pre-existing" in rows:
+            self.step("physical pre-existing [audit]", self.phys_preexisting)
+        for mode in ("blind", "none"):
+            for row in rows:
+                if f"agent-{mode}" not in PHYS_CELLS[row]:
+                    continue
+                if mode == "blind" and not blind:
+                    self.add_phys_cell(cell(row, "agent-blind", "skipped",
+                                            "no --blind-preload given"))
+                    continue
+                if mode == "blind" and not os.path.exists(blind):
+                    self.add_phys_cell(cell(row, "agent-blind", "error",
+                                            f"--blind-preload {blind} does not exist"))
+                    continue
+                if row == "pool":
+                    self.step(f"physical pool [{mode}]", self.phys_pool, mode)
+                else:
+                    self.step(f"physical {row} [{mode}]", self.phys_single, row, mode)
+        for row in rows:
+            for ch in PHYS_CELLS[row]:
+                if not any(c["workload"] == row and c["check"] == ch for c in ph["cells"]):
+                    self.add_phys_cell(cell(row, ch, "skipped",
+                                            "not reached (deadline or earlier error)"))
+
     def bench_pair(self, label, env):
         exe = self.bins.get("pair_bench")
         res = {}
@@ -1540,8 +2314,17 @@ class Runner:
         a = self.args
         self.log.say(f"hami-rs acceptance: out={self.out} work={self.work} deadline={a.deadline}s")
         selected = [w for w in WORKLOADS if not a.only or w["name"] in a.only]
+        # `--only physical` (alone) runs only the physical group; with workload names, both.
+        standard = bool(selected)
+        phys = bool(a.only) and "physical" in a.only
+        if phys:
+            self.results["physical"] = {"blind_preload": a.blind_preload, "cells": [],
+                                        "smi": {}, "summary": {}}
         self.step("environment", self.record_env)
-        self.step("build workloads", self.build)
+        if standard:
+            self.step("build workloads", self.build)
+        else:
+            a.no_bench = True
         # Phase 1: nothing of ours running.
         for wl in selected:
             self.step(f"native {wl['name']}", self.native, wl)
@@ -1553,8 +2336,8 @@ class Runner:
             self.step("bench train preload", self.bench_train, "preload",
                       self.preload_env("region-bench-train"))
         # Phase 2: the agent watches.
-        started = self.step("start agent", self.agent.start, self.base_env())
-        if not started:
+        started = standard and self.step("start agent", self.agent.start, self.base_env())
+        if standard and not started:
             self.note(f"agent did not start: {self.agent.error}")
         try:
             if not a.no_bench and self.agent.alive():
@@ -1568,10 +2351,14 @@ class Runner:
                 self.step(f"preload {wl['name']}", self.preloaded, wl)
             for wl in selected:
                 self.step(f"bypass {wl['name']}", self.bypass, wl)
-            self.step("two processes, one quota", self.two_process)
+            if standard:
+                self.step("two processes, one quota", self.two_process)
         finally:
             if self.agent.alive() or self.agent.proc is not None:
                 self.agent.stop()
+        # The physical group runs with no background agent: its cells start their own audits.
+        if phys:
+            self.step("physical group", self.physical)
         for wl in selected:
             for ch in ["native"] + CHECKS:
                 if not any(c["workload"] == wl["name"] and c["check"] == ch
@@ -1580,6 +2367,8 @@ class Runner:
         self.save()
         s = self.results["summary"]
         self.log.say(f"done in {self.results['meta']['elapsed_s']}s: {s}")
+        if phys:
+            self.log.say(f"physical group: {self.results['physical']['summary']}")
         print(render_markdown(self.results))
         return 0
 
@@ -1593,7 +2382,8 @@ def main(argv=None):
     # Two processes, one quota: each asks for this much. With the quota's 4096 MiB and each
     # context charged (~520 MiB on an H200), one 2560 MiB grant fits and a second cannot.
     ap.add_argument("--pair-grab-mb", type=int, default=2560)
-    ap.add_argument("--deadline", type=float, default=450.0, help="whole-run budget in seconds")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="whole-run budget in seconds (450; 330 with --only physical alone)")
     ap.add_argument("--wl-timeout", type=float, default=60.0, help="per-workload timeout (s)")
     ap.add_argument("--audit-seconds", type=int, default=6)
     ap.add_argument("--audit-attach-s", type=float, default=3.0,
@@ -1604,12 +2394,24 @@ def main(argv=None):
     ap.add_argument("--preload", help="path of libhami_preload.so (default: in the bundle)")
     ap.add_argument("--agent", help="path of hami-agent (default: in the bundle)")
     ap.add_argument("--python", help="python for the workloads (default: this one)")
-    ap.add_argument("--only", nargs="*", help="workload names to run (default: all)")
+    ap.add_argument("--only", nargs="*",
+                    help="workload names to run (default: all); `physical` adds the physical "
+                         "group (issue 8), alone it runs only that group")
+    ap.add_argument("--phys-rows", nargs="*", choices=PHYS_ROWS,
+                    help="rows of the physical group to run (default: all)")
+    ap.add_argument("--phys-settle-s", type=float, default=PHYS_AGENT_SETTLE_S,
+                    help="physical group: seconds the agent gets once the workload holds")
+    ap.add_argument("--blind-preload",
+                    help="an older libhami_preload.so, blind to the physical escape paths: the "
+                         "agent must flag them under it (over_limit or drift)")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--keep-work", action="store_true", help="keep the scratch folder")
     ap.add_argument("--no-libcuda-hint", action="store_true",
                     help="do not pass --libcuda PATH to the agent (rely on its discovery)")
     args = ap.parse_args(argv)
+    if args.deadline is None:
+        phys_only = bool(args.only) and not any(w["name"] in args.only for w in WORKLOADS)
+        args.deadline = 330.0 if phys_only and "physical" in args.only else 450.0
     runner = Runner(args)
     try:
         return runner.run()

@@ -2,7 +2,8 @@
 
 Unit tests cover the parsing and evaluation; the integration tests run the whole runner
 against stand-ins (gpu/testing/: nvcc = gcc + a stub CUDA runtime, a fake nvidia-smi and a
-fake hami-agent) for the two CUDA C workloads, including a hanging workload.
+fake hami-agent) for the two CUDA C workloads, including a hanging workload, and for the
+physical group (issue 8; with gpu/testing/fake_torch and a stub driver API).
 """
 
 import json
@@ -319,20 +320,309 @@ class Report(unittest.TestCase):
         self.assertIn("| native | 12.5 | 11.0 |", md)
 
 
+# ---- the physical group (issue 8) ----
+
+POOL_A = ["PID pid=100", "READY step=drop", "ALLOC ok=1 bytes=2684354560",
+          "DROPPED reserved=2684354560 allocated=0", "HOLDING bytes=2684354560", "DONE rc=0"]
+POOL_B_OOM = ["PID pid=101", "READY step=grab", "GRAB ok=0 kind=OutOfMemoryError",
+              "HOLDING bytes=0", "DONE rc=0"]
+POOL_B_GRANTED = ["PID pid=101", "GRAB ok=1 bytes=2684354560", "HOLDING bytes=2684354560"]
+
+
+def smi(*apps, dropped_at=None):
+    """nvidia-smi samples; the one at index dropped_at is the one taken after A's drop."""
+    out = [{"t": i, "apps": a} for i, a in enumerate(apps)]
+    if dropped_at is not None:
+        out[dropped_at]["label"] = ra.POOL_DROPPED_LABEL
+    return out
+
+
+MIP_REFUSED = ["INIT rc=0 name=CUDA_SUCCESS bytes=0", "PRE rc=0 name=CUDA_SUCCESS bytes=268435456",
+               "READY step=mipmap", "MIPMAP rc=2 name=CUDA_ERROR_OUT_OF_MEMORY bytes=2147483648",
+               "NEXT rc=0 name=CUDA_SUCCESS bytes=268435456", "HOLDING bytes=268435456"]
+MIP_GRANTED = [l.replace("MIPMAP rc=2 name=CUDA_ERROR_OUT_OF_MEMORY",
+                         "MIPMAP rc=0 name=CUDA_SUCCESS") for l in MIP_REFUSED]
+MIP_CHARGED = [l.replace("NEXT rc=0 name=CUDA_SUCCESS", "NEXT rc=2 name=CUDA_ERROR_OUT_OF_MEMORY")
+               for l in MIP_GRANTED]
+
+MOD_UNCHARGED = ["INIT rc=0 name=cudaSuccess", "PRE rc=0 name=cudaSuccess",
+                 "OUTBUF rc=0 name=cudaSuccess", "READY step=launch", "LAUNCH rc=0 name=cudaSuccess",
+                 "SYNC rc=0 name=cudaSuccess", "RESULT ok=1 sum=24576 expect=24576",
+                 "NEXT rc=0 name=cudaSuccess", "HOLDING bytes=1879048192"]
+
+
+def mod(**changes):
+    """MOD_UNCHARGED with some stages' (rc, name) replaced."""
+    out = []
+    for l in MOD_UNCHARGED:
+        tag = l.split()[0]
+        if tag in changes:
+            rc, name = changes[tag]
+            l = f"{tag} rc={rc} name={name}"
+        out.append(l)
+    return out
+
+
+OOM_RT = (2, "cudaErrorMemoryAllocation")
+
+
+def audit(findings=(), procs=()):
+    return ra.parse_audit_json(json.dumps({"processes": list(procs), "findings": list(findings)}))
+
+
+REGION = "/tmp/hami-acc-x/phys-pool-blind.cache"
+
+
+class PhysicalPreload(unittest.TestCase):
+    def test_pool_pass(self):
+        st, why, figs = ra.eval_pool_preload(
+            POOL_A, POOL_B_OOM, smi({}, {100: 3240}, {100: 3240, 101: 518}, dropped_at=1),
+            [100, 101], 4096, 2560)
+        self.assertEqual((st, why), ("pass", ""))
+        self.assertEqual(figs["smi_max_sum_mib"], 3758)
+        self.assertEqual(figs["smi_a_after_drop_mib"], 3240)
+        self.assertEqual(figs["a_reserved_after_drop"], 2684354560)
+
+    def test_pool_premise_a_keeps_its_pool(self):
+        # A's pool released its memory: B's refusal is then not the quota holding the pool.
+        st, why, _ = ra.eval_pool_preload(
+            POOL_A, POOL_B_OOM, smi({100: 520}, {100: 520, 101: 518}, dropped_at=0),
+            [100, 101], 4096, 2560)
+        self.assertEqual(st, "fail")
+        self.assertIn("A held only 520 MiB", why)
+
+    def test_pool_b_granted_and_over_quota(self):
+        """What the H200 showed at 129056f: B granted, 3240 + 3240 MiB held."""
+        st, why, figs = ra.eval_pool_preload(
+            POOL_A, POOL_B_GRANTED, smi({100: 3240, 101: 518}, {100: 3240, 101: 3240}),
+            [100, 101], 4096, 2560)
+        self.assertEqual(st, "fail")
+        self.assertIn("B was granted", why)
+        self.assertIn("6480 MiB together > quota 4096 MiB", why)
+
+    def test_pool_over_quota_in_one_sample_fails(self):
+        st, why, _ = ra.eval_pool_preload(
+            POOL_A, POOL_B_OOM, smi({100: 3240, 101: 900}, {100: 3240, 101: 518}), [100, 101],
+            4096, 2560)
+        self.assertEqual(st, "fail")
+        self.assertIn("4140 MiB", why)
+
+    def test_pool_needs_evidence(self):
+        # OOM for B, but nvidia-smi never listed both processes: no pass on the error alone.
+        st, why, _ = ra.eval_pool_preload(POOL_A, POOL_B_OOM, smi({100: 3240}, None), [100, 101],
+                                          4096, 2560)
+        self.assertEqual(st, "fail")
+        self.assertIn("never listed both", why)
+        st, why, _ = ra.eval_pool_preload(POOL_A, POOL_B_OOM, [], [100, 101], 4096, 2560)
+        self.assertIn("0 samples", why)
+
+    def test_pool_wrong_error_or_a_refused(self):
+        b = [l.replace("OutOfMemoryError", "RuntimeError") for l in POOL_B_OOM]
+        st, why, _ = ra.eval_pool_preload(POOL_A, b, smi({100: 1, 101: 1}), [100, 101], 4096,
+                                          2560)
+        self.assertIn("expected OutOfMemoryError", why)
+        a = [l.replace("ALLOC ok=1 bytes=2684354560", "ALLOC ok=0 kind=OutOfMemoryError")
+             for l in POOL_A]
+        st, why, _ = ra.eval_pool_preload(a, POOL_B_OOM, smi({100: 1, 101: 1}), [100, 101], 4096,
+                                          2560)
+        self.assertEqual(st, "fail")
+        self.assertIn("tested nothing", why)
+        st, why, _ = ra.eval_pool_preload(["STEP_ERROR step=init err=ImportError:torch"], [],
+                                          [], [1, 2], 4096, 2560)
+        self.assertIn("A: init: ImportError:torch", why)
+
+    def test_mipmap(self):
+        self.assertEqual(ra.eval_mipmap_preload(MIP_REFUSED, 520, 1024)[:2], ("pass", ""))
+        st, _, figs = ra.eval_mipmap_preload(MIP_CHARGED, 2570, 1024)
+        self.assertEqual((st, figs["outcome"]), ("pass", "charged"))
+        # Granted and the next 256 MiB too: the H200 at 129056f.
+        st, why, _ = ra.eval_mipmap_preload(MIP_GRANTED, 2824, 1024)
+        self.assertEqual(st, "fail")
+        self.assertIn("not charged", why)
+
+    def test_mipmap_refused_needs_smi_within_quota(self):
+        st, why, _ = ra.eval_mipmap_preload(MIP_REFUSED, 2570, 1024)
+        self.assertEqual(st, "fail")
+        self.assertIn("2570 MiB > quota", why)
+        st, why, _ = ra.eval_mipmap_preload(MIP_REFUSED, None, 1024)
+        self.assertIn("did not list", why)
+
+    def test_mipmap_control_and_error_kind(self):
+        pre = [l.replace("PRE rc=0 name=CUDA_SUCCESS", "PRE rc=2 name=CUDA_ERROR_OUT_OF_MEMORY")
+               for l in MIP_REFUSED]
+        st, why, _ = ra.eval_mipmap_preload(pre, 520, 1024)
+        self.assertEqual(st, "fail")
+        self.assertIn("control", why)
+        inv = [l.replace("MIPMAP rc=2 name=CUDA_ERROR_OUT_OF_MEMORY",
+                         "MIPMAP rc=1 name=CUDA_ERROR_INVALID_VALUE") for l in MIP_REFUSED]
+        st, why, _ = ra.eval_mipmap_preload(inv, 520, 1024)
+        self.assertIn("expected CUDA_ERROR_OUT_OF_MEMORY", why)
+        self.assertEqual(ra.eval_mipmap_preload(["INIT rc=100 name=CUDA_ERROR_NO_DEVICE"],
+                                                None, 1024)[0], "fail")
+
+    def test_module_lazy(self):
+        ev = ra.eval_module_preload
+        st, _, figs = ev(mod(LAUNCH=OOM_RT), 520, 1024, True, False)
+        self.assertEqual((st, figs["outcome"]), ("pass", "refused at the first launch"))
+        self.assertEqual(ev(mod(LAUNCH=(0, "cudaSuccess"), SYNC=OOM_RT), 520, 1024, True,
+                            False)[0], "pass")
+        st, _, figs = ev(mod(NEXT=OOM_RT), 2060, 1024, True, False)
+        self.assertEqual((st, figs["control_ok"]), ("pass", True))
+        # Loads, runs, and the next allocation is granted: the H200 at 129056f.
+        st, why, _ = ev(MOD_UNCHARGED, 2310, 1024, True, True)
+        self.assertEqual(st, "fail")
+        self.assertIn("not charged", why)
+        # Refused at launch, yet nvidia-smi shows the module held.
+        st, why, _ = ev(mod(LAUNCH=OOM_RT), 2060, 1024, True, False)
+        self.assertIn("> quota", why)
+
+    def test_module_lazy_control_and_error_kind(self):
+        ev = ra.eval_module_preload
+        st, why, _ = ev(mod(PRE=OOM_RT, NEXT=OOM_RT), 520, 1024, True, True)
+        self.assertEqual(st, "fail")
+        self.assertIn("control", why)
+        st, why, _ = ev(mod(LAUNCH=(98, "cudaErrorInvalidDeviceFunction")), 520, 1024, True, True)
+        self.assertEqual(st, "fail")
+        self.assertIn("cudaErrorInvalidDeviceFunction", why)
+        self.assertEqual(ev([], None, 1024, True, True)[0], "fail")
+
+    def test_module_eager(self):
+        ev = ra.eval_module_preload
+        st, _, figs = ev(mod(INIT=OOM_RT, PRE=OOM_RT), 0, 1024, False, False)
+        self.assertEqual(figs["outcome"], "refused at context creation / module load")
+        self.assertEqual(st, "pass")
+        # The module came with the context and was charged: the first allocation is refused;
+        # that proves something only with a control showing 256 MiB fits without it.
+        self.assertEqual(ev(mod(PRE=OOM_RT), 2060, 1024, False, True)[0], "pass")
+        st, why, _ = ev(mod(PRE=OOM_RT), 2060, 1024, False, False)
+        self.assertEqual(st, "fail")
+        self.assertIn("no control", why)
+        self.assertEqual(ev(mod(NEXT=OOM_RT), 2060, 1024, False, True)[0], "pass")
+        self.assertEqual(ev(MOD_UNCHARGED, 2310, 1024, False, True)[0], "fail")
+
+
+class PhysicalAgent(unittest.TestCase):
+    def test_escape_happened(self):
+        eh = ra.escape_happened
+        self.assertTrue(eh("pool", {"a": POOL_A, "b": POOL_B_GRANTED})[0])
+        ok, why = eh("pool", {"a": POOL_A, "b": POOL_B_OOM})
+        self.assertFalse(ok)
+        self.assertIn("B's allocation", why)
+        self.assertTrue(eh("mipmap", {"main": MIP_GRANTED})[0])
+        self.assertFalse(eh("mipmap", {"main": MIP_REFUSED})[0])
+        self.assertTrue(eh("module-lazy", {"main": MOD_UNCHARGED})[0])
+        self.assertFalse(eh("module-lazy", {"main": mod(LAUNCH=OOM_RT)})[0])
+        self.assertTrue(eh("pre-existing", {"main": ["HOLDING bytes=1"]})[0])
+        self.assertFalse(eh("pre-existing", {"main": []})[0])
+
+    def test_none_needs_bypass_for_every_pid(self):
+        a = audit([{"kind": "bypass", "reason": "no_preload", "pid": 100, "bytes": 1}],
+                  [{"pid": 101, "verdict": "bypass"}])
+        self.assertEqual(ra.eval_agent_flag(a, "none", [100, 101], REGION, (True, ""))[0], "pass")
+        a = audit([{"kind": "bypass", "reason": "no_preload", "pid": 100, "bytes": 1}])
+        st, why, _ = ra.eval_agent_flag(a, "none", [100, 101], REGION, (True, ""))
+        self.assertEqual(st, "fail")
+        self.assertIn("[101]", why)
+
+    def test_blind_over_limit_for_the_region(self):
+        ol = {"kind": "over_limit", "reason": "observed_above_limit", "pid": None,
+              "region": REGION, "bytes": 2 * GIB}
+        st, _, figs = ra.eval_agent_flag(audit([ol]), "blind", [100, 101], REGION, (True, ""))
+        self.assertEqual((st, figs["flagged_as"]), ("pass", ["over_limit"]))
+        # The region as the container names it (a different mount point, same file name).
+        other_mount = dict(ol, region="/tmp/phys-pool-blind.cache")
+        self.assertEqual(ra.eval_agent_flag(audit([other_mount]), "blind", [100], REGION,
+                                            (True, ""))[0], "pass")
+        # Another container's region does not count.
+        elsewhere = dict(ol, region="/tmp/other.cache")
+        st, why, _ = ra.eval_agent_flag(audit([elsewhere]), "blind", [100], REGION, (True, ""))
+        self.assertEqual(st, "fail")
+        self.assertIn("kinds found: over_limit", why)
+
+    def test_blind_drift_for_a_pid(self):
+        d = {"kind": "drift", "reason": "x", "pid": 100, "bytes": GIB}
+        self.assertEqual(ra.eval_agent_flag(audit([d]), "blind", [100], REGION, (True, ""))[0],
+                         "pass")
+        self.assertEqual(ra.eval_agent_flag(audit([dict(d, pid=7)]), "blind", [100], REGION,
+                                            (True, ""))[0], "fail")
+        self.assertEqual(ra.eval_agent_flag(audit([], [{"pid": 100, "verdict": "drift"}]),
+                                            "blind", [100], REGION, (True, ""))[0], "pass")
+
+    def test_blind_needs_over_limit_or_drift(self):
+        b = {"kind": "bypass", "reason": "observed_above_accounted", "pid": 100, "bytes": GIB}
+        st, why, _ = ra.eval_agent_flag(audit([b]), "blind", [100], REGION, (True, ""))
+        self.assertEqual(st, "fail")
+        self.assertIn("no over_limit or drift", why)
+        # Today's agent: no finding at all.
+        self.assertEqual(ra.eval_agent_flag(audit(), "blind", [100], REGION, (True, ""))[0],
+                         "fail")
+        self.assertEqual(ra.eval_agent_flag(None, "blind", [100], REGION, (True, ""))[0], "fail")
+
+    def test_no_escape_is_an_error_not_a_pass(self):
+        ol = {"kind": "over_limit", "pid": None, "region": REGION, "bytes": 1}
+        st, why, _ = ra.eval_agent_flag(audit([ol]), "blind", [100], REGION, (False, "refused"))
+        self.assertEqual(st, "error")
+        self.assertIn("refused", why)
+
+    def test_preexisting_audit(self):
+        byp = {"kind": "bypass", "reason": "no_preload", "pid": 100, "bytes": 1536 * MIB}
+        ok = (True, "")
+        self.assertEqual(ra.eval_preexisting_audit(audit([byp]), 2, 100, ok, 2054)[0], "pass")
+        # Today: "ok (baseline)", exit 0.
+        base = audit([], [{"pid": 100, "verdict": "ok", "baseline": "pre-existing"}])
+        st, why, figs = ra.eval_preexisting_audit(base, 0, 100, ok, 2054)
+        self.assertEqual(st, "fail")
+        self.assertIn("no bypass finding for pid 100", why)
+        self.assertIn("exited 0, expected 2", why)
+        self.assertEqual(figs["baseline"], "pre-existing")
+        st, why, _ = ra.eval_preexisting_audit(audit([byp]), 1, 100, ok, 2054)
+        self.assertIn("exited 1", why)
+        self.assertEqual(ra.eval_preexisting_audit(None, None, 100, (False, "no HOLDING"),
+                                                   None)[0], "error")
+
+    def test_audit_exit_status_matches_rust(self):
+        src = os.path.join(os.path.dirname(HERE), "hami-user", "src", "report.rs")
+        with open(src) as f:
+            self.assertIn(f"pub const EXIT_FINDINGS: i32 = {ra.AUDIT_EXIT_FINDINGS};", f.read())
+
+    def test_finding_region_parsed(self):
+        a = audit([{"kind": "over_limit", "reason": "observed_above_limit", "pid": None,
+                    "region": REGION, "device": 0, "bytes": 5}])
+        self.assertEqual(a["findings"][0]["region"], REGION)
+        self.assertEqual(a["findings"][0]["reason"], "observed_above_limit")
+
+    def test_table(self):
+        cells = [ra.cell("pool", "preload", "pass", "",
+                         {"b_grab": {"ok": "0", "kind": "OutOfMemoryError"},
+                          "smi_max_sum_mib": 3758}),
+                 ra.cell("mipmap", "agent-blind", "fail", "no over_limit or drift",
+                         {"findings": [{"kind": "bypass"}]})]
+        ph = {"blind_preload": "/b.so", "cells": cells, "summary": ra.summarize(cells),
+              "rows": ["pool", "mipmap"]}
+        text = ra.render_markdown({"cells": [], "meta": {}, "env": {}, "physical": ph,
+                                   "bench": {"pair": {}, "train": {}}})
+        self.assertIn("PASS (B OutOfMemoryError; smi max 3758 MiB)", text)
+        self.assertIn("FAIL (bypass)", text)
+        self.assertIn("- mipmap / agent-blind: fail: no over_limit or drift", text)
+        self.assertNotIn("| torch-default", text)  # no standard table in a physical-only run
+
+
 FAKES = os.path.join(HERE, "testing")
 
 
-class Integration(unittest.TestCase):
-    """The whole runner against gcc + stub cudart, fake nvidia-smi and a fake agent."""
+class IntegrationBase(unittest.TestCase):
+    """Runs the whole runner against gcc + stub cudart, fake nvidia-smi and a fake agent."""
 
-    def run_runner(self, extra_env=None, extra_args=()):
+    def run_runner(self, extra_env=None, extra_args=(), only=("nvcc-static", "nvcc-shared"),
+                   preload_name="libhami_preload.so"):
         tmp = tempfile.mkdtemp(prefix="hami-acc-test-")
         self.addCleanup(shutil.rmtree, tmp, True)
         src = os.path.join(tmp, "e.c")
         with open(src, "w") as f:
             f.write("int hami_fake_preload;\n")
-        preload = os.path.join(tmp, "libhami_preload.so")
+        preload = os.path.join(tmp, preload_name)
         subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", preload], check=True)
+        self.tmp = tmp
         env = dict(os.environ)
         env["PATH"] = os.path.join(FAKES, "bin") + os.pathsep + env["PATH"]
         env.update(extra_env or {})
@@ -343,7 +633,7 @@ class Integration(unittest.TestCase):
             [sys.executable, os.path.join(HERE, "run_acceptance.py"), "--out", out,
              "--preload", preload, "--agent", os.path.join(FAKES, "fake_agent.py"),
              "--metrics-addr", f"127.0.0.1:{port}", "--audit-seconds", "1",
-             "--audit-attach-s", "0.2", "--only", "nvcc-static", "nvcc-shared", *extra_args],
+             "--audit-attach-s", "0.2", "--only", *only, *extra_args],
             env=env, capture_output=True, text=True, timeout=240)
         elapsed = time.monotonic() - t0
         with open(os.path.join(out, "results.json")) as f:
@@ -352,6 +642,10 @@ class Integration(unittest.TestCase):
         self.assertGreater(os.path.getsize(os.path.join(out, "logs.txt")), 100)
         self.assertEqual(sorted(os.listdir(out)), ["logs.txt", "results.json", "results.md"])
         return r, res, elapsed
+
+
+class Integration(IntegrationBase):
+    """The standard group (two CUDA C workloads) against the stand-ins."""
 
     def test_green_with_fakes(self):
         r, res, elapsed = self.run_runner(extra_args=["--pairs", "10"])
@@ -387,6 +681,61 @@ class Integration(unittest.TestCase):
                               text=True).stdout.split()
         self.assertEqual(left, [])
         self.assertLess(elapsed, 150)
+
+
+class PhysicalIntegration(IntegrationBase):
+    """`--only physical` against the stand-ins: stub driver and runtime (a quota under a fake
+    hami preload unless its name says "blind"), a fake torch (gpu/testing/fake_torch), fake
+    nvidia-smi (virtual sizes) and the fake agent (bypass; over_limit under a blind preload)."""
+
+    ENV = {"PYTHONPATH": os.path.join(FAKES, "fake_torch")}
+
+    def test_all_cells_with_fakes(self):
+        tmp = tempfile.mkdtemp(prefix="hami-acc-blind-")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        src = os.path.join(tmp, "e.c")
+        with open(src, "w") as f:
+            f.write("int hami_fake_blind;\n")
+        blind = os.path.join(tmp, "libhami_preload_blind.so")
+        subprocess.run(["gcc", "-shared", "-fPIC", src, "-o", blind], check=True)
+        r, res, elapsed = self.run_runner(
+            extra_env=self.ENV, only=("physical",),
+            extra_args=["--blind-preload", blind, "--phys-settle-s", "0.3"])
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        self.assertEqual(res["cells"], [])  # the standard group did not run
+        cells = {(c["workload"], c["check"]): c for c in res["physical"]["cells"]}
+        expected = {(row, ch) for row, chs in ra.PHYS_CELLS.items() for ch in chs}
+        self.assertEqual(set(cells), expected)
+        for k, c in cells.items():
+            self.assertEqual(c["status"], "pass", f"{k}: {c['reason']}")
+        pool = cells[("pool", "preload")]["figures"]
+        self.assertEqual(pool["b_grab"]["kind"], "OutOfMemoryError")
+        self.assertGreaterEqual(pool["smi_samples_with_both"], 1)
+        self.assertEqual(cells[("mipmap", "preload")]["figures"]["outcome"], "refused")
+        self.assertEqual(cells[("pool", "agent-blind")]["figures"]["flagged_as"], ["over_limit"])
+        self.assertEqual(cells[("pre-existing", "audit")]["figures"]["audit_rc"], 2)
+        self.assertIn("pool-preload", res["physical"]["smi"])
+        self.assertLess(elapsed, 90)
+
+    def test_preload_blind_to_the_paths_fails_the_preload_column(self):
+        """What the H200 showed at 129056f, with stand-ins: the preload under test is blind."""
+        r, res, _ = self.run_runner(
+            extra_env=self.ENV, only=("physical",), preload_name="libhami_preload_blind.so",
+            extra_args=["--phys-rows", "pool", "mipmap", "module-lazy", "--phys-settle-s",
+                        "0.3"])
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        cells = {(c["workload"], c["check"]): c for c in res["physical"]["cells"]}
+        self.assertEqual(cells[("pool", "preload")]["status"], "fail")
+        self.assertIn("B was granted", cells[("pool", "preload")]["reason"])
+        self.assertIn("together > quota 4096 MiB", cells[("pool", "preload")]["reason"])
+        self.assertIn("not charged", cells[("mipmap", "preload")]["reason"])
+        self.assertIn("not charged", cells[("module-lazy", "preload")]["reason"])
+        for row in ("pool", "mipmap", "module-lazy"):
+            self.assertEqual(cells[(row, "agent-none")]["status"], "pass")
+            self.assertEqual(cells[(row, "agent-blind")]["status"], "skipped")
+        self.assertNotIn(("pre-existing", "audit"), cells)
+        with open(os.path.join(self.tmp, "out", "results.md")) as f:
+            self.assertIn("FAIL (B granted", f.read())
 
 
 if __name__ == "__main__":

@@ -5,6 +5,10 @@ It cannot see allocations; it infers them from /proc/<pid>/environ of processes 
 environment carries WL_HOLD_MB (the runner's workloads) once their virtual size has grown past
 it (the stub runtime's "device" memory is malloc): observed = WL_HOLD_MB, hooked = the preload
 is in LD_PRELOAD. Enough to drive every branch of the runner's agent handling.
+The physical group's programs (mipmap_alloc, module_global, torch_alloc.py drop/grab) are
+"observed" at their virtual size; the audit reports bypass for the unhooked ones and
+over_limit for a region whose processes run a "blind" preload and together exceed its limit.
+
   run --metrics-addr H:P     serves /metrics (bypass findings labelled with pid)
   audit --seconds N --json   prints the assumed audit JSON after N seconds
   inspect REGION --json      prints limit/used read from the region file
@@ -32,7 +36,10 @@ def workloads():
                 cmd = f.read()
         except OSError:
             continue
-        if b"WL_HOLD_MB" not in env or b"hold" not in cmd.split(b"\0"):
+        args = cmd.split(b"\0")
+        phys = any(x in cmd for x in (b"mipmap_alloc", b"module_global")) or (
+            b"torch_alloc.py" in cmd and (b"drop" in args or b"grab" in args))
+        if b"WL_HOLD_MB" not in env or (b"hold" not in args and not phys):
             continue
         # "Seeing the allocation": the stub runtime mallocs device memory, so the process's
         # virtual size passes WL_HOLD_MB only once it has allocated.
@@ -41,9 +48,18 @@ def workloads():
                 vm = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:"))
         except (OSError, StopIteration, ValueError):
             continue
+        hooked = b"hami" in env.get(b"LD_PRELOAD", b"")
+        if phys:
+            if vm < 200 * MIB:
+                continue
+            out.append({"pid": int(d), "comm": "wl", "container": "host", "hooked": hooked,
+                        "observed": vm, "accounted": None, "verdict": "ok",
+                        "_region": env.get(b"CUDA_DEVICE_MEMORY_SHARED_CACHE", b"").decode(),
+                        "_limit": env.get(b"CUDA_DEVICE_MEMORY_LIMIT", b"0M").decode(),
+                        "_blind": b"blind" in env.get(b"LD_PRELOAD", b"")})
+            continue
         if vm < int(env[b"WL_HOLD_MB"]) * MIB:
             continue
-        hooked = b"hami" in env.get(b"LD_PRELOAD", b"")
         # Field names as hami-user/src/agent.rs ProcessRow serialises them.
         out.append({"pid": int(d), "comm": "wl", "container": "host", "hooked": hooked,
                     "observed": int(env[b"WL_HOLD_MB"]) * MIB,
@@ -87,17 +103,37 @@ def main():
         print("fake audit: probes attached", file=sys.stderr, flush=True)
         seen = {}
         end = time.time() + secs
-        while time.time() < end:
-            for p in workloads():
-                seen[p["pid"]] = p
-            time.sleep(0.1)
+        try:  # SIGINT ends the watch early, like hami-agent's Ctrl-C
+            while time.time() < end:
+                for p in workloads():
+                    seen[p["pid"]] = p
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            pass
         procs = list(seen.values())
         findings = [{"kind": "bypass", "reason": "no_preload", "pid": p["pid"],
                      "bytes": p["observed"], "standing": True}
                     for p in procs if not p["hooked"]]
+        regions = {}
+        for p in procs:
+            if p.get("_blind") and p.get("_region"):
+                regions.setdefault((p["_region"], p["_limit"]), []).append(p)
+        for (region, limit), ps in regions.items():
+            lim = int(limit.rstrip("Mm") or 0) * MIB
+            total = sum(p["observed"] for p in ps)
+            if total > lim:
+                findings.append({"kind": "over_limit", "reason": "observed_above_limit",
+                                 "pid": None, "region": region, "bytes": total - lim,
+                                 "standing": True})
+                for p in ps:
+                    p["verdict"] = "over_limit"
+        for p in procs:
+            for k in ("_region", "_limit", "_blind"):
+                p.pop(k, None)
         print(json.dumps({"version": 1, "seconds": secs, "processes": procs, "regions": [],
-                          "findings": findings, "reclaimed": [], "failed": bool(findings)}))
-        return 1 if findings else 0
+                          "findings": findings, "reclaimed": [], "failed": bool(findings)}),
+              flush=True)
+        return 2 if findings else 0  # hami-user/src/report.rs EXIT_FINDINGS
     elif a[:1] == ["inspect"]:
         import struct
         data = open(a[1], "rb").read()

@@ -4,9 +4,15 @@ The allocator is chosen by the environment, as PyTorch itself reads it:
 PYTORCH_CUDA_ALLOC_CONF unset (default caching allocator), `expandable_segments:True`
 (cuMemCreate/cuMemMap) or `backend:cudaMallocAsync` (cuMemAllocAsync).
 Usage: python3 torch_alloc.py meminfo hold enforce
+
+One step of its own (the "physical" group, issue 8), `drop`: READY step=drop, waits; allocates
+WL_GRAB_MB, prints `ALLOC ok=1 bytes=..` (or `ALLOC ok=0 kind=..`), drops the tensor WITHOUT
+emptying the cache (a stream-ordered pool keeps the memory reserved), synchronises, prints
+`DROPPED reserved=.. allocated=..` and `HOLDING bytes=<reserved>`; waits; RELEASED.
 """
 
 import sys
+import time
 
 import wlproto
 
@@ -58,6 +64,34 @@ class TorchBackend(wlproto.Backend):
         del a, b, c
         return ok
 
+
+def step_drop(b):
+    """Allocate, drop the tensor, keep the allocator's cache (see the module docstring)."""
+    torch = b.torch
+    n = wlproto.env_mb("WL_GRAB_MB", 3072)
+    wlproto.wait_signal("drop")
+    wlproto.emit("ALLOC_T0", t=f"{time.time():.6f}")
+    try:
+        t = b.alloc(n)
+        torch.cuda.synchronize()
+        wlproto.emit("ALLOC", ok=1, bytes=n)
+        del t
+    except Exception as e:  # noqa: BLE001 - the framework decides what it raises
+        if not b.is_oom(e):
+            raise
+        wlproto.emit("ALLOC", ok=0, kind=type(e).__name__)
+    torch.cuda.synchronize()
+    try:  # informational: nvidia-smi is the evidence, these figures must not end the step
+        reserved, allocated = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+    except Exception:  # noqa: BLE001
+        reserved, allocated = -1, -1
+    wlproto.emit("DROPPED", reserved=reserved, allocated=allocated)
+    wlproto.emit("HOLDING", bytes=reserved, requested=n, t=f"{time.time():.6f}")
+    sys.stdin.readline()
+    wlproto.emit("RELEASED")
+
+
+wlproto.STEPS["drop"] = step_drop
 
 if __name__ == "__main__":
     sys.exit(wlproto.main(TorchBackend))
