@@ -18,6 +18,8 @@ use crate::access::FileMeta;
 use crate::findings::{
     self, Finding, FindingKey, FindingKind, ProcView, RegionView, SlotLiveness, Tolerance,
 };
+use crate::identity::{self, Identity, Resolver};
+use crate::metrics::{ProcessSample, RegionSeries};
 use crate::nvml::NvmlSnapshot;
 use crate::procinfo::{self, ProcInfo};
 use crate::state::{Applied, Baseline, Processes};
@@ -36,6 +38,9 @@ pub struct AgentOptions {
     /// Regions to watch even if no live process names them (host paths; slot pids are taken
     /// to be in the agent's own pid namespace).
     pub regions: Vec<PathBuf>,
+    /// Where the kubelet's logs are (`/var/log`): names of pods and containers, see
+    /// [`crate::identity`].
+    pub log_root: PathBuf,
 }
 
 impl Default for AgentOptions {
@@ -46,6 +51,7 @@ impl Default for AgentOptions {
             settle: Duration::from_millis(300),
             reclaim: false,
             regions: Vec::new(),
+            log_root: PathBuf::from(identity::DEFAULT_LOG_ROOT),
         }
     }
 }
@@ -56,6 +62,8 @@ struct ProcEntry {
     info: Option<ProcInfo>,
     region: Option<usize>,
     region_error: Option<String>,
+    /// Namespace, pod and container names (resolved when the process is learned).
+    identity: Identity,
 }
 
 /// An open region.
@@ -64,6 +72,10 @@ struct RegionEntry {
     name: String,
     host_path: PathBuf,
     container: String,
+    /// Namespace, pod and container names of the region's container.
+    identity: Identity,
+    /// Named with `--region`: watched even when no process uses it.
+    explicit: bool,
     pidns: Option<u64>,
     file_id: (u64, u64),
     snapshot: Option<RegionSnapshot>,
@@ -128,6 +140,10 @@ pub struct Agent {
     libcuda_ids: HashSet<(String, u64)>,
     /// The agent's own start time (ticks since boot), to tell processes that started after it.
     started_at: Option<u64>,
+    /// Names processes the way a cluster does.
+    resolver: Resolver,
+    /// Regions unmapped since start because no process used them any more.
+    released_regions: u64,
 }
 
 impl std::fmt::Debug for Agent {
@@ -162,13 +178,31 @@ impl Agent {
             reclaimed: Vec::new(),
             libcuda_ids: HashSet::new(),
             started_at,
+            resolver: Resolver::new(opts.log_root.clone()),
+            released_regions: 0,
             opts,
         };
         for p in a.opts.regions.clone() {
             let name = p.display().to_string();
             let pidns = a.own_pidns;
-            if let Err(e) = a.open_region(&p, &name, "-", pidns) {
-                a.region_errors.insert(name, e);
+            // A region in HAMi's per-container folder (`<pod uid>_<container>/`) names its
+            // container; any other is labelled `-`.
+            let folder = p
+                .parent()
+                .and_then(|d| d.file_name())
+                .and_then(|n| identity::parse_hami_folder(&n.to_string_lossy()));
+            let ident = match folder {
+                Some(f) => a.resolver.resolve("", Some(f)),
+                None => Identity {
+                    container: "-".into(),
+                    ..Identity::default()
+                },
+            };
+            match a.open_region(&p, &name, "-", ident, pidns) {
+                Ok(i) => a.regions[i].explicit = true,
+                Err(e) => {
+                    a.region_errors.insert(name, e);
+                }
             }
         }
         a
@@ -261,13 +295,27 @@ impl Agent {
     /// Reads `/proc` for a pid and opens its region.
     fn learn(&mut self, pid: u32) {
         let info = procinfo::read_proc(&self.opts.proc_root, pid).ok();
+        let identity = self.identify(pid, info.as_ref());
         let mut entry = ProcEntry {
             info,
             region: None,
             region_error: None,
+            identity,
         };
         self.attach_region(&mut entry);
         self.entries.insert(pid, entry);
+    }
+
+    /// Namespace, pod and container names of a process (see [`crate::identity`]).
+    fn identify(&mut self, pid: u32, info: Option<&ProcInfo>) -> Identity {
+        let Some(info) = info else {
+            return Identity {
+                container: "unknown".into(),
+                ..Identity::default()
+            };
+        };
+        let folder = identity::hami_folder_of(&self.opts.proc_root, pid, &info.region_path);
+        self.resolver.resolve(&info.cgroup, folder)
     }
 
     fn attach_region(&mut self, entry: &mut ProcEntry) {
@@ -293,7 +341,8 @@ impl Agent {
             }
             Err(_) => {}
         }
-        match self.open_region(&host, &name, &container, pidns) {
+        let ident = entry.identity.clone();
+        match self.open_region(&host, &name, &container, ident, pidns) {
             Ok(i) => {
                 entry.region = Some(i);
                 entry.region_error = None;
@@ -308,6 +357,7 @@ impl Agent {
         host: &Path,
         name: &str,
         container: &str,
+        identity: Identity,
         pidns: Option<u64>,
     ) -> Result<usize, String> {
         let md = std::fs::metadata(host).map_err(|e| format!("{name}: {e}"))?;
@@ -327,6 +377,8 @@ impl Agent {
             name: name.to_string(),
             host_path: host.to_path_buf(),
             container: container.to_string(),
+            identity,
+            explicit: false,
             pidns,
             file_id: id,
             snapshot: None,
@@ -341,6 +393,7 @@ impl Agent {
     pub fn tick(&mut self, now: Instant) -> TickOutcome {
         self.refresh_processes();
         self.refresh_regions();
+        self.release_idle_regions();
         let (procs, regions) = self.views();
         let found = findings::evaluate(&procs, &regions, self.opts.tolerance);
         let mut out = self.settle(found, now);
@@ -391,6 +444,138 @@ impl Agent {
                 self.learn(pid);
             }
         }
+    }
+
+    /// Unmaps every region that no tracked process uses and whose slots all belong to
+    /// processes that are gone *cleanly* (no slot at all, or none whose owner may be alive).
+    /// A region holding a leaked slot (owner dead, usage left) stays: its leak is a finding
+    /// until reclaimed. Regions named with `--region` always stay.
+    fn release_idle_regions(&mut self) {
+        let used: HashSet<usize> = self.entries.values().filter_map(|e| e.region).collect();
+        let keep: Vec<bool> = self
+            .regions
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                r.explicit
+                    || used.contains(&i)
+                    || r.snapshot.as_ref().is_none_or(|s| !s.slots.is_empty())
+            })
+            .collect();
+        if keep.iter().all(|k| *k) {
+            return;
+        }
+        let mut remap = vec![None; self.regions.len()];
+        let mut kept = Vec::with_capacity(self.regions.len());
+        for (i, r) in std::mem::take(&mut self.regions).into_iter().enumerate() {
+            if keep[i] {
+                remap[i] = Some(kept.len());
+                kept.push(r);
+            } else {
+                tracing::debug!(region = %r.name, container = %r.identity.container, "region released: no process left");
+                self.released_regions += 1;
+                // Dropping the entry unmaps the region.
+            }
+        }
+        self.regions = kept;
+        self.region_ids = self
+            .regions
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.file_id, i))
+            .collect();
+        for e in self.entries.values_mut() {
+            e.region = e.region.and_then(|i| remap[i]);
+        }
+    }
+
+    /// Regions mapped now.
+    pub fn region_count(&self) -> usize {
+        self.regions.len()
+    }
+
+    /// Regions unmapped since start because no process used them any more.
+    pub fn released_regions(&self) -> u64 {
+        self.released_regions
+    }
+
+    /// Tracked processes whose region cannot be opened now.
+    pub fn region_error_count(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|e| e.region.is_none() && e.info.as_ref().is_some_and(|i| i.hooked))
+            .count()
+    }
+
+    /// One series per region and device it covers (its header's device count, plus any
+    /// device with usage), with its container's names and the GPU's UUID.
+    pub fn region_series(&self) -> Vec<RegionSeries> {
+        let node_uuid = self
+            .nvml
+            .as_ref()
+            .filter(|n| n.devices.len() == 1)
+            .and_then(|n| n.devices[0].uuid.clone());
+        let mut out = Vec::new();
+        for u in self.usage() {
+            let Some(r) = self
+                .regions
+                .iter()
+                .find(|r| r.name == u.region && r.container == u.container)
+            else {
+                continue;
+            };
+            let snap = r.snapshot.clone().unwrap_or_else(|| r.region.snapshot());
+            let covered = (snap.device_count as usize).clamp(1, hami_common::layout::MAX_DEVICES);
+            let d = u.device as usize;
+            if d >= covered && u.observed == 0 && u.accounted == 0 {
+                continue;
+            }
+            let uuid = snap
+                .uuids
+                .get(d)
+                .and_then(crate::metrics::format_uuid)
+                .or_else(|| {
+                    if covered == 1 {
+                        node_uuid.clone()
+                    } else {
+                        None
+                    }
+                })
+                .unwrap_or_default();
+            out.push(RegionSeries {
+                identity: r.identity.clone(),
+                region: u.region,
+                device: u.device,
+                uuid,
+                limit: u.limit,
+                accounted: u.accounted,
+                accounted_data: u.accounted_data,
+                observed: u.observed,
+            });
+        }
+        out
+    }
+
+    /// Observed bytes per tracked process, with its container's names.
+    pub fn process_samples(&self) -> Vec<ProcessSample> {
+        self.procs
+            .iter()
+            .map(|p| ProcessSample {
+                pid: p.pid,
+                identity: self
+                    .entries
+                    .get(&p.pid)
+                    .map(|e| match e.region {
+                        Some(i) => self.regions[i].identity.clone(),
+                        None => e.identity.clone(),
+                    })
+                    .unwrap_or_else(|| Identity {
+                        container: "unknown".into(),
+                        ..Identity::default()
+                    }),
+                observed: p.by_device().values().sum(),
+            })
+            .collect()
     }
 
     /// Snapshots every region and establishes the liveness of each active slot.

@@ -7,7 +7,9 @@
 //! * [`access`]: whether a process may write its region file, from metadata only;
 //! * [`findings`]: the pure rules that turn processes and region snapshots into findings;
 //! * [`nvml`]: optional NVML queries (runs without NVML);
-//! * [`metrics`]: the Prometheus registry and the `/metrics` responder;
+//! * [`identity`]: namespace, pod and container names from cgroup paths and kubelet logs;
+//! * [`metrics`]: the Prometheus registry;
+//! * [`http`]: the `/metrics` and `/healthz` endpoint (axum);
 //! * [`agent`]: the event-fed core that ties them together;
 //! * [`report`]: audit table / JSON and `inspect` output;
 //! * `probes` (eBPF loading, attaching, libcuda discovery, event stream).
@@ -16,6 +18,8 @@
 pub mod access;
 pub mod agent;
 pub mod findings;
+pub mod http;
+pub mod identity;
 pub mod metrics;
 pub mod nvml;
 pub mod probes;

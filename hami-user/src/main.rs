@@ -1,5 +1,10 @@
 //! `hami-agent`: run / audit / inspect. See `docs/agent.md`.
+//!
+//! Exit statuses: 0 clean; 1 internal error (cannot load the probes, bind the address, ...);
+//! 2 findings (`audit` saw a bypass or an over-limit); 64 usage error (bad arguments,
+//! `EX_USAGE` of sysexits.h, so that it is never mistaken for findings).
 
+use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,7 +15,8 @@ use clap::{Args, Parser, Subcommand};
 use hami_common::region::Region;
 use hami_user::agent::AgentOptions;
 use hami_user::findings::Tolerance;
-use hami_user::metrics::DEFAULT_METRICS_ADDR;
+use hami_user::http::parse_listen_addr;
+use hami_user::metrics::{MetricsOptions, DEFAULT_METRICS_ADDR};
 use hami_user::report;
 use hami_user::runner::{self, RunOptions};
 
@@ -27,14 +33,21 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Watch until interrupted: log findings, serve /metrics.
+    /// Watch until interrupted: log findings, serve /metrics and /healthz.
     Run {
-        /// Address for /metrics.
-        #[arg(long, default_value = DEFAULT_METRICS_ADDR)]
+        /// Address for /metrics and /healthz: HOST:PORT, :PORT or PORT.
+        #[arg(long, default_value = DEFAULT_METRICS_ADDR, value_parser = parse_listen_addr)]
         metrics_addr: SocketAddr,
-        /// Log as JSON lines.
+        /// Log as JSON lines (same as --log-format json).
         #[arg(long)]
         json_log: bool,
+        /// Export `hami_process_observed_bytes` per pid (one series per GPU process).
+        #[arg(long)]
+        per_process_metrics: bool,
+        /// Also export HAMi's vGPU monitor memory metrics (`hami_vgpu_memory_*`,
+        /// `vGPU_device_memory_*`) for containers that use hami-preload.
+        #[arg(long)]
+        hami_compat: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -86,6 +99,23 @@ struct Common {
     /// Where /proc is.
     #[arg(long, default_value = "/proc", hide = true)]
     proc_root: PathBuf,
+    /// Where the kubelet's logs are (pod and container names come from
+    /// `<dir>/containers` and `<dir>/pods`).
+    #[arg(long, default_value = hami_user::identity::DEFAULT_LOG_ROOT)]
+    kubelet_log_dir: PathBuf,
+    /// Log format on stderr: `text` (no colour unless stderr is a terminal) or `json`.
+    /// `RUST_LOG` (or `HAMI_AGENT_LOG`) sets the filter, default `info`.
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 impl Common {
@@ -105,6 +135,7 @@ impl Common {
                 settle: Duration::from_millis(self.settle_ms),
                 reclaim: self.reclaim,
                 regions: self.regions.clone(),
+                log_root: self.kubelet_log_dir.clone(),
             },
             libcuda: self.libcuda.clone(),
             interval: Duration::from_millis(self.interval.max(10)),
@@ -112,22 +143,34 @@ impl Common {
             metrics_addr,
             duration,
             log_findings: log,
+            metrics: MetricsOptions::default(),
         }
     }
 }
 
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("HAMI_AGENT_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// Logging on stderr: `RUST_LOG`, else `HAMI_AGENT_LOG`, else `info`; colour only when
+/// stderr is a terminal (never in files or journald).
+fn init_logging(format: LogFormat) {
+    let filter = ["RUST_LOG", "HAMI_AGENT_LOG"]
+        .iter()
+        .find_map(|v| {
+            std::env::var(v)
+                .ok()
+                .filter(|s| !s.trim().is_empty())
+                .and_then(|s| tracing_subscriber::EnvFilter::try_new(s).ok())
+        })
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if json {
-        b.json().init();
-    } else {
-        b.init();
+    match format {
+        LogFormat::Json => b.json().with_ansi(false).init(),
+        LogFormat::Text => b.with_ansi(std::io::stderr().is_terminal()).init(),
     }
 }
+
+/// Exit status for a usage error (`EX_USAGE`).
+const EXIT_USAGE: u8 = 64;
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
@@ -137,7 +180,18 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    ExitCode::SUCCESS
+                }
+                _ => ExitCode::from(EXIT_USAGE),
+            };
+        }
+    };
     match real_main(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -169,10 +223,20 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         Cmd::Run {
             metrics_addr,
             json_log,
+            per_process_metrics,
+            hami_compat,
             common,
         } => {
-            init_logging(json_log);
-            let opts = common.options(Some(metrics_addr), None, true);
+            init_logging(if json_log {
+                LogFormat::Json
+            } else {
+                common.log_format.unwrap_or(LogFormat::Text)
+            });
+            let mut opts = common.options(Some(metrics_addr), None, true);
+            opts.metrics = MetricsOptions {
+                per_process: per_process_metrics,
+                hami_compat,
+            };
             let rep = runtime()?
                 .block_on(runner::run(opts))
                 .context("hami-agent run")?;
@@ -184,7 +248,12 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
             json,
             common,
         } => {
-            init_logging(false);
+            // With --json, stdout is the report only and stderr is JSON lines too.
+            init_logging(common.log_format.unwrap_or(if json {
+                LogFormat::Json
+            } else {
+                LogFormat::Text
+            }));
             let secs = if seconds.is_finite() && seconds >= 0.0 {
                 seconds
             } else {

@@ -1,18 +1,30 @@
-//! Prometheus metrics and the tiny `/metrics` HTTP responder.
+//! The Prometheus registry: every metric the agent exports, their labels and how a scan
+//! replaces them. Served by [`crate::http`].
 //!
-//! The metric list and the default address are documented in `docs/agent.md`.
-
-use std::sync::Arc;
-use std::time::Duration;
+//! Labels never use the names a Kubernetes scrape attaches to its target (`namespace`, `pod`,
+//! `container`, `instance`, `job`, `node`): the workload's names are `pod_namespace`,
+//! `pod_name` and `container_name`, so they keep their meaning whatever `honor_labels` is.
+//! The HAMi-compatible families (opt-in) use HAMi's own label names, collisions included, so
+//! that HAMi's dashboards see what they always saw. The whole list, with types, units,
+//! labels and cardinality bounds, is in `docs/agent.md`.
 
 use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
-use crate::findings::{Finding, FindingKind, RegionUsage};
+use crate::findings::{Finding, FindingKind};
+use crate::identity::Identity;
 
 /// Default listen address of `/metrics`.
 pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9494";
+
+/// Labels of the per-container, per-device families.
+pub const CONTAINER_LABELS: [&str; 6] = [
+    "pod_namespace",
+    "pod_name",
+    "container_name",
+    "region",
+    "device",
+    "gpu_uuid",
+];
 
 /// Errors building the registry.
 #[derive(Debug, thiserror::Error)]
@@ -22,15 +34,43 @@ pub enum MetricsError {
     Registry(#[from] prometheus::Error),
 }
 
-/// One process for the per-process gauge.
+/// What to export beyond the always-on families.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MetricsOptions {
+    /// `hami_process_observed_bytes` per pid (one series per GPU process: opt-in).
+    pub per_process: bool,
+    /// HAMi's vGPU monitor families (`hami_vgpu_memory_*`, `vGPU_device_memory_*`).
+    pub hami_compat: bool,
+}
+
+/// One region on one device it covers, with the names of its container.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RegionSeries {
+    /// Whose region it is.
+    pub identity: Identity,
+    /// Region path as its processes name it.
+    pub region: String,
+    /// Device ordinal inside the container (CUDA's numbering there).
+    pub device: u32,
+    /// GPU UUID (`GPU-...`), empty when neither the region nor NVML names it.
+    pub uuid: String,
+    /// Limit (0 = unlimited).
+    pub limit: u64,
+    /// Accounted, all kinds (what counts against the limit).
+    pub accounted: u64,
+    /// Accounted data only (comparable with observed).
+    pub accounted_data: u64,
+    /// Observed live data bytes of the region's processes.
+    pub observed: u64,
+}
+
+/// One process for the opt-in per-process gauge.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessSample {
     /// Host pid.
     pub pid: u32,
-    /// Container name.
-    pub container: String,
-    /// Whether the preload is mapped.
-    pub hooked: bool,
+    /// Whose process it is.
+    pub identity: Identity,
     /// Observed live bytes.
     pub observed: u64,
 }
@@ -38,17 +78,18 @@ pub struct ProcessSample {
 /// Every metric the agent exports.
 pub struct Metrics {
     registry: Registry,
-    /// `hami_container_limit_bytes{container,region,device}`.
+    opts: MetricsOptions,
+    /// `hami_container_limit_bytes`.
     pub limit: IntGaugeVec,
-    /// `hami_container_accounted_bytes{container,region,device}` (all kinds).
+    /// `hami_container_accounted_bytes` (all kinds).
     pub accounted: IntGaugeVec,
-    /// `hami_container_accounted_data_bytes{container,region,device}`.
+    /// `hami_container_accounted_data_bytes`.
     pub accounted_data: IntGaugeVec,
-    /// `hami_container_observed_bytes{container,region,device}`.
+    /// `hami_container_observed_bytes`.
     pub observed: IntGaugeVec,
-    /// `hami_process_observed_bytes{pid,container,hooked}`.
+    /// `hami_process_observed_bytes{pid,pod_namespace,pod_name,container_name}` (opt-in).
     pub process_observed: IntGaugeVec,
-    /// `hami_findings{kind}`: findings currently standing.
+    /// `hami_findings_standing{kind}`: findings standing now.
     pub findings: IntGaugeVec,
     /// `hami_findings_total{kind}`: findings raised since start.
     pub findings_total: IntCounterVec,
@@ -60,15 +101,31 @@ pub struct Metrics {
     pub libcuda_attached: IntGauge,
     /// `hami_processes_tracked`: GPU processes the agent tracks.
     pub processes: IntGauge,
+    /// `hami_regions_tracked`: regions mapped now.
+    pub regions: IntGauge,
+    /// `hami_regions_released_total`: regions unmapped because no process uses them.
+    pub regions_released: IntCounter,
+    /// `hami_region_errors`: tracked processes whose region cannot be opened now.
+    pub region_errors: IntGauge,
     /// `hami_slots_reclaimed_total`: leaked slots released with `--reclaim`.
     pub reclaimed: IntCounter,
     /// `hami_nvml_available`: 1 when NVML is loaded.
     pub nvml_available: IntGauge,
+    /// `hami_nvml_errors_total`: NVML device queries that failed.
+    pub nvml_errors: IntCounter,
+    /// `hami_vgpu_memory_used_bytes` (HAMi, current names).
+    hami_used: Option<IntGaugeVec>,
+    /// `hami_vgpu_memory_limit_bytes` (HAMi, current names).
+    hami_limit: Option<IntGaugeVec>,
+    /// `vGPU_device_memory_usage_in_bytes` (HAMi, older names).
+    hami_legacy_used: Option<IntGaugeVec>,
+    /// `vGPU_device_memory_limit_in_bytes` (HAMi, older names).
+    hami_legacy_limit: Option<IntGaugeVec>,
 }
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Metrics")
+        f.debug_struct("Metrics").field("opts", &self.opts).finish()
     }
 }
 
@@ -83,45 +140,74 @@ fn gauge_vec(
     Ok(g)
 }
 
+fn gauge(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
+    let g = IntGauge::new(name, help)?;
+    r.register(Box::new(g.clone()))?;
+    Ok(g)
+}
+
+fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
+    let c = IntCounter::new(name, help)?;
+    r.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+/// HAMi's current label names.
+const HAMI_LABELS: [&str; 5] = [
+    "namespace",
+    "pod",
+    "container",
+    "vdevice_index",
+    "device_uuid",
+];
+/// HAMi's older label names.
+const HAMI_LEGACY_LABELS: [&str; 5] = [
+    "podnamespace",
+    "podname",
+    "ctrname",
+    "vdeviceid",
+    "deviceuuid",
+];
+
 impl Metrics {
     /// Creates and registers every metric.
-    pub fn new() -> Result<Metrics, MetricsError> {
+    pub fn new(opts: MetricsOptions) -> Result<Metrics, MetricsError> {
         let r = Registry::new();
-        let cr = ["container", "region", "device"];
+        let cl = &CONTAINER_LABELS;
         let limit = gauge_vec(
             &r,
             "hami_container_limit_bytes",
-            "Region limit per device (0 = unlimited)",
-            &cr,
+            "Region memory limit per device in bytes (0 = unlimited)",
+            cl,
         )?;
         let accounted = gauge_vec(
             &r,
             "hami_container_accounted_bytes",
-            "Bytes the region accounts (all kinds: context, module, data)",
-            &cr,
+            "Bytes the region accounts per device, all kinds (context, module, data): what counts against the limit",
+            cl,
         )?;
         let accounted_data = gauge_vec(
             &r,
             "hami_container_accounted_data_bytes",
-            "Data bytes the region accounts (comparable with observed)",
-            &cr,
+            "Data bytes the region accounts per device (comparable with observed)",
+            cl,
         )?;
         let observed = gauge_vec(
             &r,
             "hami_container_observed_bytes",
-            "Live data bytes the probes observed for the region's processes",
-            &cr,
+            "Live data bytes the probes observed for the region's processes per device",
+            cl,
         )?;
         let process_observed = gauge_vec(
             &r,
             "hami_process_observed_bytes",
-            "Live data bytes observed per process",
-            &["pid", "container", "hooked"],
+            "Live data bytes observed per process (only with --per-process-metrics)",
+            &["pid", "pod_namespace", "pod_name", "container_name"],
         )?;
         let findings = gauge_vec(
             &r,
-            "hami_findings",
-            "Findings currently standing, by kind",
+            "hami_findings_standing",
+            "Findings standing now, by kind",
             &["kind"],
         )?;
         let findings_total = IntCounterVec::new(
@@ -137,31 +223,94 @@ impl Metrics {
             &["kind"],
         )?;
         r.register(Box::new(events.clone()))?;
-        let dropped = IntCounter::new(
+        let dropped = counter(
+            &r,
             "hami_events_dropped_total",
             "Probe events dropped because the ring buffer was full",
         )?;
-        r.register(Box::new(dropped.clone()))?;
-        let libcuda_attached = IntGauge::new(
+        let libcuda_attached = gauge(
+            &r,
             "hami_libcuda_attached",
             "Distinct libcuda files with probes attached",
         )?;
-        r.register(Box::new(libcuda_attached.clone()))?;
-        let processes = IntGauge::new("hami_processes_tracked", "GPU processes tracked")?;
-        r.register(Box::new(processes.clone()))?;
-        let reclaimed = IntCounter::new(
+        let processes = gauge(&r, "hami_processes_tracked", "GPU processes tracked")?;
+        let regions = gauge(&r, "hami_regions_tracked", "Shared regions mapped now")?;
+        let regions_released = counter(
+            &r,
+            "hami_regions_released_total",
+            "Regions unmapped because none of their processes is left",
+        )?;
+        let region_errors = gauge(
+            &r,
+            "hami_region_errors",
+            "Tracked processes whose region cannot be opened now",
+        )?;
+        let reclaimed = counter(
+            &r,
             "hami_slots_reclaimed_total",
             "Leaked region slots released by --reclaim",
         )?;
-        r.register(Box::new(reclaimed.clone()))?;
-        let nvml_available = IntGauge::new("hami_nvml_available", "1 when NVML is loaded")?;
-        r.register(Box::new(nvml_available.clone()))?;
+        let nvml_available = gauge(&r, "hami_nvml_available", "1 when NVML is loaded")?;
+        let nvml_errors = counter(
+            &r,
+            "hami_nvml_errors_total",
+            "NVML device queries that failed (device handle, UUID or memory info)",
+        )?;
+        let build = IntGaugeVec::new(
+            Opts::new(
+                "hami_build_info",
+                "Always 1; the agent's version and the layout version it reads",
+            ),
+            &["version", "region_layout"],
+        )?;
+        r.register(Box::new(build.clone()))?;
+        build
+            .with_label_values(&[
+                env!("CARGO_PKG_VERSION"),
+                &hami_common::layout::VERSION.to_string(),
+            ])
+            .set(1);
+        #[cfg(target_os = "linux")]
+        r.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        let (hami_used, hami_limit, hami_legacy_used, hami_legacy_limit) = if opts.hami_compat {
+            (
+                Some(gauge_vec(
+                    &r,
+                    "hami_vgpu_memory_used_bytes",
+                    "vGPU device memory usage in bytes (HAMi-compatible; from hami-preload's region)",
+                    &HAMI_LABELS,
+                )?),
+                Some(gauge_vec(
+                    &r,
+                    "hami_vgpu_memory_limit_bytes",
+                    "vGPU device memory limit in bytes (HAMi-compatible; from hami-preload's region)",
+                    &HAMI_LABELS,
+                )?),
+                Some(gauge_vec(
+                    &r,
+                    "vGPU_device_memory_usage_in_bytes",
+                    "vGPU device usage (HAMi-compatible, older name)",
+                    &HAMI_LEGACY_LABELS,
+                )?),
+                Some(gauge_vec(
+                    &r,
+                    "vGPU_device_memory_limit_in_bytes",
+                    "vGPU device limit (HAMi-compatible, older name)",
+                    &HAMI_LEGACY_LABELS,
+                )?),
+            )
+        } else {
+            (None, None, None, None)
+        };
         for k in FindingKind::ALL {
             findings.with_label_values(&[k.name()]).set(0);
             findings_total.with_label_values(&[k.name()]).inc_by(0);
         }
         Ok(Metrics {
             registry: r,
+            opts,
             limit,
             accounted,
             accounted_data,
@@ -173,38 +322,98 @@ impl Metrics {
             dropped,
             libcuda_attached,
             processes,
+            regions,
+            regions_released,
+            region_errors,
             reclaimed,
             nvml_available,
+            nvml_errors,
+            hami_used,
+            hami_limit,
+            hami_legacy_used,
+            hami_legacy_limit,
         })
     }
 
-    /// Replaces the per-region gauges with `usage`.
-    pub fn set_usage(&self, usage: &[RegionUsage]) {
-        self.limit.reset();
-        self.accounted.reset();
-        self.accounted_data.reset();
-        self.observed.reset();
-        for u in usage {
-            let dev = u.device.to_string();
-            let l = [u.container.as_str(), u.region.as_str(), dev.as_str()];
-            self.limit.with_label_values(&l).set(clamp(u.limit));
-            self.accounted.with_label_values(&l).set(clamp(u.accounted));
+    /// The options it was built with.
+    pub fn options(&self) -> MetricsOptions {
+        self.opts
+    }
+
+    /// Replaces the per-region gauges with `series`: a region or device not in it leaves
+    /// `/metrics` now.
+    pub fn set_regions(&self, series: &[RegionSeries]) {
+        let fams = [
+            &self.limit,
+            &self.accounted,
+            &self.accounted_data,
+            &self.observed,
+        ];
+        for f in fams {
+            f.reset();
+        }
+        let compat = [
+            &self.hami_used,
+            &self.hami_limit,
+            &self.hami_legacy_used,
+            &self.hami_legacy_limit,
+        ];
+        for f in compat.into_iter().flatten() {
+            f.reset();
+        }
+        for s in series {
+            let dev = s.device.to_string();
+            let id = &s.identity;
+            let l = [
+                id.namespace.as_str(),
+                id.pod.as_str(),
+                id.container.as_str(),
+                s.region.as_str(),
+                dev.as_str(),
+                s.uuid.as_str(),
+            ];
+            self.limit.with_label_values(&l).set(clamp(s.limit));
+            self.accounted.with_label_values(&l).set(clamp(s.accounted));
             self.accounted_data
                 .with_label_values(&l)
-                .set(clamp(u.accounted_data));
-            self.observed.with_label_values(&l).set(clamp(u.observed));
+                .set(clamp(s.accounted_data));
+            self.observed.with_label_values(&l).set(clamp(s.observed));
+            let h = [
+                id.namespace.as_str(),
+                id.pod.as_str(),
+                id.container.as_str(),
+                dev.as_str(),
+                s.uuid.as_str(),
+            ];
+            // HAMi's monitor reports "used" as everything the container holds on the
+            // device (context, modules, data): the region's accounted total.
+            if let (Some(u), Some(lim)) = (&self.hami_used, &self.hami_limit) {
+                u.with_label_values(&h).set(clamp(s.accounted));
+                lim.with_label_values(&h).set(clamp(s.limit));
+            }
+            if let (Some(u), Some(lim)) = (&self.hami_legacy_used, &self.hami_legacy_limit) {
+                u.with_label_values(&h).set(clamp(s.accounted));
+                lim.with_label_values(&h).set(clamp(s.limit));
+            }
         }
     }
 
-    /// Replaces the per-process gauge.
+    /// Replaces the per-process gauge (only filled with `per_process`) and the process count.
     pub fn set_processes(&self, procs: &[ProcessSample]) {
         self.process_observed.reset();
-        for p in procs {
-            let pid = p.pid.to_string();
-            let hooked = if p.hooked { "true" } else { "false" };
-            self.process_observed
-                .with_label_values(&[pid.as_str(), p.container.as_str(), hooked])
-                .set(clamp(p.observed));
+        if self.opts.per_process {
+            for p in procs {
+                let pid = p.pid.to_string();
+                let id = &p.identity;
+                self.process_observed
+                    .with_label_values(&[
+                        pid.as_str(),
+                        id.namespace.as_str(),
+                        id.pod.as_str(),
+                        id.container.as_str(),
+                    ])
+                    .set(clamp(p.observed));
+            }
         }
         self.processes.set(procs.len() as i64);
     }
@@ -234,7 +443,7 @@ impl Metrics {
         }
     }
 
-    /// The text exposition format.
+    /// The text exposition format (version 0.0.4).
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         let enc = prometheus::TextEncoder::new();
@@ -244,148 +453,201 @@ impl Metrics {
         }
         String::from_utf8_lossy(&buf).into_owned()
     }
+
+    /// Names of every family registered (those with labels appear in `render` once set).
+    pub fn family_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_string())
+            .collect();
+        // Labelled families without samples are not gathered.
+        for f in [
+            "hami_container_limit_bytes",
+            "hami_container_accounted_bytes",
+            "hami_container_accounted_data_bytes",
+            "hami_container_observed_bytes",
+            "hami_process_observed_bytes",
+            "hami_events_total",
+        ] {
+            v.push(f.to_string());
+        }
+        if self.opts.hami_compat {
+            for f in [
+                "hami_vgpu_memory_used_bytes",
+                "hami_vgpu_memory_limit_bytes",
+                "vGPU_device_memory_usage_in_bytes",
+                "vGPU_device_memory_limit_in_bytes",
+            ] {
+                v.push(f.to_string());
+            }
+        }
+        v.sort();
+        v.dedup();
+        v
+    }
 }
 
 fn clamp(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
 }
 
-/// Serves `GET /metrics` on `listener` until the task is dropped. Anything else gets 404;
-/// malformed or slow requests are dropped after a few seconds.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let m = Arc::clone(&metrics);
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), respond(stream, &m)).await;
-        });
+/// A region header's raw UUID as NVML and `nvidia-smi` print it (`GPU-8-4-4-4-12`), or
+/// `None` when it is all zero (unknown).
+pub fn format_uuid(raw: &[u8; 16]) -> Option<String> {
+    if raw.iter().all(|b| *b == 0) {
+        return None;
     }
-}
-
-/// The response for a request line's path.
-pub fn route(path: &str, metrics: &Metrics) -> (u16, &'static str, String) {
-    match path.split('?').next().unwrap_or("") {
-        "/metrics" => (
-            200,
-            "text/plain; version=0.0.4; charset=utf-8",
-            metrics.render(),
-        ),
-        "/" => (
-            200,
-            "text/plain; charset=utf-8",
-            "hami-agent: see /metrics\n".to_string(),
-        ),
-        _ => (404, "text/plain; charset=utf-8", "not found\n".to_string()),
-    }
-}
-
-async fn respond(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && !buf.windows(2).any(|w| w == b"\n\n") {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 || buf.len() > 16 * 1024 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    let req = String::from_utf8_lossy(&buf);
-    let mut parts = req.lines().next().unwrap_or("").split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, ctype, body) = if method == "GET" || method == "HEAD" {
-        route(path, metrics)
-    } else {
-        (
-            405,
-            "text/plain; charset=utf-8",
-            "method not allowed\n".to_string(),
-        )
-    };
-    let reason = match status {
-        200 => "OK",
-        404 => "Not Found",
-        _ => "Method Not Allowed",
-    };
-    let head = format!(
-        "HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    if method != "HEAD" {
-        stream.write_all(body.as_bytes()).await?;
-    }
-    stream.shutdown().await
+    let h: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    Some(format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    ))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn usage_and_findings_render() {
-        let m = Metrics::new().unwrap();
-        m.set_usage(&[RegionUsage {
-            container: "c1".into(),
+    fn ident(ns: &str, pod: &str, ctr: &str) -> Identity {
+        Identity {
+            namespace: ns.into(),
+            pod: pod.into(),
+            container: ctr.into(),
+            ..Identity::default()
+        }
+    }
+
+    fn series(ctr: &str, dev: u32) -> RegionSeries {
+        RegionSeries {
+            identity: ident("ml", "trainer-0", ctr),
             region: "/tmp/r".into(),
-            device: 0,
+            device: dev,
+            uuid: "GPU-0a1b2c3d-0000-1111-2222-333344445555".into(),
             limit: 100,
             accounted: 50,
             accounted_data: 40,
             observed: 45,
-        }]);
+        }
+    }
+
+    #[test]
+    fn usage_and_findings_render_with_workload_labels() {
+        let m = Metrics::new(MetricsOptions::default()).unwrap();
+        m.set_regions(&[series("main", 0)]);
         m.events.with_label_values(&["mem_alloc"]).inc_by(3);
         m.set_dropped_total(7);
         m.set_dropped_total(5); // never goes back
         let text = m.render();
         assert!(
-            text.contains(
-                r#"hami_container_limit_bytes{container="c1",device="0",region="/tmp/r"} 100"#
-            ),
+            text.contains(r#"hami_container_limit_bytes{container_name="main",device="0",gpu_uuid="GPU-0a1b2c3d-0000-1111-2222-333344445555",pod_name="trainer-0",pod_namespace="ml",region="/tmp/r"} 100"#),
             "{text}"
         );
-        assert!(text.contains(
-            r#"hami_container_observed_bytes{container="c1",device="0",region="/tmp/r"} 45"#
-        ));
         assert!(text.contains(r#"hami_events_total{kind="mem_alloc"} 3"#));
         assert!(text.contains("hami_events_dropped_total 7"));
-        assert!(text.contains(r#"hami_findings{kind="bypass"} 0"#));
+        assert!(text.contains(r#"hami_findings_standing{kind="bypass"} 0"#));
+        assert!(text.contains(r#"hami_findings_total{kind="bypass"} 0"#));
+        assert!(text.contains("hami_build_info{"), "{text}");
+        assert!(text.contains("process_resident_memory_bytes "), "{text}");
+        // No family named like another's counter (OpenMetrics strips `_total`).
+        assert!(!text.contains("hami_findings{"));
+        // No label a Kubernetes scrape sets on its target.
+        for l in [
+            "container=",
+            "namespace=",
+            "pod=",
+            "instance=",
+            "job=",
+            "node=",
+        ] {
+            assert!(
+                !text.contains(&format!("{{{l}")) && !text.contains(&format!(",{l}")),
+                "{l}"
+            );
+        }
         // A region that went away disappears from the gauges.
-        m.set_usage(&[]);
+        m.set_regions(&[]);
         assert!(!m.render().contains("hami_container_limit_bytes{"));
-        assert_eq!(route("/nope", &m).0, 404);
-        assert_eq!(route("/metrics?x=1", &m).0, 200);
     }
 
     #[test]
-    fn dashboard_uses_only_exported_metrics() {
-        let m = Metrics::new().unwrap();
+    fn per_process_series_are_opt_in_and_have_no_hooked_label() {
+        let p = [ProcessSample {
+            pid: 42,
+            identity: ident("ml", "p", "c"),
+            observed: 9,
+        }];
+        let off = Metrics::new(MetricsOptions::default()).unwrap();
+        off.set_processes(&p);
+        let t = off.render();
+        assert!(!t.contains("hami_process_observed_bytes{"), "{t}");
+        assert!(t.contains("hami_processes_tracked 1"));
+        let on = Metrics::new(MetricsOptions {
+            per_process: true,
+            ..Default::default()
+        })
+        .unwrap();
+        on.set_processes(&p);
+        let t = on.render();
+        assert!(
+            t.contains(r#"hami_process_observed_bytes{container_name="c",pid="42",pod_name="p",pod_namespace="ml"} 9"#),
+            "{t}"
+        );
+        assert!(!t.contains("hooked"));
+    }
+
+    #[test]
+    fn hami_compat_families_use_hamis_names_and_labels() {
+        let off = Metrics::new(MetricsOptions::default()).unwrap();
+        off.set_regions(&[series("main", 1)]);
+        assert!(!off.render().contains("vgpu"));
+        let m = Metrics::new(MetricsOptions {
+            hami_compat: true,
+            ..Default::default()
+        })
+        .unwrap();
+        m.set_regions(&[series("main", 1)]);
+        let t = m.render();
+        let u = "GPU-0a1b2c3d-0000-1111-2222-333344445555";
+        assert!(t.contains(&format!(r#"hami_vgpu_memory_used_bytes{{container="main",device_uuid="{u}",namespace="ml",pod="trainer-0",vdevice_index="1"}} 50"#)), "{t}");
+        assert!(t.contains(&format!(r#"hami_vgpu_memory_limit_bytes{{container="main",device_uuid="{u}",namespace="ml",pod="trainer-0",vdevice_index="1"}} 100"#)));
+        assert!(t.contains(&format!(r#"vGPU_device_memory_usage_in_bytes{{ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1"}} 50"#)));
+        assert!(t.contains(&format!(r#"vGPU_device_memory_limit_in_bytes{{ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1"}} 100"#)));
+        m.set_regions(&[]);
+        assert!(!m.render().contains("vGPU_device_memory_usage_in_bytes{"));
+    }
+
+    #[test]
+    fn uuid_formats_like_nvml() {
+        let mut raw = [0u8; 16];
+        assert_eq!(format_uuid(&raw), None);
+        for (i, b) in raw.iter_mut().enumerate() {
+            *b = i as u8 * 17;
+        }
+        assert_eq!(
+            format_uuid(&raw).unwrap(),
+            "GPU-00112233-4455-6677-8899-aabbccddeeff"
+        );
+    }
+
+    #[test]
+    fn dashboard_uses_only_exported_metrics_and_labels() {
+        let m = Metrics::new(MetricsOptions {
+            per_process: true,
+            hami_compat: true,
+        })
+        .unwrap();
         let dash = std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards/hami.json"),
         )
         .unwrap();
         let _: serde_json::Value = serde_json::from_str(&dash).unwrap();
-        // Metric families that exist even before any sample (label-less or pre-seeded).
-        let mut exported: Vec<String> = m
-            .registry
-            .gather()
-            .iter()
-            .map(|f| f.name().to_string())
-            .collect();
-        // Labelled gauges appear once set; their names are fixed in `Metrics::new`.
-        exported.extend(
-            [
-                "hami_container_limit_bytes",
-                "hami_container_accounted_bytes",
-                "hami_container_accounted_data_bytes",
-                "hami_container_observed_bytes",
-                "hami_process_observed_bytes",
-                "hami_events_total",
-            ]
-            .map(String::from),
-        );
+        let exported = m.family_names();
         let mut used = Vec::new();
         let mut rest = dash.as_str();
         while let Some(i) = rest.find("hami_") {
@@ -398,50 +660,17 @@ mod tests {
         }
         used.retain(|n| n != "hami_");
         assert!(used.len() >= 10, "{used:?}");
-        for n in used {
-            assert!(exported.contains(&n), "dashboard uses unknown metric {n}");
+        for n in &used {
+            assert!(exported.contains(n), "dashboard uses unknown metric {n}");
         }
-        // And every labelled family really renders under that name once set.
-        m.set_usage(&[RegionUsage {
-            container: "c".into(),
-            region: "r".into(),
-            device: 0,
-            limit: 1,
-            accounted: 1,
-            accounted_data: 1,
-            observed: 1,
-        }]);
-        m.set_processes(&[ProcessSample {
-            pid: 1,
-            container: "c".into(),
-            hooked: true,
-            observed: 1,
-        }]);
-        m.events.with_label_values(&["mem_alloc"]).inc();
-        let text = m.render();
-        for n in &exported {
-            assert!(
-                text.contains(&format!("{n}{{")) || text.contains(&format!("{n} ")),
-                "{n}"
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn http_server_serves_metrics() {
-        let m = Arc::new(Metrics::new().unwrap());
-        m.processes.set(3);
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let task = tokio::spawn(serve(l, Arc::clone(&m)));
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.unwrap();
-        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
-        assert!(out.contains("hami_processes_tracked 3"));
-        task.abort();
+        // Old label names the dashboard must no longer filter on.
+        assert!(
+            !dash.contains("container=~"),
+            "dashboard filters on `container`"
+        );
+        assert!(
+            !dash.contains("hami_findings{"),
+            "dashboard uses the old gauge name"
+        );
     }
 }

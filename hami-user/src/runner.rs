@@ -11,7 +11,8 @@ use tokio::sync::mpsc;
 
 use crate::agent::{Agent, AgentOptions, TickOutcome};
 use crate::findings::Finding;
-use crate::metrics::{Metrics, ProcessSample};
+use crate::http::Health;
+use crate::metrics::{Metrics, MetricsOptions};
 use crate::nvml::Nvml;
 use crate::probes::{DiscoveryOptions, ProbeError, ProbeHandle, ProbeOptions, Probes};
 use crate::report::{AuditReport, NvmlSummary, ProbeSummary};
@@ -52,6 +53,8 @@ pub struct RunOptions {
     pub duration: Option<Duration>,
     /// Log findings as they are raised (`run`).
     pub log_findings: bool,
+    /// Optional metric families.
+    pub metrics: MetricsOptions,
 }
 
 /// Everything running.
@@ -62,6 +65,7 @@ struct Running {
     nvml: Option<Nvml>,
     nvml_error: Option<String>,
     metrics: Arc<Metrics>,
+    health: Arc<Health>,
     attached: usize,
     /// [`ProbeHandle::attach_generation`] last acted on.
     generation: u64,
@@ -109,7 +113,7 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
     if !baselined.is_empty() {
         tracing::info!(pids = ?baselined, "processes running before attach: baselined (pre-existing, not observed from start)");
     }
-    let metrics = Arc::new(Metrics::new()?);
+    let metrics = Arc::new(Metrics::new(opts.metrics)?);
     metrics.nvml_available.set(i64::from(nvml.is_some()));
     metrics.libcuda_attached.set(attached.len() as i64);
     Ok(Running {
@@ -119,6 +123,7 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
         nvml,
         nvml_error,
         metrics,
+        health: Arc::new(Health::new()),
         attached: attached.len(),
         generation,
     })
@@ -165,19 +170,15 @@ fn log_finding(f: &Finding) {
 impl Running {
     fn update_metrics(&self) {
         let m = &self.metrics;
-        m.set_usage(&self.agent.usage());
-        let rows = self.agent.process_rows();
-        m.set_processes(
-            &rows
-                .iter()
-                .map(|r| ProcessSample {
-                    pid: r.pid,
-                    container: r.container.clone(),
-                    hooked: r.hooked.unwrap_or(false),
-                    observed: r.observed,
-                })
-                .collect::<Vec<_>>(),
-        );
+        m.set_regions(&self.agent.region_series());
+        m.set_processes(&self.agent.process_samples());
+        m.regions.set(self.agent.region_count() as i64);
+        let released = self.agent.released_regions();
+        if released > m.regions_released.get() {
+            m.regions_released
+                .inc_by(released - m.regions_released.get());
+        }
+        m.region_errors.set(self.agent.region_error_count() as i64);
         m.set_findings(&self.agent.standing());
         let c = self.handle.counters();
         m.set_dropped_total(c.dropped);
@@ -189,7 +190,15 @@ impl Running {
         self.attached = self.handle.attached().len();
         if let Some(n) = &self.nvml {
             if last_nvml.elapsed() >= Duration::from_secs(2) {
-                self.agent.set_nvml(Some(n.snapshot()));
+                let snap = n.snapshot();
+                // A device whose handle, UUID or memory info could not be read.
+                let failed = snap
+                    .devices
+                    .iter()
+                    .filter(|d| d.uuid.is_none() || d.total.is_none())
+                    .count();
+                self.metrics.nvml_errors.inc_by(failed as u64);
+                self.agent.set_nvml(Some(snap));
                 *last_nvml = Instant::now();
             }
         }
@@ -200,6 +209,7 @@ impl Running {
         self.metrics.count_new_findings(&out.raised);
         self.metrics.reclaimed.inc_by(out.reclaimed.len() as u64);
         self.update_metrics();
+        self.health.beat();
     }
 
     /// A libcuda file is being attached: the processes that already map it may have
@@ -271,11 +281,15 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
                 .await
                 .map_err(|source| RunError::Bind { addr, source })?;
             let local = l.local_addr().unwrap_or(addr);
-            tracing::info!(addr = %local, "serving /metrics");
-            Some(tokio::spawn(crate::metrics::serve(
-                l,
-                Arc::clone(&r.metrics),
-            )))
+            tracing::info!(addr = %local, "serving /metrics"); // `/healthz` too; tools match this message
+                                                               // Unhealthy when the loop has not ticked for 10 periods (at least 10 s).
+            let max_age = (opts.interval * 10).max(Duration::from_secs(10));
+            let (m, h) = (Arc::clone(&r.metrics), Arc::clone(&r.health));
+            Some(tokio::spawn(async move {
+                if let Err(e) = crate::http::serve(l, m, h, max_age).await {
+                    tracing::error!(error = %e, "the /metrics server stopped");
+                }
+            }))
         }
         None => None,
     };

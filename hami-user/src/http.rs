@@ -1,0 +1,227 @@
+//! The HTTP endpoint (axum on hyper, on the agent's tokio runtime): `GET /metrics` (the
+//! Prometheus text format), `GET /healthz` (200 while the event loop has ticked recently,
+//! 503 otherwise), `GET /` (a pointer to both). Anything else is 404; methods other than
+//! GET/HEAD are 405 (axum's routing). Slow or idle connections are hyper's to handle.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+
+use crate::metrics::Metrics;
+
+/// Errors of `--metrics-addr`.
+#[derive(Debug, thiserror::Error)]
+pub enum AddrError {
+    /// Neither `HOST:PORT`, `:PORT` nor `PORT`.
+    #[error("invalid listen address {0:?}: expected HOST:PORT, :PORT or PORT (e.g. :9494, 0.0.0.0:9494, [::]:9494)")]
+    Invalid(String),
+}
+
+/// Parses a listen address: `HOST:PORT` (IPv4 or bracketed IPv6), `:PORT` (every IPv4
+/// address, as Go programs and `node_exporter` accept it) or a bare `PORT`.
+pub fn parse_listen_addr(s: &str) -> Result<SocketAddr, AddrError> {
+    let t = s.trim();
+    if let Some(port) = t.strip_prefix(':') {
+        return port
+            .parse::<u16>()
+            .map(|p| SocketAddr::from(([0, 0, 0, 0], p)))
+            .map_err(|_| AddrError::Invalid(s.to_string()));
+    }
+    if let Ok(p) = t.parse::<u16>() {
+        return Ok(SocketAddr::from(([0, 0, 0, 0], p)));
+    }
+    t.parse::<SocketAddr>()
+        .map_err(|_| AddrError::Invalid(s.to_string()))
+}
+
+/// Liveness of the event loop: the loop calls [`Health::beat`] on every tick.
+#[derive(Debug, Default)]
+pub struct Health {
+    last_beat_ms: AtomicU64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Health {
+    /// A health state that has beaten now.
+    pub fn new() -> Health {
+        let h = Health::default();
+        h.beat();
+        h
+    }
+
+    /// The loop is alive.
+    pub fn beat(&self) {
+        self.last_beat_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Whether the loop beat within `max_age`.
+    pub fn is_fresh(&self, max_age: Duration) -> bool {
+        now_ms().saturating_sub(self.last_beat_ms.load(Ordering::Relaxed))
+            <= max_age.as_millis() as u64
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    max_age: Duration,
+}
+
+/// The router: `/metrics`, `/healthz`, `/`.
+pub fn router(metrics: Arc<Metrics>, health: Arc<Health>, max_age: Duration) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(healthz_handler))
+        .route("/", get(root_handler))
+        .with_state(AppState {
+            metrics,
+            health,
+            max_age,
+        })
+}
+
+async fn metrics_handler(State(s): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        s.metrics.render(),
+    )
+}
+
+async fn healthz_handler(State(s): State<AppState>) -> impl IntoResponse {
+    if s.health.is_fresh(s.max_age) {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "event loop stalled\n")
+    }
+}
+
+async fn root_handler() -> &'static str {
+    "hami-agent: /metrics, /healthz\n"
+}
+
+/// Serves the router on `listener` until the task is dropped.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    max_age: Duration,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(metrics, health, max_age)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::MetricsOptions;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(
+            parse_listen_addr(":9494").unwrap(),
+            "0.0.0.0:9494".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("9494").unwrap(),
+            "0.0.0.0:9494".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("127.0.0.1:1").unwrap(),
+            "127.0.0.1:1".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen_addr("[::1]:9494").unwrap(),
+            "[::1]:9494".parse().unwrap()
+        );
+        for bad in ["", ":", ":99999", "host", "1.2.3.4", "::1:9494"] {
+            let e = parse_listen_addr(bad).unwrap_err().to_string();
+            assert!(e.contains("HOST:PORT"), "{bad}: {e}");
+        }
+    }
+
+    async fn get_raw(addr: SocketAddr, req: &str) -> String {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_health_and_rejects_the_rest() {
+        let m = Arc::new(Metrics::new(MetricsOptions::default()).unwrap());
+        m.processes.set(3);
+        let health = Arc::new(Health::new());
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let task = tokio::spawn(serve(
+            l,
+            Arc::clone(&m),
+            Arc::clone(&health),
+            Duration::from_secs(60),
+        ));
+        let out = get_raw(
+            addr,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        assert!(out.contains("text/plain; version=0.0.4"), "{out}");
+        assert!(out.contains("hami_processes_tracked 3"));
+        let out = get_raw(
+            addr,
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        let out = get_raw(
+            addr,
+            "GET /nope HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 404"), "{out}");
+        let out = get_raw(
+            addr,
+            "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 405"), "{out}");
+        // Garbage gets a 400 from hyper, not a hang or a crash.
+        let out = get_raw(addr, "\u{1}\u{2}garbage\r\n\r\n").await;
+        assert!(out.is_empty() || out.starts_with("HTTP/1.1 400"), "{out}");
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn healthz_is_503_when_the_loop_stalls() {
+        let m = Arc::new(Metrics::new(MetricsOptions::default()).unwrap());
+        let health = Arc::new(Health::default()); // never beat
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let task = tokio::spawn(serve(l, m, health, Duration::from_secs(1)));
+        let out = get_raw(
+            addr,
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 503"), "{out}");
+        task.abort();
+    }
+}
