@@ -1,0 +1,515 @@
+//! On a cluster: the real agent scraped by a real Prometheus (Debian's package) the way the
+//! chart's ServiceMonitor scrapes it, the dashboard's every query, `promtool`, an OpenMetrics
+//! model parser, the alert rules' unit tests, and the Helm chart rendered and validated.
+//!
+//! The tools come from `cargo xtask setup`: `prometheus` and `promtool` on PATH (apt), and
+//! `<root>/.tools/venv` with `prometheus-client`, `kubernetes-validate` and `helm-python-sdk`
+//! (PyPI). Without them these tests fail and say which is missing; they never skip. The
+//! scrape test needs root (eBPF), like the other agent tests.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use hami_test_harness::{workspace_root, Artifacts, RunningProbe, TestEnv};
+use serde_json::Value;
+
+mod common;
+use common::{forward_lines, require_root};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+const CID: &str = "5e1f0c2b3a4d59687a8b9c0d1e2f30415263748596a7b8c9d0e1f20314253647";
+const POD_UID: &str = "0d7c3a52-9b1e-4f60-8a2d-6e5f4c3b2a19";
+
+fn tool(name: &str) -> PathBuf {
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        let p = dir.join(name);
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!("`{name}` not found on PATH: run `cargo xtask setup` (installs Debian's prometheus package)");
+}
+
+fn venv_python() -> PathBuf {
+    let p = workspace_root().join(".tools/venv/bin/python3");
+    assert!(
+        p.is_file(),
+        "{} missing: run `cargo xtask setup` (creates the venv with prometheus-client, kubernetes-validate, helm-python-sdk)",
+        p.display()
+    );
+    p
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A plain HTTP/1.1 GET (test side only): status and body.
+fn http_get(addr: SocketAddr, path_and_query: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path_and_query} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((status, body))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((len, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on a child we spawned and have not reaped.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
+}
+
+/// A cgroup that looks like a Kubernetes container's (containerd, systemd driver) in the
+/// unified hierarchy; removed on drop.
+struct PodCgroup {
+    dirs: Vec<PathBuf>,
+}
+
+impl PodCgroup {
+    fn create() -> PodCgroup {
+        let root = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            PathBuf::from("/sys/fs/cgroup")
+        } else {
+            PathBuf::from("/sys/fs/cgroup/unified")
+        };
+        let uid_ = POD_UID.replace('-', "_");
+        let rel = [
+            "kubepods.slice".to_string(),
+            "kubepods-besteffort.slice".to_string(),
+            format!("kubepods-besteffort-pod{uid_}.slice"),
+            format!("cri-containerd-{CID}.scope"),
+        ];
+        let mut dirs = Vec::new();
+        let mut p = root.clone();
+        for r in rel {
+            p = p.join(r);
+            std::fs::create_dir_all(&p)
+                .unwrap_or_else(|e| panic!("cannot create the test cgroup {}: {e}", p.display()));
+            dirs.push(p.clone());
+        }
+        PodCgroup { dirs }
+    }
+
+    fn procs(&self) -> PathBuf {
+        self.dirs.last().unwrap().join("cgroup.procs")
+    }
+}
+
+impl Drop for PodCgroup {
+    fn drop(&mut self) {
+        for d in self.dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// The dashboard's queries with its variables set to "All".
+fn dashboard_queries() -> Vec<(String, String)> {
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace_root().join("dashboards/hami.json")).unwrap(),
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    for p in dash["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            let q = t["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$instance", ".*")
+                .replace("$namespace", ".*")
+                .replace("$container", ".*");
+            out.push((p["title"].as_str().unwrap_or("").to_string(), q));
+        }
+    }
+    assert!(out.len() >= 10, "{out:?}");
+    out
+}
+
+fn prom_query(prom: SocketAddr, q: &str) -> Vec<Value> {
+    let (st, body) = http_get(prom, &format!("/api/v1/query?query={}", urlencode(q)))
+        .unwrap_or_else(|e| panic!("query {q}: {e}"));
+    assert_eq!(st, 200, "query {q}: {body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_has_data() {
+    require_root();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let prometheus = tool("prometheus");
+    let promtool = tool("promtool");
+    let python = venv_python();
+    let a = Artifacts::get();
+    let env = TestEnv::new()
+        .preload(true)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    // What the kubelet writes on every node: the container's log link names it.
+    let logs = env.dir().join("var-log");
+    std::fs::create_dir_all(logs.join("containers")).unwrap();
+    std::fs::write(
+        logs.join(format!("containers/trainer-0_ml-team_cuda-main-{CID}.log")),
+        "",
+    )
+    .unwrap();
+    let cg = PodCgroup::create();
+
+    let agent_port = free_port();
+    let agent_addr: SocketAddr = format!("127.0.0.1:{agent_port}").parse().unwrap();
+    let mut agent = Command::new(env!("CARGO_BIN_EXE_hami-agent"));
+    agent
+        .args(["run", "--metrics-addr", &format!("127.0.0.1:{agent_port}")])
+        .args([
+            "--per-process-metrics",
+            "--hami-compat",
+            "--interval",
+            "200",
+        ])
+        .arg("--kubelet-log-dir")
+        .arg(&logs)
+        .arg("--libcuda")
+        .arg(&a.fake_libcuda)
+        .env("LD_LIBRARY_PATH", &a.fake_lib_dir)
+        .env("FAKE_CUDA_STATE", env.state_path())
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = agent.spawn().expect("spawn hami-agent");
+    let lines = forward_lines(child.stderr.take().unwrap());
+    let _agent = Killed(child);
+    let end = Instant::now() + Duration::from_secs(60);
+    loop {
+        let l = lines
+            .recv_timeout(end.saturating_duration_since(Instant::now()))
+            .expect("hami-agent never said ready");
+        if l.contains("hami-agent: ready") {
+            break;
+        }
+    }
+
+    // A hooked workload in the pod's cgroup: context + 256 MiB under a 1 GiB limit.
+    let mut sh = env.command(Path::new("/bin/sh"));
+    sh.arg("-c")
+        .arg(r#"echo $$ > "$0" && exec "$@""#)
+        .arg(cg.procs())
+        .arg(&a.cudaprobe)
+        .args(["init", "ctx", "alloc", "256M", "wait"]);
+    sh.stdin(Stdio::piped());
+    let mut probe = RunningProbe::start(sh);
+    probe.wait_for("wait");
+
+    // Prometheus, scraping like the chart's ServiceMonitor: honor_labels false and the
+    // target labels a Kubernetes endpoint gets.
+    let prom_port = free_port();
+    let prom_addr: SocketAddr = format!("127.0.0.1:{prom_port}").parse().unwrap();
+    let cfg = env.dir().join("prometheus.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: hami-system/hami-agent\n    honor_labels: false\n\
+             \x20   static_configs:\n      - targets: ['127.0.0.1:{agent_port}']\n\
+             \x20       labels: {{namespace: hami-system, pod: hami-agent-x7k2p, container: agent, node: gpu-node-1, service: hami-agent}}\n"
+        ),
+    )
+    .unwrap();
+    let mut prom = Command::new(&prometheus);
+    prom.arg(format!("--config.file={}", cfg.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            env.dir().join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let _prom = Killed(prom.spawn().expect("spawn prometheus"));
+
+    // Every dashboard query returns data once a few scrapes are in.
+    let queries = dashboard_queries();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut missing;
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        missing = Vec::new();
+        for (title, q) in &queries {
+            let ok = http_get(prom_addr, "/-/ready").is_ok_and(|(s, _)| s == 200)
+                && !prom_query(prom_addr, q).is_empty();
+            if !ok {
+                missing.push(format!("{title}: {q}"));
+            }
+        }
+        if missing.is_empty() || Instant::now() > deadline {
+            break;
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "dashboard queries without data:\n{}",
+        missing.join("\n")
+    );
+
+    // The workload's names survived the scrape in their own labels; the target's own
+    // labels are the agent's.
+    let r = prom_query(
+        prom_addr,
+        r#"hami_container_limit_bytes{pod_namespace="ml-team",pod_name="trainer-0",container_name="cuda-main",namespace="hami-system",pod="hami-agent-x7k2p",device="0"}"#,
+    );
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(r[0]["value"][1], "1073741824");
+    // One region, one device: the fake driver has two GPUs, but the region covers what
+    // its processes use.
+    let devs = prom_query(
+        prom_addr,
+        r#"hami_container_limit_bytes{pod_name="trainer-0"}"#,
+    );
+    assert!(devs.len() <= 2, "{devs:?}");
+    // HAMi's families keep HAMi's labels (moved aside by honor_labels: false, as HAMi's own).
+    let h = prom_query(
+        prom_addr,
+        r#"hami_vgpu_memory_used_bytes{exported_namespace="ml-team",exported_pod="trainer-0",exported_container="cuda-main",vdevice_index="0"} > 256 * 1024 * 1024"#,
+    );
+    assert_eq!(h.len(), 1, "{h:?}");
+    assert_eq!(
+        prom_query(
+            prom_addr,
+            r#"vGPU_device_memory_limit_in_bytes{podnamespace="ml-team",podname="trainer-0",ctrname="cuda-main",vdeviceid="0"}"#
+        )
+        .len(),
+        1
+    );
+
+    // The exposition itself: promtool's linter and an OpenMetrics-model parser.
+    let (st, text) = http_get(agent_addr, "/metrics").unwrap();
+    assert_eq!(st, 200);
+    let mut lint = Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    lint.stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = lint.wait_with_output().unwrap();
+    // Clean but for HAMi's older names (`vGPU_device_memory_*`), which are HAMi's, kept
+    // exactly as HAMi spells them for its dashboards (`--hami-compat` only).
+    let complaints: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .chain(String::from_utf8_lossy(&out.stderr).lines())
+        .filter(|l| !(l.starts_with("vGPU_device_memory_") && l.ends_with("not 'camelCase'")))
+        .map(String::from)
+        .collect();
+    assert!(
+        complaints.is_empty(),
+        "promtool check metrics:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exposition = env.dir().join("metrics.txt");
+    std::fs::write(&exposition, &text).unwrap();
+    let out = Command::new(&python)
+        .arg("-c")
+        .arg(
+            "import sys\n\
+             from prometheus_client.parser import text_string_to_metric_families\n\
+             fams = list(text_string_to_metric_families(open(sys.argv[1]).read()))\n\
+             names = [f.name for f in fams]\n\
+             assert len(names) == len(set(names)), names\n\
+             print(len(fams), sum(len(f.samples) for f in fams))\n",
+        )
+        .arg(&exposition)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "prometheus_client refuses the exposition:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (st, _) = http_get(agent_addr, "/healthz").unwrap();
+    assert_eq!(st, 200);
+
+    // The last process exits: its region's series leave /metrics within one scan.
+    let region = env.region_path().display().to_string();
+    assert!(text.contains(&format!("region=\"{region}\"")), "{text}");
+    probe.resume();
+    let _ = probe.finish();
+    let t0 = Instant::now();
+    let gone = loop {
+        let (_, t) = http_get(agent_addr, "/metrics").unwrap();
+        if !t.contains(&format!("region=\"{region}\"")) {
+            break t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "region still exported 3 s after its last process exited:\n{t}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // One scan is 200 ms here; allow the exit to be noticed and one more tick.
+    assert!(gone < Duration::from_millis(600), "took {gone:?}");
+    // Counted as released (other agents' workloads on this machine may add to it).
+    let (_, t) = http_get(agent_addr, "/metrics").unwrap();
+    let released: u64 = t
+        .lines()
+        .find_map(|l| l.strip_prefix("hami_regions_released_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(released >= 1, "{t}");
+}
+
+#[test]
+fn alert_rules_pass_their_promtool_tests() {
+    let promtool = tool("promtool");
+    let root = workspace_root();
+    let rules = root.join("deploy/helm/hami-agent/files/hami-agent.rules.yml");
+    let out = Command::new(&promtool)
+        .args(["check", "rules"])
+        .arg(&rules)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tests = root.join("deploy/rules/hami-agent.rules.test.yml");
+    let out = Command::new(&promtool)
+        .args(["test", "rules"])
+        .arg(&tests)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "promtool test rules:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every alert has a case that fires and one that does not.
+    let rules_text = std::fs::read_to_string(&rules).unwrap();
+    let tests_text = std::fs::read_to_string(&tests).unwrap();
+    let alerts: Vec<&str> = rules_text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- alert: "))
+        .collect();
+    assert_eq!(alerts.len(), 8, "{alerts:?}");
+    for a in alerts {
+        let cases: Vec<&str> = tests_text
+            .split("- eval_time:")
+            .filter(|c| c.contains(&format!("alertname: {a}\n")))
+            .collect();
+        assert!(
+            cases.iter().any(|c| c.contains("exp_alerts: []")),
+            "{a}: no case where it stays silent"
+        );
+        assert!(
+            cases.iter().any(|c| c.contains("exp_labels:")),
+            "{a}: no case where it fires"
+        );
+    }
+}
+
+#[test]
+fn chart_renders_and_every_manifest_validates() {
+    let python = venv_python();
+    let root = workspace_root();
+    // The chart carries the dashboard the repository documents.
+    assert_eq!(
+        std::fs::read(root.join("dashboards/hami.json")).unwrap(),
+        std::fs::read(root.join("deploy/helm/hami-agent/files/hami.json")).unwrap(),
+        "deploy/helm/hami-agent/files/hami.json differs from dashboards/hami.json: copy it"
+    );
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = Command::new(&python)
+        .arg(root.join("deploy/check_chart.py"))
+        .arg(root.join("deploy/helm/hami-agent"))
+        .arg(out_dir.path())
+        .arg("{}")
+        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"perProcessMetrics":true},"runtimeClassName":"nvidia","seccompProfile":"RuntimeDefault"}"#)
+        .output()
+        .unwrap();
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("manifests valid"), "{log}");
+    // What the DaemonSet asks for: host pids, the listed capabilities and nothing more.
+    let ds = std::fs::read_to_string(out_dir.path().join("0-hami-agent_templates_daemonset.yaml"))
+        .unwrap();
+    assert!(ds.contains("hostPID: true"), "{ds}");
+    assert!(ds.contains("privileged: false"));
+    assert!(!ds.contains("- SYS_ADMIN"));
+    assert!(!ds.contains("- DAC_OVERRIDE"), "only with agent.reclaim");
+    let ds_reclaim =
+        std::fs::read_to_string(out_dir.path().join("1-hami-agent_templates_daemonset.yaml"))
+            .unwrap();
+    assert!(ds_reclaim.contains("- DAC_OVERRIDE"), "{ds_reclaim}");
+    let sm = std::fs::read_to_string(
+        out_dir
+            .path()
+            .join("0-hami-agent_templates_servicemonitor.yaml"),
+    )
+    .unwrap();
+    assert!(sm.contains("honorLabels: false"), "{sm}");
+}
