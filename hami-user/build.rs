@@ -35,11 +35,23 @@ fn main() -> anyhow::Result<()> {
             std::fs::write(&obj, b"").with_context(|| format!("writing {}", obj.display()))?;
         }
     } else if which("bpf-linker").is_none() {
-        bail!(
-            "bpf-linker not found on PATH: run `cargo xtask setup` and put `{}/.tools/bin` on \
-             PATH (cargo xtask test does this)",
-            root.display()
-        );
+        // `cargo xtask setup` installs it in the project's `.tools/bin`: use it from there, so
+        // that a plain `cargo build --release -p hami-user` works without editing PATH.
+        let tools_bin = root.join(".tools").join("bin");
+        if !tools_bin.join("bpf-linker").is_file() {
+            bail!(
+                "bpf-linker not found on PATH nor in {}: run `cargo xtask setup`",
+                tools_bin.display()
+            );
+        }
+        let mut paths = vec![tools_bin];
+        if let Some(old) = std::env::var_os("PATH") {
+            paths.extend(std::env::split_paths(&old));
+        }
+        let joined = std::env::join_paths(paths).context("PATH with .tools/bin")?;
+        // The eBPF build (aya-build's cargo and rustc's linker call) inherits it. A build
+        // script is single-threaded here, before anything else reads the environment.
+        std::env::set_var("PATH", joined);
     }
     let ebpf_dir = ebpf_dir
         .to_str()

@@ -132,7 +132,7 @@ pub fn gpu_bundle_with(root: &Path, opts: &BundleOptions) -> Result<PathBuf> {
 }
 
 /// `CARGO_TARGET_DIR` (relative to `root` if relative), else `<root>/target`.
-fn target_dir(root: &Path) -> PathBuf {
+pub(crate) fn target_dir(root: &Path) -> PathBuf {
     match std::env::var_os("CARGO_TARGET_DIR") {
         Some(d) if !d.is_empty() => {
             let d = PathBuf::from(d);
@@ -163,7 +163,7 @@ fn file_name(p: &Path) -> Result<&std::ffi::OsStr> {
         .with_context(|| format!("{} has no file name", p.display()))
 }
 
-fn copy_file(src: &Path, dst: &Path) -> Result<()> {
+pub(crate) fn copy_file(src: &Path, dst: &Path) -> Result<()> {
     if let Some(parent) = dst.parent() {
         fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
@@ -182,7 +182,7 @@ fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Copy a folder's files recursively, leaving out Python caches.
-fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
+pub(crate) fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
     for entry in sorted_entries(src)? {
         let name = file_name(&entry)?;
         if name == "__pycache__" || entry.extension().is_some_and(|e| e == "pyc") {
@@ -198,7 +198,7 @@ fn copy_tree(src: &Path, dst: &Path) -> Result<()> {
 }
 
 /// `strip --strip-unneeded` (keeps the dynamic symbols the preload exports).
-fn strip(p: &Path) -> Result<()> {
+pub(crate) fn strip(p: &Path) -> Result<()> {
     let status = Command::new("strip")
         .arg("--strip-unneeded")
         .arg(p)
@@ -278,7 +278,7 @@ fn leading_number(b: &[u8]) -> Option<(u32, usize)> {
         .map(|v| (v, n))
 }
 
-fn git_describe(root: &Path) -> String {
+pub(crate) fn git_describe(root: &Path) -> String {
     let out = Command::new("git")
         .args(["describe", "--always", "--dirty"])
         .current_dir(root)

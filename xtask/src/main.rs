@@ -5,10 +5,12 @@
 //! * `bench`: benchmarks that print figures.
 //! * `demo`: the end-to-end story on the fake (or real) driver.
 //! * `gpu-bundle`: binaries + acceptance scripts for the GPU machine.
+//! * `dist`: release agent, preload, dashboards, rules, chart, systemd unit, Dockerfile.
 
 mod bench;
 mod bundle;
 mod demo;
+mod dist;
 mod setup;
 mod test;
 mod util;
@@ -22,7 +24,8 @@ tasks:
                      setup + fmt + clippy + build everything + run every test (root for eBPF)
   bench              benchmarks (prints figures)
   demo               the whole story on the fake (or real) driver (root)
-  gpu-bundle         build the folder to carry to the GPU machine";
+  gpu-bundle         build the folder to carry to the GPU machine
+  dist               release agent + preload + dashboards + rules + chart + unit + Dockerfile";
 
 fn main() {
     if let Err(e) = run() {
@@ -54,6 +57,7 @@ fn run() -> Result<()> {
         "bench" => bench::bench(),
         "demo" => demo::demo(),
         "gpu-bundle" => bundle::gpu_bundle(&util::project_root()).map(|_| ()),
+        "dist" => dist::dist(&util::project_root()).map(|_| ()),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
             Ok(())

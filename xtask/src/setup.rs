@@ -7,7 +7,12 @@
 //! 2. `bpf-linker` 0.13.0, built against the nightly toolchain's own `libLLVM` (no system LLVM
 //!    of the right version exists on Debian 12) into the project-local `.tools/` directory,
 //!    reused on the next run;
-//! 3. the Debian packages the tests need (`gcc` for the C test programs).
+//! 3. the Debian packages the tests need (`gcc` for the C test programs; `prometheus`, which
+//!    brings `promtool`, for the scrape and alert-rule tests);
+//! 4. a Python venv in `.tools/venv` with the PyPI packages the cluster tests use
+//!    ([`PY_REQUIREMENTS`]: `prometheus-client`'s parser, `kubernetes-validate`, and
+//!    `helm-python-sdk`, Helm's own Go SDK behind a C ABI, since no reachable registry ships
+//!    the `helm` binary), reused while its stamp matches.
 //!
 //! Every failure names the missing piece.
 
@@ -20,6 +25,14 @@ use anyhow::{anyhow, bail, Context, Result};
 
 /// The bpf-linker version the project builds.
 const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// What `.tools/venv` holds (pinned; the stamp file repeats this list).
+pub const PY_REQUIREMENTS: &[&str] = &[
+    "prometheus-client==0.26.0",
+    "kubernetes-validate==1.37.0",
+    "helm-python-sdk==0.2.2",
+    "PyYAML==6.0.4",
+];
 
 /// What `setup` made ready.
 #[derive(Debug, Clone)]
@@ -50,6 +63,8 @@ pub fn setup() -> Result<Tools> {
     step("nightly rust-src", || ensure_rust_src(&sysroot))?;
     step("bpf-linker", || ensure_bpf_linker(&root, &tools, &sysroot))?;
     step("C compiler (gcc)", ensure_gcc)?;
+    step("prometheus and promtool", ensure_prometheus)?;
+    step("python venv (.tools/venv)", || ensure_venv(&tools))?;
     println!(
         "setup: ready in {:.1} s (bpf-linker in {})",
         start.elapsed().as_secs_f64(),
@@ -302,5 +317,103 @@ fn ensure_gcc() -> Result<()> {
     if !gcc_works() {
         bail!("gcc still does not run after apt-get install");
     }
+    Ok(())
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+}
+
+/// `apt-get install` of `pkgs` (after one `apt-get update`), or a clear error off Debian.
+fn apt_install(pkgs: &[&str], why: &str) -> Result<()> {
+    if output_of(Command::new("apt-get").arg("--version")).is_none() {
+        bail!(
+            "{} missing and this is not a Debian/Ubuntu system (no apt-get): install them ({why})",
+            pkgs.join(", ")
+        );
+    }
+    println!(
+        "setup:   installing {} with apt-get ({why})",
+        pkgs.join(" ")
+    );
+    run_echo(
+        Command::new("apt-get").arg("update").arg("-q"),
+        "refreshing the apt package lists",
+    )?;
+    run_echo(
+        Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(pkgs),
+        why,
+    )
+}
+
+fn ensure_prometheus() -> Result<()> {
+    if on_path("prometheus") && on_path("promtool") {
+        return Ok(());
+    }
+    apt_install(&["prometheus"], "the scrape and alert-rule tests")?;
+    if !(on_path("prometheus") && on_path("promtool")) {
+        bail!("the prometheus package is installed but prometheus/promtool are not on PATH");
+    }
+    Ok(())
+}
+
+fn ensure_venv(tools: &Tools) -> Result<()> {
+    let venv = tools.tools_dir.join("venv");
+    let python = venv.join("bin").join("python3");
+    let stamp = tools.tools_dir.join("venv.stamp");
+    let want = PY_REQUIREMENTS.join("\n") + "\n";
+    if fs::read_to_string(&stamp).ok().as_deref() == Some(want.as_str())
+        && output_of(Command::new(&python).args([
+            "-c",
+            "import prometheus_client, kubernetes_validate, helm_python, yaml",
+        ]))
+        .is_some()
+    {
+        println!("setup:   reusing {}", venv.display());
+        return Ok(());
+    }
+    if output_of(Command::new("python3").arg("--version")).is_none() {
+        apt_install(&["python3"], "the cluster tests' Python tools")?;
+    }
+    // Debian splits venv's pip bootstrap into python3-venv.
+    if output_of(Command::new("python3").args(["-c", "import ensurepip, venv"])).is_none() {
+        apt_install(&["python3-venv"], "creating .tools/venv")?;
+    }
+    let _ = fs::remove_file(&stamp);
+    if venv.exists() {
+        fs::remove_dir_all(&venv).with_context(|| format!("removing {}", venv.display()))?;
+    }
+    run_echo(
+        Command::new("python3").arg("-m").arg("venv").arg(&venv),
+        "creating the Python venv",
+    )?;
+    run_echo(
+        Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-input",
+                "--disable-pip-version-check",
+            ])
+            .args(PY_REQUIREMENTS),
+        "installing the PyPI packages (needs network access to PyPI)",
+    )?;
+    output_of(Command::new(&python).args([
+        "-c",
+        "import prometheus_client, kubernetes_validate, helm_python, yaml",
+    ]))
+    .ok_or_else(|| {
+        anyhow!(
+            "{} cannot import the packages it just installed",
+            python.display()
+        )
+    })?;
+    fs::write(&stamp, want).with_context(|| format!("writing {}", stamp.display()))?;
     Ok(())
 }
