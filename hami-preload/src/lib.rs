@@ -28,3 +28,9 @@ pub mod policy;
 pub mod real;
 pub mod state;
 pub mod symbols;
+
+/// Exported marker: lets `hami-agent` recognise this library by content whatever its file
+/// name, e.g. when installed as HAMi-core's `/usr/local/vgpu/libvgpu.so` so that HAMi's device
+/// plugin mounts it (`docs/deploy.md`). The value is the marker's own version.
+#[no_mangle]
+pub static hami_preload_marker: u32 = 1;

@@ -94,6 +94,11 @@ fn file_meta(md: &std::fs::Metadata) -> Option<FileMeta> {
     })
 }
 
+/// HAMi-core's library file name, which HAMi's device plugin mounts into containers.
+const HAMI_CORE_NAME: &str = "libvgpu.so";
+/// The symbol hami-preload exports so that it is recognised under another name.
+const PRELOAD_MARKER: &str = "hami_preload_marker";
+
 /// A slot released by `--reclaim`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Reclaimed {
@@ -144,6 +149,8 @@ pub struct Agent {
     resolver: Resolver,
     /// Regions unmapped since start because no process used them any more.
     released_regions: u64,
+    /// Mapped files checked for the preload's marker, by `/proc/<pid>/maps` identity.
+    preload_files: HashMap<(String, u64), bool>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -180,6 +187,7 @@ impl Agent {
             started_at,
             resolver: Resolver::new(opts.log_root.clone()),
             released_regions: 0,
+            preload_files: HashMap::new(),
             opts,
         };
         for p in a.opts.regions.clone() {
@@ -294,7 +302,10 @@ impl Agent {
 
     /// Reads `/proc` for a pid and opens its region.
     fn learn(&mut self, pid: u32) {
-        let info = procinfo::read_proc(&self.opts.proc_root, pid).ok();
+        let mut info = procinfo::read_proc(&self.opts.proc_root, pid).ok();
+        if let Some(i) = info.as_mut().filter(|i| !i.hooked) {
+            i.hooked = self.preload_under_other_name(pid);
+        }
         let identity = self.identify(pid, info.as_ref());
         let mut entry = ProcEntry {
             info,
@@ -304,6 +315,31 @@ impl Agent {
         };
         self.attach_region(&mut entry);
         self.entries.insert(pid, entry);
+    }
+
+    /// Whether the process maps hami-preload installed under HAMi-core's file name
+    /// (`libvgpu.so*`): such a file counts when its `.dynsym` defines the preload's marker
+    /// symbol. One check per file identity.
+    fn preload_under_other_name(&mut self, pid: u32) -> bool {
+        let Ok(maps) = procinfo::read_maps(&self.opts.proc_root, pid) else {
+            return false;
+        };
+        let mut found = false;
+        for m in procinfo::maps_entries(&maps) {
+            let path = m.path.strip_suffix(" (deleted)").unwrap_or(m.path);
+            let name = path.rsplit('/').next().unwrap_or("");
+            if !path.starts_with('/') || !name.starts_with(HAMI_CORE_NAME) {
+                continue;
+            }
+            let key = (m.dev.to_string(), m.inode);
+            let host = procinfo::host_path(&self.opts.proc_root, pid, path);
+            let is = *self.preload_files.entry(key).or_insert_with(|| {
+                crate::probes::discovery::elf_defined_symbols(&host, &[PRELOAD_MARKER])
+                    .is_some_and(|s| !s.is_empty())
+            });
+            found |= is;
+        }
+        found
     }
 
     /// Namespace, pod and container names of a process (see [`crate::identity`]).
@@ -425,6 +461,12 @@ impl Agent {
                 let mut e = self.entries.remove(&pid).expect("present");
                 if e.info.is_none() {
                     e.info = procinfo::read_proc(&root, pid).ok();
+                    if e.info.as_ref().is_some_and(|i| !i.hooked) {
+                        let hooked = self.preload_under_other_name(pid);
+                        if let Some(i) = e.info.as_mut() {
+                            i.hooked = hooked;
+                        }
+                    }
                 }
                 self.attach_region(&mut e);
                 self.entries.insert(pid, e);
@@ -1252,6 +1294,47 @@ mod tests {
         );
         assert_eq!(row.unmatched_frees, 1);
         assert_eq!(row.verdict, "ok");
+    }
+
+    fn libvgpu_process(w: &World, pid: u32, marker: bool) {
+        fake_proc(
+            &w.root,
+            pid,
+            5000 + pid as u64,
+            &[pid, 7],
+            NS,
+            &format!("0::/kubepods/besteffort/podx/{CID}\n"),
+            &[
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+                "/usr/local/vgpu/libvgpu.so",
+            ],
+            &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")],
+        );
+        let lib = w.root.join(format!("{pid}/root/usr/local/vgpu/libvgpu.so"));
+        std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+        let src = lib.with_extension("c");
+        let body = if marker {
+            "unsigned int hami_preload_marker = 1; int cuInit(unsigned f) { return f; }\n"
+        } else {
+            "int cuInit(unsigned f) { return f; }\n"
+        };
+        std::fs::write(&src, body).unwrap();
+        hami_test_harness::cc(&src, &lib, &["-shared", "-fPIC"]);
+    }
+
+    #[test]
+    fn preload_installed_as_hamis_libvgpu_counts_as_hooked() {
+        let w = World::new();
+        libvgpu_process(&w, 100, true);
+        let mut a = w.agent(false);
+        a.on_event(&ev(EventKind::MemAlloc, 100, MIB, 0x7000, 0));
+        assert_eq!(a.process_rows()[0].hooked, Some(true));
+        // HAMi-core's own libvgpu.so (no marker) is not hami-preload.
+        let w = World::new();
+        libvgpu_process(&w, 101, false);
+        let mut a = w.agent(false);
+        a.on_event(&ev(EventKind::MemAlloc, 101, MIB, 0x7000, 0));
+        assert_eq!(a.process_rows()[0].hooked, Some(false));
     }
 
     #[test]

@@ -513,3 +513,18 @@ fn chart_renders_and_every_manifest_validates() {
     .unwrap();
     assert!(sm.contains("honorLabels: false"), "{sm}");
 }
+
+/// The agent recognises hami-preload installed as HAMi's `libvgpu.so` by this symbol: the
+/// real library must export it (docs/deploy.md).
+#[test]
+fn the_preload_exports_the_marker_the_agent_looks_for() {
+    let a = Artifacts::get();
+    let found =
+        hami_user::probes::discovery::elf_defined_symbols(&a.preload_so, &["hami_preload_marker"]);
+    assert_eq!(
+        found.as_deref(),
+        Some(&["hami_preload_marker".to_string()][..]),
+        "{}",
+        a.preload_so.display()
+    );
+}

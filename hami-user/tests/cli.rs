@@ -1,0 +1,75 @@
+//! The command line as scripts and log collectors see it: exit statuses, log format.
+//! `audit` loads the probes: root needed (CI runs as root); these fail without it.
+
+use std::process::{Command, Output, Stdio};
+
+use hami_test_harness::Artifacts;
+
+mod common;
+use common::require_root;
+
+fn agent(args: &[&str]) -> Output {
+    let a = Artifacts::get();
+    Command::new(env!("CARGO_BIN_EXE_hami-agent"))
+        .args(args)
+        .env("LD_LIBRARY_PATH", &a.fake_lib_dir)
+        .env_remove("RUST_LOG")
+        .env_remove("HAMI_AGENT_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run hami-agent")
+}
+
+/// Issue 11: clap's usage errors exited 2, the status `audit` uses for findings.
+#[test]
+fn usage_errors_exit_64_not_the_findings_status() {
+    for args in [
+        &["audit", "--no-such-flag"][..],
+        &["run", "--metrics-addr", "nonsense"],
+        &["run", "--metrics-addr", ":99999"],
+        &["audit", "--seconds", "abc"],
+        &["frobnicate"],
+    ] {
+        let out = agent(args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert!(!out.stderr.is_empty(), "{args:?}: no message");
+    }
+    let bad = agent(&["run", "--metrics-addr", "nonsense"]);
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("HOST:PORT"),
+        "{bad:?}"
+    );
+    assert_eq!(agent(&["--help"]).status.code(), Some(0));
+    assert_eq!(agent(&["--version"]).status.code(), Some(0));
+    // An internal error (unreadable region) is 1.
+    let out = agent(&["inspect", "/nonexistent/region.cache"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+}
+
+/// Issue 11: logs carried colour escapes into files; `audit --json` logged text lines.
+#[test]
+fn logs_are_plain_off_a_terminal_and_json_with_audit_json() {
+    require_root();
+    let a = Artifacts::get();
+    let lib = a.fake_libcuda.display().to_string();
+    let text = agent(&["audit", "--seconds", "0.2", "--libcuda", &lib]);
+    assert_eq!(text.status.code(), Some(0), "{text:?}");
+    let err = String::from_utf8_lossy(&text.stderr);
+    assert!(err.contains("hami-agent: ready"), "{err}");
+    assert!(err.contains("INFO"), "{err}");
+    assert!(!err.contains('\u{1b}'), "colour escapes in a pipe:\n{err}");
+
+    let json = agent(&["audit", "--seconds", "0.2", "--json", "--libcuda", &lib]);
+    assert_eq!(json.status.code(), Some(0), "{json:?}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&json.stdout).expect("stdout is one JSON document");
+    assert!(report.is_object());
+    for l in String::from_utf8_lossy(&json.stderr).lines() {
+        if l.starts_with("hami-agent: ready") {
+            continue;
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}"));
+        assert!(v["level"].is_string(), "{l}");
+    }
+}
