@@ -293,6 +293,11 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
         }
         None => None,
     };
+    // Signal handlers first: a SIGTERM sent as soon as "ready" is printed must end the loop
+    // cleanly, not kill the process with the default action.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     // Tests and scripts wait for this line on stderr before starting workloads.
     eprintln!(
         "hami-agent: ready ({} libcuda attached, {} processes baselined)",
@@ -304,9 +309,6 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
     let mut ticker = tokio::time::interval(opts.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_nvml = Instant::now();
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
     let sleep_until = async move {
         match deadline {
             Some(d) => tokio::time::sleep_until(d).await,
