@@ -1,7 +1,10 @@
 //! The HTTP endpoint (axum on hyper, on the agent's tokio runtime): `GET /metrics` (the
 //! Prometheus text format), `GET /healthz` (200 while the event loop has ticked recently,
 //! 503 otherwise), `GET /` (a pointer to both). Anything else is 404; methods other than
-//! GET/HEAD are 405 (axum's routing). Slow or idle connections are hyper's to handle.
+//! GET/HEAD are 405 (axum's routing). The endpoint faces the network: hyper parses the
+//! requests (malformed ones get 400), a client has [`ServeLimits::header_timeout`] to send
+//! its headers and [`ServeLimits::connection_timeout`] in all, and at most
+//! [`ServeLimits::max_connections`] are served at once (more are closed at accept).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -116,6 +119,27 @@ async fn root_handler() -> &'static str {
     "hami-agent: /metrics, /healthz\n"
 }
 
+/// Bounds on what one client can hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// Time to send the request headers.
+    pub header_timeout: Duration,
+    /// Time a connection may stay open in all (keep-alive included).
+    pub connection_timeout: Duration,
+    /// Connections served at once.
+    pub max_connections: usize,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        ServeLimits {
+            header_timeout: Duration::from_secs(5),
+            connection_timeout: Duration::from_secs(60),
+            max_connections: 64,
+        }
+    }
+}
+
 /// Serves the router on `listener` until the task is dropped.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -123,7 +147,42 @@ pub async fn serve(
     health: Arc<Health>,
     max_age: Duration,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(metrics, health, max_age)).await
+    serve_with(listener, metrics, health, max_age, ServeLimits::default()).await
+}
+
+/// [`serve`] with explicit limits.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    max_age: Duration,
+    limits: ServeLimits,
+) -> std::io::Result<()> {
+    let app = router(metrics, health, max_age);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(_) => {
+                // Out of descriptors and the like: back off instead of spinning.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let mut b = hyper::server::conn::http1::Builder::new();
+            b.timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_timeout);
+            let conn = b.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+            let _ = tokio::time::timeout(limits.connection_timeout, conn).await;
+            drop(permit);
+        });
+    }
 }
 
 #[cfg(test)]
@@ -206,6 +265,45 @@ mod tests {
         // Garbage gets a 400 from hyper, not a hang or a crash.
         let out = get_raw(addr, "\u{1}\u{2}garbage\r\n\r\n").await;
         assert!(out.is_empty() || out.starts_with("HTTP/1.1 400"), "{out}");
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_finishes_its_headers_is_dropped() {
+        let m = Arc::new(Metrics::new(MetricsOptions::default()).unwrap());
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = ServeLimits {
+            header_timeout: Duration::from_millis(200),
+            connection_timeout: Duration::from_secs(30),
+            max_connections: 2,
+        };
+        let task = tokio::spawn(serve_with(
+            l,
+            m,
+            Arc::new(Health::new()),
+            Duration::from_secs(60),
+            limits,
+        ));
+        let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        let mut buf = Vec::new();
+        let t = std::time::Instant::now();
+        let _ = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut buf)).await;
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "held {:?}",
+            t.elapsed()
+        );
+        // The server still answers others.
+        let out = get_raw(
+            addr,
+            "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
         task.abort();
     }
 
