@@ -196,8 +196,10 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     let promtool = tool("promtool");
     let python = venv_python();
     let a = Artifacts::get();
+    // A one-GPU container with a global limit (the limit applies to every device index).
     let env = TestEnv::new()
         .preload(true)
+        .env("FAKE_CUDA_DEVICE_COUNT", "1")
         .env("CUDA_DEVICE_MEMORY_LIMIT", "1g");
     // What the kubelet writes on every node: the container's log link names it.
     let logs = env.dir().join("var-log");
@@ -226,6 +228,7 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
         .arg(&a.fake_libcuda)
         .env("LD_LIBRARY_PATH", &a.fake_lib_dir)
         .env("FAKE_CUDA_STATE", env.state_path())
+        .env("FAKE_CUDA_DEVICE_COUNT", "1")
         .env_remove("LD_PRELOAD")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -313,13 +316,15 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     );
     assert_eq!(r.len(), 1, "{r:?}");
     assert_eq!(r[0]["value"][1], "1073741824");
-    // One region, one device: the fake driver has two GPUs, but the region covers what
-    // its processes use.
+    // One region on one GPU: one series per family, not one per possible device index,
+    // and it names the GPU.
     let devs = prom_query(
         prom_addr,
         r#"hami_container_limit_bytes{pod_name="trainer-0"}"#,
     );
-    assert!(devs.len() <= 2, "{devs:?}");
+    assert_eq!(devs.len(), 1, "{devs:?}");
+    let uuid = devs[0]["metric"]["gpu_uuid"].as_str().unwrap_or("");
+    assert!(uuid.starts_with("GPU-"), "{devs:?}");
     // HAMi's families keep HAMi's labels (moved aside by honor_labels: false, as HAMi's own).
     let h = prom_query(
         prom_addr,
