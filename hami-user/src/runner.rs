@@ -281,8 +281,9 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
                 .await
                 .map_err(|source| RunError::Bind { addr, source })?;
             let local = l.local_addr().unwrap_or(addr);
-            tracing::info!(addr = %local, "serving /metrics"); // `/healthz` too; tools match this message
-                                                               // Unhealthy when the loop has not ticked for 10 periods (at least 10 s).
+            // `/healthz` too; tools and tests match this message.
+            tracing::info!(addr = %local, "serving /metrics");
+            // Unhealthy when the loop has not ticked for 10 periods (at least 10 s).
             let max_age = (opts.interval * 10).max(Duration::from_secs(10));
             let (m, h) = (Arc::clone(&r.metrics), Arc::clone(&r.health));
             Some(tokio::spawn(async move {
