@@ -204,10 +204,10 @@ fn layout_matches_documentation() {
     assert_eq!(offset_of!(Slot, status), 4);
     assert_eq!(offset_of!(Slot, start_time), 8);
     assert_eq!(offset_of!(Slot, usage), 16);
-    assert_eq!(size_of::<Slot>(), 400);
+    assert_eq!(size_of::<Slot>(), 656);
     assert_eq!(offset_of!(crate::layout::Region, slots), 968);
-    assert_eq!(REGION_SIZE, 968 + 400 * 1024);
-    assert_eq!(REGION_SIZE, 410_568);
+    assert_eq!(REGION_SIZE, 968 + 656 * 1024);
+    assert_eq!(REGION_SIZE, 672_712);
     const { assert!(MAX_SLOTS >= 1024 && MAX_DEVICES >= 16) };
 }
 
@@ -433,14 +433,14 @@ fn other_version_is_rejected() {
     let d = TempDir::new("version");
     let p = d.file();
     drop(create(&p, 0));
-    patch(&p, 8, &2u32.to_le_bytes());
+    patch(&p, 8, &1u32.to_le_bytes());
     let err = Region::open_or_create(&p, &cfg(0)).unwrap_err();
     assert!(
         matches!(
             err,
             RegionError::VersionMismatch {
-                found: 2,
-                expected: 1,
+                found: 1,
+                expected: 2,
                 ..
             }
         ),
