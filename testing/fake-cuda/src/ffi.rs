@@ -19,8 +19,6 @@ pub type CUstream = *mut c_void;
 pub type CUarray = *mut c_void;
 /// `CUmemoryPool` (opaque pointer).
 pub type CUmemoryPool = *mut c_void;
-/// `CUmodule` (opaque pointer).
-pub type CUmodule = *mut c_void;
 /// `CUmemGenericAllocationHandle`.
 pub type CUmemGenericAllocationHandle = u64;
 
@@ -30,7 +28,9 @@ pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: CUresult = 709;
@@ -158,6 +158,7 @@ pub fn error_text(code: CUresult) -> Option<(&'static str, &'static str)> {
         ),
         208 => ("CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"),
         211 => ("CUDA_ERROR_NOT_MAPPED", "resource not mapped"),
+        301 => ("CUDA_ERROR_FILE_NOT_FOUND", "file not found"),
         304 => (
             "CUDA_ERROR_OPERATING_SYSTEM",
             "OS call failed or operation not supported on this OS",

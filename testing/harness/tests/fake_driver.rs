@@ -324,7 +324,6 @@ fn get_proc_address_matches_the_real_driver_table() {
         "cuMemHostAlloc",
         "cuMemAllocHost",
         "cuMemcpyHtoD",
-        "cuLaunchKernel",
     ];
     let mut args: Vec<String> = Vec::new();
     let mut expect: Vec<(String, i32, u64, String, i32, i32)> = Vec::new();
