@@ -2,7 +2,7 @@
 //! array or a pitched allocation is charged.
 
 use crate::cuda::{CUDA_ARRAY3D_DEFERRED_MAPPING, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR};
-use hami_common::array::array_footprint;
+use hami_common::array::{array_footprint, mipmap_footprint};
 
 /// The quota as the application sees a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -232,6 +232,22 @@ pub fn array3d_charge(d: &CUDA_ARRAY3D_DESCRIPTOR) -> u64 {
     )
 }
 
+/// Charge for `cuMipmappedArrayCreate`: every level (`hami_common::array::mipmap_footprint`);
+/// 0 for `CUDA_ARRAY3D_DEFERRED_MAPPING` (memory mapped into it comes from `cuMemCreate`).
+pub fn mipmap_charge(d: &CUDA_ARRAY3D_DESCRIPTOR, levels: u32) -> u64 {
+    if d.flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0 {
+        return 0;
+    }
+    mipmap_footprint(
+        d.width as u64,
+        d.height as u64,
+        d.depth as u64,
+        d.format,
+        d.num_channels,
+        levels,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,6 +397,17 @@ mod tests {
         assert_eq!(array3d_charge(&d3), 32 << 20);
         d3.flags = CUDA_ARRAY3D_DEFERRED_MAPPING;
         assert_eq!(array3d_charge(&d3), 0);
+        assert_eq!(mipmap_charge(&d3, 3), 0);
+        let m = CUDA_ARRAY3D_DESCRIPTOR {
+            width: 16384,
+            height: 16384,
+            depth: 0,
+            format: 0x20,
+            num_channels: 2,
+            flags: 0,
+        };
+        assert_eq!(mipmap_charge(&m, 1), 2048 << 20);
+        assert!(mipmap_charge(&m, 15) > 2048 << 20);
     }
 
     #[test]

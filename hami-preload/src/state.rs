@@ -83,6 +83,16 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
             format!("{e}; allocations on the affected devices fail with CUDA_ERROR_OUT_OF_MEMORY"),
         ));
     }
+    if let Some(v) = &config.backstop_invalid {
+        messages.push((
+            Level::Warn,
+            format!(
+                "invalid {}={v:?}: not a number of milliseconds; using {}",
+                crate::config::ENV_BACKSTOP_INTERVAL,
+                crate::config::DEFAULT_BACKSTOP_INTERVAL_MS
+            ),
+        ));
+    }
     let rc = RegionConfig {
         limits: config.limits,
         limit_flags: config.limit_flags,
@@ -141,6 +151,12 @@ pub struct ProcState {
     pub accounts: Accounts,
     /// Contexts.
     pub contexts: ContextTable,
+    /// Stream-ordered pools.
+    pub pools: crate::pools::PoolTable,
+    /// Modules and libraries.
+    pub modules: crate::modules::ModuleTable,
+    /// The backstop's refresh clock.
+    pub backstop: crate::backstop::Backstop,
     denial_logged: [AtomicBool; MAX_DEVICES],
     /// Slot index cache for the hot path (u64::MAX = none).
     slot_index: AtomicU64,
@@ -155,6 +171,9 @@ impl ProcState {
             exiting: AtomicBool::new(false),
             accounts: Accounts::default(),
             contexts: ContextTable::default(),
+            pools: Default::default(),
+            modules: Default::default(),
+            backstop: Default::default(),
             denial_logged: std::array::from_fn(|_| AtomicBool::new(false)),
             slot_index: AtomicU64::new(u64::MAX),
         }
