@@ -57,6 +57,8 @@ struct Inner {
     devices: HashMap<u64, usize>,
     /// Live allocations: pointer -> (pool, bytes).
     ptrs: HashMap<u64, (u64, u64)>,
+    /// Release thresholds set before the first allocation from a pool.
+    thresholds: HashMap<u64, u64>,
 }
 
 /// This process's pools.
@@ -155,10 +157,11 @@ impl PoolTable {
             .map(|e| e.dev)
             .or_else(|| g.devices.get(&pool).copied())
             .unwrap_or(dev);
+        let threshold = g.thresholds.get(&pool).copied().unwrap_or(0);
         let mut e = g.pools.get(&pool).copied().unwrap_or(PoolEntry {
             dev,
             charged: 0,
-            threshold: 0,
+            threshold,
             outstanding: 0,
             destroyed: false,
         });
@@ -313,6 +316,7 @@ impl PoolTable {
     /// `cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)` succeeded.
     pub fn set_threshold(&self, pool: u64, threshold: u64) {
         let mut g = self.lock();
+        g.thresholds.insert(pool, threshold);
         if let Some(e) = g.pools.get_mut(&pool) {
             e.threshold = threshold;
         }
@@ -333,6 +337,7 @@ impl PoolTable {
             return r;
         }
         g.devices.remove(&pool);
+        g.thresholds.remove(&pool);
         if let Some(mut e) = g.pools.remove(&pool) {
             let keep = e.outstanding.min(e.charged);
             Self::set_charge(ledger, &mut e, keep);
@@ -542,6 +547,24 @@ mod tests {
         };
         t.set_threshold(0xb1, u64::MAX);
         assert!(!t.any_releasable());
+        // A threshold set before the first allocation is kept.
+        t.set_threshold(0xb7, u64::MAX);
+        let r = t.alloc(
+            &l,
+            0xb7,
+            0,
+            MB,
+            &|| {
+                Some(PoolReading {
+                    reserved: 0,
+                    used: 0,
+                })
+            },
+            || Ok(0x99),
+            |_, _| {},
+        );
+        assert!(matches!(r, PoolAlloc::Done(Ok(()))));
+        assert_eq!(t.get(0xb7).map(|e| e.threshold), Some(u64::MAX));
         t.free(&l, p, || fp.free(p));
         let reads = Cell::new(0);
         let counted = |_: u64| {
