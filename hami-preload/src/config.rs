@@ -22,7 +22,8 @@ pub enum Reason {
     Perm(PermError),
 }
 /// Milliseconds between two refreshes of the backstop (`UsageKind::Other`) per device;
-/// `0` turns the backstop off.
+/// `0` turns the backstop off. Unset: [`DEFAULT_BACKSTOP_INTERVAL_MS`], or off when
+/// `HAMI_CONTEXT_OVERHEAD` fixes the context figure.
 pub const ENV_BACKSTOP_INTERVAL: &str = "HAMI_BACKSTOP_INTERVAL_MS";
 /// Default of [`ENV_BACKSTOP_INTERVAL`].
 pub const DEFAULT_BACKSTOP_INTERVAL_MS: u64 = 1000;
@@ -117,8 +118,14 @@ impl Config {
         };
         let region_mode = perm(ENV_REGION_MODE, parse_region_mode).unwrap_or(DEFAULT_REGION_MODE);
         let region_group = perm(ENV_REGION_GROUP, parse_region_group);
+        // A fixed context overhead is the operator's figure for memory the backstop cannot
+        // tell apart from context memory: then the backstop is off unless asked for.
+        let default_backstop = match context_overhead {
+            Some(_) => None,
+            None => Some(DEFAULT_BACKSTOP_INTERVAL_MS),
+        };
         let (backstop_interval_ms, backstop_invalid) = match get(ENV_BACKSTOP_INTERVAL) {
-            None => (Some(DEFAULT_BACKSTOP_INTERVAL_MS), None),
+            None => (default_backstop, None),
             Some(v) => match v.trim().parse::<u64>() {
                 Ok(0) => (None, None),
                 Ok(n) => (Some(n), None),
@@ -268,6 +275,11 @@ mod tests {
     #[test]
     fn backstop_interval() {
         assert_eq!(cfg(&[]).backstop_interval_ms, Some(1000));
+        // A fixed context overhead turns it off unless it is asked for.
+        let fixed = ("HAMI_CONTEXT_OVERHEAD", "0");
+        assert_eq!(cfg(&[fixed]).backstop_interval_ms, None);
+        let both = cfg(&[fixed, ("HAMI_BACKSTOP_INTERVAL_MS", "20")]);
+        assert_eq!(both.backstop_interval_ms, Some(20));
         let c = cfg(&[("HAMI_BACKSTOP_INTERVAL_MS", " 50 ")]);
         assert_eq!(
             (c.backstop_interval_ms, c.backstop_invalid),
