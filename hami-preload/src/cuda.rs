@@ -63,6 +63,10 @@ pub const CU_STREAM_PER_THREAD: usize = 2;
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
 /// `CUDA_ARRAY3D_DEFERRED_MAPPING`: the array has no backing memory of its own.
 pub const CUDA_ARRAY3D_DEFERRED_MAPPING: c_uint = 0x80;
+/// `CUDA_ARRAY3D_SPARSE`: a sparse array; its memory is mapped from `cuMemCreate` handles.
+pub const CUDA_ARRAY3D_SPARSE: c_uint = 0x40;
+/// `CUDA_ARRAY3D_LAYERED`: `depth` is a layer count.
+pub const CUDA_ARRAY3D_LAYERED: c_uint = 0x01;
 
 /// `CUuuid`.
 #[repr(C)]

@@ -319,6 +319,8 @@ pub fn inspect_json(path: &str, s: &RegionSnapshot) -> Value {
                         "context": sl.usage[d][UsageKind::Context.index()],
                         "module": sl.usage[d][UsageKind::Module.index()],
                         "data": sl.usage[d][UsageKind::Data.index()],
+                        "pool": sl.usage[d][UsageKind::Pool.index()],
+                        "other": sl.usage[d][UsageKind::Other.index()],
                     })
                 })
                 .collect();
@@ -419,10 +421,12 @@ pub fn inspect_text(path: &str, s: &RegionSnapshot) -> String {
         for d in (0..MAX_DEVICES).filter(|&d| sl.device_total(d) != 0) {
             let _ = writeln!(
                 o,
-                "      device {d}: context {}, module {}, data {}",
+                "      device {d}: context {}, module {}, data {}, pool {}, other {}",
                 sl.usage[d][UsageKind::Context.index()],
                 sl.usage[d][UsageKind::Module.index()],
-                sl.usage[d][UsageKind::Data.index()]
+                sl.usage[d][UsageKind::Data.index()],
+                sl.usage[d][UsageKind::Pool.index()],
+                sl.usage[d][UsageKind::Other.index()]
             );
         }
     }
@@ -458,7 +462,7 @@ mod tests {
 
         let ro = Region::open_existing(&path, false).unwrap();
         let v = inspect_json("r.cache", &ro.snapshot());
-        assert_eq!(v["version"], 1);
+        assert_eq!(v["version"], hami_common::layout::VERSION);
         assert_eq!(v["initialised"], true);
         assert_eq!(v["device_count"], 2);
         assert_eq!(v["devices"][0]["limit"], 1u64 << 30);
@@ -479,6 +483,7 @@ mod tests {
         assert_eq!(mine["usage"][0]["device"], 0);
         assert_eq!(mine["usage"][0]["context"], 5u64 << 20);
         assert_eq!(mine["usage"][1]["data"], 64u64 << 20);
+        assert_eq!(mine["usage"][1]["pool"], 0);
         let other = slots.iter().find(|s| s["pid"] == ghost.pid).unwrap();
         assert_eq!(other["liveness"], "dead");
         let text = inspect_text("r.cache", &ro.snapshot());

@@ -87,7 +87,9 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
 // ---------------------------------------------------------------------------------------------
 // Mipmapped arrays
 
-/// Bytes of every level of a mipmapped array (each level halves every dimension, down to 1).
+/// Bytes of every level of a mipmapped array (each level halves every dimension, down to 1;
+/// the layers of a layered array stay). Sparse and deferred-mapping arrays have no memory
+/// of their own.
 fn mipmap_bytes(d: &CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> R<u64> {
     let per = format_bytes(d.format).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if d.width == 0 || !matches!(d.num_channels, 1 | 2 | 4) || levels == 0 || levels > 32 {
@@ -96,9 +98,15 @@ fn mipmap_bytes(d: &CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> R<u64> {
     let mut total: u64 = 0;
     for l in 0..levels {
         let dim = |v: usize| ((v as u64) >> l).max(1);
+        // CUDA_ARRAY3D_LAYERED: the depth is a layer count, the same at every level.
+        let depth = if d.flags & 1 != 0 {
+            (d.depth as u64).max(1)
+        } else {
+            dim(d.depth)
+        };
         let level = dim(d.width)
             .checked_mul(dim(d.height))
-            .and_then(|x| x.checked_mul(dim(d.depth)))
+            .and_then(|x| x.checked_mul(depth))
             .and_then(|x| x.checked_mul(per * d.num_channels as u64))
             .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         total = total.checked_add(level).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
@@ -121,7 +129,10 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
         if d.depth > 0 && d.height == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let bytes = mipmap_bytes(&d, num_levels)?;
+        let mut bytes = mipmap_bytes(&d, num_levels)?;
+        if d.flags & (0x40 | 0x80) != 0 {
+            bytes = 0;
+        }
         let h = g.mipmap_create(bytes)?;
         // SAFETY: checked non-NULL; C contract.
         unsafe { put(handle, h as Handle) };
