@@ -285,6 +285,8 @@ pub type FnCtxDestroy = unsafe extern "C" fn(CUcontext) -> CUresult;
 pub type FnMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
 /// `cuDeviceTotalMem_v2`.
 pub type FnDeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
+/// `cuDriverGetVersion`.
+pub type FnDriverGetVersion = unsafe extern "C" fn(*mut c_int) -> CUresult;
 /// `cuDeviceGetMemPool`, `cuDeviceGetDefaultMemPool`.
 pub type FnDeviceGetMemPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
 /// `cuDeviceSetMemPool`.

@@ -400,6 +400,26 @@ fn log_module_cost(what: &str, dev: usize, cost: ContextCost) {
     }
 }
 
+/// Whether module memory arrives at load: `CUDA_MODULE_LOADING=EAGER`, or a driver older than
+/// 12.2 (whose default is eager). Otherwise (lazy loading) nothing is measured at load: the
+/// memory arrives at the first lookup or launch, measured there, which spares the NVML
+/// readings for the many libraries a framework registers and never uses.
+fn eager_loading() -> bool {
+    static EAGER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *EAGER.get_or_init(|| {
+        if let Ok(v) = std::env::var("CUDA_MODULE_LOADING") {
+            return v.trim().eq_ignore_ascii_case("EAGER");
+        }
+        // SAFETY: documented type.
+        let Some(f) = (unsafe { symbols::cu::<FnDriverGetVersion>(Cu::DriverGetVersion) }) else {
+            return true;
+        };
+        let mut v: c_int = 0;
+        // SAFETY: valid out pointer.
+        (unsafe { f(&mut v) } != CUDA_SUCCESS) || v < 12020
+    })
+}
+
 /// A module or library load: measured, charged, unloaded again if it does not fit.
 /// `real` loads (the handle lands in `*out`), `unload` undoes it.
 fn module_load(
@@ -416,7 +436,7 @@ fn module_load(
     let l = ProcLedger::current();
     let m = meter();
     let measure = || match cur {
-        Some((dev, ctx)) => {
+        Some((dev, ctx)) if eager_loading() => {
             let (r, cost) = l.p.contexts.measure(dev, Some(ctx), &m, || match real() {
                 CUDA_SUCCESS => Ok(ctx),
                 e => Err(e),
@@ -425,7 +445,7 @@ fn module_load(
             // SAFETY: the driver wrote *out on success.
             (r.map(|_| unsafe { *out } as u64), cost.bytes())
         }
-        None => match real() {
+        _ => match real() {
             // SAFETY: as above.
             CUDA_SUCCESS => (Ok(unsafe { *out } as u64), 0),
             e => (Err(e), 0),

@@ -151,6 +151,7 @@ symbol_table! {
         CtxPopCurrentV2 = c"cuCtxPopCurrent_v2",
         MemPoolGetAttribute = c"cuMemPoolGetAttribute",
         StreamIsCapturing = c"cuStreamIsCapturing",
+        DriverGetVersion = c"cuDriverGetVersion",
     }
 }
 

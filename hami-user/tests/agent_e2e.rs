@@ -400,7 +400,7 @@ fn inspect_matches_a_region_written_by_the_preload() {
         &["init", "ctx", "alloc", "64M", "alloc", "8M", "wait"],
     );
     let v = inspect(env.region_path());
-    assert_eq!(v["version"], 1);
+    assert_eq!(v["version"], hami_common::layout::VERSION);
     assert_eq!(v["initialised"], true);
     assert_eq!(v["devices"][0]["limit"], 768 * MIB);
     let slots = v["slots"].as_array().unwrap();
