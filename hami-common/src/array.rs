@@ -178,7 +178,7 @@ mod tests {
         assert!(full > 4 << 20 && full <= 6 << 20);
         // 3D: each level an eighth of the previous one; more levels than halvings.
         let m3 = mipmap_footprint(256, 256, 256, 0x20, 1, 40, false);
-        assert!(m3 >= 64 << 20 && m3 <= 74 << 20, "{m3}");
+        assert!((64 << 20..=74 << 20).contains(&m3), "{m3}");
         // Layered: 8 layers of 1024 x 1024 float at every level.
         assert_eq!(
             mipmap_footprint(1024, 1024, 8, 0x20, 1, 2, true),

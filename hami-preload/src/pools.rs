@@ -137,6 +137,7 @@ impl PoolTable {
     /// An allocation of `bytes` from `pool` on `dev`. `read` reads the pool's attributes,
     /// `call` makes the allocation (returns the pointer), `undo(ptr, keep)` gives it back and
     /// trims the pool to `keep` bytes. See the module documentation.
+    #[allow(clippy::too_many_arguments)]
     pub fn alloc<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
