@@ -1801,6 +1801,7 @@ impl Region {
     }
 
     /// The limit of `dev` in bytes (0 = unlimited; 0 for a bad ordinal). Lock-free.
+    #[inline]
     pub fn limit(&self, dev: usize) -> u64 {
         if dev >= MAX_DEVICES {
             return 0;
@@ -1817,6 +1818,7 @@ impl Region {
     }
 
     /// The admitted total on `dev` (all processes). Lock-free.
+    #[inline]
     pub fn used(&self, dev: usize) -> u64 {
         if dev >= MAX_DEVICES {
             return 0;

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Headroom below which an allocation asks for a refresh: an eighth of the limit, at least
 /// 256 MiB.
+#[inline]
 pub fn headroom_small(limit: u64, used: u64) -> bool {
     limit != 0 && limit.saturating_sub(used) < (limit / 8).max(256 << 20)
 }

@@ -153,7 +153,7 @@ pub(crate) unsafe fn alloc_async(
         PoolAlloc::Unsupported => unsafe { alloc_ptr(what, dptr, bytes, real) },
         PoolAlloc::Done(r) => {
             if r.is_ok() {
-                backstop_tick(pdev);
+                backstop_tick(&l, pdev);
             }
             finish(what, &l, pdev, r)
         }
@@ -903,16 +903,14 @@ pub(crate) fn context_gone(l: &ProcLedger, ctx: usize) {
 /// After an allocation on `dev`: asks for a backstop refresh only when the quota's headroom
 /// is small (two atomic loads otherwise).
 #[inline]
-pub(crate) fn backstop_tick(dev: usize) {
-    let g = state::global();
-    if g.config.backstop_interval_ms.is_none() {
+pub(crate) fn backstop_tick(l: &ProcLedger, dev: usize) {
+    if l.g.config.backstop_interval_ms.is_none() {
         return;
     }
-    let Ok(r) = &g.region else {
-        return;
-    };
-    if dev < MAX_DEVICES && backstop::headroom_small(r.limit(dev), r.used(dev)) {
-        backstop_poll(Some(dev));
+    if let Ok(r) = &l.g.region {
+        if backstop::headroom_small(r.limit(dev), r.used(dev)) {
+            backstop_poll(Some(dev));
+        }
     }
 }
 

@@ -170,7 +170,7 @@ pub(crate) unsafe fn alloc_ptr(
         |_| {},
     );
     if r.is_ok() {
-        crate::device_memory::backstop_tick(dev);
+        crate::device_memory::backstop_tick(&l, dev);
     }
     finish(what, &l, dev, r)
 }
