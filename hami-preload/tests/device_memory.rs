@@ -428,3 +428,38 @@ fn within_the_quota_results_are_the_drivers() {
         assert!(plain.find("launch").len() == 3, "{}", plain.dump());
     }
 }
+
+/// During stream capture `cuMemAllocAsync` takes its memory from the graph's pool, not the
+/// device's current pool: the allocation itself is charged (refused over the quota, as the
+/// H200 showed the application seeing the failed `cudaMallocAsync`) and uncharged at the
+/// captured free; the device's pool is not charged for it.
+#[test]
+fn allocations_during_stream_capture_are_charged_themselves() {
+    let env = env("1G");
+    let mut p = env.spawn_probe(&[
+        "init",
+        "ctx",
+        "streamnew",
+        "capture-begin",
+        "async",
+        "600M",
+        "async",
+        "600M",
+        "capture-end",
+        "wait",
+        "freeasync",
+        "last",
+        "meminfo",
+        "exit",
+        "0",
+    ]);
+    p.wait_for("wait");
+    assert_eq!(charged(&env, UsageKind::Data), 600 * MB);
+    assert_eq!(charged(&env, UsageKind::Pool), 0);
+    p.resume();
+    let p = p.finish();
+    let a = p.find("async");
+    assert_eq!((a[0].rc(), a[1].rc()), (Some(0), Some(OOM)), "{}", p.dump());
+    assert_eq!(p.last("capture-end").rc(), Some(0), "{}", p.dump());
+    assert_eq!(free_at(&p, 0), 1024 * MB, "{}", p.dump());
+}

@@ -132,6 +132,9 @@ WEAK CUresult cuEventCreate(void **, unsigned int);
 WEAK CUresult cuEventRecord(void *, CUstream);
 WEAK CUresult cuEventSynchronize(void *);
 WEAK CUresult cuEventDestroy_v2(void *);
+WEAK CUresult cuStreamCreate(CUstream *, unsigned int);
+WEAK CUresult cuStreamBeginCapture_v2(CUstream, int);
+WEAK CUresult cuStreamEndCapture(CUstream, void **);
 
 /* The function table every operation goes through. */
 static struct {
@@ -201,6 +204,9 @@ static struct {
   CUresult (*EventRecord)(void *, CUstream);
   CUresult (*EventSynchronize)(void *);
   CUresult (*EventDestroy)(void *);
+  CUresult (*StreamCreate)(CUstream *, unsigned int);
+  CUresult (*StreamBeginCapture)(CUstream, int);
+  CUresult (*StreamEndCapture)(CUstream, void **);
 } cu;
 
 enum { CTX_V2 = 2, CTX_V3 = 3, CTX_V4 = 4 };
@@ -224,6 +230,8 @@ typedef struct {
 static rec_t *recs;
 static size_t nrecs, caprecs;
 static CUmemoryPool pool;
+static CUstream stream;  /* the stream of async / freeasync / pool ops (streamnew), NULL by default */
+static int capturing;    /* capture-begin .. capture-end: no synchronisation after those ops */
 
 static void die(const char *fmt, const char *arg) {
   fprintf(stderr, "cudaprobe: ");
@@ -325,7 +333,8 @@ static void resolve(void) {
     cu.LibraryLoadFromFile = cuLibraryLoadFromFile; cu.LibraryUnload = cuLibraryUnload;
     cu.LibraryGetKernel = cuLibraryGetKernel; cu.KernelGetFunction = cuKernelGetFunction; cu.LaunchKernel = cuLaunchKernel;
     cu.LaunchKernelEx = cuLaunchKernelEx; cu.EventCreate = cuEventCreate; cu.EventRecord = cuEventRecord;
-    cu.EventSynchronize = cuEventSynchronize; cu.EventDestroy = cuEventDestroy_v2;
+    cu.EventSynchronize = cuEventSynchronize; cu.EventDestroy = cuEventDestroy_v2; cu.StreamCreate = cuStreamCreate;
+    cu.StreamBeginCapture = cuStreamBeginCapture_v2; cu.StreamEndCapture = cuStreamEndCapture;
     libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     return;
   }
@@ -358,7 +367,8 @@ static void resolve(void) {
     O(LibraryLoadFromFile, cuLibraryLoadFromFile); O(LibraryUnload, cuLibraryUnload);
     O(LibraryGetKernel, cuLibraryGetKernel); O(KernelGetFunction, cuKernelGetFunction); O(LaunchKernel, cuLaunchKernel);
     O(LaunchKernelEx, cuLaunchKernelEx); O(EventCreate, cuEventCreate); O(EventRecord, cuEventRecord);
-    O(EventSynchronize, cuEventSynchronize); O(EventDestroy, cuEventDestroy_v2);
+    O(EventSynchronize, cuEventSynchronize); O(EventDestroy, cuEventDestroy_v2); O(StreamCreate, cuStreamCreate);
+    O(StreamBeginCapture, cuStreamBeginCapture_v2); O(StreamEndCapture, cuStreamEndCapture);
 #undef O
     return;
   }
@@ -391,7 +401,8 @@ static void resolve(void) {
   Q(LibraryLoadFromFile, cuLibraryLoadFromFile); Q(LibraryUnload, cuLibraryUnload);
   Q(LibraryGetKernel, cuLibraryGetKernel); Q(KernelGetFunction, cuKernelGetFunction); Q(LaunchKernel, cuLaunchKernel);
   Q(LaunchKernelEx, cuLaunchKernelEx); Q(EventCreate, cuEventCreate); Q(EventRecord, cuEventRecord);
-  Q(EventSynchronize, cuEventSynchronize); Q(EventDestroy, cuEventDestroy);
+  Q(EventSynchronize, cuEventSynchronize); Q(EventDestroy, cuEventDestroy); Q(StreamCreate, cuStreamCreate);
+  Q(StreamBeginCapture, cuStreamBeginCapture); Q(StreamEndCapture, cuStreamEndCapture);
 #undef Q
   ctx_create_variant = cuda_version >= 12050 ? CTX_V4 : cuda_version >= 11040 ? CTX_V3 : CTX_V2;
   ctx_v13 = cuda_version >= 13000;
@@ -491,7 +502,7 @@ static void usage(void) {
        "  fill SIZE | bench-pair N SIZE | bench-for SECONDS SIZE | getproc NAME [VERSION [FLAGS]] | getproc1 NAME [VERSION [FLAGS]]\n"
        "  errname CODE\n"
        "  poolinfo default|own | threshold default|own SIZE|max | trim default|own SIZE | pooldestroy | setpool\n"
-       "  streamsync | eventsync | mipmap W H LEVELS | mipmapdestroy IDX\n"
+       "  streamsync | eventsync | streamnew | capture-begin | capture-end | mipmap W H LEVELS | mipmapdestroy IDX\n"
        "  modload SIZE | modloadex SIZE | modloadfat SIZE | modloadfile SIZE | modunload IDX\n"
        "  getfunc [IDX] | launch [IDX] | launchex [IDX]\n"
        "  libload SIZE | libloadfile SIZE | libunload IDX | getkernel [IDX] | kernelfunc [IDX]\n"
@@ -575,15 +586,15 @@ int main(int argc, char **argv) {
       rc = cu.MemAllocManaged(&p, s, 1 /* CU_MEM_ATTACH_GLOBAL */); print_alloc("managed", s, rc, p, K_MANAGED);
     } else if (!strcmp(op, "async") || !strcmp(op, "async-ptsz")) {
       NEED(1); size_t s = parse_size(argv[++a]); CUdeviceptr p = 0;
-      rc = (op[5] ? cu.MemAllocAsyncPtsz : cu.MemAllocAsync)(&p, s, NULL);
-      if (!rc) rc = cu.StreamSynchronize(NULL);
+      rc = (op[5] ? cu.MemAllocAsyncPtsz : cu.MemAllocAsync)(&p, s, stream);
+      if (!rc && !capturing) rc = cu.StreamSynchronize(stream);
       print_alloc(op, s, rc, p, K_ASYNC);
     } else if (!strcmp(op, "freeasync")) {
       NEED(1); long i = pick(argv[++a], 1u << K_ASYNC | 1u << K_POOL);
       printf("op=freeasync");
       if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
-      rc = cu.MemFreeAsync(recs[i].ptr, NULL);
-      if (!rc) rc = cu.StreamSynchronize(NULL);
+      rc = cu.MemFreeAsync(recs[i].ptr, stream);
+      if (!rc && !capturing) rc = cu.StreamSynchronize(stream);
       if (!rc) recs[i].live = 0;
       printf(" idx=%ld ptr=0x%llx", i, recs[i].ptr); end(rc);
     } else if (!strcmp(op, "pool")) {
@@ -593,8 +604,8 @@ int main(int argc, char **argv) {
         pp.allocType = 1; pp.location.type = 1; pp.location.id = device;
         rc = cu.MemPoolCreate(&pool, &pp);
       }
-      if (!rc) rc = cu.MemAllocFromPoolAsync(&p, s, pool, NULL);
-      if (!rc) rc = cu.StreamSynchronize(NULL);
+      if (!rc) rc = cu.MemAllocFromPoolAsync(&p, s, pool, stream);
+      if (!rc && !capturing) rc = cu.StreamSynchronize(stream);
       print_alloc("pool", s, rc, p, K_POOL);
     } else if (!strcmp(op, "poolinfo") || !strcmp(op, "threshold") || !strcmp(op, "trim")) {
       NEED(1); const char *which = argv[++a];
@@ -631,7 +642,24 @@ int main(int argc, char **argv) {
       if (!rc) rc = cu.DeviceSetMemPool(device, pool);
       end(rc);
     } else if (!strcmp(op, "streamsync")) {
-      printf("op=streamsync"); end(cu.StreamSynchronize(NULL));
+      printf("op=streamsync"); end(cu.StreamSynchronize(stream));
+    } else if (!strcmp(op, "streamnew")) {
+      printf("op=streamnew");
+      if (!cu.StreamCreate) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      CUstream st = NULL; rc = cu.StreamCreate(&st, 1 /* NON_BLOCKING */);
+      if (!rc) stream = st;
+      printf(" stream=%p", st); end(rc);
+    } else if (!strcmp(op, "capture-begin") || !strcmp(op, "capture-end")) {
+      printf("op=%s", op);
+      if (!cu.StreamBeginCapture || !cu.StreamEndCapture) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      if (op[8] == 'b') {
+        rc = cu.StreamBeginCapture(stream, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */);
+        if (!rc) capturing = 1;
+      } else {
+        void *graph = NULL; rc = cu.StreamEndCapture(stream, &graph);
+        capturing = 0;
+      }
+      end(rc);
     } else if (!strcmp(op, "eventsync")) {
       printf("op=eventsync");
       if (!cu.EventCreate || !cu.EventRecord || !cu.EventSynchronize || !cu.EventDestroy) {

@@ -238,6 +238,8 @@ pub struct Inner {
     pub streams: HashMap<u64, u64>,
     /// Loaded modules and libraries by handle.
     pub modules: HashMap<u64, Module>,
+    /// Streams being captured into a graph.
+    pub capturing: std::collections::HashSet<u64>,
     next_handle: u64,
     next_va: u64,
 }
@@ -268,6 +270,7 @@ static INNER: LazyLock<Mutex<Inner>> = LazyLock::new(|| {
         mipmaps: HashMap::new(),
         events: HashMap::new(),
         functions: HashMap::new(),
+        capturing: std::collections::HashSet::new(),
         streams: HashMap::new(),
         modules: HashMap::new(),
         next_handle: 0x5000_0000,
@@ -1156,6 +1159,32 @@ impl Inner {
         }
     }
 
+    /// `cuStreamBeginCapture_v2`: only a created stream can be captured.
+    pub fn begin_capture(&mut self, s: u64) -> R<()> {
+        self.check_stream(s)?;
+        if !self.streams.contains_key(&s) {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        if !self.capturing.insert(s) {
+            return Err(CUDA_ERROR_ILLEGAL_STATE);
+        }
+        Ok(())
+    }
+
+    /// `cuStreamEndCapture`: a graph handle.
+    pub fn end_capture(&mut self, s: u64) -> R<u64> {
+        self.check_stream(s)?;
+        if !self.capturing.remove(&s) {
+            return Err(CUDA_ERROR_ILLEGAL_STATE);
+        }
+        Ok(self.handle(0x6a))
+    }
+
+    /// Whether stream `s` is being captured.
+    pub fn is_capturing(&self, s: u64) -> bool {
+        self.capturing.contains(&s)
+    }
+
     /// `cuStreamCreate`.
     pub fn stream_create(&mut self) -> R<u64> {
         let (c, _) = self.current()?;
@@ -1166,6 +1195,7 @@ impl Inner {
 
     /// `cuStreamDestroy_v2`.
     pub fn stream_destroy(&mut self, s: u64) -> R<()> {
+        self.capturing.remove(&s);
         self.streams
             .remove(&s)
             .map(|_| ())

@@ -33,6 +33,8 @@ pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
+pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
 pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: CUresult = 709;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
@@ -181,6 +183,10 @@ pub fn error_text(code: CUresult) -> Option<(&'static str, &'static str)> {
         709 => ("CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"),
         800 => ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
         801 => ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
+        900 => (
+            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+            "operation not permitted when stream is capturing",
+        ),
         999 => ("CUDA_ERROR_UNKNOWN", "unknown error"),
         _ => return None,
     })

@@ -567,9 +567,13 @@ fn alloc_async(
             }
         };
         g.check_stream(stream as u64)?;
-        // A zero-byte stream-ordered allocation succeeds on the real driver.
+        // A zero-byte stream-ordered allocation succeeds on the real driver. During capture
+        // the memory comes from the graph's pool: charged by itself (the H200 showed it
+        // allocated at capture), given back at the captured free.
         let p = if bytesize == 0 {
             0
+        } else if g.is_capturing(stream as u64) {
+            g.alloc(bytesize as u64, bytesize as u64, Kind::Async, None)?
         } else {
             g.pool_alloc(pool, bytesize as u64)?
         };
@@ -911,6 +915,9 @@ fn stream_sync(h: CUstream) -> CUresult {
     run(|| {
         let mut g = inited()?;
         g.check_stream(h as u64)?;
+        if g.is_capturing(h as u64) {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
         g.pools_release_at_sync();
         Ok(())
     })

@@ -1,6 +1,6 @@
 //! Exports for stream-ordered pools (attributes, trimming, current pool), mipmapped arrays,
 //! modules and libraries with `__device__` globals, kernel launches, events and stream
-//! capture queries. Semantics in `driver.rs`; see `docs/fake-driver.md`.
+//! capture (begin, end, query). Semantics in `driver.rs`; see `docs/fake-driver.md`.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
@@ -450,9 +450,33 @@ fn is_capturing(stream: CUstream, status: *mut c_int) -> CUresult {
         let g = inited()?;
         nonnull(status)?;
         g.check_stream(stream as u64)?;
-        // The fake never captures: CU_STREAM_CAPTURE_STATUS_NONE.
+        // CU_STREAM_CAPTURE_STATUS_ACTIVE (1) or _NONE (0).
+        let st = g.is_capturing(stream as u64) as c_int;
         // SAFETY: checked non-NULL; C contract.
-        unsafe { put(status, 0) };
+        unsafe { put(status, st) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_int) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        if !(0..=2).contains(&mode) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        g.begin_capture(stream as u64)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamEndCapture(stream: CUstream, graph: *mut Handle) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(graph)?;
+        let h = g.end_capture(stream as u64)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(graph, h as Handle) };
         Ok(())
     })
 }

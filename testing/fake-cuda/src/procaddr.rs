@@ -211,6 +211,12 @@ fn table() -> &'static [Entry] {
                 vec![(10000, f!(cuStreamIsCapturing))],
                 (10000, f!(cuStreamIsCapturing_ptsz)),
             ),
+            e(
+                "cuStreamBeginCapture",
+                vec![(11000, f!(cuStreamBeginCapture_v2))],
+            ),
+            e("cuStreamEndCapture", vec![(10000, f!(cuStreamEndCapture))]),
+            e("cuStreamCreate", vec![(2000, f!(cuStreamCreate))]),
             e("cuDeviceGetMemPool", vec![(11020, f!(cuDeviceGetMemPool))]),
             e("cuDeviceSetMemPool", vec![(11020, f!(cuDeviceSetMemPool))]),
             e("cuMemPoolTrimTo", vec![(11020, f!(cuMemPoolTrimTo))]),

@@ -639,7 +639,8 @@ fn pools_mipmaps_and_module_globals_are_held_and_reported() {
     // the lookup).
     assert_eq!(s.process_used(0, a.pid), 732 * MIB, "{}", s.raw);
     a.resume();
-    a.wait_for("wait");
+    // (`wait_for("wait")` would match the first wait's `state=resumed` line.)
+    a.wait_for("meminfo");
     assert_eq!(e.nvml().process_used(0, a.pid), 232 * MIB);
     a.resume();
     let out = a.finish();
