@@ -213,8 +213,19 @@ fn created_pools_are_charged_until_destroyed() {
 /// charged until destroyed.
 #[test]
 fn mipmapped_arrays_are_charged() {
+    for via in VIAS {
+        mipmapped_arrays_via(via);
+    }
+}
+
+/// The ways programs reach the driver (cudaprobe `--via`).
+const VIAS: [&str; 3] = ["direct", "dlsym", "procaddr"];
+
+fn mipmapped_arrays_via(via: &str) {
     let env = env("1G");
     let p = env.run_probe(&[
+        "--via",
+        via,
         "init",
         "ctx",
         "mipmap",
@@ -283,8 +294,16 @@ fn eager_module_loads_over_the_quota_are_refused_and_unloaded() {
 /// lookup, which is refused; the memory stays charged (the driver holds it) until unload.
 #[test]
 fn lazy_module_memory_is_charged_at_first_lookup() {
+    for via in VIAS {
+        lazy_lookup_via(via);
+    }
+}
+
+fn lazy_lookup_via(via: &str) {
     let env = env("1G");
     let p = env.run_probe(&[
+        "--via",
+        via,
         "init",
         "ctx",
         "modload",
