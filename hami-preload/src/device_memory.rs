@@ -120,7 +120,7 @@ pub(crate) unsafe fn alloc_async(
     if dptr.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let (dev, _) = match current_dev_ctx() {
+    let (dev, ctx) = match current_dev_ctx() {
         Ok(x) => x,
         Err(e) => return e,
     };
@@ -139,6 +139,7 @@ pub(crate) unsafe fn alloc_async(
         &l,
         pool,
         pdev,
+        ctx,
         bytes,
         &read,
         || match real() {
@@ -895,7 +896,7 @@ pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
 /// given memory back.
 pub(crate) fn context_gone(l: &ProcLedger, ctx: usize) {
     l.p.modules.drop_context(l, ctx);
-    l.p.pools.refresh_all(l, &read_pool);
+    l.p.pools.drop_context(l, ctx, &read_pool);
 }
 
 // ---------------------------------------------------------------- backstop

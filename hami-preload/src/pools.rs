@@ -15,7 +15,10 @@
 //!   reservation is read again, and growth beyond what was admitted (the pool's granularity)
 //!   must fit too, else the allocation is given back (free, synchronise that stream, trim the
 //!   pool to what it held before) and `CUDA_ERROR_OUT_OF_MEMORY` returned;
-//! * a free does not change the charge (the memory stays in the pool).
+//! * a free does not change the charge (the memory stays in the pool);
+//! * the charge is never below the bytes of this process's live allocations from the pool
+//!   (allocations of a destroyed context are dropped): driver figures saying less are not
+//!   believed.
 //!
 //! Plain Rust over a [`Ledger`]; the driver calls and readings are closures.
 
@@ -55,8 +58,8 @@ struct Inner {
     pools: HashMap<u64, PoolEntry>,
     /// Pool devices learnt from `cuMemPoolCreate` / `cuDeviceGet(Default)MemPool`.
     devices: HashMap<u64, usize>,
-    /// Live allocations: pointer -> (pool, bytes).
-    ptrs: HashMap<u64, (u64, u64)>,
+    /// Live allocations: pointer -> (pool, bytes, context).
+    ptrs: HashMap<u64, (u64, u64, usize)>,
     /// Release thresholds set before the first allocation from a pool.
     thresholds: HashMap<u64, u64>,
 }
@@ -134,15 +137,19 @@ impl PoolTable {
         e.charged = target;
     }
 
-    /// An allocation of `bytes` from `pool` on `dev`. `read` reads the pool's attributes,
-    /// `call` makes the allocation (returns the pointer), `undo(ptr, keep)` gives it back and
-    /// trims the pool to `keep` bytes. See the module documentation.
+    /// An allocation of `bytes` from `pool` on `dev`, in context `ctx`. `read` reads the
+    /// pool's attributes, `call` makes the allocation (returns the pointer), `undo(ptr, keep)`
+    /// gives it back and trims the pool to `keep` bytes. See the module documentation.
+    ///
+    /// The charge never goes below what this process's live allocations from the pool take
+    /// (a driver whose figures say less is not believed).
     #[allow(clippy::too_many_arguments)]
     pub fn alloc<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
         pool: u64,
         dev: usize,
+        ctx: usize,
         bytes: u64,
         read: &dyn Fn() -> Option<PoolReading>,
         call: impl FnOnce() -> Result<u64, CUresult>,
@@ -168,8 +175,10 @@ impl PoolTable {
         });
         // The driver may have released memory we did not see (a synchronisation of a pool
         // under its threshold); start from its figure.
-        Self::set_charge(ledger, &mut e, before.reserved);
-        let growth = bytes.saturating_sub(before.reserved.saturating_sub(before.used));
+        let used = before.used.max(e.outstanding);
+        let reserved = before.reserved.max(used);
+        Self::set_charge(ledger, &mut e, reserved);
+        let growth = bytes.saturating_sub(reserved - used);
         let result = (|| {
             ledger
                 .try_charge(dev, UsageKind::Pool, growth)
@@ -183,11 +192,12 @@ impl PoolTable {
                 }
             };
             e.charged = admitted;
-            let after = read().map_or(admitted, |r| r.reserved);
+            let floor = e.outstanding.saturating_add(bytes);
+            let after = read().map_or(admitted, |r| r.reserved).max(floor);
             if after > admitted {
                 if let Err(d) = ledger.try_charge(dev, UsageKind::Pool, after - admitted) {
                     undo(ptr, before.reserved);
-                    let now = read().map_or(admitted, |r| r.reserved);
+                    let now = read().map_or(admitted, |r| r.reserved).max(e.outstanding);
                     Self::set_charge(ledger, &mut e, now);
                     return Err(AllocError::Denied(d));
                 }
@@ -197,7 +207,7 @@ impl PoolTable {
             }
             if ptr != 0 {
                 e.outstanding = e.outstanding.saturating_add(bytes);
-                if let Some((old_pool, old_bytes)) = g.ptrs.insert(ptr, (pool, bytes)) {
+                if let Some((old_pool, old_bytes, _)) = g.ptrs.insert(ptr, (pool, bytes, ctx)) {
                     // A pointer we still tracked was freed by a path we did not see.
                     if let Some(o) = g.pools.get_mut(&old_pool) {
                         o.outstanding = o.outstanding.saturating_sub(old_bytes);
@@ -221,10 +231,10 @@ impl PoolTable {
         call: impl FnOnce() -> CUresult,
     ) -> Option<CUresult> {
         let mut g = self.lock();
-        let (pool, bytes) = g.ptrs.remove(&ptr)?;
+        let (pool, bytes, ctx) = g.ptrs.remove(&ptr)?;
         let r = call();
         if r != CUDA_SUCCESS {
-            g.ptrs.insert(ptr, (pool, bytes));
+            g.ptrs.insert(ptr, (pool, bytes, ctx));
             return Some(r);
         }
         if let Some(e) = g.pools.get_mut(&pool) {
@@ -267,13 +277,14 @@ impl PoolTable {
         }
         match read(pool) {
             Some(r) => {
-                Self::set_charge(ledger, &mut e, r.reserved);
+                let target = r.reserved.max(e.outstanding);
+                Self::set_charge(ledger, &mut e, target);
                 g.pools.insert(pool, e);
             }
             None => {
                 Self::set_charge(ledger, &mut e, 0);
                 g.pools.remove(&pool);
-                g.ptrs.retain(|_, (p, _)| *p != pool);
+                g.ptrs.retain(|_, (p, _, _)| *p != pool);
             }
         }
     }
@@ -300,7 +311,46 @@ impl PoolTable {
         self.recount(&g);
     }
 
-    /// Re-reads every pool (a context was destroyed: the driver may have freed its memory).
+    /// Context `ctx` was destroyed: its allocations are gone (the driver freed them), and
+    /// every pool is re-read (the driver may have released their memory).
+    pub fn drop_context<L: Ledger + ?Sized>(
+        &self,
+        ledger: &L,
+        ctx: usize,
+        read: &dyn Fn(u64) -> Option<PoolReading>,
+    ) {
+        {
+            let mut g = self.lock();
+            let gone: Vec<u64> = g
+                .ptrs
+                .iter()
+                .filter(|(_, &(_, _, c))| c == ctx)
+                .map(|(&p, _)| p)
+                .collect();
+            for p in gone {
+                if let Some((pool, bytes, _)) = g.ptrs.remove(&p) {
+                    if let Some(e) = g.pools.get_mut(&pool) {
+                        e.outstanding = e.outstanding.saturating_sub(bytes);
+                    }
+                }
+            }
+            // Destroyed pools whose last allocations went with the context are gone.
+            let done: Vec<u64> = g
+                .pools
+                .iter()
+                .filter(|(_, e)| e.destroyed && e.outstanding == 0)
+                .map(|(&p, _)| p)
+                .collect();
+            for p in done {
+                if let Some(mut e) = g.pools.remove(&p) {
+                    Self::set_charge(ledger, &mut e, 0);
+                }
+            }
+        }
+        self.refresh_all(ledger, read);
+    }
+
+    /// Re-reads every pool.
     pub fn refresh_all<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
@@ -433,6 +483,7 @@ mod tests {
             &l,
             0xb1,
             0,
+            0xc0,
             2500 * MB,
             &read,
             || {
@@ -455,6 +506,7 @@ mod tests {
             &l,
             0xb1,
             0,
+            0xc0,
             2000 * MB,
             &read,
             || fp.alloc(2000 * MB),
@@ -470,6 +522,7 @@ mod tests {
             &l,
             0xb2,
             0,
+            0xc0,
             2500 * MB,
             &oread,
             || {
@@ -500,6 +553,7 @@ mod tests {
             &l,
             0xb1,
             0,
+            0xc0,
             90 * MB,
             &read,
             || fp.alloc(90 * MB),
@@ -514,7 +568,16 @@ mod tests {
         assert_eq!(l.total(0), 0);
         assert!(!t.owns(0x1000));
         // 30 MiB: the pool takes 64 MiB, which fits.
-        let r = t.alloc(&l, 0xb1, 0, 30 * MB, &read, || fp.alloc(30 * MB), |_, _| {});
+        let r = t.alloc(
+            &l,
+            0xb1,
+            0,
+            0xc0,
+            30 * MB,
+            &read,
+            || fp.alloc(30 * MB),
+            |_, _| {},
+        );
         assert_eq!(done(r), Ok(()));
         assert_eq!(l.used(0, UsageKind::Pool), 64 * MB);
     }
@@ -525,10 +588,10 @@ mod tests {
         let t = PoolTable::default();
         let fp = FakePool::new(MB);
         let read = || fp.read();
-        let r = t.alloc(&l, 0xb1, 0, 10 * MB, &read, || Err(2), |_, _| {});
+        let r = t.alloc(&l, 0xb1, 0, 0xc0, 10 * MB, &read, || Err(2), |_, _| {});
         assert_eq!(done(r), Err(2));
         assert_eq!(l.total(0), 0);
-        let r = t.alloc(&l, 0xb1, 0, 10 * MB, &|| None, || Ok(1), |_, _| {});
+        let r = t.alloc(&l, 0xb1, 0, 0xc0, 10 * MB, &|| None, || Ok(1), |_, _| {});
         assert_eq!(r, PoolAlloc::Unsupported);
         // Not a pool pointer: the caller handles it.
         assert_eq!(t.free(&l, 0x77, || CUDA_SUCCESS), None);
@@ -542,7 +605,16 @@ mod tests {
         let t = PoolTable::default();
         let fp = FakePool::new(MB);
         let read = || fp.read();
-        let p = match t.alloc(&l, 0xb1, 0, 8 * MB, &read, || fp.alloc(8 * MB), |_, _| {}) {
+        let p = match t.alloc(
+            &l,
+            0xb1,
+            0,
+            0xc0,
+            8 * MB,
+            &read,
+            || fp.alloc(8 * MB),
+            |_, _| {},
+        ) {
             PoolAlloc::Done(Ok(())) => 0x1000,
             r => panic!("{r:?}"),
         };
@@ -554,6 +626,7 @@ mod tests {
             &l,
             0xb7,
             0,
+            0xc0,
             MB,
             &|| {
                 Some(PoolReading {
@@ -579,7 +652,8 @@ mod tests {
         fp.trim(0); // what the driver does at the synchronisation
         t.refresh_releasable(&l, &counted);
         assert_eq!(reads.get(), 1);
-        assert_eq!(l.total(0), 0);
+        // Only pool 0xb7's live allocation is left.
+        assert_eq!(l.total(0), MB);
         assert!(!t.any_releasable());
     }
 
@@ -591,7 +665,16 @@ mod tests {
         let read = || fp.read();
         t.note_device(0xb1, 0);
         for _ in 0..2 {
-            let r = t.alloc(&l, 0xb1, 0, 3 * MB, &read, || fp.alloc(3 * MB), |_, _| {});
+            let r = t.alloc(
+                &l,
+                0xb1,
+                0,
+                0xc0,
+                3 * MB,
+                &read,
+                || fp.alloc(3 * MB),
+                |_, _| {},
+            );
             assert_eq!(done(r), Ok(()));
         }
         assert_eq!(l.used(0, UsageKind::Pool), 8 * MB);
@@ -610,6 +693,27 @@ mod tests {
         assert!(t.get(0xb1).is_none());
     }
 
+    /// A driver whose pool figures say less than what is allocated from the pool is not
+    /// believed; allocations that went with their context stop counting.
+    #[test]
+    fn charge_never_below_live_allocations_and_contexts_take_theirs() {
+        let l = MemLedger::with_limit(0, 100 * MB);
+        let t = PoolTable::default();
+        let zero = || Some(PoolReading::default());
+        let r = t.alloc(&l, 0xb1, 0, 0xc0, 30 * MB, &zero, || Ok(0x10), |_, _| {});
+        assert_eq!(done(r), Ok(()));
+        let r = t.alloc(&l, 0xb1, 0, 0xc1, 40 * MB, &zero, || Ok(0x20), |_, _| {});
+        assert_eq!(done(r), Ok(()));
+        assert_eq!(l.used(0, UsageKind::Pool), 70 * MB);
+        let r = t.alloc(&l, 0xb1, 0, 0xc0, 40 * MB, &zero, || Ok(0x30), |_, _| {});
+        assert_eq!(done(r), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        t.refresh(&l, 0xb1, &|_| Some(PoolReading::default()));
+        assert_eq!(l.used(0, UsageKind::Pool), 70 * MB);
+        t.drop_context(&l, 0xc0, &|_| Some(PoolReading::default()));
+        assert_eq!(l.used(0, UsageKind::Pool), 40 * MB);
+        assert!(!t.owns(0x10) && t.owns(0x20));
+    }
+
     #[test]
     fn pools_are_charged_to_their_device_and_gone_pools_dropped() {
         let l = MemLedger::with_limit(1, 1 << 40);
@@ -618,7 +722,16 @@ mod tests {
         let read = || fp.read();
         t.note_device(0xb9, 1);
         assert_eq!(t.device_of(0xb9), Some(1));
-        let r = t.alloc(&l, 0xb9, 0, 5 * MB, &read, || fp.alloc(5 * MB), |_, _| {});
+        let r = t.alloc(
+            &l,
+            0xb9,
+            0,
+            0xc0,
+            5 * MB,
+            &read,
+            || fp.alloc(5 * MB),
+            |_, _| {},
+        );
         assert_eq!(done(r), Ok(()));
         assert_eq!(l.used(1, UsageKind::Pool), 5 * MB);
         assert_eq!(l.total(0), 0);
