@@ -1253,6 +1253,56 @@ impl Region {
         Ok(region)
     }
 
+    /// Maps a region from a file the caller opened (the agent opens tenant-named paths
+    /// itself, safely; see `hami-user`'s `tenantfs`). `writable` needs a read-write `file`.
+    /// Unlike [`Region::open_existing`] it never waits: a creator still initialising (holding
+    /// the file's exclusive `flock`) gives [`RegionError::NotInitialised`]. `path` names the
+    /// file in errors.
+    ///
+    /// A mapping dies of `SIGBUS` if the file shrinks under it: readers of files that others
+    /// control use [`read_snapshot`] instead and map only for short writes (reclaim).
+    pub fn open_file(
+        file: std::fs::File,
+        path: &Path,
+        writable: bool,
+    ) -> Result<Region, RegionError> {
+        use std::os::fd::IntoRawFd;
+        let fd = LockedFd(file.into_raw_fd());
+        // SAFETY: fd is open.
+        if unsafe { libc::flock(fd.0, libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(RegionError::NotInitialised {
+                    path: path.to_path_buf(),
+                });
+            }
+            return Err(io_err(path, "flock", e));
+        }
+        let size = file_size(fd.0, path)?;
+        match check_existing(fd.0, path, size, &[0; 16])? {
+            FileState::NeedsInit => {
+                return Err(RegionError::NotInitialised {
+                    path: path.to_path_buf(),
+                })
+            }
+            FileState::Ready | FileState::OtherBoot => {}
+        }
+        let map = map_fd(fd.0, path, writable)?;
+        drop(fd);
+        let region = Region {
+            map,
+            path: path.to_path_buf(),
+            writable,
+            probe: Arc::new(ProcProbe),
+        };
+        if region.h_init_state().load(Ordering::Acquire) != INIT_READY {
+            return Err(RegionError::NotInitialised {
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(region)
+    }
+
     /// Replaces the liveness probe used by reclaim and owner-died recovery (default:
     /// [`ProcProbe`]).
     pub fn with_probe(mut self, probe: Arc<dyn LivenessProbe>) -> Region {

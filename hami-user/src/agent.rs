@@ -6,12 +6,15 @@
 //! and real region files.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hami_common::event::{CudaEvent, EventKind};
-use hami_common::region::{ProcessId, Region, RegionSnapshot, SlotId};
+use hami_common::region::{self, ProcessId, Region, RegionSnapshot, SlotId};
 use serde::Serialize;
 
 use crate::access::FileMeta;
@@ -21,6 +24,11 @@ use crate::findings::{
 use crate::nvml::NvmlSnapshot;
 use crate::procinfo::{self, ProcInfo};
 use crate::state::{Applied, Baseline, Processes};
+use crate::tenantfs;
+
+/// How long one region read, one `/proc` read of a process or one reclaim may take before
+/// the agent gives up on it for this tick (it never blocks the rest).
+pub const INPUT_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Options of the agent core.
 #[derive(Clone, Debug)]
@@ -58,18 +66,24 @@ struct ProcEntry {
     region_error: Option<String>,
 }
 
-/// An open region.
+/// An open region: a descriptor opened safely (see [`tenantfs`]) and read with `pread`
+/// ([`region::read_snapshot`]), never mapped except for the short writes of a reclaim.
 struct RegionEntry {
-    region: Region,
+    fd: Arc<File>,
     name: String,
     host_path: PathBuf,
     container: String,
     pidns: Option<u64>,
     file_id: (u64, u64),
     snapshot: Option<RegionSnapshot>,
+    /// Why the last read failed (truncated, replaced, too slow): the region is then left out
+    /// of the evaluation and its processes are reported with this reason.
+    error: Option<String>,
+    /// Set while a read of this region is outstanding on a helper thread.
+    busy: Arc<AtomicBool>,
     liveness: BTreeMap<usize, SlotLiveness>,
-    /// Owner, group and mode, refreshed every tick (`stat`, only while the path still names
-    /// the file that was opened).
+    /// Owner, group and mode, refreshed every tick (`fstat` of the opened file: this
+    /// region's own inode, whatever the path names now).
     file: Option<FileMeta>,
 }
 
@@ -80,6 +94,54 @@ fn file_meta(md: &std::fs::Metadata) -> Option<FileMeta> {
         uid: md.uid(),
         gid: md.gid(),
     })
+}
+
+/// Opens a tenant's region path inside its root (read-write first with `reclaim`).
+fn open_tenant_region(
+    root: &Path,
+    name: &str,
+    shown: &Path,
+    reclaim: bool,
+) -> Result<File, tenantfs::TenantFsError> {
+    if reclaim {
+        if let Ok(f) = tenantfs::open_in_root(root, name, shown, true) {
+            return Ok(f);
+        }
+    }
+    tenantfs::open_in_root(root, name, shown, false)
+}
+
+/// [`procinfo::read_proc`] on a helper thread, given up after [`INPUT_DEADLINE`] (reading
+/// `maps` or `environ` waits for the process's memory-map lock, which it can hold).
+fn read_proc_bounded(proc_root: &Path, pid: u32) -> Option<ProcInfo> {
+    let root = proc_root.to_path_buf();
+    match tenantfs::bounded(format!("/proc/{pid}"), INPUT_DEADLINE, None, move || {
+        procinfo::read_proc(&root, pid)
+    }) {
+        Ok(r) => r.ok(),
+        Err(e) => {
+            tracing::warn!(pid, error = %e, "process not readable in time");
+            None
+        }
+    }
+}
+
+/// One bounded `pread` snapshot of a region (see [`region::read_snapshot`]).
+fn read_region(
+    file: &Arc<File>,
+    name: &str,
+    busy: &Arc<AtomicBool>,
+) -> Result<RegionSnapshot, String> {
+    let f = Arc::clone(file);
+    let path = PathBuf::from(name);
+    tenantfs::bounded(
+        format!("region {name}"),
+        INPUT_DEADLINE,
+        Some(busy),
+        move || region::read_snapshot(&f, &path),
+    )
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())
 }
 
 /// A slot released by `--reclaim`.
@@ -260,7 +322,7 @@ impl Agent {
 
     /// Reads `/proc` for a pid and opens its region.
     fn learn(&mut self, pid: u32) {
-        let info = procinfo::read_proc(&self.opts.proc_root, pid).ok();
+        let info = read_proc_bounded(&self.opts.proc_root, pid);
         let mut entry = ProcEntry {
             info,
             region: None,
@@ -278,22 +340,35 @@ impl Agent {
         let name = info.region_path.clone();
         let container = info.container.clone();
         let pidns = info.pidns;
-        match std::fs::metadata(&host) {
-            Ok(md) => {
-                if let Some(&i) = self.region_ids.get(&(md.dev(), md.ino())) {
-                    entry.region = Some(i);
-                    entry.region_error = None;
-                    return;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !info.hooked => {
+        // The path is the tenant's: resolved inside the process's root, regular files only.
+        let root = self.opts.proc_root.join(info.pid.to_string()).join("root");
+        let reclaim = self.opts.reclaim;
+        let shown = PathBuf::from(&name);
+        let opened = {
+            let (root, name, shown) = (root.clone(), name.clone(), shown.clone());
+            tenantfs::bounded(
+                format!("region {name} of pid {}", info.pid),
+                INPUT_DEADLINE,
+                None,
+                move || open_tenant_region(&root, &name, &shown, reclaim),
+            )
+            .and_then(|r| r)
+        };
+        let file = match opened {
+            Ok(f) => f,
+            Err(tenantfs::TenantFsError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && !info.hooked =>
+            {
                 // An unhooked process without a region file: nothing to open.
                 entry.region_error = Some(format!("{name}: no such file"));
                 return;
             }
-            Err(_) => {}
-        }
-        match self.open_region(&host, &name, &container, pidns) {
+            Err(e) => {
+                entry.region_error = Some(format!("region unreadable: {e}"));
+                return;
+            }
+        };
+        match self.add_region(file, &host, &name, &container, pidns) {
             Ok(i) => {
                 entry.region = Some(i);
                 entry.region_error = None;
@@ -302,7 +377,8 @@ impl Agent {
         }
     }
 
-    /// Opens a region (read-only, or writable with `--reclaim`) and records it.
+    /// Opens a region the administrator named (`--region`: a host path, symlinks followed)
+    /// and records it.
     fn open_region(
         &mut self,
         host: &Path,
@@ -310,26 +386,51 @@ impl Agent {
         container: &str,
         pidns: Option<u64>,
     ) -> Result<usize, String> {
-        let md = std::fs::metadata(host).map_err(|e| format!("{name}: {e}"))?;
+        let reclaim = self.opts.reclaim;
+        let path = host.to_path_buf();
+        let file = tenantfs::bounded(format!("region {name}"), INPUT_DEADLINE, None, move || {
+            if reclaim {
+                tenantfs::open_regular(&path, true)
+                    .or_else(|_| tenantfs::open_regular(&path, false))
+            } else {
+                tenantfs::open_regular(&path, false)
+            }
+        })
+        .and_then(|r| r)
+        .map_err(|e| format!("region unreadable: {e}"))?;
+        self.add_region(file, host, name, container, pidns)
+    }
+
+    /// Records an opened region file (once per file: the same inode through several paths
+    /// is one region), after checking that it reads as a valid region.
+    fn add_region(
+        &mut self,
+        file: File,
+        host: &Path,
+        name: &str,
+        container: &str,
+        pidns: Option<u64>,
+    ) -> Result<usize, String> {
+        let md = file.metadata().map_err(|e| format!("{name}: fstat: {e}"))?;
         let id = (md.dev(), md.ino());
         if let Some(&i) = self.region_ids.get(&id) {
             return Ok(i);
         }
-        let region = if self.opts.reclaim {
-            Region::open_existing(host, true).or_else(|_| Region::open_existing(host, false))
-        } else {
-            Region::open_existing(host, false)
-        }
-        .map_err(|e| format!("region unreadable: {e}"))?;
+        let file = Arc::new(file);
+        let busy = Arc::new(AtomicBool::new(false));
+        let snapshot =
+            read_region(&file, name, &busy).map_err(|e| format!("region unreadable: {e}"))?;
         let i = self.regions.len();
         self.regions.push(RegionEntry {
-            region,
+            fd: file,
             name: name.to_string(),
             host_path: host.to_path_buf(),
             container: container.to_string(),
             pidns,
             file_id: id,
-            snapshot: None,
+            snapshot: Some(snapshot),
+            error: None,
+            busy,
             liveness: BTreeMap::new(),
             file: file_meta(&md),
         });
@@ -367,11 +468,16 @@ impl Agent {
                 self.procs.remove(pid);
                 continue;
             }
-            let needs_region = self.entries[&pid].region.is_none();
+            // No region yet, or its region no longer reads (truncated, replaced): look again
+            // (a replaced file is another inode, so another region).
+            let needs_region = match self.entries[&pid].region {
+                None => true,
+                Some(i) => self.regions.get(i).is_some_and(|r| r.error.is_some()),
+            };
             if needs_region {
                 let mut e = self.entries.remove(&pid).expect("present");
                 if e.info.is_none() {
-                    e.info = procinfo::read_proc(&root, pid).ok();
+                    e.info = read_proc_bounded(&root, pid);
                 }
                 self.attach_region(&mut e);
                 self.entries.insert(pid, e);
@@ -398,13 +504,22 @@ impl Agent {
         let root = self.opts.proc_root.clone();
         let mut index: Option<HashMap<(u64, u32), u32>> = None;
         for r in &mut self.regions {
-            // Metadata only (no open): the path may have been replaced since it was opened,
-            // in which case its permissions say nothing about this region.
-            r.file = std::fs::metadata(&r.host_path)
-                .ok()
-                .filter(|md| (md.dev(), md.ino()) == r.file_id)
-                .and_then(|md| file_meta(&md));
-            let snap = r.region.snapshot();
+            // The opened file's own metadata (fstat: never the path, which a tenant may
+            // have pointed elsewhere since).
+            r.file = r.fd.metadata().ok().and_then(|md| file_meta(&md));
+            let snap = match read_region(&r.fd, &r.name, &r.busy) {
+                Ok(s) => s,
+                Err(e) => {
+                    if r.error.as_deref() != Some(e.as_str()) {
+                        tracing::warn!(region = %r.name, error = %e, "region unreadable: left out until it reads again");
+                    }
+                    r.error = Some(e);
+                    r.snapshot = None;
+                    r.liveness.clear();
+                    continue;
+                }
+            };
+            r.error = None;
             let mut live = BTreeMap::new();
             for s in &snap.slots {
                 let host_pid = match r.pidns {
@@ -438,16 +553,26 @@ impl Agent {
 
     /// The views the pure rules take.
     fn views(&self) -> (Vec<ProcView>, Vec<RegionView>) {
+        // Unreadable regions are left out; `index[i]` is region i's place in the views.
+        let mut index: Vec<Option<usize>> = Vec::with_capacity(self.regions.len());
         let regions: Vec<RegionView> = self
             .regions
             .iter()
-            .map(|r| RegionView {
+            .filter_map(|r| {
+                let Some(snapshot) = r.snapshot.clone() else {
+                    index.push(None);
+                    return None;
+                };
+                index.push(Some(index.iter().flatten().count()));
+                Some((r, snapshot))
+            })
+            .map(|(r, snapshot)| RegionView {
                 name: r.name.clone(),
                 container: r.container.clone(),
-                snapshot: r.snapshot.clone().unwrap_or_else(|| r.region.snapshot()),
-                liveness: r.liveness.clone(),
-                single_device: r.snapshot.as_ref().is_some_and(|s| s.device_count == 1)
+                single_device: real_devices(&snapshot) == Some(1)
                     || self.nvml.as_ref().is_some_and(|n| n.devices.len() == 1),
+                snapshot,
+                liveness: r.liveness.clone(),
                 node_devices: self
                     .nvml
                     .as_ref()
@@ -468,8 +593,13 @@ impl Agent {
                     nspid: info.nspid,
                     container: info.container.clone(),
                     hooked: info.hooked,
-                    region: e.region,
-                    region_error: e.region_error.clone(),
+                    region: e.region.and_then(|i| index.get(i).copied().flatten()),
+                    region_error: e.region_error.clone().or_else(|| {
+                        let r = self.regions.get(e.region?)?;
+                        r.error
+                            .as_ref()
+                            .map(|err| format!("region unreadable: {err}"))
+                    }),
                     observed: p.by_device(),
                     alloc_events: p.alloc_events,
                     peak_bytes: p.peak_bytes,
@@ -550,7 +680,36 @@ impl Agent {
                 pid: s.pid,
                 start_time: s.start_time,
             };
-            if let Some(done) = r.region.reclaim_slot_if(SlotId::new(slot, who), who) {
+            // Mapped (writable) only for this write, on a helper thread: a tenant holding the
+            // region lock forever, or truncating the file now, costs that thread, not the agent.
+            let file = match r.fd.try_clone() {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!(region = %r.name, error = %e, "cannot reclaim: dup");
+                    continue;
+                }
+            };
+            let path = PathBuf::from(&r.name);
+            let done = tenantfs::bounded(
+                format!("reclaim in region {}", r.name),
+                INPUT_DEADLINE,
+                Some(&r.busy),
+                move || {
+                    Region::open_file(file, &path, true)
+                        .map(|region| region.reclaim_slot_if(SlotId::new(slot, who), who))
+                        .map_err(|e| e.to_string())
+                },
+            )
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+            let done = match done {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(region = %r.name, slot, error = %e, "cannot reclaim leaked slot");
+                    None
+                }
+            };
+            if let Some(done) = done {
                 tracing::info!(
                     region = %r.name, slot, pid = who.pid, bytes = done.total(),
                     "reclaimed leaked slot"
@@ -696,18 +855,27 @@ impl Agent {
         self.regions
             .iter()
             .map(|r| {
-                let s = r.snapshot.clone().unwrap_or_else(|| r.region.snapshot());
-                RegionRow {
+                let mut row = RegionRow {
                     name: r.name.clone(),
                     host_path: r.host_path.display().to_string(),
                     container: r.container.clone(),
                     file_id: format!("{}:{}", r.file_id.0, r.file_id.1),
-                    device_count: s.device_count,
-                    limits: s.limits[..(s.device_count as usize).clamp(1, s.limits.len())].to_vec(),
-                    used: s.used[..(s.device_count as usize).clamp(1, s.used.len())].to_vec(),
-                    active_slots: s.slots.len(),
-                    reclaimed_slots: s.reclaimed_slots,
+                    device_count: 0,
+                    limits: Vec::new(),
+                    used: Vec::new(),
+                    active_slots: 0,
+                    reclaimed_slots: 0,
+                    error: r.error.clone(),
+                };
+                if let Some(s) = &r.snapshot {
+                    let n = shown_devices(s);
+                    row.device_count = s.device_count;
+                    row.limits = s.limits[..n].to_vec();
+                    row.used = s.used[..n].to_vec();
+                    row.active_slots = s.slots.len();
+                    row.reclaimed_slots = s.reclaimed_slots;
                 }
+                row
             })
             .collect()
     }
@@ -781,6 +949,31 @@ pub struct RegionRow {
     pub active_slots: usize,
     /// Slots reclaimed so far (header counter).
     pub reclaimed_slots: u64,
+    /// Why the region could not be read at the last tick (truncated, replaced, too slow);
+    /// its figures are then empty.
+    pub error: Option<String>,
+}
+
+/// Devices the region's processes really see (the `device_count` the preload records from
+/// `cuDeviceGetCount`), `None` when no process recorded it yet (0) or it is out of range.
+pub fn real_devices(s: &RegionSnapshot) -> Option<usize> {
+    let n = s.device_count as usize;
+    (1..=hami_common::layout::MAX_DEVICES)
+        .contains(&n)
+        .then_some(n)
+}
+
+/// Devices to show for a region: the real count, else (unknown) up to the last device with
+/// a limit, a flag, usage or a UUID; at least 1.
+pub fn shown_devices(s: &RegionSnapshot) -> usize {
+    real_devices(s).unwrap_or_else(|| {
+        (0..hami_common::layout::MAX_DEVICES)
+            .rev()
+            .find(|&d| {
+                s.limits[d] != 0 || s.limit_flags[d] != 0 || s.used[d] != 0 || s.uuids[d] != [0; 16]
+            })
+            .map_or(1, |d| d + 1)
+    })
 }
 
 #[cfg(test)]

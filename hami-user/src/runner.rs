@@ -1,6 +1,7 @@
 //! The event loop behind `hami-agent run` and `hami-agent audit`: probes -> agent core,
 //! periodic ticks, NVML refresh, metrics, logging.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -59,7 +60,9 @@ struct Running {
     agent: Agent,
     events: mpsc::Receiver<CudaEvent>,
     handle: ProbeHandle,
-    nvml: Option<Nvml>,
+    nvml: Option<Arc<Nvml>>,
+    /// Set while an NVML query is outstanding on a helper thread.
+    nvml_busy: Arc<std::sync::atomic::AtomicBool>,
     nvml_error: Option<String>,
     metrics: Arc<Metrics>,
     attached: usize,
@@ -71,7 +74,7 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
     let (nvml, nvml_error) = match Nvml::load() {
         Ok(n) => {
             tracing::info!(driver = ?n.driver_version(), "NVML loaded");
-            (Some(n), None)
+            (Some(Arc::new(n)), None)
         }
         Err(e) => {
             tracing::warn!(error = %e, "running without NVML (no per-process used memory, no device totals)");
@@ -117,6 +120,7 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
         events,
         handle,
         nvml,
+        nvml_busy: Arc::default(),
         nvml_error,
         metrics,
         attached: attached.len(),
@@ -189,7 +193,17 @@ impl Running {
         self.attached = self.handle.attached().len();
         if let Some(n) = &self.nvml {
             if last_nvml.elapsed() >= Duration::from_secs(2) {
-                self.agent.set_nvml(Some(n.snapshot()));
+                // Bounded: a driver that stops answering keeps the last figures.
+                let n = Arc::clone(n);
+                match crate::tenantfs::bounded(
+                    "NVML query",
+                    crate::agent::INPUT_DEADLINE,
+                    Some(&self.nvml_busy),
+                    move || n.snapshot(),
+                ) {
+                    Ok(s) => self.agent.set_nvml(Some(s)),
+                    Err(e) => tracing::warn!(error = %e, "NVML query skipped"),
+                }
                 *last_nvml = Instant::now();
             }
         }
@@ -262,6 +276,30 @@ impl Running {
     }
 }
 
+/// How long the loop may take to stop after SIGTERM/SIGINT before the process exits anyway.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A task on another worker thread: after SIGTERM or SIGINT, if the loop has not finished
+/// within [`STOP_GRACE`] (stuck on an input despite every bound), exits the process.
+fn spawn_term_watchdog() {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        return;
+    };
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tokio::time::sleep(STOP_GRACE).await;
+        let _ = writeln!(
+            std::io::stderr(),
+            "hami-agent: not stopped {STOP_GRACE:?} after the signal: exiting now"
+        );
+        std::process::exit(143);
+    });
+}
+
 /// Runs until interrupted (or `opts.duration`), then returns the report.
 pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
     let mut r = start(&opts)?;
@@ -279,12 +317,15 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
         }
         None => None,
     };
-    // Tests and scripts wait for this line on stderr before starting workloads.
-    eprintln!(
+    // Tests and scripts wait for this line on stderr before starting workloads (a closed
+    // stderr is no reason to stop).
+    let _ = writeln!(
+        std::io::stderr(),
         "hami-agent: ready ({} libcuda attached, {} processes baselined)",
         r.attached,
         r.agent.process_count()
     );
+    spawn_term_watchdog();
     let t0 = Instant::now();
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut ticker = tokio::time::interval(opts.interval);

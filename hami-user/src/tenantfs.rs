@@ -342,7 +342,11 @@ mod tests {
         std::fs::create_dir_all(t.path().join("tmp")).unwrap();
         // Absolute and relative escapes both resolve inside the root.
         symlink(host.path().join("secret"), t.path().join("tmp/abs")).unwrap();
-        symlink("../../../../../../..".to_string() + host.path().join("secret").to_str().unwrap(), t.path().join("tmp/rel")).unwrap();
+        symlink(
+            "../../../../../../..".to_string() + host.path().join("secret").to_str().unwrap(),
+            t.path().join("tmp/rel"),
+        )
+        .unwrap();
         for p in ["/tmp/abs", "/tmp/rel", "/../../../etc/hostname"] {
             let r = open_in_root(t.path(), p, Path::new(p), false);
             assert!(r.is_err(), "{p} must not open a host file");
@@ -362,8 +366,13 @@ mod tests {
         // /proc is not inside this root: not found. With the host root, the magic link
         // itself is refused.
         assert!(open_in_root(t.path(), "/m", Path::new("m"), false).is_err());
-        let e = open_in_root(Path::new("/"), "/proc/self/root/etc/hostname", Path::new("m"), false)
-            .unwrap_err();
+        let e = open_in_root(
+            Path::new("/"),
+            "/proc/self/root/etc/hostname",
+            Path::new("m"),
+            false,
+        )
+        .unwrap_err();
         assert!(matches!(e, TenantFsError::Io { .. }), "{e}");
     }
 

@@ -601,7 +601,9 @@ impl Drop for Probes {
 fn check_elf(path: &Path) -> Result<(), ProbeError> {
     use std::io::Read;
     let mut magic = [0u8; 4];
-    std::fs::File::open(path)
+    // Regular files only (never a FIFO or a device a tenant left at a mapped path).
+    crate::tenantfs::open_regular(path, false)
+        .map_err(|e| std::io::Error::other(e.to_string()))
         .and_then(|mut f| f.read_exact(&mut magic))
         .map_err(|source| ProbeError::File {
             path: path.to_path_buf(),
