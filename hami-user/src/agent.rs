@@ -81,6 +81,8 @@ struct RegionEntry {
     error: Option<String>,
     /// Set while a read of this region is outstanding on a helper thread.
     busy: Arc<AtomicBool>,
+    /// `CLOCK_MONOTONIC` just before the snapshot was read.
+    read_at_ns: u64,
     liveness: BTreeMap<usize, SlotLiveness>,
     /// Owner, group and mode, refreshed every tick (`fstat` of the opened file: this
     /// region's own inode, whatever the path names now).
@@ -109,6 +111,24 @@ fn open_tenant_region(
         }
     }
     tenantfs::open_in_root(root, name, shown, false)
+}
+
+/// A process whose events were lost: its observed data is the region's accounting for its
+/// slot (exact, and the preload's own), its event history no longer counts for the rules
+/// that compare the two. Without a slot, nothing to rebuild from: left as observed.
+fn rebuild_from_region(v: &mut ProcView, regions: &[RegionView]) {
+    let Some(slot) = v
+        .region
+        .and_then(|i| regions.get(i))
+        .and_then(|r| r.slot_of(v))
+    else {
+        return;
+    };
+    v.observed = (0..hami_common::layout::MAX_DEVICES)
+        .map(|d| (Some(d as u32), findings::slot_data_on(slot, d)))
+        .filter(|&(_, b)| b > 0)
+        .collect();
+    v.pre_existing = true;
 }
 
 /// [`procinfo::read_proc`] on a helper thread, given up after [`INPUT_DEADLINE`] (reading
@@ -190,6 +210,29 @@ pub struct Agent {
     libcuda_ids: HashSet<(String, u64)>,
     /// The agent's own start time (ticks since boot), to tell processes that started after it.
     started_at: Option<u64>,
+    /// Ring-buffer drops counted so far ([`Agent::note_dropped`]).
+    dropped_seen: u64,
+    /// When drops were last noticed (ticks since boot): a process learned later that had
+    /// started before may have lost events too.
+    drops_noticed_at: Option<u64>,
+    /// Pids to mark as having lost events once they are tracked.
+    lost_pending: HashSet<u32>,
+}
+
+/// Why a process's observed figures are not its own events (shown in the report).
+pub const EVENTS_LOST_NOTE: &str = "events lost (probe ring buffer full): observed figures \
+     rebuilt from the region's accounting until the process holds no data (then its events \
+     count again)";
+
+/// `CLOCK_MONOTONIC` now in ns (the clock of the probes' `ts_ns`).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
 
 impl std::fmt::Debug for Agent {
@@ -224,6 +267,9 @@ impl Agent {
             reclaimed: Vec::new(),
             libcuda_ids: HashSet::new(),
             started_at,
+            dropped_seen: 0,
+            drops_noticed_at: None,
+            lost_pending: HashSet::new(),
             opts,
         };
         for p in a.opts.regions.clone() {
@@ -315,6 +361,26 @@ impl Agent {
         self.procs.apply(ev)
     }
 
+    /// Tells the agent the probes' total of dropped events (ring buffer full). When it grew,
+    /// every tracked process (and any learned later that had started by now) is marked as
+    /// having lost events: its observed figures are rebuilt instead of compared (see
+    /// [`EVENTS_LOST_NOTE`]). Returns whether it grew.
+    pub fn note_dropped(&mut self, total: u64) -> bool {
+        if total <= self.dropped_seen {
+            return false;
+        }
+        tracing::warn!(
+            dropped = total - self.dropped_seen,
+            total,
+            "probe events dropped (ring buffer full): tracked processes marked, their figures rebuilt"
+        );
+        self.dropped_seen = total;
+        self.procs.mark_all_events_lost();
+        self.drops_noticed_at = procinfo::now_ticks(&self.opts.proc_root)
+            .or_else(|| procinfo::now_ticks(Path::new("/proc")));
+        true
+    }
+
     /// Number of tracked processes.
     pub fn process_count(&self) -> usize {
         self.procs.len()
@@ -323,6 +389,11 @@ impl Agent {
     /// Reads `/proc` for a pid and opens its region.
     fn learn(&mut self, pid: u32) {
         let info = read_proc_bounded(&self.opts.proc_root, pid);
+        if let (Some(at), Some(i)) = (self.drops_noticed_at, &info) {
+            if i.start_time <= at {
+                self.lost_pending.insert(pid);
+            }
+        }
         let mut entry = ProcEntry {
             info,
             region: None,
@@ -431,6 +502,7 @@ impl Agent {
             snapshot: Some(snapshot),
             error: None,
             busy,
+            read_at_ns: monotonic_ns(),
             liveness: BTreeMap::new(),
             file: file_meta(&md),
         });
@@ -442,14 +514,68 @@ impl Agent {
     pub fn tick(&mut self, now: Instant) -> TickOutcome {
         self.refresh_processes();
         self.refresh_regions();
+        self.rebuild_lost();
         let (procs, regions) = self.views();
-        let found = findings::evaluate(&procs, &regions, self.opts.tolerance);
+        let mut found = findings::evaluate(&procs, &regions, self.opts.tolerance);
+        for f in &mut found {
+            if f.pid
+                .is_some_and(|pid| self.procs.get(pid).is_some_and(|p| p.events_lost))
+            {
+                f.detail.push_str("; ");
+                f.detail.push_str(EVENTS_LOST_NOTE);
+            }
+        }
         let mut out = self.settle(found, now);
         if self.opts.reclaim {
             out.reclaimed = self.reclaim();
             self.reclaimed.extend(out.reclaimed.iter().cloned());
         }
         out
+    }
+
+    /// Marks the processes waiting for it, and rebuilds each marked process whose slot
+    /// accounts no data now (a quiet moment: its true live data is zero).
+    fn rebuild_lost(&mut self) {
+        let pending: Vec<u32> = self.lost_pending.iter().copied().collect();
+        for pid in pending {
+            if self.procs.get(pid).is_some() {
+                self.procs.mark_events_lost(pid);
+                self.lost_pending.remove(&pid);
+            } else if !self.entries.contains_key(&pid) {
+                self.lost_pending.remove(&pid);
+            }
+        }
+        let marked: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|p| p.events_lost)
+            .map(|p| p.pid)
+            .collect();
+        for pid in marked {
+            let Some(e) = self.entries.get(&pid) else {
+                continue;
+            };
+            let (Some(info), Some(r)) = (&e.info, e.region.and_then(|i| self.regions.get(i)))
+            else {
+                continue;
+            };
+            let Some(snap) = r.snapshot.as_ref().filter(|s| s.consistent) else {
+                continue;
+            };
+            let slot_pid = info.nspid.unwrap_or(pid);
+            let Some(slot) = snap.slots.iter().find(|s| {
+                s.pid == slot_pid && (s.start_time == 0 || s.start_time == info.start_time)
+            }) else {
+                continue;
+            };
+            if findings::slot_data(slot) == 0 {
+                tracing::info!(
+                    pid,
+                    "process with lost events holds no data: rebuilt, its events count again"
+                );
+                self.procs.rebuild(pid, r.read_at_ns);
+            }
+        }
     }
 
     /// Drops processes that are gone (missed exit events) or whose pid was reused; retries
@@ -507,6 +633,7 @@ impl Agent {
             // The opened file's own metadata (fstat: never the path, which a tenant may
             // have pointed elsewhere since).
             r.file = r.fd.metadata().ok().and_then(|md| file_meta(&md));
+            let read_at = monotonic_ns();
             let snap = match read_region(&r.fd, &r.name, &r.busy) {
                 Ok(s) => s,
                 Err(e) => {
@@ -520,6 +647,7 @@ impl Agent {
                 }
             };
             r.error = None;
+            r.read_at_ns = read_at;
             let mut live = BTreeMap::new();
             for s in &snap.slots {
                 let host_pid = match r.pidns {
@@ -587,7 +715,7 @@ impl Agent {
             .filter_map(|p| {
                 let e = self.entries.get(&p.pid)?;
                 let info = e.info.as_ref()?;
-                Some(ProcView {
+                let mut v = ProcView {
                     pid: p.pid,
                     start_time: info.start_time,
                     nspid: info.nspid,
@@ -613,7 +741,11 @@ impl Agent {
                     seen_by_events: p.first_ns != 0 || p.alloc_events + p.free_events > 0,
                     env_limits: info.env_limits.clone(),
                     creds: info.creds.clone(),
-                })
+                };
+                if p.events_lost {
+                    rebuild_from_region(&mut v, &regions);
+                }
+                Some(v)
             })
             .collect();
         (procs, regions)
@@ -809,7 +941,10 @@ impl Agent {
                         .to_string(),
                 ),
             };
-            let unknown_device = p.by_device().contains_key(&None);
+            // A process whose events were lost shows its rebuilt figures (see views()).
+            let rebuilt = p.events_lost.then_some(view).flatten();
+            let by_device = rebuilt.map_or_else(|| p.by_device(), |v| v.observed.clone());
+            let unknown_device = by_device.contains_key(&None);
             rows.push(ProcessRow {
                 pid: p.pid,
                 comm: info.map(|i| i.comm.clone()).unwrap_or_default(),
@@ -822,9 +957,8 @@ impl Agent {
                 limit: region.map(|r| r.snapshot.limits[0]),
                 accounted: slot.map(findings::slot_data),
                 accounted_total: slot.map(|s| s.total()),
-                observed: p.live_bytes,
-                observed_by_device: p
-                    .by_device()
+                observed: rebuilt.map_or(p.live_bytes, |v| v.observed_total()),
+                observed_by_device: by_device
                     .into_iter()
                     .map(|(d, b)| (d.map_or("unknown".to_string(), |d| d.to_string()), b))
                     .collect(),
@@ -840,6 +974,7 @@ impl Agent {
                     .and_then(|n| n.processes.get(&p.pid).copied()),
                 baseline,
                 baseline_nvml: p.baseline.nvml_bytes(),
+                events_lost: p.events_lost.then(|| EVENTS_LOST_NOTE.to_string()),
                 verdict: if verdict.is_empty() {
                     "ok".to_string()
                 } else {
@@ -924,6 +1059,9 @@ pub struct ProcessRow {
     pub baseline: Option<String>,
     /// NVML used memory at baseline time.
     pub baseline_nvml: Option<u64>,
+    /// Set when the probes dropped events while this process was tracked: why its
+    /// observed figures are not its own events (see [`EVENTS_LOST_NOTE`]).
+    pub events_lost: Option<String>,
     /// `ok` or the standing finding kinds, comma-separated.
     pub verdict: String,
 }

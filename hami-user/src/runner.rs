@@ -207,6 +207,8 @@ impl Running {
                 *last_nvml = Instant::now();
             }
         }
+        // Drops first: a process whose events were lost is rebuilt, not compared.
+        self.agent.note_dropped(self.handle.counters().dropped);
         let out = self.agent.tick(Instant::now());
         if log {
             log_outcome(&out);
