@@ -551,7 +551,7 @@ fn ring_buffer_overflow_leaves_no_false_finding_and_rebuilds_from_the_region() {
         .preload(true)
         .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
         .env("FAKE_CUDA_DEVICE_COUNT", "1");
-    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "9"]);
+    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "11"]);
     // stdin /dev/null: bench-for runs for its SECONDS at once; sleep keeps the 64 MiB.
     let mut c = env.cudaprobe_cmd(&[
         "init",
@@ -559,7 +559,7 @@ fn ring_buffer_overflow_leaves_no_false_finding_and_rebuilds_from_the_region() {
         "alloc",
         "64M",
         "bench-for",
-        "3",
+        "5",
         "1M",
         "sleep",
         "30",
@@ -569,10 +569,24 @@ fn ring_buffer_overflow_leaves_no_false_finding_and_rebuilds_from_the_region() {
     let pid = probe.pid;
     let l = wait_done(&mut probe, "alloc");
     assert!(l.contains("rc=0"), "{l}");
-    // Starve the agent while the workload churns: the ring buffer overflows.
+    // Starve the agent while the workload churns: the ring buffer (65,536 events)
+    // overflows. Two unhooked churners in the same seconds make sure of it on a slow
+    // machine (their own findings are theirs).
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(agent.pid(), libc::SIGSTOP) };
+    let mut plain = TestEnv::new();
+    plain.set_env("FAKE_CUDA_STATE", env.state_path().to_str().unwrap());
+    let helpers: Vec<_> = (0..2)
+        .map(|_| {
+            let mut c = plain.cudaprobe_cmd(&["init", "ctx", "bench-for", "4", "1M"]);
+            c.stdin(Stdio::null());
+            c.spawn().unwrap()
+        })
+        .collect();
     let bench = wait_done(&mut probe, "bench-for");
+    for h in helpers {
+        let _ = h.wait_with_output();
+    }
     // SAFETY: as above.
     unsafe { libc::kill(agent.pid(), libc::SIGCONT) };
     assert!(bench.contains("failures=0"), "{bench}");
