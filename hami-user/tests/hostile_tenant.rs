@@ -423,11 +423,8 @@ fn region_symlinked_out_of_the_container_to_a_host_file_or_device_is_not_opened(
     let dev = tmp.path().join("host-dev");
     let c = std::ffi::CString::new(dev.to_str().unwrap()).unwrap();
     // SAFETY: valid C string; we are root.
-    assert_eq!(
-        unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) },
-        0,
-        "mknod"
-    );
+    let rc = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(rc, 0, "mknod");
     // The container's root: /tmp/link and /tmp/devlink point at the host paths, absolute.
     let root = tmp.path().join("root");
     std::fs::create_dir_all(root.join("tmp")).unwrap();
