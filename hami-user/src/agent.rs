@@ -217,7 +217,14 @@ pub struct Agent {
     drops_noticed_at: Option<u64>,
     /// Pids to mark as having lost events once they are tracked.
     lost_pending: HashSet<u32>,
+    /// Drops were noticed since the last scan for processes the agent may not know at all
+    /// (every event of theirs lost); and when that scan last ran.
+    scan_after_drops: bool,
+    last_drop_scan: Option<Instant>,
 }
+
+/// Least time between two `/proc` scans for processes whose every event was dropped.
+const DROP_SCAN_PERIOD: Duration = Duration::from_secs(2);
 
 /// Why a process's observed figures are not its own events (shown in the report).
 pub const EVENTS_LOST_NOTE: &str = "events lost (probe ring buffer full): observed figures \
@@ -270,6 +277,8 @@ impl Agent {
             dropped_seen: 0,
             drops_noticed_at: None,
             lost_pending: HashSet::new(),
+            scan_after_drops: false,
+            last_drop_scan: None,
             opts,
         };
         for p in a.opts.regions.clone() {
@@ -376,6 +385,7 @@ impl Agent {
         );
         self.dropped_seen = total;
         self.procs.mark_all_events_lost();
+        self.scan_after_drops = true;
         self.drops_noticed_at = procinfo::now_ticks(&self.opts.proc_root)
             .or_else(|| procinfo::now_ticks(Path::new("/proc")));
         true
@@ -513,6 +523,19 @@ impl Agent {
     /// Refreshes `/proc` facts, snapshots regions, evaluates findings, reclaims if asked.
     pub fn tick(&mut self, now: Instant) -> TickOutcome {
         self.refresh_processes();
+        if self.scan_after_drops
+            && self
+                .last_drop_scan
+                .is_none_or(|t| now.saturating_duration_since(t) >= DROP_SCAN_PERIOD)
+        {
+            // A process whose every event was dropped is unknown: find it the way processes
+            // running before the probes are found (libcuda mapped), marked as such.
+            self.scan_after_drops = false;
+            self.last_drop_scan = Some(now);
+            for pid in self.baseline_scan() {
+                self.procs.mark_events_lost(pid);
+            }
+        }
         self.refresh_regions();
         self.rebuild_lost();
         let (procs, regions) = self.views();
@@ -1290,6 +1313,29 @@ mod tests {
         a.on_event(&ev(EventKind::MemAlloc, 100, 96 * MIB, 0x7000, 0));
         assert!(a.tick(Instant::now()).raised.is_empty());
         assert!(a.process_rows()[0].events_lost.is_some());
+    }
+
+    #[test]
+    fn process_whose_every_event_was_dropped_is_found_after_the_drops() {
+        let w = World::new();
+        w.spawn(100, 7, false, "1g");
+        let mut a = w.agent(false);
+        a.started_at = Some(1); // it started after the agent
+        assert!(a.tick(Instant::now()).raised.is_empty());
+        assert!(a.process_rows().is_empty(), "no event: unknown");
+        a.note_dropped(10);
+        let out = a.tick(Instant::now());
+        assert_eq!(
+            kinds(&out.raised),
+            vec![(FindingKind::Bypass, findings::reason::NO_PRELOAD)]
+        );
+        let rows = a.process_rows();
+        assert_eq!(rows.len(), 1);
+        assert!(rows[0].events_lost.is_some());
+        assert!(rows[0]
+            .baseline
+            .as_deref()
+            .is_some_and(|b| b.contains("attached late")));
     }
 
     #[test]
