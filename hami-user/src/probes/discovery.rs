@@ -268,15 +268,16 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
             }
             let root = proc_root.join(pid).join("root");
             let open_path = rooted(&root, Path::new(&path));
-            if !resolves_inside_root(&root, &path, &open_path) {
-                tracing::debug!(pid, path = %path, "mapped file's path leaves the process's root or changed: skipped");
-                continue;
-            }
             let name = Path::new(&path)
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or("");
             if !classifier.is_driver(&id, &open_path, name) {
+                continue;
+            }
+            // Only for drivers (few): the path is the tenant's.
+            if !resolves_inside_root(&root, &path, &open_path) {
+                tracing::debug!(pid, path = %path, "mapped file's path leaves the process's root or changed: skipped");
                 continue;
             }
             seen.insert(id.clone());
