@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::{IterableMap, Map, MapData, PerCpuArray, RingBuf};
 use aya::programs::raw_trace_point::RawTracePointLink;
 use aya::programs::uprobe::{UProbeLink, UProbeScope};
 use aya::programs::{ProgramError, RawTracePoint, UProbe};
@@ -535,10 +535,13 @@ impl Probes {
             .map_err(|e| ProbeError::Runtime(e.into_parts().1))?;
         let (tx, rx) = mpsc::channel(discovery.channel_capacity.max(1));
         let user = Arc::new(UserCounters::default());
+        let counters = second_handle(&self.counters);
         let shared = Arc::new(Shared {
             announce: self.announce.clone(),
+            attached: Mutex::new(self.attached()),
             probes: Mutex::new(self),
             user: user.clone(),
+            counters,
         });
         let mut tasks = vec![tokio::spawn(pump(afd, tx, user))];
         for p in &discovery.extra {
@@ -636,6 +639,14 @@ struct UserCounters {
     malformed: AtomicU64,
 }
 
+/// Another handle on the same counters map (its fd duplicated), `None` if that fails.
+fn second_handle(c: &PerCpuArray<MapData, u64>) -> Option<PerCpuArray<MapData, u64>> {
+    use std::os::fd::AsFd;
+    let fd = c.map().fd().as_fd().try_clone_to_owned().ok()?;
+    let data = MapData::from_fd(fd).ok()?;
+    PerCpuArray::try_from(Map::PerCpuArray(data)).ok()
+}
+
 fn read_counters(map: &PerCpuArray<MapData, u64>, user: &UserCounters) -> ProbeCounters {
     let sum = |i: u32| -> u64 {
         map.get(&i, 0)
@@ -705,6 +716,11 @@ struct Shared {
     probes: Mutex<Probes>,
     user: Arc<UserCounters>,
     announce: Arc<Announce>,
+    /// A second handle on the counters map, read without `probes`' lock (held for seconds
+    /// while a libcuda is attached): the agent's loop never waits for an attach.
+    counters: Option<PerCpuArray<MapData, u64>>,
+    /// The attached libraries as last read (served while an attach holds the lock).
+    attached: Mutex<Vec<AttachedLibrary>>,
 }
 
 impl Shared {
@@ -772,15 +788,28 @@ pub struct ProbeHandle {
 }
 
 impl ProbeHandle {
-    /// Counters summed over CPUs.
+    /// Counters summed over CPUs (never waits for an attach in progress).
     pub fn counters(&self) -> ProbeCounters {
-        let p = self.shared.lock();
-        read_counters(&p.counters, &self.shared.user)
+        match &self.shared.counters {
+            Some(c) => read_counters(c, &self.shared.user),
+            None => read_counters(&self.shared.lock().counters, &self.shared.user),
+        }
     }
 
-    /// The libraries attached so far (with the time each was attached).
+    /// The libraries attached so far (with the time each was attached). While an attach
+    /// holds the probes (seconds), the list as last read: it never waits.
     pub fn attached(&self) -> Vec<AttachedLibrary> {
-        self.shared.lock().attached()
+        let mut cache = self
+            .shared
+            .attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match self.shared.probes.try_lock() {
+            Ok(p) => *cache = p.attached(),
+            Err(std::sync::TryLockError::Poisoned(p)) => *cache = p.into_inner().attached(),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        cache.clone()
     }
 
     /// Increases each time a libcuda file is about to be attached (before its first probe
