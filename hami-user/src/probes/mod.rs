@@ -747,7 +747,17 @@ fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> Vec<AttachOu
         if !new {
             continue;
         }
-        let res = shared.lock().attach_libcuda(&c.path);
+        // The file is a tenant's: a malformed ELF that makes the loader panic must cost this
+        // candidate only, not the discovery task (every later library would go unprobed).
+        let res = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            shared.lock().attach_libcuda(&c.path)
+        })) {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(path = %c.path.display(), "attaching this file panicked: skipped");
+                Err(ProbeError::NotLibcuda(c.path.clone()))
+            }
+        };
         if let (Ok(o), Some(mid)) = (&res, &c.maps_id) {
             shared.lock().add_maps_id(o.file_id, mid);
         }
