@@ -288,10 +288,11 @@ fn spawn_term_watchdog() {
     else {
         return;
     };
+    let ctrl_c = tokio::signal::ctrl_c();
     tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
+            _ = ctrl_c => {}
         }
         tokio::time::sleep(STOP_GRACE).await;
         let _ = writeln!(
@@ -319,6 +320,8 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
         }
         None => None,
     };
+    // Listening for the signal before `ready`: a SIGTERM sent at once is seen by both.
+    spawn_term_watchdog();
     // Tests and scripts wait for this line on stderr before starting workloads (a closed
     // stderr is no reason to stop).
     let _ = writeln!(
@@ -327,7 +330,6 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
         r.attached,
         r.agent.process_count()
     );
-    spawn_term_watchdog();
     let t0 = Instant::now();
     let deadline = opts.duration.map(|d| tokio::time::Instant::now() + d);
     let mut ticker = tokio::time::interval(opts.interval);
