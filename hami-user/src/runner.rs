@@ -185,12 +185,13 @@ impl Running {
         m.set_findings(&self.agent.standing());
         let c = self.handle.counters();
         m.set_dropped_total(c.dropped);
-        m.libcuda_attached.set(self.handle.attached().len() as i64);
+        m.libcuda_attached
+            .set(self.handle.attached_cached().len() as i64);
     }
 
     fn on_tick(&mut self, log: bool, last_nvml: &mut Instant) {
         self.check_new_libraries();
-        self.attached = self.handle.attached().len();
+        self.attached = self.handle.attached_cached().len();
         if let Some(n) = &self.nvml {
             if last_nvml.elapsed() >= Duration::from_secs(2) {
                 // Bounded: a driver that stops answering keeps the last figures.

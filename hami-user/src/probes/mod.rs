@@ -806,9 +806,21 @@ impl ProbeHandle {
         }
     }
 
-    /// The libraries attached so far (with the time each was attached). While an attach
-    /// holds the probes (seconds), the list as last read: it never waits.
+    /// The libraries attached so far (with the time each was attached); waits for an
+    /// attach in progress.
     pub fn attached(&self) -> Vec<AttachedLibrary> {
+        let now = self.shared.lock().attached();
+        *self
+            .shared
+            .attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = now.clone();
+        now
+    }
+
+    /// [`ProbeHandle::attached`] without waiting: while an attach holds the probes
+    /// (seconds), the list as last read (for periodic work that must not stall).
+    pub fn attached_cached(&self) -> Vec<AttachedLibrary> {
         let mut cache = self
             .shared
             .attached
