@@ -305,10 +305,13 @@ fn fifo_region_path_blocks_neither_metrics_nor_other_findings_nor_sigterm() {
     let line = agent.wait_line(Duration::from_secs(5), |l| {
         finding_line(l, "bypass", op).is_some()
     });
-    assert_eq!(
-        finding_line(&line, "bypass", op).unwrap()["bytes"],
-        32 * MIB
-    );
+    // (At least its 32 MiB: if other load on the node overflowed the ring buffer, the
+    // process is found by the scan after the drops and NVML's figure, with its context,
+    // is the larger one.)
+    let bytes = finding_line(&line, "bypass", op).unwrap()["bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(bytes >= 32 * MIB, "{line}");
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
     // /metrics answers.
     let m = get_metrics(addr, Duration::from_secs(3)).expect("/metrics answers");
