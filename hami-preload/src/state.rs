@@ -96,7 +96,11 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
     let rc = RegionConfig {
         limits: config.limits,
         limit_flags: config.limit_flags,
-        device_count: device_count().max(config.configured_devices()),
+        // The devices this process really sees; 0 (unknown) before the driver is initialised.
+        // Never the configured count: `CUDA_DEVICE_MEMORY_LIMIT` sets all 16 ordinals, and
+        // the agent would then show 16 devices on a 1-GPU node (the count is recorded again
+        // at registration, after `cuInit`).
+        device_count: device_count(),
         mode: config.region_mode,
         group: config.region_group,
     };
@@ -243,10 +247,11 @@ impl ProcState {
     }
 }
 
-/// Records the UUID of every device this process sees (ordinals after
-/// `CUDA_VISIBLE_DEVICES`).
+/// Records the number of devices this process sees (`cuDeviceGetCount`) and the UUID of
+/// each (ordinals after `CUDA_VISIBLE_DEVICES`). Called at registration, after `cuInit`.
 fn record_uuids(region: &Region) {
     let n = device_count().min(MAX_DEVICES as u32);
+    region.set_device_count(n);
     for dev in 0..n {
         if let Some(u) = device_uuid(dev as CUdevice) {
             region.set_uuid(dev as usize, u);

@@ -6,12 +6,15 @@
 //! and real region files.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hami_common::event::{CudaEvent, EventKind};
-use hami_common::region::{ProcessId, Region, RegionSnapshot, SlotId};
+use hami_common::region::{self, ProcessId, Region, RegionSnapshot, SlotId};
 use serde::Serialize;
 
 use crate::access::FileMeta;
@@ -21,6 +24,11 @@ use crate::findings::{
 use crate::nvml::NvmlSnapshot;
 use crate::procinfo::{self, ProcInfo};
 use crate::state::{Applied, Baseline, Processes};
+use crate::tenantfs;
+
+/// How long one region read, one `/proc` read of a process or one reclaim may take before
+/// the agent gives up on it for this tick (it never blocks the rest).
+pub const INPUT_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Options of the agent core.
 #[derive(Clone, Debug)]
@@ -58,18 +66,26 @@ struct ProcEntry {
     region_error: Option<String>,
 }
 
-/// An open region.
+/// An open region: a descriptor opened safely (see [`tenantfs`]) and read with `pread`
+/// ([`region::read_snapshot`]), never mapped except for the short writes of a reclaim.
 struct RegionEntry {
-    region: Region,
+    fd: Arc<File>,
     name: String,
     host_path: PathBuf,
     container: String,
     pidns: Option<u64>,
     file_id: (u64, u64),
     snapshot: Option<RegionSnapshot>,
+    /// Why the last read failed (truncated, replaced, too slow): the region is then left out
+    /// of the evaluation and its processes are reported with this reason.
+    error: Option<String>,
+    /// Set while a read of this region is outstanding on a helper thread.
+    busy: Arc<AtomicBool>,
+    /// `CLOCK_MONOTONIC` just before the snapshot was read.
+    read_at_ns: u64,
     liveness: BTreeMap<usize, SlotLiveness>,
-    /// Owner, group and mode, refreshed every tick (`stat`, only while the path still names
-    /// the file that was opened).
+    /// Owner, group and mode, refreshed every tick (`fstat` of the opened file: this
+    /// region's own inode, whatever the path names now).
     file: Option<FileMeta>,
 }
 
@@ -80,6 +96,72 @@ fn file_meta(md: &std::fs::Metadata) -> Option<FileMeta> {
         uid: md.uid(),
         gid: md.gid(),
     })
+}
+
+/// Opens a tenant's region path inside its root (read-write first with `reclaim`).
+fn open_tenant_region(
+    root: &Path,
+    name: &str,
+    shown: &Path,
+    reclaim: bool,
+) -> Result<File, tenantfs::TenantFsError> {
+    if reclaim {
+        if let Ok(f) = tenantfs::open_in_root(root, name, shown, true) {
+            return Ok(f);
+        }
+    }
+    tenantfs::open_in_root(root, name, shown, false)
+}
+
+/// A process whose events were lost: its observed data is the region's accounting for its
+/// slot (exact, and the preload's own), its event history no longer counts for the rules
+/// that compare the two. Without a slot, nothing to rebuild from: left as observed.
+fn rebuild_from_region(v: &mut ProcView, regions: &[RegionView]) {
+    let Some(slot) = v
+        .region
+        .and_then(|i| regions.get(i))
+        .and_then(|r| r.slot_of(v))
+    else {
+        return;
+    };
+    v.observed = (0..hami_common::layout::MAX_DEVICES)
+        .map(|d| (Some(d as u32), findings::slot_data_on(slot, d)))
+        .filter(|&(_, b)| b > 0)
+        .collect();
+    v.pre_existing = true;
+}
+
+/// [`procinfo::read_proc`] on a helper thread, given up after [`INPUT_DEADLINE`] (reading
+/// `maps` or `environ` waits for the process's memory-map lock, which it can hold).
+fn read_proc_bounded(proc_root: &Path, pid: u32) -> Option<ProcInfo> {
+    let root = proc_root.to_path_buf();
+    match tenantfs::bounded(format!("/proc/{pid}"), INPUT_DEADLINE, None, move || {
+        procinfo::read_proc(&root, pid)
+    }) {
+        Ok(r) => r.ok(),
+        Err(e) => {
+            tracing::warn!(pid, error = %e, "process not readable in time");
+            None
+        }
+    }
+}
+
+/// One bounded `pread` snapshot of a region (see [`region::read_snapshot`]).
+fn read_region(
+    file: &Arc<File>,
+    name: &str,
+    busy: &Arc<AtomicBool>,
+) -> Result<RegionSnapshot, String> {
+    let f = Arc::clone(file);
+    let path = PathBuf::from(name);
+    tenantfs::bounded(
+        format!("region {name}"),
+        INPUT_DEADLINE,
+        Some(busy),
+        move || region::read_snapshot(&f, &path),
+    )
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())
 }
 
 /// A slot released by `--reclaim`.
@@ -128,6 +210,36 @@ pub struct Agent {
     libcuda_ids: HashSet<(String, u64)>,
     /// The agent's own start time (ticks since boot), to tell processes that started after it.
     started_at: Option<u64>,
+    /// Ring-buffer drops counted so far ([`Agent::note_dropped`]).
+    dropped_seen: u64,
+    /// When drops were last noticed (ticks since boot): a process learned later that had
+    /// started before may have lost events too.
+    drops_noticed_at: Option<u64>,
+    /// Pids to mark as having lost events once they are tracked.
+    lost_pending: HashSet<u32>,
+    /// Drops were noticed since the last scan for processes the agent may not know at all
+    /// (every event of theirs lost); and when that scan last ran.
+    scan_after_drops: bool,
+    last_drop_scan: Option<Instant>,
+}
+
+/// Least time between two `/proc` scans for processes whose every event was dropped.
+const DROP_SCAN_PERIOD: Duration = Duration::from_secs(2);
+
+/// Why a process's observed figures are not its own events (shown in the report).
+pub const EVENTS_LOST_NOTE: &str = "events lost (probe ring buffer full): observed figures \
+     rebuilt from the region's accounting until the process holds no data (then its events \
+     count again)";
+
+/// `CLOCK_MONOTONIC` now in ns (the clock of the probes' `ts_ns`).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
 
 impl std::fmt::Debug for Agent {
@@ -162,6 +274,11 @@ impl Agent {
             reclaimed: Vec::new(),
             libcuda_ids: HashSet::new(),
             started_at,
+            dropped_seen: 0,
+            drops_noticed_at: None,
+            lost_pending: HashSet::new(),
+            scan_after_drops: false,
+            last_drop_scan: None,
             opts,
         };
         for p in a.opts.regions.clone() {
@@ -253,6 +370,27 @@ impl Agent {
         self.procs.apply(ev)
     }
 
+    /// Tells the agent the probes' total of dropped events (ring buffer full). When it grew,
+    /// every tracked process (and any learned later that had started by now) is marked as
+    /// having lost events: its observed figures are rebuilt instead of compared (see
+    /// [`EVENTS_LOST_NOTE`]). Returns whether it grew.
+    pub fn note_dropped(&mut self, total: u64) -> bool {
+        if total <= self.dropped_seen {
+            return false;
+        }
+        tracing::warn!(
+            dropped = total - self.dropped_seen,
+            total,
+            "probe events dropped (ring buffer full): tracked processes marked, their figures rebuilt"
+        );
+        self.dropped_seen = total;
+        self.procs.mark_all_events_lost();
+        self.scan_after_drops = true;
+        self.drops_noticed_at = procinfo::now_ticks(&self.opts.proc_root)
+            .or_else(|| procinfo::now_ticks(Path::new("/proc")));
+        true
+    }
+
     /// Number of tracked processes.
     pub fn process_count(&self) -> usize {
         self.procs.len()
@@ -260,7 +398,12 @@ impl Agent {
 
     /// Reads `/proc` for a pid and opens its region.
     fn learn(&mut self, pid: u32) {
-        let info = procinfo::read_proc(&self.opts.proc_root, pid).ok();
+        let info = read_proc_bounded(&self.opts.proc_root, pid);
+        if let (Some(at), Some(i)) = (self.drops_noticed_at, &info) {
+            if i.start_time <= at {
+                self.lost_pending.insert(pid);
+            }
+        }
         let mut entry = ProcEntry {
             info,
             region: None,
@@ -278,22 +421,35 @@ impl Agent {
         let name = info.region_path.clone();
         let container = info.container.clone();
         let pidns = info.pidns;
-        match std::fs::metadata(&host) {
-            Ok(md) => {
-                if let Some(&i) = self.region_ids.get(&(md.dev(), md.ino())) {
-                    entry.region = Some(i);
-                    entry.region_error = None;
-                    return;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !info.hooked => {
+        // The path is the tenant's: resolved inside the process's root, regular files only.
+        let root = self.opts.proc_root.join(info.pid.to_string()).join("root");
+        let reclaim = self.opts.reclaim;
+        let shown = PathBuf::from(&name);
+        let opened = {
+            let (root, name, shown) = (root.clone(), name.clone(), shown.clone());
+            tenantfs::bounded(
+                format!("region {name} of pid {}", info.pid),
+                INPUT_DEADLINE,
+                None,
+                move || open_tenant_region(&root, &name, &shown, reclaim),
+            )
+            .and_then(|r| r)
+        };
+        let file = match opened {
+            Ok(f) => f,
+            Err(tenantfs::TenantFsError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && !info.hooked =>
+            {
                 // An unhooked process without a region file: nothing to open.
                 entry.region_error = Some(format!("{name}: no such file"));
                 return;
             }
-            Err(_) => {}
-        }
-        match self.open_region(&host, &name, &container, pidns) {
+            Err(e) => {
+                entry.region_error = Some(format!("region unreadable: {e}"));
+                return;
+            }
+        };
+        match self.add_region(file, &host, &name, &container, pidns) {
             Ok(i) => {
                 entry.region = Some(i);
                 entry.region_error = None;
@@ -302,7 +458,8 @@ impl Agent {
         }
     }
 
-    /// Opens a region (read-only, or writable with `--reclaim`) and records it.
+    /// Opens a region the administrator named (`--region`: a host path, symlinks followed)
+    /// and records it.
     fn open_region(
         &mut self,
         host: &Path,
@@ -310,26 +467,52 @@ impl Agent {
         container: &str,
         pidns: Option<u64>,
     ) -> Result<usize, String> {
-        let md = std::fs::metadata(host).map_err(|e| format!("{name}: {e}"))?;
+        let reclaim = self.opts.reclaim;
+        let path = host.to_path_buf();
+        let file = tenantfs::bounded(format!("region {name}"), INPUT_DEADLINE, None, move || {
+            if reclaim {
+                tenantfs::open_regular(&path, true)
+                    .or_else(|_| tenantfs::open_regular(&path, false))
+            } else {
+                tenantfs::open_regular(&path, false)
+            }
+        })
+        .and_then(|r| r)
+        .map_err(|e| format!("region unreadable: {e}"))?;
+        self.add_region(file, host, name, container, pidns)
+    }
+
+    /// Records an opened region file (once per file: the same inode through several paths
+    /// is one region), after checking that it reads as a valid region.
+    fn add_region(
+        &mut self,
+        file: File,
+        host: &Path,
+        name: &str,
+        container: &str,
+        pidns: Option<u64>,
+    ) -> Result<usize, String> {
+        let md = file.metadata().map_err(|e| format!("{name}: fstat: {e}"))?;
         let id = (md.dev(), md.ino());
         if let Some(&i) = self.region_ids.get(&id) {
             return Ok(i);
         }
-        let region = if self.opts.reclaim {
-            Region::open_existing(host, true).or_else(|_| Region::open_existing(host, false))
-        } else {
-            Region::open_existing(host, false)
-        }
-        .map_err(|e| format!("region unreadable: {e}"))?;
+        let file = Arc::new(file);
+        let busy = Arc::new(AtomicBool::new(false));
+        let snapshot =
+            read_region(&file, name, &busy).map_err(|e| format!("region unreadable: {e}"))?;
         let i = self.regions.len();
         self.regions.push(RegionEntry {
-            region,
+            fd: file,
             name: name.to_string(),
             host_path: host.to_path_buf(),
             container: container.to_string(),
             pidns,
             file_id: id,
-            snapshot: None,
+            snapshot: Some(snapshot),
+            error: None,
+            busy,
+            read_at_ns: monotonic_ns(),
             liveness: BTreeMap::new(),
             file: file_meta(&md),
         });
@@ -340,15 +523,82 @@ impl Agent {
     /// Refreshes `/proc` facts, snapshots regions, evaluates findings, reclaims if asked.
     pub fn tick(&mut self, now: Instant) -> TickOutcome {
         self.refresh_processes();
+        if self.scan_after_drops
+            && self
+                .last_drop_scan
+                .is_none_or(|t| now.saturating_duration_since(t) >= DROP_SCAN_PERIOD)
+        {
+            // A process whose every event was dropped is unknown: find it the way processes
+            // running before the probes are found (libcuda mapped), marked as such.
+            self.scan_after_drops = false;
+            self.last_drop_scan = Some(now);
+            for pid in self.baseline_scan() {
+                self.procs.mark_events_lost(pid);
+            }
+        }
         self.refresh_regions();
+        self.rebuild_lost();
         let (procs, regions) = self.views();
-        let found = findings::evaluate(&procs, &regions, self.opts.tolerance);
+        let mut found = findings::evaluate(&procs, &regions, self.opts.tolerance);
+        for f in &mut found {
+            if f.pid
+                .is_some_and(|pid| self.procs.get(pid).is_some_and(|p| p.events_lost))
+            {
+                f.detail.push_str("; ");
+                f.detail.push_str(EVENTS_LOST_NOTE);
+            }
+        }
         let mut out = self.settle(found, now);
         if self.opts.reclaim {
             out.reclaimed = self.reclaim();
             self.reclaimed.extend(out.reclaimed.iter().cloned());
         }
         out
+    }
+
+    /// Marks the processes waiting for it, and rebuilds each marked process whose slot
+    /// accounts no data now (a quiet moment: its true live data is zero).
+    fn rebuild_lost(&mut self) {
+        let pending: Vec<u32> = self.lost_pending.iter().copied().collect();
+        for pid in pending {
+            if self.procs.get(pid).is_some() {
+                self.procs.mark_events_lost(pid);
+                self.lost_pending.remove(&pid);
+            } else if !self.entries.contains_key(&pid) {
+                self.lost_pending.remove(&pid);
+            }
+        }
+        let marked: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|p| p.events_lost)
+            .map(|p| p.pid)
+            .collect();
+        for pid in marked {
+            let Some(e) = self.entries.get(&pid) else {
+                continue;
+            };
+            let (Some(info), Some(r)) = (&e.info, e.region.and_then(|i| self.regions.get(i)))
+            else {
+                continue;
+            };
+            let Some(snap) = r.snapshot.as_ref().filter(|s| s.consistent) else {
+                continue;
+            };
+            let slot_pid = info.nspid.unwrap_or(pid);
+            let Some(slot) = snap.slots.iter().find(|s| {
+                s.pid == slot_pid && (s.start_time == 0 || s.start_time == info.start_time)
+            }) else {
+                continue;
+            };
+            if findings::slot_data(slot) == 0 {
+                tracing::info!(
+                    pid,
+                    "process with lost events holds no data: rebuilt, its events count again"
+                );
+                self.procs.rebuild(pid, r.read_at_ns);
+            }
+        }
     }
 
     /// Drops processes that are gone (missed exit events) or whose pid was reused; retries
@@ -367,11 +617,16 @@ impl Agent {
                 self.procs.remove(pid);
                 continue;
             }
-            let needs_region = self.entries[&pid].region.is_none();
+            // No region yet, or its region no longer reads (truncated, replaced): look again
+            // (a replaced file is another inode, so another region).
+            let needs_region = match self.entries[&pid].region {
+                None => true,
+                Some(i) => self.regions.get(i).is_some_and(|r| r.error.is_some()),
+            };
             if needs_region {
                 let mut e = self.entries.remove(&pid).expect("present");
                 if e.info.is_none() {
-                    e.info = procinfo::read_proc(&root, pid).ok();
+                    e.info = read_proc_bounded(&root, pid);
                 }
                 self.attach_region(&mut e);
                 self.entries.insert(pid, e);
@@ -398,13 +653,24 @@ impl Agent {
         let root = self.opts.proc_root.clone();
         let mut index: Option<HashMap<(u64, u32), u32>> = None;
         for r in &mut self.regions {
-            // Metadata only (no open): the path may have been replaced since it was opened,
-            // in which case its permissions say nothing about this region.
-            r.file = std::fs::metadata(&r.host_path)
-                .ok()
-                .filter(|md| (md.dev(), md.ino()) == r.file_id)
-                .and_then(|md| file_meta(&md));
-            let snap = r.region.snapshot();
+            // The opened file's own metadata (fstat: never the path, which a tenant may
+            // have pointed elsewhere since).
+            r.file = r.fd.metadata().ok().and_then(|md| file_meta(&md));
+            let read_at = monotonic_ns();
+            let snap = match read_region(&r.fd, &r.name, &r.busy) {
+                Ok(s) => s,
+                Err(e) => {
+                    if r.error.as_deref() != Some(e.as_str()) {
+                        tracing::warn!(region = %r.name, error = %e, "region unreadable: left out until it reads again");
+                    }
+                    r.error = Some(e);
+                    r.snapshot = None;
+                    r.liveness.clear();
+                    continue;
+                }
+            };
+            r.error = None;
+            r.read_at_ns = read_at;
             let mut live = BTreeMap::new();
             for s in &snap.slots {
                 let host_pid = match r.pidns {
@@ -438,16 +704,26 @@ impl Agent {
 
     /// The views the pure rules take.
     fn views(&self) -> (Vec<ProcView>, Vec<RegionView>) {
+        // Unreadable regions are left out; `index[i]` is region i's place in the views.
+        let mut index: Vec<Option<usize>> = Vec::with_capacity(self.regions.len());
         let regions: Vec<RegionView> = self
             .regions
             .iter()
-            .map(|r| RegionView {
+            .filter_map(|r| {
+                let Some(snapshot) = r.snapshot.clone() else {
+                    index.push(None);
+                    return None;
+                };
+                index.push(Some(index.iter().flatten().count()));
+                Some((r, snapshot))
+            })
+            .map(|(r, snapshot)| RegionView {
                 name: r.name.clone(),
                 container: r.container.clone(),
-                snapshot: r.snapshot.clone().unwrap_or_else(|| r.region.snapshot()),
-                liveness: r.liveness.clone(),
-                single_device: r.snapshot.as_ref().is_some_and(|s| s.device_count == 1)
+                single_device: real_devices(&snapshot) == Some(1)
                     || self.nvml.as_ref().is_some_and(|n| n.devices.len() == 1),
+                snapshot,
+                liveness: r.liveness.clone(),
                 node_devices: self
                     .nvml
                     .as_ref()
@@ -462,14 +738,19 @@ impl Agent {
             .filter_map(|p| {
                 let e = self.entries.get(&p.pid)?;
                 let info = e.info.as_ref()?;
-                Some(ProcView {
+                let mut v = ProcView {
                     pid: p.pid,
                     start_time: info.start_time,
                     nspid: info.nspid,
                     container: info.container.clone(),
                     hooked: info.hooked,
-                    region: e.region,
-                    region_error: e.region_error.clone(),
+                    region: e.region.and_then(|i| index.get(i).copied().flatten()),
+                    region_error: e.region_error.clone().or_else(|| {
+                        let r = self.regions.get(e.region?)?;
+                        r.error
+                            .as_ref()
+                            .map(|err| format!("region unreadable: {err}"))
+                    }),
                     observed: p.by_device(),
                     alloc_events: p.alloc_events,
                     peak_bytes: p.peak_bytes,
@@ -483,7 +764,11 @@ impl Agent {
                     seen_by_events: p.first_ns != 0 || p.alloc_events + p.free_events > 0,
                     env_limits: info.env_limits.clone(),
                     creds: info.creds.clone(),
-                })
+                };
+                if p.events_lost {
+                    rebuild_from_region(&mut v, &regions);
+                }
+                Some(v)
             })
             .collect();
         (procs, regions)
@@ -550,7 +835,36 @@ impl Agent {
                 pid: s.pid,
                 start_time: s.start_time,
             };
-            if let Some(done) = r.region.reclaim_slot_if(SlotId::new(slot, who), who) {
+            // Mapped (writable) only for this write, on a helper thread: a tenant holding the
+            // region lock forever, or truncating the file now, costs that thread, not the agent.
+            let file = match r.fd.try_clone() {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!(region = %r.name, error = %e, "cannot reclaim: dup");
+                    continue;
+                }
+            };
+            let path = PathBuf::from(&r.name);
+            let done = tenantfs::bounded(
+                format!("reclaim in region {}", r.name),
+                INPUT_DEADLINE,
+                Some(&r.busy),
+                move || {
+                    Region::open_file(file, &path, true)
+                        .map(|region| region.reclaim_slot_if(SlotId::new(slot, who), who))
+                        .map_err(|e| e.to_string())
+                },
+            )
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+            let done = match done {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(region = %r.name, slot, error = %e, "cannot reclaim leaked slot");
+                    None
+                }
+            };
+            if let Some(done) = done {
                 tracing::info!(
                     region = %r.name, slot, pid = who.pid, bytes = done.total(),
                     "reclaimed leaked slot"
@@ -650,7 +964,10 @@ impl Agent {
                         .to_string(),
                 ),
             };
-            let unknown_device = p.by_device().contains_key(&None);
+            // A process whose events were lost shows its rebuilt figures (see views()).
+            let rebuilt = p.events_lost.then_some(view).flatten();
+            let by_device = rebuilt.map_or_else(|| p.by_device(), |v| v.observed.clone());
+            let unknown_device = by_device.contains_key(&None);
             rows.push(ProcessRow {
                 pid: p.pid,
                 comm: info.map(|i| i.comm.clone()).unwrap_or_default(),
@@ -663,9 +980,8 @@ impl Agent {
                 limit: region.map(|r| r.snapshot.limits[0]),
                 accounted: slot.map(findings::slot_data),
                 accounted_total: slot.map(|s| s.total()),
-                observed: p.live_bytes,
-                observed_by_device: p
-                    .by_device()
+                observed: rebuilt.map_or(p.live_bytes, |v| v.observed_total()),
+                observed_by_device: by_device
                     .into_iter()
                     .map(|(d, b)| (d.map_or("unknown".to_string(), |d| d.to_string()), b))
                     .collect(),
@@ -681,6 +997,7 @@ impl Agent {
                     .and_then(|n| n.processes.get(&p.pid).copied()),
                 baseline,
                 baseline_nvml: p.baseline.nvml_bytes(),
+                events_lost: p.events_lost.then(|| EVENTS_LOST_NOTE.to_string()),
                 verdict: if verdict.is_empty() {
                     "ok".to_string()
                 } else {
@@ -696,18 +1013,27 @@ impl Agent {
         self.regions
             .iter()
             .map(|r| {
-                let s = r.snapshot.clone().unwrap_or_else(|| r.region.snapshot());
-                RegionRow {
+                let mut row = RegionRow {
                     name: r.name.clone(),
                     host_path: r.host_path.display().to_string(),
                     container: r.container.clone(),
                     file_id: format!("{}:{}", r.file_id.0, r.file_id.1),
-                    device_count: s.device_count,
-                    limits: s.limits[..(s.device_count as usize).clamp(1, s.limits.len())].to_vec(),
-                    used: s.used[..(s.device_count as usize).clamp(1, s.used.len())].to_vec(),
-                    active_slots: s.slots.len(),
-                    reclaimed_slots: s.reclaimed_slots,
+                    device_count: 0,
+                    limits: Vec::new(),
+                    used: Vec::new(),
+                    active_slots: 0,
+                    reclaimed_slots: 0,
+                    error: r.error.clone(),
+                };
+                if let Some(s) = &r.snapshot {
+                    let n = shown_devices(s);
+                    row.device_count = s.device_count;
+                    row.limits = s.limits[..n].to_vec();
+                    row.used = s.used[..n].to_vec();
+                    row.active_slots = s.slots.len();
+                    row.reclaimed_slots = s.reclaimed_slots;
                 }
+                row
             })
             .collect()
     }
@@ -756,6 +1082,9 @@ pub struct ProcessRow {
     pub baseline: Option<String>,
     /// NVML used memory at baseline time.
     pub baseline_nvml: Option<u64>,
+    /// Set when the probes dropped events while this process was tracked: why its
+    /// observed figures are not its own events (see [`EVENTS_LOST_NOTE`]).
+    pub events_lost: Option<String>,
     /// `ok` or the standing finding kinds, comma-separated.
     pub verdict: String,
 }
@@ -781,6 +1110,31 @@ pub struct RegionRow {
     pub active_slots: usize,
     /// Slots reclaimed so far (header counter).
     pub reclaimed_slots: u64,
+    /// Why the region could not be read at the last tick (truncated, replaced, too slow);
+    /// its figures are then empty.
+    pub error: Option<String>,
+}
+
+/// Devices the region's processes really see (the `device_count` the preload records from
+/// `cuDeviceGetCount`), `None` when no process recorded it yet (0) or it is out of range.
+pub fn real_devices(s: &RegionSnapshot) -> Option<usize> {
+    let n = s.device_count as usize;
+    (1..=hami_common::layout::MAX_DEVICES)
+        .contains(&n)
+        .then_some(n)
+}
+
+/// Devices to show for a region: the real count, else (unknown) up to the last device with
+/// a limit, a flag, usage or a UUID; at least 1.
+pub fn shown_devices(s: &RegionSnapshot) -> usize {
+    real_devices(s).unwrap_or_else(|| {
+        (0..hami_common::layout::MAX_DEVICES)
+            .rev()
+            .find(|&d| {
+                s.limits[d] != 0 || s.limit_flags[d] != 0 || s.used[d] != 0 || s.uuids[d] != [0; 16]
+            })
+            .map_or(1, |d| d + 1)
+    })
 }
 
 #[cfg(test)]
@@ -880,6 +1234,171 @@ mod tests {
         let mut v: Vec<_> = fs.iter().map(|f| (f.kind, f.reason)).collect();
         v.sort();
         v
+    }
+
+    /// An event stamped now (`CLOCK_MONOTONIC`, like the probes').
+    fn ev_now(kind: EventKind, pid: u32, size: u64, addr: u64) -> CudaEvent {
+        let mut e = ev(kind, pid, size, addr, 0);
+        e.ts_ns = monotonic_ns();
+        e
+    }
+
+    #[test]
+    fn lost_events_rebuild_from_the_region_and_count_again_after_a_quiet_moment() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let r = w.region(100, 1 << 30, &[]);
+        let s = register(&r, 100, 7, 64 * MIB);
+        // The free of 0x8000 was dropped: a phantom 32 MiB in the agent's books.
+        let evs = [
+            ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0),
+            ev(EventKind::MemAlloc, 100, 32 * MIB, 0x8000, 0),
+        ];
+        // Control: without the drop count, the phantom is a bypass.
+        let mut blind = w.agent(false);
+        for e in &evs {
+            blind.on_event(e);
+        }
+        assert_eq!(
+            kinds(&blind.tick(Instant::now()).raised),
+            vec![(
+                FindingKind::Bypass,
+                findings::reason::OBSERVED_ABOVE_ACCOUNTED
+            )]
+        );
+        let mut a = w.agent(false);
+        for e in &evs {
+            a.on_event(e);
+        }
+        assert!(a.note_dropped(5));
+        assert!(!a.note_dropped(5), "same total: nothing new");
+        let out = a.tick(Instant::now());
+        assert!(out.raised.is_empty(), "{:?}", out.raised);
+        let row = &a.process_rows()[0];
+        assert_eq!(row.observed, 64 * MIB, "rebuilt from the region");
+        assert_eq!(row.accounted, Some(64 * MIB));
+        assert!(row
+            .events_lost
+            .as_deref()
+            .is_some_and(|n| n.contains("events lost")));
+        // Quiet moment: the process frees everything; the region says 0 data.
+        r.uncharge(s, 0, UsageKind::Data, 64 * MIB);
+        assert!(a.tick(Instant::now()).raised.is_empty());
+        let row = &a.process_rows()[0];
+        assert_eq!(row.events_lost, None);
+        assert_eq!(row.observed, 0);
+        // A stale queued event (stamped before the rebuild) is ignored; new ones count.
+        a.on_event(&ev(EventKind::MemAlloc, 100, 8 * MIB, 0x9000, 0));
+        assert_eq!(a.process_rows()[0].observed, 0);
+        a.on_event(&ev_now(EventKind::MemAlloc, 100, 16 * MIB, 0xa000));
+        let out = a.tick(Instant::now());
+        assert_eq!(
+            kinds(&out.raised),
+            vec![(
+                FindingKind::Bypass,
+                findings::reason::OBSERVED_ABOVE_ACCOUNTED
+            )]
+        );
+    }
+
+    #[test]
+    fn process_learned_after_drops_that_started_before_is_marked() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let r = w.region(100, 1 << 30, &[]);
+        register(&r, 100, 7, 64 * MIB);
+        let mut a = w.agent(false);
+        // The fake processes started at tick 5100, long before "now".
+        a.note_dropped(1);
+        a.on_event(&ev(EventKind::MemAlloc, 100, 96 * MIB, 0x7000, 0));
+        assert!(a.tick(Instant::now()).raised.is_empty());
+        assert!(a.process_rows()[0].events_lost.is_some());
+    }
+
+    #[test]
+    fn process_whose_every_event_was_dropped_is_found_after_the_drops() {
+        let w = World::new();
+        w.spawn(100, 7, false, "1g");
+        let mut a = w.agent(false);
+        a.started_at = Some(1); // it started after the agent
+        assert!(a.tick(Instant::now()).raised.is_empty());
+        assert!(a.process_rows().is_empty(), "no event: unknown");
+        a.note_dropped(10);
+        let out = a.tick(Instant::now());
+        assert_eq!(
+            kinds(&out.raised),
+            vec![(FindingKind::Bypass, findings::reason::NO_PRELOAD)]
+        );
+        let rows = a.process_rows();
+        assert_eq!(rows.len(), 1);
+        assert!(rows[0].events_lost.is_some());
+        assert!(rows[0]
+            .baseline
+            .as_deref()
+            .is_some_and(|b| b.contains("attached late")));
+    }
+
+    #[test]
+    fn truncated_region_is_left_out_with_its_reason_and_reads_again_when_restored() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let r = w.region(100, 1 << 30, &[]);
+        register(&r, 100, 7, 64 * MIB);
+        let mut a = w.agent(false);
+        a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+        assert!(a.tick(Instant::now()).raised.is_empty());
+        let path = w.root.join("100/root/hami/r.cache");
+        let good = std::fs::read(&path).unwrap();
+        drop(r);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(good.len() as u64 / 2)
+            .unwrap();
+        let out = a.tick(Instant::now());
+        assert_eq!(
+            kinds(&out.raised),
+            vec![(FindingKind::Bypass, findings::reason::NO_REGION)]
+        );
+        assert!(
+            out.raised[0].detail.contains("truncated"),
+            "{}",
+            out.raised[0].detail
+        );
+        let rows = a.region_rows();
+        assert!(rows[0]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("truncated")));
+        assert!(rows[0].limits.is_empty());
+        std::fs::write(&path, &good).unwrap();
+        let out = a.tick(Instant::now());
+        assert_eq!(out.cleared.len(), 1, "{:?}", out);
+        assert_eq!(a.region_rows()[0].error, None);
+    }
+
+    #[test]
+    fn region_path_that_is_a_fifo_is_refused_without_blocking() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let dir = w.root.join("100/root/hami");
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = std::ffi::CString::new(dir.join("r.cache").to_str().unwrap()).unwrap();
+        // SAFETY: valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let mut a = w.agent(false);
+        a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+        let out = a.tick(Instant::now());
+        assert_eq!(
+            kinds(&out.raised),
+            vec![(FindingKind::Bypass, findings::reason::NO_REGION)]
+        );
+        assert!(
+            out.raised[0].detail.contains("FIFO"),
+            "{}",
+            out.raised[0].detail
+        );
     }
 
     #[test]

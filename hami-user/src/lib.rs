@@ -10,6 +10,7 @@
 //! * [`metrics`]: the Prometheus registry and the `/metrics` responder;
 //! * [`agent`]: the event-fed core that ties them together;
 //! * [`report`]: audit table / JSON and `inspect` output;
+//! * [`tenantfs`]: opening and reading files that tenants name or control, safely;
 //! * `probes` (eBPF loading, attaching, libcuda discovery, event stream).
 #![warn(missing_docs)]
 
@@ -23,3 +24,4 @@ pub mod procinfo;
 pub mod report;
 pub mod runner;
 pub mod state;
+pub mod tenantfs;

@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
-use hami_common::region::Region;
+use std::io::Write as _;
+
 use hami_user::agent::AgentOptions;
 use hami_user::findings::Tolerance;
 use hami_user::metrics::DEFAULT_METRICS_ADDR;
 use hami_user::report;
 use hami_user::runner::{self, RunOptions};
+use hami_user::tenantfs;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -130,10 +132,24 @@ fn init_logging(json: bool) {
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
+    // Worker threads apart from the loop: /metrics keeps answering, and SIGTERM is acted on,
+    // even while the loop waits on one slow input.
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the tokio runtime")
+}
+
+/// Writes `text` to stdout. A reader that went away (`hami-agent inspect R --json | head`)
+/// is not an error: the rest is dropped quietly.
+fn print_out(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(e).context("writing to stdout"),
+    }
 }
 
 fn main() -> ExitCode {
@@ -141,7 +157,8 @@ fn main() -> ExitCode {
     match real_main(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("hami-agent: error: {e:#}");
+            // stderr may be closed too: nothing more to say then.
+            let _ = writeln!(std::io::stderr(), "hami-agent: error: {e:#}");
             ExitCode::from(1)
         }
     }
@@ -152,17 +169,20 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         Cmd::Inspect { region, json } => {
             // The region error names the path and the problem; printed once (not also as
             // a source chain).
-            let r = Region::open_existing(&region, false)
+            // Opened like the agent opens regions: a FIFO, device or socket is refused without
+            // waiting, and the file is copied with pread (a file truncated meanwhile is an
+            // error, not a SIGBUS).
+            let file = tenantfs::open_regular(&region, false)
                 .map_err(|e| anyhow::anyhow!("region unreadable: {e}"))?;
-            let snap = r.snapshot();
+            let snap = hami_common::region::read_snapshot(&file, &region)
+                .map_err(|e| anyhow::anyhow!("region unreadable: {e}"))?;
             let name = region.display().to_string();
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report::inspect_json(&name, &snap))?
-                );
+                let mut text = serde_json::to_string_pretty(&report::inspect_json(&name, &snap))?;
+                text.push('\n');
+                print_out(&text)?;
             } else {
-                print!("{}", report::inspect_text(&name, &snap));
+                print_out(&report::inspect_text(&name, &snap))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -195,9 +215,11 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
                 .block_on(runner::run(opts))
                 .context("hami-agent audit")?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&rep)?);
+                let mut text = serde_json::to_string_pretty(&rep)?;
+                text.push('\n');
+                print_out(&text)?;
             } else {
-                print!("{}", rep.table());
+                print_out(&rep.table())?;
             }
             Ok(ExitCode::from(rep.exit_code() as u8))
         }

@@ -277,14 +277,15 @@ fn liveness_name(l: Liveness) -> &'static str {
     }
 }
 
-/// Devices worth printing: below the device count, or with a limit, flags or usage.
+/// Devices worth printing: the devices the region's processes really see (the count the
+/// preload records from `cuDeviceGetCount`) plus any other with usage; while no process has
+/// recorded it (count 0), every device with a limit, flags or usage.
 fn shown_devices(s: &RegionSnapshot) -> Vec<usize> {
+    let real = crate::agent::real_devices(s);
     (0..MAX_DEVICES)
-        .filter(|&d| {
-            d < (s.device_count as usize).max(1)
-                || s.limits[d] != 0
-                || s.limit_flags[d] != 0
-                || s.used[d] != 0
+        .filter(|&d| match real {
+            Some(n) => d < n || s.used[d] != 0,
+            None => d == 0 || s.limits[d] != 0 || s.limit_flags[d] != 0 || s.used[d] != 0,
         })
         .collect()
 }

@@ -1,6 +1,7 @@
 //! The event loop behind `hami-agent run` and `hami-agent audit`: probes -> agent core,
 //! periodic ticks, NVML refresh, metrics, logging.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -59,7 +60,9 @@ struct Running {
     agent: Agent,
     events: mpsc::Receiver<CudaEvent>,
     handle: ProbeHandle,
-    nvml: Option<Nvml>,
+    nvml: Option<Arc<Nvml>>,
+    /// Set while an NVML query is outstanding on a helper thread.
+    nvml_busy: Arc<std::sync::atomic::AtomicBool>,
     nvml_error: Option<String>,
     metrics: Arc<Metrics>,
     attached: usize,
@@ -71,7 +74,7 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
     let (nvml, nvml_error) = match Nvml::load() {
         Ok(n) => {
             tracing::info!(driver = ?n.driver_version(), "NVML loaded");
-            (Some(n), None)
+            (Some(Arc::new(n)), None)
         }
         Err(e) => {
             tracing::warn!(error = %e, "running without NVML (no per-process used memory, no device totals)");
@@ -117,6 +120,7 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
         events,
         handle,
         nvml,
+        nvml_busy: Arc::default(),
         nvml_error,
         metrics,
         attached: attached.len(),
@@ -181,18 +185,31 @@ impl Running {
         m.set_findings(&self.agent.standing());
         let c = self.handle.counters();
         m.set_dropped_total(c.dropped);
-        m.libcuda_attached.set(self.handle.attached().len() as i64);
+        m.libcuda_attached
+            .set(self.handle.attached_cached().len() as i64);
     }
 
     fn on_tick(&mut self, log: bool, last_nvml: &mut Instant) {
         self.check_new_libraries();
-        self.attached = self.handle.attached().len();
+        self.attached = self.handle.attached_cached().len();
         if let Some(n) = &self.nvml {
             if last_nvml.elapsed() >= Duration::from_secs(2) {
-                self.agent.set_nvml(Some(n.snapshot()));
+                // Bounded: a driver that stops answering keeps the last figures.
+                let n = Arc::clone(n);
+                match crate::tenantfs::bounded(
+                    "NVML query",
+                    crate::agent::INPUT_DEADLINE,
+                    Some(&self.nvml_busy),
+                    move || n.snapshot(),
+                ) {
+                    Ok(s) => self.agent.set_nvml(Some(s)),
+                    Err(e) => tracing::warn!(error = %e, "NVML query skipped"),
+                }
                 *last_nvml = Instant::now();
             }
         }
+        // Drops first: a process whose events were lost is rebuilt, not compared.
+        self.agent.note_dropped(self.handle.counters().dropped);
         let out = self.agent.tick(Instant::now());
         if log {
             log_outcome(&out);
@@ -262,6 +279,31 @@ impl Running {
     }
 }
 
+/// How long the loop may take to stop after SIGTERM/SIGINT before the process exits anyway.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A task on another worker thread: after SIGTERM or SIGINT, if the loop has not finished
+/// within [`STOP_GRACE`] (stuck on an input despite every bound), exits the process.
+fn spawn_term_watchdog() {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        return;
+    };
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = ctrl_c => {}
+        }
+        tokio::time::sleep(STOP_GRACE).await;
+        let _ = writeln!(
+            std::io::stderr(),
+            "hami-agent: not stopped {STOP_GRACE:?} after the signal: exiting now"
+        );
+        std::process::exit(143);
+    });
+}
+
 /// Runs until interrupted (or `opts.duration`), then returns the report.
 pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
     let mut r = start(&opts)?;
@@ -279,8 +321,12 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
         }
         None => None,
     };
-    // Tests and scripts wait for this line on stderr before starting workloads.
-    eprintln!(
+    // Listening for the signal before `ready`: a SIGTERM sent at once is seen by both.
+    spawn_term_watchdog();
+    // Tests and scripts wait for this line on stderr before starting workloads (a closed
+    // stderr is no reason to stop).
+    let _ = writeln!(
+        std::io::stderr(),
         "hami-agent: ready ({} libcuda attached, {} processes baselined)",
         r.attached,
         r.agent.process_count()

@@ -1255,3 +1255,62 @@ fn process_identity_and_liveness() {
     assert_eq!(ProcProbe.liveness(kid_id), Liveness::Dead);
     assert!(ProcessId::of(kid as u32).is_none());
 }
+
+#[test]
+fn read_snapshot_copies_what_the_mapping_shows() {
+    let d = TempDir::new("pread");
+    let r = create(&d.file(), 1 << 30);
+    let s = r.register(fake(41, 7)).unwrap();
+    r.try_charge(s, 1, UsageKind::Data, 5 * MIB).unwrap();
+    r.set_uuid(1, [9; 16]);
+    r.set_device_count(2);
+    let f = std::fs::File::open(d.file()).unwrap();
+    let copy = read_snapshot(&f, &d.file()).unwrap();
+    assert!(copy.consistent);
+    assert_eq!(copy, r.snapshot());
+    assert_eq!(copy.slots[0].usage[1][UsageKind::Data.index()], 5 * MIB);
+}
+
+#[test]
+fn read_snapshot_of_a_truncated_file_is_an_error_not_a_signal() {
+    let d = TempDir::new("pread-trunc");
+    let r = create(&d.file(), 1 << 30);
+    let f = std::fs::File::open(d.file()).unwrap();
+    for len in [REGION_SIZE as u64 / 2, 100, 0] {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.file())
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+        let e = read_snapshot(&f, &d.file()).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            matches!(
+                e,
+                RegionError::Truncated { .. } | RegionError::NotInitialised { .. }
+            ),
+            "{len}: {msg}"
+        );
+        assert!(msg.contains(d.file().to_str().unwrap()), "{msg}");
+    }
+    drop(r);
+}
+
+#[test]
+fn device_count_is_the_largest_real_count_reported() {
+    let d = TempDir::new("devcount");
+    let (r, _) = Region::open_or_create(&d.file(), &RegionConfig::default()).unwrap();
+    assert_eq!(r.device_count(), 0, "unknown until a process reports it");
+    r.set_device_count(1);
+    assert_eq!(r.device_count(), 1);
+    r.set_device_count(0);
+    r.set_device_count(1);
+    assert_eq!(r.device_count(), 1);
+    r.set_device_count(2);
+    assert_eq!(r.device_count(), 2);
+    r.set_device_count(1);
+    assert_eq!(r.device_count(), 2, "a narrower view does not shrink it");
+    r.set_device_count(99);
+    assert_eq!(r.device_count(), MAX_DEVICES as u32);
+}

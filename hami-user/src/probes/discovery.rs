@@ -50,7 +50,8 @@ pub fn elf_defines_driver_symbols(path: &Path) -> bool {
 /// its `.dynsym`; `None` if it is not such a file or cannot be read.
 pub fn elf_defined_symbols(path: &Path, wanted: &[&str]) -> Option<Vec<String>> {
     const MAX_TABLE: u64 = 64 << 20;
-    let f = fs::File::open(path).ok()?;
+    // Regular files only: a FIFO or device a tenant left at a mapped path is never opened.
+    let f = crate::tenantfs::open_regular(path, false).ok()?;
     let read = |off: u64, len: u64| -> Option<Vec<u8>> {
         if len > MAX_TABLE {
             return None;
@@ -265,12 +266,18 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
             if seen.contains(&id) {
                 continue;
             }
-            let open_path = rooted(&proc_root.join(pid).join("root"), Path::new(&path));
+            let root = proc_root.join(pid).join("root");
+            let open_path = rooted(&root, Path::new(&path));
             let name = Path::new(&path)
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or("");
             if !classifier.is_driver(&id, &open_path, name) {
+                continue;
+            }
+            // Only for drivers (few): the path is the tenant's.
+            if !resolves_inside_root(&root, &path, &open_path) {
+                tracing::debug!(pid, path = %path, "mapped file's path leaves the process's root or changed: skipped");
                 continue;
             }
             seen.insert(id.clone());
@@ -281,6 +288,21 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
         }
     }
     out
+}
+
+/// Whether `path`, resolved inside `root` (symlinks kept inside it, see
+/// [`crate::tenantfs::open_in_root`]), is the same regular file as `open_path` (the same
+/// path as the host's kernel resolves it, through `/proc/<pid>/root`, where an absolute
+/// symlink would lead out of the container). Tenants control these paths.
+fn resolves_inside_root(root: &Path, path: &str, open_path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(inside) = crate::tenantfs::open_in_root(root, path, Path::new(path), false) else {
+        return false;
+    };
+    match (inside.metadata(), fs::metadata(open_path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 /// `(dev, inode, path)` of the file mappings `keep` accepts, each file once, deleted files
