@@ -16,11 +16,13 @@ use serde::Serialize;
 
 use crate::access::FileMeta;
 use crate::findings::{
-    self, Finding, FindingKey, FindingKind, ProcView, RegionView, SlotLiveness, Tolerance,
+    self, Finding, FindingKey, FindingKind, ProcView, RegionNvml, RegionView, SlotLiveness,
+    Tolerance,
 };
 use crate::nvml::NvmlSnapshot;
 use crate::procinfo::{self, ProcInfo};
 use crate::state::{Applied, Baseline, Processes};
+use hami_common::layout::MAX_DEVICES;
 
 /// Options of the agent core.
 #[derive(Clone, Debug)]
@@ -29,6 +31,8 @@ pub struct AgentOptions {
     pub proc_root: PathBuf,
     /// Tolerance between observed and accounted.
     pub tolerance: Tolerance,
+    /// Tolerance between NVML's figures and the region's (or the limit).
+    pub nvml_tolerance: Tolerance,
     /// How long a racy finding must persist before it is reported.
     pub settle: Duration,
     /// Release leaked slots through the region's protocol.
@@ -43,6 +47,7 @@ impl Default for AgentOptions {
         AgentOptions {
             proc_root: PathBuf::from("/proc"),
             tolerance: Tolerance::default(),
+            nvml_tolerance: Tolerance::NVML_DEFAULT,
             settle: Duration::from_millis(300),
             reclaim: false,
             regions: Vec::new(),
@@ -120,7 +125,13 @@ pub struct Agent {
     region_ids: HashMap<(u64, u64), usize>,
     region_errors: BTreeMap<String, String>,
     nvml: Option<NvmlSnapshot>,
+    /// NVML samples taken so far.
+    nvml_seq: u64,
+    /// Each open region (by index) as read right after the latest NVML sample.
+    nvml_regions: HashMap<usize, RegionSnapshot>,
     pending: HashMap<FindingKey, Instant>,
+    /// For findings that need NVML confirmation: the NVML sample they were first seen in.
+    pending_nvml: HashMap<FindingKey, u64>,
     standing: BTreeMap<FindingKey, Finding>,
     history: BTreeMap<FindingKey, Finding>,
     reclaimed: Vec<Reclaimed>,
@@ -156,7 +167,10 @@ impl Agent {
             region_ids: HashMap::new(),
             region_errors: BTreeMap::new(),
             nvml: None,
+            nvml_seq: 0,
+            nvml_regions: HashMap::new(),
             pending: HashMap::new(),
+            pending_nvml: HashMap::new(),
             standing: BTreeMap::new(),
             history: BTreeMap::new(),
             reclaimed: Vec::new(),
@@ -179,9 +193,42 @@ impl Agent {
         &self.opts
     }
 
-    /// Records the latest NVML query (used for baselines and the report).
+    /// Records the latest NVML query: the physical figures the findings compare with. The
+    /// compute processes NVML lists that the agent does not track yet are learned (baselined:
+    /// the probes did not see them allocate), then every open region is read, so that the
+    /// comparison pairs NVML and the regions at the same moment. `None`: NVML unavailable.
     pub fn set_nvml(&mut self, snap: Option<NvmlSnapshot>) {
         self.nvml = snap;
+        let Some(n) = &self.nvml else {
+            self.nvml_regions.clear();
+            return;
+        };
+        self.nvml_seq += 1;
+        let me = std::process::id();
+        let new: Vec<(u32, Option<u64>)> = n
+            .compute
+            .iter()
+            .filter(|&&pid| pid != me && self.procs.get(pid).is_none())
+            .map(|&pid| (pid, n.total_of(pid)))
+            .collect();
+        for (pid, nvml_bytes) in new {
+            // A pid NVML lists but this /proc does not show (another pid namespace, or gone).
+            if procinfo::read_stat(&self.opts.proc_root, pid).is_err() {
+                continue;
+            }
+            self.baseline_pid(pid, nvml_bytes);
+        }
+        self.nvml_regions = self
+            .regions
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (i, r.region.snapshot()))
+            .collect();
+    }
+
+    /// NVML samples taken so far.
+    pub fn nvml_samples(&self) -> u64 {
+        self.nvml_seq
     }
 
     /// The latest NVML query.
@@ -213,29 +260,32 @@ impl Agent {
             {
                 continue;
             }
-            let nvml_bytes = self
-                .nvml
-                .as_ref()
-                .and_then(|n| n.processes.get(&pid).copied());
-            let late = match (
-                self.started_at,
-                procinfo::read_stat(&self.opts.proc_root, pid),
-            ) {
-                (Some(me), Ok(st)) => st.start_time > me,
-                _ => false,
-            };
-            self.procs.baseline_as(
-                pid,
-                if late {
-                    Baseline::AttachedLate { nvml_bytes }
-                } else {
-                    Baseline::PreExisting { nvml_bytes }
-                },
-            );
-            self.learn(pid);
+            let nvml_bytes = self.nvml.as_ref().and_then(|n| n.total_of(pid));
+            self.baseline_pid(pid, nvml_bytes);
             out.push(pid);
         }
         out
+    }
+
+    /// Tracks a process the probes did not see from its start: *attached late* when it
+    /// started after the agent, *pre-existing* otherwise.
+    fn baseline_pid(&mut self, pid: u32, nvml_bytes: Option<u64>) {
+        let late = match (
+            self.started_at,
+            procinfo::read_stat(&self.opts.proc_root, pid),
+        ) {
+            (Some(me), Ok(st)) => st.start_time > me,
+            _ => false,
+        };
+        self.procs.baseline_as(
+            pid,
+            if late {
+                Baseline::AttachedLate { nvml_bytes }
+            } else {
+                Baseline::PreExisting { nvml_bytes }
+            },
+        );
+        self.learn(pid);
     }
 
     /// Consumes one event.
@@ -342,7 +392,12 @@ impl Agent {
         self.refresh_processes();
         self.refresh_regions();
         let (procs, regions) = self.views();
-        let found = findings::evaluate(&procs, &regions, self.opts.tolerance);
+        let found = findings::evaluate_with_nvml(
+            &procs,
+            &regions,
+            self.opts.tolerance,
+            self.opts.nvml_tolerance,
+        );
         let mut out = self.settle(found, now);
         if self.opts.reclaim {
             out.reclaimed = self.reclaim();
@@ -441,7 +496,8 @@ impl Agent {
         let regions: Vec<RegionView> = self
             .regions
             .iter()
-            .map(|r| RegionView {
+            .enumerate()
+            .map(|(i, r)| RegionView {
                 name: r.name.clone(),
                 container: r.container.clone(),
                 snapshot: r.snapshot.clone().unwrap_or_else(|| r.region.snapshot()),
@@ -454,6 +510,7 @@ impl Agent {
                     .map(|n| n.devices.len())
                     .filter(|&n| n > 0),
                 file: r.file,
+                nvml: self.region_nvml(i, r),
             })
             .collect();
         let procs = self
@@ -475,11 +532,12 @@ impl Agent {
                     peak_bytes: p.peak_bytes,
                     pre_existing: p.baseline.is_pre_existing(),
                     attached_late: matches!(p.baseline, Baseline::AttachedLate { .. }),
-                    nvml_bytes: self
+                    nvml_bytes: self.nvml.as_ref().and_then(|n| n.total_of(p.pid)),
+                    nvml_devices: self
                         .nvml
                         .as_ref()
-                        .and_then(|n| n.processes.get(&p.pid).copied())
-                        .or(p.baseline.nvml_bytes()),
+                        .and_then(|n| n.used_by(p.pid))
+                        .unwrap_or_default(),
                     seen_by_events: p.first_ns != 0 || p.alloc_events + p.free_events > 0,
                     env_limits: info.env_limits.clone(),
                     creds: info.creds.clone(),
@@ -489,8 +547,32 @@ impl Agent {
         (procs, regions)
     }
 
+    /// What the NVML comparison of region `i` uses: the region as read right after the
+    /// latest NVML sample, and the NVML index of each of its devices (by UUID; a region that
+    /// recorded no UUID for device 0 on a node with one GPU: that GPU).
+    fn region_nvml(&self, i: usize, r: &RegionEntry) -> Option<RegionNvml> {
+        let n = self.nvml.as_ref()?;
+        let snapshot = self.nvml_regions.get(&i)?.clone();
+        let current = r.snapshot.as_ref().unwrap_or(&snapshot);
+        let mut device_index = [None; MAX_DEVICES];
+        for (d, slot) in device_index.iter_mut().enumerate() {
+            let uuid = &current.uuids[d];
+            let idx = if uuid.iter().all(|&b| b == 0) {
+                (d == 0 && n.devices.len() == 1).then_some(n.devices[0].index)
+            } else {
+                n.index_of_uuid(uuid)
+            };
+            *slot = idx.filter(|i| n.queried.contains(i));
+        }
+        Some(RegionNvml {
+            snapshot,
+            device_index,
+        })
+    }
+
     /// Applies the settle time: immediate findings are reported at once, racy ones once they
-    /// have stood for `settle`.
+    /// have stood for `settle`, and findings against NVML once they also held in two NVML
+    /// samples in a row.
     fn settle(&mut self, found: Vec<Finding>, now: Instant) -> TickOutcome {
         let mut out = TickOutcome::default();
         let mut current: BTreeMap<FindingKey, Finding> = BTreeMap::new();
@@ -498,10 +580,15 @@ impl Agent {
             current.insert(f.key(), f);
         }
         self.pending.retain(|k, _| current.contains_key(k));
+        self.pending_nvml.retain(|k, _| current.contains_key(k));
         let mut standing = BTreeMap::new();
         for (k, f) in current {
             let since = *self.pending.entry(k.clone()).or_insert(now);
-            let ripe = !f.needs_settle() || now.duration_since(since) >= self.opts.settle;
+            let mut ripe = !f.needs_settle() || now.duration_since(since) >= self.opts.settle;
+            if f.needs_nvml_confirmation() {
+                let first = *self.pending_nvml.entry(k.clone()).or_insert(self.nvml_seq);
+                ripe &= self.nvml_seq > first;
+            }
             if !ripe {
                 continue;
             }
@@ -675,16 +762,19 @@ impl Agent {
                 alloc_events: p.alloc_events,
                 free_events: p.free_events,
                 unmatched_frees: p.unmatched_frees,
-                nvml: self
-                    .nvml
-                    .as_ref()
-                    .and_then(|n| n.processes.get(&p.pid).copied()),
+                nvml: self.nvml.as_ref().and_then(|n| n.total_of(p.pid)),
                 baseline,
                 baseline_nvml: p.baseline.nvml_bytes(),
-                verdict: if verdict.is_empty() {
-                    "ok".to_string()
-                } else {
+                verdict: if !verdict.is_empty() {
                     verdict.join(",")
+                } else if self.nvml.is_none()
+                    && info.is_some_and(|i| !i.hooked)
+                    && p.baseline.is_pre_existing()
+                {
+                    // What it held before the probes went in cannot be known without NVML.
+                    "unverified".to_string()
+                } else {
+                    "ok".to_string()
                 },
             });
         }
@@ -1067,6 +1157,114 @@ mod tests {
         );
         assert_eq!(row.unmatched_frees, 1);
         assert_eq!(row.verdict, "ok");
+    }
+
+    /// An NVML sample of one GPU (index 0, no UUID) listing `procs` as compute processes.
+    fn nvml_sample(procs: &[(u32, u64)]) -> NvmlSnapshot {
+        let mut n = NvmlSnapshot {
+            devices: vec![crate::nvml::GpuInfo {
+                index: 0,
+                uuid: None,
+                total: Some(16 << 30),
+                used: None,
+            }],
+            ..Default::default()
+        };
+        n.queried.insert(0);
+        for &(pid, bytes) in procs {
+            n.add_process(0, pid, Some(bytes), true);
+        }
+        n.finish();
+        n
+    }
+
+    #[test]
+    fn unhooked_process_listed_by_nvml_is_learned_and_reported_at_once() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        w.spawn(101, 8, false, "1g");
+        let r = w.region(100, 1 << 30, &[101]);
+        register(&r, 100, 7, 0);
+        let mut a = w.agent(false);
+        // No libcuda event, no baseline scan: only NVML knows it holds 512 MiB.
+        a.set_nvml(Some(nvml_sample(&[(100, 10 * MIB), (101, 512 * MIB)])));
+        assert_eq!(a.process_count(), 2);
+        let out = a.tick(Instant::now());
+        assert_eq!(
+            kinds(&out.raised),
+            vec![(FindingKind::Bypass, findings::reason::NO_PRELOAD)]
+        );
+        assert_eq!(out.raised[0].pid, Some(101));
+        assert_eq!(out.raised[0].bytes, 512 * MIB);
+        assert_eq!(out.raised[0].container, CID);
+        let row = a.process_rows().into_iter().find(|r| r.pid == 101).unwrap();
+        assert_eq!(row.nvml, Some(512 * MIB));
+        assert_eq!(row.verdict, "bypass");
+    }
+
+    #[test]
+    fn without_nvml_an_unhooked_pre_existing_process_is_unverified() {
+        let w = World::new();
+        w.spawn(101, 8, false, "1g");
+        let mut a = w.agent(false);
+        a.set_nvml(None);
+        assert_eq!(a.baseline_scan(), vec![101]);
+        assert!(a.tick(Instant::now()).raised.is_empty());
+        assert_eq!(a.process_rows()[0].verdict, "unverified");
+        // With NVML listing nothing for it, it is known to hold nothing.
+        a.set_nvml(Some(nvml_sample(&[])));
+        a.tick(Instant::now());
+        assert_eq!(a.process_rows()[0].verdict, "ok");
+    }
+
+    #[test]
+    fn nvml_drift_needs_two_samples_and_clears_when_accounted() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let r = w.region(100, 1 << 30, &[]);
+        let s = register(&r, 100, 7, 64 * MIB);
+        let mut a = w.agent(false);
+        a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+        // The region accounts 10 MiB context + 64 MiB; NVML says 1.5 GiB more.
+        let blind = 74 * MIB + 1536 * MIB;
+        a.set_nvml(Some(nvml_sample(&[(100, blind)])));
+        let t0 = Instant::now();
+        assert!(a.tick(t0).raised.is_empty(), "one sample is not enough");
+        assert!(a.tick(t0 + Duration::from_secs(1)).raised.is_empty());
+        a.set_nvml(Some(nvml_sample(&[(100, blind)])));
+        let out = a.tick(t0 + Duration::from_secs(2));
+        assert_eq!(
+            kinds(&out.raised),
+            vec![
+                (FindingKind::OverLimit, findings::reason::NVML_ABOVE_LIMIT),
+                (FindingKind::Drift, findings::reason::NVML_ABOVE_ACCOUNTED),
+            ]
+        );
+        let d = out
+            .raised
+            .iter()
+            .find(|f| f.kind == FindingKind::Drift)
+            .unwrap();
+        assert_eq!(d.bytes, 1536 * MIB);
+        assert_eq!(d.accounted, Some(74 * MIB));
+        let rows = a.process_rows();
+        assert_eq!(rows[0].verdict, "drift,over_limit");
+        // The preload learns to charge it (as module memory here): the next sample agrees.
+        r.force_charge(s, 0, UsageKind::Module, 1536 * MIB);
+        a.set_nvml(Some(nvml_sample(&[(100, blind)])));
+        let out = a.tick(t0 + Duration::from_secs(3));
+        assert_eq!(
+            kinds(&out.cleared),
+            vec![(FindingKind::Drift, findings::reason::NVML_ABOVE_ACCOUNTED)]
+        );
+        // A single sample that disagrees again is not reported.
+        a.set_nvml(Some(nvml_sample(&[(100, blind + (1 << 30))])));
+        let out = a.tick(t0 + Duration::from_secs(4));
+        assert!(
+            out.raised.iter().all(|f| f.kind != FindingKind::Drift),
+            "{:?}",
+            out.raised
+        );
     }
 
     #[test]
