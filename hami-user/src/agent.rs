@@ -35,6 +35,9 @@ pub struct AgentOptions {
     pub nvml_tolerance: Tolerance,
     /// How long a racy finding must persist before it is reported.
     pub settle: Duration,
+    /// How long a finding against NVML must persist (and it must also hold in two NVML
+    /// samples): a context is in NVML before the preload has measured and charged it.
+    pub nvml_settle: Duration,
     /// Release leaked slots through the region's protocol.
     pub reclaim: bool,
     /// Regions to watch even if no live process names them (host paths; slot pids are taken
@@ -49,6 +52,7 @@ impl Default for AgentOptions {
             tolerance: Tolerance::default(),
             nvml_tolerance: Tolerance::NVML_DEFAULT,
             settle: Duration::from_millis(300),
+            nvml_settle: Duration::from_millis(1000),
             reclaim: false,
             regions: Vec::new(),
         }
@@ -212,8 +216,26 @@ impl Agent {
             .map(|&pid| (pid, n.total_of(pid)))
             .collect();
         for (pid, nvml_bytes) in new {
-            // A pid NVML lists but this /proc does not show (another pid namespace, or gone).
-            if procinfo::read_stat(&self.opts.proc_root, pid).is_err() {
+            // Only a process that has a libcuda mapped is taken for the one NVML names: a
+            // pid this /proc does not show, or shows as something else (NVML naming pids
+            // of another pid namespace), is left alone.
+            let Ok(maps) = procinfo::read_maps(&self.opts.proc_root, pid) else {
+                continue;
+            };
+            let probed = procinfo::maps_has_ids(&maps, &self.libcuda_ids);
+            if !probed && !procinfo::maps_has_libcuda(&maps) {
+                continue;
+            }
+            if !self.started_before_agent(pid) {
+                if probed {
+                    // Its driver was probed before it loaded it: every call of it was seen
+                    // (its first event may just not have arrived yet, e.g. a context
+                    // creation still running).
+                    self.learn(pid);
+                    self.procs.baseline_as(pid, Baseline::ObservedFromStart);
+                }
+                // Otherwise its libcuda is not probed yet: discovery attaches it and
+                // baselines the process as attached late.
                 continue;
             }
             self.baseline_pid(pid, nvml_bytes);
@@ -267,16 +289,21 @@ impl Agent {
         out
     }
 
-    /// Tracks a process the probes did not see from its start: *attached late* when it
-    /// started after the agent, *pre-existing* otherwise.
-    fn baseline_pid(&mut self, pid: u32, nvml_bytes: Option<u64>) {
-        let late = match (
+    /// Whether `pid` started before the agent (unknown start times count as before).
+    fn started_before_agent(&self, pid: u32) -> bool {
+        match (
             self.started_at,
             procinfo::read_stat(&self.opts.proc_root, pid),
         ) {
-            (Some(me), Ok(st)) => st.start_time > me,
-            _ => false,
-        };
+            (Some(me), Ok(st)) => st.start_time <= me,
+            _ => true,
+        }
+    }
+
+    /// Tracks a process the probes did not see from its start: *attached late* when it
+    /// started after the agent, *pre-existing* otherwise.
+    fn baseline_pid(&mut self, pid: u32, nvml_bytes: Option<u64>) {
+        let late = !self.started_before_agent(pid);
         self.procs.baseline_as(
             pid,
             if late {
@@ -571,8 +598,8 @@ impl Agent {
     }
 
     /// Applies the settle time: immediate findings are reported at once, racy ones once they
-    /// have stood for `settle`, and findings against NVML once they also held in two NVML
-    /// samples in a row.
+    /// have stood for `settle`, and findings against NVML once they have stood for
+    /// `nvml_settle` and held in two NVML samples in a row.
     fn settle(&mut self, found: Vec<Finding>, now: Instant) -> TickOutcome {
         let mut out = TickOutcome::default();
         let mut current: BTreeMap<FindingKey, Finding> = BTreeMap::new();
@@ -587,7 +614,7 @@ impl Agent {
             let mut ripe = !f.needs_settle() || now.duration_since(since) >= self.opts.settle;
             if f.needs_nvml_confirmation() {
                 let first = *self.pending_nvml.entry(k.clone()).or_insert(self.nvml_seq);
-                ripe &= self.nvml_seq > first;
+                ripe &= self.nvml_seq > first && now.duration_since(since) >= self.opts.nvml_settle;
             }
             if !ripe {
                 continue;
@@ -1186,8 +1213,14 @@ mod tests {
         let r = w.region(100, 1 << 30, &[101]);
         register(&r, 100, 7, 0);
         let mut a = w.agent(false);
+        // A pid NVML names that is not a CUDA process here (no libcuda mapped): left alone.
+        fake_proc(&w.root, 102, 5102, &[102], NS, "0::/\n", &[], &[]);
         // No libcuda event, no baseline scan: only NVML knows it holds 512 MiB.
-        a.set_nvml(Some(nvml_sample(&[(100, 10 * MIB), (101, 512 * MIB)])));
+        a.set_nvml(Some(nvml_sample(&[
+            (100, 10 * MIB),
+            (101, 512 * MIB),
+            (102, 64 * MIB),
+        ])));
         assert_eq!(a.process_count(), 2);
         let out = a.tick(Instant::now());
         assert_eq!(

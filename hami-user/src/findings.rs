@@ -790,8 +790,8 @@ fn nvml_process_findings(
         let acc = slot.map_or(0, |s| s.device_total(d));
         let allowance = tol.allowance(held, acc);
         let where_ = match slot {
-            Some(s) => format!("its slot {} accounts", s.index),
-            None => format!("it has no slot in {}, so nothing is accounted", r.name),
+            Some(s) => format!("its slot {} accounts {}", s.index, human_bytes(acc)),
+            None => format!("it has no slot in {} (nothing accounted)", r.name),
         };
         if tol.exceeds(held, acc) {
             out.push(drift(
@@ -801,14 +801,15 @@ fn nvml_process_findings(
                 held,
                 acc,
                 format!(
-                    "device {d} (NVML GPU {idx}): NVML says it holds {} but {where_} {}: {} the preload did not see (tolerance {})",
+                    "device {d} (NVML GPU {idx}): NVML says it holds {}, {where_}: {} the preload did not see (tolerance {})",
                     human_bytes(held),
-                    human_bytes(acc),
                     human_bytes(held - acc),
                     human_bytes(allowance)
                 ),
             ));
-        } else if tol.exceeds(acc, held) {
+        } else if held > 0 && tol.exceeds(acc, held) {
+            // A process NVML does not list at all is not compared this way: NVML and the
+            // agent may not name it by the same pid (a driver reporting namespaced pids).
             out.push(drift(
                 reason::ACCOUNTED_ABOVE_NVML,
                 Some(d as u32),
@@ -816,8 +817,7 @@ fn nvml_process_findings(
                 held,
                 acc,
                 format!(
-                    "device {d} (NVML GPU {idx}): {where_} {} but NVML says it holds {} (tolerance {})",
-                    human_bytes(acc),
+                    "device {d} (NVML GPU {idx}): {where_} but NVML says it holds {} (tolerance {})",
                     human_bytes(held),
                     human_bytes(allowance)
                 ),
@@ -1462,13 +1462,16 @@ pub(crate) mod tests {
         );
         let mut p = with_nvml_bytes(proc_(51, true, GIB), 0, 300 * MIB);
         p.env_limits.all = Some(EnvLimit::Bytes(2 * GIB));
-        let f = evaluate(&[p], &[r], Tolerance::default());
+        let f = evaluate(&[p.clone()], &[r.clone()], Tolerance::default());
         assert_eq!(
             kinds(&f),
             vec![(FindingKind::Drift, reason::ACCOUNTED_ABOVE_NVML)]
         );
         assert_eq!(f[0].bytes, GIB);
         assert!(!f[0].kind.is_failure());
+        // Not listed by NVML at all: not compared (NVML may name it by another pid).
+        p.nvml_devices.insert(0, 0);
+        assert!(evaluate(&[p], &[r], Tolerance::default()).is_empty());
     }
 
     #[test]

@@ -86,6 +86,10 @@ struct Common {
     /// NVML sampling period in milliseconds (the physical check).
     #[arg(long, default_value_t = 1000)]
     nvml_interval: u64,
+    /// How long a finding against NVML must persist, in milliseconds (it must also hold in
+    /// two NVML samples).
+    #[arg(long, default_value_t = 1000)]
+    nvml_settle_ms: u64,
     /// Absolute tolerance between NVML's figures and the region's, in bytes.
     #[arg(long, default_value_t = 64 << 20)]
     nvml_tolerance_bytes: u64,
@@ -116,6 +120,7 @@ impl Common {
                     ratio: self.nvml_tolerance_pct / 100.0,
                 },
                 settle: Duration::from_millis(self.settle_ms),
+                nvml_settle: Duration::from_millis(self.nvml_settle_ms),
                 reclaim: self.reclaim,
                 regions: self.regions.clone(),
             },
