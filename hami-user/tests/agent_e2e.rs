@@ -498,17 +498,8 @@ fn nvml_catches_a_blind_preload_as_drift_and_over_limit() {
     let mut probe = spawn_waiting(&env, &["init", "ctx", "alloc", "256M", "wait"]);
     // What the driver holds for it: its context (1.5 GiB) and its 256 MiB.
     let held = 1792 * MIB;
-    let agent = Agent::start(
-        &env,
-        &[
-            "audit",
-            "--json",
-            "--seconds",
-            "2",
-            "--nvml-interval",
-            "250",
-        ],
-    );
+    // Default NVML period and settle time (1 s each): confirmed by the second sample.
+    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "2.5"]);
     let (st, out, log) = agent.finish();
     let audit = parse_audit(&out, &log);
     let p = process(&audit, probe.pid);
