@@ -487,11 +487,14 @@ fn process_that_cannot_write_its_region_is_reported_locked_out() {
 /// the fake driver takes 1.5 GiB for each: the region says 256 MiB, the probes agree, NVML
 /// says 1.75 GiB in a 1 GiB container. The workload cannot find itself in NVML either
 /// (`FAKE_NVML_HIDE_PROCESSES=1`), so no NVML-based correction in the preload can make it
-/// see the memory.
+/// see the memory. It runs on the second of two GPUs (`CUDA_VISIBLE_DEVICES=1`): its
+/// device 0 is NVML's GPU 1, matched through the UUID the region records.
 #[test]
 fn nvml_catches_a_blind_preload_as_drift_and_over_limit() {
     let _g = serial();
     let env = hooked_env("1g")
+        .env("FAKE_CUDA_DEVICE_COUNT", "2")
+        .env("CUDA_VISIBLE_DEVICES", "1")
         .env("FAKE_CUDA_CTX_OVERHEAD", "1536M")
         .env("HAMI_CONTEXT_OVERHEAD", "0")
         .env("FAKE_NVML_HIDE_PROCESSES", "1");
@@ -520,6 +523,11 @@ fn nvml_catches_a_blind_preload_as_drift_and_over_limit() {
     assert_eq!(drift[0]["observed"], held);
     assert_eq!(drift[0]["accounted"], 256 * MIB);
     assert_eq!(drift[0]["device"], 0);
+    assert!(
+        drift[0]["detail"].as_str().unwrap().contains("NVML GPU 1"),
+        "{:#}",
+        drift[0]
+    );
     let region = env.region_path().display().to_string();
     let over: Vec<&Value> = audit["findings"]
         .as_array()
