@@ -253,6 +253,12 @@ impl Agent {
         self.nvml_seq
     }
 
+    /// Whether the latest NVML sample gave per-process figures for at least one device (the
+    /// physical check needs them).
+    pub fn nvml_per_process(&self) -> bool {
+        self.nvml.as_ref().is_some_and(|n| !n.queried.is_empty())
+    }
+
     /// The latest NVML query.
     pub fn nvml(&self) -> Option<&NvmlSnapshot> {
         self.nvml.as_ref()
@@ -794,11 +800,12 @@ impl Agent {
                 baseline_nvml: p.baseline.nvml_bytes(),
                 verdict: if !verdict.is_empty() {
                     verdict.join(",")
-                } else if self.nvml.is_none()
-                    && info.is_some_and(|i| !i.hooked)
+                } else if info.is_some_and(|i| !i.hooked)
                     && p.baseline.is_pre_existing()
+                    && self.nvml.as_ref().and_then(|n| n.total_of(p.pid)).is_none()
                 {
-                    // What it held before the probes went in cannot be known without NVML.
+                    // What it held before the probes went in cannot be known without an
+                    // NVML figure for it.
                     "unverified".to_string()
                 } else {
                     "ok".to_string()

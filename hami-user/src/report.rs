@@ -40,6 +40,8 @@ pub struct NvmlSummary {
     pub devices: Vec<GpuInfo>,
     /// NVML samples compared with the regions.
     pub samples: u64,
+    /// Whether the latest sample had per-process figures (for at least one device).
+    pub per_process: bool,
     /// Tolerance of the comparisons with NVML (`None` without NVML).
     pub tolerance: Option<Tolerance>,
 }
@@ -48,6 +50,11 @@ impl NvmlSummary {
     /// One line on the physical check, for the table.
     pub fn line(&self) -> String {
         match (self.available, self.tolerance) {
+            (true, _) if !self.per_process => format!(
+                "available, {} samples, but no per-process used memory: no physical check, \
+                 findings come from the probes only",
+                self.samples
+            ),
             (true, Some(t)) => format!(
                 "available, {} samples; physical check on (over_limit / drift against NVML, \
                  unhooked processes holding memory), tolerance max({}, {}%)",
@@ -503,6 +510,32 @@ mod tests {
         assert!(text.contains("limit 1.0 GiB (1073741824 bytes)"), "{text}");
         assert!(text.contains("active slots: 2"));
         assert!(text.contains("dead here"));
+    }
+
+    #[test]
+    fn nvml_line_says_whether_the_physical_check_ran() {
+        let off = NvmlSummary {
+            error: Some("NVML unavailable (libnvidia-ml.so.1): not found".into()),
+            ..Default::default()
+        };
+        let l = off.line();
+        assert!(l.starts_with("not available (NVML unavailable"), "{l}");
+        assert!(l.contains("no physical check"), "{l}");
+        let mut on = NvmlSummary {
+            available: true,
+            samples: 3,
+            per_process: true,
+            tolerance: Some(Tolerance::NVML_DEFAULT),
+            ..Default::default()
+        };
+        let l = on.line();
+        assert!(l.contains("physical check on"), "{l}");
+        assert!(l.contains("max(64.0 MiB, 2%)"), "{l}");
+        on.per_process = false;
+        assert!(on.line().contains("no per-process used memory"));
+        let j = serde_json::to_value(&on).unwrap();
+        assert_eq!(j["tolerance"]["min_bytes"], 64u64 << 20);
+        assert_eq!(j["samples"], 3);
     }
 
     #[test]

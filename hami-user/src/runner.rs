@@ -90,6 +90,12 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
         tracing::warn!(region = %name, error = %e, "region unreadable");
     }
     agent.set_nvml(nvml.as_ref().map(|n| n.snapshot()));
+    if nvml.is_some() && !agent.nvml_per_process() {
+        tracing::warn!(
+            "NVML gives no per-process used memory (process lists unreadable): no physical \
+             check until it does; findings come from the probes only"
+        );
+    }
     let probes = Probes::load(&ProbeOptions::default())?;
     let (events, handle) = probes.spawn(DiscoveryOptions {
         proc_root: opts.agent.proc_root.clone(),
@@ -255,6 +261,7 @@ impl Running {
                 available: self.nvml.is_some(),
                 error: self.nvml_error.clone(),
                 samples: self.agent.nvml_samples(),
+                per_process: self.agent.nvml_per_process(),
                 tolerance: self
                     .nvml
                     .as_ref()
