@@ -762,7 +762,7 @@ fn nvml_process_findings(
         };
     let Some(r) = p.region.and_then(|i| regions.get(i)) else {
         // Hooked, but no usable region: nothing it holds is accounted anywhere.
-        let held: u64 = p.nvml_devices.values().sum();
+        let held = crate::nvml::saturating_sum(p.nvml_devices.values());
         if tol.exceeds(held, 0) {
             out.push(drift(
                 reason::NVML_ABOVE_ACCOUNTED,
@@ -846,7 +846,7 @@ fn nvml_region_findings(
             .filter_map(|p| p.nvml_devices.get(&idx).map(|&b| (p.pid, b)))
             .filter(|&(_, b)| b > 0)
             .collect();
-        let total: u64 = held.iter().map(|&(_, b)| b).sum();
+        let total = crate::nvml::saturating_sum(held.iter().map(|(_, b)| b));
         if !(total > limit && tol.exceeds(total, limit)) {
             continue;
         }

@@ -82,7 +82,7 @@ impl NvmlSnapshot {
         self.processes = self
             .per_device
             .iter()
-            .map(|(pid, per)| (*pid, per.values().sum()))
+            .map(|(pid, per)| (*pid, saturating_sum(per.values())))
             .collect();
     }
 
@@ -120,7 +120,7 @@ impl NvmlSnapshot {
 
     /// Total of `pid` over the devices whose figure is known; `None` when nothing is known.
     pub fn total_of(&self, pid: u32) -> Option<u64> {
-        self.used_by(pid).map(|m| m.values().sum())
+        self.used_by(pid).map(|m| saturating_sum(m.values()))
     }
 
     /// The NVML index of the GPU with this raw CUDA UUID (as the region records it), if
@@ -136,6 +136,12 @@ impl NvmlSnapshot {
             })
             .map(|d| d.index)
     }
+}
+
+/// Sum that stops at `u64::MAX` (NVML figures come from a library: never trust them not to
+/// overflow).
+pub fn saturating_sum<'a>(v: impl IntoIterator<Item = &'a u64>) -> u64 {
+    v.into_iter().fold(0u64, |a, &b| a.saturating_add(b))
 }
 
 /// A raw CUDA UUID as NVML prints it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`), or `None`
@@ -252,6 +258,13 @@ mod tests {
         assert_eq!(s.total_of(12), Some(0));
         assert!(s.compute.contains(&10) && s.compute.contains(&11));
         assert_eq!(NvmlSnapshot::default().total_of(10), None);
+        // Absurd figures saturate instead of overflowing.
+        s.queried.insert(1);
+        s.add_process(0, 20, Some(u64::MAX), true);
+        s.add_process(1, 20, Some(u64::MAX), true);
+        s.finish();
+        assert_eq!(s.processes[&20], u64::MAX);
+        assert_eq!(s.total_of(20), Some(u64::MAX));
     }
 
     #[test]
