@@ -597,10 +597,7 @@ fn hooked_processes_starting_under_the_agent_raise_no_nvml_finding() {
             .any(|f| f["region"] == region.as_str()),
         "{audit:#}"
     );
-    assert!(
-        audit["nvml"]["samples"].as_u64().unwrap() >= 10,
-        "{audit:#}"
-    );
+    assert!(audit["nvml"]["samples"].as_u64().unwrap() >= 3, "{audit:#}");
     assert_eq!(st.code(), Some(if audit["failed"] == true { 2 } else { 0 }));
     for mut p in probes {
         p.resume();
