@@ -19,12 +19,14 @@ use serde::Serialize;
 
 use crate::access::FileMeta;
 use crate::findings::{
-    self, Finding, FindingKey, FindingKind, ProcView, RegionView, SlotLiveness, Tolerance,
+    self, Finding, FindingKey, FindingKind, ProcView, RegionNvml, RegionView, SlotLiveness,
+    Tolerance,
 };
 use crate::nvml::NvmlSnapshot;
 use crate::procinfo::{self, ProcInfo};
 use crate::state::{Applied, Baseline, Processes};
 use crate::tenantfs;
+use hami_common::layout::MAX_DEVICES;
 
 /// How long one region read, one `/proc` read of a process or one reclaim may take before
 /// the agent gives up on it for this tick (it never blocks the rest).
@@ -37,8 +39,13 @@ pub struct AgentOptions {
     pub proc_root: PathBuf,
     /// Tolerance between observed and accounted.
     pub tolerance: Tolerance,
+    /// Tolerance between NVML's figures and the region's (or the limit).
+    pub nvml_tolerance: Tolerance,
     /// How long a racy finding must persist before it is reported.
     pub settle: Duration,
+    /// How long a finding against NVML must persist (and it must also hold in two NVML
+    /// samples): a context is in NVML before the preload has measured and charged it.
+    pub nvml_settle: Duration,
     /// Release leaked slots through the region's protocol.
     pub reclaim: bool,
     /// Regions to watch even if no live process names them (host paths; slot pids are taken
@@ -51,7 +58,9 @@ impl Default for AgentOptions {
         AgentOptions {
             proc_root: PathBuf::from("/proc"),
             tolerance: Tolerance::default(),
+            nvml_tolerance: Tolerance::NVML_DEFAULT,
             settle: Duration::from_millis(300),
+            nvml_settle: Duration::from_millis(1000),
             reclaim: false,
             regions: Vec::new(),
         }
@@ -202,7 +211,13 @@ pub struct Agent {
     region_ids: HashMap<(u64, u64), usize>,
     region_errors: BTreeMap<String, String>,
     nvml: Option<NvmlSnapshot>,
+    /// NVML samples taken so far.
+    nvml_seq: u64,
+    /// Each open region (by index) as read right after the latest NVML sample.
+    nvml_regions: HashMap<usize, RegionSnapshot>,
     pending: HashMap<FindingKey, Instant>,
+    /// For findings that need NVML confirmation: the NVML sample they were first seen in.
+    pending_nvml: HashMap<FindingKey, u64>,
     standing: BTreeMap<FindingKey, Finding>,
     history: BTreeMap<FindingKey, Finding>,
     reclaimed: Vec<Reclaimed>,
@@ -268,7 +283,10 @@ impl Agent {
             region_ids: HashMap::new(),
             region_errors: BTreeMap::new(),
             nvml: None,
+            nvml_seq: 0,
+            nvml_regions: HashMap::new(),
             pending: HashMap::new(),
+            pending_nvml: HashMap::new(),
             standing: BTreeMap::new(),
             history: BTreeMap::new(),
             reclaimed: Vec::new(),
@@ -296,9 +314,66 @@ impl Agent {
         &self.opts
     }
 
-    /// Records the latest NVML query (used for baselines and the report).
+    /// Records the latest NVML query: the physical figures the findings compare with. The
+    /// compute processes NVML lists that the agent does not track yet are learned (baselined:
+    /// the probes did not see them allocate), then every open region is read, so that the
+    /// comparison pairs NVML and the regions at the same moment. `None`: NVML unavailable.
     pub fn set_nvml(&mut self, snap: Option<NvmlSnapshot>) {
         self.nvml = snap;
+        let Some(n) = &self.nvml else {
+            self.nvml_regions.clear();
+            return;
+        };
+        self.nvml_seq += 1;
+        let me = std::process::id();
+        let new: Vec<(u32, Option<u64>)> = n
+            .compute
+            .iter()
+            .filter(|&&pid| pid != me && self.procs.get(pid).is_none())
+            .map(|&pid| (pid, n.total_of(pid)))
+            .collect();
+        for (pid, nvml_bytes) in new {
+            // Only a process that has a libcuda mapped is taken for the one NVML names: a
+            // pid this /proc does not show, or shows as something else (NVML naming pids
+            // of another pid namespace), is left alone.
+            let Ok(maps) = procinfo::read_maps(&self.opts.proc_root, pid) else {
+                continue;
+            };
+            let probed = procinfo::maps_has_ids(&maps, &self.libcuda_ids);
+            if !probed && !procinfo::maps_has_libcuda(&maps) {
+                continue;
+            }
+            if !self.started_before_agent(pid) {
+                if probed {
+                    // Its driver was probed before it loaded it: every call of it was seen
+                    // (its first event may just not have arrived yet, e.g. a context
+                    // creation still running).
+                    self.learn(pid);
+                    self.procs.baseline_as(pid, Baseline::ObservedFromStart);
+                }
+                // Otherwise its libcuda is not probed yet: discovery attaches it and
+                // baselines the process as attached late.
+                continue;
+            }
+            self.baseline_pid(pid, nvml_bytes);
+        }
+        self.nvml_regions = self
+            .regions
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| read_region(&r.fd, &r.name, &r.busy).ok().map(|s| (i, s)))
+            .collect();
+    }
+
+    /// NVML samples taken so far.
+    pub fn nvml_samples(&self) -> u64 {
+        self.nvml_seq
+    }
+
+    /// Whether the latest NVML sample gave per-process figures for at least one device (the
+    /// physical check needs them).
+    pub fn nvml_per_process(&self) -> bool {
+        self.nvml.as_ref().is_some_and(|n| !n.queried.is_empty())
     }
 
     /// The latest NVML query.
@@ -330,29 +405,37 @@ impl Agent {
             {
                 continue;
             }
-            let nvml_bytes = self
-                .nvml
-                .as_ref()
-                .and_then(|n| n.processes.get(&pid).copied());
-            let late = match (
-                self.started_at,
-                procinfo::read_stat(&self.opts.proc_root, pid),
-            ) {
-                (Some(me), Ok(st)) => st.start_time > me,
-                _ => false,
-            };
-            self.procs.baseline_as(
-                pid,
-                if late {
-                    Baseline::AttachedLate { nvml_bytes }
-                } else {
-                    Baseline::PreExisting { nvml_bytes }
-                },
-            );
-            self.learn(pid);
+            let nvml_bytes = self.nvml.as_ref().and_then(|n| n.total_of(pid));
+            self.baseline_pid(pid, nvml_bytes);
             out.push(pid);
         }
         out
+    }
+
+    /// Whether `pid` started before the agent (unknown start times count as before).
+    fn started_before_agent(&self, pid: u32) -> bool {
+        match (
+            self.started_at,
+            procinfo::read_stat(&self.opts.proc_root, pid),
+        ) {
+            (Some(me), Ok(st)) => st.start_time <= me,
+            _ => true,
+        }
+    }
+
+    /// Tracks a process the probes did not see from its start: *attached late* when it
+    /// started after the agent, *pre-existing* otherwise.
+    fn baseline_pid(&mut self, pid: u32, nvml_bytes: Option<u64>) {
+        let late = !self.started_before_agent(pid);
+        self.procs.baseline_as(
+            pid,
+            if late {
+                Baseline::AttachedLate { nvml_bytes }
+            } else {
+                Baseline::PreExisting { nvml_bytes }
+            },
+        );
+        self.learn(pid);
     }
 
     /// Consumes one event.
@@ -539,7 +622,12 @@ impl Agent {
         self.refresh_regions();
         self.rebuild_lost();
         let (procs, regions) = self.views();
-        let mut found = findings::evaluate(&procs, &regions, self.opts.tolerance);
+        let mut found = findings::evaluate_with_nvml(
+            &procs,
+            &regions,
+            self.opts.tolerance,
+            self.opts.nvml_tolerance,
+        );
         for f in &mut found {
             if f.pid
                 .is_some_and(|pid| self.procs.get(pid).is_some_and(|p| p.events_lost))
@@ -709,15 +797,16 @@ impl Agent {
         let regions: Vec<RegionView> = self
             .regions
             .iter()
-            .filter_map(|r| {
+            .enumerate()
+            .filter_map(|(i, r)| {
                 let Some(snapshot) = r.snapshot.clone() else {
                     index.push(None);
                     return None;
                 };
                 index.push(Some(index.iter().flatten().count()));
-                Some((r, snapshot))
+                Some((i, r, snapshot))
             })
-            .map(|(r, snapshot)| RegionView {
+            .map(|(i, r, snapshot)| RegionView {
                 name: r.name.clone(),
                 container: r.container.clone(),
                 single_device: real_devices(&snapshot) == Some(1)
@@ -730,6 +819,7 @@ impl Agent {
                     .map(|n| n.devices.len())
                     .filter(|&n| n > 0),
                 file: r.file,
+                nvml: self.region_nvml(i, r),
             })
             .collect();
         let procs = self
@@ -756,11 +846,12 @@ impl Agent {
                     peak_bytes: p.peak_bytes,
                     pre_existing: p.baseline.is_pre_existing(),
                     attached_late: matches!(p.baseline, Baseline::AttachedLate { .. }),
-                    nvml_bytes: self
+                    nvml_bytes: self.nvml.as_ref().and_then(|n| n.total_of(p.pid)),
+                    nvml_devices: self
                         .nvml
                         .as_ref()
-                        .and_then(|n| n.processes.get(&p.pid).copied())
-                        .or(p.baseline.nvml_bytes()),
+                        .and_then(|n| n.used_by(p.pid))
+                        .unwrap_or_default(),
                     seen_by_events: p.first_ns != 0 || p.alloc_events + p.free_events > 0,
                     env_limits: info.env_limits.clone(),
                     creds: info.creds.clone(),
@@ -774,8 +865,32 @@ impl Agent {
         (procs, regions)
     }
 
+    /// What the NVML comparison of region `i` uses: the region as read right after the
+    /// latest NVML sample, and the NVML index of each of its devices (by UUID; a region that
+    /// recorded no UUID for device 0 on a node with one GPU: that GPU).
+    fn region_nvml(&self, i: usize, r: &RegionEntry) -> Option<RegionNvml> {
+        let n = self.nvml.as_ref()?;
+        let snapshot = self.nvml_regions.get(&i)?.clone();
+        let current = r.snapshot.as_ref().unwrap_or(&snapshot);
+        let mut device_index = [None; MAX_DEVICES];
+        for (d, slot) in device_index.iter_mut().enumerate() {
+            let uuid = &current.uuids[d];
+            let idx = if uuid.iter().all(|&b| b == 0) {
+                (d == 0 && n.devices.len() == 1).then_some(n.devices[0].index)
+            } else {
+                n.index_of_uuid(uuid)
+            };
+            *slot = idx.filter(|i| n.queried.contains(i));
+        }
+        Some(RegionNvml {
+            snapshot,
+            device_index,
+        })
+    }
+
     /// Applies the settle time: immediate findings are reported at once, racy ones once they
-    /// have stood for `settle`.
+    /// have stood for `settle`, and findings against NVML once they have stood for
+    /// `nvml_settle` and held in two NVML samples in a row.
     fn settle(&mut self, found: Vec<Finding>, now: Instant) -> TickOutcome {
         let mut out = TickOutcome::default();
         let mut current: BTreeMap<FindingKey, Finding> = BTreeMap::new();
@@ -783,10 +898,15 @@ impl Agent {
             current.insert(f.key(), f);
         }
         self.pending.retain(|k, _| current.contains_key(k));
+        self.pending_nvml.retain(|k, _| current.contains_key(k));
         let mut standing = BTreeMap::new();
         for (k, f) in current {
             let since = *self.pending.entry(k.clone()).or_insert(now);
-            let ripe = !f.needs_settle() || now.duration_since(since) >= self.opts.settle;
+            let mut ripe = !f.needs_settle() || now.duration_since(since) >= self.opts.settle;
+            if f.needs_nvml_confirmation() {
+                let first = *self.pending_nvml.entry(k.clone()).or_insert(self.nvml_seq);
+                ripe &= self.nvml_seq > first && now.duration_since(since) >= self.opts.nvml_settle;
+            }
             if !ripe {
                 continue;
             }
@@ -991,17 +1111,21 @@ impl Agent {
                 alloc_events: p.alloc_events,
                 free_events: p.free_events,
                 unmatched_frees: p.unmatched_frees,
-                nvml: self
-                    .nvml
-                    .as_ref()
-                    .and_then(|n| n.processes.get(&p.pid).copied()),
+                nvml: self.nvml.as_ref().and_then(|n| n.total_of(p.pid)),
                 baseline,
                 baseline_nvml: p.baseline.nvml_bytes(),
                 events_lost: p.events_lost.then(|| EVENTS_LOST_NOTE.to_string()),
-                verdict: if verdict.is_empty() {
-                    "ok".to_string()
-                } else {
+                verdict: if !verdict.is_empty() {
                     verdict.join(",")
+                } else if info.is_some_and(|i| !i.hooked)
+                    && p.baseline.is_pre_existing()
+                    && self.nvml.as_ref().and_then(|n| n.total_of(p.pid)).is_none()
+                {
+                    // What it held before the probes went in cannot be known without an
+                    // NVML figure for it.
+                    "unverified".to_string()
+                } else {
+                    "ok".to_string()
                 },
             });
         }
@@ -1586,6 +1710,120 @@ mod tests {
         );
         assert_eq!(row.unmatched_frees, 1);
         assert_eq!(row.verdict, "ok");
+    }
+
+    /// An NVML sample of one GPU (index 0, no UUID) listing `procs` as compute processes.
+    fn nvml_sample(procs: &[(u32, u64)]) -> NvmlSnapshot {
+        let mut n = NvmlSnapshot {
+            devices: vec![crate::nvml::GpuInfo {
+                index: 0,
+                uuid: None,
+                total: Some(16 << 30),
+                used: None,
+            }],
+            ..Default::default()
+        };
+        n.queried.insert(0);
+        for &(pid, bytes) in procs {
+            n.add_process(0, pid, Some(bytes), true);
+        }
+        n.finish();
+        n
+    }
+
+    #[test]
+    fn unhooked_process_listed_by_nvml_is_learned_and_reported_at_once() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        w.spawn(101, 8, false, "1g");
+        let r = w.region(100, 1 << 30, &[101]);
+        register(&r, 100, 7, 0);
+        let mut a = w.agent(false);
+        // A pid NVML names that is not a CUDA process here (no libcuda mapped): left alone.
+        fake_proc(&w.root, 102, 5102, &[102], NS, "0::/\n", &[], &[]);
+        // No libcuda event, no baseline scan: only NVML knows it holds 512 MiB.
+        a.set_nvml(Some(nvml_sample(&[
+            (100, 10 * MIB),
+            (101, 512 * MIB),
+            (102, 64 * MIB),
+        ])));
+        assert_eq!(a.process_count(), 2);
+        let out = a.tick(Instant::now());
+        assert_eq!(
+            kinds(&out.raised),
+            vec![(FindingKind::Bypass, findings::reason::NO_PRELOAD)]
+        );
+        assert_eq!(out.raised[0].pid, Some(101));
+        assert_eq!(out.raised[0].bytes, 512 * MIB);
+        assert_eq!(out.raised[0].container, CID);
+        let row = a.process_rows().into_iter().find(|r| r.pid == 101).unwrap();
+        assert_eq!(row.nvml, Some(512 * MIB));
+        assert_eq!(row.verdict, "bypass");
+    }
+
+    #[test]
+    fn without_nvml_an_unhooked_pre_existing_process_is_unverified() {
+        let w = World::new();
+        w.spawn(101, 8, false, "1g");
+        let mut a = w.agent(false);
+        a.set_nvml(None);
+        assert_eq!(a.baseline_scan(), vec![101]);
+        assert!(a.tick(Instant::now()).raised.is_empty());
+        assert_eq!(a.process_rows()[0].verdict, "unverified");
+        // With NVML listing nothing for it, it is known to hold nothing.
+        a.set_nvml(Some(nvml_sample(&[])));
+        a.tick(Instant::now());
+        assert_eq!(a.process_rows()[0].verdict, "ok");
+    }
+
+    #[test]
+    fn nvml_drift_needs_two_samples_and_clears_when_accounted() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let r = w.region(100, 1 << 30, &[]);
+        let s = register(&r, 100, 7, 64 * MIB);
+        let mut a = w.agent(false);
+        a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+        // The region accounts 10 MiB context + 64 MiB; NVML says 1.5 GiB more.
+        let blind = 74 * MIB + 1536 * MIB;
+        a.set_nvml(Some(nvml_sample(&[(100, blind)])));
+        let t0 = Instant::now();
+        assert!(a.tick(t0).raised.is_empty(), "one sample is not enough");
+        assert!(a.tick(t0 + Duration::from_secs(1)).raised.is_empty());
+        a.set_nvml(Some(nvml_sample(&[(100, blind)])));
+        let out = a.tick(t0 + Duration::from_secs(2));
+        assert_eq!(
+            kinds(&out.raised),
+            vec![
+                (FindingKind::OverLimit, findings::reason::NVML_ABOVE_LIMIT),
+                (FindingKind::Drift, findings::reason::NVML_ABOVE_ACCOUNTED),
+            ]
+        );
+        let d = out
+            .raised
+            .iter()
+            .find(|f| f.kind == FindingKind::Drift)
+            .unwrap();
+        assert_eq!(d.bytes, 1536 * MIB);
+        assert_eq!(d.accounted, Some(74 * MIB));
+        let rows = a.process_rows();
+        assert_eq!(rows[0].verdict, "drift,over_limit");
+        // The preload learns to charge it (as module memory here): the next sample agrees.
+        r.force_charge(s, 0, UsageKind::Module, 1536 * MIB);
+        a.set_nvml(Some(nvml_sample(&[(100, blind)])));
+        let out = a.tick(t0 + Duration::from_secs(3));
+        assert_eq!(
+            kinds(&out.cleared),
+            vec![(FindingKind::Drift, findings::reason::NVML_ABOVE_ACCOUNTED)]
+        );
+        // A single sample that disagrees again is not reported.
+        a.set_nvml(Some(nvml_sample(&[(100, blind + (1 << 30))])));
+        let out = a.tick(t0 + Duration::from_secs(4));
+        assert!(
+            out.raised.iter().all(|f| f.kind != FindingKind::Drift),
+            "{:?}",
+            out.raised
+        );
     }
 
     #[test]

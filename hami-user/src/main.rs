@@ -85,6 +85,19 @@ struct Common {
     /// Relative tolerated difference, in percent of the larger figure.
     #[arg(long, default_value_t = 1.0)]
     tolerance_pct: f64,
+    /// NVML sampling period in milliseconds (the physical check).
+    #[arg(long, default_value_t = 1000)]
+    nvml_interval: u64,
+    /// How long a finding against NVML must persist, in milliseconds (it must also hold in
+    /// two NVML samples).
+    #[arg(long, default_value_t = 1000)]
+    nvml_settle_ms: u64,
+    /// Absolute tolerance between NVML's figures and the region's, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    nvml_tolerance_bytes: u64,
+    /// Relative tolerance between NVML's figures and the region's, in percent.
+    #[arg(long, default_value_t = 2.0)]
+    nvml_tolerance_pct: f64,
     /// Where /proc is.
     #[arg(long, default_value = "/proc", hide = true)]
     proc_root: PathBuf,
@@ -104,13 +117,19 @@ impl Common {
                     min_bytes: self.tolerance_bytes,
                     ratio: self.tolerance_pct / 100.0,
                 },
+                nvml_tolerance: Tolerance {
+                    min_bytes: self.nvml_tolerance_bytes,
+                    ratio: self.nvml_tolerance_pct / 100.0,
+                },
                 settle: Duration::from_millis(self.settle_ms),
+                nvml_settle: Duration::from_millis(self.nvml_settle_ms),
                 reclaim: self.reclaim,
                 regions: self.regions.clone(),
             },
             libcuda: self.libcuda.clone(),
             interval: Duration::from_millis(self.interval.max(10)),
             discovery_interval: Duration::from_millis(500),
+            nvml_interval: Duration::from_millis(self.nvml_interval.max(10)),
             metrics_addr,
             duration,
             log_findings: log,

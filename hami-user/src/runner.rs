@@ -47,6 +47,8 @@ pub struct RunOptions {
     pub interval: Duration,
     /// libcuda discovery period.
     pub discovery_interval: Duration,
+    /// NVML sampling period (the physical check compares each sample with the regions).
+    pub nvml_interval: Duration,
     /// Where to serve `/metrics` (`None`: no server).
     pub metrics_addr: Option<SocketAddr>,
     /// Stop after this long (`audit`); `None`: until interrupted.
@@ -77,7 +79,12 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
             (Some(Arc::new(n)), None)
         }
         Err(e) => {
-            tracing::warn!(error = %e, "running without NVML (no per-process used memory, no device totals)");
+            tracing::warn!(
+                error = %e,
+                "running without NVML: no physical check (over_limit and drift against NVML, \
+                 unhooked processes that were running before the agent); findings come from \
+                 the probes only"
+            );
             (None, Some(e.to_string()))
         }
     };
@@ -86,6 +93,12 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
         tracing::warn!(region = %name, error = %e, "region unreadable");
     }
     agent.set_nvml(nvml.as_ref().map(|n| n.snapshot()));
+    if nvml.is_some() && !agent.nvml_per_process() {
+        tracing::warn!(
+            "NVML gives no per-process used memory (process lists unreadable): no physical \
+             check until it does; findings come from the probes only"
+        );
+    }
     let probes = Probes::load(&ProbeOptions::default())?;
     let (events, handle) = probes.spawn(DiscoveryOptions {
         proc_root: opts.agent.proc_root.clone(),
@@ -189,11 +202,11 @@ impl Running {
             .set(self.handle.attached_cached().len() as i64);
     }
 
-    fn on_tick(&mut self, log: bool, last_nvml: &mut Instant) {
+    fn on_tick(&mut self, log: bool, last_nvml: &mut Instant, nvml_interval: Duration) {
         self.check_new_libraries();
         self.attached = self.handle.attached_cached().len();
         if let Some(n) = &self.nvml {
-            if last_nvml.elapsed() >= Duration::from_secs(2) {
+            if last_nvml.elapsed() >= nvml_interval {
                 // Bounded: a driver that stops answering keeps the last figures.
                 let n = Arc::clone(n);
                 match crate::tenantfs::bounded(
@@ -264,6 +277,12 @@ impl Running {
             NvmlSummary {
                 available: self.nvml.is_some(),
                 error: self.nvml_error.clone(),
+                samples: self.agent.nvml_samples(),
+                per_process: self.agent.nvml_per_process(),
+                tolerance: self
+                    .nvml
+                    .as_ref()
+                    .map(|_| self.agent.options().nvml_tolerance),
                 devices: self
                     .agent
                     .nvml()
@@ -362,7 +381,7 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
                     }
                 }
             }
-            _ = ticker.tick() => r.on_tick(opts.log_findings, &mut last_nvml),
+            _ = ticker.tick() => r.on_tick(opts.log_findings, &mut last_nvml, opts.nvml_interval),
             _ = &mut ctrl_c => break,
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => break,
             _ = &mut sleep_until => break,
@@ -372,7 +391,7 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
     while let Ok(ev) = r.events.try_recv() {
         r.consume(&ev);
     }
-    r.on_tick(opts.log_findings, &mut last_nvml);
+    r.on_tick(opts.log_findings, &mut last_nvml, opts.nvml_interval);
     if let Some(s) = server {
         s.abort();
     }
