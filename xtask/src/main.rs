@@ -5,12 +5,15 @@
 //! * `bench`: benchmarks that print figures.
 //! * `demo`: the end-to-end story on the fake (or real) driver.
 //! * `gpu-bundle`: binaries + acceptance scripts for the GPU machine.
+//! * `torture`: kill storms, stopped lock holders, races to the limit, bad inputs (figures).
+//! * `fuzz`: the cargo-fuzz targets of `fuzz/`, each for a bounded time.
 
 mod bench;
 mod bundle;
 mod demo;
 mod setup;
 mod test;
+mod torture;
 mod util;
 
 use anyhow::{bail, Result};
@@ -22,7 +25,9 @@ tasks:
                      setup + fmt + clippy + build everything + run every test (root for eBPF)
   bench              benchmarks (prints figures)
   demo               the whole story on the fake (or real) driver (root)
-  gpu-bundle         build the folder to carry to the GPU machine";
+  gpu-bundle         build the folder to carry to the GPU machine
+  torture [--long]   kill storm, stopped lock holders, race to the limit, bad inputs
+                     (short profile ~1 min, also run by `test`; --long for releases)";
 
 fn main() {
     if let Err(e) = run() {
@@ -53,6 +58,16 @@ fn run() -> Result<()> {
         }
         "bench" => bench::bench(),
         "demo" => demo::demo(),
+        "torture" => {
+            let mut opts = torture::TortureOptions::default();
+            for a in rest {
+                match a.as_str() {
+                    "--long" => opts.long = true,
+                    other => bail!("unknown option {other:?} for `torture`\n{USAGE}"),
+                }
+            }
+            torture::torture(&opts)
+        }
         "gpu-bundle" => bundle::gpu_bundle(&util::project_root()).map(|_| ()),
         "-h" | "--help" | "help" => {
             println!("{USAGE}");
