@@ -152,6 +152,15 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         Cmd::Inspect { region, json } => {
             // The region error names the path and the problem; printed once (not also as
             // a source chain).
+            // A read-only open of a FIFO would block until a writer appears.
+            let md = std::fs::metadata(&region)
+                .map_err(|e| anyhow::anyhow!("region unreadable: {}: {e}", region.display()))?;
+            if !md.is_file() {
+                anyhow::bail!(
+                    "region unreadable: shared region {}: not a regular file",
+                    region.display()
+                );
+            }
             let r = Region::open_existing(&region, false)
                 .map_err(|e| anyhow::anyhow!("region unreadable: {e}"))?;
             let snap = r.snapshot();
