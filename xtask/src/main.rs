@@ -11,6 +11,7 @@
 mod bench;
 mod bundle;
 mod demo;
+mod fuzz;
 mod setup;
 mod test;
 mod torture;
@@ -27,7 +28,9 @@ tasks:
   demo               the whole story on the fake (or real) driver (root)
   gpu-bundle         build the folder to carry to the GPU machine
   torture [--long]   kill storm, stopped lock holders, race to the limit, bad inputs
-                     (short profile ~1 min, also run by `test`; --long for releases)";
+                     (short profile ~1 min, also run by `test`; --long for releases,
+                     which also runs `fuzz`)
+  fuzz [--seconds N] every cargo-fuzz target for N s (default 60); installs cargo-fuzz";
 
 fn main() {
     if let Err(e) = run() {
@@ -67,6 +70,23 @@ fn run() -> Result<()> {
                 }
             }
             torture::torture(&opts)
+        }
+        "fuzz" => {
+            let mut seconds = 60u64;
+            let mut it = rest.iter();
+            while let Some(a) = it.next() {
+                match a.as_str() {
+                    "--seconds" => {
+                        seconds = it
+                            .next()
+                            .and_then(|v| v.parse().ok())
+                            .filter(|&n| n > 0)
+                            .ok_or_else(|| anyhow::anyhow!("--seconds needs a positive number"))?
+                    }
+                    other => bail!("unknown option {other:?} for `fuzz`\n{USAGE}"),
+                }
+            }
+            fuzz::fuzz(seconds).map(|_| ())
         }
         "gpu-bundle" => bundle::gpu_bundle(&util::project_root()).map(|_| ()),
         "-h" | "--help" | "help" => {
