@@ -47,6 +47,8 @@ pub const RESUME_BOUND: Duration = Duration::from_secs(2);
 const LINE_WAIT: Duration = Duration::from_secs(30);
 /// Per-case limit of the bad-input cases.
 const CASE_TIMEOUT: Duration = Duration::from_secs(15);
+/// Per-case limit of a case that is a known hang (reported as a finding).
+const FINDING_TIMEOUT: Duration = Duration::from_secs(3);
 const MIB: u64 = 1 << 20;
 
 /// One profile's sizes.
@@ -144,6 +146,20 @@ pub fn torture(opts: &TortureOptions) -> Result<()> {
     step("bad inputs (preload side)");
     bad_inputs(&p, &mut rng, &mut r).context("bad inputs")?;
 
+    if opts.long {
+        step("fuzz targets (60 s each)");
+        match crate::fuzz::fuzz(60) {
+            Ok(res) => {
+                for f in res {
+                    r.figure(
+                        &format!("fuzz {}: executions / crashes", f.target),
+                        format!("{} / {}", f.execs, f.crashes),
+                    );
+                }
+            }
+            Err(e) => r.check(false, || format!("fuzz: {e:#}")),
+        }
+    }
     let secs = t0.elapsed().as_secs_f64();
     println!("\n==> torture ({} profile) took {secs:.1} s", p.name);
     println!("| figure | value |\n|---|---|");
@@ -890,6 +906,9 @@ struct Case {
     rc: i32,
     /// Text the preload's stderr must contain (case-insensitive).
     says: &'static str,
+    /// A known design finding (docs/torture.md): a hang is reported as this finding, with a
+    /// short timeout, instead of failing the run.
+    finding: Option<&'static str>,
 }
 
 fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
@@ -921,6 +940,7 @@ fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
             prepare: None,
             rc: 2,
             says: "truncated",
+            finding: None,
         });
     }
     let random: Vec<u8> = (0..REGION_SIZE).map(|_| rng.next() as u8).collect();
@@ -955,6 +975,7 @@ fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
         prepare: Some(|p| std::fs::create_dir(p)),
         rc: 2,
         says: "directory",
+        finding: None,
     });
     cases.push(Case {
         name: "a FIFO".into(),
@@ -971,6 +992,7 @@ fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
         }),
         rc: 2,
         says: "not a regular file",
+        finding: None,
     });
     cases.push(Case {
         name: "in a missing directory".into(),
@@ -982,6 +1004,7 @@ fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
         prepare: None,
         rc: 2,
         says: "/nonexistent-hami-torture/dir/region",
+        finding: None,
     });
     for v in [
         "lots",
@@ -1007,6 +1030,7 @@ fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
             prepare: None,
             rc: 2,
             says: "invalid CUDA_DEVICE_MEMORY_LIMIT",
+            finding: None,
         });
     }
     for v in ["x", "-3", "99999999999999999999"] {
@@ -1017,6 +1041,7 @@ fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
             prepare: None,
             rc: 2,
             says: "invalid CUDA_DEVICE_MEMORY_LIMIT_0",
+            finding: None,
         });
     }
     cases.push(Case {
@@ -1026,6 +1051,7 @@ fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
         prepare: None,
         rc: 0,
         says: "invalid HAMI_CONTEXT_OVERHEAD",
+        finding: None,
     });
     cases.push(Case {
         name: "LIBCUDA_LOG_LEVEL=\"loud\" (warned, 1 used)".into(),
@@ -1034,9 +1060,27 @@ fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
         prepare: None,
         rc: 0,
         says: "LIBCUDA_LOG_LEVEL",
+        finding: None,
+    });
+    // The lock word names a thread that does not exist (and no owner-died mark): what a
+    // holder leaves when the kernel could not walk its robust list, or a copied file.
+    let mut t = Command::new("true").spawn().context("starting true")?;
+    let gone = t.id();
+    t.wait()?;
+    let mut m = valid.clone();
+    let off = core::mem::offset_of!(RegionHeader, lock);
+    m[off..off + 4].copy_from_slice(&gone.to_le_bytes());
+    cases.push(Case {
+        name: "lock word held by a thread that does not exist".into(),
+        env: vec![],
+        file: Some(m),
+        prepare: None,
+        rc: 2,
+        says: "lock",
+        finding: Some("stale lock word: the first locker waits forever"),
     });
 
-    let (mut passed, mut slowest) = (0usize, Duration::ZERO);
+    let (mut passed, mut findings, mut slowest) = (0usize, 0usize, Duration::ZERO);
     let n = cases.len();
     for c in cases {
         let mut env = sandbox(1 << 30);
@@ -1055,15 +1099,29 @@ fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
             prep(&path).with_context(|| format!("preparing {}", c.name))?;
         }
         let t = Instant::now();
-        let out = run_probe(&env, &[], CASE_TIMEOUT);
-        slowest = slowest.max(t.elapsed());
-        let out = match out {
-            Ok(o) => o,
-            Err(e) => {
+        let wait = if c.finding.is_some() {
+            FINDING_TIMEOUT
+        } else {
+            CASE_TIMEOUT
+        };
+        let out = run_probe(&env, &[], wait);
+        let took = t.elapsed();
+        let out = match (out, c.finding) {
+            (Ok(o), _) => o,
+            (Err(e), Some(f)) => {
+                findings += 1;
+                r.figure(
+                    &format!("bad inputs: FINDING ({})", c.name),
+                    format!("{f}: {e:#}"),
+                );
+                continue;
+            }
+            (Err(e), None) => {
                 r.check(false, || format!("bad input {}: {e:#}", c.name));
                 continue;
             }
         };
+        slowest = slowest.max(took);
         let says = out.stderr.to_lowercase().contains(&c.says.to_lowercase());
         let kept = c
             .file
@@ -1086,7 +1144,10 @@ fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
             )
         });
     }
-    r.figure("bad inputs: cases passed", format!("{passed} / {n}"));
+    r.figure(
+        "bad inputs: cases passed / known findings",
+        format!("{passed} / {n} (findings: {findings})"),
+    );
     r.figure(
         "bad inputs: slowest case (ms)",
         format!("{:.0}", slowest.as_secs_f64() * 1e3),
@@ -1102,6 +1163,7 @@ fn case_file(name: &str, bytes: Vec<u8>, says: &'static str) -> Case {
         prepare: None,
         rc: 2,
         says,
+        finding: None,
     }
 }
 
