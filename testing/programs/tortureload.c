@@ -13,9 +13,10 @@
  *
  * Modes (one line per event on stdout, flushed at once; commands on stdin):
  *
- *   tortureload storm THREADS MAXHOLD SEED
+ *   tortureload storm THREADS MAXHOLD SEED [PAUSE_US]
  *     Each thread loops: allocate (random family, k in 1..4) or free a random one of its
- *     allocations (at most MAXHOLD held), until "stop" arrives on stdin. Every 100 ms:
+ *     allocations (at most MAXHOLD held), sleeping PAUSE_US (default 0) between calls, until
+ *     "stop" arrives on stdin. Every 100 ms:
  *       tick win_us=W inflight_us=I ops=N refused=R errors=E
  *     (W = the longest call that finished in the last window, I = the longest call still in
  *     progress). On "stop": threads finish their call and join, then
@@ -111,6 +112,7 @@ static Worker g_w[MAX_THREADS];
 static int g_threads;
 static int g_maxhold = 8;
 static size_t g_chunk = 2 * MIB;
+static unsigned g_pause_us;
 static atomic_int g_stop;
 static atomic_int g_errors_printed;
 
@@ -262,6 +264,7 @@ static void *storm_thread(void *arg) {
       int family = (int)(rnd(w) % FAMILIES);
       do_alloc(w, family, (size_t)(1 + rnd(w) % 4) * 2 * MIB);
     }
+    if (g_pause_us) usleep(g_pause_us);
   }
   return NULL;
 }
@@ -427,6 +430,7 @@ int main(int argc, char **argv) {
     g_threads = atoi(argv[2]);
     g_maxhold = atoi(argv[3]);
     if (g_threads < 1 || g_threads > MAX_THREADS || g_maxhold < 1 || g_maxhold > MAX_HOLD) return 2;
+    if (argc >= 6) g_pause_us = (unsigned)atoi(argv[5]);
     return storm(atoi(argv[4]));
   }
   if (argc >= 4 && !strcmp(argv[1], "race")) {
@@ -437,7 +441,7 @@ int main(int argc, char **argv) {
   }
   if (argc >= 4 && !strcmp(argv[1], "holdlock")) return holdlock(argv[2], atol(argv[3]));
   fprintf(stderr,
-          "usage: tortureload storm THREADS MAXHOLD SEED | race THREADS CHUNK_MIB | "
+          "usage: tortureload storm THREADS MAXHOLD SEED [PAUSE_US] | race THREADS CHUNK_MIB | "
           "holdlock REGION LOCK_OFFSET\n");
   return 2;
 }

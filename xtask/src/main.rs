@@ -27,7 +27,8 @@ tasks:
   bench              benchmarks (prints figures)
   demo               the whole story on the fake (or real) driver (root)
   gpu-bundle         build the folder to carry to the GPU machine
-  torture [--long]   kill storm, stopped lock holders, race to the limit, bad inputs
+  torture [--long] [--only storm|stops|race|bad|agent|fuzz]
+                     kill storm, stopped lock holders, race to the limit, bad inputs
                      (short profile ~1 min, also run by `test`; --long for releases,
                      which also runs `fuzz`)
   fuzz [--seconds N] every cargo-fuzz target for N s (default 60); installs cargo-fuzz";
@@ -63,9 +64,11 @@ fn run() -> Result<()> {
         "demo" => demo::demo(),
         "torture" => {
             let mut opts = torture::TortureOptions::default();
-            for a in rest {
+            let mut it = rest.iter();
+            while let Some(a) = it.next() {
                 match a.as_str() {
                     "--long" => opts.long = true,
+                    "--only" => opts.only = it.next().cloned(),
                     other => bail!("unknown option {other:?} for `torture`\n{USAGE}"),
                 }
             }
