@@ -130,6 +130,11 @@ impl Report {
 /// Run every scenario of the chosen profile.
 pub fn torture(opts: &TortureOptions) -> Result<()> {
     let p = if opts.long { LONG } else { SHORT };
+    if let Some(o) = &opts.only {
+        if !["storm", "stops", "race", "bad", "agent", "fuzz"].contains(&o.as_str()) {
+            bail!("--only {o:?}: not a scenario (storm, stops, race, bad, agent, fuzz)");
+        }
+    }
     let t0 = Instant::now();
     println!("building the preload, the fake driver and the workloads (testing/harness)");
     let art = std::panic::catch_unwind(Artifacts::get)
@@ -554,7 +559,7 @@ fn kill_storm(p: &Profile, load: &Path, rng: &mut Rng, r: &mut Report) -> Result
     );
     let t0 = Instant::now();
     let (mut kills, mut samples, mut over, mut max_used) = (0u64, 0u64, 0u64, 0u64);
-    let mut max_us = 0u64;
+    let (mut max_us, mut killed_ops) = (0u64, 0u64);
     let mut errors: Vec<String> = Vec::new();
     let hard_cap = Duration::from_secs(p.storm_secs * 10);
     while (t0.elapsed() < Duration::from_secs(p.storm_secs) || kills < p.min_kills)
@@ -575,6 +580,7 @@ fn kill_storm(p: &Profile, load: &Path, rng: &mut Rng, r: &mut Report) -> Result
         errors.extend(victim.errors());
         let st = victim.kill();
         max_us = max_us.max(st.max_us.load(Ordering::Relaxed));
+        killed_ops += st.ops.load(Ordering::Relaxed);
         kills += 1;
         workers.push(spawn(&mut seed)?);
     }
@@ -583,10 +589,11 @@ fn kill_storm(p: &Profile, load: &Path, rng: &mut Rng, r: &mut Report) -> Result
         max_us = max_us.max(w.stats.max_us.load(Ordering::Relaxed));
         errors.extend(w.errors());
     }
-    let ops: u64 = workers
-        .iter()
-        .map(|w| w.stats.ops.load(Ordering::Relaxed))
-        .sum();
+    let ops: u64 = killed_ops
+        + workers
+            .iter()
+            .map(|w| w.stats.ops.load(Ordering::Relaxed))
+            .sum::<u64>();
     let recoveries = region.snapshot().owner_died_recoveries;
     let reclaimed = region.snapshot().reclaimed_slots;
     let (lost, left) = settle_and_check("kill storm", &env, workers, r)?;
@@ -596,7 +603,10 @@ fn kill_storm(p: &Profile, load: &Path, rng: &mut Rng, r: &mut Report) -> Result
     );
     r.figure("kill storm: duration (s)", format!("{secs:.1}"));
     r.figure("kill storm: SIGKILLs", kills);
-    r.figure("kill storm: ops of the survivors", ops);
+    r.figure(
+        "kill storm: CUDA calls made (all processes, as of their last tick)",
+        ops,
+    );
     r.figure("kill storm: slots reclaimed (by the preloads)", reclaimed);
     r.figure("kill storm: lock owner-died recoveries", recoveries);
     r.figure(
