@@ -95,6 +95,10 @@ const LONG: Profile = Profile {
     every_header_byte: true,
 };
 
+// The sizes issue 12 asks for.
+const _: () = assert!(LONG.min_kills >= 1000 && LONG.storm_procs == 32 && SHORT.storm_procs == 8);
+const _: () = assert!(LONG.race_procs == 32 && LONG.race_rounds == 100);
+
 /// Options of `cargo xtask torture`.
 #[derive(Debug, Default)]
 pub struct TortureOptions {
@@ -1460,4 +1464,25 @@ fn ours(agent: &crate::demo::Agent, pids: &[u64], region: &Path) -> Vec<String> 
 fn agent_signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill(2) on the agent we started.
     unsafe { libc::kill(pid as libc::pid_t, sig) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workload_lines_are_read_by_key() {
+        let l = "held bytes=4194304 count=2 max_us=17 ops=9 refused=1 errors=0";
+        assert_eq!(field(l, "bytes"), Some(4 << 20));
+        assert_eq!(field(l, "errors"), Some(0));
+        assert_eq!(field(l, "max_us"), Some(17));
+        assert_eq!(field(l, "us"), None, "whole keys only");
+        assert_eq!(field("tick win_us=x", "win_us"), None);
+    }
+
+    #[test]
+    fn own_process_state_is_running() {
+        assert_eq!(proc_state(std::process::id()), Some('R'));
+        assert_eq!(proc_state(u32::MAX), None);
+    }
 }
