@@ -1481,8 +1481,14 @@ mod tests {
     }
 
     #[test]
-    fn own_process_state_is_running() {
-        assert_eq!(proc_state(std::process::id()), Some('R'));
+    fn a_stopped_child_is_seen_stopped() {
+        let mut c = Command::new("sleep").arg("30").spawn().unwrap();
+        assert!(wait_state(c.id(), 'S', Duration::from_secs(10)));
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGSTOP) };
+        assert!(wait_state(c.id(), 'T', Duration::from_secs(10)));
+        c.kill().unwrap();
+        c.wait().unwrap();
         assert_eq!(proc_state(u32::MAX), None);
     }
 }
