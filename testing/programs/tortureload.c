@@ -16,7 +16,7 @@
  *   tortureload storm THREADS MAXHOLD SEED [PAUSE_US]
  *     Each thread loops: allocate (random family, k in 1..4) or free a random one of its
  *     allocations (at most MAXHOLD held), sleeping PAUSE_US (default 0) between calls, until
- *     "stop" arrives on stdin. Every 100 ms:
+ *     "stop" arrives on stdin. TORTURE_FAMILY=N (0..4) restricts it to one family. Every 100 ms:
  *       tick win_us=W inflight_us=I ops=N refused=R errors=E
  *     (W = the longest call that finished in the last window, I = the longest call still in
  *     progress). On "stop": threads finish their call and join, then
@@ -113,6 +113,7 @@ static int g_threads;
 static int g_maxhold = 8;
 static size_t g_chunk = 2 * MIB;
 static unsigned g_pause_us;
+static int g_family = -1; /* TORTURE_FAMILY=N: storm uses only family N */
 static atomic_int g_stop;
 static atomic_int g_errors_printed;
 
@@ -261,7 +262,7 @@ static void *storm_thread(void *arg) {
     if (w->nheld >= g_maxhold || (w->nheld > 0 && rnd(w) % 100 < 45)) {
       do_free(w, (int)(rnd(w) % (uint64_t)w->nheld));
     } else {
-      int family = (int)(rnd(w) % FAMILIES);
+      int family = g_family >= 0 ? g_family : (int)(rnd(w) % FAMILIES);
       do_alloc(w, family, (size_t)(1 + rnd(w) % 4) * 2 * MIB);
     }
     if (g_pause_us) usleep(g_pause_us);
@@ -431,6 +432,7 @@ int main(int argc, char **argv) {
     g_maxhold = atoi(argv[3]);
     if (g_threads < 1 || g_threads > MAX_THREADS || g_maxhold < 1 || g_maxhold > MAX_HOLD) return 2;
     if (argc >= 6) g_pause_us = (unsigned)atoi(argv[5]);
+    if (getenv("TORTURE_FAMILY")) g_family = atoi(getenv("TORTURE_FAMILY")) % FAMILIES;
     return storm(atoi(argv[4]));
   }
   if (argc >= 4 && !strcmp(argv[1], "race")) {
