@@ -1379,8 +1379,13 @@ fn agent_faults(p: &Profile, load: &Path, r: &mut Report) -> Result<()> {
         let d1 = crate::demo::metric(&m1, "hami_events_dropped_total", &[]).unwrap_or(0);
         let f = ours(&agent, &mine, env.region_path());
         false_findings += f.len();
+        // For whoever debugs it: the events the agent consumed, by kind.
+        let events: Vec<&str> = m1
+            .lines()
+            .filter(|l| l.starts_with("hami_events_total{"))
+            .collect();
         r.check(f.is_empty() || d1 > d0, || {
-            format!("agent round {round}: findings after a restart with only hooked processes within quota (no event dropped): {f:?}")
+            format!("agent round {round}: findings after a restart with only hooked processes within quota (no event dropped): {f:?}; events consumed: {events:?}")
         });
         if round + 1 == restarts {
             // Overflow the ring buffer: stop the consumer while unpaced processes churn.
