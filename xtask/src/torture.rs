@@ -22,7 +22,12 @@
 //!   files, a directory, a FIFO, a missing directory; malformed environment values. Each case:
 //!   the allocation is refused with `CUDA_ERROR_OUT_OF_MEMORY` (or succeeds where the docs say
 //!   the value is only warned about), a log line names what was wrong, no crash, no hang (a
-//!   timeout per case), and the bad file is left byte for byte as it was.
+//!   timeout per case), and the bad file is left byte for byte as it was. Hook arguments the
+//!   CUDA documentation gives a result for (0 bytes, NULL, `SIZE_MAX`, unaligned
+//!   `cuMemCreate`, unknown and repeated frees): that result, and no charge left behind.
+//! * **Agent faults** (`--long`, root): the agent SIGKILLed and restarted mid-workload (its
+//!   eBPF programs must be gone, no false finding after the restart), its ring buffer
+//!   overflowed on purpose (drops counted).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -1174,6 +1179,82 @@ fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
             )
         });
     }
+    // Hook arguments the CUDA documentation gives a result for (1 GiB limit). The
+    // expected codes, in order, of the listed ops' lines.
+    let arg_cases: [ArgCase; 7] = [
+        ("cuMemAlloc_v2 of 0 bytes", &["alloc", "0"], &[("alloc", 1)]),
+        (
+            "cuMemAlloc_v2 into NULL",
+            &["alloc-null"],
+            &[("alloc-null", 1)],
+        ),
+        (
+            "cuMemAlloc_v2 of SIZE_MAX, then the whole quota",
+            &["alloc", "18446744073709551615", "alloc", "1G"],
+            &[("alloc", 2), ("alloc", 0)],
+        ),
+        (
+            "cuMemCreate of a size that is not a multiple of the granularity",
+            &["create", "1"],
+            &[("create", 1)],
+        ),
+        ("cuMemFree_v2(0)", &["free-raw", "0"], &[("free-raw", 0)]),
+        (
+            "cuMemFree_v2 of an unknown pointer, then the whole quota",
+            &["free-raw", "0x1234", "alloc", "1G"],
+            &[("free-raw", 1), ("alloc", 0)],
+        ),
+        (
+            "free everything twice, then the whole quota",
+            &["alloc", "512M", "free", "all", "free", "all", "alloc", "1G"],
+            &[("alloc", 0), ("alloc", 0)],
+        ),
+    ];
+    let mut arg_passed = 0;
+    for (name, ops, want) in arg_cases {
+        let env = sandbox(1 << 30);
+        let mut all = vec!["init", "ctx"];
+        all.extend_from_slice(ops);
+        let out = match run_ops(&env, &all, CASE_TIMEOUT) {
+            Ok(o) => o,
+            Err(e) => {
+                r.check(false, || format!("hook arguments, {name}: {e:#}"));
+                continue;
+            }
+        };
+        let lines: Vec<(String, Option<u64>)> = out
+            .stdout
+            .lines()
+            .filter_map(|l| {
+                let op = l.strip_prefix("op=")?.split_whitespace().next()?;
+                Some((op.to_string(), field(l, "rc")))
+            })
+            .collect();
+        let mut got = Vec::new();
+        let mut it = lines.iter();
+        for (op, _) in want {
+            got.push(it.find(|(o, _)| o == op).and_then(|(_, rc)| *rc));
+        }
+        let ok = out.exited_cleanly
+            && got
+                .iter()
+                .zip(want.iter())
+                .all(|(g, (_, w))| *g == Some(*w as u64));
+        if ok {
+            arg_passed += 1;
+        }
+        r.check(ok, || {
+            format!(
+                "hook arguments, {name}: want {want:?}, got {got:?}\n      stdout: {}\n      stderr: {}",
+                out.stdout.trim(),
+                out.stderr.trim()
+            )
+        });
+    }
+    r.figure(
+        "hook arguments: cases passed",
+        format!("{arg_passed} / {}", arg_cases.len()),
+    );
     r.figure(
         "bad inputs: cases passed / known findings",
         format!("{passed} / {n} (findings: {findings})"),
@@ -1184,6 +1265,13 @@ fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<()> {
     );
     Ok(())
 }
+
+/// A hook-argument case: name, cudaprobe ops (after `init ctx`), expected `(op, rc)` in order.
+type ArgCase = (
+    &'static str,
+    &'static [&'static str],
+    &'static [(&'static str, i32)],
+);
 
 fn case_file(name: &str, bytes: Vec<u8>, says: &'static str) -> Case {
     Case {
@@ -1205,10 +1293,16 @@ struct ProbeRun {
     stderr: String,
 }
 
-/// `cudaprobe init ctx alloc 2M free last` under `env`, killed after `wait`.
+/// `cudaprobe init ctx alloc 2M EXTRA...` under `env`, killed after `wait`.
 fn run_probe(env: &TestEnv, extra: &[&str], wait: Duration) -> Result<ProbeRun> {
-    let mut c: Command = env.cudaprobe_cmd(&["init", "ctx", "alloc", "2M"]);
-    c.args(extra);
+    let mut ops = vec!["init", "ctx", "alloc", "2M"];
+    ops.extend_from_slice(extra);
+    run_ops(env, &ops, wait)
+}
+
+/// `cudaprobe OPS...` under `env`, killed after `wait`; `rc` = that of the first `alloc`.
+fn run_ops(env: &TestEnv, ops: &[&str], wait: Duration) -> Result<ProbeRun> {
+    let mut c: Command = env.cudaprobe_cmd(ops);
     let mut child = c.spawn().context("starting cudaprobe")?;
     let mut so = child.stdout.take().context("stdout")?;
     let mut se = child.stderr.take().context("stderr")?;
