@@ -1608,6 +1608,37 @@ mod tests {
         assert_eq!(a.history().len(), 2);
     }
 
+    /// Regression: a container whose region variable names a FIFO stalled the agent for
+    /// good (a read-only `open` of a FIFO waits for a writer; with `--reclaim` the writable
+    /// open failed and the read-only fallback blocked).
+    #[test]
+    fn region_path_at_a_fifo_is_an_error_not_a_hang() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let path = w.root.join("100/root/hami/r.cache");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: c is a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let d = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(20));
+            if !d.load(std::sync::atomic::Ordering::SeqCst) {
+                eprintln!("the agent's tick hung on a FIFO region path");
+                std::process::abort();
+            }
+        });
+        for reclaim in [false, true] {
+            let mut a = w.agent(reclaim);
+            a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+            a.tick(Instant::now());
+            assert!(a.region_rows().is_empty());
+            assert_eq!(a.process_count(), 1);
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     #[test]
     fn killed_process_leaks_its_slot_and_reclaim_frees_it() {
         let w = World::new();

@@ -10,6 +10,8 @@
 //! * not root: a clear error, exit 1;
 //! * issue 8: `audit` said "ok (baseline)" and exited 0 for an unhooked process that was
 //!   holding device memory before the agent started.
+//! * `inspect` of a FIFO (found by `cargo xtask torture`'s bad inputs): it waited forever for
+//!   a writer; now a clear error.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -304,6 +306,44 @@ fn late_attached_unhooked_process_is_a_bypass_even_without_further_allocations()
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
     let _ = agent.wait();
+}
+
+#[test]
+fn inspect_of_a_fifo_is_an_error_not_a_hang() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("fifo");
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    // SAFETY: c is a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mut child = Command::new(AGENT)
+        .args(["inspect", "--json"])
+        .arg(&p)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("inspect of a FIFO still running after 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains(p.to_str().unwrap()), "names the file: {err}");
+    assert!(err.contains("not a regular file"), "{err}");
 }
 
 fn inspect(path: &Path) -> (Option<i32>, String, String) {
