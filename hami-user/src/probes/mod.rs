@@ -598,19 +598,16 @@ impl Drop for Probes {
     }
 }
 
+/// The file at `path` must be an ELF object (read through [`discovery::is_elf`]).
 fn check_elf(path: &Path) -> Result<(), ProbeError> {
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .map_err(|source| ProbeError::File {
+    match discovery::is_elf(path) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ProbeError::NotLibcuda(path.to_path_buf())),
+        Err(source) => Err(ProbeError::File {
             path: path.to_path_buf(),
             source,
-        })?;
-    if &magic != b"\x7fELF" {
-        return Err(ProbeError::NotLibcuda(path.to_path_buf()));
+        }),
     }
-    Ok(())
 }
 
 fn raise_memlock() {
