@@ -601,21 +601,16 @@ impl Drop for Probes {
     }
 }
 
+/// The file at `path` must be an ELF object (read through [`discovery::is_elf`]).
 fn check_elf(path: &Path) -> Result<(), ProbeError> {
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    // Regular files only (never a FIFO or a device a tenant left at a mapped path).
-    crate::tenantfs::open_regular(path, false)
-        .map_err(|e| std::io::Error::other(e.to_string()))
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .map_err(|source| ProbeError::File {
+    match discovery::is_elf(path) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ProbeError::NotLibcuda(path.to_path_buf())),
+        Err(source) => Err(ProbeError::File {
             path: path.to_path_buf(),
             source,
-        })?;
-    if &magic != b"\x7fELF" {
-        return Err(ProbeError::NotLibcuda(path.to_path_buf()));
+        }),
     }
-    Ok(())
 }
 
 fn raise_memlock() {
