@@ -1,4 +1,5 @@
-//! Footprint estimate of CUDA arrays (`cuArrayCreate_v2`, `cuArray3DCreate_v2`).
+//! Footprint estimate of CUDA arrays (`cuArrayCreate_v2`, `cuArray3DCreate_v2`) and mipmapped
+//! arrays (`cuMipmappedArrayCreate`).
 //!
 //! The driver does not say how much device memory an array takes, so both the preload (which
 //! charges it) and the eBPF probes (which observe it) use this same estimate:
@@ -84,6 +85,57 @@ pub const fn array_footprint(
     (bytes + ARRAY_GRANULE - 1) & !(ARRAY_GRANULE - 1)
 }
 
+/// Most mipmap levels counted: a level beyond the 32nd of any valid array is 1x1x1 (the
+/// driver's largest dimension is below 2^17), and counting stops there.
+pub const MAX_MIP_LEVELS: u32 = 32;
+
+/// Estimated device-memory footprint of a mipmapped array of `levels` levels, in bytes,
+/// rounded up to [`ARRAY_GRANULE`]: the sum over levels `l` of
+/// `max(width >> l, 1) * max(height >> l, 1) * max(depth >> l, 1) * bytes_per_texel` (a
+/// dimension of 0 stays 0, i.e. counts as 1, at every level), granule-rounded once. `levels`
+/// of 0 counts as 1 and above [`MAX_MIP_LEVELS`] as [`MAX_MIP_LEVELS`]. The level-0 term is
+/// [`array_footprint`]'s; each level adds at most an eighth (3D) to a quarter (2D) of it, so
+/// the sum stays below 2x level 0: no overflow. A `layered` array (`CUDA_ARRAY3D_LAYERED`)
+/// keeps its `depth` (the layer count) at every level.
+pub const fn mipmap_footprint(
+    width: u64,
+    height: u64,
+    depth: u64,
+    format: u32,
+    channels: u32,
+    levels: u32,
+    layered: bool,
+) -> u64 {
+    if width == 0 {
+        return 0;
+    }
+    let levels = if levels == 0 {
+        1
+    } else if levels > MAX_MIP_LEVELS {
+        MAX_MIP_LEVELS
+    } else {
+        levels
+    };
+    let texel = bytes_per_texel(format, channels);
+    let (w, h, d) = (dim(width), dim(height), dim(depth));
+    let mut sum: u64 = 0;
+    let mut l = 0;
+    while l < levels {
+        let lw = if (w >> l) == 0 { 1 } else { w >> l };
+        let lh = if (h >> l) == 0 { 1 } else { h >> l };
+        let ld = if layered {
+            d
+        } else if (d >> l) == 0 {
+            1
+        } else {
+            d >> l
+        };
+        sum = sum.saturating_add(lw.wrapping_mul(lh).wrapping_mul(ld).wrapping_mul(texel));
+        l += 1;
+    }
+    sum.saturating_add(ARRAY_GRANULE - 1) & !(ARRAY_GRANULE - 1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +158,37 @@ mod tests {
         assert_eq!(bytes_per_texel(0xc5, 1), 8);
         assert_eq!(bytes_per_texel(0x95, 4), 1);
         assert_eq!(bytes_per_texel(0x7777, 1), 16);
+    }
+
+    #[test]
+    fn mipmaps() {
+        // The H200 measurement: 16384 x 16384, 2 x float32, 1 level = 2048 MiB.
+        assert_eq!(
+            mipmap_footprint(16384, 16384, 0, 0x20, 2, 1, false),
+            2048 << 20
+        );
+        assert_eq!(
+            mipmap_footprint(16384, 16384, 0, 0x20, 2, 0, false),
+            array_footprint(16384, 16384, 0, 0x20, 2)
+        );
+        // 1024 x 1024 float, all 11 levels: 4 MiB * (1 + 1/4 + 1/16 + ...) + the 1x1 tail.
+        let full = mipmap_footprint(1024, 1024, 0, 0x20, 1, 11, false);
+        let exact: u64 = (0..11).map(|l| (1024u64 >> l) * (1024u64 >> l) * 4).sum();
+        assert_eq!(full, (exact + ARRAY_GRANULE - 1) & !(ARRAY_GRANULE - 1));
+        assert!(full > 4 << 20 && full <= 6 << 20);
+        // 3D: each level an eighth of the previous one; more levels than halvings.
+        let m3 = mipmap_footprint(256, 256, 256, 0x20, 1, 40, false);
+        assert!((64 << 20..=74 << 20).contains(&m3), "{m3}");
+        // Layered: 8 layers of 1024 x 1024 float at every level.
+        assert_eq!(
+            mipmap_footprint(1024, 1024, 8, 0x20, 1, 2, true),
+            8 * (4 << 20) + 8 * (1 << 20)
+        );
+        assert_eq!(mipmap_footprint(0, 5, 5, 0x20, 1, 3, false), 0);
+        // Hostile values: clamped, no overflow, still a granule multiple.
+        let max = mipmap_footprint(u64::MAX, u64::MAX, u64::MAX, 0x7777, 9, u32::MAX, true);
+        assert_eq!(max % ARRAY_GRANULE, 0);
+        assert!(max >= array_footprint(u64::MAX, u64::MAX, u64::MAX, 0x7777, 9));
     }
 
     #[test]

@@ -124,6 +124,38 @@ pub const INTERCEPTS: &[Intercept] = &[
     // Function lookup (hands out our hooks for the functions above).
     hook("cuGetProcAddress"),
     hook("cuGetProcAddress_v2"),
+    // Stream-ordered pools: their reservation is charged (hami-preload/src/pools.rs).
+    hook("cuMemPoolCreate"),
+    hook("cuMemPoolDestroy"),
+    hook("cuMemPoolTrimTo"),
+    hook("cuMemPoolSetAttribute"),
+    hook("cuDeviceGetDefaultMemPool"),
+    hook("cuDeviceGetMemPool"),
+    // Synchronisations, where pools under their release threshold give memory back.
+    hook("cuStreamSynchronize"),
+    hook("cuStreamSynchronize_ptsz"),
+    hook("cuCtxSynchronize"),
+    hook("cuCtxSynchronize_v2"),
+    hook("cuEventSynchronize"),
+    // Mipmapped arrays.
+    hook("cuMipmappedArrayCreate"),
+    hook("cuMipmappedArrayDestroy"),
+    // Module and library memory, eager (at load) and lazy (first lookup, first launch).
+    hook("cuModuleLoad"),
+    hook("cuModuleLoadData"),
+    hook("cuModuleLoadDataEx"),
+    hook("cuModuleLoadFatBinary"),
+    hook("cuModuleUnload"),
+    hook("cuModuleGetFunction"),
+    hook("cuLibraryLoadData"),
+    hook("cuLibraryLoadFromFile"),
+    hook("cuLibraryUnload"),
+    hook("cuLibraryGetKernel"),
+    hook("cuKernelGetFunction"),
+    hook("cuLaunchKernel"),
+    hook("cuLaunchKernel_ptsz"),
+    hook("cuLaunchKernelEx"),
+    hook("cuLaunchKernelEx_ptsz"),
     nvml_hook("nvmlDeviceGetMemoryInfo"),
     nvml_hook("nvmlDeviceGetMemoryInfo_v2"),
 ];

@@ -1,4 +1,4 @@
-//! Layout of the shared region file (version 1). See `docs/shared-region.md`.
+//! Layout of the shared region file (version 2). See `docs/shared-region.md`.
 //!
 //! Everything is `#[repr(C)]`, little-endian, fixed size, with no pointers, so that the
 //! preload (inside containers) and the agent (on the host) map the same bytes.
@@ -11,7 +11,7 @@ use core::sync::atomic::{AtomicU32, AtomicU64};
 /// First 8 bytes of every region file.
 pub const MAGIC: [u8; 8] = *b"HAMIRSv\x01";
 /// Layout version; bumped on any incompatible change.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Number of devices a region describes.
 pub const MAX_DEVICES: usize = 16;
 /// Number of process slots in a region.
@@ -39,19 +39,33 @@ pub const LIMIT_FLAG_INVALID: u32 = 1;
 pub enum UsageKind {
     /// Context memory (primary or created contexts).
     Context = 0,
-    /// Module / code memory (reserved; currently unused by the preload).
+    /// Module and library memory (code, `__device__` globals), measured around
+    /// `cuModuleLoad*` / `cuLibraryLoad*` and, with lazy loading, the first function lookup
+    /// or launch of a module.
     Module = 1,
     /// Data allocations (cuMemAlloc*, cuMemCreate, arrays, ...).
     Data = 2,
+    /// Memory reserved by stream-ordered memory pools (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`
+    /// summed over this process's pools on the device): in use by `cuMemAllocAsync` pointers or
+    /// kept after `cuMemFreeAsync` until the pool is trimmed.
+    Pool = 3,
+    /// Device memory the driver reports for the process (NVML, per process) beyond what every
+    /// other kind accounts for: the backstop for paths no hook sees.
+    Other = 4,
 }
 
 /// Number of [`UsageKind`] variants.
-pub const USAGE_KINDS: usize = 3;
+pub const USAGE_KINDS: usize = 5;
 
 impl UsageKind {
     /// All kinds, in index order.
-    pub const ALL: [UsageKind; USAGE_KINDS] =
-        [UsageKind::Context, UsageKind::Module, UsageKind::Data];
+    pub const ALL: [UsageKind; USAGE_KINDS] = [
+        UsageKind::Context,
+        UsageKind::Module,
+        UsageKind::Data,
+        UsageKind::Pool,
+        UsageKind::Other,
+    ];
 
     /// Index of this kind in [`Slot::usage`].
     pub const fn index(self) -> usize {
@@ -64,6 +78,8 @@ impl UsageKind {
             UsageKind::Context => "context",
             UsageKind::Module => "module",
             UsageKind::Data => "data",
+            UsageKind::Pool => "pool",
+            UsageKind::Other => "other",
         }
     }
 }

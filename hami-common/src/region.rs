@@ -1253,6 +1253,56 @@ impl Region {
         Ok(region)
     }
 
+    /// Maps a region from a file the caller opened (the agent opens tenant-named paths
+    /// itself, safely; see `hami-user`'s `tenantfs`). `writable` needs a read-write `file`.
+    /// Unlike [`Region::open_existing`] it never waits: a creator still initialising (holding
+    /// the file's exclusive `flock`) gives [`RegionError::NotInitialised`]. `path` names the
+    /// file in errors.
+    ///
+    /// A mapping dies of `SIGBUS` if the file shrinks under it: readers of files that others
+    /// control use [`read_snapshot`] instead and map only for short writes (reclaim).
+    pub fn open_file(
+        file: std::fs::File,
+        path: &Path,
+        writable: bool,
+    ) -> Result<Region, RegionError> {
+        use std::os::fd::IntoRawFd;
+        let fd = LockedFd(file.into_raw_fd());
+        // SAFETY: fd is open.
+        if unsafe { libc::flock(fd.0, libc::LOCK_SH | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(RegionError::NotInitialised {
+                    path: path.to_path_buf(),
+                });
+            }
+            return Err(io_err(path, "flock", e));
+        }
+        let size = file_size(fd.0, path)?;
+        match check_existing(fd.0, path, size, &[0; 16])? {
+            FileState::NeedsInit => {
+                return Err(RegionError::NotInitialised {
+                    path: path.to_path_buf(),
+                })
+            }
+            FileState::Ready | FileState::OtherBoot => {}
+        }
+        let map = map_fd(fd.0, path, writable)?;
+        drop(fd);
+        let region = Region {
+            map,
+            path: path.to_path_buf(),
+            writable,
+            probe: Arc::new(ProcProbe),
+        };
+        if region.h_init_state().load(Ordering::Acquire) != INIT_READY {
+            return Err(RegionError::NotInitialised {
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(region)
+    }
+
     /// Replaces the liveness probe used by reclaim and owner-died recovery (default:
     /// [`ProcProbe`]).
     pub fn with_probe(mut self, probe: Arc<dyn LivenessProbe>) -> Region {
@@ -1801,6 +1851,7 @@ impl Region {
     }
 
     /// The limit of `dev` in bytes (0 = unlimited; 0 for a bad ordinal). Lock-free.
+    #[inline]
     pub fn limit(&self, dev: usize) -> u64 {
         if dev >= MAX_DEVICES {
             return 0;
@@ -1817,6 +1868,7 @@ impl Region {
     }
 
     /// The admitted total on `dev` (all processes). Lock-free.
+    #[inline]
     pub fn used(&self, dev: usize) -> u64 {
         if dev >= MAX_DEVICES {
             return 0;
@@ -1836,6 +1888,26 @@ impl Region {
     /// Devices the creator saw.
     pub fn device_count(&self) -> u32 {
         self.h_device_count().load(Ordering::Relaxed)
+    }
+
+    /// Records the number of devices a registering process really sees
+    /// (`cuDeviceGetCount`), keeping the largest count any process reported (processes of one
+    /// container may have different `CUDA_VISIBLE_DEVICES`). Ignores 0 and counts above
+    /// [`MAX_DEVICES`] (clamped). Takes the lock; not for hot paths.
+    pub fn set_device_count(&self, n: u32) {
+        let n = n.min(MAX_DEVICES as u32);
+        let cur = self.device_count();
+        if n == 0 || (cur >= n && cur <= MAX_DEVICES as u32) {
+            return;
+        }
+        let Ok(g) = self.lock() else { return };
+        let cur = self.h_device_count().load(Ordering::Relaxed);
+        if cur >= n && cur <= MAX_DEVICES as u32 {
+            return;
+        }
+        g.begin_write();
+        self.h_device_count().store(n, Ordering::Relaxed);
+        g.end_write();
     }
 
     // ---- snapshot ----
@@ -1940,6 +2012,134 @@ impl Region {
     #[doc(hidden)]
     pub fn __test_recoveries(&self) -> u64 {
         self.h_recoveries().load(Ordering::Relaxed)
+    }
+}
+
+/// Attempts [`read_snapshot`] makes to get a copy from one instant.
+const READ_ATTEMPTS: usize = 16;
+
+/// Reads a region through `file` with `pread` into a private buffer and parses it: the
+/// agent's way of reading regions that tenants can truncate, replace or rewrite at any time
+/// (a mapping would die of `SIGBUS` when the file shrinks). Never maps, never locks, never
+/// blocks on the region lock or a `flock`.
+///
+/// The file must be a regular file of exactly [`REGION_SIZE`] bytes with a valid,
+/// initialised header (the same checks as [`Region::open_existing`]); a file that shrinks
+/// while being read gives [`RegionError::Truncated`]. The copy is taken between two reads of
+/// the header's `generation` (the seqlock); when writers keep it moving, the last copy is
+/// returned with `consistent == false`, as [`Region::snapshot`] does.
+pub fn read_snapshot(file: &std::fs::File, path: &Path) -> Result<RegionSnapshot, RegionError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let fd = file.as_raw_fd();
+    let size = file_size(fd, path)?;
+    match check_existing(fd, path, size, &[0; 16])? {
+        FileState::NeedsInit => {
+            return Err(RegionError::NotInitialised {
+                path: path.to_path_buf(),
+            })
+        }
+        FileState::Ready | FileState::OtherBoot => {}
+    }
+    let gen_off = core::mem::offset_of!(RegionHeader, generation) as u64;
+    let read_gen = || -> Result<u64, RegionError> {
+        let mut g = [0u8; 8];
+        file.read_exact_at(&mut g, gen_off)
+            .map_err(|e| short_read(file, path, "read generation", e))?;
+        Ok(u64::from_le_bytes(g))
+    };
+    let mut buf = vec![0u8; REGION_SIZE];
+    let mut last = None;
+    for attempt in 0..READ_ATTEMPTS {
+        let g1 = read_gen()?;
+        file.read_exact_at(&mut buf, 0)
+            .map_err(|e| short_read(file, path, "read", e))?;
+        let g2 = read_gen()?;
+        let mut snap = parse_snapshot(&buf);
+        snap.generation = g1;
+        if g1 & 1 == 0 && g1 == g2 {
+            snap.consistent = true;
+            return Ok(snap);
+        }
+        last = Some(snap);
+        if attempt + 1 < READ_ATTEMPTS {
+            std::thread::yield_now();
+        }
+    }
+    Ok(last.expect("at least one attempt"))
+}
+
+/// A failed `pread` of a region: [`RegionError::Truncated`] when the file is now shorter
+/// than a region (it shrank under the reader), else the I/O error.
+fn short_read(file: &std::fs::File, path: &Path, op: &str, e: io::Error) -> RegionError {
+    match file.metadata() {
+        Ok(m) if m.len() < REGION_SIZE as u64 => RegionError::Truncated {
+            path: path.to_path_buf(),
+            found: m.len(),
+            expected: REGION_SIZE as u64,
+        },
+        _ => io_err(path, op, e),
+    }
+}
+
+/// Parses the bytes of a whole region (`buf.len() == REGION_SIZE`, header already checked).
+fn parse_snapshot(buf: &[u8]) -> RegionSnapshot {
+    use core::mem::{offset_of, size_of};
+    use layout::Slot;
+    let r32 = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().unwrap_or([0; 4]));
+    let r64 = |o: usize| u64::from_le_bytes(buf[o..o + 8].try_into().unwrap_or([0; 8]));
+    let mut limits = [0u64; MAX_DEVICES];
+    let mut limit_flags = [0u32; MAX_DEVICES];
+    let mut uuids = [[0u8; 16]; MAX_DEVICES];
+    let mut used = [0u64; MAX_DEVICES];
+    for d in 0..MAX_DEVICES {
+        limits[d] = r64(offset_of!(RegionHeader, limits) + 8 * d);
+        limit_flags[d] = r32(offset_of!(RegionHeader, limit_flags) + 4 * d);
+        let u = offset_of!(RegionHeader, uuids) + 16 * d;
+        uuids[d].copy_from_slice(&buf[u..u + 16]);
+        used[d] = r64(offset_of!(RegionHeader, used) + 8 * d);
+    }
+    let slots_off = offset_of!(layout::Region, slots);
+    let mut slots = Vec::new();
+    for i in 0..MAX_SLOTS {
+        let base = slots_off + i * size_of::<Slot>();
+        if r32(base + offset_of!(Slot, status)) != SLOT_ACTIVE {
+            continue;
+        }
+        let mut usage = [[0u64; USAGE_KINDS]; MAX_DEVICES];
+        for (d, ud) in usage.iter_mut().enumerate() {
+            for (k, uk) in ud.iter_mut().enumerate() {
+                *uk = r64(base + offset_of!(Slot, usage) + 8 * (d * USAGE_KINDS + k));
+            }
+        }
+        slots.push(SlotSnapshot {
+            index: i,
+            pid: r32(base + offset_of!(Slot, pid)),
+            start_time: r64(base + offset_of!(Slot, start_time)),
+            usage,
+        });
+    }
+    let boot = offset_of!(RegionHeader, boot_id);
+    let mut boot_id = [0u8; 16];
+    boot_id.copy_from_slice(&buf[boot..boot + 16]);
+    RegionSnapshot {
+        version: r32(offset_of!(RegionHeader, version)),
+        header_size: r32(offset_of!(RegionHeader, header_size)),
+        total_size: r64(offset_of!(RegionHeader, total_size)),
+        init_state: r32(offset_of!(RegionHeader, init_state)),
+        device_count: r32(offset_of!(RegionHeader, device_count)),
+        creator_pid: r32(offset_of!(RegionHeader, creator_pid)),
+        created_unix: r64(offset_of!(RegionHeader, created_unix)),
+        boot_id,
+        generation: 0,
+        owner_died_recoveries: r64(offset_of!(RegionHeader, owner_died_recoveries)),
+        reclaimed_slots: r64(offset_of!(RegionHeader, reclaimed_slots)),
+        limits,
+        limit_flags,
+        uuids,
+        used,
+        slots,
+        consistent: false,
     }
 }
 

@@ -104,6 +104,8 @@ pub enum Ns {
     Handle,
     /// A `CUarray`.
     Array,
+    /// A `CUmipmappedArray`.
+    Mipmap,
 }
 
 /// One tracked object.
@@ -369,8 +371,9 @@ impl MemLedger {
 impl Ledger for MemLedger {
     fn try_charge(&self, dev: usize, kind: UsageKind, bytes: u64) -> Result<(), Deny> {
         let mut g = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let total: u64 = (0..3)
-            .map(|k| g.used.get(&(dev, k)).copied().unwrap_or(0))
+        let total: u64 = UsageKind::ALL
+            .iter()
+            .map(|k| g.used.get(&(dev, k.index())).copied().unwrap_or(0))
             .sum();
         let limit = g.limits.get(&dev).copied().unwrap_or(0);
         if limit != 0 && total.saturating_add(bytes) > limit {

@@ -21,6 +21,12 @@ pub enum Reason {
     #[error("{0}")]
     Perm(PermError),
 }
+/// Milliseconds between two refreshes of the backstop (`UsageKind::Other`) per device;
+/// `0` turns the backstop off. Unset: [`DEFAULT_BACKSTOP_INTERVAL_MS`], or off when
+/// `HAMI_CONTEXT_OVERHEAD` fixes the context figure.
+pub const ENV_BACKSTOP_INTERVAL: &str = "HAMI_BACKSTOP_INTERVAL_MS";
+/// Default of [`ENV_BACKSTOP_INTERVAL`].
+pub const DEFAULT_BACKSTOP_INTERVAL_MS: u64 = 1000;
 
 /// A configuration error for one variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -52,6 +58,10 @@ pub struct Config {
     pub region_mode: u32,
     /// Group of a region this process creates ([`ENV_REGION_GROUP`]; `None`: its own).
     pub region_group: Option<u32>,
+    /// Backstop refresh interval in milliseconds (`None` = backstop off).
+    pub backstop_interval_ms: Option<u64>,
+    /// A malformed [`ENV_BACKSTOP_INTERVAL`] value (the default was used instead).
+    pub backstop_invalid: Option<String>,
 }
 
 impl Config {
@@ -108,6 +118,20 @@ impl Config {
         };
         let region_mode = perm(ENV_REGION_MODE, parse_region_mode).unwrap_or(DEFAULT_REGION_MODE);
         let region_group = perm(ENV_REGION_GROUP, parse_region_group);
+        // A fixed context overhead is the operator's figure for memory the backstop cannot
+        // tell apart from context memory: then the backstop is off unless asked for.
+        let default_backstop = match context_overhead {
+            Some(_) => None,
+            None => Some(DEFAULT_BACKSTOP_INTERVAL_MS),
+        };
+        let (backstop_interval_ms, backstop_invalid) = match get(ENV_BACKSTOP_INTERVAL) {
+            None => (default_backstop, None),
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(0) => (None, None),
+                Ok(n) => (Some(n), None),
+                Err(_) => (Some(DEFAULT_BACKSTOP_INTERVAL_MS), Some(v)),
+            },
+        };
         Config {
             limits,
             limit_flags,
@@ -116,6 +140,8 @@ impl Config {
             context_overhead,
             region_mode,
             region_group,
+            backstop_interval_ms,
+            backstop_invalid,
         }
     }
 
@@ -244,5 +270,31 @@ mod tests {
         let c = cfg(&[("HAMI_CONTEXT_OVERHEAD", "x")]);
         assert_eq!(c.context_overhead, None);
         assert_eq!(c.errors.len(), 1);
+    }
+
+    #[test]
+    fn backstop_interval() {
+        assert_eq!(cfg(&[]).backstop_interval_ms, Some(1000));
+        // A fixed context overhead turns it off unless it is asked for.
+        let fixed = ("HAMI_CONTEXT_OVERHEAD", "0");
+        assert_eq!(cfg(&[fixed]).backstop_interval_ms, None);
+        let both = cfg(&[fixed, ("HAMI_BACKSTOP_INTERVAL_MS", "20")]);
+        assert_eq!(both.backstop_interval_ms, Some(20));
+        let c = cfg(&[("HAMI_BACKSTOP_INTERVAL_MS", " 50 ")]);
+        assert_eq!(
+            (c.backstop_interval_ms, c.backstop_invalid),
+            (Some(50), None)
+        );
+        assert_eq!(
+            cfg(&[("HAMI_BACKSTOP_INTERVAL_MS", "0")]).backstop_interval_ms,
+            None
+        );
+        let c = cfg(&[("HAMI_BACKSTOP_INTERVAL_MS", "1s")]);
+        assert_eq!(c.backstop_interval_ms, Some(1000));
+        assert_eq!(c.backstop_invalid.as_deref(), Some("1s"));
+        assert!(
+            c.errors.is_empty(),
+            "not a quota error: the quota still holds"
+        );
     }
 }

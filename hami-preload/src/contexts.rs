@@ -50,6 +50,7 @@ pub enum OwnUsage {
 pub type Held = Box<dyn std::any::Any>;
 
 /// How the memory of a new context is determined.
+#[derive(Clone, Copy)]
 pub struct Meter<'a> {
     /// `HAMI_CONTEXT_OVERHEAD`, if set.
     pub configured: Option<u64>,
@@ -273,6 +274,24 @@ impl ContextTable {
             .iter()
             .find(|(_, &(d, _))| d == dev)
             .map(|(&c, _)| c)
+    }
+
+    /// Measures the device memory `call` brings onto `dev` (a module load, a first lookup or
+    /// launch), as context memory is measured: `existing` is a context of this process on
+    /// `dev` (for the driver-only reading) and `call` returns the context to read through
+    /// afterwards. `meter.configured` is ignored: that is a context figure.
+    pub fn measure(
+        &self,
+        dev: usize,
+        existing: Option<usize>,
+        meter: &Meter<'_>,
+        call: impl FnOnce() -> Result<usize, CUresult>,
+    ) -> (Result<usize, CUresult>, ContextCost) {
+        let m = Meter {
+            configured: None,
+            ..*meter
+        };
+        m.around(dev, existing, &self.listed, call)
     }
 
     /// The primary context of `dev` as last retained (0 if none).

@@ -20,6 +20,18 @@ pub type CUmemoryPool = *mut c_void;
 pub type CUarray = *mut c_void;
 /// `CUmemGenericAllocationHandle`.
 pub type CUmemGenericAllocationHandle = u64;
+/// `CUmipmappedArray`.
+pub type CUmipmappedArray = *mut c_void;
+/// `CUmodule`.
+pub type CUmodule = *mut c_void;
+/// `CUlibrary`.
+pub type CUlibrary = *mut c_void;
+/// `CUfunction`.
+pub type CUfunction = *mut c_void;
+/// `CUkernel`.
+pub type CUkernel = *mut c_void;
+/// `CUevent`.
+pub type CUevent = *mut c_void;
 
 /// `CUDA_SUCCESS`.
 pub const CUDA_SUCCESS: CUresult = 0;
@@ -36,10 +48,25 @@ pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 /// `CUDA_ERROR_UNKNOWN`.
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` (`cuuint64_t`).
+pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` (`cuuint64_t`).
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT` (`cuuint64_t`).
+pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
+/// `CU_STREAM_CAPTURE_STATUS_NONE`.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+/// `CU_STREAM_PER_THREAD`: the per-thread default stream's handle.
+pub const CU_STREAM_PER_THREAD: usize = 2;
+
 /// `CU_MEM_LOCATION_TYPE_DEVICE`.
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
 /// `CUDA_ARRAY3D_DEFERRED_MAPPING`: the array has no backing memory of its own.
 pub const CUDA_ARRAY3D_DEFERRED_MAPPING: c_uint = 0x80;
+/// `CUDA_ARRAY3D_SPARSE`: a sparse array; its memory is mapped from `cuMemCreate` handles.
+pub const CUDA_ARRAY3D_SPARSE: c_uint = 0x40;
+/// `CUDA_ARRAY3D_LAYERED`: `depth` is a layer count.
+pub const CUDA_ARRAY3D_LAYERED: c_uint = 0x01;
 
 /// `CUuuid`.
 #[repr(C)]
@@ -73,6 +100,18 @@ pub struct CUmemAllocationProp {
     pub win32_handle_meta_data: *mut c_void,
     /// `allocFlags` (compressionType, gpuDirectRDMACapable, usage, reserved[4]).
     pub alloc_flags: [u8; 8],
+}
+
+/// The leading fields of `CUmemPoolProps` (the only ones read; the rest is never touched).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemPoolPropsHead {
+    /// `CUmemAllocationType`.
+    pub alloc_type: c_uint,
+    /// `CUmemAllocationHandleType`.
+    pub handle_types: c_uint,
+    /// Where the pool's memory lives.
+    pub location: CUmemLocation,
 }
 
 /// `CUDA_ARRAY_DESCRIPTOR`.
@@ -246,6 +285,99 @@ pub type FnCtxDestroy = unsafe extern "C" fn(CUcontext) -> CUresult;
 pub type FnMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
 /// `cuDeviceTotalMem_v2`.
 pub type FnDeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
+/// `cuDriverGetVersion`.
+pub type FnDriverGetVersion = unsafe extern "C" fn(*mut c_int) -> CUresult;
+/// `cuDeviceGetMemPool`, `cuDeviceGetDefaultMemPool`.
+pub type FnDeviceGetMemPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
+/// `cuDeviceSetMemPool`.
+pub type FnDeviceSetMemPool = unsafe extern "C" fn(CUdevice, CUmemoryPool) -> CUresult;
+/// `cuMemPoolCreate` (the properties start with a `CUmemPoolProps`-compatible head).
+pub type FnMemPoolCreate =
+    unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolPropsHead) -> CUresult;
+/// `cuMemPoolDestroy`.
+pub type FnMemPoolDestroy = unsafe extern "C" fn(CUmemoryPool) -> CUresult;
+/// `cuMemPoolTrimTo`.
+pub type FnMemPoolTrimTo = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
+/// `cuMemPoolGetAttribute`, `cuMemPoolSetAttribute`.
+pub type FnMemPoolAttribute = unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
+/// `cuStreamSynchronize(_ptsz)`.
+pub type FnStreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
+/// `cuStreamIsCapturing(_ptsz)`.
+pub type FnStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
+/// `cuCtxSynchronize`.
+pub type FnCtxSynchronize = unsafe extern "C" fn() -> CUresult;
+/// `cuCtxSynchronize_v2` (CUDA 13).
+pub type FnCtxSynchronizeV2 = unsafe extern "C" fn(CUcontext) -> CUresult;
+/// `cuEventSynchronize`.
+pub type FnEventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
+/// `cuMipmappedArrayCreate`.
+pub type FnMipmappedArrayCreate =
+    unsafe extern "C" fn(*mut CUmipmappedArray, *const CUDA_ARRAY3D_DESCRIPTOR, c_uint) -> CUresult;
+/// `cuMipmappedArrayDestroy`.
+pub type FnMipmappedArrayDestroy = unsafe extern "C" fn(CUmipmappedArray) -> CUresult;
+/// `cuModuleLoad`.
+pub type FnModuleLoad = unsafe extern "C" fn(*mut CUmodule, *const c_char) -> CUresult;
+/// `cuModuleLoadData`, `cuModuleLoadFatBinary`.
+pub type FnModuleLoadData = unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult;
+/// `cuModuleLoadDataEx`.
+pub type FnModuleLoadDataEx = unsafe extern "C" fn(
+    *mut CUmodule,
+    *const c_void,
+    c_uint,
+    *mut c_int,
+    *mut *mut c_void,
+) -> CUresult;
+/// `cuModuleUnload`.
+pub type FnModuleUnload = unsafe extern "C" fn(CUmodule) -> CUresult;
+/// `cuModuleGetFunction`.
+pub type FnModuleGetFunction =
+    unsafe extern "C" fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult;
+/// `cuLibraryLoadData`.
+pub type FnLibraryLoadData = unsafe extern "C" fn(
+    *mut CUlibrary,
+    *const c_void,
+    *mut c_int,
+    *mut *mut c_void,
+    c_uint,
+    *mut c_int,
+    *mut *mut c_void,
+    c_uint,
+) -> CUresult;
+/// `cuLibraryLoadFromFile`.
+pub type FnLibraryLoadFromFile = unsafe extern "C" fn(
+    *mut CUlibrary,
+    *const c_char,
+    *mut c_int,
+    *mut *mut c_void,
+    c_uint,
+    *mut c_int,
+    *mut *mut c_void,
+    c_uint,
+) -> CUresult;
+/// `cuLibraryUnload`.
+pub type FnLibraryUnload = unsafe extern "C" fn(CUlibrary) -> CUresult;
+/// `cuLibraryGetKernel`.
+pub type FnLibraryGetKernel =
+    unsafe extern "C" fn(*mut CUkernel, CUlibrary, *const c_char) -> CUresult;
+/// `cuKernelGetFunction`.
+pub type FnKernelGetFunction = unsafe extern "C" fn(*mut CUfunction, CUkernel) -> CUresult;
+/// `cuLaunchKernel(_ptsz)`.
+pub type FnLaunchKernel = unsafe extern "C" fn(
+    CUfunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CUstream,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+/// `cuLaunchKernelEx(_ptsz)` (the configuration is passed through untouched).
+pub type FnLaunchKernelEx =
+    unsafe extern "C" fn(*const c_void, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult;
 /// `cuGetProcAddress` (CUDA 11.3 - 11.8 signature).
 pub type FnGetProcAddress =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;

@@ -17,8 +17,20 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
+/// The hooks of pools, synchronisations, mipmapped arrays, modules and launches live in
+/// [`crate::device_memory`]; the symbol table finds every hook here.
+pub use crate::device_memory::{
+    cuCtxSynchronize, cuCtxSynchronize_v2, cuDeviceGetDefaultMemPool, cuDeviceGetMemPool,
+    cuEventSynchronize, cuKernelGetFunction, cuLaunchKernel, cuLaunchKernelEx,
+    cuLaunchKernelEx_ptsz, cuLaunchKernel_ptsz, cuLibraryGetKernel, cuLibraryLoadData,
+    cuLibraryLoadFromFile, cuLibraryUnload, cuMemPoolCreate, cuMemPoolDestroy,
+    cuMemPoolSetAttribute, cuMemPoolTrimTo, cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
+    cuModuleGetFunction, cuModuleLoad, cuModuleLoadData, cuModuleLoadDataEx, cuModuleLoadFatBinary,
+    cuModuleUnload, cuStreamSynchronize, cuStreamSynchronize_ptsz,
+};
+
 /// Runs `f`, turning a panic into `err` (no unwinding across the FFI boundary).
-fn guard<R>(err: R, f: impl FnOnce() -> R) -> R {
+pub(crate) fn guard<R>(err: R, f: impl FnOnce() -> R) -> R {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
         crate::error!("internal error (panic) in a hook; returning an error code");
         err
@@ -31,7 +43,7 @@ thread_local! {
 }
 
 /// Marks the thread as inside a hook until dropped (also when a panic unwinds to [`guard`]).
-struct Entered;
+pub(crate) struct Entered;
 
 impl Drop for Entered {
     fn drop(&mut self) {
@@ -46,7 +58,7 @@ impl Drop for Entered {
 /// real function untouched: the outer hook accounts for it, exactly once, and no lock of
 /// ours is taken twice by one thread.
 #[inline]
-fn enter() -> Option<Entered> {
+pub(crate) fn enter() -> Option<Entered> {
     match IN_HOOK.try_with(|f| f.replace(true)) {
         Ok(true) => None,
         // Ok(false), or no thread-local storage any more (thread exit): account normally.
@@ -66,7 +78,7 @@ macro_rules! real_cu {
 
 /// The current context's device and the context itself. The device comes from the process's
 /// context → device cache when it can (see [`crate::ctxcache`]), else from `cuCtxGetDevice`.
-fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
+pub(crate) fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
     let cache = &state::proc_state().accounts.ctx_devices;
     // Before asking the driver: a context destroyed after this point is not cached.
     let token = cache.token();
@@ -96,7 +108,7 @@ fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
     Ok((dev, ctx))
 }
 
-fn report_denial(what: &str, p: &ProcState, dev: usize, d: &Deny) {
+pub(crate) fn report_denial(what: &str, p: &ProcState, dev: usize, d: &Deny) {
     if d.is_over_limit() {
         crate::info!("{what}: CUDA_ERROR_OUT_OF_MEMORY: {d}");
     } else if p.first_denial(dev) {
@@ -106,7 +118,12 @@ fn report_denial(what: &str, p: &ProcState, dev: usize, d: &Deny) {
     }
 }
 
-fn finish(what: &str, l: &ProcLedger, dev: usize, r: Result<(), AllocError>) -> CUresult {
+pub(crate) fn finish(
+    what: &str,
+    l: &ProcLedger,
+    dev: usize,
+    r: Result<(), AllocError>,
+) -> CUresult {
     match r {
         Ok(()) => CUDA_SUCCESS,
         Err(e) => {
@@ -122,7 +139,7 @@ fn finish(what: &str, l: &ProcLedger, dev: usize, r: Result<(), AllocError>) -> 
 ///
 /// # Safety
 /// `dptr` is null or writable.
-unsafe fn alloc_ptr(
+pub(crate) unsafe fn alloc_ptr(
     what: &str,
     dptr: *mut CUdeviceptr,
     bytes: u64,
@@ -152,10 +169,13 @@ unsafe fn alloc_ptr(
         },
         |_| {},
     );
+    if r.is_ok() {
+        crate::device_memory::backstop_tick(&l, dev);
+    }
     finish(what, &l, dev, r)
 }
 
-fn release(ns: Ns, key: u64, real: impl FnOnce() -> CUresult) -> CUresult {
+pub(crate) fn release(ns: Ns, key: u64, real: impl FnOnce() -> CUresult) -> CUresult {
     let l = ProcLedger::current();
     l.p.accounts.free(&l, ns, key, real)
 }
@@ -213,9 +233,15 @@ pub unsafe extern "C" fn cuMemAllocAsync(
         };
         // SAFETY: forwarded arguments.
         unsafe {
-            alloc_ptr("cuMemAllocAsync", dptr, bytesize as u64, || {
-                f(dptr, bytesize, stream)
-            })
+            crate::device_memory::alloc_async(
+                "cuMemAllocAsync",
+                dptr,
+                bytesize as u64,
+                None,
+                stream,
+                false,
+                || f(dptr, bytesize, stream),
+            )
         }
     })
 }
@@ -235,9 +261,15 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
         };
         // SAFETY: forwarded arguments.
         unsafe {
-            alloc_ptr("cuMemAllocAsync_ptsz", dptr, bytesize as u64, || {
-                f(dptr, bytesize, stream)
-            })
+            crate::device_memory::alloc_async(
+                "cuMemAllocAsync_ptsz",
+                dptr,
+                bytesize as u64,
+                None,
+                stream,
+                true,
+                || f(dptr, bytesize, stream),
+            )
         }
     })
 }
@@ -258,9 +290,15 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
         };
         // SAFETY: forwarded arguments.
         unsafe {
-            alloc_ptr("cuMemAllocFromPoolAsync", dptr, bytesize as u64, || {
-                f(dptr, bytesize, pool, stream)
-            })
+            crate::device_memory::alloc_async(
+                "cuMemAllocFromPoolAsync",
+                dptr,
+                bytesize as u64,
+                Some(pool),
+                stream,
+                false,
+                || f(dptr, bytesize, pool, stream),
+            )
         }
     })
 }
@@ -281,10 +319,13 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
         };
         // SAFETY: forwarded arguments.
         unsafe {
-            alloc_ptr(
+            crate::device_memory::alloc_async(
                 "cuMemAllocFromPoolAsync_ptsz",
                 dptr,
                 bytesize as u64,
+                Some(pool),
+                stream,
+                true,
                 || f(dptr, bytesize, pool, stream),
             )
         }
@@ -390,8 +431,9 @@ pub unsafe extern "C" fn cuMemCreate(
     })
 }
 
-fn array_alloc(
+pub(crate) fn array_alloc(
     what: &str,
+    ns: Ns,
     out: *mut CUarray,
     estimate: u64,
     real: impl FnOnce() -> CUresult,
@@ -403,7 +445,7 @@ fn array_alloc(
     let l = ProcLedger::current();
     let r = l.p.accounts.alloc(
         &l,
-        Ns::Array,
+        ns,
         dev,
         ctx,
         estimate,
@@ -438,7 +480,7 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
         // SAFETY: non-null descriptor from the caller.
         let estimate = policy::array_charge(unsafe { &*desc });
         // SAFETY: forwarded arguments.
-        array_alloc("cuArrayCreate_v2", out, estimate, || unsafe {
+        array_alloc("cuArrayCreate_v2", Ns::Array, out, estimate, || unsafe {
             f(out, desc)
         })
     })
@@ -462,7 +504,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         // SAFETY: non-null descriptor from the caller.
         let estimate = policy::array3d_charge(unsafe { &*desc });
         // SAFETY: forwarded arguments.
-        array_alloc("cuArray3DCreate_v2", out, estimate, || unsafe {
+        array_alloc("cuArray3DCreate_v2", Ns::Array, out, estimate, || unsafe {
             f(out, desc)
         })
     })
@@ -494,7 +536,7 @@ pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> 
             return unsafe { f(dptr, stream) };
         };
         // SAFETY: forwarded arguments.
-        release(Ns::Ptr, dptr, || unsafe { f(dptr, stream) })
+        crate::device_memory::free_async(dptr, || unsafe { f(dptr, stream) })
     })
 }
 
@@ -508,7 +550,7 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream
             return unsafe { f(dptr, stream) };
         };
         // SAFETY: forwarded arguments.
-        release(Ns::Ptr, dptr, || unsafe { f(dptr, stream) })
+        crate::device_memory::free_async(dptr, || unsafe { f(dptr, stream) })
     })
 }
 
@@ -546,7 +588,7 @@ pub unsafe extern "C" fn cuArrayDestroy(array: CUarray) -> CUresult {
 static NVML_BY_ORDINAL: Mutex<[usize; MAX_DEVICES]> = Mutex::new([0; MAX_DEVICES]);
 static NVML_INIT: OnceLock<bool> = OnceLock::new();
 
-fn nvml_ready() -> bool {
+pub(crate) fn nvml_ready() -> bool {
     *NVML_INIT.get_or_init(|| {
         // SAFETY: documented type.
         match unsafe { symbols::nv::<FnNvmlInit>(Nv::InitV2) } {
@@ -620,7 +662,7 @@ fn own_in_list<T: Copy + Default>(
 /// This process's used memory on CUDA ordinal `dev` per NVML's list of compute processes
 /// (`_v3`, else `_v2`, else the v1 name). NVML reports pids of the host's pid namespace: in
 /// a container with its own pid namespace our `getpid()` is not listed.
-fn nvml_own_used(dev: usize) -> OwnUsage {
+pub(crate) fn nvml_own_used(dev: usize) -> OwnUsage {
     let Some(h) = nvml_handle(dev) else {
         return OwnUsage::Unavailable;
     };
@@ -755,7 +797,7 @@ fn driver_info(ctx: usize) -> Option<(u64, u64)> {
 }
 
 /// The meter of context memory used by the context hooks.
-fn meter() -> Meter<'static> {
+pub(crate) fn meter() -> Meter<'static> {
     Meter {
         configured: state::global().config.context_overhead,
         used_now: &nvml_used,
@@ -882,9 +924,16 @@ fn primary_release(f: FnDeviceOp, dev: CUdevice) -> CUresult {
         return unsafe { f(dev) };
     }
     let l = ProcLedger::current();
+    let before = l.p.contexts.primary_ctx(dev as usize);
     // SAFETY: forwarded argument.
-    l.p.contexts
-        .primary_release(&l, &l.p.accounts, dev as usize, || unsafe { f(dev) })
+    let r =
+        l.p.contexts
+            .primary_release(&l, &l.p.accounts, dev as usize, || unsafe { f(dev) });
+    if r == CUDA_SUCCESS && before != 0 && l.p.contexts.primary_ctx(dev as usize) == 0 {
+        // The last release destroyed the primary context.
+        crate::device_memory::context_gone(&l, before);
+    }
+    r
 }
 
 fn primary_reset(f: FnDeviceOp, dev: CUdevice) -> CUresult {
@@ -893,9 +942,15 @@ fn primary_reset(f: FnDeviceOp, dev: CUdevice) -> CUresult {
         return unsafe { f(dev) };
     }
     let l = ProcLedger::current();
+    let ctx = l.p.contexts.primary_ctx(dev as usize);
     // SAFETY: forwarded argument.
-    l.p.contexts
-        .primary_reset(&l, &l.p.accounts, dev as usize, || unsafe { f(dev) })
+    let r =
+        l.p.contexts
+            .primary_reset(&l, &l.p.accounts, dev as usize, || unsafe { f(dev) });
+    if r == CUDA_SUCCESS {
+        crate::device_memory::context_gone(&l, ctx);
+    }
+    r
 }
 
 /// Hook of `cuDevicePrimaryCtxRelease` (pre-11 name of the `_v2` function).
@@ -1067,8 +1122,13 @@ pub unsafe extern "C" fn cuCtxDestroy(ctx: CUcontext) -> CUresult {
         };
         let l = ProcLedger::current();
         // SAFETY: forwarded argument.
-        l.p.contexts
-            .destroy(&l, &l.p.accounts, ctx as usize, || unsafe { f(ctx) })
+        let r =
+            l.p.contexts
+                .destroy(&l, &l.p.accounts, ctx as usize, || unsafe { f(ctx) });
+        if r == CUDA_SUCCESS {
+            crate::device_memory::context_gone(&l, ctx as usize);
+        }
+        r
     })
 }
 
@@ -1083,8 +1143,13 @@ pub unsafe extern "C" fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult {
         };
         let l = ProcLedger::current();
         // SAFETY: forwarded argument.
-        l.p.contexts
-            .destroy(&l, &l.p.accounts, ctx as usize, || unsafe { f(ctx) })
+        let r =
+            l.p.contexts
+                .destroy(&l, &l.p.accounts, ctx as usize, || unsafe { f(ctx) });
+        if r == CUDA_SUCCESS {
+            crate::device_memory::context_gone(&l, ctx as usize);
+        }
+        r
     })
 }
 
@@ -1132,6 +1197,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
         let Ok((dev, _)) = current_dev_ctx() else {
             return r;
         };
+        crate::device_memory::backstop_poll(Some(dev));
         if let Some(q) = quota(dev) {
             // SAFETY: non-null out pointers the driver just wrote.
             unsafe {

@@ -12,19 +12,25 @@
 //!   by address.
 //!
 //! The hooks are thin; the decisions live in plain Rust: [`accounting`] (charge / call /
-//! record), [`contexts`], [`policy`] (views and estimates), [`config`].
+//! record), [`contexts`], [`pools`] (stream-ordered pools), [`modules`] (module memory),
+//! [`backstop`] (what no hook saw), [`policy`] (views and estimates), [`config`]. The hooks of
+//! pools, mipmapped arrays, modules and synchronisations are in [`device_memory`].
 
 pub mod accounting;
+pub mod backstop;
 pub mod config;
 pub mod contexts;
 pub mod ctxcache;
 pub mod ctxlock;
 pub mod cuda;
+pub mod device_memory;
 pub mod dlsym;
 pub mod hooks;
 #[macro_use]
 pub mod log;
+pub mod modules;
 pub mod policy;
+pub mod pools;
 pub mod real;
 pub mod state;
 pub mod symbols;

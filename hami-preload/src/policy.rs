@@ -1,8 +1,11 @@
 //! Pure policy functions: what the memory views report, how much a context costs, what an
 //! array or a pitched allocation is charged.
 
-use crate::cuda::{CUDA_ARRAY3D_DEFERRED_MAPPING, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR};
-use hami_common::array::array_footprint;
+use crate::cuda::{
+    CUDA_ARRAY3D_DEFERRED_MAPPING, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_LAYERED,
+    CUDA_ARRAY3D_SPARSE, CUDA_ARRAY_DESCRIPTOR,
+};
+use hami_common::array::{array_footprint, mipmap_footprint};
 
 /// The quota as the application sees a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,10 +220,15 @@ pub fn array_charge(d: &CUDA_ARRAY_DESCRIPTOR) -> u64 {
     array_footprint(d.width as u64, d.height as u64, 0, d.format, d.num_channels)
 }
 
-/// Charge for `cuArray3DCreate_v2`: 0 for `CUDA_ARRAY3D_DEFERRED_MAPPING` arrays (they have
-/// no memory of their own; what gets mapped into them comes from `cuMemCreate`, charged there).
+/// Flags of arrays without memory of their own: what gets mapped into them
+/// (`cuMemMapArrayAsync`) comes from `cuMemCreate`, charged there.
+const NO_BACKING: u32 = CUDA_ARRAY3D_DEFERRED_MAPPING | CUDA_ARRAY3D_SPARSE;
+
+/// Charge for `cuArray3DCreate_v2`: 0 for `CUDA_ARRAY3D_DEFERRED_MAPPING` and
+/// `CUDA_ARRAY3D_SPARSE` arrays (they have no memory of their own; what gets mapped into them
+/// comes from `cuMemCreate`, charged there).
 pub fn array3d_charge(d: &CUDA_ARRAY3D_DESCRIPTOR) -> u64 {
-    if d.flags & CUDA_ARRAY3D_DEFERRED_MAPPING != 0 {
+    if d.flags & NO_BACKING != 0 {
         return 0;
     }
     array_footprint(
@@ -229,6 +237,24 @@ pub fn array3d_charge(d: &CUDA_ARRAY3D_DESCRIPTOR) -> u64 {
         d.depth as u64,
         d.format,
         d.num_channels,
+    )
+}
+
+/// Charge for `cuMipmappedArrayCreate`: every level (`hami_common::array::mipmap_footprint`,
+/// layers kept at every level for `CUDA_ARRAY3D_LAYERED`); 0 for deferred-mapping and sparse
+/// mipmapped arrays (memory mapped into them comes from `cuMemCreate`).
+pub fn mipmap_charge(d: &CUDA_ARRAY3D_DESCRIPTOR, levels: u32) -> u64 {
+    if d.flags & NO_BACKING != 0 {
+        return 0;
+    }
+    mipmap_footprint(
+        d.width as u64,
+        d.height as u64,
+        d.depth as u64,
+        d.format,
+        d.num_channels,
+        levels,
+        d.flags & CUDA_ARRAY3D_LAYERED != 0,
     )
 }
 
@@ -381,6 +407,22 @@ mod tests {
         assert_eq!(array3d_charge(&d3), 32 << 20);
         d3.flags = CUDA_ARRAY3D_DEFERRED_MAPPING;
         assert_eq!(array3d_charge(&d3), 0);
+        assert_eq!(mipmap_charge(&d3, 3), 0);
+        d3.flags = CUDA_ARRAY3D_SPARSE;
+        assert_eq!((array3d_charge(&d3), mipmap_charge(&d3, 3)), (0, 0));
+        // Layered: 2 layers of 1024 x 1024 float4 (16 MiB each) at both levels.
+        d3.flags = CUDA_ARRAY3D_LAYERED;
+        assert_eq!(mipmap_charge(&d3, 2), 2 * (16 << 20) + 2 * (4 << 20));
+        let m = CUDA_ARRAY3D_DESCRIPTOR {
+            width: 16384,
+            height: 16384,
+            depth: 0,
+            format: 0x20,
+            num_channels: 2,
+            flags: 0,
+        };
+        assert_eq!(mipmap_charge(&m, 1), 2048 << 20);
+        assert!(mipmap_charge(&m, 15) > 2048 << 20);
     }
 
     #[test]

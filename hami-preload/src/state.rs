@@ -83,10 +83,24 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
             format!("{e}; allocations on the affected devices fail with CUDA_ERROR_OUT_OF_MEMORY"),
         ));
     }
+    if let Some(v) = &config.backstop_invalid {
+        messages.push((
+            Level::Warn,
+            format!(
+                "invalid {}={v:?}: not a number of milliseconds; using {}",
+                crate::config::ENV_BACKSTOP_INTERVAL,
+                crate::config::DEFAULT_BACKSTOP_INTERVAL_MS
+            ),
+        ));
+    }
     let rc = RegionConfig {
         limits: config.limits,
         limit_flags: config.limit_flags,
-        device_count: device_count().max(config.configured_devices()),
+        // The devices this process really sees; 0 (unknown) before the driver is initialised.
+        // Never the configured count: `CUDA_DEVICE_MEMORY_LIMIT` sets all 16 ordinals, and
+        // the agent would then show 16 devices on a 1-GPU node (the count is recorded again
+        // at registration, after `cuInit`).
+        device_count: device_count(),
         mode: config.region_mode,
         group: config.region_group,
     };
@@ -141,6 +155,12 @@ pub struct ProcState {
     pub accounts: Accounts,
     /// Contexts.
     pub contexts: ContextTable,
+    /// Stream-ordered pools.
+    pub pools: crate::pools::PoolTable,
+    /// Modules and libraries.
+    pub modules: crate::modules::ModuleTable,
+    /// The backstop's refresh clock.
+    pub backstop: crate::backstop::Backstop,
     denial_logged: [AtomicBool; MAX_DEVICES],
     /// Slot index cache for the hot path (u64::MAX = none).
     slot_index: AtomicU64,
@@ -155,6 +175,9 @@ impl ProcState {
             exiting: AtomicBool::new(false),
             accounts: Accounts::default(),
             contexts: ContextTable::default(),
+            pools: Default::default(),
+            modules: Default::default(),
+            backstop: Default::default(),
             denial_logged: std::array::from_fn(|_| AtomicBool::new(false)),
             slot_index: AtomicU64::new(u64::MAX),
         }
@@ -224,10 +247,11 @@ impl ProcState {
     }
 }
 
-/// Records the UUID of every device this process sees (ordinals after
-/// `CUDA_VISIBLE_DEVICES`).
+/// Records the number of devices this process sees (`cuDeviceGetCount`) and the UUID of
+/// each (ordinals after `CUDA_VISIBLE_DEVICES`). Called at registration, after `cuInit`.
 fn record_uuids(region: &Region) {
     let n = device_count().min(MAX_DEVICES as u32);
+    region.set_device_count(n);
     for dev in 0..n {
         if let Some(u) = device_uuid(dev as CUdevice) {
             region.set_uuid(dev as usize, u);

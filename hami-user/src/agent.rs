@@ -6,23 +6,33 @@
 //! and real region files.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::File;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hami_common::event::{CudaEvent, EventKind};
-use hami_common::region::{ProcessId, Region, RegionSnapshot, SlotId};
+use hami_common::region::{self, ProcessId, Region, RegionSnapshot, SlotId};
 use serde::Serialize;
 
 use crate::access::FileMeta;
 use crate::findings::{
-    self, Finding, FindingKey, FindingKind, ProcView, RegionView, SlotLiveness, Tolerance,
+    self, Finding, FindingKey, FindingKind, ProcView, RegionNvml, RegionView, SlotLiveness,
+    Tolerance,
 };
 use crate::identity::{self, Identity, Resolver};
 use crate::metrics::{ProcessSample, RegionSeries};
 use crate::nvml::NvmlSnapshot;
 use crate::procinfo::{self, ProcInfo};
 use crate::state::{Applied, Baseline, Processes};
+use crate::tenantfs;
+use hami_common::layout::MAX_DEVICES;
+
+/// How long one region read, one `/proc` read of a process or one reclaim may take before
+/// the agent gives up on it for this tick (it never blocks the rest).
+pub const INPUT_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Options of the agent core.
 #[derive(Clone, Debug)]
@@ -31,8 +41,13 @@ pub struct AgentOptions {
     pub proc_root: PathBuf,
     /// Tolerance between observed and accounted.
     pub tolerance: Tolerance,
+    /// Tolerance between NVML's figures and the region's (or the limit).
+    pub nvml_tolerance: Tolerance,
     /// How long a racy finding must persist before it is reported.
     pub settle: Duration,
+    /// How long a finding against NVML must persist (and it must also hold in two NVML
+    /// samples): a context is in NVML before the preload has measured and charged it.
+    pub nvml_settle: Duration,
     /// Release leaked slots through the region's protocol.
     pub reclaim: bool,
     /// Regions to watch even if no live process names them (host paths; slot pids are taken
@@ -48,7 +63,9 @@ impl Default for AgentOptions {
         AgentOptions {
             proc_root: PathBuf::from("/proc"),
             tolerance: Tolerance::default(),
+            nvml_tolerance: Tolerance::NVML_DEFAULT,
             settle: Duration::from_millis(300),
+            nvml_settle: Duration::from_millis(1000),
             reclaim: false,
             regions: Vec::new(),
             log_root: PathBuf::from(identity::DEFAULT_LOG_ROOT),
@@ -66,9 +83,10 @@ struct ProcEntry {
     identity: Identity,
 }
 
-/// An open region.
+/// An open region: a descriptor opened safely (see [`tenantfs`]) and read with `pread`
+/// ([`region::read_snapshot`]), never mapped except for the short writes of a reclaim.
 struct RegionEntry {
-    region: Region,
+    fd: Arc<File>,
     name: String,
     host_path: PathBuf,
     container: String,
@@ -79,9 +97,16 @@ struct RegionEntry {
     pidns: Option<u64>,
     file_id: (u64, u64),
     snapshot: Option<RegionSnapshot>,
+    /// Why the last read failed (truncated, replaced, too slow): the region is then left out
+    /// of the evaluation and its processes are reported with this reason.
+    error: Option<String>,
+    /// Set while a read of this region is outstanding on a helper thread.
+    busy: Arc<AtomicBool>,
+    /// `CLOCK_MONOTONIC` just before the snapshot was read.
+    read_at_ns: u64,
     liveness: BTreeMap<usize, SlotLiveness>,
-    /// Owner, group and mode, refreshed every tick (`stat`, only while the path still names
-    /// the file that was opened).
+    /// Owner, group and mode, refreshed every tick (`fstat` of the opened file: this
+    /// region's own inode, whatever the path names now).
     file: Option<FileMeta>,
 }
 
@@ -98,6 +123,116 @@ fn file_meta(md: &std::fs::Metadata) -> Option<FileMeta> {
 const HAMI_CORE_NAME: &str = "libvgpu.so";
 /// The symbol hami-preload exports so that it is recognised under another name.
 const PRELOAD_MARKER: &str = "hami_preload_marker";
+
+/// Opens a tenant's region path inside its root (read-write first with `reclaim`).
+fn open_tenant_region(
+    root: &Path,
+    name: &str,
+    shown: &Path,
+    reclaim: bool,
+) -> Result<File, tenantfs::TenantFsError> {
+    if reclaim {
+        if let Ok(f) = tenantfs::open_in_root(root, name, shown, true) {
+            return Ok(f);
+        }
+    }
+    tenantfs::open_in_root(root, name, shown, false)
+}
+
+/// A process whose events were lost: its observed data is the region's accounting for its
+/// slot (exact, and the preload's own), its event history no longer counts for the rules
+/// that compare the two. Without a slot, nothing to rebuild from: left as observed.
+fn rebuild_from_region(v: &mut ProcView, regions: &[RegionView]) {
+    let Some(slot) = v
+        .region
+        .and_then(|i| regions.get(i))
+        .and_then(|r| r.slot_of(v))
+    else {
+        return;
+    };
+    v.observed = (0..hami_common::layout::MAX_DEVICES)
+        .map(|d| (Some(d as u32), findings::slot_data_on(slot, d)))
+        .filter(|&(_, b)| b > 0)
+        .collect();
+    v.pre_existing = true;
+}
+
+/// [`procinfo::read_proc`] on a helper thread, given up after [`INPUT_DEADLINE`] (reading
+/// `maps` or `environ` waits for the process's memory-map lock, which it can hold).
+fn read_proc_bounded(proc_root: &Path, pid: u32) -> Option<ProcInfo> {
+    let root = proc_root.to_path_buf();
+    match tenantfs::bounded(format!("/proc/{pid}"), INPUT_DEADLINE, None, move || {
+        procinfo::read_proc(&root, pid)
+    }) {
+        Ok(r) => r.ok(),
+        Err(e) => {
+            tracing::warn!(pid, error = %e, "process not readable in time");
+            None
+        }
+    }
+}
+
+/// The files named `libvgpu.so*` (HAMi-core's name) that a process maps, by
+/// `/proc/<pid>/maps` identity, each with whether it is hami-preload: its `.dynsym` defines
+/// [`PRELOAD_MARKER`]. The path is the tenant's: opened inside the process's root (see
+/// [`tenantfs::open_in_root`]), regular files only, at most
+/// [`crate::probes::discovery::MAX_ELF_READ`] bytes read. Files in `known` are not read again.
+fn preload_files_of(
+    proc_root: &Path,
+    pid: u32,
+    known: &HashMap<(String, u64), bool>,
+) -> Vec<((String, u64), bool)> {
+    let Ok(maps) = procinfo::read_maps(proc_root, pid) else {
+        return Vec::new();
+    };
+    let root = proc_root.join(pid.to_string()).join("root");
+    let mut out: Vec<((String, u64), bool)> = Vec::new();
+    for m in procinfo::maps_entries(&maps) {
+        let path = m.path.strip_suffix(" (deleted)").unwrap_or(m.path);
+        let name = path.rsplit('/').next().unwrap_or("");
+        if !path.starts_with('/') || !name.starts_with(HAMI_CORE_NAME) {
+            continue;
+        }
+        let key = (m.dev.to_string(), m.inode);
+        if out.iter().any(|(k, _)| *k == key) {
+            continue;
+        }
+        let is = match known.get(&key) {
+            Some(&is) => is,
+            None => tenantfs::open_in_root(&root, path, Path::new(path), false)
+                .ok()
+                .and_then(|f| {
+                    crate::probes::discovery::dynamic_symbols_defined(
+                        &object::read::ReadCache::new(f),
+                        &[PRELOAD_MARKER],
+                        crate::probes::discovery::MAX_ELF_READ,
+                    )
+                    .ok()
+                })
+                .is_some_and(|found| !found.is_empty()),
+        };
+        out.push((key, is));
+    }
+    out
+}
+
+/// One bounded `pread` snapshot of a region (see [`region::read_snapshot`]).
+fn read_region(
+    file: &Arc<File>,
+    name: &str,
+    busy: &Arc<AtomicBool>,
+) -> Result<RegionSnapshot, String> {
+    let f = Arc::clone(file);
+    let path = PathBuf::from(name);
+    tenantfs::bounded(
+        format!("region {name}"),
+        INPUT_DEADLINE,
+        Some(busy),
+        move || region::read_snapshot(&f, &path),
+    )
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())
+}
 
 /// A slot released by `--reclaim`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -137,7 +272,13 @@ pub struct Agent {
     region_ids: HashMap<(u64, u64), usize>,
     region_errors: BTreeMap<String, String>,
     nvml: Option<NvmlSnapshot>,
+    /// NVML samples taken so far.
+    nvml_seq: u64,
+    /// Each open region (by index) as read right after the latest NVML sample.
+    nvml_regions: HashMap<usize, RegionSnapshot>,
     pending: HashMap<FindingKey, Instant>,
+    /// For findings that need NVML confirmation: the NVML sample they were first seen in.
+    pending_nvml: HashMap<FindingKey, u64>,
     standing: BTreeMap<FindingKey, Finding>,
     history: BTreeMap<FindingKey, Finding>,
     reclaimed: Vec<Reclaimed>,
@@ -147,10 +288,40 @@ pub struct Agent {
     started_at: Option<u64>,
     /// Names processes the way a cluster does.
     resolver: Resolver,
-    /// Regions unmapped since start because no process used them any more.
+    /// Regions released since start because no process used them any more.
     released_regions: u64,
     /// Mapped files checked for the preload's marker, by `/proc/<pid>/maps` identity.
     preload_files: HashMap<(String, u64), bool>,
+    /// Ring-buffer drops counted so far ([`Agent::note_dropped`]).
+    dropped_seen: u64,
+    /// When drops were last noticed (ticks since boot): a process learned later that had
+    /// started before may have lost events too.
+    drops_noticed_at: Option<u64>,
+    /// Pids to mark as having lost events once they are tracked.
+    lost_pending: HashSet<u32>,
+    /// Drops were noticed since the last scan for processes the agent may not know at all
+    /// (every event of theirs lost); and when that scan last ran.
+    scan_after_drops: bool,
+    last_drop_scan: Option<Instant>,
+}
+
+/// Least time between two `/proc` scans for processes whose every event was dropped.
+const DROP_SCAN_PERIOD: Duration = Duration::from_secs(2);
+
+/// Why a process's observed figures are not its own events (shown in the report).
+pub const EVENTS_LOST_NOTE: &str = "events lost (probe ring buffer full): observed figures \
+     rebuilt from the region's accounting until the process holds no data (then its events \
+     count again)";
+
+/// `CLOCK_MONOTONIC` now in ns (the clock of the probes' `ts_ns`).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
 }
 
 impl std::fmt::Debug for Agent {
@@ -179,7 +350,10 @@ impl Agent {
             region_ids: HashMap::new(),
             region_errors: BTreeMap::new(),
             nvml: None,
+            nvml_seq: 0,
+            nvml_regions: HashMap::new(),
             pending: HashMap::new(),
+            pending_nvml: HashMap::new(),
             standing: BTreeMap::new(),
             history: BTreeMap::new(),
             reclaimed: Vec::new(),
@@ -188,6 +362,11 @@ impl Agent {
             resolver: Resolver::new(opts.log_root.clone()),
             released_regions: 0,
             preload_files: HashMap::new(),
+            dropped_seen: 0,
+            drops_noticed_at: None,
+            lost_pending: HashSet::new(),
+            scan_after_drops: false,
+            last_drop_scan: None,
             opts,
         };
         for p in a.opts.regions.clone() {
@@ -221,9 +400,66 @@ impl Agent {
         &self.opts
     }
 
-    /// Records the latest NVML query (used for baselines and the report).
+    /// Records the latest NVML query: the physical figures the findings compare with. The
+    /// compute processes NVML lists that the agent does not track yet are learned (baselined:
+    /// the probes did not see them allocate), then every open region is read, so that the
+    /// comparison pairs NVML and the regions at the same moment. `None`: NVML unavailable.
     pub fn set_nvml(&mut self, snap: Option<NvmlSnapshot>) {
         self.nvml = snap;
+        let Some(n) = &self.nvml else {
+            self.nvml_regions.clear();
+            return;
+        };
+        self.nvml_seq += 1;
+        let me = std::process::id();
+        let new: Vec<(u32, Option<u64>)> = n
+            .compute
+            .iter()
+            .filter(|&&pid| pid != me && self.procs.get(pid).is_none())
+            .map(|&pid| (pid, n.total_of(pid)))
+            .collect();
+        for (pid, nvml_bytes) in new {
+            // Only a process that has a libcuda mapped is taken for the one NVML names: a
+            // pid this /proc does not show, or shows as something else (NVML naming pids
+            // of another pid namespace), is left alone.
+            let Ok(maps) = procinfo::read_maps(&self.opts.proc_root, pid) else {
+                continue;
+            };
+            let probed = procinfo::maps_has_ids(&maps, &self.libcuda_ids);
+            if !probed && !procinfo::maps_has_libcuda(&maps) {
+                continue;
+            }
+            if !self.started_before_agent(pid) {
+                if probed {
+                    // Its driver was probed before it loaded it: every call of it was seen
+                    // (its first event may just not have arrived yet, e.g. a context
+                    // creation still running).
+                    self.learn(pid);
+                    self.procs.baseline_as(pid, Baseline::ObservedFromStart);
+                }
+                // Otherwise its libcuda is not probed yet: discovery attaches it and
+                // baselines the process as attached late.
+                continue;
+            }
+            self.baseline_pid(pid, nvml_bytes);
+        }
+        self.nvml_regions = self
+            .regions
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| read_region(&r.fd, &r.name, &r.busy).ok().map(|s| (i, s)))
+            .collect();
+    }
+
+    /// NVML samples taken so far.
+    pub fn nvml_samples(&self) -> u64 {
+        self.nvml_seq
+    }
+
+    /// Whether the latest NVML sample gave per-process figures for at least one device (the
+    /// physical check needs them).
+    pub fn nvml_per_process(&self) -> bool {
+        self.nvml.as_ref().is_some_and(|n| !n.queried.is_empty())
     }
 
     /// The latest NVML query.
@@ -255,29 +491,37 @@ impl Agent {
             {
                 continue;
             }
-            let nvml_bytes = self
-                .nvml
-                .as_ref()
-                .and_then(|n| n.processes.get(&pid).copied());
-            let late = match (
-                self.started_at,
-                procinfo::read_stat(&self.opts.proc_root, pid),
-            ) {
-                (Some(me), Ok(st)) => st.start_time > me,
-                _ => false,
-            };
-            self.procs.baseline_as(
-                pid,
-                if late {
-                    Baseline::AttachedLate { nvml_bytes }
-                } else {
-                    Baseline::PreExisting { nvml_bytes }
-                },
-            );
-            self.learn(pid);
+            let nvml_bytes = self.nvml.as_ref().and_then(|n| n.total_of(pid));
+            self.baseline_pid(pid, nvml_bytes);
             out.push(pid);
         }
         out
+    }
+
+    /// Whether `pid` started before the agent (unknown start times count as before).
+    fn started_before_agent(&self, pid: u32) -> bool {
+        match (
+            self.started_at,
+            procinfo::read_stat(&self.opts.proc_root, pid),
+        ) {
+            (Some(me), Ok(st)) => st.start_time <= me,
+            _ => true,
+        }
+    }
+
+    /// Tracks a process the probes did not see from its start: *attached late* when it
+    /// started after the agent, *pre-existing* otherwise.
+    fn baseline_pid(&mut self, pid: u32, nvml_bytes: Option<u64>) {
+        let late = !self.started_before_agent(pid);
+        self.procs.baseline_as(
+            pid,
+            if late {
+                Baseline::AttachedLate { nvml_bytes }
+            } else {
+                Baseline::PreExisting { nvml_bytes }
+            },
+        );
+        self.learn(pid);
     }
 
     /// Consumes one event.
@@ -295,6 +539,27 @@ impl Agent {
         self.procs.apply(ev)
     }
 
+    /// Tells the agent the probes' total of dropped events (ring buffer full). When it grew,
+    /// every tracked process (and any learned later that had started by now) is marked as
+    /// having lost events: its observed figures are rebuilt instead of compared (see
+    /// [`EVENTS_LOST_NOTE`]). Returns whether it grew.
+    pub fn note_dropped(&mut self, total: u64) -> bool {
+        if total <= self.dropped_seen {
+            return false;
+        }
+        tracing::warn!(
+            dropped = total - self.dropped_seen,
+            total,
+            "probe events dropped (ring buffer full): tracked processes marked, their figures rebuilt"
+        );
+        self.dropped_seen = total;
+        self.procs.mark_all_events_lost();
+        self.scan_after_drops = true;
+        self.drops_noticed_at = procinfo::now_ticks(&self.opts.proc_root)
+            .or_else(|| procinfo::now_ticks(Path::new("/proc")));
+        true
+    }
+
     /// Number of tracked processes.
     pub fn process_count(&self) -> usize {
         self.procs.len()
@@ -302,9 +567,14 @@ impl Agent {
 
     /// Reads `/proc` for a pid and opens its region.
     fn learn(&mut self, pid: u32) {
-        let mut info = procinfo::read_proc(&self.opts.proc_root, pid).ok();
+        let mut info = read_proc_bounded(&self.opts.proc_root, pid);
         if let Some(i) = info.as_mut().filter(|i| !i.hooked) {
             i.hooked = self.preload_under_other_name(pid);
+        }
+        if let (Some(at), Some(i)) = (self.drops_noticed_at, &info) {
+            if i.start_time <= at {
+                self.lost_pending.insert(pid);
+            }
         }
         let identity = self.identify(pid, info.as_ref());
         let mut entry = ProcEntry {
@@ -319,27 +589,27 @@ impl Agent {
 
     /// Whether the process maps hami-preload installed under HAMi-core's file name
     /// (`libvgpu.so*`): such a file counts when its `.dynsym` defines the preload's marker
-    /// symbol. One check per file identity.
+    /// symbol. One check per file identity, on a helper thread given up after
+    /// [`INPUT_DEADLINE`] (`maps` waits for the process's memory-map lock).
     fn preload_under_other_name(&mut self, pid: u32) -> bool {
-        let Ok(maps) = procinfo::read_maps(&self.opts.proc_root, pid) else {
-            return false;
-        };
-        let mut found = false;
-        for m in procinfo::maps_entries(&maps) {
-            let path = m.path.strip_suffix(" (deleted)").unwrap_or(m.path);
-            let name = path.rsplit('/').next().unwrap_or("");
-            if !path.starts_with('/') || !name.starts_with(HAMI_CORE_NAME) {
-                continue;
+        let proc_root = self.opts.proc_root.clone();
+        let known = self.preload_files.clone();
+        match tenantfs::bounded(
+            format!("/proc/{pid}/maps (libvgpu.so)"),
+            INPUT_DEADLINE,
+            None,
+            move || preload_files_of(&proc_root, pid, &known),
+        ) {
+            Ok(files) => {
+                let found = files.iter().any(|(_, is)| *is);
+                self.preload_files.extend(files);
+                found
             }
-            let key = (m.dev.to_string(), m.inode);
-            let host = procinfo::host_path(&self.opts.proc_root, pid, path);
-            let is = *self.preload_files.entry(key).or_insert_with(|| {
-                crate::probes::discovery::elf_defined_symbols(&host, &[PRELOAD_MARKER])
-                    .is_some_and(|s| !s.is_empty())
-            });
-            found |= is;
+            Err(e) => {
+                tracing::warn!(pid, error = %e, "mapped libraries not readable in time");
+                false
+            }
         }
-        found
     }
 
     /// Namespace, pod and container names of a process (see [`crate::identity`]).
@@ -362,23 +632,36 @@ impl Agent {
         let name = info.region_path.clone();
         let container = info.container.clone();
         let pidns = info.pidns;
-        match std::fs::metadata(&host) {
-            Ok(md) => {
-                if let Some(&i) = self.region_ids.get(&(md.dev(), md.ino())) {
-                    entry.region = Some(i);
-                    entry.region_error = None;
-                    return;
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !info.hooked => {
+        // The path is the tenant's: resolved inside the process's root, regular files only.
+        let root = self.opts.proc_root.join(info.pid.to_string()).join("root");
+        let reclaim = self.opts.reclaim;
+        let shown = PathBuf::from(&name);
+        let opened = {
+            let (root, name, shown) = (root.clone(), name.clone(), shown.clone());
+            tenantfs::bounded(
+                format!("region {name} of pid {}", info.pid),
+                INPUT_DEADLINE,
+                None,
+                move || open_tenant_region(&root, &name, &shown, reclaim),
+            )
+            .and_then(|r| r)
+        };
+        let file = match opened {
+            Ok(f) => f,
+            Err(tenantfs::TenantFsError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && !info.hooked =>
+            {
                 // An unhooked process without a region file: nothing to open.
                 entry.region_error = Some(format!("{name}: no such file"));
                 return;
             }
-            Err(_) => {}
-        }
+            Err(e) => {
+                entry.region_error = Some(format!("region unreadable: {e}"));
+                return;
+            }
+        };
         let ident = entry.identity.clone();
-        match self.open_region(&host, &name, &container, ident, pidns) {
+        match self.add_region(file, &host, &name, &container, ident, pidns) {
             Ok(i) => {
                 entry.region = Some(i);
                 entry.region_error = None;
@@ -387,7 +670,8 @@ impl Agent {
         }
     }
 
-    /// Opens a region (read-only, or writable with `--reclaim`) and records it.
+    /// Opens a region the administrator named (`--region`: a host path, symlinks followed)
+    /// and records it.
     fn open_region(
         &mut self,
         host: &Path,
@@ -396,20 +680,44 @@ impl Agent {
         identity: Identity,
         pidns: Option<u64>,
     ) -> Result<usize, String> {
-        let md = std::fs::metadata(host).map_err(|e| format!("{name}: {e}"))?;
+        let reclaim = self.opts.reclaim;
+        let path = host.to_path_buf();
+        let file = tenantfs::bounded(format!("region {name}"), INPUT_DEADLINE, None, move || {
+            if reclaim {
+                tenantfs::open_regular(&path, true)
+                    .or_else(|_| tenantfs::open_regular(&path, false))
+            } else {
+                tenantfs::open_regular(&path, false)
+            }
+        })
+        .and_then(|r| r)
+        .map_err(|e| format!("region unreadable: {e}"))?;
+        self.add_region(file, host, name, container, identity, pidns)
+    }
+
+    /// Records an opened region file (once per file: the same inode through several paths
+    /// is one region), after checking that it reads as a valid region.
+    fn add_region(
+        &mut self,
+        file: File,
+        host: &Path,
+        name: &str,
+        container: &str,
+        identity: Identity,
+        pidns: Option<u64>,
+    ) -> Result<usize, String> {
+        let md = file.metadata().map_err(|e| format!("{name}: fstat: {e}"))?;
         let id = (md.dev(), md.ino());
         if let Some(&i) = self.region_ids.get(&id) {
             return Ok(i);
         }
-        let region = if self.opts.reclaim {
-            Region::open_existing(host, true).or_else(|_| Region::open_existing(host, false))
-        } else {
-            Region::open_existing(host, false)
-        }
-        .map_err(|e| format!("region unreadable: {e}"))?;
+        let file = Arc::new(file);
+        let busy = Arc::new(AtomicBool::new(false));
+        let snapshot =
+            read_region(&file, name, &busy).map_err(|e| format!("region unreadable: {e}"))?;
         let i = self.regions.len();
         self.regions.push(RegionEntry {
-            region,
+            fd: file,
             name: name.to_string(),
             host_path: host.to_path_buf(),
             container: container.to_string(),
@@ -417,7 +725,10 @@ impl Agent {
             explicit: false,
             pidns,
             file_id: id,
-            snapshot: None,
+            snapshot: Some(snapshot),
+            error: None,
+            busy,
+            read_at_ns: monotonic_ns(),
             liveness: BTreeMap::new(),
             file: file_meta(&md),
         });
@@ -428,16 +739,88 @@ impl Agent {
     /// Refreshes `/proc` facts, snapshots regions, evaluates findings, reclaims if asked.
     pub fn tick(&mut self, now: Instant) -> TickOutcome {
         self.refresh_processes();
+        if self.scan_after_drops
+            && self
+                .last_drop_scan
+                .is_none_or(|t| now.saturating_duration_since(t) >= DROP_SCAN_PERIOD)
+        {
+            // A process whose every event was dropped is unknown: find it the way processes
+            // running before the probes are found (libcuda mapped), marked as such.
+            self.scan_after_drops = false;
+            self.last_drop_scan = Some(now);
+            for pid in self.baseline_scan() {
+                self.procs.mark_events_lost(pid);
+            }
+        }
         self.refresh_regions();
         self.release_idle_regions();
+        self.rebuild_lost();
         let (procs, regions) = self.views();
-        let found = findings::evaluate(&procs, &regions, self.opts.tolerance);
+        let mut found = findings::evaluate_with_nvml(
+            &procs,
+            &regions,
+            self.opts.tolerance,
+            self.opts.nvml_tolerance,
+        );
+        for f in &mut found {
+            if f.pid
+                .is_some_and(|pid| self.procs.get(pid).is_some_and(|p| p.events_lost))
+            {
+                f.detail.push_str("; ");
+                f.detail.push_str(EVENTS_LOST_NOTE);
+            }
+        }
         let mut out = self.settle(found, now);
         if self.opts.reclaim {
             out.reclaimed = self.reclaim();
             self.reclaimed.extend(out.reclaimed.iter().cloned());
         }
         out
+    }
+
+    /// Marks the processes waiting for it, and rebuilds each marked process whose slot
+    /// accounts no data now (a quiet moment: its true live data is zero).
+    fn rebuild_lost(&mut self) {
+        let pending: Vec<u32> = self.lost_pending.iter().copied().collect();
+        for pid in pending {
+            if self.procs.get(pid).is_some() {
+                self.procs.mark_events_lost(pid);
+                self.lost_pending.remove(&pid);
+            } else if !self.entries.contains_key(&pid) {
+                self.lost_pending.remove(&pid);
+            }
+        }
+        let marked: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|p| p.events_lost)
+            .map(|p| p.pid)
+            .collect();
+        for pid in marked {
+            let Some(e) = self.entries.get(&pid) else {
+                continue;
+            };
+            let (Some(info), Some(r)) = (&e.info, e.region.and_then(|i| self.regions.get(i)))
+            else {
+                continue;
+            };
+            let Some(snap) = r.snapshot.as_ref().filter(|s| s.consistent) else {
+                continue;
+            };
+            let slot_pid = info.nspid.unwrap_or(pid);
+            let Some(slot) = snap.slots.iter().find(|s| {
+                s.pid == slot_pid && (s.start_time == 0 || s.start_time == info.start_time)
+            }) else {
+                continue;
+            };
+            if findings::slot_data(slot) == 0 {
+                tracing::info!(
+                    pid,
+                    "process with lost events holds no data: rebuilt, its events count again"
+                );
+                self.procs.rebuild(pid, r.read_at_ns);
+            }
+        }
     }
 
     /// Drops processes that are gone (missed exit events) or whose pid was reused; retries
@@ -456,16 +839,24 @@ impl Agent {
                 self.procs.remove(pid);
                 continue;
             }
-            let needs_region = self.entries[&pid].region.is_none();
+            // No region yet, or its region no longer reads (truncated, replaced): look again
+            // (a replaced file is another inode, so another region).
+            let needs_region = match self.entries[&pid].region {
+                None => true,
+                Some(i) => self.regions.get(i).is_some_and(|r| r.error.is_some()),
+            };
             if needs_region {
                 let mut e = self.entries.remove(&pid).expect("present");
                 if e.info.is_none() {
-                    e.info = procinfo::read_proc(&root, pid).ok();
+                    e.info = read_proc_bounded(&root, pid);
                     if e.info.as_ref().is_some_and(|i| !i.hooked) {
                         let hooked = self.preload_under_other_name(pid);
                         if let Some(i) = e.info.as_mut() {
                             i.hooked = hooked;
                         }
+                    }
+                    if e.info.is_some() {
+                        e.identity = self.identify(pid, e.info.as_ref());
                     }
                 }
                 self.attach_region(&mut e);
@@ -488,10 +879,10 @@ impl Agent {
         }
     }
 
-    /// Unmaps every region that no tracked process uses and whose slots all belong to
-    /// processes that are gone *cleanly* (no slot at all, or none whose owner may be alive).
-    /// A region holding a leaked slot (owner dead, usage left) stays: its leak is a finding
-    /// until reclaimed. Regions named with `--region` always stay.
+    /// Releases (closes, and so drops from the metrics) every region that no tracked process
+    /// uses and whose slots all belong to processes that are gone *cleanly* (no slot at all),
+    /// or that no longer reads. A region holding a leaked slot (owner dead, usage left) stays:
+    /// its leak is a finding until reclaimed. Regions named with `--region` always stay.
     fn release_idle_regions(&mut self) {
         let used: HashSet<usize> = self.entries.values().filter_map(|e| e.region).collect();
         let keep: Vec<bool> = self
@@ -501,7 +892,8 @@ impl Agent {
             .map(|(i, r)| {
                 r.explicit
                     || used.contains(&i)
-                    || r.snapshot.as_ref().is_none_or(|s| !s.slots.is_empty())
+                    || (r.error.is_none()
+                        && r.snapshot.as_ref().is_none_or(|s| !s.slots.is_empty()))
             })
             .collect();
         if keep.iter().all(|k| *k) {
@@ -516,7 +908,8 @@ impl Agent {
             } else {
                 tracing::debug!(region = %r.name, container = %r.identity.container, "region released: no process left");
                 self.released_regions += 1;
-                // Dropping the entry unmaps the region.
+                // Dropping the entry closes its descriptor (a read still outstanding on a
+                // helper thread holds its own reference until it ends).
             }
         }
         self.regions = kept;
@@ -529,14 +922,19 @@ impl Agent {
         for e in self.entries.values_mut() {
             e.region = e.region.and_then(|i| remap[i]);
         }
+        // The NVML-time copies are by region index too.
+        self.nvml_regions = std::mem::take(&mut self.nvml_regions)
+            .into_iter()
+            .filter_map(|(i, s)| Some((remap.get(i).copied().flatten()?, s)))
+            .collect();
     }
 
-    /// Regions mapped now.
+    /// Regions open now.
     pub fn region_count(&self) -> usize {
         self.regions.len()
     }
 
-    /// Regions unmapped since start because no process used them any more.
+    /// Regions released since start because no process used them any more.
     pub fn released_regions(&self) -> u64 {
         self.released_regions
     }
@@ -566,7 +964,9 @@ impl Agent {
             else {
                 continue;
             };
-            let snap = r.snapshot.clone().unwrap_or_else(|| r.region.snapshot());
+            let Some(snap) = r.snapshot.as_ref() else {
+                continue;
+            };
             let covered = (snap.device_count as usize).clamp(1, hami_common::layout::MAX_DEVICES);
             let d = u.device as usize;
             if d >= covered && u.observed == 0 && u.accounted == 0 {
@@ -598,8 +998,10 @@ impl Agent {
         out
     }
 
-    /// Observed bytes per tracked process, with its container's names.
+    /// Observed bytes per tracked process, with its container's names (a process whose
+    /// events were lost shows its rebuilt figures, as in the report).
     pub fn process_samples(&self) -> Vec<ProcessSample> {
+        let (views, _) = self.views();
         self.procs
             .iter()
             .map(|p| ProcessSample {
@@ -615,7 +1017,10 @@ impl Agent {
                         container: "unknown".into(),
                         ..Identity::default()
                     }),
-                observed: p.by_device().values().sum(),
+                observed: match views.iter().find(|v| v.pid == p.pid) {
+                    Some(v) if p.events_lost => v.observed.values().sum(),
+                    _ => p.by_device().values().sum(),
+                },
             })
             .collect()
     }
@@ -625,13 +1030,24 @@ impl Agent {
         let root = self.opts.proc_root.clone();
         let mut index: Option<HashMap<(u64, u32), u32>> = None;
         for r in &mut self.regions {
-            // Metadata only (no open): the path may have been replaced since it was opened,
-            // in which case its permissions say nothing about this region.
-            r.file = std::fs::metadata(&r.host_path)
-                .ok()
-                .filter(|md| (md.dev(), md.ino()) == r.file_id)
-                .and_then(|md| file_meta(&md));
-            let snap = r.region.snapshot();
+            // The opened file's own metadata (fstat: never the path, which a tenant may
+            // have pointed elsewhere since).
+            r.file = r.fd.metadata().ok().and_then(|md| file_meta(&md));
+            let read_at = monotonic_ns();
+            let snap = match read_region(&r.fd, &r.name, &r.busy) {
+                Ok(s) => s,
+                Err(e) => {
+                    if r.error.as_deref() != Some(e.as_str()) {
+                        tracing::warn!(region = %r.name, error = %e, "region unreadable: left out until it reads again");
+                    }
+                    r.error = Some(e);
+                    r.snapshot = None;
+                    r.liveness.clear();
+                    continue;
+                }
+            };
+            r.error = None;
+            r.read_at_ns = read_at;
             let mut live = BTreeMap::new();
             for s in &snap.slots {
                 let host_pid = match r.pidns {
@@ -665,22 +1081,34 @@ impl Agent {
 
     /// The views the pure rules take.
     fn views(&self) -> (Vec<ProcView>, Vec<RegionView>) {
+        // Unreadable regions are left out; `index[i]` is region i's place in the views.
+        let mut index: Vec<Option<usize>> = Vec::with_capacity(self.regions.len());
         let regions: Vec<RegionView> = self
             .regions
             .iter()
-            .map(|r| RegionView {
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let Some(snapshot) = r.snapshot.clone() else {
+                    index.push(None);
+                    return None;
+                };
+                index.push(Some(index.iter().flatten().count()));
+                Some((i, r, snapshot))
+            })
+            .map(|(i, r, snapshot)| RegionView {
                 name: r.name.clone(),
                 container: r.container.clone(),
-                snapshot: r.snapshot.clone().unwrap_or_else(|| r.region.snapshot()),
-                liveness: r.liveness.clone(),
-                single_device: r.snapshot.as_ref().is_some_and(|s| s.device_count == 1)
+                single_device: real_devices(&snapshot) == Some(1)
                     || self.nvml.as_ref().is_some_and(|n| n.devices.len() == 1),
+                snapshot,
+                liveness: r.liveness.clone(),
                 node_devices: self
                     .nvml
                     .as_ref()
                     .map(|n| n.devices.len())
                     .filter(|&n| n > 0),
                 file: r.file,
+                nvml: self.region_nvml(i, r),
             })
             .collect();
         let procs = self
@@ -689,35 +1117,69 @@ impl Agent {
             .filter_map(|p| {
                 let e = self.entries.get(&p.pid)?;
                 let info = e.info.as_ref()?;
-                Some(ProcView {
+                let mut v = ProcView {
                     pid: p.pid,
                     start_time: info.start_time,
                     nspid: info.nspid,
                     container: info.container.clone(),
                     hooked: info.hooked,
-                    region: e.region,
-                    region_error: e.region_error.clone(),
+                    region: e.region.and_then(|i| index.get(i).copied().flatten()),
+                    region_error: e.region_error.clone().or_else(|| {
+                        let r = self.regions.get(e.region?)?;
+                        r.error
+                            .as_ref()
+                            .map(|err| format!("region unreadable: {err}"))
+                    }),
                     observed: p.by_device(),
                     alloc_events: p.alloc_events,
                     peak_bytes: p.peak_bytes,
                     pre_existing: p.baseline.is_pre_existing(),
                     attached_late: matches!(p.baseline, Baseline::AttachedLate { .. }),
-                    nvml_bytes: self
+                    nvml_bytes: self.nvml.as_ref().and_then(|n| n.total_of(p.pid)),
+                    nvml_devices: self
                         .nvml
                         .as_ref()
-                        .and_then(|n| n.processes.get(&p.pid).copied())
-                        .or(p.baseline.nvml_bytes()),
+                        .and_then(|n| n.used_by(p.pid))
+                        .unwrap_or_default(),
                     seen_by_events: p.first_ns != 0 || p.alloc_events + p.free_events > 0,
                     env_limits: info.env_limits.clone(),
                     creds: info.creds.clone(),
-                })
+                };
+                if p.events_lost {
+                    rebuild_from_region(&mut v, &regions);
+                }
+                Some(v)
             })
             .collect();
         (procs, regions)
     }
 
+    /// What the NVML comparison of region `i` uses: the region as read right after the
+    /// latest NVML sample, and the NVML index of each of its devices (by UUID; a region that
+    /// recorded no UUID for device 0 on a node with one GPU: that GPU).
+    fn region_nvml(&self, i: usize, r: &RegionEntry) -> Option<RegionNvml> {
+        let n = self.nvml.as_ref()?;
+        let snapshot = self.nvml_regions.get(&i)?.clone();
+        let current = r.snapshot.as_ref().unwrap_or(&snapshot);
+        let mut device_index = [None; MAX_DEVICES];
+        for (d, slot) in device_index.iter_mut().enumerate() {
+            let uuid = &current.uuids[d];
+            let idx = if uuid.iter().all(|&b| b == 0) {
+                (d == 0 && n.devices.len() == 1).then_some(n.devices[0].index)
+            } else {
+                n.index_of_uuid(uuid)
+            };
+            *slot = idx.filter(|i| n.queried.contains(i));
+        }
+        Some(RegionNvml {
+            snapshot,
+            device_index,
+        })
+    }
+
     /// Applies the settle time: immediate findings are reported at once, racy ones once they
-    /// have stood for `settle`.
+    /// have stood for `settle`, and findings against NVML once they have stood for
+    /// `nvml_settle` and held in two NVML samples in a row.
     fn settle(&mut self, found: Vec<Finding>, now: Instant) -> TickOutcome {
         let mut out = TickOutcome::default();
         let mut current: BTreeMap<FindingKey, Finding> = BTreeMap::new();
@@ -725,10 +1187,15 @@ impl Agent {
             current.insert(f.key(), f);
         }
         self.pending.retain(|k, _| current.contains_key(k));
+        self.pending_nvml.retain(|k, _| current.contains_key(k));
         let mut standing = BTreeMap::new();
         for (k, f) in current {
             let since = *self.pending.entry(k.clone()).or_insert(now);
-            let ripe = !f.needs_settle() || now.duration_since(since) >= self.opts.settle;
+            let mut ripe = !f.needs_settle() || now.duration_since(since) >= self.opts.settle;
+            if f.needs_nvml_confirmation() {
+                let first = *self.pending_nvml.entry(k.clone()).or_insert(self.nvml_seq);
+                ripe &= self.nvml_seq > first && now.duration_since(since) >= self.opts.nvml_settle;
+            }
             if !ripe {
                 continue;
             }
@@ -777,7 +1244,36 @@ impl Agent {
                 pid: s.pid,
                 start_time: s.start_time,
             };
-            if let Some(done) = r.region.reclaim_slot_if(SlotId::new(slot, who), who) {
+            // Mapped (writable) only for this write, on a helper thread: a tenant holding the
+            // region lock forever, or truncating the file now, costs that thread, not the agent.
+            let file = match r.fd.try_clone() {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::warn!(region = %r.name, error = %e, "cannot reclaim: dup");
+                    continue;
+                }
+            };
+            let path = PathBuf::from(&r.name);
+            let done = tenantfs::bounded(
+                format!("reclaim in region {}", r.name),
+                INPUT_DEADLINE,
+                Some(&r.busy),
+                move || {
+                    Region::open_file(file, &path, true)
+                        .map(|region| region.reclaim_slot_if(SlotId::new(slot, who), who))
+                        .map_err(|e| e.to_string())
+                },
+            )
+            .map_err(|e| e.to_string())
+            .and_then(|r| r);
+            let done = match done {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(region = %r.name, slot, error = %e, "cannot reclaim leaked slot");
+                    None
+                }
+            };
+            if let Some(done) = done {
                 tracing::info!(
                     region = %r.name, slot, pid = who.pid, bytes = done.total(),
                     "reclaimed leaked slot"
@@ -877,7 +1373,10 @@ impl Agent {
                         .to_string(),
                 ),
             };
-            let unknown_device = p.by_device().contains_key(&None);
+            // A process whose events were lost shows its rebuilt figures (see views()).
+            let rebuilt = p.events_lost.then_some(view).flatten();
+            let by_device = rebuilt.map_or_else(|| p.by_device(), |v| v.observed.clone());
+            let unknown_device = by_device.contains_key(&None);
             rows.push(ProcessRow {
                 pid: p.pid,
                 comm: info.map(|i| i.comm.clone()).unwrap_or_default(),
@@ -890,9 +1389,8 @@ impl Agent {
                 limit: region.map(|r| r.snapshot.limits[0]),
                 accounted: slot.map(findings::slot_data),
                 accounted_total: slot.map(|s| s.total()),
-                observed: p.live_bytes,
-                observed_by_device: p
-                    .by_device()
+                observed: rebuilt.map_or(p.live_bytes, |v| v.observed_total()),
+                observed_by_device: by_device
                     .into_iter()
                     .map(|(d, b)| (d.map_or("unknown".to_string(), |d| d.to_string()), b))
                     .collect(),
@@ -902,16 +1400,21 @@ impl Agent {
                 alloc_events: p.alloc_events,
                 free_events: p.free_events,
                 unmatched_frees: p.unmatched_frees,
-                nvml: self
-                    .nvml
-                    .as_ref()
-                    .and_then(|n| n.processes.get(&p.pid).copied()),
+                nvml: self.nvml.as_ref().and_then(|n| n.total_of(p.pid)),
                 baseline,
                 baseline_nvml: p.baseline.nvml_bytes(),
-                verdict: if verdict.is_empty() {
-                    "ok".to_string()
-                } else {
+                events_lost: p.events_lost.then(|| EVENTS_LOST_NOTE.to_string()),
+                verdict: if !verdict.is_empty() {
                     verdict.join(",")
+                } else if info.is_some_and(|i| !i.hooked)
+                    && p.baseline.is_pre_existing()
+                    && self.nvml.as_ref().and_then(|n| n.total_of(p.pid)).is_none()
+                {
+                    // What it held before the probes went in cannot be known without an
+                    // NVML figure for it.
+                    "unverified".to_string()
+                } else {
+                    "ok".to_string()
                 },
             });
         }
@@ -923,18 +1426,27 @@ impl Agent {
         self.regions
             .iter()
             .map(|r| {
-                let s = r.snapshot.clone().unwrap_or_else(|| r.region.snapshot());
-                RegionRow {
+                let mut row = RegionRow {
                     name: r.name.clone(),
                     host_path: r.host_path.display().to_string(),
                     container: r.container.clone(),
                     file_id: format!("{}:{}", r.file_id.0, r.file_id.1),
-                    device_count: s.device_count,
-                    limits: s.limits[..(s.device_count as usize).clamp(1, s.limits.len())].to_vec(),
-                    used: s.used[..(s.device_count as usize).clamp(1, s.used.len())].to_vec(),
-                    active_slots: s.slots.len(),
-                    reclaimed_slots: s.reclaimed_slots,
+                    device_count: 0,
+                    limits: Vec::new(),
+                    used: Vec::new(),
+                    active_slots: 0,
+                    reclaimed_slots: 0,
+                    error: r.error.clone(),
+                };
+                if let Some(s) = &r.snapshot {
+                    let n = shown_devices(s);
+                    row.device_count = s.device_count;
+                    row.limits = s.limits[..n].to_vec();
+                    row.used = s.used[..n].to_vec();
+                    row.active_slots = s.slots.len();
+                    row.reclaimed_slots = s.reclaimed_slots;
                 }
+                row
             })
             .collect()
     }
@@ -983,6 +1495,9 @@ pub struct ProcessRow {
     pub baseline: Option<String>,
     /// NVML used memory at baseline time.
     pub baseline_nvml: Option<u64>,
+    /// Set when the probes dropped events while this process was tracked: why its
+    /// observed figures are not its own events (see [`EVENTS_LOST_NOTE`]).
+    pub events_lost: Option<String>,
     /// `ok` or the standing finding kinds, comma-separated.
     pub verdict: String,
 }
@@ -1008,6 +1523,31 @@ pub struct RegionRow {
     pub active_slots: usize,
     /// Slots reclaimed so far (header counter).
     pub reclaimed_slots: u64,
+    /// Why the region could not be read at the last tick (truncated, replaced, too slow);
+    /// its figures are then empty.
+    pub error: Option<String>,
+}
+
+/// Devices the region's processes really see (the `device_count` the preload records from
+/// `cuDeviceGetCount`), `None` when no process recorded it yet (0) or it is out of range.
+pub fn real_devices(s: &RegionSnapshot) -> Option<usize> {
+    let n = s.device_count as usize;
+    (1..=hami_common::layout::MAX_DEVICES)
+        .contains(&n)
+        .then_some(n)
+}
+
+/// Devices to show for a region: the real count, else (unknown) up to the last device with
+/// a limit, a flag, usage or a UUID; at least 1.
+pub fn shown_devices(s: &RegionSnapshot) -> usize {
+    real_devices(s).unwrap_or_else(|| {
+        (0..hami_common::layout::MAX_DEVICES)
+            .rev()
+            .find(|&d| {
+                s.limits[d] != 0 || s.limit_flags[d] != 0 || s.used[d] != 0 || s.uuids[d] != [0; 16]
+            })
+            .map_or(1, |d| d + 1)
+    })
 }
 
 #[cfg(test)]
@@ -1109,6 +1649,171 @@ mod tests {
         v
     }
 
+    /// An event stamped now (`CLOCK_MONOTONIC`, like the probes').
+    fn ev_now(kind: EventKind, pid: u32, size: u64, addr: u64) -> CudaEvent {
+        let mut e = ev(kind, pid, size, addr, 0);
+        e.ts_ns = monotonic_ns();
+        e
+    }
+
+    #[test]
+    fn lost_events_rebuild_from_the_region_and_count_again_after_a_quiet_moment() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let r = w.region(100, 1 << 30, &[]);
+        let s = register(&r, 100, 7, 64 * MIB);
+        // The free of 0x8000 was dropped: a phantom 32 MiB in the agent's books.
+        let evs = [
+            ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0),
+            ev(EventKind::MemAlloc, 100, 32 * MIB, 0x8000, 0),
+        ];
+        // Control: without the drop count, the phantom is a bypass.
+        let mut blind = w.agent(false);
+        for e in &evs {
+            blind.on_event(e);
+        }
+        assert_eq!(
+            kinds(&blind.tick(Instant::now()).raised),
+            vec![(
+                FindingKind::Bypass,
+                findings::reason::OBSERVED_ABOVE_ACCOUNTED
+            )]
+        );
+        let mut a = w.agent(false);
+        for e in &evs {
+            a.on_event(e);
+        }
+        assert!(a.note_dropped(5));
+        assert!(!a.note_dropped(5), "same total: nothing new");
+        let out = a.tick(Instant::now());
+        assert!(out.raised.is_empty(), "{:?}", out.raised);
+        let row = &a.process_rows()[0];
+        assert_eq!(row.observed, 64 * MIB, "rebuilt from the region");
+        assert_eq!(row.accounted, Some(64 * MIB));
+        assert!(row
+            .events_lost
+            .as_deref()
+            .is_some_and(|n| n.contains("events lost")));
+        // Quiet moment: the process frees everything; the region says 0 data.
+        r.uncharge(s, 0, UsageKind::Data, 64 * MIB);
+        assert!(a.tick(Instant::now()).raised.is_empty());
+        let row = &a.process_rows()[0];
+        assert_eq!(row.events_lost, None);
+        assert_eq!(row.observed, 0);
+        // A stale queued event (stamped before the rebuild) is ignored; new ones count.
+        a.on_event(&ev(EventKind::MemAlloc, 100, 8 * MIB, 0x9000, 0));
+        assert_eq!(a.process_rows()[0].observed, 0);
+        a.on_event(&ev_now(EventKind::MemAlloc, 100, 16 * MIB, 0xa000));
+        let out = a.tick(Instant::now());
+        assert_eq!(
+            kinds(&out.raised),
+            vec![(
+                FindingKind::Bypass,
+                findings::reason::OBSERVED_ABOVE_ACCOUNTED
+            )]
+        );
+    }
+
+    #[test]
+    fn process_learned_after_drops_that_started_before_is_marked() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let r = w.region(100, 1 << 30, &[]);
+        register(&r, 100, 7, 64 * MIB);
+        let mut a = w.agent(false);
+        // The fake processes started at tick 5100, long before "now".
+        a.note_dropped(1);
+        a.on_event(&ev(EventKind::MemAlloc, 100, 96 * MIB, 0x7000, 0));
+        assert!(a.tick(Instant::now()).raised.is_empty());
+        assert!(a.process_rows()[0].events_lost.is_some());
+    }
+
+    #[test]
+    fn process_whose_every_event_was_dropped_is_found_after_the_drops() {
+        let w = World::new();
+        w.spawn(100, 7, false, "1g");
+        let mut a = w.agent(false);
+        a.started_at = Some(1); // it started after the agent
+        assert!(a.tick(Instant::now()).raised.is_empty());
+        assert!(a.process_rows().is_empty(), "no event: unknown");
+        a.note_dropped(10);
+        let out = a.tick(Instant::now());
+        assert_eq!(
+            kinds(&out.raised),
+            vec![(FindingKind::Bypass, findings::reason::NO_PRELOAD)]
+        );
+        let rows = a.process_rows();
+        assert_eq!(rows.len(), 1);
+        assert!(rows[0].events_lost.is_some());
+        assert!(rows[0]
+            .baseline
+            .as_deref()
+            .is_some_and(|b| b.contains("attached late")));
+    }
+
+    #[test]
+    fn truncated_region_is_left_out_with_its_reason_and_reads_again_when_restored() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let r = w.region(100, 1 << 30, &[]);
+        register(&r, 100, 7, 64 * MIB);
+        let mut a = w.agent(false);
+        a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+        assert!(a.tick(Instant::now()).raised.is_empty());
+        let path = w.root.join("100/root/hami/r.cache");
+        let good = std::fs::read(&path).unwrap();
+        drop(r);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(good.len() as u64 / 2)
+            .unwrap();
+        let out = a.tick(Instant::now());
+        assert_eq!(
+            kinds(&out.raised),
+            vec![(FindingKind::Bypass, findings::reason::NO_REGION)]
+        );
+        assert!(
+            out.raised[0].detail.contains("truncated"),
+            "{}",
+            out.raised[0].detail
+        );
+        let rows = a.region_rows();
+        assert!(rows[0]
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("truncated")));
+        assert!(rows[0].limits.is_empty());
+        std::fs::write(&path, &good).unwrap();
+        let out = a.tick(Instant::now());
+        assert_eq!(out.cleared.len(), 1, "{:?}", out);
+        assert_eq!(a.region_rows()[0].error, None);
+    }
+
+    #[test]
+    fn region_path_that_is_a_fifo_is_refused_without_blocking() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let dir = w.root.join("100/root/hami");
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = std::ffi::CString::new(dir.join("r.cache").to_str().unwrap()).unwrap();
+        // SAFETY: valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let mut a = w.agent(false);
+        a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+        let out = a.tick(Instant::now());
+        assert_eq!(
+            kinds(&out.raised),
+            vec![(FindingKind::Bypass, findings::reason::NO_REGION)]
+        );
+        assert!(
+            out.raised[0].detail.contains("FIFO"),
+            "{}",
+            out.raised[0].detail
+        );
+    }
+
     #[test]
     fn hooked_process_within_quota_has_no_finding() {
         let w = World::new();
@@ -1190,6 +1895,37 @@ mod tests {
             vec![(FindingKind::Bypass, findings::reason::NO_PRELOAD)]
         );
         assert_eq!(a.history().len(), 2);
+    }
+
+    /// Regression: a container whose region variable names a FIFO stalled the agent for
+    /// good (a read-only `open` of a FIFO waits for a writer; with `--reclaim` the writable
+    /// open failed and the read-only fallback blocked).
+    #[test]
+    fn region_path_at_a_fifo_is_an_error_not_a_hang() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let path = w.root.join("100/root/hami/r.cache");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: c is a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let d = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(20));
+            if !d.load(std::sync::atomic::Ordering::SeqCst) {
+                eprintln!("the agent's tick hung on a FIFO region path");
+                std::process::abort();
+            }
+        });
+        for reclaim in [false, true] {
+            let mut a = w.agent(reclaim);
+            a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+            a.tick(Instant::now());
+            assert!(a.region_rows().is_empty());
+            assert_eq!(a.process_count(), 1);
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     #[test]
@@ -1338,7 +2074,7 @@ mod tests {
     }
 
     #[test]
-    fn region_leaves_the_metrics_and_is_unmapped_once_its_last_process_exits() {
+    fn region_leaves_the_metrics_and_is_closed_once_its_last_process_exits() {
         let w = World::new();
         w.spawn(100, 7, true, "1g");
         let r = w.region(100, 1 << 30, &[]);
@@ -1352,6 +2088,9 @@ mod tests {
         assert_eq!(series.len(), 1, "{series:?}");
         assert_eq!(series[0].device, 0);
         assert_eq!(series[0].identity.container, &CID[..12]);
+        let path = w.root.join("100/root/hami/r.cache");
+        let open_before = fds_open_on(&path);
+        assert!(open_before >= 1, "the agent holds the region open");
         // The process exits cleanly: its slot is released, its exit event arrives.
         r.unregister(s);
         a.on_event(&ev(EventKind::ProcessExit, 100, 0, 0, 0));
@@ -1360,6 +2099,25 @@ mod tests {
         assert_eq!(a.region_count(), 0);
         assert!(a.region_series().is_empty());
         assert_eq!(a.released_regions(), 1);
+        // Its descriptor is closed (a read on a helper thread may finish just after).
+        let t = Instant::now();
+        while fds_open_on(&path) != open_before - 1 && t.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(fds_open_on(&path), open_before - 1);
+    }
+
+    /// Descriptors of this process open on the file at `path` (by inode).
+    fn fds_open_on(path: &Path) -> usize {
+        let md = std::fs::metadata(path).unwrap();
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                std::fs::metadata(e.path())
+                    .is_ok_and(|m| m.dev() == md.dev() && m.ino() == md.ino())
+            })
+            .count()
     }
 
     #[test]
@@ -1400,6 +2158,120 @@ mod tests {
         );
         assert_eq!(series[0].uuid, "");
         assert_eq!(series[1].uuid, "GPU-abababab-abab-abab-abab-abababababab");
+    }
+
+    /// An NVML sample of one GPU (index 0, no UUID) listing `procs` as compute processes.
+    fn nvml_sample(procs: &[(u32, u64)]) -> NvmlSnapshot {
+        let mut n = NvmlSnapshot {
+            devices: vec![crate::nvml::GpuInfo {
+                index: 0,
+                uuid: None,
+                total: Some(16 << 30),
+                used: None,
+            }],
+            ..Default::default()
+        };
+        n.queried.insert(0);
+        for &(pid, bytes) in procs {
+            n.add_process(0, pid, Some(bytes), true);
+        }
+        n.finish();
+        n
+    }
+
+    #[test]
+    fn unhooked_process_listed_by_nvml_is_learned_and_reported_at_once() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        w.spawn(101, 8, false, "1g");
+        let r = w.region(100, 1 << 30, &[101]);
+        register(&r, 100, 7, 0);
+        let mut a = w.agent(false);
+        // A pid NVML names that is not a CUDA process here (no libcuda mapped): left alone.
+        fake_proc(&w.root, 102, 5102, &[102], NS, "0::/\n", &[], &[]);
+        // No libcuda event, no baseline scan: only NVML knows it holds 512 MiB.
+        a.set_nvml(Some(nvml_sample(&[
+            (100, 10 * MIB),
+            (101, 512 * MIB),
+            (102, 64 * MIB),
+        ])));
+        assert_eq!(a.process_count(), 2);
+        let out = a.tick(Instant::now());
+        assert_eq!(
+            kinds(&out.raised),
+            vec![(FindingKind::Bypass, findings::reason::NO_PRELOAD)]
+        );
+        assert_eq!(out.raised[0].pid, Some(101));
+        assert_eq!(out.raised[0].bytes, 512 * MIB);
+        assert_eq!(out.raised[0].container, CID);
+        let row = a.process_rows().into_iter().find(|r| r.pid == 101).unwrap();
+        assert_eq!(row.nvml, Some(512 * MIB));
+        assert_eq!(row.verdict, "bypass");
+    }
+
+    #[test]
+    fn without_nvml_an_unhooked_pre_existing_process_is_unverified() {
+        let w = World::new();
+        w.spawn(101, 8, false, "1g");
+        let mut a = w.agent(false);
+        a.set_nvml(None);
+        assert_eq!(a.baseline_scan(), vec![101]);
+        assert!(a.tick(Instant::now()).raised.is_empty());
+        assert_eq!(a.process_rows()[0].verdict, "unverified");
+        // With NVML listing nothing for it, it is known to hold nothing.
+        a.set_nvml(Some(nvml_sample(&[])));
+        a.tick(Instant::now());
+        assert_eq!(a.process_rows()[0].verdict, "ok");
+    }
+
+    #[test]
+    fn nvml_drift_needs_two_samples_and_clears_when_accounted() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let r = w.region(100, 1 << 30, &[]);
+        let s = register(&r, 100, 7, 64 * MIB);
+        let mut a = w.agent(false);
+        a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+        // The region accounts 10 MiB context + 64 MiB; NVML says 1.5 GiB more.
+        let blind = 74 * MIB + 1536 * MIB;
+        a.set_nvml(Some(nvml_sample(&[(100, blind)])));
+        let t0 = Instant::now();
+        assert!(a.tick(t0).raised.is_empty(), "one sample is not enough");
+        assert!(a.tick(t0 + Duration::from_secs(1)).raised.is_empty());
+        a.set_nvml(Some(nvml_sample(&[(100, blind)])));
+        let out = a.tick(t0 + Duration::from_secs(2));
+        assert_eq!(
+            kinds(&out.raised),
+            vec![
+                (FindingKind::OverLimit, findings::reason::NVML_ABOVE_LIMIT),
+                (FindingKind::Drift, findings::reason::NVML_ABOVE_ACCOUNTED),
+            ]
+        );
+        let d = out
+            .raised
+            .iter()
+            .find(|f| f.kind == FindingKind::Drift)
+            .unwrap();
+        assert_eq!(d.bytes, 1536 * MIB);
+        assert_eq!(d.accounted, Some(74 * MIB));
+        let rows = a.process_rows();
+        assert_eq!(rows[0].verdict, "drift,over_limit");
+        // The preload learns to charge it (as module memory here): the next sample agrees.
+        r.force_charge(s, 0, UsageKind::Module, 1536 * MIB);
+        a.set_nvml(Some(nvml_sample(&[(100, blind)])));
+        let out = a.tick(t0 + Duration::from_secs(3));
+        assert_eq!(
+            kinds(&out.cleared),
+            vec![(FindingKind::Drift, findings::reason::NVML_ABOVE_ACCOUNTED)]
+        );
+        // A single sample that disagrees again is not reported.
+        a.set_nvml(Some(nvml_sample(&[(100, blind + (1 << 30))])));
+        let out = a.tick(t0 + Duration::from_secs(4));
+        assert!(
+            out.raised.iter().all(|f| f.kind != FindingKind::Drift),
+            "{:?}",
+            out.raised
+        );
     }
 
     #[test]

@@ -87,6 +87,14 @@ pub mod reason {
     pub const REGION_UNWRITABLE: &str = "region_unwritable";
     /// Drift: accounted data above observed data beyond tolerance.
     pub const ACCOUNTED_ABOVE_OBSERVED: &str = "accounted_above_observed";
+    /// Over limit: the container's processes together hold more than the region's limit on a
+    /// device according to NVML (per-process used memory, summed).
+    pub const NVML_ABOVE_LIMIT: &str = "nvml_above_limit";
+    /// Drift: NVML says a hooked process holds more on a device than its slot accounts there
+    /// (all kinds): memory the preload did not see.
+    pub const NVML_ABOVE_ACCOUNTED: &str = "nvml_above_accounted";
+    /// Drift: a hooked process's slot accounts more on a device than NVML says it holds.
+    pub const ACCOUNTED_ABOVE_NVML: &str = "accounted_above_nvml";
 }
 
 /// How far observed and accounted may differ before it is a finding:
@@ -110,6 +118,15 @@ impl Default for Tolerance {
 }
 
 impl Tolerance {
+    /// The default tolerance of the comparisons with NVML: 64 MiB or 2 %, whichever is
+    /// larger. It absorbs what the preload cannot know to the byte and NVML rounds: the
+    /// driver's allocation granularity (2 MiB pages; small allocations sub-allocated), NVML's
+    /// own rounding, and a context measured once at creation (see `docs/agent.md`).
+    pub const NVML_DEFAULT: Tolerance = Tolerance {
+        min_bytes: 64 << 20,
+        ratio: 0.02,
+    };
+
     /// The allowed difference around `a` and `b`.
     pub fn allowance(&self, a: u64, b: u64) -> u64 {
         let rel = (a.max(b) as f64 * self.ratio) as u64;
@@ -172,8 +189,13 @@ pub struct ProcView {
     /// Started after the agent, but its libcuda was probed only after it loaded it (some of
     /// its allocations may have been missed). Implies `pre_existing`.
     pub attached_late: bool,
-    /// NVML per-process used memory, when known.
+    /// NVML per-process used memory at the latest sample, summed over the devices where it
+    /// is known (`None`: NVML unavailable or nothing known).
     pub nvml_bytes: Option<u64>,
+    /// NVML per-process used memory by NVML device index at the latest sample; a device
+    /// absent from the map is unknown, `0` means NVML read the device and does not list the
+    /// process.
+    pub nvml_devices: BTreeMap<u32, u64>,
     /// Whether any event of this process was seen.
     pub seen_by_events: bool,
     /// Limits from its environment.
@@ -212,16 +234,33 @@ pub struct RegionView {
     pub node_devices: Option<usize>,
     /// Owner, group and mode of the region file, when known.
     pub file: Option<FileMeta>,
+    /// What the comparison with NVML uses (`None`: NVML unavailable, or the region was
+    /// opened after the latest NVML sample).
+    pub nvml: Option<RegionNvml>,
+}
+
+/// A region as it was when NVML was sampled, and where its devices are in NVML.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegionNvml {
+    /// The region read right after the NVML sample (so that both describe the same moment).
+    pub snapshot: RegionSnapshot,
+    /// NVML index of each region device (found by UUID), `None` when unknown.
+    pub device_index: [Option<u32>; MAX_DEVICES],
+}
+
+/// The slot of process `p` in `snap`, if it has one (matching pid and, when recorded, start
+/// time).
+pub fn slot_in<'a>(snap: &'a RegionSnapshot, p: &ProcView) -> Option<&'a SlotSnapshot> {
+    let pid = p.slot_pid();
+    snap.slots
+        .iter()
+        .find(|s| s.pid == pid && (s.start_time == 0 || s.start_time == p.start_time))
 }
 
 impl RegionView {
     /// The slot of process `p`, if it has one (matching pid and, when recorded, start time).
     pub fn slot_of(&self, p: &ProcView) -> Option<&SlotSnapshot> {
-        let pid = p.slot_pid();
-        self.snapshot
-            .slots
-            .iter()
-            .find(|s| s.pid == pid && (s.start_time == 0 || s.start_time == p.start_time))
+        slot_in(&self.snapshot, p)
     }
 
     /// Number of devices to consider (at least 1).
@@ -297,6 +336,17 @@ impl Finding {
         )
     }
 
+    /// Whether the finding compares with NVML and so must hold in two NVML samples in a row
+    /// (besides the settle time) before it is reported: NVML and the region are read at
+    /// slightly different moments, and a process's context exists in NVML before the
+    /// preload has measured and charged it.
+    pub fn needs_nvml_confirmation(&self) -> bool {
+        matches!(
+            self.reason,
+            reason::NVML_ABOVE_LIMIT | reason::NVML_ABOVE_ACCOUNTED | reason::ACCOUNTED_ABOVE_NVML
+        )
+    }
+
     /// Whether the finding can be a transient race between the preload's accounting and the
     /// driver call the probes see, so it must persist a while before it is reported.
     /// (Only a process with no preload at all, a dead slot owner, and a tamper are
@@ -341,16 +391,37 @@ fn observed_on(p: &ProcView, dev: usize, single_device: bool) -> u64 {
     known + unknown
 }
 
-/// Computes every finding. `procs[i].region` indexes `regions`.
+/// Computes every finding, comparing with NVML within [`Tolerance::NVML_DEFAULT`]. See
+/// [`evaluate_with_nvml`].
 pub fn evaluate(procs: &[ProcView], regions: &[RegionView], tol: Tolerance) -> Vec<Finding> {
+    evaluate_with_nvml(procs, regions, tol, Tolerance::NVML_DEFAULT)
+}
+
+/// Computes every finding. `procs[i].region` indexes `regions`. `tol` is the tolerance
+/// between the probes' figures and the region's, `nvml_tol` the one between NVML's and the
+/// region's (or the limit).
+pub fn evaluate_with_nvml(
+    procs: &[ProcView],
+    regions: &[RegionView],
+    tol: Tolerance,
+    nvml_tol: Tolerance,
+) -> Vec<Finding> {
     let mut out = Vec::new();
     for p in procs {
         process_findings(p, regions, tol, &mut out);
+        nvml_process_findings(p, regions, nvml_tol, &mut out);
     }
     for (ri, r) in regions.iter().enumerate() {
         region_findings(ri, r, procs, tol, &mut out);
+        nvml_region_findings(ri, r, procs, nvml_tol, &mut out);
     }
     out
+}
+
+fn nvml_note(p: &ProcView) -> String {
+    p.nvml_bytes.map_or(String::new(), |b| {
+        format!("; NVML: {} on the GPU", human_bytes(b))
+    })
 }
 
 fn process_findings(p: &ProcView, regions: &[RegionView], tol: Tolerance, out: &mut Vec<Finding>) {
@@ -373,18 +444,39 @@ fn process_findings(p: &ProcView, regions: &[RegionView], tol: Tolerance, out: &
         detail,
     };
     if !p.hooked {
-        // Only allocations the agent saw count: a pre-existing process that allocates
-        // nothing after attach is never reported.
+        let nvml = p.nvml_bytes.unwrap_or(0);
         if p.alloc_events > 0 {
             out.push(base(
                 FindingKind::Bypass,
                 reason::NO_PRELOAD,
                 observed,
                 format!(
-                    "allocating through libcuda without libhami_preload.so: {} live (peak {}, {} allocations seen)",
+                    "allocating through libcuda without libhami_preload.so: {} live (peak {}, {} allocations seen){}",
                     human_bytes(observed),
                     human_bytes(p.peak_bytes),
-                    p.alloc_events
+                    p.alloc_events,
+                    nvml_note(p)
+                ),
+            ));
+        } else if nvml > 0 && !p.attached_late {
+            // NVML is the physical truth: an unhooked process holding device memory is a
+            // bypass whenever it started. When it started is context, not an excuse.
+            let context = if p.pre_existing {
+                "it was running before the agent attached (pre-existing), so its allocations \
+                 were not observed, but nothing of it is accounted"
+            } else if p.seen_by_events {
+                "no allocation through the probed functions was seen (context, module, pool or \
+                 other memory the probes do not cover)"
+            } else {
+                "the probes saw none of its calls"
+            };
+            out.push(base(
+                FindingKind::Bypass,
+                reason::NO_PRELOAD,
+                nvml.max(observed),
+                format!(
+                    "holds {} of device memory according to NVML without libhami_preload.so; {context}",
+                    human_bytes(nvml),
                 ),
             ));
         } else if p.attached_late {
@@ -637,6 +729,168 @@ fn region_findings(
     }
 }
 
+/// The physical check of one hooked process: on each device of its region, what NVML says
+/// it holds against what its slot accounts there (all kinds), both read at the NVML sample.
+fn nvml_process_findings(
+    p: &ProcView,
+    regions: &[RegionView],
+    tol: Tolerance,
+    out: &mut Vec<Finding>,
+) {
+    if !p.hooked || p.nvml_devices.is_empty() {
+        return;
+    }
+    let drift =
+        |reason, device: Option<u32>, slot: Option<usize>, held: u64, acc: u64, detail| Finding {
+            kind: FindingKind::Drift,
+            reason,
+            pid: Some(p.pid),
+            uid: p.creds.as_ref().map(|c| c.fsuid),
+            nspid: p.nspid,
+            container: p.container.clone(),
+            region: p
+                .region
+                .and_then(|i| regions.get(i))
+                .map(|r| r.name.clone()),
+            device,
+            slot,
+            bytes: held.abs_diff(acc),
+            observed: Some(held),
+            accounted: Some(acc),
+            limit: None,
+            detail,
+        };
+    let Some(r) = p.region.and_then(|i| regions.get(i)) else {
+        // Hooked, but no usable region: nothing it holds is accounted anywhere.
+        let held = crate::nvml::saturating_sum(p.nvml_devices.values());
+        if tol.exceeds(held, 0) {
+            out.push(drift(
+                reason::NVML_ABOVE_ACCOUNTED,
+                None,
+                None,
+                held,
+                0,
+                format!(
+                    "NVML says it holds {} but it has no usable region ({}): none of it is accounted",
+                    human_bytes(held),
+                    p.region_error.as_deref().unwrap_or("not found")
+                ),
+            ));
+        }
+        return;
+    };
+    // Opened after the latest NVML sample: compared at the next one.
+    let Some(n) = &r.nvml else { return };
+    let slot = slot_in(&n.snapshot, p);
+    for (d, idx) in n.device_index.iter().enumerate() {
+        let Some(idx) = *idx else { continue };
+        let Some(&held) = p.nvml_devices.get(&idx) else {
+            continue;
+        };
+        let acc = slot.map_or(0, |s| s.device_total(d));
+        let allowance = tol.allowance(held, acc);
+        let where_ = match slot {
+            Some(s) => format!("its slot {} accounts {}", s.index, human_bytes(acc)),
+            None => format!("it has no slot in {} (nothing accounted)", r.name),
+        };
+        if tol.exceeds(held, acc) {
+            out.push(drift(
+                reason::NVML_ABOVE_ACCOUNTED,
+                Some(d as u32),
+                slot.map(|s| s.index),
+                held,
+                acc,
+                format!(
+                    "device {d} (NVML GPU {idx}): NVML says it holds {}, {where_}: {} the preload did not see (tolerance {})",
+                    human_bytes(held),
+                    human_bytes(held - acc),
+                    human_bytes(allowance)
+                ),
+            ));
+        } else if held > 0 && tol.exceeds(acc, held) {
+            // A process NVML does not list at all is not compared this way: NVML and the
+            // agent may not name it by the same pid (a driver reporting namespaced pids).
+            out.push(drift(
+                reason::ACCOUNTED_ABOVE_NVML,
+                Some(d as u32),
+                slot.map(|s| s.index),
+                held,
+                acc,
+                format!(
+                    "device {d} (NVML GPU {idx}): {where_} but NVML says it holds {} (tolerance {})",
+                    human_bytes(held),
+                    human_bytes(allowance)
+                ),
+            ));
+        }
+    }
+}
+
+/// The physical check of one region: per device, what NVML says the region's processes
+/// (hooked or not) hold together, against the region's limit.
+fn nvml_region_findings(
+    ri: usize,
+    r: &RegionView,
+    procs: &[ProcView],
+    tol: Tolerance,
+    out: &mut Vec<Finding>,
+) {
+    let Some(n) = &r.nvml else { return };
+    let users: Vec<&ProcView> = procs.iter().filter(|p| p.region == Some(ri)).collect();
+    for (d, idx) in n.device_index.iter().enumerate() {
+        let (Some(idx), Some(limit)) = (*idx, r.snapshot.limit(d)) else {
+            continue;
+        };
+        let held: Vec<(u32, u64)> = users
+            .iter()
+            .filter_map(|p| p.nvml_devices.get(&idx).map(|&b| (p.pid, b)))
+            .filter(|&(_, b)| b > 0)
+            .collect();
+        let total = crate::nvml::saturating_sum(held.iter().map(|(_, b)| b));
+        if !(total > limit && tol.exceeds(total, limit)) {
+            continue;
+        }
+        let unknown: Vec<String> = users
+            .iter()
+            .filter(|p| !p.nvml_devices.contains_key(&idx))
+            .map(|p| p.pid.to_string())
+            .collect();
+        let list: Vec<String> = held
+            .iter()
+            .map(|(pid, b)| format!("{pid}: {}", human_bytes(*b)))
+            .collect();
+        let accounted = n.snapshot.accounted(d);
+        out.push(Finding {
+            kind: FindingKind::OverLimit,
+            reason: reason::NVML_ABOVE_LIMIT,
+            pid: None,
+            uid: None,
+            nspid: None,
+            container: r.container.clone(),
+            region: Some(r.name.clone()),
+            device: Some(d as u32),
+            slot: None,
+            bytes: total - limit,
+            observed: Some(total),
+            accounted: Some(accounted),
+            limit: Some(limit),
+            detail: format!(
+                "device {d} (NVML GPU {idx}): the container's processes hold {} according to NVML \
+                 ({}), above the limit {}; the region accounts {}{}",
+                human_bytes(total),
+                list.join(", "),
+                human_bytes(limit),
+                human_bytes(accounted),
+                if unknown.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (no NVML figure for pids {})", unknown.join(","))
+                }
+            ),
+        });
+    }
+}
+
 fn human_or_unlimited(b: u64) -> String {
     if b == 0 {
         "unlimited (0)".to_string()
@@ -756,6 +1010,7 @@ pub(crate) mod tests {
             single_device: true,
             node_devices: None,
             file: None,
+            nvml: None,
         }
     }
 
@@ -1088,6 +1343,183 @@ pub(crate) mod tests {
         let u = region_usage(&[], &[r]);
         assert_eq!(u.len(), 1);
         assert_eq!(u[0].accounted_data, 8 * MIB);
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    /// `r` with an NVML pairing: the region as it is, device 0 at NVML index `idx`.
+    fn with_nvml(mut r: RegionView, idx: u32) -> RegionView {
+        let mut device_index = [None; MAX_DEVICES];
+        device_index[0] = Some(idx);
+        r.nvml = Some(RegionNvml {
+            snapshot: r.snapshot.clone(),
+            device_index,
+        });
+        r
+    }
+
+    fn with_nvml_bytes(mut p: ProcView, idx: u32, bytes: u64) -> ProcView {
+        p.nvml_bytes = Some(bytes);
+        p.nvml_devices = [(idx, bytes)].into_iter().collect();
+        p
+    }
+
+    #[test]
+    fn nvml_tolerance_default_is_64_mib_or_2_percent() {
+        let t = Tolerance::NVML_DEFAULT;
+        assert_eq!(t.allowance(0, 0), 64 * MIB);
+        assert_eq!(t.allowance(10 * GIB, 0), (10 * GIB) / 50);
+        assert!(!t.exceeds(600 * MIB, 540 * MIB));
+        assert!(t.exceeds(605 * MIB, 540 * MIB));
+    }
+
+    #[test]
+    fn unhooked_process_holding_memory_per_nvml_is_bypass_whenever_it_started() {
+        let r = region(snapshot(GIB, vec![]), &[]);
+        // Running before the agent, no allocation seen since: NVML says it holds 1.5 GiB.
+        let mut pre = with_nvml_bytes(proc_(12, false, 0), 0, 1536 * MIB);
+        pre.pre_existing = true;
+        pre.seen_by_events = false;
+        let f = evaluate(&[pre.clone()], &[r.clone()], Tolerance::default());
+        assert_eq!(kinds(&f), vec![(FindingKind::Bypass, reason::NO_PRELOAD)]);
+        assert_eq!(f[0].pid, Some(12));
+        assert_eq!(f[0].bytes, 1536 * MIB);
+        assert!(f[0].detail.contains("pre-existing"), "{}", f[0].detail);
+        assert!(!f[0].needs_settle() && !f[0].needs_nvml_confirmation());
+        assert!(f[0].kind.is_failure());
+        // Started under the agent, only a context (no allocation event): still a bypass.
+        let mut fresh = with_nvml_bytes(proc_(13, false, 0), 0, 300 * MIB);
+        fresh.seen_by_events = true;
+        let f = evaluate(&[fresh], &[r.clone()], Tolerance::default());
+        assert_eq!(kinds(&f), vec![(FindingKind::Bypass, reason::NO_PRELOAD)]);
+        assert_eq!(f[0].bytes, 300 * MIB);
+        // NVML lists nothing for it: nothing to report.
+        let idle = with_nvml_bytes(proc_(14, false, 0), 0, 0);
+        assert!(evaluate(&[idle], &[r.clone()], Tolerance::default()).is_empty());
+        // No NVML: the probes' rule alone (a pre-existing process that allocates nothing
+        // after attach cannot be judged).
+        pre.nvml_bytes = None;
+        pre.nvml_devices.clear();
+        assert!(evaluate(&[pre], &[r], Tolerance::default()).is_empty());
+    }
+
+    #[test]
+    fn nvml_above_accounted_and_over_limit_catch_a_blind_preload() {
+        // The region says 300 MiB context + 256 MiB data; the probes agree on the data; NVML
+        // says 1.5 GiB more (memory the preload never saw: a pool's reserve, a module's
+        // globals, a mipmapped array).
+        let snap = snapshot(GIB, vec![slot(0, 50, 150, 300 * MIB, 256 * MIB)]);
+        let r = with_nvml(
+            region(snap, &[(0, SlotLiveness::Alive { host_pid: 50 })]),
+            0,
+        );
+        let held = 556 * MIB + 1536 * MIB;
+        let mut p = with_nvml_bytes(proc_(50, true, 256 * MIB), 0, held);
+        let f = evaluate(&[p.clone()], &[r.clone()], Tolerance::default());
+        let mut k = kinds(&f);
+        k.sort();
+        assert_eq!(
+            k,
+            vec![
+                (FindingKind::OverLimit, reason::NVML_ABOVE_LIMIT),
+                (FindingKind::Drift, reason::NVML_ABOVE_ACCOUNTED),
+            ]
+        );
+        let d = f.iter().find(|f| f.kind == FindingKind::Drift).unwrap();
+        assert_eq!(
+            (d.pid, d.device, d.slot, d.bytes, d.observed, d.accounted),
+            (
+                Some(50),
+                Some(0),
+                Some(0),
+                1536 * MIB,
+                Some(held),
+                Some(556 * MIB)
+            )
+        );
+        assert!(d.needs_settle() && d.needs_nvml_confirmation());
+        let o = f.iter().find(|f| f.kind == FindingKind::OverLimit).unwrap();
+        assert_eq!(
+            (o.bytes, o.observed, o.limit),
+            (held - GIB, Some(held), Some(GIB))
+        );
+        assert_eq!(o.accounted, Some(556 * MIB));
+        assert!(o.detail.contains("50: 2.0 GiB"), "{}", o.detail);
+        // The baseline does not matter: NVML and the region are complete figures.
+        p.pre_existing = true;
+        assert_eq!(evaluate(&[p], &[r.clone()], Tolerance::default()).len(), 2);
+        // Within the tolerance (64 MiB here): nothing.
+        let close = with_nvml_bytes(proc_(50, true, 256 * MIB), 0, 556 * MIB + 60 * MIB);
+        assert!(evaluate(&[close], &[r], Tolerance::default()).is_empty());
+    }
+
+    #[test]
+    fn accounted_above_nvml_is_drift_the_other_way() {
+        let snap = snapshot(2 * GIB, vec![slot(0, 51, 151, 300 * MIB, GIB)]);
+        let r = with_nvml(
+            region(snap, &[(0, SlotLiveness::Alive { host_pid: 51 })]),
+            0,
+        );
+        let mut p = with_nvml_bytes(proc_(51, true, GIB), 0, 300 * MIB);
+        p.env_limits.all = Some(EnvLimit::Bytes(2 * GIB));
+        let f = evaluate(&[p.clone()], &[r.clone()], Tolerance::default());
+        assert_eq!(
+            kinds(&f),
+            vec![(FindingKind::Drift, reason::ACCOUNTED_ABOVE_NVML)]
+        );
+        assert_eq!(f[0].bytes, GIB);
+        assert!(!f[0].kind.is_failure());
+        // Not listed by NVML at all: not compared (NVML may name it by another pid).
+        p.nvml_devices.insert(0, 0);
+        assert!(evaluate(&[p], &[r], Tolerance::default()).is_empty());
+    }
+
+    #[test]
+    fn nvml_rules_need_nvml_on_both_sides() {
+        let snap = snapshot(GIB, vec![slot(0, 52, 152, 0, 0)]);
+        let plain = region(snap, &[(0, SlotLiveness::Alive { host_pid: 52 })]);
+        let p = with_nvml_bytes(proc_(52, true, 0), 0, 3 * GIB);
+        // The region was opened after the latest NVML sample: compared at the next one.
+        assert!(evaluate(&[p.clone()], &[plain.clone()], Tolerance::default()).is_empty());
+        // The region's device is not a GPU NVML knows (UUID not found): nothing compared.
+        let mut r = with_nvml(plain, 0);
+        r.nvml.as_mut().unwrap().device_index[0] = None;
+        assert!(evaluate(&[p.clone()], &[r.clone()], Tolerance::default()).is_empty());
+        // NVML read the device but has no figure for the process: unknown, not zero.
+        r.nvml.as_mut().unwrap().device_index[0] = Some(1);
+        let f = evaluate(&[p], &[r], Tolerance::default());
+        assert!(f.is_empty(), "{f:?}");
+    }
+
+    #[test]
+    fn nvml_devices_are_matched_through_the_region_mapping() {
+        // Region device 0 is NVML GPU 3 (CUDA_VISIBLE_DEVICES=3). An unhooked process of the
+        // container holds 2 GiB there: bypass and, with the hooked one, over the limit.
+        let snap = snapshot(GIB, vec![slot(0, 53, 153, 300 * MIB, 0)]);
+        let r = with_nvml(
+            region(snap, &[(0, SlotLiveness::Alive { host_pid: 53 })]),
+            3,
+        );
+        let hooked = with_nvml_bytes(proc_(53, true, 0), 3, 300 * MIB);
+        let rogue = with_nvml_bytes(proc_(54, false, 0), 3, 2 * GIB);
+        let mut elsewhere = with_nvml_bytes(proc_(55, true, 0), 0, 8 * GIB);
+        elsewhere.region = None;
+        elsewhere.region_error = Some("no such file".into());
+        let f = evaluate(&[hooked, rogue, elsewhere], &[r], Tolerance::default());
+        let mut k: Vec<_> = f.iter().map(|f| (f.kind, f.reason, f.pid)).collect();
+        k.sort();
+        assert_eq!(
+            k,
+            vec![
+                (FindingKind::Bypass, reason::NO_PRELOAD, Some(54)),
+                (FindingKind::OverLimit, reason::NVML_ABOVE_LIMIT, None),
+                // Hooked without a usable region: nothing of its 8 GiB is accounted.
+                (FindingKind::Drift, reason::NVML_ABOVE_ACCOUNTED, Some(55)),
+            ]
+        );
+        let o = f.iter().find(|f| f.kind == FindingKind::OverLimit).unwrap();
+        assert_eq!(o.observed, Some(2 * GIB + 300 * MIB));
+        assert!(o.detail.contains("NVML GPU 3"), "{}", o.detail);
     }
 
     #[test]

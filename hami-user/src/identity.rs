@@ -275,10 +275,12 @@ impl Resolver {
     }
 }
 
-/// Reads `/proc/<pid>/mountinfo` and finds the HAMi folder holding `path`.
+/// Reads `/proc/<pid>/mountinfo` (at most [`crate::tenantfs::MAX_PROC_FILE`] bytes: a
+/// tenant can mount as much as it likes) and finds the HAMi folder holding `path`.
 pub fn hami_folder_of(proc_root: &Path, pid: u32, path: &str) -> Option<(String, String)> {
-    let mi = std::fs::read_to_string(proc_root.join(pid.to_string()).join("mountinfo")).ok()?;
-    hami_folder_from_mountinfo(&mi, path)
+    let raw =
+        crate::tenantfs::read_proc_file(&proc_root.join(pid.to_string()).join("mountinfo")).ok()?;
+    hami_folder_from_mountinfo(&String::from_utf8_lossy(&raw), path)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@
 //! * [`http`]: the `/metrics` and `/healthz` endpoint (axum);
 //! * [`agent`]: the event-fed core that ties them together;
 //! * [`report`]: audit table / JSON and `inspect` output;
+//! * [`tenantfs`]: opening and reading files that tenants name or control, safely;
 //! * `probes` (eBPF loading, attaching, libcuda discovery, event stream).
 #![warn(missing_docs)]
 
@@ -27,3 +28,4 @@ pub mod procinfo;
 pub mod report;
 pub mod runner;
 pub mod state;
+pub mod tenantfs;

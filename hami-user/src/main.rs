@@ -12,13 +12,15 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
-use hami_common::region::Region;
+use std::io::Write as _;
+
 use hami_user::agent::AgentOptions;
 use hami_user::findings::Tolerance;
 use hami_user::http::parse_listen_addr;
 use hami_user::metrics::{MetricsOptions, DEFAULT_METRICS_ADDR};
 use hami_user::report;
 use hami_user::runner::{self, RunOptions};
+use hami_user::tenantfs;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -96,6 +98,19 @@ struct Common {
     /// Relative tolerated difference, in percent of the larger figure.
     #[arg(long, default_value_t = 1.0)]
     tolerance_pct: f64,
+    /// NVML sampling period in milliseconds (the physical check).
+    #[arg(long, default_value_t = 1000)]
+    nvml_interval: u64,
+    /// How long a finding against NVML must persist, in milliseconds (it must also hold in
+    /// two NVML samples).
+    #[arg(long, default_value_t = 1000)]
+    nvml_settle_ms: u64,
+    /// Absolute tolerance between NVML's figures and the region's, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    nvml_tolerance_bytes: u64,
+    /// Relative tolerance between NVML's figures and the region's, in percent.
+    #[arg(long, default_value_t = 2.0)]
+    nvml_tolerance_pct: f64,
     /// Where /proc is.
     #[arg(long, default_value = "/proc", hide = true)]
     proc_root: PathBuf,
@@ -132,7 +147,12 @@ impl Common {
                     min_bytes: self.tolerance_bytes,
                     ratio: self.tolerance_pct / 100.0,
                 },
+                nvml_tolerance: Tolerance {
+                    min_bytes: self.nvml_tolerance_bytes,
+                    ratio: self.nvml_tolerance_pct / 100.0,
+                },
                 settle: Duration::from_millis(self.settle_ms),
+                nvml_settle: Duration::from_millis(self.nvml_settle_ms),
                 reclaim: self.reclaim,
                 regions: self.regions.clone(),
                 log_root: self.kubelet_log_dir.clone(),
@@ -140,6 +160,7 @@ impl Common {
             libcuda: self.libcuda.clone(),
             interval: Duration::from_millis(self.interval.max(10)),
             discovery_interval: Duration::from_millis(500),
+            nvml_interval: Duration::from_millis(self.nvml_interval.max(10)),
             metrics_addr,
             duration,
             log_findings: log,
@@ -173,10 +194,24 @@ fn init_logging(format: LogFormat) {
 const EXIT_USAGE: u8 = 64;
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
+    // Worker threads apart from the loop: /metrics keeps answering, and SIGTERM is acted on,
+    // even while the loop waits on one slow input.
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the tokio runtime")
+}
+
+/// Writes `text` to stdout. A reader that went away (`hami-agent inspect R --json | head`)
+/// is not an error: the rest is dropped quietly.
+fn print_out(text: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(e).context("writing to stdout"),
+    }
 }
 
 fn main() -> ExitCode {
@@ -195,7 +230,8 @@ fn main() -> ExitCode {
     match real_main(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("hami-agent: error: {e:#}");
+            // stderr may be closed too: nothing more to say then.
+            let _ = writeln!(std::io::stderr(), "hami-agent: error: {e:#}");
             ExitCode::from(1)
         }
     }
@@ -206,17 +242,20 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         Cmd::Inspect { region, json } => {
             // The region error names the path and the problem; printed once (not also as
             // a source chain).
-            let r = Region::open_existing(&region, false)
+            // Opened like the agent opens regions: a FIFO, device or socket is refused without
+            // waiting, and the file is copied with pread (a file truncated meanwhile is an
+            // error, not a SIGBUS).
+            let file = tenantfs::open_regular(&region, false)
                 .map_err(|e| anyhow::anyhow!("region unreadable: {e}"))?;
-            let snap = r.snapshot();
+            let snap = hami_common::region::read_snapshot(&file, &region)
+                .map_err(|e| anyhow::anyhow!("region unreadable: {e}"))?;
             let name = region.display().to_string();
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report::inspect_json(&name, &snap))?
-                );
+                let mut text = serde_json::to_string_pretty(&report::inspect_json(&name, &snap))?;
+                text.push('\n');
+                print_out(&text)?;
             } else {
-                print!("{}", report::inspect_text(&name, &snap));
+                print_out(&report::inspect_text(&name, &snap))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -264,9 +303,11 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
                 .block_on(runner::run(opts))
                 .context("hami-agent audit")?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&rep)?);
+                let mut text = serde_json::to_string_pretty(&rep)?;
+                text.push('\n');
+                print_out(&text)?;
             } else {
-                print!("{}", rep.table());
+                print_out(&rep.table())?;
             }
             Ok(ExitCode::from(rep.exit_code() as u8))
         }

@@ -103,7 +103,7 @@ pub struct Metrics {
     pub processes: IntGauge,
     /// `hami_regions_tracked`: regions mapped now.
     pub regions: IntGauge,
-    /// `hami_regions_released_total`: regions unmapped because no process uses them.
+    /// `hami_regions_released_total`: regions released (closed) because no process uses them.
     pub regions_released: IntCounter,
     /// `hami_region_errors`: tracked processes whose region cannot be opened now.
     pub region_errors: IntGauge,
@@ -183,7 +183,7 @@ impl Metrics {
         let accounted = gauge_vec(
             &r,
             "hami_container_accounted_bytes",
-            "Bytes the region accounts per device, all kinds (context, module, data): what counts against the limit",
+            "Bytes the region accounts per device, all kinds (context, module, data, pool, other): what counts against the limit",
             cl,
         )?;
         let accounted_data = gauge_vec(
@@ -238,7 +238,7 @@ impl Metrics {
         let regions_released = counter(
             &r,
             "hami_regions_released_total",
-            "Regions unmapped because none of their processes is left",
+            "Regions released (closed) because none of their processes is left",
         )?;
         let region_errors = gauge(
             &r,

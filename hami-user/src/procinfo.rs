@@ -365,9 +365,18 @@ pub fn host_path(proc_root: &Path, pid: u32, path_in_proc: &str) -> PathBuf {
 }
 
 fn read_string(path: PathBuf) -> Result<String, ProcError> {
-    std::fs::read(&path)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .map_err(|source| ProcError::Read { path, source })
+    read_bytes(path).map(|b| String::from_utf8_lossy(&b).into_owned())
+}
+
+/// A `/proc/<pid>` file, at most [`crate::tenantfs::MAX_PROC_FILE`] bytes (a process can
+/// make its `maps` or `environ` as large as it likes).
+fn read_bytes(path: PathBuf) -> Result<Vec<u8>, ProcError> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open(&path)
+        .and_then(|f| f.take(crate::tenantfs::MAX_PROC_FILE).read_to_end(&mut out))
+        .map_err(|source| ProcError::Read { path, source })?;
+    Ok(out)
 }
 
 /// `/proc/<pid>/stat` of a host pid.
@@ -406,7 +415,7 @@ pub fn read_proc(proc_root: &Path, pid: u32) -> Result<ProcInfo, ProcError> {
         .map(|c| parse_cgroup(&c))
         .unwrap_or_else(|_| "/".to_string());
     let maps = read_maps(proc_root, pid).unwrap_or_default();
-    let env = std::fs::read(dir.join("environ"))
+    let env = read_bytes(dir.join("environ"))
         .map(|raw| parse_environ(&raw))
         .unwrap_or_default();
     let (region_path, region_from_env) = region_path(&env);

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::agent::{ProcessRow, Reclaimed, RegionRow};
-use crate::findings::{human_bytes, Finding};
+use crate::findings::{human_bytes, Finding, Tolerance};
 use crate::nvml::GpuInfo;
 
 /// Exit status of `audit` when a bypass or over-limit finding was raised.
@@ -30,14 +30,46 @@ pub struct ProbeSummary {
 }
 
 /// NVML figures for the report.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct NvmlSummary {
-    /// Whether NVML was loaded.
+    /// Whether NVML was loaded (the physical check runs only then).
     pub available: bool,
     /// Why not, when it was not.
     pub error: Option<String>,
     /// Devices.
     pub devices: Vec<GpuInfo>,
+    /// NVML samples compared with the regions.
+    pub samples: u64,
+    /// Whether the latest sample had per-process figures (for at least one device).
+    pub per_process: bool,
+    /// Tolerance of the comparisons with NVML (`None` without NVML).
+    pub tolerance: Option<Tolerance>,
+}
+
+impl NvmlSummary {
+    /// One line on the physical check, for the table.
+    pub fn line(&self) -> String {
+        match (self.available, self.tolerance) {
+            (true, _) if !self.per_process => format!(
+                "available, {} samples, but no per-process used memory: no physical check, \
+                 findings come from the probes only",
+                self.samples
+            ),
+            (true, Some(t)) => format!(
+                "available, {} samples; physical check on (over_limit / drift against NVML, \
+                 unhooked processes holding memory), tolerance max({}, {}%)",
+                self.samples,
+                human_bytes(t.min_bytes),
+                t.ratio * 100.0
+            ),
+            (true, None) => format!("available, {} samples", self.samples),
+            (false, _) => format!(
+                "not available ({}): no physical check, findings come from the probes only; \
+                 unhooked processes that were running before the agent are \"unverified\"",
+                self.error.as_deref().unwrap_or("not loaded")
+            ),
+        }
+    }
 }
 
 /// A finding in the report, with whether it still stands at the end.
@@ -190,7 +222,7 @@ impl AuditReport {
         if self.processes.iter().any(|p| p.baseline.is_some()) {
             let _ = writeln!(
                 out,
-                "(baseline) = running before the agent attached, or loaded a libcuda before its probes went in (\"attached late\"): observed counts only allocations made since; never reported as drift, nor as bypass for what was not seen (an unhooked process that started after the agent is still a bypass)"
+                "(baseline) = running before the agent attached, or loaded a libcuda before its probes went in (\"attached late\"): observed counts only allocations made since, so the probes' comparisons skip it; NVML's comparisons do not (an unhooked process holding device memory is a bypass whenever it started)"
             );
         }
         let _ = writeln!(out);
@@ -230,14 +262,7 @@ impl AuditReport {
             self.probes.attached.len(),
             self.probes.received,
             self.probes.dropped,
-            if self.nvml.available {
-                "available".to_string()
-            } else {
-                format!(
-                    "not available ({})",
-                    self.nvml.error.as_deref().unwrap_or("not loaded")
-                )
-            }
+            self.nvml.line()
         );
         out
     }
@@ -277,14 +302,15 @@ fn liveness_name(l: Liveness) -> &'static str {
     }
 }
 
-/// Devices worth printing: below the device count, or with a limit, flags or usage.
+/// Devices worth printing: the devices the region's processes really see (the count the
+/// preload records from `cuDeviceGetCount`) plus any other with usage; while no process has
+/// recorded it (count 0), every device with a limit, flags or usage.
 fn shown_devices(s: &RegionSnapshot) -> Vec<usize> {
+    let real = crate::agent::real_devices(s);
     (0..MAX_DEVICES)
-        .filter(|&d| {
-            d < (s.device_count as usize).max(1)
-                || s.limits[d] != 0
-                || s.limit_flags[d] != 0
-                || s.used[d] != 0
+        .filter(|&d| match real {
+            Some(n) => d < n || s.used[d] != 0,
+            None => d == 0 || s.limits[d] != 0 || s.limit_flags[d] != 0 || s.used[d] != 0,
         })
         .collect()
 }
@@ -319,6 +345,8 @@ pub fn inspect_json(path: &str, s: &RegionSnapshot) -> Value {
                         "context": sl.usage[d][UsageKind::Context.index()],
                         "module": sl.usage[d][UsageKind::Module.index()],
                         "data": sl.usage[d][UsageKind::Data.index()],
+                        "pool": sl.usage[d][UsageKind::Pool.index()],
+                        "other": sl.usage[d][UsageKind::Other.index()],
                     })
                 })
                 .collect();
@@ -419,10 +447,12 @@ pub fn inspect_text(path: &str, s: &RegionSnapshot) -> String {
         for d in (0..MAX_DEVICES).filter(|&d| sl.device_total(d) != 0) {
             let _ = writeln!(
                 o,
-                "      device {d}: context {}, module {}, data {}",
+                "      device {d}: context {}, module {}, data {}, pool {}, other {}",
                 sl.usage[d][UsageKind::Context.index()],
                 sl.usage[d][UsageKind::Module.index()],
-                sl.usage[d][UsageKind::Data.index()]
+                sl.usage[d][UsageKind::Data.index()],
+                sl.usage[d][UsageKind::Pool.index()],
+                sl.usage[d][UsageKind::Other.index()]
             );
         }
     }
@@ -458,7 +488,7 @@ mod tests {
 
         let ro = Region::open_existing(&path, false).unwrap();
         let v = inspect_json("r.cache", &ro.snapshot());
-        assert_eq!(v["version"], 1);
+        assert_eq!(v["version"], hami_common::layout::VERSION);
         assert_eq!(v["initialised"], true);
         assert_eq!(v["device_count"], 2);
         assert_eq!(v["devices"][0]["limit"], 1u64 << 30);
@@ -479,12 +509,39 @@ mod tests {
         assert_eq!(mine["usage"][0]["device"], 0);
         assert_eq!(mine["usage"][0]["context"], 5u64 << 20);
         assert_eq!(mine["usage"][1]["data"], 64u64 << 20);
+        assert_eq!(mine["usage"][1]["pool"], 0);
         let other = slots.iter().find(|s| s["pid"] == ghost.pid).unwrap();
         assert_eq!(other["liveness"], "dead");
         let text = inspect_text("r.cache", &ro.snapshot());
         assert!(text.contains("limit 1.0 GiB (1073741824 bytes)"), "{text}");
         assert!(text.contains("active slots: 2"));
         assert!(text.contains("dead here"));
+    }
+
+    #[test]
+    fn nvml_line_says_whether_the_physical_check_ran() {
+        let off = NvmlSummary {
+            error: Some("NVML unavailable (libnvidia-ml.so.1): not found".into()),
+            ..Default::default()
+        };
+        let l = off.line();
+        assert!(l.starts_with("not available (NVML unavailable"), "{l}");
+        assert!(l.contains("no physical check"), "{l}");
+        let mut on = NvmlSummary {
+            available: true,
+            samples: 3,
+            per_process: true,
+            tolerance: Some(Tolerance::NVML_DEFAULT),
+            ..Default::default()
+        };
+        let l = on.line();
+        assert!(l.contains("physical check on"), "{l}");
+        assert!(l.contains("max(64.0 MiB, 2%)"), "{l}");
+        on.per_process = false;
+        assert!(on.line().contains("no per-process used memory"));
+        let j = serde_json::to_value(&on).unwrap();
+        assert_eq!(j["tolerance"]["min_bytes"], 64u64 << 20);
+        assert_eq!(j["samples"], 3);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The event loop behind `hami-agent run` and `hami-agent audit`: probes -> agent core,
 //! periodic ticks, NVML refresh, metrics, logging.
 
+use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -47,6 +48,8 @@ pub struct RunOptions {
     pub interval: Duration,
     /// libcuda discovery period.
     pub discovery_interval: Duration,
+    /// NVML sampling period (the physical check compares each sample with the regions).
+    pub nvml_interval: Duration,
     /// Where to serve `/metrics` (`None`: no server).
     pub metrics_addr: Option<SocketAddr>,
     /// Stop after this long (`audit`); `None`: until interrupted.
@@ -62,7 +65,9 @@ struct Running {
     agent: Agent,
     events: mpsc::Receiver<CudaEvent>,
     handle: ProbeHandle,
-    nvml: Option<Nvml>,
+    nvml: Option<Arc<Nvml>>,
+    /// Set while an NVML query is outstanding on a helper thread.
+    nvml_busy: Arc<std::sync::atomic::AtomicBool>,
     nvml_error: Option<String>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
@@ -75,10 +80,15 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
     let (nvml, nvml_error) = match Nvml::load() {
         Ok(n) => {
             tracing::info!(driver = ?n.driver_version(), "NVML loaded");
-            (Some(n), None)
+            (Some(Arc::new(n)), None)
         }
         Err(e) => {
-            tracing::warn!(error = %e, "running without NVML (no per-process used memory, no device totals)");
+            tracing::warn!(
+                error = %e,
+                "running without NVML: no physical check (over_limit and drift against NVML, \
+                 unhooked processes that were running before the agent); findings come from \
+                 the probes only"
+            );
             (None, Some(e.to_string()))
         }
     };
@@ -87,6 +97,12 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
         tracing::warn!(region = %name, error = %e, "region unreadable");
     }
     agent.set_nvml(nvml.as_ref().map(|n| n.snapshot()));
+    if nvml.is_some() && !agent.nvml_per_process() {
+        tracing::warn!(
+            "NVML gives no per-process used memory (process lists unreadable): no physical \
+             check until it does; findings come from the probes only"
+        );
+    }
     let probes = Probes::load(&ProbeOptions::default())?;
     let (events, handle) = probes.spawn(DiscoveryOptions {
         proc_root: opts.agent.proc_root.clone(),
@@ -121,6 +137,7 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
         events,
         handle,
         nvml,
+        nvml_busy: Arc::default(),
         nvml_error,
         metrics,
         health: Arc::new(Health::new()),
@@ -182,26 +199,44 @@ impl Running {
         m.set_findings(&self.agent.standing());
         let c = self.handle.counters();
         m.set_dropped_total(c.dropped);
-        m.libcuda_attached.set(self.handle.attached().len() as i64);
+        m.libcuda_attached
+            .set(self.handle.attached_cached().len() as i64);
     }
 
-    fn on_tick(&mut self, log: bool, last_nvml: &mut Instant) {
+    fn on_tick(&mut self, log: bool, last_nvml: &mut Instant, nvml_interval: Duration) {
         self.check_new_libraries();
-        self.attached = self.handle.attached().len();
+        self.attached = self.handle.attached_cached().len();
         if let Some(n) = &self.nvml {
-            if last_nvml.elapsed() >= Duration::from_secs(2) {
-                let snap = n.snapshot();
-                // A device whose handle, UUID or memory info could not be read.
-                let failed = snap
-                    .devices
-                    .iter()
-                    .filter(|d| d.uuid.is_none() || d.total.is_none())
-                    .count();
-                self.metrics.nvml_errors.inc_by(failed as u64);
-                self.agent.set_nvml(Some(snap));
+            if last_nvml.elapsed() >= nvml_interval {
+                // Bounded: a driver that stops answering keeps the last figures.
+                let n = Arc::clone(n);
+                match crate::tenantfs::bounded(
+                    "NVML query",
+                    crate::agent::INPUT_DEADLINE,
+                    Some(&self.nvml_busy),
+                    move || n.snapshot(),
+                ) {
+                    Ok(snap) => {
+                        // A device whose handle, UUID or memory info could not be read.
+                        let failed = snap
+                            .devices
+                            .iter()
+                            .filter(|d| d.uuid.is_none() || d.total.is_none())
+                            .count();
+                        self.metrics.nvml_errors.inc_by(failed as u64);
+                        self.agent.set_nvml(Some(snap));
+                    }
+                    Err(e) => {
+                        // A query that did not answer in time (or one still outstanding).
+                        self.metrics.nvml_errors.inc();
+                        tracing::warn!(error = %e, "NVML query skipped");
+                    }
+                }
                 *last_nvml = Instant::now();
             }
         }
+        // Drops first: a process whose events were lost is rebuilt, not compared.
+        self.agent.note_dropped(self.handle.counters().dropped);
         let out = self.agent.tick(Instant::now());
         if log {
             log_outcome(&out);
@@ -257,6 +292,12 @@ impl Running {
             NvmlSummary {
                 available: self.nvml.is_some(),
                 error: self.nvml_error.clone(),
+                samples: self.agent.nvml_samples(),
+                per_process: self.agent.nvml_per_process(),
+                tolerance: self
+                    .nvml
+                    .as_ref()
+                    .map(|_| self.agent.options().nvml_tolerance),
                 devices: self
                     .agent
                     .nvml()
@@ -270,6 +311,31 @@ impl Running {
             self.agent.reclaimed().to_vec(),
         )
     }
+}
+
+/// How long the loop may take to stop after SIGTERM/SIGINT before the process exits anyway.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A task on another worker thread: after SIGTERM or SIGINT, if the loop has not finished
+/// within [`STOP_GRACE`] (stuck on an input despite every bound), exits the process.
+fn spawn_term_watchdog() {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    else {
+        return;
+    };
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = ctrl_c => {}
+        }
+        tokio::time::sleep(STOP_GRACE).await;
+        let _ = writeln!(
+            std::io::stderr(),
+            "hami-agent: not stopped {STOP_GRACE:?} after the signal: exiting now"
+        );
+        std::process::exit(143);
+    });
 }
 
 /// Runs until interrupted (or `opts.duration`), then returns the report.
@@ -295,12 +361,15 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
         None => None,
     };
     // Signal handlers first: a SIGTERM sent as soon as "ready" is printed must end the loop
-    // cleanly, not kill the process with the default action.
+    // cleanly, not kill the process with the default action; the watchdog listens too.
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    // Tests and scripts wait for this line on stderr before starting workloads.
-    eprintln!(
+    spawn_term_watchdog();
+    // Tests and scripts wait for this line on stderr before starting workloads (a closed
+    // stderr is no reason to stop).
+    let _ = writeln!(
+        std::io::stderr(),
         "hami-agent: ready ({} libcuda attached, {} processes baselined)",
         r.attached,
         r.agent.process_count()
@@ -333,7 +402,7 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
                     }
                 }
             }
-            _ = ticker.tick() => r.on_tick(opts.log_findings, &mut last_nvml),
+            _ = ticker.tick() => r.on_tick(opts.log_findings, &mut last_nvml, opts.nvml_interval),
             _ = &mut ctrl_c => break,
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => break,
             _ = &mut sleep_until => break,
@@ -343,7 +412,7 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
     while let Ok(ev) = r.events.try_recv() {
         r.consume(&ev);
     }
-    r.on_tick(opts.log_findings, &mut last_nvml);
+    r.on_tick(opts.log_findings, &mut last_nvml, opts.nvml_interval);
     if let Some(s) = server {
         s.abort();
     }

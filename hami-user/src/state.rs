@@ -123,6 +123,13 @@ pub struct ProcState {
     pub first_ns: u64,
     /// `ts_ns` of the last event.
     pub last_ns: u64,
+    /// Events of this process may have been dropped (the ring buffer was full): its live
+    /// allocations may hold phantoms (lost frees) or miss some (lost allocations) until it
+    /// is rebuilt ([`Processes::rebuild`]).
+    pub events_lost: bool,
+    /// Memory events older than this (`ts_ns`, `CLOCK_MONOTONIC`) are already reflected in
+    /// the figures the process was rebuilt from: ignored.
+    pub rebuilt_at_ns: u64,
 }
 
 impl ProcState {
@@ -143,6 +150,8 @@ impl ProcState {
             live_bytes: 0,
             first_ns: 0,
             last_ns: 0,
+            events_lost: false,
+            rebuilt_at_ns: 0,
         }
     }
 
@@ -270,6 +279,34 @@ impl Processes {
         self.procs.remove(&pid)
     }
 
+    /// Marks `pid` as having possibly lost events (no-op for an untracked pid).
+    pub fn mark_events_lost(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.events_lost = true;
+        }
+    }
+
+    /// Marks every tracked process as having possibly lost events (the ring buffer does not
+    /// say whose events it dropped).
+    pub fn mark_all_events_lost(&mut self) {
+        for p in self.procs.values_mut() {
+            p.events_lost = true;
+        }
+    }
+
+    /// Rebuilds a process whose events were lost, at a moment when its true live data is
+    /// known to be zero (its region slot accounts no data): its live allocations are
+    /// cleared, memory events stamped before `now_ns` (`CLOCK_MONOTONIC`, the clock of
+    /// `ts_ns`) are ignored from now on (still queued, already reflected), and the mark goes.
+    pub fn rebuild(&mut self, pid: u32, now_ns: u64) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.allocs.clear();
+            p.live_bytes = 0;
+            p.rebuilt_at_ns = now_ns;
+            p.events_lost = false;
+        }
+    }
+
     /// Applies one event.
     pub fn apply(&mut self, ev: &CudaEvent) -> Applied {
         let Some(kind) = EventKind::from_u32(ev.kind) else {
@@ -294,6 +331,10 @@ impl Processes {
         } else {
             p.thread_ctx.get(&ev.tid).copied().unwrap_or(0)
         };
+        if (kind.is_alloc() || kind.is_free()) && ev.ts_ns < p.rebuilt_at_ns {
+            // Made before the process was rebuilt: already reflected in its figures.
+            return Applied::Ignored;
+        }
         if kind.is_alloc() {
             let Some(space) = key_space(kind) else {
                 return Applied::Ignored;

@@ -7,7 +7,11 @@
 //!   *attached late*, reported as a bypass, and nothing counted twice;
 //! * `inspect` on files that are not valid regions: a clear error naming the path, non-zero
 //!   exit, no panic;
-//! * not root: a clear error, exit 1.
+//! * not root: a clear error, exit 1;
+//! * issue 8: `audit` said "ok (baseline)" and exited 0 for an unhooked process that was
+//!   holding device memory before the agent started.
+//! * `inspect` of a FIFO (found by `cargo xtask torture`'s bad inputs): it waited forever for
+//!   a writer; now a clear error.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -304,6 +308,44 @@ fn late_attached_unhooked_process_is_a_bypass_even_without_further_allocations()
     let _ = agent.wait();
 }
 
+#[test]
+fn inspect_of_a_fifo_is_an_error_not_a_hang() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path().join("fifo");
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    // SAFETY: c is a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mut child = Command::new(AGENT)
+        .args(["inspect", "--json"])
+        .arg(&p)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("inspect of a FIFO still running after 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains(p.to_str().unwrap()), "names the file: {err}");
+    assert!(err.contains("not a regular file"), "{err}");
+}
+
 fn inspect(path: &Path) -> (Option<i32>, String, String) {
     let out = Command::new(AGENT)
         .args(["inspect", "--json"])
@@ -483,5 +525,77 @@ fn hooked_process_in_its_own_pid_namespace_is_matched_to_its_slot() {
         "{audit:#}"
     );
     assert_eq!(st.code(), Some(if audit["failed"] == true { 2 } else { 0 }));
+    probe.resume();
+}
+
+/// Issue 8: the first thing an operator does with `audit` is look at a node where work is
+/// already running. An unhooked process that was holding device memory before the agent
+/// started (NVML lists it) was "ok (baseline)", exit 0. It is a bypass, whenever it started.
+#[test]
+fn audit_fails_for_an_unhooked_process_holding_memory_from_before_the_agent() {
+    use hami_test_harness::{Artifacts, TestEnv};
+    require_root();
+    let _g = serial();
+    let a = Artifacts::get();
+    let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
+    let mut probe = env.spawn_probe(&["init", "ctx", "alloc", "1536M", "wait"]);
+    probe.wait_for("wait");
+    let held = env.nvml().process_used(0, probe.pid);
+    assert!(held >= 1536 * MIB, "NVML lists it: {held}");
+    let (mut agent, log) = start_agent_with(
+        &[
+            "audit",
+            "--json",
+            "--seconds",
+            "1",
+            "--libcuda",
+            a.fake_libcuda.to_str().unwrap(),
+        ],
+        &[
+            ("LD_LIBRARY_PATH", a.fake_lib_dir.as_os_str()),
+            ("FAKE_CUDA_STATE", env.state_path().as_os_str()),
+        ],
+    );
+    let st = agent.wait().unwrap();
+    let mut out = String::new();
+    agent
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let logs: Vec<String> = log.try_iter().collect();
+    let audit: Value = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("{e}: {out}\nlog:\n{}", logs.join("\n")));
+    let row = audit["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["pid"] == probe.pid)
+        .unwrap_or_else(|| panic!("pid {} not in the audit:\n{audit:#}", probe.pid));
+    assert_eq!(row["hooked"], false, "{row:#}");
+    assert_eq!(
+        row["baseline"], "pre-existing, not observed from start",
+        "{row:#}"
+    );
+    assert_eq!(row["nvml"], held, "{row:#}");
+    assert_eq!(row["verdict"], "bypass", "{row:#}");
+    let f: Vec<&Value> = audit["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["pid"] == probe.pid)
+        .collect();
+    assert_eq!(f.len(), 1, "{audit:#}");
+    assert_eq!(f[0]["kind"], "bypass");
+    assert_eq!(f[0]["reason"], "no_preload");
+    assert_eq!(f[0]["bytes"], held);
+    assert!(
+        f[0]["detail"].as_str().unwrap().contains("pre-existing"),
+        "{:#}",
+        f[0]
+    );
+    assert_eq!(audit["failed"], true);
+    assert_eq!(st.code(), Some(2), "audit exit status");
     probe.resume();
 }

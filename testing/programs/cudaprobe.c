@@ -103,6 +103,38 @@ CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
 CUresult cuArrayDestroy(CUarray);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+/* Later additions, declared weak: a driver without them still runs every other op (the op
+ * then prints error=missing-function). */
+#define WEAK __attribute__((weak))
+WEAK CUresult cuDeviceGetMemPool(CUmemoryPool *, CUdevice);
+WEAK CUresult cuDeviceSetMemPool(CUdevice, CUmemoryPool);
+WEAK CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
+WEAK CUresult cuMemPoolGetAttribute(CUmemoryPool, int, void *);
+WEAK CUresult cuMemPoolSetAttribute(CUmemoryPool, int, void *);
+WEAK CUresult cuMemPoolDestroy(CUmemoryPool);
+WEAK CUresult cuMipmappedArrayCreate(void **, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+WEAK CUresult cuMipmappedArrayDestroy(void *);
+WEAK CUresult cuModuleLoad(void **, const char *);
+WEAK CUresult cuModuleLoadData(void **, const void *);
+WEAK CUresult cuModuleLoadDataEx(void **, const void *, unsigned int, int *, void **);
+WEAK CUresult cuModuleLoadFatBinary(void **, const void *);
+WEAK CUresult cuModuleUnload(void *);
+WEAK CUresult cuModuleGetFunction(void **, void *, const char *);
+WEAK CUresult cuLibraryLoadData(void **, const void *, int *, void **, unsigned int, int *, void **, unsigned int);
+WEAK CUresult cuLibraryLoadFromFile(void **, const char *, int *, void **, unsigned int, int *, void **, unsigned int);
+WEAK CUresult cuLibraryUnload(void *);
+WEAK CUresult cuLibraryGetKernel(void **, void *, const char *);
+WEAK CUresult cuKernelGetFunction(void **, void *);
+WEAK CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
+typedef struct { unsigned int dims[7]; CUstream stream; void *attrs; unsigned int numAttrs; } CUlaunchConfig;
+WEAK CUresult cuLaunchKernelEx(const CUlaunchConfig *, void *, void **, void **);
+WEAK CUresult cuEventCreate(void **, unsigned int);
+WEAK CUresult cuEventRecord(void *, CUstream);
+WEAK CUresult cuEventSynchronize(void *);
+WEAK CUresult cuEventDestroy_v2(void *);
+WEAK CUresult cuStreamCreate(CUstream *, unsigned int);
+WEAK CUresult cuStreamBeginCapture_v2(CUstream, int);
+WEAK CUresult cuStreamEndCapture(CUstream, void **);
 
 /* The function table every operation goes through. */
 static struct {
@@ -146,6 +178,35 @@ static struct {
   CUresult (*Array3DCreate)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
   CUresult (*ArrayDestroy)(CUarray);
   CUresult (*GetProcAddress)(const char *, void **, int, unsigned long long, int *);
+  /* Optional (NULL when the driver lacks them). */
+  CUresult (*DeviceGetMemPool)(CUmemoryPool *, CUdevice);
+  CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
+  CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
+  CUresult (*MemPoolGetAttribute)(CUmemoryPool, int, void *);
+  CUresult (*MemPoolSetAttribute)(CUmemoryPool, int, void *);
+  CUresult (*MemPoolDestroy)(CUmemoryPool);
+  CUresult (*MipmappedArrayCreate)(void **, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+  CUresult (*MipmappedArrayDestroy)(void *);
+  CUresult (*ModuleLoad)(void **, const char *);
+  CUresult (*ModuleLoadData)(void **, const void *);
+  CUresult (*ModuleLoadDataEx)(void **, const void *, unsigned int, int *, void **);
+  CUresult (*ModuleLoadFatBinary)(void **, const void *);
+  CUresult (*ModuleUnload)(void *);
+  CUresult (*ModuleGetFunction)(void **, void *, const char *);
+  CUresult (*LibraryLoadData)(void **, const void *, int *, void **, unsigned int, int *, void **, unsigned int);
+  CUresult (*LibraryLoadFromFile)(void **, const char *, int *, void **, unsigned int, int *, void **, unsigned int);
+  CUresult (*LibraryUnload)(void *);
+  CUresult (*LibraryGetKernel)(void **, void *, const char *);
+  CUresult (*KernelGetFunction)(void **, void *);
+  CUresult (*LaunchKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
+  CUresult (*LaunchKernelEx)(const CUlaunchConfig *, void *, void **, void **);
+  CUresult (*EventCreate)(void **, unsigned int);
+  CUresult (*EventRecord)(void *, CUstream);
+  CUresult (*EventSynchronize)(void *);
+  CUresult (*EventDestroy)(void *);
+  CUresult (*StreamCreate)(CUstream *, unsigned int);
+  CUresult (*StreamBeginCapture)(CUstream, int);
+  CUresult (*StreamEndCapture)(CUstream, void **);
 } cu;
 
 enum { CTX_V2 = 2, CTX_V3 = 3, CTX_V4 = 4 };
@@ -156,8 +217,9 @@ static int device = 0;
 static int cuda_version = 12000;
 static void *libcuda;
 
-enum { K_LINEAR = 1, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_CTX };
-static const char *kind_name[] = {"", "linear", "pitch", "managed", "async", "pool", "vmm", "array", "ctx"};
+enum { K_LINEAR = 1, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_CTX, K_MIPMAP, K_MODULE, K_LIBRARY, K_FUNC, K_KERNEL };
+static const char *kind_name[] = {"", "linear", "pitch", "managed", "async", "pool", "vmm", "array", "ctx",
+                                  "mipmap", "module", "library", "function", "kernel"};
 typedef struct {
   int kind, live;
   CUdeviceptr ptr;
@@ -168,6 +230,8 @@ typedef struct {
 static rec_t *recs;
 static size_t nrecs, caprecs;
 static CUmemoryPool pool;
+static CUstream stream;  /* the stream of async / freeasync / pool ops (streamnew), NULL by default */
+static int capturing;    /* capture-begin .. capture-end: no synchronisation after those ops */
 
 static void die(const char *fmt, const char *arg) {
   fprintf(stderr, "cudaprobe: ");
@@ -236,6 +300,14 @@ static void *procaddr(const char *name, unsigned long long flags) {
   return p;
 }
 
+/* As procaddr, NULL instead of exiting when the driver lacks the function. */
+static void *procaddr_opt(const char *name) {
+  void *p = NULL;
+  int status = -1;
+  if (cu.GetProcAddress(name, &p, cuda_version, 0, &status) != 0) return NULL;
+  return p;
+}
+
 static void resolve(void) {
   if (!strcmp(via, "direct")) {
     cu.Init = cuInit; cu.DriverGetVersion = cuDriverGetVersion; cu.GetErrorName = cuGetErrorName;
@@ -252,6 +324,17 @@ static void resolve(void) {
     cu.MemAddressReserve = cuMemAddressReserve; cu.MemAddressFree = cuMemAddressFree; cu.MemMap = cuMemMap;
     cu.MemUnmap = cuMemUnmap; cu.MemSetAccess = cuMemSetAccess; cu.ArrayCreate = cuArrayCreate_v2;
     cu.Array3DCreate = cuArray3DCreate_v2; cu.ArrayDestroy = cuArrayDestroy; cu.GetProcAddress = cuGetProcAddress_v2;
+    cu.DeviceGetMemPool = cuDeviceGetMemPool; cu.DeviceSetMemPool = cuDeviceSetMemPool; cu.MemPoolTrimTo = cuMemPoolTrimTo;
+    cu.MemPoolGetAttribute = cuMemPoolGetAttribute; cu.MemPoolSetAttribute = cuMemPoolSetAttribute;
+    cu.MemPoolDestroy = cuMemPoolDestroy; cu.MipmappedArrayCreate = cuMipmappedArrayCreate;
+    cu.MipmappedArrayDestroy = cuMipmappedArrayDestroy; cu.ModuleLoad = cuModuleLoad; cu.ModuleLoadData = cuModuleLoadData;
+    cu.ModuleLoadDataEx = cuModuleLoadDataEx; cu.ModuleLoadFatBinary = cuModuleLoadFatBinary; cu.ModuleUnload = cuModuleUnload;
+    cu.ModuleGetFunction = cuModuleGetFunction; cu.LibraryLoadData = cuLibraryLoadData;
+    cu.LibraryLoadFromFile = cuLibraryLoadFromFile; cu.LibraryUnload = cuLibraryUnload;
+    cu.LibraryGetKernel = cuLibraryGetKernel; cu.KernelGetFunction = cuKernelGetFunction; cu.LaunchKernel = cuLaunchKernel;
+    cu.LaunchKernelEx = cuLaunchKernelEx; cu.EventCreate = cuEventCreate; cu.EventRecord = cuEventRecord;
+    cu.EventSynchronize = cuEventSynchronize; cu.EventDestroy = cuEventDestroy_v2; cu.StreamCreate = cuStreamCreate;
+    cu.StreamBeginCapture = cuStreamBeginCapture_v2; cu.StreamEndCapture = cuStreamEndCapture;
     libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     return;
   }
@@ -274,6 +357,19 @@ static void resolve(void) {
     D(MemUnmap, cuMemUnmap); D(MemSetAccess, cuMemSetAccess); D(ArrayCreate, cuArrayCreate_v2);
     D(Array3DCreate, cuArray3DCreate_v2); D(ArrayDestroy, cuArrayDestroy); D(GetProcAddress, cuGetProcAddress_v2);
 #undef D
+#define O(field, sym) cu.field = dlsym(libcuda, #sym)
+    O(DeviceGetMemPool, cuDeviceGetMemPool); O(DeviceSetMemPool, cuDeviceSetMemPool); O(MemPoolTrimTo, cuMemPoolTrimTo);
+    O(MemPoolGetAttribute, cuMemPoolGetAttribute); O(MemPoolSetAttribute, cuMemPoolSetAttribute);
+    O(MemPoolDestroy, cuMemPoolDestroy); O(MipmappedArrayCreate, cuMipmappedArrayCreate);
+    O(MipmappedArrayDestroy, cuMipmappedArrayDestroy); O(ModuleLoad, cuModuleLoad); O(ModuleLoadData, cuModuleLoadData);
+    O(ModuleLoadDataEx, cuModuleLoadDataEx); O(ModuleLoadFatBinary, cuModuleLoadFatBinary); O(ModuleUnload, cuModuleUnload);
+    O(ModuleGetFunction, cuModuleGetFunction); O(LibraryLoadData, cuLibraryLoadData);
+    O(LibraryLoadFromFile, cuLibraryLoadFromFile); O(LibraryUnload, cuLibraryUnload);
+    O(LibraryGetKernel, cuLibraryGetKernel); O(KernelGetFunction, cuKernelGetFunction); O(LaunchKernel, cuLaunchKernel);
+    O(LaunchKernelEx, cuLaunchKernelEx); O(EventCreate, cuEventCreate); O(EventRecord, cuEventRecord);
+    O(EventSynchronize, cuEventSynchronize); O(EventDestroy, cuEventDestroy_v2); O(StreamCreate, cuStreamCreate);
+    O(StreamBeginCapture, cuStreamBeginCapture_v2); O(StreamEndCapture, cuStreamEndCapture);
+#undef O
     return;
   }
   if (strcmp(via, "procaddr")) die("unknown --via '%s'", via);
@@ -295,6 +391,19 @@ static void resolve(void) {
   P(Array3DCreate, cuArray3DCreate); P(ArrayDestroy, cuArrayDestroy); P(GetProcAddress, cuGetProcAddress);
 #undef P
   cu.MemAllocAsyncPtsz = procaddr("cuMemAllocAsync", 2 /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */);
+#define Q(field, base) cu.field = procaddr_opt(#base)
+  Q(DeviceGetMemPool, cuDeviceGetMemPool); Q(DeviceSetMemPool, cuDeviceSetMemPool); Q(MemPoolTrimTo, cuMemPoolTrimTo);
+  Q(MemPoolGetAttribute, cuMemPoolGetAttribute); Q(MemPoolSetAttribute, cuMemPoolSetAttribute);
+  Q(MemPoolDestroy, cuMemPoolDestroy); Q(MipmappedArrayCreate, cuMipmappedArrayCreate);
+  Q(MipmappedArrayDestroy, cuMipmappedArrayDestroy); Q(ModuleLoad, cuModuleLoad); Q(ModuleLoadData, cuModuleLoadData);
+  Q(ModuleLoadDataEx, cuModuleLoadDataEx); Q(ModuleLoadFatBinary, cuModuleLoadFatBinary); Q(ModuleUnload, cuModuleUnload);
+  Q(ModuleGetFunction, cuModuleGetFunction); Q(LibraryLoadData, cuLibraryLoadData);
+  Q(LibraryLoadFromFile, cuLibraryLoadFromFile); Q(LibraryUnload, cuLibraryUnload);
+  Q(LibraryGetKernel, cuLibraryGetKernel); Q(KernelGetFunction, cuKernelGetFunction); Q(LaunchKernel, cuLaunchKernel);
+  Q(LaunchKernelEx, cuLaunchKernelEx); Q(EventCreate, cuEventCreate); Q(EventRecord, cuEventRecord);
+  Q(EventSynchronize, cuEventSynchronize); Q(EventDestroy, cuEventDestroy); Q(StreamCreate, cuStreamCreate);
+  Q(StreamBeginCapture, cuStreamBeginCapture); Q(StreamEndCapture, cuStreamEndCapture);
+#undef Q
   ctx_create_variant = cuda_version >= 12050 ? CTX_V4 : cuda_version >= 11040 ? CTX_V3 : CTX_V2;
   ctx_v13 = cuda_version >= 13000;
 }
@@ -336,6 +445,13 @@ static long pick(const char *arg, unsigned kinds) {
   return i;
 }
 
+/* An optional IDX argument: "last" or a number; otherwise (another op follows) "last". */
+static const char *opt_idx(int argc, char **argv, int *a) {
+  if (*a + 1 < argc && (!strcmp(argv[*a + 1], "last") || (argv[*a + 1][0] >= '0' && argv[*a + 1][0] <= '9')))
+    return argv[++*a];
+  return "last";
+}
+
 static void print_alloc(const char *op, size_t size, CUresult rc, CUdeviceptr p, int kind) {
   printf("op=%s size=%zu", op, size);
   if (rc == 0) {
@@ -356,6 +472,10 @@ static CUresult free_rec(size_t i) {
       break;
     case K_ARRAY: rc = cu.ArrayDestroy(r->obj); break;
     case K_CTX: rc = cu.CtxDestroy(r->obj); break;
+    case K_MIPMAP: rc = cu.MipmappedArrayDestroy(r->obj); break;
+    case K_MODULE: rc = cu.ModuleUnload(r->obj); break;
+    case K_LIBRARY: rc = cu.LibraryUnload(r->obj); break;
+    case K_FUNC: case K_KERNEL: rc = 0; break;
     default: rc = cu.MemFree(r->ptr);
   }
   if (!rc) r->live = 0;
@@ -381,6 +501,11 @@ static void usage(void) {
        "  pool SIZE | create SIZE | release IDX | array W H | array3d W H D | arraydestroy IDX\n"
        "  fill SIZE | bench-pair N SIZE | bench-for SECONDS SIZE | getproc NAME [VERSION [FLAGS]] | getproc1 NAME [VERSION [FLAGS]]\n"
        "  errname CODE\n"
+       "  poolinfo default|own | threshold default|own SIZE|max | trim default|own SIZE | pooldestroy | setpool\n"
+       "  streamsync | eventsync | streamnew | capture-begin | capture-end | mipmap W H LEVELS | mipmapdestroy IDX\n"
+       "  modload SIZE | modloadex SIZE | modloadfat SIZE | modloadfile SIZE | modunload IDX\n"
+       "  getfunc [IDX] | launch [IDX] | launchex [IDX]\n"
+       "  libload SIZE | libloadfile SIZE | libunload IDX | getkernel [IDX] | kernelfunc [IDX]\n"
        "  sleep SECONDS | wait | exit CODE");
 }
 
@@ -461,15 +586,15 @@ int main(int argc, char **argv) {
       rc = cu.MemAllocManaged(&p, s, 1 /* CU_MEM_ATTACH_GLOBAL */); print_alloc("managed", s, rc, p, K_MANAGED);
     } else if (!strcmp(op, "async") || !strcmp(op, "async-ptsz")) {
       NEED(1); size_t s = parse_size(argv[++a]); CUdeviceptr p = 0;
-      rc = (op[5] ? cu.MemAllocAsyncPtsz : cu.MemAllocAsync)(&p, s, NULL);
-      if (!rc) rc = cu.StreamSynchronize(NULL);
+      rc = (op[5] ? cu.MemAllocAsyncPtsz : cu.MemAllocAsync)(&p, s, stream);
+      if (!rc && !capturing) rc = cu.StreamSynchronize(stream);
       print_alloc(op, s, rc, p, K_ASYNC);
     } else if (!strcmp(op, "freeasync")) {
       NEED(1); long i = pick(argv[++a], 1u << K_ASYNC | 1u << K_POOL);
       printf("op=freeasync");
       if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
-      rc = cu.MemFreeAsync(recs[i].ptr, NULL);
-      if (!rc) rc = cu.StreamSynchronize(NULL);
+      rc = cu.MemFreeAsync(recs[i].ptr, stream);
+      if (!rc && !capturing) rc = cu.StreamSynchronize(stream);
       if (!rc) recs[i].live = 0;
       printf(" idx=%ld ptr=0x%llx", i, recs[i].ptr); end(rc);
     } else if (!strcmp(op, "pool")) {
@@ -479,9 +604,141 @@ int main(int argc, char **argv) {
         pp.allocType = 1; pp.location.type = 1; pp.location.id = device;
         rc = cu.MemPoolCreate(&pool, &pp);
       }
-      if (!rc) rc = cu.MemAllocFromPoolAsync(&p, s, pool, NULL);
-      if (!rc) rc = cu.StreamSynchronize(NULL);
+      if (!rc) rc = cu.MemAllocFromPoolAsync(&p, s, pool, stream);
+      if (!rc && !capturing) rc = cu.StreamSynchronize(stream);
       print_alloc("pool", s, rc, p, K_POOL);
+    } else if (!strcmp(op, "poolinfo") || !strcmp(op, "threshold") || !strcmp(op, "trim")) {
+      NEED(1); const char *which = argv[++a];
+      int info = op[0] == 'p', thr = op[1] == 'h';
+      unsigned long long v = 0;
+      if (!info) { NEED(1); const char *x = argv[++a]; v = !strcmp(x, "max") ? ~0ULL : parse_size(x); }
+      printf("op=%s pool=%s", op, which);
+      if (!cu.DeviceGetMemPool || !cu.MemPoolGetAttribute || !cu.MemPoolSetAttribute || !cu.MemPoolTrimTo) {
+        printf(" error=missing-function\n"); fflush(stdout); continue;
+      }
+      CUmemoryPool p = NULL; rc = 0;
+      if (!strcmp(which, "own")) p = pool; else rc = cu.DeviceGetMemPool(&p, device);
+      if (!rc && !p) { printf(" error=no-pool\n"); fflush(stdout); continue; }
+      if (!rc && thr) rc = cu.MemPoolSetAttribute(p, 4 /* RELEASE_THRESHOLD */, &v);
+      if (!rc && !info && !thr) rc = cu.MemPoolTrimTo(p, (size_t)v);
+      unsigned long long reserved = 0, used = 0, threshold = 0;
+      if (!rc) rc = cu.MemPoolGetAttribute(p, 5 /* RESERVED_MEM_CURRENT */, &reserved);
+      if (!rc) rc = cu.MemPoolGetAttribute(p, 7 /* USED_MEM_CURRENT */, &used);
+      if (!rc) rc = cu.MemPoolGetAttribute(p, 4 /* RELEASE_THRESHOLD */, &threshold);
+      printf(" reserved=%llu used=%llu threshold=%llu", reserved, used, threshold); end(rc);
+    } else if (!strcmp(op, "pooldestroy")) {
+      printf("op=pooldestroy");
+      if (!cu.MemPoolDestroy || !pool) { printf(" error=no-pool\n"); fflush(stdout); continue; }
+      rc = cu.MemPoolDestroy(pool); if (!rc) pool = NULL; end(rc);
+    } else if (!strcmp(op, "setpool")) {
+      printf("op=setpool");
+      if (!cu.DeviceSetMemPool) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      rc = 0;
+      if (!pool) {
+        CUmemPoolProps pp; memset(&pp, 0, sizeof pp);
+        pp.allocType = 1; pp.location.type = 1; pp.location.id = device;
+        rc = cu.MemPoolCreate(&pool, &pp);
+      }
+      if (!rc) rc = cu.DeviceSetMemPool(device, pool);
+      end(rc);
+    } else if (!strcmp(op, "streamsync")) {
+      printf("op=streamsync"); end(cu.StreamSynchronize(stream));
+    } else if (!strcmp(op, "streamnew")) {
+      printf("op=streamnew");
+      if (!cu.StreamCreate) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      CUstream st = NULL; rc = cu.StreamCreate(&st, 1 /* NON_BLOCKING */);
+      if (!rc) stream = st;
+      printf(" stream=%p", st); end(rc);
+    } else if (!strcmp(op, "capture-begin") || !strcmp(op, "capture-end")) {
+      printf("op=%s", op);
+      if (!cu.StreamBeginCapture || !cu.StreamEndCapture) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      if (op[8] == 'b') {
+        rc = cu.StreamBeginCapture(stream, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */);
+        if (!rc) capturing = 1;
+      } else {
+        void *graph = NULL; rc = cu.StreamEndCapture(stream, &graph);
+        capturing = 0;
+      }
+      end(rc);
+    } else if (!strcmp(op, "eventsync")) {
+      printf("op=eventsync");
+      if (!cu.EventCreate || !cu.EventRecord || !cu.EventSynchronize || !cu.EventDestroy) {
+        printf(" error=missing-function\n"); fflush(stdout); continue;
+      }
+      void *ev = NULL; rc = cu.EventCreate(&ev, 0);
+      if (!rc) rc = cu.EventRecord(ev, NULL);
+      if (!rc) rc = cu.EventSynchronize(ev);
+      if (ev) cu.EventDestroy(ev);
+      end(rc);
+    } else if (!strcmp(op, "mipmap")) {
+      NEED(3); size_t w = parse_size(argv[++a]), h = parse_size(argv[++a]); unsigned lv = (unsigned)atoi(argv[++a]);
+      printf("op=mipmap width=%zu height=%zu levels=%u", w, h, lv);
+      if (!cu.MipmappedArrayCreate) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      CUDA_ARRAY3D_DESCRIPTOR desc = {w, h, 0, 0x20 /* FLOAT */, 2, 0};
+      void *m = NULL; rc = cu.MipmappedArrayCreate(&m, &desc, lv);
+      if (!rc) printf(" idx=%zu mipmap=%p", add_rec((rec_t){.kind = K_MIPMAP, .obj = m}), m);
+      end(rc);
+    } else if (!strcmp(op, "mipmapdestroy") || !strcmp(op, "modunload") || !strcmp(op, "libunload")) {
+      NEED(1);
+      int k = op[0] == 'm' && op[1] == 'i' ? K_MIPMAP : op[0] == 'm' ? K_MODULE : K_LIBRARY;
+      long i = pick(argv[++a], 1u << k);
+      printf("op=%s", op);
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      printf(" idx=%ld", i); end(free_rec((size_t)i));
+    } else if (!strncmp(op, "modload", 7) || !strncmp(op, "libload", 7)) {
+      /* A fake image "FAKECUBIN globals=SIZE" (the fake driver's format; a real driver
+       * rejects it with CUDA_ERROR_INVALID_IMAGE). */
+      NEED(1); const char *sz = argv[++a];
+      char image[128]; snprintf(image, sizeof image, "FAKECUBIN globals=%s", sz);
+      int lib = op[0] == 'l', file = !strcmp(op + 7, "file");
+      char path[64] = "";
+      if (file) {
+        snprintf(path, sizeof path, "/tmp/cudaprobe-%d-%zu.cubin", (int)getpid(), nrecs);
+        FILE *fp = fopen(path, "w");
+        if (!fp) die("cannot write %s", path);
+        fputs(image, fp); fclose(fp);
+      }
+      void *m = NULL; rc = -1;
+      if (lib && file && cu.LibraryLoadFromFile) rc = cu.LibraryLoadFromFile(&m, path, NULL, NULL, 0, NULL, NULL, 0);
+      else if (lib && !file && cu.LibraryLoadData) rc = cu.LibraryLoadData(&m, image, NULL, NULL, 0, NULL, NULL, 0);
+      else if (!lib && file && cu.ModuleLoad) rc = cu.ModuleLoad(&m, path);
+      else if (!strcmp(op, "modloadex") && cu.ModuleLoadDataEx) rc = cu.ModuleLoadDataEx(&m, image, 0, NULL, NULL);
+      else if (!strcmp(op, "modloadfat") && cu.ModuleLoadFatBinary) rc = cu.ModuleLoadFatBinary(&m, image);
+      else if (!strcmp(op, "modload") && cu.ModuleLoadData) rc = cu.ModuleLoadData(&m, image);
+      if (file) unlink(path);
+      printf("op=%s globals=%s", op, sz);
+      if (rc == -1) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      if (!rc) printf(" idx=%zu handle=%p", add_rec((rec_t){.kind = lib ? K_LIBRARY : K_MODULE, .obj = m}), m);
+      end(rc);
+    } else if (!strcmp(op, "getfunc") || !strcmp(op, "getkernel") || !strcmp(op, "kernelfunc")) {
+      int from = op[0] == 'g' && op[3] == 'f' ? K_MODULE : op[0] == 'g' ? K_LIBRARY : K_KERNEL;
+      const char *t = opt_idx(argc, argv, &a);
+      long i = pick(t, 1u << from);
+      printf("op=%s", op);
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      void *f = NULL; rc = -1;
+      if (from == K_MODULE && cu.ModuleGetFunction) rc = cu.ModuleGetFunction(&f, recs[i].obj, "kernel");
+      if (from == K_LIBRARY && cu.LibraryGetKernel) rc = cu.LibraryGetKernel(&f, recs[i].obj, "kernel");
+      if (from == K_KERNEL && cu.KernelGetFunction) rc = cu.KernelGetFunction(&f, recs[i].obj);
+      if (rc == -1) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      if (!rc) printf(" idx=%zu handle=%p", add_rec((rec_t){.kind = from == K_LIBRARY ? K_KERNEL : K_FUNC, .obj = f}), f);
+      end(rc);
+    } else if (!strcmp(op, "launch") || !strcmp(op, "launchex")) {
+      /* Launches a function (getfunc/kernelfunc) or a kernel handle (getkernel) on the NULL stream. */
+      const char *t = opt_idx(argc, argv, &a);
+      long i = pick(t, 1u << K_FUNC | 1u << K_KERNEL);
+      printf("op=%s", op);
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      rc = -1;
+      if (op[6] && cu.LaunchKernelEx) {
+        CUlaunchConfig c; memset(&c, 0, sizeof c);
+        for (int d = 0; d < 6; d++) c.dims[d] = 1;
+        rc = cu.LaunchKernelEx(&c, recs[i].obj, NULL, NULL);
+      } else if (!op[6] && cu.LaunchKernel) {
+        rc = cu.LaunchKernel(recs[i].obj, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+      }
+      if (rc == -1) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      printf(" idx=%ld", i); end(rc);
     } else if (!strcmp(op, "pitch")) {
       NEED(2); size_t w = parse_size(argv[++a]), h = parse_size(argv[++a]), pitch = 0; CUdeviceptr p = 0;
       rc = cu.MemAllocPitch(&p, &pitch, w, h, 4);

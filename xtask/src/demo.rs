@@ -98,7 +98,7 @@ pub fn demo() -> Result<()> {
 }
 
 /// Builds the artifacts; returns them and the `hami-agent` binary.
-fn build(root: &Path) -> Result<(&'static Artifacts, PathBuf)> {
+pub(crate) fn build(root: &Path) -> Result<(&'static Artifacts, PathBuf)> {
     println!("building the preload, the fake driver and cudaprobe (testing/harness)");
     let art = std::panic::catch_unwind(Artifacts::get)
         .map_err(|_| anyhow!("building the test artifacts failed (see the message above)"))?;
@@ -683,14 +683,14 @@ impl Agent {
     }
 
     /// Takes in every line already written.
-    fn drain(&mut self) {
+    pub(crate) fn drain(&mut self) {
         while let Ok(l) = self.rx.try_recv() {
             self.push(&l);
         }
     }
 
     /// Findings logged so far.
-    fn findings(&self) -> Vec<&Value> {
+    pub(crate) fn findings(&self) -> Vec<&Value> {
         self.log
             .iter()
             .filter(|f| f.get("kind").is_some())
@@ -826,7 +826,7 @@ fn print_inspect(bin: &Path, region: &Path) -> Result<()> {
 }
 
 /// A log record for humans: level, message, then the finding's fields.
-fn describe(f: &Value) -> String {
+pub(crate) fn describe(f: &Value) -> String {
     let mut s = format!(
         "{} {}",
         f["level"].as_str().unwrap_or(""),

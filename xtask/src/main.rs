@@ -6,13 +6,17 @@
 //! * `demo`: the end-to-end story on the fake (or real) driver.
 //! * `gpu-bundle`: binaries + acceptance scripts for the GPU machine.
 //! * `dist`: release agent, preload, dashboards, rules, chart, systemd unit, Dockerfile.
+//! * `torture`: kill storms, stopped lock holders, races to the limit, bad inputs (figures).
+//! * `fuzz`: the cargo-fuzz targets of `fuzz/`, each for a bounded time.
 
 mod bench;
 mod bundle;
 mod demo;
 mod dist;
+mod fuzz;
 mod setup;
 mod test;
+mod torture;
 mod util;
 
 use anyhow::{bail, Result};
@@ -25,7 +29,12 @@ tasks:
   bench              benchmarks (prints figures)
   demo               the whole story on the fake (or real) driver (root)
   gpu-bundle         build the folder to carry to the GPU machine
-  dist               release agent + preload + dashboards + rules + chart + unit + Dockerfile";
+  dist               release agent + preload + dashboards + rules + chart + unit + Dockerfile
+  torture [--long] [--only storm|stops|race|bad|agent|fuzz]
+                     kill storm, stopped lock holders, race to the limit, bad inputs
+                     (short profile ~1 min, also run by `test`; --long for releases,
+                     which also runs `fuzz`)
+  fuzz [--seconds N] every cargo-fuzz target for N s (default 60); installs cargo-fuzz";
 
 fn main() {
     if let Err(e) = run() {
@@ -56,6 +65,35 @@ fn run() -> Result<()> {
         }
         "bench" => bench::bench(),
         "demo" => demo::demo(),
+        "torture" => {
+            let mut opts = torture::TortureOptions::default();
+            let mut it = rest.iter();
+            while let Some(a) = it.next() {
+                match a.as_str() {
+                    "--long" => opts.long = true,
+                    "--only" => opts.only = it.next().cloned(),
+                    other => bail!("unknown option {other:?} for `torture`\n{USAGE}"),
+                }
+            }
+            torture::torture(&opts)
+        }
+        "fuzz" => {
+            let mut seconds = 60u64;
+            let mut it = rest.iter();
+            while let Some(a) = it.next() {
+                match a.as_str() {
+                    "--seconds" => {
+                        seconds = it
+                            .next()
+                            .and_then(|v| v.parse().ok())
+                            .filter(|&n| n > 0)
+                            .ok_or_else(|| anyhow::anyhow!("--seconds needs a positive number"))?
+                    }
+                    other => bail!("unknown option {other:?} for `fuzz`\n{USAGE}"),
+                }
+            }
+            fuzz::fuzz(seconds).map(|_| ())
+        }
         "gpu-bundle" => bundle::gpu_bundle(&util::project_root()).map(|_| ()),
         "dist" => dist::dist(&util::project_root()).map(|_| ()),
         "-h" | "--help" | "help" => {

@@ -1,4 +1,5 @@
-//! `cargo xtask test`: setup (if needed), build everything, run every test.
+//! `cargo xtask test`: setup (if needed), build everything, run every test, then the short
+//! profile of `cargo xtask torture`.
 //!
 //! The eBPF tests load programs into the kernel and need root (CI runs as root); they are
 //! never skipped: without root they fail with an error that says so.
@@ -46,6 +47,10 @@ pub fn test(opts: &TestOptions) -> Result<()> {
     let mut cmd = cargo(&root);
     cmd.args(["test", "--workspace"]).args(&opts.cargo_args);
     run_checked(&mut cmd)?;
+
+    step("cargo xtask torture (short profile)");
+    crate::torture::torture(&crate::torture::TortureOptions::default())
+        .context("the torture scenarios failed")?;
 
     python_tests(&root)?;
     step("all tests passed");

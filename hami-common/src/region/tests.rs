@@ -204,10 +204,10 @@ fn layout_matches_documentation() {
     assert_eq!(offset_of!(Slot, status), 4);
     assert_eq!(offset_of!(Slot, start_time), 8);
     assert_eq!(offset_of!(Slot, usage), 16);
-    assert_eq!(size_of::<Slot>(), 400);
+    assert_eq!(size_of::<Slot>(), 656);
     assert_eq!(offset_of!(crate::layout::Region, slots), 968);
-    assert_eq!(REGION_SIZE, 968 + 400 * 1024);
-    assert_eq!(REGION_SIZE, 410_568);
+    assert_eq!(REGION_SIZE, 968 + 656 * 1024);
+    assert_eq!(REGION_SIZE, 672_712);
     const { assert!(MAX_SLOTS >= 1024 && MAX_DEVICES >= 16) };
 }
 
@@ -433,14 +433,14 @@ fn other_version_is_rejected() {
     let d = TempDir::new("version");
     let p = d.file();
     drop(create(&p, 0));
-    patch(&p, 8, &2u32.to_le_bytes());
+    patch(&p, 8, &1u32.to_le_bytes());
     let err = Region::open_or_create(&p, &cfg(0)).unwrap_err();
     assert!(
         matches!(
             err,
             RegionError::VersionMismatch {
-                found: 2,
-                expected: 1,
+                found: 1,
+                expected: 2,
                 ..
             }
         ),
@@ -1254,4 +1254,63 @@ fn process_identity_and_liveness() {
     // Reaped: no such process.
     assert_eq!(ProcProbe.liveness(kid_id), Liveness::Dead);
     assert!(ProcessId::of(kid as u32).is_none());
+}
+
+#[test]
+fn read_snapshot_copies_what_the_mapping_shows() {
+    let d = TempDir::new("pread");
+    let r = create(&d.file(), 1 << 30);
+    let s = r.register(fake(41, 7)).unwrap();
+    r.try_charge(s, 1, UsageKind::Data, 5 * MIB).unwrap();
+    r.set_uuid(1, [9; 16]);
+    r.set_device_count(2);
+    let f = std::fs::File::open(d.file()).unwrap();
+    let copy = read_snapshot(&f, &d.file()).unwrap();
+    assert!(copy.consistent);
+    assert_eq!(copy, r.snapshot());
+    assert_eq!(copy.slots[0].usage[1][UsageKind::Data.index()], 5 * MIB);
+}
+
+#[test]
+fn read_snapshot_of_a_truncated_file_is_an_error_not_a_signal() {
+    let d = TempDir::new("pread-trunc");
+    let r = create(&d.file(), 1 << 30);
+    let f = std::fs::File::open(d.file()).unwrap();
+    for len in [REGION_SIZE as u64 / 2, 100, 0] {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.file())
+            .unwrap()
+            .set_len(len)
+            .unwrap();
+        let e = read_snapshot(&f, &d.file()).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            matches!(
+                e,
+                RegionError::Truncated { .. } | RegionError::NotInitialised { .. }
+            ),
+            "{len}: {msg}"
+        );
+        assert!(msg.contains(d.file().to_str().unwrap()), "{msg}");
+    }
+    drop(r);
+}
+
+#[test]
+fn device_count_is_the_largest_real_count_reported() {
+    let d = TempDir::new("devcount");
+    let (r, _) = Region::open_or_create(&d.file(), &RegionConfig::default()).unwrap();
+    assert_eq!(r.device_count(), 0, "unknown until a process reports it");
+    r.set_device_count(1);
+    assert_eq!(r.device_count(), 1);
+    r.set_device_count(0);
+    r.set_device_count(1);
+    assert_eq!(r.device_count(), 1);
+    r.set_device_count(2);
+    assert_eq!(r.device_count(), 2);
+    r.set_device_count(1);
+    assert_eq!(r.device_count(), 2, "a narrower view does not shrink it");
+    r.set_device_count(99);
+    assert_eq!(r.device_count(), MAX_DEVICES as u32);
 }

@@ -3,8 +3,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs;
-use std::os::unix::fs::FileExt;
+use std::io;
 use std::path::{Path, PathBuf};
+
+use object::elf;
+use object::read::elf::{FileHeader, SectionHeader, Sym, SymbolTable};
+use object::read::{FileKind, ReadCache, ReadRef, StringTable};
+use object::Endianness;
 
 use crate::procinfo::{maps_entries, MapsEntry};
 
@@ -35,9 +40,63 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemAllocManaged",
 ];
 
+/// Bytes the agent reads from one file to find its dynamic symbols (section headers,
+/// `.dynsym`, its string table): a file that needs more is "not a driver". A real driver
+/// needs well under 1 MiB; the files are tenant-controlled, so nothing larger is read.
+pub const MAX_ELF_READ: u64 = 64 << 20;
+
+/// Why a file's dynamic symbols could not be read (the file is then not a driver).
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    /// Opening or reading the file failed.
+    #[error("reading the file: {0}")]
+    Io(#[from] io::Error),
+    /// Not a regular file (a FIFO, a device, a directory).
+    #[error("not a regular file")]
+    NotRegular,
+    /// Not an ELF64 file, or malformed.
+    #[error("malformed or not ELF64: {0}")]
+    Parse(#[from] object::read::Error),
+    /// A table would take the read over [`MAX_ELF_READ`].
+    #[error("{what} would take the read to {bytes} bytes, over the limit of {limit}")]
+    TooLarge {
+        /// The table.
+        what: &'static str,
+        /// Bytes read with it.
+        bytes: u64,
+        /// The limit.
+        limit: u64,
+    },
+}
+
+/// Opens a file found through a tenant's view (`/proc/<pid>/root/...`) for reading: never
+/// blocks (a FIFO swapped in after the caller's `stat`), and must be a regular file.
+fn open_tenant_file(path: &Path) -> Result<fs::File, ElfError> {
+    // Through an O_PATH descriptor first: a FIFO is never waited on and a device's driver
+    // `open` never runs.
+    crate::tenantfs::open_regular(path, false).map_err(|e| match e {
+        crate::tenantfs::TenantFsError::NotRegular { .. } => ElfError::NotRegular,
+        other => ElfError::Io(io::Error::other(other.to_string())),
+    })
+}
+
+/// Whether the file at `path` starts with an ELF identification (32- or 64-bit). Open and
+/// read errors are returned; a short or foreign file is `Ok(false)`.
+pub fn is_elf(path: &Path) -> io::Result<bool> {
+    let f = match open_tenant_file(path) {
+        Ok(f) => f,
+        Err(ElfError::Io(e)) => return Err(e),
+        Err(_) => return Ok(false),
+    };
+    let data = ReadCache::new(f);
+    Ok(matches!(
+        FileKind::parse(&data),
+        Ok(FileKind::Elf32 | FileKind::Elf64)
+    ))
+}
+
 /// Whether the ELF shared object at `path` defines `cuInit` and at least one of
-/// [`DRIVER_SYMBOLS`] in its dynamic symbol table. Reads the section headers, `.dynsym` and
-/// its string table only (not the whole file); anything unreadable or malformed is `false`.
+/// [`DRIVER_SYMBOLS`] in its dynamic symbol table (see [`elf_defined_symbols`]).
 pub fn elf_defines_driver_symbols(path: &Path) -> bool {
     let mut wanted = vec!["cuInit"];
     wanted.extend_from_slice(DRIVER_SYMBOLS);
@@ -46,79 +105,89 @@ pub fn elf_defines_driver_symbols(path: &Path) -> bool {
     })
 }
 
-/// Which of `wanted` the ELF64 little-endian file at `path` defines (`st_shndx != 0`) in
-/// its `.dynsym`; `None` if it is not such a file or cannot be read.
+/// Which of `wanted` the ELF64 file at `path` defines (`st_shndx != SHN_UNDEF`) in its
+/// `.dynsym`; `None` if it cannot be opened, is not such a file, is malformed, or needs
+/// more than [`MAX_ELF_READ`] bytes read (logged at debug level). Reads the header, the
+/// section headers, `.dynsym` and its string table only, through `read`, never `mmap`
+/// (a tenant could truncate a mapped file under the agent: SIGBUS).
 pub fn elf_defined_symbols(path: &Path, wanted: &[&str]) -> Option<Vec<String>> {
-    const MAX_TABLE: u64 = 64 << 20;
-    let f = fs::File::open(path).ok()?;
-    let read = |off: u64, len: u64| -> Option<Vec<u8>> {
-        if len > MAX_TABLE {
-            return None;
+    let read = || -> Result<Vec<String>, ElfError> {
+        let data = ReadCache::new(open_tenant_file(path)?);
+        dynamic_symbols_defined(&data, wanted, MAX_ELF_READ)
+    };
+    match read() {
+        Ok(found) => Some(found),
+        Err(error) => {
+            tracing::debug!(path = %path.display(), %error, "no dynamic symbols read; not a driver");
+            None
         }
-        let mut b = vec![0u8; len as usize];
-        f.read_exact_at(&mut b, off).ok()?;
-        Some(b)
-    };
-    let u16_at = |b: &[u8], o: usize| -> Option<u64> {
-        Some(u64::from(u16::from_le_bytes(
-            b.get(o..o + 2)?.try_into().ok()?,
-        )))
-    };
-    let u32_at = |b: &[u8], o: usize| -> Option<u64> {
-        Some(u64::from(u32::from_le_bytes(
-            b.get(o..o + 4)?.try_into().ok()?,
-        )))
-    };
-    let u64_at = |b: &[u8], o: usize| -> Option<u64> {
-        Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
-    };
-    let eh = read(0, 64)?;
-    // ELF magic, 64-bit, little-endian.
-    if &eh[..4] != b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
-        return None;
     }
-    let shoff = u64_at(&eh, 0x28)?;
-    let shentsize = u16_at(&eh, 0x3a)?;
-    let shnum = u16_at(&eh, 0x3c)?;
-    if shentsize < 64 || shnum == 0 {
-        return None;
-    }
-    let sh = read(shoff, shentsize * shnum)?;
-    let section = |i: u64| -> Option<(u64, u64, u64, u64)> {
-        let o = (i * shentsize) as usize;
-        // (type, offset, size, link)
-        Some((
-            u32_at(&sh, o + 4)?,
-            u64_at(&sh, o + 0x18)?,
-            u64_at(&sh, o + 0x20)?,
-            u32_at(&sh, o + 0x28)?,
-        ))
+}
+
+/// [`elf_defined_symbols`] over any [`ReadRef`] (a file through [`ReadCache`], or bytes).
+/// Every table's size is checked against `max_read` before `object` reads it: a section
+/// header may claim any size up to the file's length, and a sparse file costs its owner
+/// nothing.
+pub fn dynamic_symbols_defined<'a, R: ReadRef<'a>>(
+    data: R,
+    wanted: &[&str],
+    max_read: u64,
+) -> Result<Vec<String>, ElfError> {
+    type Header = elf::FileHeader64<Endianness>;
+    let mut total: u64 = 0;
+    let mut take = |what: &'static str, bytes: u64| -> Result<(), ElfError> {
+        total = total.saturating_add(bytes);
+        if total > max_read {
+            return Err(ElfError::TooLarge {
+                what,
+                bytes: total,
+                limit: max_read,
+            });
+        }
+        Ok(())
     };
-    const SHT_DYNSYM: u64 = 11;
-    let (_, sym_off, sym_size, link) =
-        (0..shnum).find_map(|i| section(i).filter(|s| s.0 == SHT_DYNSYM))?;
-    let (_, str_off, str_size, _) = section(link).filter(|_| link < shnum)?;
-    let syms = read(sym_off, sym_size)?;
-    let strs = read(str_off, str_size)?;
+    let header = Header::parse(data)?;
+    let endian = header.endian()?;
+    let shnum = header.shnum(endian, data)? as u64;
+    take(
+        "the section header table",
+        shnum.saturating_mul(u64::from(header.e_shentsize(endian))),
+    )?;
+    let sections = header.sections(endian, data)?;
+    let Some((index, dynsym)) = sections
+        .enumerate()
+        .find(|(_, s)| s.sh_type(endian) == elf::SHT_DYNSYM)
+    else {
+        return Ok(Vec::new());
+    };
+    take(".dynsym", dynsym.sh_size(endian))?;
+    let strtab = sections.section(dynsym.link(endian))?;
+    take("the .dynsym string table", strtab.sh_size(endian))?;
+    for s in sections.iter() {
+        if s.sh_type(endian) == elf::SHT_SYMTAB_SHNDX && s.link(endian) == index {
+            take("the .dynsym section index table", s.sh_size(endian))?;
+        }
+    }
+    let symbols = SymbolTable::parse(endian, data, &sections, index, dynsym)?;
+    // The whole string table in one read, not one read per name.
+    let strs = strtab.data(endian, data)?;
+    let strings = StringTable::new(strs, 0, strs.len() as u64);
     let mut found: Vec<String> = Vec::new();
-    for sym in syms.chunks_exact(24) {
-        let name = u32_at(sym, 0)? as usize;
-        let shndx = u16_at(sym, 6)?;
-        if shndx == 0 {
-            continue; // undefined: imported, not exported
+    for sym in symbols.iter() {
+        if sym.st_shndx(endian) == elf::SHN_UNDEF {
+            continue; // imported, not exported
         }
-        let Some(rest) = strs.get(name..) else {
+        let Ok(name) = sym.name(endian, strings) else {
             continue;
         };
-        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
-        let Ok(n) = std::str::from_utf8(&rest[..end]) else {
+        let Ok(n) = std::str::from_utf8(name) else {
             continue;
         };
         if wanted.contains(&n) && !found.iter().any(|f| f == n) {
             found.push(n.to_string());
         }
     }
-    Some(found)
+    Ok(found)
 }
 
 /// Remembers which mapped files (by their `/proc/<pid>/maps` device and inode) are CUDA
@@ -265,12 +334,18 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
             if seen.contains(&id) {
                 continue;
             }
-            let open_path = rooted(&proc_root.join(pid).join("root"), Path::new(&path));
+            let root = proc_root.join(pid).join("root");
+            let open_path = rooted(&root, Path::new(&path));
             let name = Path::new(&path)
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or("");
             if !classifier.is_driver(&id, &open_path, name) {
+                continue;
+            }
+            // Only for drivers (few): the path is the tenant's.
+            if !resolves_inside_root(&root, &path, &open_path) {
+                tracing::debug!(pid, path = %path, "mapped file's path leaves the process's root or changed: skipped");
                 continue;
             }
             seen.insert(id.clone());
@@ -281,6 +356,21 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
         }
     }
     out
+}
+
+/// Whether `path`, resolved inside `root` (symlinks kept inside it, see
+/// [`crate::tenantfs::open_in_root`]), is the same regular file as `open_path` (the same
+/// path as the host's kernel resolves it, through `/proc/<pid>/root`, where an absolute
+/// symlink would lead out of the container). Tenants control these paths.
+fn resolves_inside_root(root: &Path, path: &str, open_path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(inside) = crate::tenantfs::open_in_root(root, path, Path::new(path), false) else {
+        return false;
+    };
+    match (inside.metadata(), fs::metadata(open_path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
 }
 
 /// `(dev, inode, path)` of the file mappings `keep` accepts, each file once, deleted files
@@ -478,6 +568,158 @@ mod tests {
         let text = fs::read_to_string("/proc/self/maps").unwrap();
         assert!(crate::procinfo::maps_has_ids(&text, &ids));
         assert!(!crate::procinfo::maps_has_ids(&text, &Default::default()));
+    }
+
+    /// The fake driver's bytes (a real ELF64 shared object defining `cuInit`).
+    fn fake_driver_bytes() -> Vec<u8> {
+        let a = hami_test_harness::Artifacts::get();
+        fs::read(&a.fake_libcuda).expect("read the fake libcuda.so.1")
+    }
+
+    /// Offset in the file of the `.dynsym` section header of `data`.
+    fn dynsym_header_offset(data: &[u8]) -> usize {
+        let h = elf::FileHeader64::<Endianness>::parse(data).unwrap();
+        let e = h.endian().unwrap();
+        let sections = h.sections(e, data).unwrap();
+        let (i, _) = sections
+            .enumerate()
+            .find(|(_, s)| s.sh_type(e) == elf::SHT_DYNSYM)
+            .unwrap();
+        h.e_shoff(e) as usize + i.0 * std::mem::size_of::<elf::SectionHeader64<Endianness>>()
+    }
+
+    #[test]
+    fn real_elf_files_read_through_object() {
+        let a = hami_test_harness::Artifacts::get();
+        assert!(elf_defines_driver_symbols(&a.fake_libcuda));
+        // Found by its symbols under a name that is not libcuda.so*.
+        let dir = tempfile::tempdir().unwrap();
+        let renamed = dir.path().join("libweird_driver.so");
+        fs::copy(&a.fake_libcuda, &renamed).unwrap();
+        assert!(elf_defines_driver_symbols(&renamed));
+        let mut c = Classifier::default();
+        assert!(c.is_driver(&("00:00".into(), 2), &renamed, "libweird_driver.so"));
+        // The preload defines the same names as hooks: not a driver.
+        assert!(!c.is_driver(&("00:00".into(), 3), &a.preload_so, "libhami_preload.so"));
+        // This test binary: an ELF64 executable that parses, and is not a driver.
+        let exe = Path::new("/proc/self/exe");
+        assert!(is_elf(exe).unwrap());
+        assert!(elf_defined_symbols(exe, &["cuInit"]).is_some());
+        assert!(!elf_defines_driver_symbols(exe));
+        assert!(!is_elf(Path::new("/proc/self/maps")).unwrap());
+        assert!(is_elf(&dir.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn truncated_or_garbage_elf_is_not_a_driver_and_never_panics() {
+        let data = fake_driver_bytes();
+        let wanted = ["cuInit", "cuMemAlloc_v2"];
+        let whole = dynamic_symbols_defined(&data[..], &wanted, MAX_ELF_READ).unwrap();
+        assert_eq!(whole.len(), 2, "{whole:?}");
+        // Every prefix short of the tables (the section headers sit at the end): an error,
+        // never a panic and never the driver's symbols.
+        let shoff = elf::FileHeader64::<Endianness>::parse(&data[..])
+            .unwrap()
+            .e_shoff(Endianness::Little) as usize;
+        let cuts = (0..256).chain((256..data.len()).step_by(997)).chain([
+            shoff,
+            shoff + 1,
+            data.len() - 1,
+        ]);
+        for n in cuts {
+            let got = dynamic_symbols_defined(&data[..n], &wanted, MAX_ELF_READ);
+            assert!(got.is_err(), "prefix of {n} bytes gave {got:?}");
+        }
+        // Random bytes flipped in the header, the section headers and the .dynsym header.
+        let dynsym_hdr = dynsym_header_offset(&data);
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut d = data.clone();
+        for round in 0..3000 {
+            // Flipped in place, put back after the parse (no 3000 copies of the file).
+            let mut flipped = Vec::new();
+            for _ in 0..1 + round % 4 {
+                let at = match next() % 3 {
+                    0 => (next() % 64) as usize,
+                    1 => dynsym_hdr + (next() % 64) as usize,
+                    _ => shoff + (next() as usize % (data.len() - shoff)),
+                };
+                flipped.push(at);
+                d[at] = next() as u8;
+            }
+            let _ = dynamic_symbols_defined(&d[..], &wanted, MAX_ELF_READ);
+            for at in flipped {
+                d[at] = data[at];
+            }
+        }
+        // Plain garbage.
+        let mut elfish = b"\x7fELF\x02\x01\x01".to_vec();
+        elfish.resize(4096, 0xff);
+        for g in [&b""[..], b"garbage", b"\x7fELF", &elfish] {
+            assert!(dynamic_symbols_defined(g, &wanted, MAX_ELF_READ).is_err());
+        }
+        // The same through a file: `None`, and `is_elf` still says what the bytes are.
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("libcuda_cut.so");
+        fs::write(&f, &data[..shoff]).unwrap();
+        assert!(is_elf(&f).unwrap());
+        assert_eq!(elf_defined_symbols(&f, &wanted), None);
+        assert!(!elf_defines_driver_symbols(&f));
+    }
+
+    #[test]
+    fn oversized_tables_are_refused_before_reading() {
+        let mut data = fake_driver_bytes();
+        let h = dynsym_header_offset(&data);
+        // A .dynsym claiming 1 GiB inside a 2 GiB sparse file: refused unread.
+        data[h + 0x18..h + 0x20].copy_from_slice(&(1u64 << 20).to_le_bytes());
+        data[h + 0x20..h + 0x28].copy_from_slice(&(1u64 << 30).to_le_bytes());
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("libsparse.so");
+        fs::write(&p, &data).unwrap();
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(2 << 30)
+            .unwrap();
+        let cache = ReadCache::new(fs::File::open(&p).unwrap());
+        match dynamic_symbols_defined(&cache, &["cuInit"], MAX_ELF_READ) {
+            Err(ElfError::TooLarge { what, .. }) => assert_eq!(what, ".dynsym"),
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+        assert_eq!(elf_defined_symbols(&p, &["cuInit"]), None);
+        // The limit counts every table: the real driver does not fit in 256 bytes.
+        let real = fake_driver_bytes();
+        assert!(matches!(
+            dynamic_symbols_defined(&real[..], &["cuInit"], 256),
+            Err(ElfError::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn a_fifo_is_not_opened_for_reading_forever() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("libcuda_fifo.so");
+        let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+        // SAFETY: mkfifo reads a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let q = p.clone();
+        std::thread::spawn(move || {
+            let r = (elf_defined_symbols(&q, &["cuInit"]), is_elf(&q).ok());
+            let _ = tx.send(r);
+        });
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("reading a FIFO blocked");
+        assert_eq!(got, (None, Some(false)));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use aya::maps::{MapData, PerCpuArray, RingBuf};
+use aya::maps::{IterableMap, Map, MapData, PerCpuArray, RingBuf};
 use aya::programs::raw_trace_point::RawTracePointLink;
 use aya::programs::uprobe::{UProbeLink, UProbeScope};
 use aya::programs::{ProgramError, RawTracePoint, UProbe};
@@ -535,10 +535,13 @@ impl Probes {
             .map_err(|e| ProbeError::Runtime(e.into_parts().1))?;
         let (tx, rx) = mpsc::channel(discovery.channel_capacity.max(1));
         let user = Arc::new(UserCounters::default());
+        let counters = second_handle(&self.counters);
         let shared = Arc::new(Shared {
             announce: self.announce.clone(),
+            attached: Mutex::new(self.attached()),
             probes: Mutex::new(self),
             user: user.clone(),
+            counters,
         });
         let mut tasks = vec![tokio::spawn(pump(afd, tx, user))];
         for p in &discovery.extra {
@@ -598,19 +601,16 @@ impl Drop for Probes {
     }
 }
 
+/// The file at `path` must be an ELF object (read through [`discovery::is_elf`]).
 fn check_elf(path: &Path) -> Result<(), ProbeError> {
-    use std::io::Read;
-    let mut magic = [0u8; 4];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .map_err(|source| ProbeError::File {
+    match discovery::is_elf(path) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(ProbeError::NotLibcuda(path.to_path_buf())),
+        Err(source) => Err(ProbeError::File {
             path: path.to_path_buf(),
             source,
-        })?;
-    if &magic != b"\x7fELF" {
-        return Err(ProbeError::NotLibcuda(path.to_path_buf()));
+        }),
     }
-    Ok(())
 }
 
 fn raise_memlock() {
@@ -632,6 +632,14 @@ fn raise_memlock() {
 struct UserCounters {
     received: AtomicU64,
     malformed: AtomicU64,
+}
+
+/// Another handle on the same counters map (its fd duplicated), `None` if that fails.
+fn second_handle(c: &PerCpuArray<MapData, u64>) -> Option<PerCpuArray<MapData, u64>> {
+    use std::os::fd::AsFd;
+    let fd = c.map().fd().as_fd().try_clone_to_owned().ok()?;
+    let data = MapData::from_fd(fd).ok()?;
+    PerCpuArray::try_from(Map::PerCpuArray(data)).ok()
 }
 
 fn read_counters(map: &PerCpuArray<MapData, u64>, user: &UserCounters) -> ProbeCounters {
@@ -703,6 +711,11 @@ struct Shared {
     probes: Mutex<Probes>,
     user: Arc<UserCounters>,
     announce: Arc<Announce>,
+    /// A second handle on the counters map, read without `probes`' lock (held for seconds
+    /// while a libcuda is attached): the agent's loop never waits for an attach.
+    counters: Option<PerCpuArray<MapData, u64>>,
+    /// The attached libraries as last read (served while an attach holds the lock).
+    attached: Mutex<Vec<AttachedLibrary>>,
 }
 
 impl Shared {
@@ -729,7 +742,17 @@ fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> Vec<AttachOu
         if !new {
             continue;
         }
-        let res = shared.lock().attach_libcuda(&c.path);
+        // The file is a tenant's: a malformed ELF that makes the loader panic must cost this
+        // candidate only, not the discovery task (every later library would go unprobed).
+        let res = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            shared.lock().attach_libcuda(&c.path)
+        })) {
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(path = %c.path.display(), "attaching this file panicked: skipped");
+                Err(ProbeError::NotLibcuda(c.path.clone()))
+            }
+        };
         if let (Ok(o), Some(mid)) = (&res, &c.maps_id) {
             shared.lock().add_maps_id(o.file_id, mid);
         }
@@ -770,15 +793,40 @@ pub struct ProbeHandle {
 }
 
 impl ProbeHandle {
-    /// Counters summed over CPUs.
+    /// Counters summed over CPUs (never waits for an attach in progress).
     pub fn counters(&self) -> ProbeCounters {
-        let p = self.shared.lock();
-        read_counters(&p.counters, &self.shared.user)
+        match &self.shared.counters {
+            Some(c) => read_counters(c, &self.shared.user),
+            None => read_counters(&self.shared.lock().counters, &self.shared.user),
+        }
     }
 
-    /// The libraries attached so far (with the time each was attached).
+    /// The libraries attached so far (with the time each was attached); waits for an
+    /// attach in progress.
     pub fn attached(&self) -> Vec<AttachedLibrary> {
-        self.shared.lock().attached()
+        let now = self.shared.lock().attached();
+        *self
+            .shared
+            .attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = now.clone();
+        now
+    }
+
+    /// [`ProbeHandle::attached`] without waiting: while an attach holds the probes
+    /// (seconds), the list as last read (for periodic work that must not stall).
+    pub fn attached_cached(&self) -> Vec<AttachedLibrary> {
+        let mut cache = self
+            .shared
+            .attached
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match self.shared.probes.try_lock() {
+            Ok(p) => *cache = p.attached(),
+            Err(std::sync::TryLockError::Poisoned(p)) => *cache = p.into_inner().attached(),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        cache.clone()
     }
 
     /// Increases each time a libcuda file is about to be attached (before its first probe

@@ -44,6 +44,131 @@ pub struct Alloc {
     /// Kind (kept for debugging output).
     #[allow(dead_code)]
     pub kind: Kind,
+    /// The stream-ordered pool the allocation came from (its memory is the pool's).
+    pub pool: Option<u64>,
+}
+
+/// A stream-ordered memory pool (`cuMemPoolCreate`, or a device's default pool).
+#[derive(Clone, Copy, Debug)]
+pub struct Pool {
+    /// CUDA ordinal of its device.
+    pub ordinal: usize,
+    /// Physical index of its device.
+    pub phys: usize,
+    /// Bytes taken from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    pub reserved: u64,
+    /// Bytes of live allocations (`CU_MEMPOOL_ATTR_USED_MEM_CURRENT`).
+    pub used: u64,
+    /// High watermarks (`..._HIGH`).
+    pub reserved_high: u64,
+    /// See `reserved_high`.
+    pub used_high: u64,
+    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` (default 0: everything unused is released at the
+    /// next synchronisation).
+    pub threshold: u64,
+    /// The three reuse flags (attributes 1-3), default on.
+    pub reuse: [i32; 3],
+    /// `cuMemPoolDestroy` was called while allocations were outstanding: the rest of its
+    /// memory goes back when the last one is freed.
+    pub destroyed: bool,
+}
+
+impl Pool {
+    fn new(ordinal: usize, phys: usize) -> Pool {
+        Pool {
+            ordinal,
+            phys,
+            reserved: 0,
+            used: 0,
+            reserved_high: 0,
+            used_high: 0,
+            threshold: 0,
+            reuse: [1; 3],
+            destroyed: false,
+        }
+    }
+}
+
+/// A loaded module (`cuModuleLoad*`) or library (`cuLibraryLoad*`) with `__device__` globals.
+#[derive(Clone, Copy, Debug)]
+pub struct Module {
+    /// Context it is loaded in (libraries: 0 until first loaded into one).
+    pub ctx: u64,
+    /// Physical device charged (valid once `loaded`).
+    pub phys: usize,
+    /// Bytes of its globals (from the image).
+    pub globals: u64,
+    /// Whether the globals are on the device (charged).
+    pub loaded: bool,
+    /// A library (`cuLibraryLoad*`): survives its context, unloaded with `cuLibraryUnload`.
+    pub library: bool,
+}
+
+/// What a function or kernel handle belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// A `CUfunction` of a module or library.
+    Function(u64),
+    /// A `CUkernel` of a library (context-independent).
+    Kernel(u64),
+}
+
+/// Where lazily loaded module memory arrives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loading {
+    /// `CUDA_MODULE_LOADING=EAGER`: at load.
+    Eager,
+    /// Lazy (the CUDA 12.2+ default): at the first function lookup of the module.
+    AtFunction,
+    /// Lazy, with `FAKE_CUDA_LAZY_AT_LAUNCH=1`: at the first launch of one of its kernels.
+    AtLaunch,
+}
+
+/// `CUDA_MODULE_LOADING` (`EAGER` / `LAZY`, default lazy) and `FAKE_CUDA_LAZY_AT_LAUNCH`.
+pub fn loading() -> Loading {
+    static V: OnceLock<Loading> = OnceLock::new();
+    *V.get_or_init(|| {
+        let eager = std::env::var("CUDA_MODULE_LOADING")
+            .is_ok_and(|v| v.trim().eq_ignore_ascii_case("EAGER"));
+        if eager {
+            Loading::Eager
+        } else if std::env::var("FAKE_CUDA_LAZY_AT_LAUNCH").is_ok_and(|v| v == "1") {
+            Loading::AtLaunch
+        } else {
+            Loading::AtFunction
+        }
+    })
+}
+
+/// `FAKE_CUDA_POOL_GRANULE`: the step a stream-ordered pool grows and shrinks by (default
+/// 2 MiB).
+pub fn pool_granule() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("FAKE_CUDA_POOL_GRANULE")
+            .ok()
+            .and_then(|v| fake_state::parse_size(&v))
+            .filter(|&g| g > 0)
+            .unwrap_or(GRANULARITY)
+    })
+}
+
+/// Globals size a fake module image declares: an image (or file) starting with
+/// `FAKECUBIN` followed by `globals=<size>` (sizes as `FAKE_CUDA_TOTAL_MEM`), e.g.
+/// `FAKECUBIN globals=1536M`. Any other image has no globals. `None`: the image says
+/// `FAKECUBIN` but the size is malformed (`CUDA_ERROR_INVALID_IMAGE`).
+pub fn image_globals(image: &[u8]) -> Option<u64> {
+    let Some(rest) = image.strip_prefix(b"FAKECUBIN") else {
+        return Some(0);
+    };
+    let text = std::str::from_utf8(rest).ok()?;
+    let mut globals = 0;
+    for word in text.split_ascii_whitespace() {
+        if let Some(v) = word.strip_prefix("globals=") {
+            globals = fake_state::parse_size(v)?;
+        }
+    }
+    Some(globals)
 }
 
 /// A context.
@@ -97,14 +222,24 @@ pub struct Inner {
     pub reservations: BTreeMap<u64, u64>,
     /// Mappings: va -> (size, handle).
     pub mappings: BTreeMap<u64, (u64, u64)>,
-    /// Memory pools: handle -> ordinal.
-    pub pools: HashMap<u64, usize>,
+    /// Memory pools by handle.
+    pub pools: HashMap<u64, Pool>,
     /// Default pools by ordinal.
     pub default_pools: HashMap<usize, u64>,
+    /// Current pools (`cuDeviceSetMemPool`) by ordinal; absent = the default pool.
+    pub current_pools: HashMap<usize, u64>,
+    /// Mipmapped arrays by handle.
+    pub mipmaps: HashMap<u64, Alloc>,
+    /// Events: handle -> context.
+    pub events: HashMap<u64, u64>,
+    /// Function and kernel handles.
+    pub functions: HashMap<u64, Owner>,
     /// Created streams: handle -> context.
     pub streams: HashMap<u64, u64>,
-    /// Loaded modules: handle -> context.
-    pub modules: HashMap<u64, u64>,
+    /// Loaded modules and libraries by handle.
+    pub modules: HashMap<u64, Module>,
+    /// Streams being captured into a graph.
+    pub capturing: std::collections::HashSet<u64>,
     next_handle: u64,
     next_va: u64,
 }
@@ -131,6 +266,11 @@ static INNER: LazyLock<Mutex<Inner>> = LazyLock::new(|| {
         mappings: BTreeMap::new(),
         pools: HashMap::new(),
         default_pools: HashMap::new(),
+        current_pools: HashMap::new(),
+        mipmaps: HashMap::new(),
+        events: HashMap::new(),
+        functions: HashMap::new(),
+        capturing: std::collections::HashSet::new(),
         streams: HashMap::new(),
         modules: HashMap::new(),
         next_handle: 0x5000_0000,
@@ -335,7 +475,16 @@ impl Inner {
             .map(|(&p, _)| p)
             .collect();
         for p in dead {
-            if let Some(a) = self.allocs.remove(&p) {
+            let _ = self.free(p);
+        }
+        let dead: Vec<u64> = self
+            .mipmaps
+            .iter()
+            .filter(|(_, a)| a.ctx == h)
+            .map(|(&p, _)| p)
+            .collect();
+        for p in dead {
+            if let Some(a) = self.mipmaps.remove(&p) {
                 self.uncharge(a.phys, a.charged);
             }
         }
@@ -351,7 +500,29 @@ impl Inner {
             }
         }
         self.streams.retain(|_, c| *c != h);
-        self.modules.retain(|_, c| *c != h);
+        self.events.retain(|_, c| *c != h);
+        let dead: Vec<u64> = self
+            .modules
+            .iter()
+            .filter(|(_, m)| m.ctx == h)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in dead {
+            let m = self.modules[&k];
+            if m.loaded {
+                self.uncharge(m.phys, m.globals);
+            }
+            if m.library {
+                // A library outlives its context: loaded again at its next use.
+                if let Some(x) = self.modules.get_mut(&k) {
+                    x.loaded = false;
+                    x.ctx = 0;
+                }
+            } else {
+                self.modules.remove(&k);
+                self.functions.retain(|_, o| *o != Owner::Function(k));
+            }
+        }
     }
 
     fn deactivate_context(&mut self, h: u64) {
@@ -506,6 +677,7 @@ impl Inner {
                 size,
                 charged,
                 kind,
+                pool: None,
             },
         );
         Ok(ptr)
@@ -528,6 +700,9 @@ impl Inner {
         match self.allocs.remove(&ptr) {
             Some(a) => {
                 self.uncharge(a.phys, a.charged);
+                if let Some(h) = a.pool {
+                    self.pool_give_back(h, a.size);
+                }
                 Ok(())
             }
             None => Err(CUDA_ERROR_INVALID_VALUE),
@@ -563,9 +738,41 @@ impl Inner {
                 size: bytes,
                 charged,
                 kind: Kind::Linear,
+                pool: None,
             },
         );
         Ok(a)
+    }
+
+    /// `cuMipmappedArrayCreate`: `bytes` is the footprint of every level.
+    pub fn mipmap_create(&mut self, bytes: u64) -> R<u64> {
+        let (h, c) = self.current()?;
+        let charged = bytes.div_ceil(GRANULARITY) * GRANULARITY;
+        self.charge(c.phys, charged)?;
+        let a = self.handle(0xa1);
+        self.mipmaps.insert(
+            a,
+            Alloc {
+                phys: c.phys,
+                ctx: h,
+                size: bytes,
+                charged,
+                kind: Kind::Linear,
+                pool: None,
+            },
+        );
+        Ok(a)
+    }
+
+    /// `cuMipmappedArrayDestroy`.
+    pub fn mipmap_destroy(&mut self, a: u64) -> R<()> {
+        match self.mipmaps.remove(&a) {
+            Some(x) => {
+                self.uncharge(x.phys, x.charged);
+                Ok(())
+            }
+            None => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
     }
 
     /// `cuArrayDestroy`.
@@ -716,39 +923,228 @@ impl Inner {
 
     /// `cuMemPoolCreate`.
     pub fn pool_create(&mut self, ordinal: CUdevice) -> R<u64> {
-        self.phys_of(ordinal)?;
+        let phys = self.phys_of(ordinal)?;
         let h = self.handle(0xb0);
-        self.pools.insert(h, ordinal as usize);
+        self.pools.insert(h, Pool::new(ordinal as usize, phys));
         Ok(h)
     }
 
-    /// `cuMemPoolDestroy`.
+    /// `cuMemPoolDestroy`: unused memory goes back at once, the rest when its allocations
+    /// are freed. A device whose current pool it was uses its default pool again.
     pub fn pool_destroy(&mut self, h: u64) -> R<()> {
         if self.default_pools.values().any(|&p| p == h) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        self.pools
-            .remove(&h)
-            .map(|_| ())
-            .ok_or(CUDA_ERROR_INVALID_VALUE)
+        match self.pools.get(&h) {
+            Some(p) if !p.destroyed => {}
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        self.current_pools.retain(|_, p| *p != h);
+        self.pool_shrink(h, 0);
+        let gone = match self.pools.get_mut(&h) {
+            Some(p) if p.used == 0 => true,
+            Some(p) => {
+                p.destroyed = true;
+                false
+            }
+            None => false,
+        };
+        if gone {
+            self.pools.remove(&h);
+        }
+        Ok(())
     }
 
     /// `cuDeviceGetDefaultMemPool`.
     pub fn default_pool(&mut self, ordinal: CUdevice) -> R<u64> {
-        self.phys_of(ordinal)?;
+        let phys = self.phys_of(ordinal)?;
         let o = ordinal as usize;
         if let Some(&h) = self.default_pools.get(&o) {
             return Ok(h);
         }
         let h = self.handle(0xb1);
-        self.pools.insert(h, o);
+        self.pools.insert(h, Pool::new(o, phys));
         self.default_pools.insert(o, h);
         Ok(h)
     }
 
-    /// Ordinal of a pool.
+    /// `cuDeviceGetMemPool`: the current pool of a device.
+    pub fn current_pool(&mut self, ordinal: CUdevice) -> R<u64> {
+        self.phys_of(ordinal)?;
+        match self.current_pools.get(&(ordinal as usize)) {
+            Some(&h) => Ok(h),
+            None => self.default_pool(ordinal),
+        }
+    }
+
+    /// `cuDeviceSetMemPool`: the pool must be located on that device.
+    pub fn set_current_pool(&mut self, ordinal: CUdevice, h: u64) -> R<()> {
+        self.phys_of(ordinal)?;
+        match self.pools.get(&h) {
+            Some(p) if !p.destroyed && p.ordinal == ordinal as usize => {
+                self.current_pools.insert(ordinal as usize, h);
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// Ordinal of a (live) pool.
     pub fn pool_ordinal(&self, h: u64) -> R<usize> {
-        self.pools.get(&h).copied().ok_or(CUDA_ERROR_INVALID_VALUE)
+        match self.pools.get(&h) {
+            Some(p) if !p.destroyed => Ok(p.ordinal),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+
+    /// A stream-ordered allocation of `size` bytes from pool `h`: the pool grows by what its
+    /// unused reserve lacks, rounded up to [`pool_granule`]; only the growth is charged.
+    pub fn pool_alloc(&mut self, h: u64, size: u64) -> R<u64> {
+        let (ctx, _) = self.current()?;
+        let p = *self.pools.get(&h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let free = p.reserved.saturating_sub(p.used);
+        let mut growth = 0;
+        if size > free {
+            let g = pool_granule();
+            growth = (size - free)
+                .checked_next_multiple_of(g)
+                .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+            if self.charge(p.phys, growth).is_err() {
+                // As the real driver, give back what other pools keep unused, then retry.
+                let others: Vec<u64> = self.pools.keys().copied().filter(|&k| k != h).collect();
+                for k in others {
+                    self.pool_shrink(k, 0);
+                }
+                self.charge(p.phys, growth)?;
+            }
+        }
+        let ptr = self.shared().next_address(p.phys, size);
+        if let Some(p) = self.pools.get_mut(&h) {
+            p.reserved += growth;
+            p.used += size;
+            p.reserved_high = p.reserved_high.max(p.reserved);
+            p.used_high = p.used_high.max(p.used);
+        }
+        self.allocs.insert(
+            ptr,
+            Alloc {
+                phys: p.phys,
+                ctx,
+                size,
+                charged: 0,
+                kind: Kind::Async,
+                pool: Some(h),
+            },
+        );
+        Ok(ptr)
+    }
+
+    /// An allocation of `size` bytes went back to pool `h`.
+    fn pool_give_back(&mut self, h: u64, size: u64) {
+        let Some(p) = self.pools.get_mut(&h) else {
+            return;
+        };
+        p.used = p.used.saturating_sub(size);
+        if p.destroyed && p.used == 0 {
+            let (phys, reserved) = (p.phys, p.reserved);
+            self.pools.remove(&h);
+            self.uncharge(phys, reserved);
+        }
+    }
+
+    /// Releases pool `h`'s unused memory down to `keep` bytes reserved (never below what its
+    /// live allocations need, rounded up to the granule). Returns the bytes released.
+    fn pool_shrink(&mut self, h: u64, keep: u64) -> u64 {
+        let Some(p) = self.pools.get_mut(&h) else {
+            return 0;
+        };
+        let floor = p
+            .used
+            .checked_next_multiple_of(pool_granule())
+            .unwrap_or(p.used)
+            .max(keep);
+        if p.reserved <= floor {
+            return 0;
+        }
+        let released = p.reserved - floor;
+        p.reserved = floor;
+        let phys = p.phys;
+        self.uncharge(phys, released);
+        released
+    }
+
+    /// `cuMemPoolTrimTo`.
+    pub fn pool_trim(&mut self, h: u64, keep: u64) -> R<()> {
+        self.pool_ordinal(h)?;
+        self.pool_shrink(h, keep);
+        Ok(())
+    }
+
+    /// What a stream, event or context synchronisation does to pools: each gives back its
+    /// unused memory above its release threshold.
+    pub fn pools_release_at_sync(&mut self) {
+        let all: Vec<(u64, u64)> = self.pools.iter().map(|(&h, p)| (h, p.threshold)).collect();
+        for (h, threshold) in all {
+            self.pool_shrink(h, threshold);
+        }
+    }
+
+    /// `cuMemPoolGetAttribute`: `Ok(value)` (int attributes widened).
+    pub fn pool_get_attr(&self, h: u64, attr: i32) -> R<u64> {
+        let p = match self.pools.get(&h) {
+            Some(p) if !p.destroyed => p,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        Ok(match attr {
+            1..=3 => p.reuse[attr as usize - 1] as u64,
+            4 => p.threshold,
+            5 => p.reserved,
+            6 => p.reserved_high,
+            7 => p.used,
+            8 => p.used_high,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        })
+    }
+
+    /// `cuMemPoolSetAttribute`: the reuse flags, the release threshold, and the high
+    /// watermarks (which only accept 0, resetting them to the current value).
+    pub fn pool_set_attr(&mut self, h: u64, attr: i32, value: u64) -> R<()> {
+        let p = match self.pools.get_mut(&h) {
+            Some(p) if !p.destroyed => p,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        match attr {
+            1..=3 => p.reuse[attr as usize - 1] = (value as u32 != 0) as i32,
+            4 => p.threshold = value,
+            6 if value == 0 => p.reserved_high = p.reserved,
+            8 if value == 0 => p.used_high = p.used,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        Ok(())
+    }
+
+    /// `cuEventCreate`.
+    pub fn event_create(&mut self) -> R<u64> {
+        let (c, _) = self.current()?;
+        let h = self.handle(0xe5);
+        self.events.insert(h, c);
+        Ok(h)
+    }
+
+    /// Validates an event handle.
+    pub fn check_event(&self, h: u64) -> R<()> {
+        match self.events.get(&h) {
+            Some(&c) => self.ctx(c).map(|_| ()),
+            None => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    }
+
+    /// `cuEventDestroy_v2`.
+    pub fn event_destroy(&mut self, h: u64) -> R<()> {
+        self.events
+            .remove(&h)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)
     }
 
     /// Validates a stream handle (the null, legacy and per-thread streams need a context).
@@ -763,6 +1159,32 @@ impl Inner {
         }
     }
 
+    /// `cuStreamBeginCapture_v2`: only a created stream can be captured.
+    pub fn begin_capture(&mut self, s: u64) -> R<()> {
+        self.check_stream(s)?;
+        if !self.streams.contains_key(&s) {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        if !self.capturing.insert(s) {
+            return Err(CUDA_ERROR_ILLEGAL_STATE);
+        }
+        Ok(())
+    }
+
+    /// `cuStreamEndCapture`: a graph handle.
+    pub fn end_capture(&mut self, s: u64) -> R<u64> {
+        self.check_stream(s)?;
+        if !self.capturing.remove(&s) {
+            return Err(CUDA_ERROR_ILLEGAL_STATE);
+        }
+        Ok(self.handle(0x6a))
+    }
+
+    /// Whether stream `s` is being captured.
+    pub fn is_capturing(&self, s: u64) -> bool {
+        self.capturing.contains(&s)
+    }
+
     /// `cuStreamCreate`.
     pub fn stream_create(&mut self) -> R<u64> {
         let (c, _) = self.current()?;
@@ -773,25 +1195,128 @@ impl Inner {
 
     /// `cuStreamDestroy_v2`.
     pub fn stream_destroy(&mut self, s: u64) -> R<()> {
+        self.capturing.remove(&s);
         self.streams
             .remove(&s)
             .map(|_| ())
             .ok_or(CUDA_ERROR_INVALID_HANDLE)
     }
 
-    /// `cuModuleLoadData`.
-    pub fn module_load(&mut self) -> R<u64> {
-        let (c, _) = self.current()?;
-        let h = self.handle(0x30);
-        self.modules.insert(h, c);
+    /// `cuModuleLoad*` (`library == false`, loaded in the current context) and
+    /// `cuLibraryLoad*` (context-independent; with eager loading loaded into the current
+    /// context if there is one). `globals` bytes arrive now with eager loading, else at the
+    /// first function lookup or launch ([`loading`]).
+    pub fn module_load(&mut self, globals: u64, library: bool) -> R<u64> {
+        let ctx = match self.current() {
+            Ok((c, _)) => c,
+            Err(e) if !library => return Err(e),
+            Err(_) => 0,
+        };
+        let h = self.handle(if library { 0x31 } else { 0x30 });
+        self.modules.insert(
+            h,
+            Module {
+                ctx,
+                phys: 0,
+                globals,
+                loaded: false,
+                library,
+            },
+        );
+        if loading() == Loading::Eager && ctx != 0 {
+            if let Err(e) = self.module_make_resident(h) {
+                self.modules.remove(&h);
+                return Err(e);
+            }
+        }
         Ok(h)
     }
 
-    /// `cuModuleUnload`.
-    pub fn module_unload(&mut self, m: u64) -> R<()> {
-        self.modules
-            .remove(&m)
-            .map(|_| ())
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    /// Puts module `h`'s globals on the device of its context (a library: of the current
+    /// context), charging them.
+    fn module_make_resident(&mut self, h: u64) -> R<()> {
+        let m = *self.modules.get(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if m.loaded {
+            return Ok(());
+        }
+        let (ctx, c) = if m.library {
+            self.current()?
+        } else {
+            (m.ctx, self.ctx(m.ctx)?)
+        };
+        self.charge(c.phys, m.globals)?;
+        if let Some(x) = self.modules.get_mut(&h) {
+            x.loaded = true;
+            x.phys = c.phys;
+            x.ctx = ctx;
+        }
+        Ok(())
+    }
+
+    /// `cuModuleUnload` / `cuLibraryUnload`.
+    pub fn module_unload(&mut self, h: u64, library: bool) -> R<()> {
+        match self.modules.get(&h) {
+            Some(m) if m.library == library => {}
+            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+        if let Some(m) = self.modules.remove(&h) {
+            if m.loaded {
+                self.uncharge(m.phys, m.globals);
+            }
+        }
+        self.functions
+            .retain(|_, o| *o != Owner::Function(h) && *o != Owner::Kernel(h));
+        Ok(())
+    }
+
+    /// `cuModuleGetFunction`: a function handle; lazy modules load here (unless at launch).
+    pub fn module_get_function(&mut self, h: u64) -> R<u64> {
+        match self.modules.get(&h) {
+            Some(m) if !m.library => {}
+            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+        if loading() == Loading::AtFunction {
+            self.module_make_resident(h)?;
+        }
+        let f = self.handle(0xf0);
+        self.functions.insert(f, Owner::Function(h));
+        Ok(f)
+    }
+
+    /// `cuLibraryGetKernel`: a context-independent kernel handle (nothing is loaded).
+    pub fn library_get_kernel(&mut self, h: u64) -> R<u64> {
+        match self.modules.get(&h) {
+            Some(m) if m.library => {}
+            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+        let k = self.handle(0xf1);
+        self.functions.insert(k, Owner::Kernel(h));
+        Ok(k)
+    }
+
+    /// `cuKernelGetFunction`: the kernel's function in the current context; the library is
+    /// loaded into it here (unless at launch).
+    pub fn kernel_get_function(&mut self, k: u64) -> R<u64> {
+        let Some(&Owner::Kernel(lib)) = self.functions.get(&k) else {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        };
+        self.current()?;
+        if loading() == Loading::AtFunction {
+            self.module_make_resident(lib)?;
+        }
+        let f = self.handle(0xf0);
+        self.functions.insert(f, Owner::Function(lib));
+        Ok(f)
+    }
+
+    /// `cuLaunchKernel(Ex)` of a function or a kernel handle: its module is loaded first if
+    /// it is not yet (a failure to load is the launch's error).
+    pub fn launch(&mut self, f: u64) -> R<()> {
+        let owner = match self.functions.get(&f) {
+            Some(Owner::Function(m)) | Some(Owner::Kernel(m)) => *m,
+            None => return Err(CUDA_ERROR_INVALID_HANDLE),
+        };
+        self.current()?;
+        self.module_make_resident(owner)
     }
 }

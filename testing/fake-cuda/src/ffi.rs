@@ -19,8 +19,6 @@ pub type CUstream = *mut c_void;
 pub type CUarray = *mut c_void;
 /// `CUmemoryPool` (opaque pointer).
 pub type CUmemoryPool = *mut c_void;
-/// `CUmodule` (opaque pointer).
-pub type CUmodule = *mut c_void;
 /// `CUmemGenericAllocationHandle`.
 pub type CUmemGenericAllocationHandle = u64;
 
@@ -30,9 +28,13 @@ pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
+pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
 pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: CUresult = 709;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
@@ -158,6 +160,7 @@ pub fn error_text(code: CUresult) -> Option<(&'static str, &'static str)> {
         ),
         208 => ("CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"),
         211 => ("CUDA_ERROR_NOT_MAPPED", "resource not mapped"),
+        301 => ("CUDA_ERROR_FILE_NOT_FOUND", "file not found"),
         304 => (
             "CUDA_ERROR_OPERATING_SYSTEM",
             "OS call failed or operation not supported on this OS",
@@ -180,6 +183,10 @@ pub fn error_text(code: CUresult) -> Option<(&'static str, &'static str)> {
         709 => ("CUDA_ERROR_CONTEXT_IS_DESTROYED", "context is destroyed"),
         800 => ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
         801 => ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
+        900 => (
+            "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+            "operation not permitted when stream is capturing",
+        ),
         999 => ("CUDA_ERROR_UNKNOWN", "unknown error"),
         _ => return None,
     })

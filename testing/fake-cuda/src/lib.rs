@@ -18,7 +18,10 @@ mod procaddr;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use driver::{inited, Inner, Kind, GRANULARITY, PITCH_ALIGN, R};
+
+mod objects;
 use ffi::*;
+pub use objects::*;
 
 /// Runs `f`, mapping `Err(code)` to the code and a panic to `CUDA_ERROR_UNKNOWN`.
 fn run(f: impl FnOnce() -> R<()>) -> CUresult {
@@ -409,18 +412,25 @@ pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
-    run(|| inited()?.current().map(|_| ()))
+    run(|| {
+        let mut g = inited()?;
+        g.current()?;
+        g.pools_release_at_sync();
+        Ok(())
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     run(|| {
-        let g = inited()?;
+        let mut g = inited()?;
         if ctx.is_null() {
-            g.current().map(|_| ())
+            g.current()?;
         } else {
-            g.ctx(ctx as u64).map(|_| ())
+            g.ctx(ctx as u64)?;
         }
+        g.pools_release_at_sync();
+        Ok(())
     })
 }
 
@@ -546,16 +556,26 @@ fn alloc_async(
     run(|| {
         let mut g = inited()?;
         nonnull(dptr)?;
-        let ordinal = match pool {
-            Some(p) => Some(g.pool_ordinal(p as u64)?),
-            None => None,
+        let pool = match pool {
+            Some(p) => {
+                g.pool_ordinal(p as u64)?;
+                p as u64
+            }
+            None => {
+                let (_, c) = g.current()?;
+                g.current_pool(c.ordinal as CUdevice)?
+            }
         };
         g.check_stream(stream as u64)?;
-        // A zero-byte stream-ordered allocation succeeds on the real driver.
+        // A zero-byte stream-ordered allocation succeeds on the real driver. During capture
+        // the memory comes from the graph's pool: charged by itself (the H200 showed it
+        // allocated at capture), given back at the captured free.
         let p = if bytesize == 0 {
             0
+        } else if g.is_capturing(stream as u64) {
+            g.alloc(bytesize as u64, bytesize as u64, Kind::Async, None)?
         } else {
-            g.alloc(bytesize as u64, bytesize as u64, Kind::Async, ordinal)?
+            g.pool_alloc(pool, bytesize as u64)?
         };
         // SAFETY: checked non-NULL; C contract.
         unsafe { put(dptr, p) };
@@ -883,30 +903,24 @@ pub unsafe extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
-    run(|| inited()?.check_stream(h as u64))
+    stream_sync(h)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
-    run(|| inited()?.check_stream(h as u64))
+    stream_sync(h)
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
+fn stream_sync(h: CUstream) -> CUresult {
     run(|| {
         let mut g = inited()?;
-        nonnull(module)?;
-        nonnull(image)?;
-        let m = g.module_load()?;
-        // SAFETY: checked non-NULL; C contract.
-        unsafe { put(module, m as CUmodule) };
+        g.check_stream(h as u64)?;
+        if g.is_capturing(h as u64) {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        g.pools_release_at_sync();
         Ok(())
     })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn cuModuleUnload(module: CUmodule) -> CUresult {
-    run(|| inited()?.module_unload(module as u64))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -174,6 +174,68 @@ fn table() -> &'static [Entry] {
             ),
             e("cuModuleLoadData", vec![(2000, f!(cuModuleLoadData))]),
             e("cuModuleUnload", vec![(2000, f!(cuModuleUnload))]),
+            e("cuModuleLoad", vec![(2000, f!(cuModuleLoad))]),
+            e("cuModuleLoadDataEx", vec![(2010, f!(cuModuleLoadDataEx))]),
+            e(
+                "cuModuleLoadFatBinary",
+                vec![(2000, f!(cuModuleLoadFatBinary))],
+            ),
+            e("cuModuleGetFunction", vec![(2000, f!(cuModuleGetFunction))]),
+            e("cuLibraryLoadData", vec![(12000, f!(cuLibraryLoadData))]),
+            e(
+                "cuLibraryLoadFromFile",
+                vec![(12000, f!(cuLibraryLoadFromFile))],
+            ),
+            e("cuLibraryUnload", vec![(12000, f!(cuLibraryUnload))]),
+            e("cuLibraryGetKernel", vec![(12000, f!(cuLibraryGetKernel))]),
+            e(
+                "cuKernelGetFunction",
+                vec![(12000, f!(cuKernelGetFunction))],
+            ),
+            p(
+                "cuLaunchKernel",
+                vec![(4000, f!(cuLaunchKernel))],
+                (7000, f!(cuLaunchKernel_ptsz)),
+            ),
+            p(
+                "cuLaunchKernelEx",
+                vec![(11060, f!(cuLaunchKernelEx))],
+                (11060, f!(cuLaunchKernelEx_ptsz)),
+            ),
+            e("cuEventCreate", vec![(2000, f!(cuEventCreate))]),
+            e("cuEventRecord", vec![(2000, f!(cuEventRecord))]),
+            e("cuEventSynchronize", vec![(2000, f!(cuEventSynchronize))]),
+            e("cuEventDestroy", vec![(4000, f!(cuEventDestroy_v2))]),
+            p(
+                "cuStreamIsCapturing",
+                vec![(10000, f!(cuStreamIsCapturing))],
+                (10000, f!(cuStreamIsCapturing_ptsz)),
+            ),
+            e(
+                "cuStreamBeginCapture",
+                vec![(11000, f!(cuStreamBeginCapture_v2))],
+            ),
+            e("cuStreamEndCapture", vec![(10000, f!(cuStreamEndCapture))]),
+            e("cuStreamCreate", vec![(2000, f!(cuStreamCreate))]),
+            e("cuDeviceGetMemPool", vec![(11020, f!(cuDeviceGetMemPool))]),
+            e("cuDeviceSetMemPool", vec![(11020, f!(cuDeviceSetMemPool))]),
+            e("cuMemPoolTrimTo", vec![(11020, f!(cuMemPoolTrimTo))]),
+            e(
+                "cuMemPoolGetAttribute",
+                vec![(11020, f!(cuMemPoolGetAttribute))],
+            ),
+            e(
+                "cuMemPoolSetAttribute",
+                vec![(11020, f!(cuMemPoolSetAttribute))],
+            ),
+            e(
+                "cuMipmappedArrayCreate",
+                vec![(5000, f!(cuMipmappedArrayCreate))],
+            ),
+            e(
+                "cuMipmappedArrayDestroy",
+                vec![(5000, f!(cuMipmappedArrayDestroy))],
+            ),
             e(
                 "cuGetProcAddress",
                 vec![

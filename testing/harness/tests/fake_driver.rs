@@ -320,12 +320,7 @@ fn get_proc_address_matches_the_real_driver_table() {
         "cuMemAllocHost",
     ];
     // Real functions the fake does not implement at all.
-    let absent = [
-        "cuMemHostAlloc",
-        "cuMemAllocHost",
-        "cuMemcpyHtoD",
-        "cuLaunchKernel",
-    ];
+    let absent = ["cuMemHostAlloc", "cuMemAllocHost", "cuMemcpyHtoD"];
     let mut args: Vec<String> = Vec::new();
     let mut expect: Vec<(String, i32, u64, String, i32, i32)> = Vec::new();
     for line in table
@@ -601,4 +596,83 @@ fn error_strings_are_the_real_ones() {
         (l[2].get("error_name"), l[2].rc()),
         (Some("NULL"), Some(INVALID_VALUE))
     );
+}
+
+/// Device memory that arrives by other paths (docs/fake-driver.md): a pool keeps freed
+/// memory until trimmed or released at a synchronisation under its threshold, mipmapped
+/// arrays take every level, module globals arrive eagerly or at first lookup / launch, and
+/// NVML's per-process figure includes all of it.
+#[test]
+fn pools_mipmaps_and_module_globals_are_held_and_reported() {
+    let e = env();
+    let mut a = e.spawn_probe(&[
+        "init",
+        "ctx",
+        "threshold",
+        "default",
+        "max",
+        "async",
+        "500M",
+        "freeasync",
+        "last",
+        "poolinfo",
+        "default",
+        "mipmap",
+        "4096",
+        "4096",
+        "3",
+        "modload",
+        "64M",
+        "getfunc",
+        "wait",
+        "trim",
+        "default",
+        "0",
+        "poolinfo",
+        "default",
+        "meminfo",
+        "wait",
+    ]);
+    a.wait_for("wait");
+    let s = e.nvml();
+    // 500 MiB kept in the pool + 168 MiB of mipmap levels + 64 MiB of globals (lazy: at
+    // the lookup).
+    assert_eq!(s.process_used(0, a.pid), 732 * MIB, "{}", s.raw);
+    a.resume();
+    // (`wait_for("wait")` would match the first wait's `state=resumed` line.)
+    a.wait_for("meminfo");
+    assert_eq!(e.nvml().process_used(0, a.pid), 232 * MIB);
+    a.resume();
+    let out = a.finish();
+    let p = out.find("poolinfo");
+    assert_eq!(p[0].num("reserved"), Some(500 * MIB), "{}", out.dump());
+    assert_eq!(p[0].num("used"), Some(0));
+    assert_eq!(p[1].num("reserved"), Some(0));
+
+    // The default threshold (0): released at the stream synchronisation after the free.
+    let o = env().run_probe(&[
+        "init",
+        "ctx",
+        "async",
+        "500M",
+        "freeasync",
+        "last",
+        "meminfo",
+    ]);
+    assert_eq!(meminfo_free(o.last("meminfo")), 16 * GIB, "{}", o.dump());
+    // Eager loading: the globals arrive at load; a load that does not fit is refused.
+    let e = env()
+        .env("CUDA_MODULE_LOADING", "EAGER")
+        .env("FAKE_CUDA_TOTAL_MEM", "1G");
+    let o = e.run_probe(&["init", "ctx", "modload", "256M", "meminfo", "modload", "1G"]);
+    assert_eq!(meminfo_free(o.last("meminfo")), 768 * MIB, "{}", o.dump());
+    assert_eq!(o.last("modload").rc(), Some(OUT_OF_MEMORY));
+    // Lazy at launch: nothing at the lookup, the globals at the first launch.
+    let e = env().env("FAKE_CUDA_LAZY_AT_LAUNCH", "1");
+    let o = e.run_probe(&[
+        "init", "ctx", "modload", "256M", "getfunc", "meminfo", "launch", "meminfo",
+    ]);
+    let m = o.find("meminfo");
+    assert_eq!(meminfo_free(m[0]), 16 * GIB, "{}", o.dump());
+    assert_eq!(meminfo_free(m[1]), 16 * GIB - 256 * MIB, "{}", o.dump());
 }

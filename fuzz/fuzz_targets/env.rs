@@ -1,0 +1,38 @@
+//! The size parser shared by the preload and the agent (`hami_common::config::parse_size`)
+//! and the agent's reading of a process's environment (`procinfo::parse_environ`,
+//! `env_limits`, `region_path`).
+#![no_main]
+
+use hami_common::config::parse_size;
+use hami_user::procinfo;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let s = String::from_utf8_lossy(data);
+    let r = parse_size(&s);
+    assert_eq!(
+        procinfo::parse_size(&s),
+        r.ok(),
+        "one parser for both halves"
+    );
+    if let Ok(n) = r {
+        // What was accepted is digits with at most one K/M/G/T suffix, around whitespace.
+        let t = s.trim();
+        let digits = t.trim_end_matches(['k', 'K', 'm', 'M', 'g', 'G', 't', 'T']);
+        assert!(t.len() - digits.len() <= 1, "{t:?}");
+        assert!(
+            !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()),
+            "{t:?}"
+        );
+        // Its canonical form parses back to the same value.
+        assert_eq!(parse_size(&n.to_string()), Ok(n));
+    }
+    let env = procinfo::parse_environ(data);
+    let limits = procinfo::env_limits(&env);
+    for d in 0..17 {
+        let _ = (limits.for_device(d), limits.bytes_for_device(d));
+    }
+    let _ = limits.is_empty();
+    let (path, from_env) = procinfo::region_path(&env);
+    assert!(!path.is_empty() || from_env);
+});

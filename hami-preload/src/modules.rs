@@ -1,0 +1,338 @@
+//! Module and library memory (`cuModuleLoad*`, `cuLibraryLoad*`): code and `__device__`
+//! globals, charged as [`UsageKind::Module`].
+//!
+//! The driver does not say how much a module takes, so it is measured the way contexts are
+//! (this process's NVML figure before and after, see [`crate::contexts::Meter`]). With lazy
+//! loading (the default since CUDA 12.2) the memory arrives later, when a function of the
+//! module is first looked up (`cuModuleGetFunction`, `cuKernelGetFunction`) or a kernel of it
+//! first launched (`cuLaunchKernel(Ex)`, also with a `CUkernel`): each module is measured at
+//! most three times (load, first lookup, first launch), never again, so launches cost one
+//! atomic load once every module has been launched.
+//!
+//! * A load whose memory does not fit is unloaded and `CUDA_ERROR_OUT_OF_MEMORY` returned.
+//! * A first lookup whose memory does not fit returns `CUDA_ERROR_OUT_OF_MEMORY`; the memory
+//!   is charged anyway (the driver holds it) until the module is unloaded.
+//! * A first launch cannot be taken back: its memory is charged beyond the limit if need be
+//!   (the next allocation is refused).
+//!
+//! Plain Rust over a [`Ledger`]; the driver calls and measurements are closures.
+
+use crate::accounting::{AllocError, Deny, Ledger};
+use crate::cuda::{CUresult, CUDA_SUCCESS};
+use hami_common::layout::UsageKind;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// When a module's memory is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// First function or kernel lookup.
+    Lookup,
+    /// First launch of one of its kernels.
+    Launch,
+}
+
+/// One loaded module or library.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModEntry {
+    /// Device charged (`None`: not yet known, a library loaded without a current context).
+    pub dev: Option<usize>,
+    /// Context it lives in (0: a library, not tied to one).
+    pub ctx: usize,
+    /// Bytes charged.
+    pub charged: u64,
+    /// `cuLibraryLoad*` rather than `cuModuleLoad*`.
+    pub library: bool,
+    /// First lookup measured.
+    pub looked_up: bool,
+    /// First launch measured.
+    pub launched: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    mods: HashMap<u64, ModEntry>,
+    /// Function and kernel handles -> their module or library.
+    funcs: HashMap<u64, u64>,
+}
+
+/// This process's modules and libraries.
+#[derive(Default)]
+pub struct ModuleTable {
+    inner: Mutex<Inner>,
+    /// Modules whose first launch is not yet measured: the launch hooks do nothing else
+    /// while it is 0.
+    unlaunched: AtomicUsize,
+}
+
+impl ModuleTable {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn recount(&self, g: &Inner) {
+        let n = g.mods.values().filter(|m| !m.launched).count();
+        self.unlaunched.store(n, Ordering::Relaxed);
+    }
+
+    /// Whether some module's first launch is still to be measured.
+    #[inline]
+    pub fn any_unlaunched(&self) -> bool {
+        self.unlaunched.load(Ordering::Relaxed) != 0
+    }
+
+    /// The entry of module or library `h`.
+    pub fn get(&self, h: u64) -> Option<ModEntry> {
+        self.lock().mods.get(&h).copied()
+    }
+
+    /// A load on `dev` (`None`: no current context) in `ctx`. `measure` loads and returns
+    /// the handle and the bytes it took; `unload` undoes a load that does not fit.
+    pub fn load<L: Ledger + ?Sized>(
+        &self,
+        ledger: &L,
+        dev: Option<usize>,
+        ctx: usize,
+        library: bool,
+        measure: impl FnOnce() -> (Result<u64, CUresult>, u64),
+        unload: impl FnOnce(u64),
+    ) -> Result<(), AllocError> {
+        let (r, cost) = measure();
+        let h = r.map_err(AllocError::Driver)?;
+        let charged = match dev {
+            Some(d) if cost > 0 => {
+                if let Err(e) = ledger.try_charge(d, UsageKind::Module, cost) {
+                    unload(h);
+                    return Err(AllocError::Denied(e));
+                }
+                cost
+            }
+            _ => 0,
+        };
+        let mut g = self.lock();
+        let entry = ModEntry {
+            dev,
+            ctx: if library { 0 } else { ctx },
+            charged,
+            library,
+            looked_up: false,
+            launched: false,
+        };
+        if let Some(old) = g.mods.insert(h, entry) {
+            // A handle we still tracked: that module went away by a path we did not see.
+            if let Some(d) = old.dev {
+                ledger.uncharge(d, UsageKind::Module, old.charged);
+            }
+        }
+        self.recount(&g);
+        Ok(())
+    }
+
+    /// Records that `func` (a `CUfunction` or `CUkernel`) belongs to module or library
+    /// `owner`, if that is one this process loaded.
+    pub fn note_function(&self, func: u64, owner: u64) {
+        let mut g = self.lock();
+        if g.mods.contains_key(&owner) {
+            g.funcs.insert(func, owner);
+        }
+    }
+
+    /// The module or library of a function or kernel handle.
+    pub fn owner_of(&self, func: u64) -> Option<u64> {
+        self.lock().funcs.get(&func).copied()
+    }
+
+    /// Whether `stage` of `owner` is still to be measured (and marks it as done: one thread
+    /// measures it).
+    pub fn claim(&self, owner: u64, stage: Stage) -> bool {
+        let mut g = self.lock();
+        let Some(m) = g.mods.get_mut(&owner) else {
+            return false;
+        };
+        let flag = match stage {
+            Stage::Lookup => &mut m.looked_up,
+            Stage::Launch => &mut m.launched,
+        };
+        let todo = !*flag;
+        *flag = true;
+        self.recount(&g);
+        todo
+    }
+
+    /// Charges `cost` bytes that `stage` of `owner` brought onto `dev` (claimed with
+    /// [`ModuleTable::claim`]). A lookup over the limit is refused (the bytes stay charged);
+    /// a launch is charged regardless.
+    pub fn charge_stage<L: Ledger + ?Sized>(
+        &self,
+        ledger: &L,
+        owner: u64,
+        stage: Stage,
+        dev: usize,
+        cost: u64,
+    ) -> Result<(), Deny> {
+        if cost == 0 {
+            return Ok(());
+        }
+        let mut g = self.lock();
+        let Some(m) = g.mods.get_mut(&owner) else {
+            return Ok(());
+        };
+        let dev = *m.dev.get_or_insert(dev);
+        m.charged = m.charged.saturating_add(cost);
+        let r = match stage {
+            Stage::Lookup => ledger.try_charge(dev, UsageKind::Module, cost),
+            Stage::Launch => {
+                ledger.force_charge(dev, UsageKind::Module, cost);
+                return Ok(());
+            }
+        };
+        if r.is_err() {
+            // The driver holds it anyway.
+            ledger.force_charge(dev, UsageKind::Module, cost);
+        }
+        r
+    }
+
+    /// `cuModuleUnload` / `cuLibraryUnload` of `h`: uncharged when the driver succeeds. An
+    /// unknown handle goes to the driver untouched.
+    pub fn unload<L: Ledger + ?Sized>(
+        &self,
+        ledger: &L,
+        h: u64,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let mut g = self.lock();
+        let r = call();
+        if r == CUDA_SUCCESS {
+            if let Some(m) = g.mods.remove(&h) {
+                if let Some(d) = m.dev {
+                    ledger.uncharge(d, UsageKind::Module, m.charged);
+                }
+                g.funcs.retain(|_, o| *o != h);
+            }
+            self.recount(&g);
+        }
+        r
+    }
+
+    /// Context `ctx` was destroyed: its modules are gone. A library's memory in it is gone
+    /// too; the library is measured again at its next lookup and launch.
+    pub fn drop_context<L: Ledger + ?Sized>(&self, ledger: &L, ctx: usize) {
+        if ctx == 0 {
+            return;
+        }
+        let mut g = self.lock();
+        let gone: Vec<u64> = g
+            .mods
+            .iter()
+            .filter(|(_, m)| !m.library && m.ctx == ctx)
+            .map(|(&h, _)| h)
+            .collect();
+        for h in gone {
+            if let Some(m) = g.mods.remove(&h) {
+                if let Some(d) = m.dev {
+                    ledger.uncharge(d, UsageKind::Module, m.charged);
+                }
+            }
+            g.funcs.retain(|_, o| *o != h);
+        }
+        for m in g.mods.values_mut().filter(|m| m.library && m.charged > 0) {
+            if let Some(d) = m.dev {
+                ledger.uncharge(d, UsageKind::Module, m.charged);
+            }
+            m.charged = 0;
+            m.looked_up = false;
+            m.launched = false;
+        }
+        self.recount(&g);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::accounting::MemLedger;
+    use crate::cuda::CUDA_ERROR_OUT_OF_MEMORY;
+    use std::cell::Cell;
+
+    const MB: u64 = 1 << 20;
+
+    #[test]
+    fn eager_load_over_the_limit_is_unloaded() {
+        let l = MemLedger::with_limit(0, 1024 * MB);
+        let t = ModuleTable::default();
+        let unloaded = Cell::new(0);
+        let r = t.load(
+            &l,
+            Some(0),
+            0xc0,
+            false,
+            || (Ok(0x30), 1536 * MB),
+            |h| unloaded.set(h),
+        );
+        assert_eq!(r.map_err(|e| e.code()), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(unloaded.get(), 0x30);
+        assert_eq!(l.total(0), 0);
+        assert!(t.get(0x30).is_none());
+        // One that fits is charged until unloaded.
+        t.load(&l, Some(0), 0xc0, false, || (Ok(0x31), 512 * MB), |_| {})
+            .unwrap();
+        assert_eq!(l.used(0, UsageKind::Module), 512 * MB);
+        assert_eq!(t.unload(&l, 0x31, || 400), 400, "failed unload keeps it");
+        assert_eq!(l.used(0, UsageKind::Module), 512 * MB);
+        assert_eq!(t.unload(&l, 0x31, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(l.total(0), 0);
+        // Driver failure: nothing charged, nothing unloaded.
+        let r = t.load(&l, Some(0), 0xc0, false, || (Err(200), 0), |_| panic!());
+        assert_eq!(r, Err(AllocError::Driver(200)));
+    }
+
+    #[test]
+    fn lazy_stages_are_measured_once_each() {
+        let l = MemLedger::with_limit(0, 1024 * MB);
+        let t = ModuleTable::default();
+        t.load(&l, Some(0), 0xc0, false, || (Ok(0x30), 0), |_| {})
+            .unwrap();
+        assert!(t.any_unlaunched());
+        t.note_function(0xf1, 0x30);
+        t.note_function(0xf2, 0x99); // not ours: ignored
+        assert_eq!(t.owner_of(0xf1), Some(0x30));
+        assert_eq!(t.owner_of(0xf2), None);
+        assert!(t.claim(0x30, Stage::Lookup));
+        assert!(!t.claim(0x30, Stage::Lookup));
+        // The lookup brought 1.5 GiB: refused, but charged (the driver holds it).
+        let r = t.charge_stage(&l, 0x30, Stage::Lookup, 0, 1536 * MB);
+        assert!(r.is_err());
+        assert_eq!(l.used(0, UsageKind::Module), 1536 * MB);
+        // The launch stage: charged regardless, no error.
+        assert!(t.claim(0x30, Stage::Launch));
+        assert!(!t.any_unlaunched());
+        assert_eq!(t.charge_stage(&l, 0x30, Stage::Launch, 0, 8 * MB), Ok(()));
+        assert_eq!(l.used(0, UsageKind::Module), 1544 * MB);
+        // Context destroyed: the module and its charge are gone.
+        t.drop_context(&l, 0xc0);
+        assert_eq!(l.total(0), 0);
+        assert_eq!(t.owner_of(0xf1), None);
+    }
+
+    #[test]
+    fn libraries_survive_their_context_and_are_measured_again() {
+        let l = MemLedger::with_limit(1, 1 << 40);
+        let t = ModuleTable::default();
+        // Loaded without a context: the device is learnt at first use.
+        t.load(&l, None, 0, true, || (Ok(0x31), 0), |_| {}).unwrap();
+        assert!(t.claim(0x31, Stage::Lookup));
+        t.charge_stage(&l, 0x31, Stage::Lookup, 1, 64 * MB).unwrap();
+        assert_eq!(l.used(1, UsageKind::Module), 64 * MB);
+        t.drop_context(&l, 0xc5);
+        assert_eq!(l.total(1), 0);
+        assert!(t.get(0x31).is_some());
+        assert!(
+            t.claim(0x31, Stage::Lookup),
+            "measured again in the next context"
+        );
+        assert_eq!(t.unload(&l, 0x31, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert!(t.get(0x31).is_none());
+    }
+}

@@ -1,0 +1,495 @@
+//! Exports for stream-ordered pools (attributes, trimming, current pool), mipmapped arrays,
+//! modules and libraries with `__device__` globals, kernel launches, events and stream
+//! capture (begin, end, query). Semantics in `driver.rs`; see `docs/fake-driver.md`.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+
+use crate::driver::{image_globals, inited, R};
+use crate::ffi::*;
+use crate::{nonnull, put, run};
+
+/// `CUmipmappedArray`, `CUmodule`, `CUlibrary`, `CUfunction`, `CUkernel`, `CUevent`: opaque.
+type Handle = *mut c_void;
+
+// ---------------------------------------------------------------------------------------------
+// Pools
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(pool)?;
+        let h = g.current_pool(dev)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(pool, h as CUmemoryPool) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool) -> CUresult {
+    run(|| inited()?.set_current_pool(dev, pool as u64))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult {
+    run(|| inited()?.pool_trim(pool as u64, min_bytes_to_keep as u64))
+}
+
+/// Attributes 1-3 are `int`, 4-8 `cuuint64_t`.
+fn attr_is_int(attr: c_int) -> bool {
+    (1..=3).contains(&attr)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    pool: CUmemoryPool,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    run(|| {
+        let g = inited()?;
+        nonnull(value)?;
+        let v = g.pool_get_attr(pool as u64, attr)?;
+        // SAFETY: checked non-NULL; the attribute's documented type (C contract).
+        unsafe {
+            if attr_is_int(attr) {
+                put(value as *mut c_int, v as c_int);
+            } else {
+                put(value as *mut u64, v);
+            }
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: CUmemoryPool,
+    attr: c_int,
+    value: *mut c_void,
+) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(value)?;
+        // SAFETY: checked non-NULL; the attribute's documented type (C contract).
+        let v = unsafe {
+            if attr_is_int(attr) {
+                (value as *const c_int).read_unaligned() as u64
+            } else {
+                (value as *const u64).read_unaligned()
+            }
+        };
+        g.pool_set_attr(pool as u64, attr, v)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mipmapped arrays
+
+/// Bytes of every level of a mipmapped array (each level halves every dimension, down to 1;
+/// the layers of a layered array stay). Sparse and deferred-mapping arrays have no memory
+/// of their own.
+fn mipmap_bytes(d: &CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> R<u64> {
+    let per = format_bytes(d.format).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if d.width == 0 || !matches!(d.num_channels, 1 | 2 | 4) || levels == 0 || levels > 32 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut total: u64 = 0;
+    for l in 0..levels {
+        let dim = |v: usize| ((v as u64) >> l).max(1);
+        // CUDA_ARRAY3D_LAYERED: the depth is a layer count, the same at every level.
+        let depth = if d.flags & 1 != 0 {
+            (d.depth as u64).max(1)
+        } else {
+            dim(d.depth)
+        };
+        let level = dim(d.width)
+            .checked_mul(dim(d.height))
+            .and_then(|x| x.checked_mul(depth))
+            .and_then(|x| x.checked_mul(per * d.num_channels as u64))
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        total = total.checked_add(level).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    }
+    Ok(total)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayCreate(
+    handle: *mut Handle,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    num_levels: c_uint,
+) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(handle)?;
+        nonnull(desc)?;
+        // SAFETY: checked non-NULL; C contract.
+        let d = unsafe { desc.read_unaligned() };
+        if d.depth > 0 && d.height == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut bytes = mipmap_bytes(&d, num_levels)?;
+        if d.flags & (0x40 | 0x80) != 0 {
+            bytes = 0;
+        }
+        let h = g.mipmap_create(bytes)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(handle, h as Handle) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMipmappedArrayDestroy(h: Handle) -> CUresult {
+    run(|| inited()?.mipmap_destroy(h as u64))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modules and libraries
+
+/// The bytes of an in-memory image, up to its first NUL (at most 4 KiB: enough for the
+/// fake's `FAKECUBIN` header; real images are binary and have no globals here).
+///
+/// # Safety
+/// `p` points to a readable image (C contract), NUL-terminated or at least 4 KiB long.
+unsafe fn image_prefix(p: *const c_void) -> Vec<u8> {
+    let mut out = Vec::new();
+    let b = p as *const u8;
+    for i in 0..4096 {
+        // SAFETY: per this function's contract.
+        let c = unsafe { *b.add(i) };
+        if c == 0 {
+            break;
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Globals declared by an in-memory image.
+///
+/// # Safety
+/// As [`image_prefix`].
+unsafe fn globals_of_image(image: *const c_void) -> R<u64> {
+    nonnull(image)?;
+    // SAFETY: forwarded contract.
+    image_globals(&unsafe { image_prefix(image) }).ok_or(CUDA_ERROR_INVALID_IMAGE)
+}
+
+/// Globals declared by an image file.
+fn globals_of_file(fname: *const c_char) -> R<u64> {
+    nonnull(fname)?;
+    // SAFETY: checked non-NULL; a NUL-terminated path (C contract).
+    let path = unsafe { CStr::from_ptr(fname) }
+        .to_string_lossy()
+        .into_owned();
+    let bytes = std::fs::read(&path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+    let head = &bytes[..bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len())];
+    image_globals(head).ok_or(CUDA_ERROR_INVALID_IMAGE)
+}
+
+fn load(out: *mut Handle, globals: impl FnOnce() -> R<u64>, library: bool) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(out)?;
+        let h = g.module_load(globals()?, library)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(out, h as Handle) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, fname: *const c_char) -> CUresult {
+    load(module, || globals_of_file(fname), false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CUresult {
+    // SAFETY: C contract.
+    load(module, || unsafe { globals_of_image(image) }, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    module: *mut Handle,
+    image: *const c_void,
+    num_options: c_uint,
+    options: *mut c_int,
+    values: *mut *mut c_void,
+) -> CUresult {
+    if num_options > 0 && (options.is_null() || values.is_null()) {
+        return run(|| {
+            drop(inited()?);
+            Err(CUDA_ERROR_INVALID_VALUE)
+        });
+    }
+    // SAFETY: C contract.
+    load(module, || unsafe { globals_of_image(image) }, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleLoadFatBinary(
+    module: *mut Handle,
+    fat_cubin: *const c_void,
+) -> CUresult {
+    // SAFETY: C contract.
+    load(module, || unsafe { globals_of_image(fat_cubin) }, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleUnload(module: Handle) -> CUresult {
+    run(|| inited()?.module_unload(module as u64, false))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuModuleGetFunction(
+    hfunc: *mut Handle,
+    module: Handle,
+    name: *const c_char,
+) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(hfunc)?;
+        nonnull(name)?;
+        let f = g.module_get_function(module as u64)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(hfunc, f as Handle) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryLoadData(
+    library: *mut Handle,
+    code: *const c_void,
+    _jit_options: *mut c_int,
+    _jit_values: *mut *mut c_void,
+    _num_jit: c_uint,
+    _lib_options: *mut c_int,
+    _lib_values: *mut *mut c_void,
+    _num_lib: c_uint,
+) -> CUresult {
+    // SAFETY: C contract.
+    load(library, || unsafe { globals_of_image(code) }, true)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryLoadFromFile(
+    library: *mut Handle,
+    fname: *const c_char,
+    _jit_options: *mut c_int,
+    _jit_values: *mut *mut c_void,
+    _num_jit: c_uint,
+    _lib_options: *mut c_int,
+    _lib_values: *mut *mut c_void,
+    _num_lib: c_uint,
+) -> CUresult {
+    load(library, || globals_of_file(fname), true)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryUnload(library: Handle) -> CUresult {
+    run(|| inited()?.module_unload(library as u64, true))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetKernel(
+    kernel: *mut Handle,
+    library: Handle,
+    name: *const c_char,
+) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(kernel)?;
+        nonnull(name)?;
+        let k = g.library_get_kernel(library as u64)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(kernel, k as Handle) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetFunction(func: *mut Handle, kernel: Handle) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(func)?;
+        let f = g.kernel_get_function(kernel as u64)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(func, f as Handle) };
+        Ok(())
+    })
+}
+
+fn launch(f: Handle, stream: CUstream) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        g.check_stream(stream as u64)?;
+        g.launch(f as u64)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernel(
+    f: Handle,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shared: c_uint,
+    stream: CUstream,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    launch(f, stream)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernel_ptsz(
+    f: Handle,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shared: c_uint,
+    stream: CUstream,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    launch(f, stream)
+}
+
+/// Leading fields of `CUlaunchConfig` (grid, block, shared memory, stream).
+#[repr(C)]
+pub struct CUlaunchConfigHead {
+    /// gridDimX..blockDimZ, sharedMemBytes.
+    pub dims: [c_uint; 7],
+    /// hStream.
+    pub stream: CUstream,
+}
+
+fn launch_ex(config: *const CUlaunchConfigHead, f: Handle) -> CUresult {
+    if config.is_null() {
+        return run(|| {
+            drop(inited()?);
+            Err(CUDA_ERROR_INVALID_VALUE)
+        });
+    }
+    // SAFETY: checked non-NULL; C contract.
+    let stream = unsafe { (*config).stream };
+    launch(f, stream)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx(
+    config: *const CUlaunchConfigHead,
+    f: Handle,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    launch_ex(config, f)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
+    config: *const CUlaunchConfigHead,
+    f: Handle,
+    _params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> CUresult {
+    launch_ex(config, f)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events and capture
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventCreate(event: *mut Handle, _flags: c_uint) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(event)?;
+        let h = g.event_create()?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(event, h as Handle) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecord(event: Handle, stream: CUstream) -> CUresult {
+    run(|| {
+        let g = inited()?;
+        g.check_event(event as u64)?;
+        g.check_stream(stream as u64)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        g.check_event(event as u64)?;
+        g.pools_release_at_sync();
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
+    run(|| inited()?.event_destroy(event as u64))
+}
+
+fn is_capturing(stream: CUstream, status: *mut c_int) -> CUresult {
+    run(|| {
+        let g = inited()?;
+        nonnull(status)?;
+        g.check_stream(stream as u64)?;
+        // CU_STREAM_CAPTURE_STATUS_ACTIVE (1) or _NONE (0).
+        let st = g.is_capturing(stream as u64) as c_int;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(status, st) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_int) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        if !(0..=2).contains(&mode) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        g.begin_capture(stream as u64)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamEndCapture(stream: CUstream, graph: *mut Handle) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(graph)?;
+        let h = g.end_capture(stream as u64)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(graph, h as Handle) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing(stream: CUstream, status: *mut c_int) -> CUresult {
+    is_capturing(stream, status)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(
+    stream: CUstream,
+    status: *mut c_int,
+) -> CUresult {
+    is_capturing(stream, status)
+}

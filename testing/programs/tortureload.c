@@ -1,0 +1,449 @@
+/*
+ * tortureload: the workload of `cargo xtask torture` (xtask/src/torture.rs).
+ *
+ * Linked with -lcuda (the fake driver) and run with the real preload. Every allocation it
+ * makes charges an exact multiple of 2 MiB on device 0, whatever the family, so that the
+ * region's per-slot data usage must equal what the process reports holding, to the byte:
+ *
+ *   family 0  cuMemAlloc_v2(2 MiB * k)                      / cuMemFree_v2
+ *   family 1  cuMemAllocPitch_v2(4096, 512 * k, 4)          / cuMemFree_v2   (pitch 4096)
+ *   family 2  cuMemAllocAsync(2 MiB * k, stream 0)          / cuMemFreeAsync
+ *   family 3  cuMemCreate(2 MiB * k, pinned on device 0)    / cuMemRelease
+ *   family 4  cuArrayCreate_v2(1024 x 512k, FLOAT, 1 ch)     / cuArrayDestroy
+ *
+ * Modes (one line per event on stdout, flushed at once; commands on stdin):
+ *
+ *   tortureload storm THREADS MAXHOLD SEED [PAUSE_US]
+ *     Each thread loops: allocate (random family, k in 1..4) or free a random one of its
+ *     allocations (at most MAXHOLD held), sleeping PAUSE_US (default 0) between calls, until
+ *     "stop" arrives on stdin. TORTURE_FAMILY=N (0..4) restricts it to one family. Every 100 ms:
+ *       tick win_us=W inflight_us=I ops=N refused=R errors=E
+ *     (W = the longest call that finished in the last window, I = the longest call still in
+ *     progress). On "stop": threads finish their call and join, then
+ *       held bytes=B count=C max_us=M ops=N refused=R errors=E
+ *     On "exit" (or EOF): everything is freed, "freed errors=E", exit 0.
+ *
+ *   tortureload race THREADS CHUNK_MIB
+ *     On each "go": THREADS threads (thread t uses family t % 5) allocate CHUNK_MIB chunks
+ *     until one is refused, then
+ *       round bytes=B count=C max_us=M refused=R errors=E
+ *     (R = threads whose last call returned CUDA_ERROR_OUT_OF_MEMORY, E = other failures).
+ *     "free": everything is freed, "freed errors=E". EOF: exit 0.
+ *
+ *   tortureload holdlock REGION_PATH LOCK_OFFSET
+ *     Maps the region and takes its process-shared mutex (at LOCK_OFFSET) directly, prints
+ *     "locked rc=RC", stops itself (SIGSTOP) while holding it; once continued, unlocks,
+ *     prints "unlocked" and exits. Simulates a process stopped inside the preload's
+ *     critical section.
+ *
+ * Errors (any result other than CUDA_SUCCESS, and CUDA_ERROR_OUT_OF_MEMORY for allocations)
+ * are printed as "error op=NAME rc=RC" (the first 20) and counted.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext;
+typedef void *CUstream;
+typedef void *CUarray;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct { unsigned int type; int id; } CUmemLocation;
+typedef struct {
+  unsigned int type, requestedHandleTypes;
+  CUmemLocation location;
+  void *win32HandleMetaData;
+  struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
+} CUmemAllocationProp;
+typedef struct { size_t Width, Height; unsigned int Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
+
+CUresult cuInit(unsigned int);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult cuArrayDestroy(CUarray);
+
+#define MIB (1ull << 20)
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define FAMILIES 5
+#define MAX_THREADS 64
+#define MAX_HOLD 4096
+
+static const char *const FAMILY_NAME[FAMILIES] = {"alloc", "pitch", "async", "create", "array"};
+
+typedef struct { int family; unsigned long long handle; size_t bytes; } Held;
+
+typedef struct {
+  pthread_t th;
+  int id;
+  uint64_t rng;
+  Held held[MAX_HOLD];
+  int nheld;
+  _Atomic uint64_t inflight_ns; /* start of the call in progress, 0 if none */
+  _Atomic uint64_t win_ns;      /* longest call finished in the current window */
+  uint64_t max_ns;              /* longest call overall */
+  _Atomic uint64_t ops, refused, errors;
+  int last_rc;
+} Worker;
+
+static CUcontext g_ctx;
+static Worker g_w[MAX_THREADS];
+static int g_threads;
+static int g_maxhold = 8;
+static size_t g_chunk = 2 * MIB;
+static unsigned g_pause_us;
+static int g_family = -1; /* TORTURE_FAMILY=N: storm uses only family N */
+static atomic_int g_stop;
+static atomic_int g_errors_printed;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t rnd(Worker *w) {
+  w->rng ^= w->rng << 13;
+  w->rng ^= w->rng >> 7;
+  w->rng ^= w->rng << 17;
+  return w->rng;
+}
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static pthread_mutex_t g_out = PTHREAD_MUTEX_INITIALIZER;
+#include <stdarg.h>
+static void say(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  pthread_mutex_lock(&g_out);
+  vprintf(fmt, ap);
+  putchar('\n');
+  fflush(stdout);
+  pthread_mutex_unlock(&g_out);
+  va_end(ap);
+}
+
+static void error(Worker *w, const char *op, CUresult rc) {
+  atomic_fetch_add(&w->errors, 1);
+  if (atomic_fetch_add(&g_errors_printed, 1) < 20) say("error op=%s rc=%d thread=%d", op, rc, w->id);
+}
+
+static void call_begin(Worker *w) { atomic_store(&w->inflight_ns, now_ns()); }
+
+static void call_end(Worker *w) {
+  uint64_t d = now_ns() - atomic_load(&w->inflight_ns);
+  atomic_store(&w->inflight_ns, 0);
+  if (d > w->max_ns) w->max_ns = d;
+  uint64_t cur = atomic_load(&w->win_ns);
+  while (d > cur && !atomic_compare_exchange_weak(&w->win_ns, &cur, d)) {
+  }
+  atomic_fetch_add(&w->ops, 1);
+}
+
+/* Allocates `bytes` (a multiple of 2 MiB) with `family`; returns the driver's result. */
+static CUresult do_alloc(Worker *w, int family, size_t bytes) {
+  Held h = {family, 0, bytes};
+  CUresult rc;
+  size_t k = bytes / (2 * MIB);
+  call_begin(w);
+  switch (family) {
+    case 0: {
+      CUdeviceptr p = 0;
+      rc = cuMemAlloc_v2(&p, bytes);
+      h.handle = p;
+      break;
+    }
+    case 1: {
+      CUdeviceptr p = 0;
+      size_t pitch = 0;
+      rc = cuMemAllocPitch_v2(&p, &pitch, 4096, 512 * k, 4);
+      h.handle = p;
+      if (rc == 0 && pitch * 512 * k != bytes) {
+        say("error op=pitch-size pitch=%zu", pitch);
+        atomic_fetch_add(&w->errors, 1);
+      }
+      break;
+    }
+    case 2: {
+      CUdeviceptr p = 0;
+      rc = cuMemAllocAsync(&p, bytes, NULL);
+      h.handle = p;
+      break;
+    }
+    case 3: {
+      CUmemAllocationProp prop;
+      memset(&prop, 0, sizeof prop);
+      prop.type = 1;          /* CU_MEM_ALLOCATION_TYPE_PINNED */
+      prop.location.type = 1; /* CU_MEM_LOCATION_TYPE_DEVICE */
+      prop.location.id = 0;
+      CUmemGenericAllocationHandle hd = 0;
+      rc = cuMemCreate(&hd, bytes, &prop, 0);
+      h.handle = hd;
+      break;
+    }
+    default: {
+      CUDA_ARRAY_DESCRIPTOR d = {1024, 512 * k, 0x20 /* FLOAT */, 1};
+      CUarray a = NULL;
+      rc = cuArrayCreate_v2(&a, &d);
+      h.handle = (unsigned long long)(uintptr_t)a;
+      break;
+    }
+  }
+  call_end(w);
+  w->last_rc = rc;
+  if (rc == 0) {
+    if (w->nheld < MAX_HOLD) {
+      w->held[w->nheld++] = h;
+    }
+  } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+    atomic_fetch_add(&w->refused, 1);
+  } else {
+    error(w, FAMILY_NAME[family], rc);
+  }
+  return rc;
+}
+
+static void do_free(Worker *w, int i) {
+  Held h = w->held[i];
+  CUresult rc;
+  call_begin(w);
+  switch (h.family) {
+    case 0:
+    case 1: rc = cuMemFree_v2(h.handle); break;
+    case 2: rc = cuMemFreeAsync(h.handle, NULL); break;
+    case 3: rc = cuMemRelease(h.handle); break;
+    default: rc = cuArrayDestroy((CUarray)(uintptr_t)h.handle); break;
+  }
+  call_end(w);
+  if (rc != 0) error(w, "free", rc);
+  w->held[i] = w->held[--w->nheld];
+}
+
+static void free_all(Worker *w) {
+  while (w->nheld > 0) do_free(w, w->nheld - 1);
+}
+
+static void held_totals(size_t *bytes, int *count) {
+  *bytes = 0;
+  *count = 0;
+  for (int t = 0; t < g_threads; t++)
+    for (int i = 0; i < g_w[t].nheld; i++) {
+      *bytes += g_w[t].held[i].bytes;
+      (*count)++;
+    }
+}
+
+static void *storm_thread(void *arg) {
+  Worker *w = arg;
+  CUresult rc = cuCtxSetCurrent(g_ctx);
+  if (rc != 0) error(w, "ctxsetcurrent", rc);
+  while (!atomic_load(&g_stop)) {
+    if (w->nheld >= g_maxhold || (w->nheld > 0 && rnd(w) % 100 < 45)) {
+      do_free(w, (int)(rnd(w) % (uint64_t)w->nheld));
+    } else {
+      int family = g_family >= 0 ? g_family : (int)(rnd(w) % FAMILIES);
+      do_alloc(w, family, (size_t)(1 + rnd(w) % 4) * 2 * MIB);
+    }
+    if (g_pause_us) usleep(g_pause_us);
+  }
+  return NULL;
+}
+
+static void *race_thread(void *arg) {
+  Worker *w = arg;
+  CUresult rc = cuCtxSetCurrent(g_ctx);
+  if (rc != 0) error(w, "ctxsetcurrent", rc);
+  while (do_alloc(w, w->id % FAMILIES, g_chunk) == 0) {
+  }
+  return NULL;
+}
+
+/* Reads one command line from stdin, waiting at most `ms` (-1: forever). Returns 1 with a
+ * line, 0 on timeout, -1 at EOF. */
+static int read_cmd(char *buf, size_t n, int ms) {
+  struct pollfd p = {0, POLLIN, 0};
+  int r = poll(&p, 1, ms);
+  if (r == 0) return 0;
+  if (r < 0) return errno == EINTR ? 0 : -1;
+  if (!fgets(buf, (int)n, stdin)) return -1;
+  buf[strcspn(buf, "\n")] = 0;
+  return 1;
+}
+
+static int setup(void) {
+  CUdevice dev = 0;
+  CUresult rc = cuInit(0);
+  if (rc == 0) rc = cuDeviceGet(&dev, 0);
+  if (rc == 0) rc = cuDevicePrimaryCtxRetain(&g_ctx, dev);
+  if (rc == 0) rc = cuCtxSetCurrent(g_ctx);
+  if (rc != 0) {
+    say("error op=setup rc=%d", rc);
+    return 1;
+  }
+  say("ready pid=%d", (int)getpid());
+  return 0;
+}
+
+static uint64_t max_of(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+static void sums(uint64_t *ops, uint64_t *refused, uint64_t *errors, uint64_t *max_ns) {
+  *ops = *refused = *errors = *max_ns = 0;
+  for (int t = 0; t < g_threads; t++) {
+    *ops += atomic_load(&g_w[t].ops);
+    *refused += atomic_load(&g_w[t].refused);
+    *errors += atomic_load(&g_w[t].errors);
+    *max_ns = max_of(*max_ns, g_w[t].max_ns);
+  }
+}
+
+static int finish(void) {
+  char buf[64];
+  while (read_cmd(buf, sizeof buf, -1) == 1 && strcmp(buf, "exit") != 0) {
+  }
+  uint64_t e0 = 0, e1 = 0, x;
+  sums(&x, &x, &e0, &x);
+  for (int t = 0; t < g_threads; t++) free_all(&g_w[t]);
+  sums(&x, &x, &e1, &x);
+  say("freed errors=%llu", (unsigned long long)(e1 - e0));
+  return 0;
+}
+
+static int storm(int seed) {
+  if (setup()) return 1;
+  for (int t = 0; t < g_threads; t++) {
+    g_w[t].id = t;
+    g_w[t].rng = 0x9E3779B97F4A7C15ull ^ ((uint64_t)getpid() << 20) ^ ((uint64_t)seed << 8) ^ (uint64_t)t;
+    if (pthread_create(&g_w[t].th, NULL, storm_thread, &g_w[t]) != 0) {
+      say("error op=pthread_create rc=0");
+      return 1;
+    }
+  }
+  char buf[64];
+  for (;;) {
+    int r = read_cmd(buf, sizeof buf, 100);
+    if (r < 0 || (r == 1 && !strcmp(buf, "stop"))) break;
+    uint64_t win = 0, inflight = 0, now = now_ns(), ops, refused, errors, mx;
+    for (int t = 0; t < g_threads; t++) {
+      win = max_of(win, atomic_exchange(&g_w[t].win_ns, 0));
+      uint64_t s = atomic_load(&g_w[t].inflight_ns);
+      if (s != 0 && now > s) inflight = max_of(inflight, now - s);
+    }
+    sums(&ops, &refused, &errors, &mx);
+    say("tick win_us=%llu inflight_us=%llu ops=%llu refused=%llu errors=%llu",
+        (unsigned long long)(win / 1000), (unsigned long long)(inflight / 1000),
+        (unsigned long long)ops, (unsigned long long)refused, (unsigned long long)errors);
+  }
+  atomic_store(&g_stop, 1);
+  for (int t = 0; t < g_threads; t++) pthread_join(g_w[t].th, NULL);
+  size_t bytes;
+  int count;
+  held_totals(&bytes, &count);
+  uint64_t ops, refused, errors, mx;
+  sums(&ops, &refused, &errors, &mx);
+  say("held bytes=%zu count=%d max_us=%llu ops=%llu refused=%llu errors=%llu", bytes, count,
+      (unsigned long long)(mx / 1000), (unsigned long long)ops, (unsigned long long)refused,
+      (unsigned long long)errors);
+  return finish();
+}
+
+static int race(void) {
+  if (setup()) return 1;
+  char buf[64];
+  int r;
+  while ((r = read_cmd(buf, sizeof buf, -1)) >= 0) {
+    if (r == 0) continue;
+    if (!strcmp(buf, "go")) {
+      uint64_t e0, x;
+      sums(&x, &x, &e0, &x);
+      for (int t = 0; t < g_threads; t++) {
+        g_w[t].id = t;
+        g_w[t].max_ns = 0;
+        g_w[t].last_rc = 0;
+        if (pthread_create(&g_w[t].th, NULL, race_thread, &g_w[t]) != 0) {
+          say("error op=pthread_create rc=0");
+          return 1;
+        }
+      }
+      for (int t = 0; t < g_threads; t++) pthread_join(g_w[t].th, NULL);
+      size_t bytes;
+      int count, refused = 0;
+      held_totals(&bytes, &count);
+      for (int t = 0; t < g_threads; t++) refused += g_w[t].last_rc == CUDA_ERROR_OUT_OF_MEMORY;
+      uint64_t ops, rf, errors, mx;
+      sums(&ops, &rf, &errors, &mx);
+      say("round bytes=%zu count=%d max_us=%llu refused=%d errors=%llu", bytes, count,
+          (unsigned long long)(mx / 1000), refused, (unsigned long long)(errors - e0));
+    } else if (!strcmp(buf, "free")) {
+      uint64_t e0, e1, x;
+      sums(&x, &x, &e0, &x);
+      for (int t = 0; t < g_threads; t++) free_all(&g_w[t]);
+      sums(&x, &x, &e1, &x);
+      say("freed errors=%llu", (unsigned long long)(e1 - e0));
+    }
+  }
+  return 0;
+}
+
+static int holdlock(const char *path, long off) {
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    say("error op=open rc=%d", errno);
+    return 1;
+  }
+  void *m = mmap(NULL, (size_t)off + 64, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    say("error op=mmap rc=%d", errno);
+    return 1;
+  }
+  pthread_mutex_t *mu = (pthread_mutex_t *)((char *)m + off);
+  int rc = pthread_mutex_lock(mu);
+  if (rc == EOWNERDEAD) pthread_mutex_consistent(mu);
+  say("locked rc=%d", rc);
+  raise(SIGSTOP);
+  pthread_mutex_unlock(mu);
+  say("unlocked");
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc >= 5 && !strcmp(argv[1], "storm")) {
+    g_threads = atoi(argv[2]);
+    g_maxhold = atoi(argv[3]);
+    if (g_threads < 1 || g_threads > MAX_THREADS || g_maxhold < 1 || g_maxhold > MAX_HOLD) return 2;
+    if (argc >= 6) g_pause_us = (unsigned)atoi(argv[5]);
+    if (getenv("TORTURE_FAMILY")) g_family = atoi(getenv("TORTURE_FAMILY")) % FAMILIES;
+    return storm(atoi(argv[4]));
+  }
+  if (argc >= 4 && !strcmp(argv[1], "race")) {
+    g_threads = atoi(argv[2]);
+    g_chunk = (size_t)atoi(argv[3]) * MIB;
+    if (g_threads < 1 || g_threads > MAX_THREADS || g_chunk == 0 || g_chunk % (2 * MIB)) return 2;
+    return race();
+  }
+  if (argc >= 4 && !strcmp(argv[1], "holdlock")) return holdlock(argv[2], atol(argv[3]));
+  fprintf(stderr,
+          "usage: tortureload storm THREADS MAXHOLD SEED [PAUSE_US] | race THREADS CHUNK_MIB | "
+          "holdlock REGION LOCK_OFFSET\n");
+  return 2;
+}
