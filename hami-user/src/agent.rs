@@ -2088,8 +2088,9 @@ mod tests {
         assert_eq!(series.len(), 1, "{series:?}");
         assert_eq!(series[0].device, 0);
         assert_eq!(series[0].identity.container, &CID[..12]);
-        let path = w.root.join("100/root/hami/r.cache");
-        let open_before = fds_open_on(&path);
+        let md = std::fs::metadata(w.root.join("100/root/hami/r.cache")).unwrap();
+        let file = (md.dev(), md.ino());
+        let open_before = fds_open_on(file);
         assert!(open_before >= 1, "the agent holds the region open");
         // The process exits cleanly: its slot is released, its exit event arrives.
         r.unregister(s);
@@ -2101,23 +2102,38 @@ mod tests {
         assert_eq!(a.released_regions(), 1);
         // Its descriptor is closed (a read on a helper thread may finish just after).
         let t = Instant::now();
-        while fds_open_on(&path) != open_before - 1 && t.elapsed() < Duration::from_secs(2) {
+        while fds_open_on(file) != open_before - 1 && t.elapsed() < Duration::from_secs(2) {
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(fds_open_on(&path), open_before - 1);
+        assert_eq!(fds_open_on(file), open_before - 1);
     }
 
-    /// Descriptors of this process open on the file at `path` (by inode).
-    fn fds_open_on(path: &Path) -> usize {
-        let md = std::fs::metadata(path).unwrap();
+    /// Descriptors of this process open on the file `(dev, inode)`.
+    fn fds_open_on((dev, ino): (u64, u64)) -> usize {
         std::fs::read_dir("/proc/self/fd")
             .unwrap()
             .flatten()
-            .filter(|e| {
-                std::fs::metadata(e.path())
-                    .is_ok_and(|m| m.dev() == md.dev() && m.ino() == md.ino())
-            })
+            .filter(|e| std::fs::metadata(e.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino))
             .count()
+    }
+
+    #[test]
+    fn region_series_account_every_usage_kind_pool_and_other_included() {
+        let w = World::new();
+        w.spawn(100, 7, true, "1g");
+        let r = w.region(100, 1 << 30, &[]);
+        let s = register(&r, 100, 7, 64 * MIB);
+        r.force_charge(s, 0, UsageKind::Module, 2 * MIB);
+        r.force_charge(s, 0, UsageKind::Pool, 32 * MIB);
+        r.force_charge(s, 0, UsageKind::Other, 4 * MIB);
+        let mut a = w.agent(false);
+        a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+        a.tick(Instant::now());
+        let series = a.region_series();
+        assert_eq!(series.len(), 1, "{series:?}");
+        // Context 10 + module 2 + data 64 + pool 32 + other 4.
+        assert_eq!(series[0].accounted, 112 * MIB);
+        assert_eq!(series[0].accounted_data, 64 * MIB);
     }
 
     #[test]

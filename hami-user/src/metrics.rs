@@ -386,7 +386,7 @@ impl Metrics {
                 s.uuid.as_str(),
             ];
             // HAMi's monitor reports "used" as everything the container holds on the
-            // device (context, modules, data): the region's accounted total.
+            // device (context, modules, data, pools, other): the region's accounted total.
             if let (Some(u), Some(lim)) = (&self.hami_used, &self.hami_limit) {
                 u.with_label_values(&h).set(clamp(s.accounted));
                 lim.with_label_values(&h).set(clamp(s.limit));
