@@ -307,7 +307,7 @@ def metrics_bypass_count(samples, pid=None):
 def audit_says_ready(stderr_text):
     """Whether a starting `audit` has logged that its probes are attached."""
     t = stderr_text.lower()
-    return any(w in t for w in ("attached", "watching", "listening"))
+    return any(w in t for w in ("hami-agent: ready", "attached", "watching", "listening"))
 
 
 def _read_text(path):
@@ -337,36 +337,45 @@ def metrics_for_pid(samples, pid):
     return out
 
 
-# Region layout v1 (hami-common/src/layout.rs). Read directly as a cross-check of `inspect`.
+# Region layout (hami-common/src/layout.rs), versions 1 and 2. Read directly as a cross-check
+# of `inspect`. Version 2 added the usage kinds "pool" and "other" to every slot.
 REGION_MAGIC = b"HAMIRSv\x01"
 REGION_HEADER_SIZE = 968
-REGION_SLOT_SIZE = 400
 REGION_MAX_DEVICES = 16
 REGION_MAX_SLOTS = 1024
+REGION_USAGE_KINDS = {1: ("context", "module", "data"),
+                      2: ("context", "module", "data", "pool", "other")}
 _OFF_LIMITS = 136
 _OFF_USED = 584
 
 
+def region_slot_size(version):
+    """Bytes of one slot: pid, status, start time, then [device][kind] u64 counters."""
+    return 16 + REGION_MAX_DEVICES * len(REGION_USAGE_KINDS[version]) * 8
+
+
 def read_region_bytes(data):
-    """Decode a v1 region file: {"limits", "used", "slots": [{"pid", "status", "usage"}]}."""
+    """Decode a v1/v2 region file: {"limits", "used", "slots": [{"pid", "status", "usage"}]}."""
     if len(data) < REGION_HEADER_SIZE or data[:8] != REGION_MAGIC:
-        raise ValueError("not a v1 region (magic)")
+        raise ValueError("not a region (magic)")
     version, header_size, total_size = struct.unpack_from("<IIQ", data, 8)
-    if version != 1 or header_size != REGION_HEADER_SIZE:
+    if version not in REGION_USAGE_KINDS or header_size != REGION_HEADER_SIZE:
         raise ValueError(f"region version {version} header {header_size}: layout changed")
     if len(data) < total_size:
         raise ValueError("region truncated")
+    kinds = REGION_USAGE_KINDS[version]
+    slot_size = region_slot_size(version)
     limits = list(struct.unpack_from("<16Q", data, _OFF_LIMITS))
     used = list(struct.unpack_from("<16Q", data, _OFF_USED))
     slots = []
-    nslots = min(REGION_MAX_SLOTS, (total_size - header_size) // REGION_SLOT_SIZE)
+    nslots = min(REGION_MAX_SLOTS, (total_size - header_size) // slot_size)
     for i in range(nslots):
-        off = header_size + i * REGION_SLOT_SIZE
+        off = header_size + i * slot_size
         pid, status, _start = struct.unpack_from("<IIQ", data, off)
         if status == 0 and pid == 0:
             continue
-        usage = struct.unpack_from("<48Q", data, off + 16)
-        dev0 = {"context": usage[0], "module": usage[1], "data": usage[2]}
+        usage = struct.unpack_from(f"<{REGION_MAX_DEVICES * len(kinds)}Q", data, off + 16)
+        dev0 = dict(zip(kinds, usage[:len(kinds)]))
         slots.append({"slot": i, "pid": pid, "status": status, "usage": dev0,
                       "total": sum(usage)})
     return {"limits": limits, "used": used, "slots": slots}
@@ -2386,8 +2395,9 @@ def main(argv=None):
                     help="whole-run budget in seconds (450; 330 with --only physical alone)")
     ap.add_argument("--wl-timeout", type=float, default=60.0, help="per-workload timeout (s)")
     ap.add_argument("--audit-seconds", type=int, default=6)
-    ap.add_argument("--audit-attach-s", type=float, default=3.0,
-                    help="time a fresh audit gets to attach before the workload allocates")
+    ap.add_argument("--audit-attach-s", type=float, default=20.0,
+                    help="longest time a fresh audit gets to attach before the workload "
+                         "allocates (the wait ends as soon as it logs that it is ready)")
     ap.add_argument("--pairs", type=int, default=2000, help="pairs per bench round")
     ap.add_argument("--train-steps", type=int, default=200)
     ap.add_argument("--metrics-addr", default="127.0.0.1:9400")

@@ -140,18 +140,21 @@ hami_events_total 12345
         self.assertEqual(ra.metrics_observed_for_pid(s, 78), (None, None))
 
 
-def make_region(limit, used, slots):
-    """Bytes of a v1 region as hami-common/src/layout.rs lays it out."""
-    total = ra.REGION_HEADER_SIZE + ra.REGION_MAX_SLOTS * ra.REGION_SLOT_SIZE
+def make_region(limit, used, slots, version=2):
+    """Bytes of a region as hami-common/src/layout.rs lays it out (version 1 or 2)."""
+    slot_size = ra.region_slot_size(version)
+    total = ra.REGION_HEADER_SIZE + ra.REGION_MAX_SLOTS * slot_size
     b = bytearray(total)
     b[0:8] = ra.REGION_MAGIC
-    struct.pack_into("<IIQ", b, 8, 1, ra.REGION_HEADER_SIZE, total)
+    struct.pack_into("<IIQ", b, 8, version, ra.REGION_HEADER_SIZE, total)
     struct.pack_into("<Q", b, 136, limit)
     struct.pack_into("<Q", b, 584, used)
-    for i, (pid, ctx, data) in slots.items():
-        off = ra.REGION_HEADER_SIZE + i * ra.REGION_SLOT_SIZE
+    for i, (pid, ctx, data, *rest) in slots.items():
+        off = ra.REGION_HEADER_SIZE + i * slot_size
         struct.pack_into("<IIQ", b, off, pid, 1, 99)
         struct.pack_into("<QQQ", b, off + 16, ctx, 0, data)
+        if rest:
+            struct.pack_into("<Q", b, off + 16 + 24, rest[0])
     return bytes(b)
 
 
@@ -165,12 +168,19 @@ class Region(unittest.TestCase):
         self.assertEqual(r["slots"][0]["usage"]["data"], 3 * GIB)
         self.assertEqual(r["slots"][1]["slot"], 5)
 
+    def test_decode_v2_pool_and_v1(self):
+        r = ra.read_region_bytes(make_region(QUOTA, 0, {2: (7, MIB, 2 * MIB, 3 * GIB)}))
+        self.assertEqual(r["slots"][0]["usage"]["pool"], 3 * GIB)
+        self.assertEqual(r["slots"][0]["total"], 3 * GIB + 3 * MIB)
+        r = ra.read_region_bytes(make_region(QUOTA, 0, {2: (7, MIB, 2 * MIB)}, version=1))
+        self.assertEqual(r["slots"][0]["usage"], {"context": MIB, "module": 0, "data": 2 * MIB})
+
     def test_rejects_other_layouts(self):
         good = make_region(1, 0, {})
         with self.assertRaises(ValueError):
             ra.read_region_bytes(b"XXXXXXXX" + good[8:])
         bad_version = bytearray(good)
-        struct.pack_into("<I", bad_version, 8, 2)
+        struct.pack_into("<I", bad_version, 8, 3)
         with self.assertRaises(ValueError):
             ra.read_region_bytes(bytes(bad_version))
         with self.assertRaises(ValueError):
@@ -190,6 +200,12 @@ class Region(unittest.TestCase):
         m = re.search(r"pub _reserved: \[u64; (\d+)\]", text)
         self.assertIsNotNone(m)
         self.assertEqual(boot + 8 * int(m.group(1)), ra.REGION_HEADER_SIZE - 712)
+        v = re.search(r"pub const VERSION: u32 = (\d+);", text)
+        self.assertIsNotNone(v)
+        version = int(v.group(1))
+        self.assertIn(version, ra.REGION_USAGE_KINDS, "the runner cannot read this layout")
+        k = re.search(r"pub const USAGE_KINDS: usize = (\d+);", text)
+        self.assertEqual(int(k.group(1)), len(ra.REGION_USAGE_KINDS[version]))
 
 
 class Cudaprobe(unittest.TestCase):
