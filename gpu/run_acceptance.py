@@ -1304,7 +1304,9 @@ class Agent:
         if not self.path or not os.path.exists(self.path):
             self.error = f"agent binary not found ({self.path})"
             return False
-        argv = [self.path, "run", "--metrics-addr", self.addr, *self.libcuda_args()]
+        # Per-process series are opt-in (hami-user/src/metrics.rs): observe() reads them.
+        argv = [self.path, "run", "--metrics-addr", self.addr, "--per-process-metrics",
+                *self.libcuda_args()]
         self.log.say("starting agent: " + " ".join(argv))
         f = open(self.logfile, "w")
         try:
