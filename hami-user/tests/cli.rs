@@ -1,7 +1,10 @@
 //! The command line as scripts and log collectors see it: exit statuses, log format.
 //! `audit` loads the probes: root needed (CI runs as root); these fail without it.
 
+use std::os::unix::process::CommandExt as _;
 use std::process::{Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use hami_test_harness::Artifacts;
 
@@ -23,7 +26,41 @@ fn agent_env(args: &[&str], vars: &[(&str, &str)]) -> Output {
     for (k, v) in vars {
         c.env(k, v);
     }
-    c.output().expect("run hami-agent")
+    // Its own process group, which the probe keeper it forks on exit (`hami-detach`) inherits:
+    // see [`wait_for_detach`].
+    c.process_group(0)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = c.spawn().expect("run hami-agent");
+    AGENT_GROUPS.lock().unwrap().push(child.id() as i32);
+    child.wait_with_output().expect("run hami-agent")
+}
+
+/// Process groups of the agents started here.
+static AGENT_GROUPS: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+/// Waits (at most 60 s) until no process of the agents' groups is left: the keepers that
+/// detach their probes after they exit take seconds, during which attaching probes
+/// elsewhere is slow. The next test binary must not inherit that.
+fn wait_for_detach() {
+    let groups = AGENT_GROUPS.lock().unwrap().clone();
+    let end = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < end {
+        let alive = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+            .filter_map(|st| {
+                // pgrp is the 3rd field after the `(comm)`.
+                let rest = &st[st.rfind(')')? + 1..];
+                rest.split_whitespace().nth(2)?.parse::<i32>().ok()
+            })
+            .any(|g| groups.contains(&g));
+        if !alive {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Issue 11: clap's usage errors exited 2, the status `audit` uses for findings.
@@ -87,4 +124,5 @@ fn logs_are_plain_off_a_terminal_and_json_with_audit_json() {
             serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}"));
         assert!(v["level"].is_string(), "{l}");
     }
+    wait_for_detach();
 }
