@@ -323,11 +323,14 @@ fn spawn_term_watchdog() {
     else {
         return;
     };
-    let ctrl_c = tokio::signal::ctrl_c();
+    let Ok(mut int) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+    else {
+        return;
+    };
     tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => {}
-            _ = ctrl_c => {}
+            _ = int.recv() => {}
         }
         tokio::time::sleep(STOP_GRACE).await;
         let _ = writeln!(
@@ -340,6 +343,13 @@ fn spawn_term_watchdog() {
 
 /// Runs until interrupted (or `opts.duration`), then returns the report.
 pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
+    // Signal handlers before anything else: attaching the probes can take seconds, and a
+    // SIGINT/SIGTERM sent meanwhile (an audit stopped early) must end the run with its report,
+    // not kill the process with the default action. The watchdog listens too.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut int = signal(SignalKind::interrupt()).ok();
+    let mut term = signal(SignalKind::terminate()).ok();
+    spawn_term_watchdog();
     let mut r = start(&opts)?;
     let server = match opts.metrics_addr {
         Some(addr) => {
@@ -360,12 +370,6 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
         }
         None => None,
     };
-    // Signal handlers first: a SIGTERM sent as soon as "ready" is printed must end the loop
-    // cleanly, not kill the process with the default action; the watchdog listens too.
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    spawn_term_watchdog();
     // Tests and scripts wait for this line on stderr before starting workloads (a closed
     // stderr is no reason to stop).
     let _ = writeln!(
@@ -403,7 +407,7 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
                 }
             }
             _ = ticker.tick() => r.on_tick(opts.log_findings, &mut last_nvml, opts.nvml_interval),
-            _ = &mut ctrl_c => break,
+            _ = async { match int.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => break,
             _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => break,
             _ = &mut sleep_until => break,
         }

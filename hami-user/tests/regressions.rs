@@ -12,6 +12,8 @@
 //!   holding device memory before the agent started.
 //! * `inspect` of a FIFO (found by `cargo xtask torture`'s bad inputs): it waited forever for
 //!   a writer; now a clear error.
+//! * an audit interrupted while still attaching its probes died of SIGINT without a report
+//!   (H200 acceptance, physical group).
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -598,4 +600,69 @@ fn audit_fails_for_an_unhooked_process_holding_memory_from_before_the_agent() {
     assert_eq!(audit["failed"], true);
     assert_eq!(st.code(), Some(2), "audit exit status");
     probe.resume();
+}
+
+/// Regression (H200 acceptance, physical group): an audit stopped with SIGINT while it was
+/// still attaching its probes (seconds on a real libcuda) died of the signal's default
+/// action and printed no report; the handlers now come before the attach.
+#[test]
+fn audit_interrupted_while_attaching_still_prints_its_report() {
+    use hami_test_harness::{Artifacts, TestEnv};
+    require_root();
+    let _g = serial();
+    let a = Artifacts::get();
+    let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
+    let mut agent = Command::new(AGENT)
+        .args([
+            "audit",
+            "--json",
+            "--seconds",
+            "60",
+            "--libcuda",
+            a.fake_libcuda.to_str().unwrap(),
+        ])
+        .env("LD_LIBRARY_PATH", &a.fake_lib_dir)
+        .env("FAKE_CUDA_STATE", env.state_path())
+        .env_remove("LD_PRELOAD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn hami-agent");
+    let log = forward_lines(agent.stderr.take().unwrap());
+    // "NVML loaded" is logged at the start of the run, before the probes are attached.
+    let end = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    loop {
+        let l = log
+            .recv_timeout(end.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|e| panic!("no 'NVML loaded' line ({e}): {seen:?}"));
+        let first = l.contains("NVML loaded");
+        assert!(!l.contains("hami-agent: ready"), "ready before NVML: {l}");
+        seen.push(l);
+        if first {
+            break;
+        }
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
+    let t0 = Instant::now();
+    let st = agent.wait().unwrap();
+    let mut out = String::new();
+    agent
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let logs: Vec<String> = log.try_iter().collect();
+    assert!(
+        st.code().is_some(),
+        "killed by a signal ({st:?}) instead of reporting; log:\n{}",
+        logs.join("\n")
+    );
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    let audit: Value = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("{e}: {out:?}\nlog:\n{}", logs.join("\n")));
+    assert!(audit["processes"].is_array(), "{audit:#}");
 }
