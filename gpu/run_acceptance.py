@@ -1820,6 +1820,10 @@ class Runner:
         if not self.agent.alive():
             self.add_cell(cell(name, "bypass", "error", f"agent not running: {self.agent.error}"))
             return
+        # The bypass count before the workload starts: with NVML the agent may report the
+        # unhooked process as soon as its context holds memory, before the allocation.
+        base = self.agent.metrics()
+        base_count = metrics_bypass_count(base) if base is not None else None
         p, err = self.start(wl, ["hold"], self.base_env(), "bypass")
         if p is None:
             self.add_cell(cell(name, "bypass", "error", err))
@@ -1830,8 +1834,6 @@ class Runner:
         audit_parsed, aerr = None, None
         tag, kv, _ = p.expect(["READY"], limit)
         if tag == "READY":
-            base = self.agent.metrics()
-            base_count = metrics_bypass_count(base) if base is not None else None
             audit = self.agent.audit_start(self.args.audit_seconds, self.base_env())
             self.wait_audit_attached(audit)
             p.send("go")
@@ -1856,8 +1858,10 @@ class Runner:
             audit_parsed, aerr = self.agent.audit_wait(audit, f"{name} bypass")
             p.send("release")
             figs["t_alloc"] = t_alloc
+            # Found before the allocation (NVML saw the context): latency 0.
             figs["metrics_latency_s"] = (
-                round(found_metrics_t - t_alloc, 3) if found_metrics_t and t_alloc else None)
+                round(max(0.0, found_metrics_t - t_alloc), 3)
+                if found_metrics_t and t_alloc else None)
         else:
             aerr = f"no READY: {kv}"
         p.expect(["DONE"], 20)
