@@ -16,6 +16,7 @@
 //!   (H200 acceptance, physical group).
 
 use std::io::{BufRead, BufReader, Read};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -25,7 +26,7 @@ use hami_common::array::array_footprint;
 use serde_json::Value;
 
 mod common;
-use common::{compile_c, forward_lines, require_root};
+use common::{compile_c, forward_lines, require_root, wait_for_group_gone};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -627,6 +628,8 @@ fn audit_interrupted_while_attaching_still_prints_its_report() {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own group, inherited by its probe keeper: waited for at the end.
+        .process_group(0)
         .spawn()
         .expect("spawn hami-agent");
     let log = forward_lines(agent.stderr.take().unwrap());
@@ -665,4 +668,5 @@ fn audit_interrupted_while_attaching_still_prints_its_report() {
     let audit: Value = serde_json::from_str(&out)
         .unwrap_or_else(|e| panic!("{e}: {out:?}\nlog:\n{}", logs.join("\n")));
     assert!(audit["processes"].is_array(), "{audit:#}");
+    wait_for_group_gone(agent.id() as i32);
 }

@@ -39,3 +39,29 @@ pub fn forward_lines(r: impl Read + Send + 'static) -> Receiver<String> {
     });
     rx
 }
+
+/// Waits (at most 60 s) until no process of process group `pgid` is left. An agent's probe
+/// keeper (`hami-detach`, forked on exit, same group) takes seconds to detach its uprobes,
+/// during which attaching probes elsewhere is slow: a test that started an agent in its own
+/// group calls this so the next test does not inherit that.
+#[allow(dead_code)]
+pub fn wait_for_group_gone(pgid: i32) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < end {
+        let alive = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+            .filter_map(|st| {
+                // pgrp is the 3rd field after the `(comm)`.
+                let rest = &st[st.rfind(')')? + 1..];
+                rest.split_whitespace().nth(2)?.parse::<i32>().ok()
+            })
+            .any(|g| g == pgid);
+        if !alive {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
