@@ -1,16 +1,16 @@
-//! Test support over the workspace's test harness (`hami-test-harness`): its artifacts (the
-//! preload, the fake driver and NVML, `cudaprobe`, `nvmlprobe`, built once per test binary)
-//! and its sandboxes ([`TestEnv`]), plus what is this crate's own: `tests/programs/hprobe.c`
-//! (operations `cudaprobe` has no equivalent for: `hostcreate`, `fork`, `loop`, the
-//! null-pointer and unknown-pointer calls, `info` with free and total on one line) and a
-//! parser for its `OP key=value ...` lines (`nvmlprobe` prints the same shape).
-#![allow(dead_code)]
+//! This crate's part of the test support; the rest is the workspace's harness
+//! (`hami-test-harness`), re-exported here. Its own: `tests/programs/hprobe.c` (operations
+//! `cudaprobe` has no equivalent for: `hostcreate`, `fork`, `loop`, the null-pointer and
+//! unknown-pointer calls, `info` with free and total on one line), compiled against the fake
+//! driver, and [`Env`], a sandbox with the fake's memory fixed at 16 GiB per device.
+#![allow(dead_code, unused_imports)]
 
 use hami_common::region::Region;
-pub use hami_test_harness::{Artifacts, TestEnv};
-use std::collections::HashMap;
+pub use hami_test_harness::{
+    Artifacts, KvOutput as Probe, TestEnv, CUDA_ERROR_OUT_OF_MEMORY as OOM, GB, MB,
+};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::sync::OnceLock;
 
 /// `tests/programs/hprobe.c`, compiled against the harness's fake driver (once per binary).
@@ -22,8 +22,8 @@ pub fn hprobe() -> &'static PathBuf {
     })
 }
 
-/// A harness sandbox (temp dir, fake-driver state, region path) with the fake's memory fixed
-/// at 16 GiB per device.
+/// A harness sandbox with the fake's memory fixed at 16 GiB per device, the preload chosen
+/// per command.
 pub struct Env {
     env: TestEnv,
 }
@@ -55,7 +55,7 @@ impl Env {
 
     /// Opens the region read-only.
     pub fn region(&self) -> Region {
-        Region::open_existing(self.env.region_path(), false).expect("region exists")
+        self.env.region()
     }
 
     /// A command running `prog` against the fakes with this environment, with the preload
@@ -78,76 +78,3 @@ impl Env {
         Probe::from(out)
     }
 }
-
-/// hprobe's output.
-pub struct Probe {
-    /// Raw output.
-    pub out: Output,
-    /// `(op, fields)` per line.
-    pub lines: Vec<(String, HashMap<String, String>)>,
-}
-
-impl From<Output> for Probe {
-    fn from(out: Output) -> Probe {
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let lines = text
-            .lines()
-            .filter_map(|l| {
-                let mut it = l.split_whitespace();
-                let op = it.next()?.to_string();
-                let f = it
-                    .filter_map(|kv| {
-                        kv.split_once('=')
-                            .map(|(k, v)| (k.to_string(), v.to_string()))
-                    })
-                    .collect();
-                Some((op, f))
-            })
-            .collect();
-        Probe { out, lines }
-    }
-}
-
-impl Probe {
-    /// Field `key` of the `n`-th line.
-    pub fn field(&self, n: usize, key: &str) -> String {
-        self.lines
-            .get(n)
-            .and_then(|(_, f)| f.get(key).cloned())
-            .unwrap_or_else(|| panic!("line {n} has no {key}: {}", self.dump()))
-    }
-
-    /// The rc of the `n`-th line.
-    pub fn rc(&self, n: usize) -> i64 {
-        self.field(n, "rc").parse().unwrap()
-    }
-
-    /// Every rc, in order.
-    pub fn rcs(&self) -> Vec<i64> {
-        (0..self.lines.len()).map(|n| self.rc(n)).collect()
-    }
-
-    /// stdout and stderr, for assertion messages.
-    pub fn dump(&self) -> String {
-        format!(
-            "status {:?}\nstdout:\n{}\nstderr:\n{}",
-            self.out.status,
-            String::from_utf8_lossy(&self.out.stdout),
-            String::from_utf8_lossy(&self.out.stderr)
-        )
-    }
-
-    /// stderr.
-    pub fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.out.stderr).into_owned()
-    }
-
-    /// Exit status success.
-    pub fn ok(&self) -> bool {
-        self.out.status.success()
-    }
-}
-
-pub const MB: u64 = 1 << 20;
-pub const GB: u64 = 1 << 30;
-pub const OOM: i64 = 2;

@@ -1,0 +1,165 @@
+//! The built test artifacts: the fake driver and NVML, the preload and the C probes, built
+//! once per test binary with the running test's profile and target dir ([`Artifacts::get`]).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Paths of the built test artifacts.
+#[derive(Debug, Clone)]
+pub struct Artifacts {
+    /// Cargo target dir of the running test.
+    pub target_dir: PathBuf,
+    /// `<target>/<profile>` (or `<target>/<triple>/<profile>`).
+    pub profile_dir: PathBuf,
+    /// Directory holding `libcuda.so.1`, `libcuda.so`, `libnvidia-ml.so.1`, `libnvidia-ml.so`.
+    pub fake_lib_dir: PathBuf,
+    /// The fake `libcuda.so.1` (a copy of the built `libcuda.so`).
+    pub fake_libcuda: PathBuf,
+    /// The fake `libnvidia-ml.so.1`.
+    pub fake_libnvml: PathBuf,
+    /// `libhami_preload.so` as built by cargo.
+    pub preload_so: PathBuf,
+    /// Directory of the compiled C programs.
+    pub programs_dir: PathBuf,
+    /// The compiled `cudaprobe`.
+    pub cudaprobe: PathBuf,
+    /// The compiled `nvmlprobe`.
+    pub nvmlprobe: PathBuf,
+}
+
+/// Root of the workspace (two levels above this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("workspace root above testing/harness")
+        .to_path_buf()
+}
+
+/// `(target_dir, profile_dir, cargo profile name, target triple if any)` of the running test.
+fn locate_target() -> (PathBuf, PathBuf, String, Option<String>) {
+    let exe = std::env::current_exe().expect("current_exe");
+    // <target>/[<triple>/]<profile>/deps/<test binary>  or  <target>/.../<profile>/<binary>
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir
+        .file_name()
+        .is_some_and(|n| n == "deps" || n == "examples")
+    {
+        dir = dir.parent().expect("profile dir").to_path_buf();
+    }
+    let profile_dir = dir;
+    let dir_name = profile_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("debug")
+        .to_string();
+    let profile = match dir_name.as_str() {
+        "debug" => "dev".to_string(),
+        "release" => "release".to_string(),
+        other => other.to_string(),
+    };
+    let parent = profile_dir.parent().expect("target dir").to_path_buf();
+    if parent.join("CACHEDIR.TAG").exists()
+        || !parent
+            .parent()
+            .is_some_and(|p| p.join("CACHEDIR.TAG").exists())
+    {
+        (parent, profile_dir, profile, None)
+    } else {
+        let triple = parent
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_string);
+        (
+            parent.parent().expect("target root").to_path_buf(),
+            profile_dir,
+            profile,
+            triple,
+        )
+    }
+}
+
+/// Copies `from` to `to` atomically (copy to a temp name in the same dir, then rename), so
+/// that concurrent test binaries never see a half-written file.
+pub(crate) fn install(from: &Path, to: &Path) {
+    let tmp = to.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::copy(from, &tmp)
+        .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), tmp.display()));
+    std::fs::rename(&tmp, to).unwrap_or_else(|e| panic!("rename to {}: {e}", to.display()));
+}
+
+/// Points `link` at `target` (a relative symlink), replacing what was there, atomically.
+pub(crate) fn symlink(target: &str, link: &Path) {
+    let tmp = link.with_extension(format!("tmp{}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp)
+        .unwrap_or_else(|e| panic!("symlink {}: {e}", tmp.display()));
+    std::fs::rename(&tmp, link).unwrap_or_else(|e| panic!("rename to {}: {e}", link.display()));
+}
+
+impl Artifacts {
+    /// Builds everything once per test binary (see the crate doc) and returns the paths.
+    pub fn get() -> &'static Artifacts {
+        static A: OnceLock<Artifacts> = OnceLock::new();
+        A.get_or_init(Artifacts::build)
+    }
+
+    fn build() -> Artifacts {
+        let (target_dir, profile_dir, profile, triple) = locate_target();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let mut cmd = Command::new(&cargo);
+        cmd.args([
+            "build",
+            "-p",
+            "fake-cuda",
+            "-p",
+            "fake-nvml",
+            "-p",
+            "hami-preload",
+            "--profile",
+            &profile,
+        ])
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .current_dir(workspace_root());
+        if let Some(t) = &triple {
+            cmd.args(["--target", t]);
+        }
+        let out = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("running {cargo} build: {e}"));
+        assert!(
+            out.status.success(),
+            "building fake-cuda, fake-nvml and hami-preload failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let fake_lib_dir = profile_dir.join("fake-driver");
+        std::fs::create_dir_all(&fake_lib_dir).expect("create fake-driver dir");
+        let fake_libcuda = fake_lib_dir.join("libcuda.so.1");
+        let fake_libnvml = fake_lib_dir.join("libnvidia-ml.so.1");
+        install(&profile_dir.join("libcuda.so"), &fake_libcuda);
+        install(&profile_dir.join("libnvidia_ml.so"), &fake_libnvml);
+        symlink("libcuda.so.1", &fake_lib_dir.join("libcuda.so"));
+        symlink("libnvidia-ml.so.1", &fake_lib_dir.join("libnvidia-ml.so"));
+        let programs_dir = profile_dir.join("test-programs");
+        std::fs::create_dir_all(&programs_dir).expect("create test-programs dir");
+        let libdir = format!("-L{}", fake_lib_dir.display());
+        let cudaprobe = crate::programs::compile(
+            "cudaprobe",
+            &programs_dir,
+            &[&libdir, "-lcuda", "-ldl", "-lpthread"],
+        );
+        let nvmlprobe = crate::programs::compile("nvmlprobe", &programs_dir, &["-ldl"]);
+        Artifacts {
+            preload_so: profile_dir.join("libhami_preload.so"),
+            target_dir,
+            profile_dir,
+            fake_lib_dir,
+            fake_libcuda,
+            fake_libnvml,
+            programs_dir,
+            cudaprobe,
+            nvmlprobe,
+        }
+    }
+}

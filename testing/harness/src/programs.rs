@@ -1,0 +1,73 @@
+//! Compiling C test programs: [`cc`] is the one compiler invocation; the harness's own
+//! programs (`testing/programs/*.c`), a crate's programs linked against the fake driver
+//! ([`Artifacts::compile_against_fake`]) and programs written by a test ([`compile_c`]) all go
+//! through it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::artifacts::{workspace_root, Artifacts};
+
+/// Compiles `src` into `out` with the C compiler (`$CC`, else `gcc`): the command line is
+/// `$CC -o <tmp> <src> ARGS...` (so `-l...` in `args` come after the source). The output is
+/// written under a temp name and renamed into place, so concurrent test binaries never run a
+/// half-written program. Panics with the compiler's output if it fails.
+pub fn cc(src: &Path, out: &Path, args: &[&str]) {
+    let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    let tmp = out.with_file_name(format!(".{name}.tmp{}", std::process::id()));
+    let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".to_string());
+    let o = Command::new(&cc)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(src)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {cc} (needed to build {}): {e}", src.display()));
+    assert!(
+        o.status.success(),
+        "compiling {}: {}\n{}",
+        src.display(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    std::fs::rename(&tmp, out).unwrap_or_else(|e| panic!("rename to {}: {e}", out.display()));
+}
+
+/// Writes `source` as `<out>.c` and compiles it into `out` with [`cc`] (`-O0 <args>`; panics
+/// with the compiler's output on failure). `-O0`: no identical-code folding (two symbols at
+/// one address would fire both of the agent's probes).
+pub fn compile_c(source: &str, out: &Path, args: &[&str]) {
+    let src = out.with_extension("c");
+    std::fs::write(&src, source).unwrap_or_else(|e| panic!("write {}: {e}", src.display()));
+    let args: Vec<&str> = std::iter::once("-O0").chain(args.iter().copied()).collect();
+    cc(&src, out, &args);
+}
+
+/// Compiles `testing/programs/<name>.c` into `out_dir/<name>` (`-O2 -Wall EXTRA...`).
+pub(crate) fn compile(name: &str, out_dir: &Path, extra: &[&str]) -> PathBuf {
+    let src = workspace_root()
+        .join("testing/programs")
+        .join(format!("{name}.c"));
+    let out = out_dir.join(name);
+    let mut args = vec!["-O2", "-Wall"];
+    args.extend_from_slice(extra);
+    cc(&src, &out, &args);
+    out
+}
+
+impl Artifacts {
+    /// Compiles the C program `src` (one outside `testing/programs`, e.g. a crate's own test
+    /// program) into [`Artifacts::programs_dir`] under `name`, linked against the fake driver
+    /// like `cudaprobe` (`-O2 -Wall -L<fake_lib_dir> -lcuda -ldl -lpthread`), and returns its
+    /// path.
+    pub fn compile_against_fake(&self, src: &Path, name: &str) -> PathBuf {
+        let out = self.programs_dir.join(name);
+        let libdir = format!("-L{}", self.fake_lib_dir.display());
+        cc(
+            src,
+            &out,
+            &["-O2", "-Wall", &libdir, "-lcuda", "-ldl", "-lpthread"],
+        );
+        out
+    }
+}
