@@ -19,87 +19,161 @@ mod test;
 mod torture;
 mod util;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+use clap::{Parser, Subcommand};
 
-const USAGE: &str = "usage: cargo xtask <task>
-tasks:
-  setup              make this machine ready (idempotent)
-  test [--no-lint] [-- cargo-test-args]
-                     setup + fmt + clippy + build everything + run every test (root for eBPF)
-  bench              benchmarks (prints figures)
-  demo               the whole story on the fake (or real) driver (root)
-  gpu-bundle         build the folder to carry to the GPU machine
-  dist               release agent + preload + dashboards + rules + chart + unit + Dockerfile
-  torture [--long] [--only storm|stops|race|bad|agent|fuzz]
-                     kill storm, stopped lock holders, race to the limit, bad inputs
-                     (short profile ~1 min, also run by `test`; --long for releases,
-                     which also runs `fuzz`)
-  fuzz [--seconds N] every cargo-fuzz target for N s (default 60); installs cargo-fuzz";
+/// Project tasks of hami-rs (`cargo xtask <task>`).
+#[derive(Debug, Parser)]
+#[command(name = "xtask", bin_name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Make this machine ready (idempotent): nightly rust-src, bpf-linker, Debian packages.
+    Setup,
+    /// Setup + fmt + clippy + build everything + run every test + the short torture profile
+    /// (root, for the eBPF tests).
+    Test {
+        /// Skip `cargo clippy --workspace --all-targets -- -D warnings`.
+        #[arg(long)]
+        no_lint: bool,
+        /// Extra arguments for `cargo test --workspace` (after `--`).
+        #[arg(last = true)]
+        cargo_args: Vec<String>,
+    },
+    /// Benchmarks (prints figures; root).
+    Bench,
+    /// The whole story on the fake (or real) driver (root).
+    Demo,
+    /// Build the folder to carry to the GPU machine (`gpu-bundle/`).
+    GpuBundle,
+    /// Release agent + preload + dashboards + rules + chart + unit + Dockerfile.
+    Dist,
+    /// Kill storm, stopped lock holders, race to the limit, bad inputs (short profile about a
+    /// minute, also run by `test`).
+    Torture {
+        /// The release profile (32 processes, >= 1000 kills, agent faults, fuzzing).
+        #[arg(long)]
+        long: bool,
+        /// Run only this scenario.
+        #[arg(long, value_enum)]
+        only: Option<torture::Scenario>,
+    },
+    /// Every cargo-fuzz target for a bounded time (installs cargo-fuzz).
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+        seconds: u64,
+    },
+}
 
 fn main() {
-    if let Err(e) = run() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli.task) {
         eprintln!("xtask: error: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn run() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(task) = args.first() else {
-        bail!("{USAGE}");
-    };
-    let rest = &args[1..];
-    match task.as_str() {
-        "setup" => setup::setup().map(|_| ()),
-        "test" => {
-            let mut opts = test::TestOptions::default();
-            let mut it = rest.iter();
-            while let Some(a) = it.next() {
-                match a.as_str() {
-                    "--no-lint" => opts.no_lint = true,
-                    "--" => opts.cargo_args.extend(it.by_ref().cloned()),
-                    other => bail!("unknown option {other:?} for `test`\n{USAGE}"),
-                }
+fn run(task: Task) -> Result<()> {
+    match task {
+        Task::Setup => setup::setup().map(|_| ()),
+        Task::Test {
+            no_lint,
+            cargo_args,
+        } => test::test(&test::TestOptions {
+            no_lint,
+            cargo_args,
+        }),
+        Task::Bench => bench::bench(),
+        Task::Demo => demo::demo(),
+        Task::Torture { long, only } => torture::torture(&torture::TortureOptions { long, only }),
+        Task::Fuzz { seconds } => fuzz::fuzz(seconds).map(|_| ()),
+        Task::GpuBundle => bundle::gpu_bundle(&util::project_root()).map(|_| ()),
+        Task::Dist => dist::dist(&util::project_root()).map(|_| ()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Task, clap::Error> {
+        Cli::try_parse_from(std::iter::once("xtask").chain(args.iter().copied())).map(|c| c.task)
+    }
+
+    #[test]
+    fn every_task_and_flag_parses() {
+        assert!(matches!(parse(&["setup"]), Ok(Task::Setup)));
+        assert!(matches!(parse(&["bench"]), Ok(Task::Bench)));
+        assert!(matches!(parse(&["demo"]), Ok(Task::Demo)));
+        assert!(matches!(parse(&["gpu-bundle"]), Ok(Task::GpuBundle)));
+        assert!(matches!(parse(&["dist"]), Ok(Task::Dist)));
+        match parse(&["test", "--no-lint", "--", "-p", "x", "--nocapture"]) {
+            Ok(Task::Test {
+                no_lint,
+                cargo_args,
+            }) => {
+                assert!(no_lint);
+                assert_eq!(cargo_args, ["-p", "x", "--nocapture"]);
             }
-            test::test(&opts)
+            other => panic!("{other:?}"),
         }
-        "bench" => bench::bench(),
-        "demo" => demo::demo(),
-        "torture" => {
-            let mut opts = torture::TortureOptions::default();
-            let mut it = rest.iter();
-            while let Some(a) = it.next() {
-                match a.as_str() {
-                    "--long" => opts.long = true,
-                    "--only" => opts.only = it.next().cloned(),
-                    other => bail!("unknown option {other:?} for `torture`\n{USAGE}"),
-                }
+        match parse(&["torture", "--long", "--only", "agent"]) {
+            Ok(Task::Torture { long, only }) => {
+                assert!(long);
+                assert_eq!(only, Some(torture::Scenario::Agent));
             }
-            torture::torture(&opts)
+            other => panic!("{other:?}"),
         }
-        "fuzz" => {
-            let mut seconds = 60u64;
-            let mut it = rest.iter();
-            while let Some(a) = it.next() {
-                match a.as_str() {
-                    "--seconds" => {
-                        seconds = it
-                            .next()
-                            .and_then(|v| v.parse().ok())
-                            .filter(|&n| n > 0)
-                            .ok_or_else(|| anyhow::anyhow!("--seconds needs a positive number"))?
-                    }
-                    other => bail!("unknown option {other:?} for `fuzz`\n{USAGE}"),
-                }
-            }
-            fuzz::fuzz(seconds).map(|_| ())
+        assert!(matches!(
+            parse(&["torture"]),
+            Ok(Task::Torture {
+                long: false,
+                only: None
+            })
+        ));
+        assert!(matches!(parse(&["fuzz"]), Ok(Task::Fuzz { seconds: 60 })));
+        assert!(matches!(
+            parse(&["fuzz", "--seconds", "5"]),
+            Ok(Task::Fuzz { seconds: 5 })
+        ));
+    }
+
+    #[test]
+    fn bad_arguments_are_refused() {
+        for args in [
+            &[][..],
+            &["frobnicate"],
+            &["test", "--nocapture"],
+            &["torture", "--only", "everything"],
+            &["fuzz", "--seconds", "0"],
+            &["fuzz", "--seconds", "x"],
+        ] {
+            assert!(parse(args).is_err(), "{args:?} was accepted");
         }
-        "gpu-bundle" => bundle::gpu_bundle(&util::project_root()).map(|_| ()),
-        "dist" => dist::dist(&util::project_root()).map(|_| ()),
-        "-h" | "--help" | "help" => {
-            println!("{USAGE}");
-            Ok(())
+    }
+
+    #[test]
+    fn help_lists_every_task() {
+        let help = <Cli as clap::CommandFactory>::command()
+            .render_long_help()
+            .to_string();
+        for t in [
+            "setup",
+            "test",
+            "bench",
+            "demo",
+            "gpu-bundle",
+            "dist",
+            "torture",
+            "fuzz",
+        ] {
+            assert!(help.contains(t), "{t} missing from:\n{help}");
         }
-        other => bail!("unknown task {other:?}\n{USAGE}"),
+        <Cli as clap::CommandFactory>::command().debug_assert();
     }
 }

@@ -1,0 +1,269 @@
+//! `cargo xtask torture [--long]`: what production does to a quota system, bounded in time,
+//! against the fake driver with the real preload. Every scenario prints its figures and the
+//! task fails (listing every failed check) if any check fails. The short profile (the
+//! default, about a minute on 2 cores) also runs at the end of `cargo xtask test`; `--long` is
+//! for releases. The figures are summarised in `docs/torture.md`.
+//!
+//! * **Kill storm**: N processes (`testing/programs/tortureload.c`, several threads each,
+//!   every hook family: `cuMemAlloc_v2`, `cuMemAllocPitch_v2`, `cuMemAllocAsync`,
+//!   `cuMemCreate`, `cuArrayCreate_v2`) share one region and allocate/free under a limit they
+//!   keep hitting; random ones are SIGKILLed at random moments and replaced. Checked all
+//!   along: the region's `used` never exceeds the limit, no call (finished or in progress)
+//!   takes longer than [`BLOCK_BOUND`]. At the end the survivors stop, dead slots are
+//!   reclaimed, and each survivor's slot must hold exactly the bytes it reports holding (and
+//!   `used` their sum); after they exit and a last reclaim, `used` must be 0.
+//! * **Stopped processes**: random workers SIGSTOPped for up to a second and a half while the
+//!   others churn; then a process that takes the region lock itself and stops while holding
+//!   it (continued, then killed while stopped). The others' longest call is measured; they
+//!   must all resume within [`RESUME_BOUND`] of the holder being continued or killed.
+//! * **Race to the limit**: P processes x 8 threads allocate fixed chunks (thread t uses
+//!   family t % 5) until refused; the total must be exactly `floor(limit / chunk) * chunk`.
+//! * **Bad inputs**: the region path pointing at truncated, random, wrong-magic/version/size
+//!   files, a directory, a FIFO, a missing directory; malformed environment values. Each case:
+//!   the allocation is refused with `CUDA_ERROR_OUT_OF_MEMORY` (or succeeds where the docs say
+//!   the value is only warned about), a log line names what was wrong, no crash, no hang (a
+//!   timeout per case), and the bad file is left byte for byte as it was. Hook arguments the
+//!   CUDA documentation gives a result for (0 bytes, NULL, `SIZE_MAX`, unaligned
+//!   `cuMemCreate`, unknown and repeated frees): that result, and no charge left behind.
+//! * **Agent faults** (`--long`, root): the agent SIGKILLed and restarted mid-workload (its
+//!   eBPF programs must be gone, no false finding after the restart), its ring buffer
+//!   overflowed on purpose (drops counted).
+
+//!
+//! One module per scenario ([`storm`], [`stops`], [`race`], [`bad_inputs`], [`agent`]); the
+//! workers and the end-of-scenario region check they share are in [`worker`].
+
+mod agent;
+mod bad_inputs;
+mod race;
+mod stops;
+mod storm;
+mod worker;
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use hami_test_harness::{Artifacts, TestEnv};
+
+/// No call of a running (not stopped) process may take longer than this, in the kill storm.
+pub const BLOCK_BOUND: Duration = Duration::from_secs(5);
+/// After a stopped lock holder is continued or killed, every process must make progress
+/// again within this.
+pub const RESUME_BOUND: Duration = Duration::from_secs(2);
+/// How long a command may wait for one line of a workload before the scenario fails.
+const LINE_WAIT: Duration = Duration::from_secs(30);
+/// Per-case limit of the bad-input cases.
+const CASE_TIMEOUT: Duration = Duration::from_secs(15);
+/// Per-case limit of a case that is a known hang (reported as a finding).
+const FINDING_TIMEOUT: Duration = Duration::from_secs(3);
+const MIB: u64 = 1 << 20;
+
+/// One profile's sizes.
+#[derive(Debug, Clone)]
+struct Profile {
+    name: &'static str,
+    storm_procs: usize,
+    storm_threads: usize,
+    storm_secs: u64,
+    min_kills: u64,
+    kill_gap_ms: u64,
+    stops: usize,
+    hold_secs: u64,
+    race_procs: usize,
+    race_rounds: usize,
+    every_header_byte: bool,
+}
+
+const SHORT: Profile = Profile {
+    name: "short",
+    storm_procs: 8,
+    storm_threads: 3,
+    storm_secs: 15,
+    min_kills: 100,
+    kill_gap_ms: 50,
+    stops: 4,
+    hold_secs: 2,
+    race_procs: 4,
+    race_rounds: 30,
+    every_header_byte: false,
+};
+
+const LONG: Profile = Profile {
+    name: "long",
+    storm_procs: 32,
+    storm_threads: 4,
+    storm_secs: 60,
+    min_kills: 1000,
+    kill_gap_ms: 80,
+    stops: 20,
+    hold_secs: 5,
+    race_procs: 32,
+    race_rounds: 100,
+    every_header_byte: true,
+};
+
+// The sizes issue 12 asks for.
+const _: () = assert!(LONG.min_kills >= 1000 && LONG.storm_procs == 32 && SHORT.storm_procs == 8);
+const _: () = assert!(LONG.race_procs == 32 && LONG.race_rounds == 100);
+
+/// The scenarios `--only` can pick.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// The kill storm.
+    Storm,
+    /// Stopped processes and a stopped lock holder.
+    Stops,
+    /// The race to the limit.
+    Race,
+    /// Bad inputs (preload side).
+    Bad,
+    /// Agent faults (root).
+    Agent,
+    /// The cargo-fuzz targets, 60 s each.
+    Fuzz,
+}
+
+/// Options of `cargo xtask torture`.
+#[derive(Debug, Default)]
+pub struct TortureOptions {
+    /// The release profile (32 processes, >= 1000 kills, 100 race rounds, every header byte,
+    /// agent faults, fuzzing).
+    pub long: bool,
+    /// Run only this scenario.
+    pub only: Option<Scenario>,
+}
+
+/// Figures and failed checks gathered by the scenarios.
+#[derive(Default)]
+struct Report {
+    figures: Vec<(String, String)>,
+    failures: Vec<String>,
+}
+
+impl Report {
+    fn figure(&mut self, name: &str, value: impl std::fmt::Display) {
+        println!("    {name}: {value}");
+        self.figures.push((name.to_string(), value.to_string()));
+    }
+
+    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
+        if !ok {
+            let w = what();
+            println!("    CHECK FAILED: {w}");
+            self.failures.push(w);
+        }
+    }
+}
+
+/// Run every scenario of the chosen profile.
+pub fn torture(opts: &TortureOptions) -> Result<()> {
+    let p = if opts.long { LONG } else { SHORT };
+    let t0 = Instant::now();
+    println!("building the preload, the fake driver and the workloads (testing/harness)");
+    let art = std::panic::catch_unwind(Artifacts::get)
+        .map_err(|_| anyhow!("building the test artifacts failed (see the message above)"))?;
+    let load = art.compile_against_fake(
+        &hami_test_harness::workspace_root().join("testing/programs/tortureload.c"),
+        "tortureload",
+    );
+    let mut r = Report::default();
+    let mut rng = Rng::new();
+    let on = |s: Scenario| opts.only.is_none_or(|o| o == s);
+    if on(Scenario::Storm) {
+        step(&format!("kill storm ({} profile)", p.name));
+        storm::kill_storm(&p, &load, &mut rng, &mut r).context("kill storm")?;
+    }
+    if on(Scenario::Stops) {
+        step("stopped processes and a stopped lock holder");
+        stops::stopped(&p, &load, &mut rng, &mut r).context("stopped processes")?;
+    }
+    if on(Scenario::Race) {
+        step("race to the limit");
+        race::race(&p, &load, &mut r).context("race to the limit")?;
+    }
+    if on(Scenario::Bad) {
+        step("bad inputs (preload side)");
+        bad_inputs::bad_inputs(&p, &mut rng, &mut r).context("bad inputs")?;
+    }
+    // The agent takes seconds to attach on a loaded machine: long profile (or --only agent).
+    if (opts.long && opts.only.is_none()) || opts.only == Some(Scenario::Agent) {
+        step("agent faults (SIGKILL and restart, stale uprobes, ring buffer overflow)");
+        agent::agent_faults(&p, &load, &mut r).context("agent faults")?;
+    }
+    if (opts.long && opts.only.is_none()) || opts.only == Some(Scenario::Fuzz) {
+        step("fuzz targets (60 s each)");
+        match crate::fuzz::fuzz(60) {
+            Ok(res) => {
+                for f in res {
+                    r.figure(
+                        &format!("fuzz {}: executions / crashes", f.target),
+                        format!("{} / {}", f.execs, f.crashes),
+                    );
+                }
+            }
+            Err(e) => r.check(false, || format!("fuzz: {e:#}")),
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    println!("\n==> torture ({} profile) took {secs:.1} s", p.name);
+    println!("| figure | value |\n|---|---|");
+    for (k, v) in &r.figures {
+        println!("| {k} | {v} |");
+    }
+    if !r.failures.is_empty() {
+        bail!(
+            "{} torture check(s) failed:\n  {}",
+            r.failures.len(),
+            r.failures.join("\n  ")
+        );
+    }
+    println!("all torture checks passed");
+    Ok(())
+}
+
+fn step(what: &str) {
+    println!("\n==> xtask torture: {what}");
+}
+
+/// xorshift64*: reproducible enough, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
+            | 1;
+        println!("random seed {seed}");
+        Rng(seed)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+}
+
+/// A sandbox of one scenario: its own region and fake-driver state, the preload on, one
+/// device of 1 TiB (the limit is the region's), no context memory (so that `used` is data
+/// only and never legitimately above the limit).
+fn sandbox(limit: u64) -> TestEnv {
+    TestEnv::new()
+        .preload(true)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", &limit.to_string())
+        .env("FAKE_CUDA_DEVICE_COUNT", "1")
+        .env("FAKE_CUDA_TOTAL_MEM", "1T")
+        .env("FAKE_CUDA_CTX_OVERHEAD", "0")
+        .env("HAMI_CONTEXT_OVERHEAD", "0")
+        .env("LIBCUDA_LOG_LEVEL", "0")
+}
