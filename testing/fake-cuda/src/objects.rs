@@ -1,6 +1,6 @@
 //! Exports for stream-ordered pools (attributes, trimming, current pool), mipmapped arrays,
 //! modules and libraries with `__device__` globals, kernel launches, events and stream
-//! capture (begin, end, query). Semantics in `driver.rs`; see `docs/fake-driver.md`.
+//! capture (begin, end, query). Semantics in `driver/`; see `docs/fake-driver.md`.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
