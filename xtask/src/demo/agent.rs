@@ -2,14 +2,15 @@
 //! `hami-agent inspect`), shared by the demo, the benchmarks and the torture scenarios.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use hami_test_harness::forward_lines;
 use serde_json::Value;
 
 use super::{human, Driver, Sandbox};
@@ -55,15 +56,7 @@ impl Agent {
             .spawn()
             .with_context(|| format!("starting {:?}", c.get_program()))?;
         let err = child.stderr.take().expect("piped stderr");
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = forward_lines(err);
         let mut agent = Agent {
             child,
             rx,
