@@ -5,10 +5,12 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 use super::*;
-use crate::layout::{Slot, MAX_SLOTS};
+use super::file::*;
+use crate::layout::{Slot, LIMIT_FLAG_INVALID, MAX_SLOTS};
 use core::mem::{offset_of, size_of};
 use std::collections::HashSet;
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::sync::atomic::AtomicUsize;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
