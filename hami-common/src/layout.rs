@@ -1,17 +1,18 @@
-//! Layout of the shared region file (version 2). See `docs/shared-region.md`.
+//! Layout of the shared region file (version 3). See `docs/shared-region.md`.
 //!
 //! Everything is `#[repr(C)]`, little-endian, fixed size, with no pointers, so that the
 //! preload (inside containers) and the agent (on the host) map the same bytes.
-//! Fields that change after initialisation are only written while holding the region lock
-//! (`RegionHeader::lock`), with atomic stores so that lock-free readers (the agent, which maps
-//! the file read-only) never see torn values.
+//! Every field that changes after initialisation is atomic, so that lock-free readers (the
+//! agent, which copies the file with `pread`) never see torn values. The header's totals and
+//! each slot's `charged` change only under the region lock (`RegionHeader::lock`); a slot's
+//! `usage` and `reserve` are changed by its own process without the lock (see `Slot`).
 
 use core::sync::atomic::{AtomicU32, AtomicU64};
 
 /// First 8 bytes of every region file.
 pub const MAGIC: [u8; 8] = *b"HAMIRSv\x01";
 /// Layout version; bumped on any incompatible change.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Number of devices a region describes.
 pub const MAX_DEVICES: usize = 16;
 /// Number of process slots in a region.
@@ -121,15 +122,27 @@ pub struct RegionHeader {
     pub limit_flags: [AtomicU32; MAX_DEVICES],
     /// Per-device UUID (the 16 raw bytes of `CUuuid`), all zero when unknown.
     pub uuids: [[u8; 16]; MAX_DEVICES],
-    /// Per-device admitted total: always equals the sum over active slots of their usage on
-    /// that device (all kinds), whenever the lock is free.
+    /// Per-device admitted total: always equals the sum over active slots of their
+    /// `charged[d]` whenever the lock is free; at most `limits[d]` (when not 0) unless memory
+    /// the driver had already taken was charged.
     pub used: [AtomicU64; MAX_DEVICES],
     /// `/proc/sys/kernel/random/boot_id` (16 raw bytes) of the boot that initialised the
     /// region, all zero when unknown. A region found from another boot (a persisted file)
     /// holds stale pids and possibly a stale lock word, and is re-initialised.
     pub boot_id: [u8; 16],
-    /// Reserved for future use; zero.
-    pub _reserved: [u64; 30],
+    /// One more than the highest slot index ever claimed: scans of the slot table stop here.
+    pub slot_high_water: AtomicU32,
+    /// Padding.
+    pub _pad1: u32,
+    /// Number of times a locker found the lock word naming a thread that no longer exists,
+    /// without the kernel's owner-died mark, and marked it owner-died itself.
+    pub stale_lock_breaks: AtomicU64,
+    /// Number of times an admission took back other slots' unused reserves because the
+    /// device was otherwise full.
+    pub reserve_reclaims: AtomicU64,
+    /// Reserved for future use; zero (pads the header to 1024 bytes, so that slots start on a
+    /// cache-line boundary).
+    pub _reserved: [u64; 34],
 }
 
 /// One process slot.
@@ -142,8 +155,22 @@ pub struct Slot {
     /// Process start time, in clock ticks since boot (`/proc/<pid>/stat` field 22), so that a
     /// reused pid is never mistaken for the slot's process.
     pub start_time: AtomicU64,
-    /// Usage in bytes, `[device][UsageKind::index()]`.
+    /// Usage in bytes, `[device][UsageKind::index()]`: what the process's live allocations
+    /// hold. Written by the slot's process only (without the lock), and cleared when the slot
+    /// is freed.
     pub usage: [[AtomicU64; USAGE_KINDS]; MAX_DEVICES],
+    /// Bytes this slot has added to `RegionHeader::used[d]`: its usage plus its reserve,
+    /// once every update its process has started is complete. Changed only under the lock;
+    /// freeing the slot subtracts exactly this from `used`, so the totals stay exact whatever
+    /// moment the process died at.
+    pub charged: [AtomicU64; MAX_DEVICES],
+    /// Bytes admitted to this slot (part of `charged`) that no allocation holds yet. The
+    /// slot's process spends it without the lock (compare-and-swap) and puts freed bytes
+    /// back; it is refilled under the lock; when a device is full, the admission that needs
+    /// room takes other slots' reserves back (swap to 0, under the lock).
+    pub reserve: [AtomicU64; MAX_DEVICES],
+    /// Padding to 1024 bytes: one slot never shares a cache line with the next.
+    pub _pad: [u64; 14],
 }
 
 /// The whole region file.
@@ -157,3 +184,8 @@ pub struct Region {
 
 /// Size in bytes of a region file.
 pub const REGION_SIZE: usize = core::mem::size_of::<Region>();
+
+// Slots are whole cache lines, at cache-line offsets: one process's lock-free updates of its
+// own slot never share a line with another slot or the header.
+const _: () = assert!(core::mem::size_of::<RegionHeader>() == 1024);
+const _: () = assert!(core::mem::size_of::<Slot>() == 1024);

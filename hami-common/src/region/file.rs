@@ -491,12 +491,7 @@ impl Region {
         match state {
             FileState::Ready => {
                 let map = map_fd(fd.0, path, true)?;
-                let region = Region {
-                    map,
-                    path: path.to_path_buf(),
-                    writable: true,
-                    probe: Arc::new(ProcProbe),
-                };
+                let region = Region::from_map(map, path, true);
                 let differs = region.limit_differences(cfg);
                 drop(fd);
                 Ok((region, OpenOutcome::Existing { differs }))
@@ -521,12 +516,7 @@ impl Region {
                 // change them): it was published with its creator's permissions.
                 let _ = set_permissions(fd.0, cfg);
                 let map = map_fd(fd.0, path, true)?;
-                let region = Region {
-                    map,
-                    path: path.to_path_buf(),
-                    writable: true,
-                    probe: Arc::new(ProcProbe),
-                };
+                let region = Region::from_map(map, path, true);
                 // SAFETY: writable REGION_SIZE mapping; nobody uses a region that is not
                 // READY or that is from another boot, and we hold the exclusive flock.
                 unsafe { init_region(region.map.as_ptr(), cfg, boot_id) }
@@ -573,12 +563,7 @@ impl Region {
         }
         let map = map_fd(fd.0, path, writable)?;
         drop(fd);
-        let region = Region {
-            map,
-            path: path.to_path_buf(),
-            writable,
-            probe: Arc::new(ProcProbe),
-        };
+        let region = Region::from_map(map, path, writable);
         if region.h_init_state().load(Ordering::Acquire) != INIT_READY {
             return Err(RegionError::NotInitialised {
                 path: path.to_path_buf(),
@@ -623,12 +608,7 @@ impl Region {
         }
         let map = map_fd(fd.0, path, writable)?;
         drop(fd);
-        let region = Region {
-            map,
-            path: path.to_path_buf(),
-            writable,
-            probe: Arc::new(ProcProbe),
-        };
+        let region = Region::from_map(map, path, writable);
         if region.h_init_state().load(Ordering::Acquire) != INIT_READY {
             return Err(RegionError::NotInitialised {
                 path: path.to_path_buf(),
@@ -642,6 +622,18 @@ impl Region {
     pub fn with_probe(mut self, probe: Arc<dyn LivenessProbe>) -> Region {
         self.probe = probe;
         self
+    }
+
+    /// Replaces this handle's per-process settings (lock timeout, admission reserve, stale
+    /// lock breaking); see [`Tuning`].
+    pub fn with_tuning(mut self, tuning: Tuning) -> Region {
+        self.tuning = tuning;
+        self
+    }
+
+    /// This handle's per-process settings.
+    pub fn tuning(&self) -> Tuning {
+        self.tuning
     }
 
     /// The region file.

@@ -13,6 +13,7 @@ use std::io;
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::config::DEFAULT_REGION_MODE;
 use crate::layout::{
@@ -120,6 +121,17 @@ pub enum RegionError {
     Full {
         /// The region file.
         path: PathBuf,
+    },
+    /// The region lock was not acquired within the lock timeout: its holder is stopped,
+    /// starved of CPU, or (with a pid namespace that hides it) gone.
+    #[error("shared region {}: lock not acquired within {waited_ms} ms (held by thread {holder_tid}: stopped or starved?)", path.display())]
+    LockTimeout {
+        /// The region file.
+        path: PathBuf,
+        /// How long the caller waited.
+        waited_ms: u64,
+        /// The thread id in the lock word (in its holder's pid namespace).
+        holder_tid: u32,
     },
     /// The region lock is unusable (`ENOTRECOVERABLE`, or another pthread error).
     #[error("shared region {}: lock unusable: {source}", path.display())]
@@ -232,6 +244,9 @@ pub enum DenyReason {
     ReadOnly,
     /// The region lock is unusable (`ENOTRECOVERABLE`).
     LockFailed,
+    /// The region lock was not acquired within the lock timeout (its holder is stopped or
+    /// starved): refused rather than waiting without bound.
+    LockTimeout,
 }
 
 /// A refused [`Region::try_charge`].
@@ -266,6 +281,11 @@ impl core::fmt::Display for Denied {
             DenyReason::SlotLost => write!(f, "process slot was reclaimed"),
             DenyReason::ReadOnly => write!(f, "shared region is read-only"),
             DenyReason::LockFailed => write!(f, "shared region lock is unusable"),
+            DenyReason::LockTimeout => write!(
+                f,
+                "device {}: {} bytes requested: shared region lock not acquired within the lock timeout (HAMI_LOCK_TIMEOUT_MS; its holder is stopped or starved)",
+                self.dev, self.requested
+            ),
         }
     }
 }
@@ -299,6 +319,46 @@ pub struct Region {
     path: PathBuf,
     writable: bool,
     probe: Arc<dyn LivenessProbe>,
+    tuning: Tuning,
+    /// Charges forced while the lock could not be taken, per device: in the slot's usage
+    /// already, added to its `charged` and the totals at this process's next locking.
+    pending: [AtomicU64; MAX_DEVICES],
+}
+
+/// Per-process settings of a [`Region`] handle ([`Region::with_tuning`]). They change how
+/// this process waits and batches, never what the region's totals mean.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// How long one operation waits for the region lock in all before it gives up: an
+    /// admission is then refused ([`DenyReason::LockTimeout`]), a forced charge is recorded
+    /// and applied later, a release is never delayed (it needs no lock). Default
+    /// [`DEFAULT_LOCK_TIMEOUT`].
+    pub lock_timeout: Duration,
+    /// Bytes of admission reserve per device this process keeps (capped at 1/32 of a
+    /// device's limit): allocations up to the reserve and every release are lock-free.
+    /// 0 (the default) takes the lock for every admission.
+    pub reserve: u64,
+    /// Whether a lock word naming a thread that does not exist in this process's pid
+    /// namespace, unchanged for [`STALE_LOCK_AGE`], is marked owner-died so that the region
+    /// is recovered. Only for processes in the pid namespace of the region's users (the
+    /// preload); off by default (the agent, on the host, sees other pid numbers).
+    pub break_stale_locks: bool,
+}
+
+/// Default [`Tuning::lock_timeout`].
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a lock word must stay unchanged, naming a thread that does not exist, before a
+/// waiter with [`Tuning::break_stale_locks`] marks it owner-died.
+pub const STALE_LOCK_AGE: Duration = Duration::from_millis(500);
+
+impl Default for Tuning {
+    fn default() -> Tuning {
+        Tuning {
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            reserve: 0,
+            break_stale_locks: false,
+        }
+    }
 }
 
 // SAFETY: the mapping is shared memory accessed only through atomics, raw-pointer volatile
@@ -394,6 +454,53 @@ impl Region {
     fn s_start(&self, i: usize) -> &AtomicU64 {
         // SAFETY: as s_pid.
         unsafe { &*addr_of!((*self.map.as_ptr()).slots[i].start_time) }
+    }
+
+    fn s_charged(&self, i: usize, d: usize) -> &AtomicU64 {
+        // SAFETY: as s_pid; d < MAX_DEVICES.
+        unsafe { &*addr_of!((*self.map.as_ptr()).slots[i].charged[d]) }
+    }
+
+    fn s_reserve(&self, i: usize, d: usize) -> &AtomicU64 {
+        // SAFETY: as s_pid; d < MAX_DEVICES.
+        unsafe { &*addr_of!((*self.map.as_ptr()).slots[i].reserve[d]) }
+    }
+
+    fn h_high_water(&self) -> &AtomicU32 {
+        // SAFETY: atomic field of the live mapping.
+        unsafe { &*addr_of!((*self.map.as_ptr()).header.slot_high_water) }
+    }
+
+    fn h_stale_breaks(&self) -> &AtomicU64 {
+        // SAFETY: atomic field of the live mapping.
+        unsafe { &*addr_of!((*self.map.as_ptr()).header.stale_lock_breaks) }
+    }
+
+    fn h_reserve_reclaims(&self) -> &AtomicU64 {
+        // SAFETY: atomic field of the live mapping.
+        unsafe { &*addr_of!((*self.map.as_ptr()).header.reserve_reclaims) }
+    }
+
+    /// Slot indexes worth scanning: up to the high-water mark (every slot if it is corrupt).
+    fn slot_range(&self) -> core::ops::Range<usize> {
+        let hw = self.h_high_water().load(Ordering::Relaxed) as usize;
+        0..if hw == 0 || hw > MAX_SLOTS {
+            MAX_SLOTS
+        } else {
+            hw
+        }
+    }
+
+    /// Builds a handle on a mapping (default probe and tuning).
+    fn from_map(map: NonNull<layout::Region>, path: &std::path::Path, writable: bool) -> Region {
+        Region {
+            map,
+            path: path.to_path_buf(),
+            writable,
+            probe: Arc::new(ProcProbe),
+            tuning: Tuning::default(),
+            pending: [const { AtomicU64::new(0) }; MAX_DEVICES],
+        }
     }
 
     fn s_usage(&self, i: usize, d: usize, k: usize) -> &AtomicU64 {

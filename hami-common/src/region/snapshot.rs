@@ -23,6 +23,10 @@ pub struct SlotSnapshot {
     pub start_time: u64,
     /// Usage `[device][UsageKind::index()]` in bytes.
     pub usage: [[u64; USAGE_KINDS]; MAX_DEVICES],
+    /// Per device: what the slot has added to the header's `used` (usage plus reserve).
+    pub charged: [u64; MAX_DEVICES],
+    /// Per device: admitted bytes no allocation holds yet (see `docs/shared-region.md`).
+    pub reserve: [u64; MAX_DEVICES],
 }
 
 impl SlotSnapshot {
@@ -79,8 +83,12 @@ pub struct RegionSnapshot {
     pub limit_flags: [u32; MAX_DEVICES],
     /// Per-device UUIDs (zero = unknown).
     pub uuids: [[u8; 16]; MAX_DEVICES],
-    /// Per-device admitted totals (header).
+    /// Per-device admitted totals (header): usage plus reserves.
     pub used: [u64; MAX_DEVICES],
+    /// Stale lock words marked owner-died by a waiter.
+    pub stale_lock_breaks: u64,
+    /// Admissions that took other slots' reserves back because the device was full.
+    pub reserve_reclaims: u64,
     /// Active slots, by index.
     pub slots: Vec<SlotSnapshot>,
     /// Whether the copy is from one instant (no writer was mid-update). When writers are
@@ -95,6 +103,21 @@ impl RegionSnapshot {
         self.slots
             .iter()
             .fold(0u64, |a, s| a.saturating_add(s.device_total(dev)))
+    }
+
+    /// Unused reserves of the active slots on `dev` (admitted, not held by allocations).
+    pub fn reserved(&self, dev: usize) -> u64 {
+        self.slots.iter().fold(0u64, |a, s| {
+            a.saturating_add(s.reserve.get(dev).copied().unwrap_or(0))
+        })
+    }
+
+    /// Sum over active slots of what they have added to the header's `used` on `dev`
+    /// (equal to [`RegionSnapshot::device_used`] in a consistent copy).
+    pub fn charged(&self, dev: usize) -> u64 {
+        self.slots.iter().fold(0u64, |a, s| {
+            a.saturating_add(s.charged.get(dev).copied().unwrap_or(0))
+        })
     }
 
     /// The header's admitted total on `dev`.
@@ -172,16 +195,22 @@ impl Region {
                 continue;
             }
             let mut usage = [[0u64; USAGE_KINDS]; MAX_DEVICES];
+            let mut charged = [0u64; MAX_DEVICES];
+            let mut reserve = [0u64; MAX_DEVICES];
             for (d, ud) in usage.iter_mut().enumerate() {
                 for (k, uk) in ud.iter_mut().enumerate() {
                     *uk = self.s_usage(i, d, k).load(Ordering::Relaxed);
                 }
+                charged[d] = self.s_charged(i, d).load(Ordering::Relaxed);
+                reserve[d] = self.s_reserve(i, d).load(Ordering::Relaxed);
             }
             slots.push(SlotSnapshot {
                 index: i,
                 pid: self.s_pid(i).load(Ordering::Relaxed),
                 start_time: self.s_start(i).load(Ordering::Relaxed),
                 usage,
+                charged,
+                reserve,
             });
         }
         let (version, header_size, total_size, creator_pid, created_unix, boot_id) =
@@ -198,6 +227,8 @@ impl Region {
             generation: 0,
             owner_died_recoveries: self.h_recoveries().load(Ordering::Relaxed),
             reclaimed_slots: self.h_reclaimed().load(Ordering::Relaxed),
+            stale_lock_breaks: self.h_stale_breaks().load(Ordering::Relaxed),
+            reserve_reclaims: self.h_reserve_reclaims().load(Ordering::Relaxed),
             limits,
             limit_flags,
             uuids,
@@ -300,16 +331,22 @@ pub(super) fn parse_snapshot(buf: &[u8]) -> RegionSnapshot {
             continue;
         }
         let mut usage = [[0u64; USAGE_KINDS]; MAX_DEVICES];
+        let mut charged = [0u64; MAX_DEVICES];
+        let mut reserve = [0u64; MAX_DEVICES];
         for (d, ud) in usage.iter_mut().enumerate() {
             for (k, uk) in ud.iter_mut().enumerate() {
                 *uk = r64(base + offset_of!(Slot, usage) + 8 * (d * USAGE_KINDS + k));
             }
+            charged[d] = r64(base + offset_of!(Slot, charged) + 8 * d);
+            reserve[d] = r64(base + offset_of!(Slot, reserve) + 8 * d);
         }
         slots.push(SlotSnapshot {
             index: i,
             pid: r32(base + offset_of!(Slot, pid)),
             start_time: r64(base + offset_of!(Slot, start_time)),
             usage,
+            charged,
+            reserve,
         });
     }
     let boot = offset_of!(RegionHeader, boot_id);
@@ -327,6 +364,8 @@ pub(super) fn parse_snapshot(buf: &[u8]) -> RegionSnapshot {
         generation: 0,
         owner_died_recoveries: r64(offset_of!(RegionHeader, owner_died_recoveries)),
         reclaimed_slots: r64(offset_of!(RegionHeader, reclaimed_slots)),
+        stale_lock_breaks: r64(offset_of!(RegionHeader, stale_lock_breaks)),
+        reserve_reclaims: r64(offset_of!(RegionHeader, reserve_reclaims)),
         limits,
         limit_flags,
         uuids,

@@ -4,8 +4,8 @@
 // `is_multiple_of` is newer than the workspace's rust-version.
 #![allow(clippy::manual_is_multiple_of)]
 
-use super::*;
 use super::file::*;
+use super::*;
 use crate::layout::{Slot, LIMIT_FLAG_INVALID, MAX_SLOTS};
 use core::mem::{offset_of, size_of};
 use std::collections::HashSet;
@@ -173,6 +173,14 @@ fn patch(path: &Path, offset: u64, bytes: &[u8]) {
     f.write_all_at(bytes, offset).unwrap();
 }
 
+/// A tuning with a 1 MiB admission reserve (1/32 of the tests' smallest limits or less).
+fn reserves() -> Tuning {
+    Tuning {
+        reserve: MIB,
+        ..Tuning::default()
+    }
+}
+
 fn sum_slots(s: &RegionSnapshot, dev: usize) -> u64 {
     s.accounted(dev)
 }
@@ -200,16 +208,21 @@ fn layout_matches_documentation() {
     assert_eq!(offset_of!(H, uuids), 328);
     assert_eq!(offset_of!(H, used), 584);
     assert_eq!(offset_of!(H, boot_id), 712);
-    assert_eq!(offset_of!(H, _reserved), 728);
-    assert_eq!(size_of::<H>(), 968);
+    assert_eq!(offset_of!(H, slot_high_water), 728);
+    assert_eq!(offset_of!(H, stale_lock_breaks), 736);
+    assert_eq!(offset_of!(H, reserve_reclaims), 744);
+    assert_eq!(offset_of!(H, _reserved), 752);
+    assert_eq!(size_of::<H>(), 1024);
     assert_eq!(offset_of!(Slot, pid), 0);
     assert_eq!(offset_of!(Slot, status), 4);
     assert_eq!(offset_of!(Slot, start_time), 8);
     assert_eq!(offset_of!(Slot, usage), 16);
-    assert_eq!(size_of::<Slot>(), 656);
-    assert_eq!(offset_of!(crate::layout::Region, slots), 968);
-    assert_eq!(REGION_SIZE, 968 + 656 * 1024);
-    assert_eq!(REGION_SIZE, 672_712);
+    assert_eq!(offset_of!(Slot, charged), 656);
+    assert_eq!(offset_of!(Slot, reserve), 784);
+    assert_eq!(size_of::<Slot>(), 1024);
+    assert_eq!(offset_of!(crate::layout::Region, slots), 1024);
+    assert_eq!(REGION_SIZE, 1024 + 1024 * 1024);
+    assert_eq!(REGION_SIZE, 1_049_600);
     const { assert!(MAX_SLOTS >= 1024 && MAX_DEVICES >= 16) };
 }
 
@@ -442,13 +455,13 @@ fn other_version_is_rejected() {
             err,
             RegionError::VersionMismatch {
                 found: 1,
-                expected: 2,
+                expected: 3,
                 ..
             }
         ),
         "{err:?}"
     );
-    assert!(err.to_string().contains("version 2"), "{err}");
+    assert!(err.to_string().contains("version 3"), "{err}");
     assert!(matches!(
         Region::open_existing(&p, false).unwrap_err(),
         RegionError::VersionMismatch { .. }
@@ -517,7 +530,7 @@ fn header_size_fields_are_checked() {
         ),
         "{err:?}"
     );
-    patch(&p, 12, &968u32.to_le_bytes());
+    patch(&p, 12, &1024u32.to_le_bytes());
     patch(&p, 16, &12345u64.to_le_bytes());
     let err = Region::open_existing(&p, false).unwrap_err();
     assert!(
@@ -754,10 +767,19 @@ fn admission_is_exact_and_uncharge_never_wraps() {
 
 #[test]
 fn exact_under_threads() {
-    let d = TempDir::new("threads");
+    exact_under_threads_with(Tuning::default(), "threads");
+}
+
+#[test]
+fn exact_under_threads_with_reserves() {
+    exact_under_threads_with(reserves(), "threads-rsv");
+}
+
+fn exact_under_threads_with(tuning: Tuning, dir: &str) {
+    let d = TempDir::new(dir);
     let p = d.file();
     let limit = 64 * MIB;
-    let r = Arc::new(create(&p, limit));
+    let r = Arc::new(create(&p, limit).with_tuning(tuning));
     let threads: Vec<_> = (0..8u32)
         .map(|t| {
             let r = Arc::clone(&r);
@@ -790,8 +812,14 @@ fn exact_under_threads() {
     let snap = r.snapshot();
     let total: u64 = results.iter().map(|(_, t)| t).sum();
     assert!(total <= limit);
-    assert_eq!(snap.used[0], total);
+    assert_eq!(snap.used[0], snap.charged(0));
+    assert_eq!(snap.used[0], total + snap.reserved(0));
     assert_eq!(sum_slots(&snap, 0), total);
+    assert_eq!(r.in_use(0), total);
+    for (s, _) in &results {
+        r.settle(*s);
+    }
+    assert_eq!(r.used(0), total, "settled: no reserve left");
     for (s, _) in results {
         r.unregister(s);
     }
@@ -800,7 +828,16 @@ fn exact_under_threads() {
 
 #[test]
 fn exact_under_four_forked_processes_racing_to_fill_one_limit() {
-    let d = TempDir::new("race4");
+    exact_under_four_forked_processes_racing_to_fill_one_limit_with(Tuning::default(), "race4");
+}
+
+#[test]
+fn exact_under_four_forked_processes_racing_to_fill_one_limit_with_reserves() {
+    exact_under_four_forked_processes_racing_to_fill_one_limit_with(reserves(), "race4-rsv");
+}
+
+fn exact_under_four_forked_processes_racing_to_fill_one_limit_with(tuning: Tuning, dir: &str) {
+    let d = TempDir::new(dir);
     let p = d.file();
     let limit = 256 * MIB;
     let chunk = MIB;
@@ -815,6 +852,7 @@ fn exact_under_four_forked_processes_racing_to_fill_one_limit() {
             let Ok((r, _)) = Region::open_or_create(&path, &cfg(limit)) else {
                 return 2;
             };
+            let r = r.with_tuning(tuning);
             let Ok(s) = r.register(ProcessId::current()) else {
                 return 3;
             };
@@ -937,10 +975,28 @@ fn sigkill_while_holding_the_lock_is_recovered_exactly() {
 
 #[test]
 fn processes_sigkilled_in_a_loop_never_block_others_and_are_reclaimed() {
-    let d = TempDir::new("killloop");
+    processes_sigkilled_in_a_loop_never_block_others_and_are_reclaimed_with(
+        Tuning::default(),
+        "killloop",
+    );
+}
+
+#[test]
+fn processes_sigkilled_in_a_loop_never_block_others_and_are_reclaimed_with_reserves() {
+    processes_sigkilled_in_a_loop_never_block_others_and_are_reclaimed_with(
+        reserves(),
+        "killloop-rsv",
+    );
+}
+
+fn processes_sigkilled_in_a_loop_never_block_others_and_are_reclaimed_with(
+    tuning: Tuning,
+    dir: &str,
+) {
+    let d = TempDir::new(dir);
     let p = d.file();
     let limit = 64 * MIB;
-    let r = create(&p, limit);
+    let r = create(&p, limit).with_tuning(tuning);
     let deadline_ms = 3000u64;
     // Two workers charge and release continuously and must finish on time.
     let mut workers = Vec::new();
@@ -950,6 +1006,7 @@ fn processes_sigkilled_in_a_loop_never_block_others_and_are_reclaimed() {
             let Ok(r) = Region::open_existing(&path, true) else {
                 return 2;
             };
+            let r = r.with_tuning(tuning);
             let Ok(s) = r.register(ProcessId::current()) else {
                 return 3;
             };
@@ -988,6 +1045,7 @@ fn processes_sigkilled_in_a_loop_never_block_others_and_are_reclaimed() {
             let Ok(r) = Region::open_existing(&path, true) else {
                 return 2;
             };
+            let r = r.with_tuning(tuning);
             let Ok(s) = r.register(ProcessId::current()) else {
                 return 3;
             };
@@ -1315,4 +1373,196 @@ fn device_count_is_the_largest_real_count_reported() {
     assert_eq!(r.device_count(), 2, "a narrower view does not shrink it");
     r.set_device_count(99);
     assert_eq!(r.device_count(), MAX_DEVICES as u32);
+}
+
+// ---------------------------------------------------------------- bounded lock, reserves
+
+/// Waits until process `pid` is in state `T` (stopped).
+fn wait_stopped(pid: libc::pid_t) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('T'))
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    panic!("process {pid} did not stop");
+}
+
+#[test]
+fn a_stopped_lock_holder_bounds_the_wait_and_never_blocks_releases() {
+    let d = TempDir::new("stopped");
+    let p = d.file();
+    let limit = 64 * MIB;
+    let tuning = Tuning {
+        lock_timeout: Duration::from_millis(300),
+        reserve: MIB,
+        ..Tuning::default()
+    };
+    let r = create(&p, limit).with_tuning(tuning);
+    let s = r.register(fake(700, 1)).unwrap();
+    r.try_charge(s, 0, UsageKind::Data, 8 * MIB).unwrap();
+    assert_eq!(r.snapshot().slot(s.index()).unwrap().reserve[0], MIB);
+    let path = p.clone();
+    let holder = fork_child(move || {
+        let Ok(r) = Region::open_existing(&path, true) else {
+            return 2;
+        };
+        if r.__test_hold_lock_while_stopped() {
+            0
+        } else {
+            3
+        }
+    });
+    wait_stopped(holder);
+    // Within the reserve: admitted without the lock.
+    let t = Instant::now();
+    r.try_charge(s, 0, UsageKind::Data, MIB / 2).unwrap();
+    // Releases never wait for the lock; the bytes stay admitted (in the reserve).
+    assert_eq!(r.uncharge(s, 0, UsageKind::Data, 4 * MIB), 4 * MIB);
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
+    // Past the reserve: refused after the timeout, not an unbounded wait.
+    let t = Instant::now();
+    let den = r.try_charge(s, 0, UsageKind::Data, 16 * MIB).unwrap_err();
+    let waited = t.elapsed();
+    assert_eq!(den.reason, DenyReason::LockTimeout);
+    assert!(den.to_string().contains("lock timeout"), "{den}");
+    assert!(
+        waited >= Duration::from_millis(290) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+    // Context memory the driver already took is recorded now and totalled later.
+    r.force_charge(s, 0, UsageKind::Context, 32 * MIB);
+    assert_eq!(r.slot_usage(s, 0, UsageKind::Context), 32 * MIB);
+    // SAFETY: continues our own stopped child.
+    unsafe { libc::kill(holder, libc::SIGCONT) };
+    let st = wait_timeout(holder, Duration::from_secs(10)).expect("holder hung");
+    assert_eq!(exit_code(st), 0);
+    r.try_charge(s, 0, UsageKind::Data, MIB).unwrap();
+    r.settle(s);
+    let snap = r.snapshot();
+    let data = 8 * MIB + MIB / 2 - 4 * MIB + MIB;
+    assert_eq!(snap.accounted(0), data + 32 * MIB);
+    assert_eq!(
+        snap.used[0],
+        data + 32 * MIB,
+        "pending charge applied, reserve returned"
+    );
+    r.unregister(s);
+    assert_eq!(r.used(0), 0);
+}
+
+#[test]
+fn a_stale_lock_word_is_marked_owner_died_and_recovered() {
+    let d = TempDir::new("stale");
+    let p = d.file();
+    // A thread id that no longer exists: a child that has exited and been reaped.
+    let gone = fork_child(|| 0);
+    wait_timeout(gone, Duration::from_secs(10)).expect("child hung");
+    let lock_off = offset_of!(crate::layout::RegionHeader, lock) as u64;
+    // Without stale-lock breaking (the agent's setting): a bounded wait, then an error
+    // naming the holder.
+    let r = create(&p, 64 * MIB).with_tuning(Tuning {
+        lock_timeout: Duration::from_millis(200),
+        ..Tuning::default()
+    });
+    // This process's real identity: owner-died recovery must see it alive.
+    let s = r.register(ProcessId::current()).unwrap();
+    patch(&p, lock_off, &(gone as u32).to_le_bytes());
+    let t = Instant::now();
+    let den = r.try_charge(s, 0, UsageKind::Data, MIB).unwrap_err();
+    assert_eq!(den.reason, DenyReason::LockTimeout);
+    assert!(t.elapsed() < Duration::from_secs(2));
+    match r.register(fake(801, 1)) {
+        Err(e @ RegionError::LockTimeout { holder_tid, .. }) => {
+            assert_eq!(holder_tid, gone as u32);
+            assert!(e.to_string().contains(&format!("thread {gone}")), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // With it (the preload's setting): recovered after STALE_LOCK_AGE.
+    let r = r.with_tuning(Tuning {
+        lock_timeout: Duration::from_secs(5),
+        break_stale_locks: true,
+        ..Tuning::default()
+    });
+    let t = Instant::now();
+    r.try_charge(s, 0, UsageKind::Data, MIB).unwrap();
+    let took = t.elapsed();
+    assert!(
+        took >= STALE_LOCK_AGE && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    let snap = r.snapshot();
+    assert_eq!(snap.stale_lock_breaks, 1);
+    assert_eq!(snap.owner_died_recoveries, 1);
+    assert_eq!(snap.used[0], MIB);
+    // A lock word naming a live thread (this one) is never broken: bounded wait instead.
+    // SAFETY: gettid has no preconditions.
+    let me = unsafe { libc::syscall(libc::SYS_gettid) } as u32;
+    patch(&p, lock_off, &me.to_le_bytes());
+    let r = r.with_tuning(Tuning {
+        lock_timeout: Duration::from_millis(800),
+        break_stale_locks: true,
+        ..Tuning::default()
+    });
+    let den = r.try_charge(s, 0, UsageKind::Data, MIB).unwrap_err();
+    assert_eq!(den.reason, DenyReason::LockTimeout);
+    assert_eq!(r.snapshot().stale_lock_breaks, 1);
+    patch(&p, lock_off, &0u32.to_le_bytes());
+    r.unregister(s);
+    assert_eq!(r.used(0), 0);
+}
+
+#[test]
+fn reserves_are_taken_back_when_the_device_is_full() {
+    let d = TempDir::new("reclaim-reserve");
+    let p = d.file();
+    let limit = 64 * MIB;
+    let r = create(&p, limit).with_tuning(Tuning {
+        reserve: 2 * MIB,
+        ..Tuning::default()
+    });
+    let a = r.register(fake(900, 1)).unwrap();
+    let b = r.register(fake(901, 1)).unwrap();
+    r.try_charge(a, 0, UsageKind::Data, 10 * MIB).unwrap();
+    let snap = r.snapshot();
+    assert_eq!(snap.slot(a.index()).unwrap().reserve[0], 2 * MIB);
+    assert_eq!(snap.used[0], 12 * MIB);
+    assert_eq!(r.in_use(0), 10 * MIB);
+    // B fills the device exactly: A's unused reserve is taken back for it.
+    r.try_charge(b, 0, UsageKind::Data, 54 * MIB).unwrap();
+    let snap = r.snapshot();
+    assert_eq!(snap.slot(a.index()).unwrap().reserve[0], 0);
+    assert_eq!(snap.slot(b.index()).unwrap().reserve[0], 0);
+    assert_eq!(snap.used[0], limit);
+    assert_eq!(snap.accounted(0), limit);
+    assert_eq!(snap.reserve_reclaims, 1);
+    assert_eq!(
+        r.try_charge(a, 0, UsageKind::Data, 1).unwrap_err().reason,
+        DenyReason::OverLimit
+    );
+    // A release goes to the releaser's reserve: it is still admitted, and anyone can get it.
+    assert_eq!(r.uncharge(a, 0, UsageKind::Data, 3 * MIB), 3 * MIB);
+    assert_eq!(r.used(0), limit);
+    assert_eq!(r.in_use(0), limit - 3 * MIB);
+    r.try_charge(b, 0, UsageKind::Data, 3 * MIB).unwrap();
+    assert_eq!(r.snapshot().accounted(0), limit);
+    // A reserve above twice the quantum is trimmed at release.
+    assert_eq!(r.uncharge(b, 0, UsageKind::Data, 20 * MIB), 20 * MIB);
+    let snap = r.snapshot();
+    assert_eq!(snap.slot(b.index()).unwrap().reserve[0], 2 * MIB);
+    assert_eq!(snap.used[0], limit - 18 * MIB);
+    r.unregister(a);
+    r.unregister(b);
+    assert_eq!(r.used(0), 0);
 }
