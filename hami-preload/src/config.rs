@@ -28,6 +28,18 @@ pub const ENV_BACKSTOP_INTERVAL: &str = "HAMI_BACKSTOP_INTERVAL_MS";
 /// Default of [`ENV_BACKSTOP_INTERVAL`].
 pub const DEFAULT_BACKSTOP_INTERVAL_MS: u64 = 1000;
 
+/// Milliseconds one CUDA call waits for the shared region's lock at most before it gives up
+/// (an allocation is then refused with `CUDA_ERROR_OUT_OF_MEMORY`; releases never wait).
+pub const ENV_LOCK_TIMEOUT: &str = "HAMI_LOCK_TIMEOUT_MS";
+/// Default of [`ENV_LOCK_TIMEOUT`].
+pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 2000;
+/// Bytes of quota per device a process keeps admitted ahead of its allocations, so that
+/// allocations and releases within it take no lock (a size: `64m`, `0` turns it off; capped
+/// at 1/32 of the device's limit).
+pub const ENV_ADMISSION_RESERVE: &str = "HAMI_ADMISSION_RESERVE";
+/// Default of [`ENV_ADMISSION_RESERVE`].
+pub const DEFAULT_ADMISSION_RESERVE: u64 = 64 << 20;
+
 /// A configuration error for one variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {var}={value:?}: {reason}")]
@@ -62,6 +74,12 @@ pub struct Config {
     pub backstop_interval_ms: Option<u64>,
     /// A malformed [`ENV_BACKSTOP_INTERVAL`] value (the default was used instead).
     pub backstop_invalid: Option<String>,
+    /// Longest wait for the region lock, in milliseconds ([`ENV_LOCK_TIMEOUT`]).
+    pub lock_timeout_ms: u64,
+    /// A malformed [`ENV_LOCK_TIMEOUT`] value (the default was used instead).
+    pub lock_timeout_invalid: Option<String>,
+    /// Admission reserve per device in bytes ([`ENV_ADMISSION_RESERVE`]).
+    pub admission_reserve: u64,
 }
 
 impl Config {
@@ -132,6 +150,27 @@ impl Config {
                 Err(_) => (Some(DEFAULT_BACKSTOP_INTERVAL_MS), Some(v)),
             },
         };
+        let (lock_timeout_ms, lock_timeout_invalid) = match get(ENV_LOCK_TIMEOUT) {
+            None => (DEFAULT_LOCK_TIMEOUT_MS, None),
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(n) if n <= 3_600_000 => (n, None),
+                _ => (DEFAULT_LOCK_TIMEOUT_MS, Some(v)),
+            },
+        };
+        let admission_reserve = match get(ENV_ADMISSION_RESERVE) {
+            None => DEFAULT_ADMISSION_RESERVE,
+            Some(v) => match parse_size(&v) {
+                Ok(n) => n,
+                Err(reason) => {
+                    errors.push(ConfigError {
+                        var: ENV_ADMISSION_RESERVE.to_string(),
+                        value: v,
+                        reason: Reason::Size(reason),
+                    });
+                    DEFAULT_ADMISSION_RESERVE
+                }
+            },
+        };
         Config {
             limits,
             limit_flags,
@@ -142,6 +181,20 @@ impl Config {
             region_group,
             backstop_interval_ms,
             backstop_invalid,
+            lock_timeout_ms,
+            lock_timeout_invalid,
+            admission_reserve,
+        }
+    }
+
+    /// The region handle's settings from this configuration: the lock timeout, the
+    /// admission reserve, and stale-lock breaking (a process of the container shares the pid
+    /// namespace of the region's other users).
+    pub fn tuning(&self) -> hami_common::region::Tuning {
+        hami_common::region::Tuning {
+            lock_timeout: std::time::Duration::from_millis(self.lock_timeout_ms),
+            reserve: self.admission_reserve,
+            break_stale_locks: true,
         }
     }
 
@@ -270,6 +323,33 @@ mod tests {
         let c = cfg(&[("HAMI_CONTEXT_OVERHEAD", "x")]);
         assert_eq!(c.context_overhead, None);
         assert_eq!(c.errors.len(), 1);
+    }
+
+    #[test]
+    fn lock_timeout_and_admission_reserve() {
+        let c = cfg(&[]);
+        assert_eq!((c.lock_timeout_ms, c.admission_reserve), (2000, 64 << 20));
+        assert!(c.tuning().break_stale_locks);
+        let c = cfg(&[
+            ("HAMI_LOCK_TIMEOUT_MS", " 250 "),
+            ("HAMI_ADMISSION_RESERVE", "0"),
+        ]);
+        assert_eq!((c.lock_timeout_ms, c.admission_reserve), (250, 0));
+        assert_eq!(
+            c.tuning().lock_timeout,
+            std::time::Duration::from_millis(250)
+        );
+        let c = cfg(&[
+            ("HAMI_LOCK_TIMEOUT_MS", "2s"),
+            ("HAMI_ADMISSION_RESERVE", "lots"),
+        ]);
+        assert_eq!(c.lock_timeout_ms, 2000);
+        assert_eq!(c.lock_timeout_invalid.as_deref(), Some("2s"));
+        assert_eq!(c.admission_reserve, 64 << 20);
+        assert!(c
+            .errors
+            .iter()
+            .any(|e| e.var == "HAMI_ADMISSION_RESERVE" && e.to_string().contains("lots")));
     }
 
     #[test]

@@ -909,7 +909,7 @@ pub(crate) fn backstop_tick(l: &ProcLedger, dev: usize) {
         return;
     }
     if let Ok(r) = &l.g.region {
-        if backstop::headroom_small(r.limit(dev), r.used(dev)) {
+        if backstop::headroom_small(r.limit(dev), r.admitted(dev)) {
             backstop_poll(Some(dev));
         }
     }

@@ -1166,6 +1166,7 @@ fn quota(dev: usize) -> Option<DeviceQuota> {
         Ok(r) => DeviceQuota {
             limit: r.limit(dev),
             invalid: local_invalid || r.limit_flags(dev) & LIMIT_FLAG_INVALID != 0,
+            // Allocations' usage: other processes' unused reserves are theirs to lose.
             used: r.used(dev),
         },
         // No region: allocations fail closed, so nothing is free.

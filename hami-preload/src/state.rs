@@ -83,6 +83,16 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
             format!("{e}; allocations on the affected devices fail with CUDA_ERROR_OUT_OF_MEMORY"),
         ));
     }
+    if let Some(v) = &config.lock_timeout_invalid {
+        messages.push((
+            Level::Warn,
+            format!(
+                "invalid {}={v:?}: not a number of milliseconds (at most an hour); using {}",
+                crate::config::ENV_LOCK_TIMEOUT,
+                crate::config::DEFAULT_LOCK_TIMEOUT_MS
+            ),
+        ));
+    }
     if let Some(v) = &config.backstop_invalid {
         messages.push((
             Level::Warn,
@@ -110,9 +120,9 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
             "shared region {}: not opened: {e}",
             config.region_path
         )),
-        None => {
-            Region::open_or_create(Path::new(&config.region_path), &rc).map_err(|e| e.to_string())
-        }
+        None => Region::open_or_create(Path::new(&config.region_path), &rc)
+            .map(|(r, outcome)| (r.with_tuning(config.tuning()), outcome))
+            .map_err(|e| e.to_string()),
     };
     let region = match opened {
         Ok((r, OpenOutcome::Created)) => {

@@ -993,6 +993,8 @@ pub(crate) mod tests {
             generation: 0,
             owner_died_recoveries: 0,
             reclaimed_slots: 0,
+            stale_lock_breaks: 0,
+            reserve_reclaims: 0,
             limits,
             limit_flags: [0; MAX_DEVICES],
             uuids: [[0; 16]; MAX_DEVICES],
@@ -1006,11 +1008,15 @@ pub(crate) mod tests {
         let mut usage = [[0u64; USAGE_KINDS]; MAX_DEVICES];
         usage[0][UsageKind::Context.index()] = ctx;
         usage[0][UsageKind::Data.index()] = data;
+        let mut charged = [0u64; MAX_DEVICES];
+        charged[0] = ctx + data;
         SlotSnapshot {
             index,
             pid,
             start_time: start,
             usage,
+            charged,
+            reserve: [0; MAX_DEVICES],
         }
     }
 

@@ -328,7 +328,9 @@ pub fn inspect_json(path: &str, s: &RegionSnapshot) -> Value {
                 "flags": s.limit_flags[d],
                 "config_invalid": s.config_invalid(d),
                 "uuid": format_uuid(&s.uuids[d]),
-                "used": s.used[d],
+                "used": s.used[d].saturating_sub(s.reserved(d)),
+                "reserved": s.reserved(d),
+                "admitted": s.used[d],
                 "accounted": s.accounted(d),
             })
         })
@@ -414,7 +416,7 @@ pub fn inspect_text(path: &str, s: &RegionSnapshot) -> String {
     for d in shown_devices(s) {
         let _ = writeln!(
             o,
-            "    {d}: limit {}{}, used {} ({} bytes), slots account {}{}",
+            "    {d}: limit {}{}, used {} ({} bytes), reserved {}, slots account {}{}",
             if s.limits[d] == 0 {
                 "unlimited".to_string()
             } else {
@@ -425,8 +427,9 @@ pub fn inspect_text(path: &str, s: &RegionSnapshot) -> String {
             } else {
                 ""
             },
-            human_bytes(s.used[d]),
-            s.used[d],
+            human_bytes(s.used[d].saturating_sub(s.reserved(d))),
+            s.used[d].saturating_sub(s.reserved(d)),
+            human_bytes(s.reserved(d)),
             human_bytes(s.accounted(d)),
             format_uuid(&s.uuids[d])
                 .map(|u| format!(", {u}"))

@@ -52,11 +52,15 @@ impl Region {
             return Err(deny(DenyReason::ReadOnly, 0, 0));
         }
         if self.h_flags(dev).load(Ordering::Relaxed) & LIMIT_FLAG_INVALID != 0 {
-            let (limit, used) = (self.limit(dev), self.used(dev));
+            let (limit, used) = (self.limit(dev), self.admitted(dev));
             return Err(deny(DenyReason::ConfigInvalid, limit, used));
         }
         if !self.holds(slot) {
-            return Err(deny(DenyReason::SlotLost, self.limit(dev), self.used(dev)));
+            return Err(deny(
+                DenyReason::SlotLost,
+                self.limit(dev),
+                self.admitted(dev),
+            ));
         }
         if bytes == 0 {
             return Ok(());
@@ -72,13 +76,17 @@ impl Region {
                 return Err(deny(
                     DenyReason::LockTimeout,
                     self.limit(dev),
-                    self.used(dev),
+                    self.admitted(dev),
                 ))
             }
             Err(_) => return Err(deny(DenyReason::LockFailed, 0, 0)),
         };
         if !self.holds(slot) {
-            return Err(deny(DenyReason::SlotLost, self.limit(dev), self.used(dev)));
+            return Err(deny(
+                DenyReason::SlotLost,
+                self.limit(dev),
+                self.admitted(dev),
+            ));
         }
         self.admit_locked(&g, slot.index(), dev, kind, bytes, true)
             .map_err(|used| deny(DenyReason::OverLimit, self.limit(dev), used))
@@ -285,9 +293,10 @@ impl Region {
         self.h_used(dev).load(Ordering::Relaxed)
     }
 
-    /// Bytes on `dev` that live allocations hold: the admitted total minus every slot's
-    /// unused reserve (what `cuMemGetInfo` reports as used). Scans the slot table.
-    pub fn in_use(&self, dev: usize) -> u64 {
+    /// Bytes on `dev` that live allocations hold (all processes): the admitted total minus
+    /// every slot's unused reserve; what `cuMemGetInfo` reports as used. Scans the slot
+    /// table up to its high-water mark; [`Region::admitted`] is the one-load figure.
+    pub fn used(&self, dev: usize) -> u64 {
         if dev >= MAX_DEVICES {
             return 0;
         }
@@ -297,7 +306,7 @@ impl Region {
             .fold(0u64, |a, i| {
                 a.saturating_add(self.s_reserve(i, dev).load(Ordering::Relaxed))
             });
-        self.used(dev).saturating_sub(reserved)
+        self.admitted(dev).saturating_sub(reserved)
     }
 
     /// Returns this process's reserves on every device to the pool and applies its pending

@@ -573,9 +573,10 @@ impl Region {
         self.h_flags(dev).load(Ordering::Relaxed)
     }
 
-    /// The admitted total on `dev` (all processes). Lock-free.
+    /// The admitted total on `dev` (all processes): their usage plus their unused
+    /// reserves; what admission compares with the limit. One atomic load.
     #[inline]
-    pub fn used(&self, dev: usize) -> u64 {
+    pub fn admitted(&self, dev: usize) -> u64 {
         if dev >= MAX_DEVICES {
             return 0;
         }

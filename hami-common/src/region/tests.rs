@@ -815,11 +815,11 @@ fn exact_under_threads_with(tuning: Tuning, dir: &str) {
     assert_eq!(snap.used[0], snap.charged(0));
     assert_eq!(snap.used[0], total + snap.reserved(0));
     assert_eq!(sum_slots(&snap, 0), total);
-    assert_eq!(r.in_use(0), total);
+    assert_eq!(r.used(0), total);
     for (s, _) in &results {
         r.settle(*s);
     }
-    assert_eq!(r.used(0), total, "settled: no reserve left");
+    assert_eq!(r.admitted(0), total, "settled: no reserve left");
     for (s, _) in results {
         r.unregister(s);
     }
@@ -1538,7 +1538,8 @@ fn reserves_are_taken_back_when_the_device_is_full() {
     let snap = r.snapshot();
     assert_eq!(snap.slot(a.index()).unwrap().reserve[0], 2 * MIB);
     assert_eq!(snap.used[0], 12 * MIB);
-    assert_eq!(r.in_use(0), 10 * MIB);
+    assert_eq!(r.used(0), 10 * MIB);
+    assert_eq!(r.admitted(0), 12 * MIB);
     // B fills the device exactly: A's unused reserve is taken back for it.
     r.try_charge(b, 0, UsageKind::Data, 54 * MIB).unwrap();
     let snap = r.snapshot();
@@ -1553,8 +1554,8 @@ fn reserves_are_taken_back_when_the_device_is_full() {
     );
     // A release goes to the releaser's reserve: it is still admitted, and anyone can get it.
     assert_eq!(r.uncharge(a, 0, UsageKind::Data, 3 * MIB), 3 * MIB);
-    assert_eq!(r.used(0), limit);
-    assert_eq!(r.in_use(0), limit - 3 * MIB);
+    assert_eq!(r.admitted(0), limit);
+    assert_eq!(r.used(0), limit - 3 * MIB);
     r.try_charge(b, 0, UsageKind::Data, 3 * MIB).unwrap();
     assert_eq!(r.snapshot().accounted(0), limit);
     // A reserve above twice the quantum is trimmed at release.

@@ -194,14 +194,15 @@ pub(super) fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<(
     let mut m = valid.clone();
     let off = core::mem::offset_of!(RegionHeader, lock);
     m[off..off + 4].copy_from_slice(&gone.to_le_bytes());
+    // Fixed: the preload marks such a word owner-died after 500 ms and recovers the region.
     cases.push(Case {
-        name: "lock word held by a thread that does not exist".into(),
+        name: "lock word held by a thread that does not exist (recovered)".into(),
         env: vec![],
         file: Some(m),
         prepare: None,
-        rc: 2,
-        says: "lock",
-        finding: Some("stale lock word: the first locker waits forever"),
+        rc: 0,
+        says: "",
+        finding: None,
     });
 
     let (mut passed, mut findings, mut slowest) = (0usize, 0usize, Duration::ZERO);
@@ -247,10 +248,11 @@ pub(super) fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<(
         };
         slowest = slowest.max(took);
         let says = out.stderr.to_lowercase().contains(&c.says.to_lowercase());
-        let kept = c
-            .file
-            .as_ref()
-            .is_none_or(|b| std::fs::read(&path).is_ok_and(|now| &now == b));
+        // A refused file is never modified; one the process may use (rc 0) is, by its use.
+        let kept = c.rc == 0
+            || c.file
+                .as_ref()
+                .is_none_or(|b| std::fs::read(&path).is_ok_and(|now| &now == b));
         let good = out.exited_cleanly && out.rc == Some(c.rc) && says && kept;
         if good {
             passed += 1;

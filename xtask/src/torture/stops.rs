@@ -151,6 +151,14 @@ pub(super) fn stopped(p: &Profile, load: &Path, rng: &mut Rng, r: &mut Report) -
         "stops: longest call of the others (ms)",
         format!("{:.1}", held_max_us as f64 / 1000.0),
     );
+    // The preload's lock timeout (HAMI_LOCK_TIMEOUT_MS, default 2000 ms) bounds every call;
+    // 1 s of slack for a loaded machine.
+    r.check(held_max_us <= 3_000_000, || {
+        format!(
+            "stops: a call waited {:.1} ms on the stopped lock holder (the lock timeout is 2000 ms)",
+            held_max_us as f64 / 1000.0
+        )
+    });
     r.figure(
         "stops: all resumed after SIGCONT within (ms)",
         resumed.map_or("never".into(), |d| format!("{:.1}", d.as_secs_f64() * 1e3)),

@@ -264,14 +264,22 @@ pub(super) fn settle_and_check(
             format!("{what}: pid {pid} holds {h} bytes, its slot says {d} of data and {p} of pools")
         });
     }
-    r.check(s.used[0] == sum_slots_all, || {
-        format!(
-            "{what}: used = {} but the active slots add up to {sum_slots_all}",
-            s.used[0]
-        )
-    });
+    // The header's admitted total is the slots' charges: their usage plus their unused
+    // admission reserves.
+    let reserved = s.reserved(0);
+    r.check(
+        s.used[0] == s.charged(0) && s.used[0] == sum_slots_all + reserved,
+        || {
+            format!(
+                "{what}: used = {} but the active slots are charged {} and add up to {sum_slots_all} + {reserved} reserved",
+                s.used[0],
+                s.charged(0)
+            )
+        },
+    );
     // Bytes lost (negative) or leaked (positive) beyond what the pools may keep reserved.
-    let diff = s.used[0] as i128 - sum_held as i128;
+    let in_use = s.used[0] - reserved;
+    let diff = in_use as i128 - sum_held as i128;
     let lost = if diff < 0 {
         diff
     } else {
@@ -279,14 +287,12 @@ pub(super) fn settle_and_check(
     };
     r.check(lost == 0, || {
         format!(
-            "{what}: region used {} vs {} held by the live processes (pools reserve {sum_pool})",
-            s.used[0], sum_held
+            "{what}: region used {in_use} vs {sum_held} held by the live processes (pools reserve {sum_pool})"
         )
     });
     println!(
-        "    {what}: {} live processes hold {sum_held} bytes, region used {} (pool reserve {sum_pool}; {} slots reclaimed at the end)",
+        "    {what}: {} live processes hold {sum_held} bytes, region used {in_use} (admission reserves {reserved}; pool reserve {sum_pool}; {} slots reclaimed at the end)",
         held.len(),
-        s.used[0],
         reclaimed
     );
     for w in workers.iter_mut() {
