@@ -11,6 +11,9 @@
 //!   uprobes sat on the fake driver's functions (an eBPF agent of another test on a shared
 //!   machine: microseconds per call) is discarded.
 //!   `HAMI_BENCH_SECONDS` (default 0.5) and `HAMI_BENCH_ROUNDS` (default 5) tune it.
+//!   The same rounds also run the preload with `HAMI_ADMISSION_RESERVE=0` (every admission
+//!   and release takes the region lock, as before admission reserves): a second table, the
+//!   baseline for the reserves measured in the same run.
 //! * cost of registering a process when 1000 slots are live.
 //!
 //! Run: `cargo bench -p hami-preload` (the test harness builds the fake driver, the preload
@@ -76,6 +79,7 @@ fn run(
     dir: &Path,
     procs: usize,
     secs: f64,
+    extra_env: &[(&str, &str)],
 ) -> Run {
     let (gate_r, gate_w) = std::io::pipe().unwrap();
     let mut kids: Vec<_> = (0..procs)
@@ -94,6 +98,7 @@ fn run(
             if let Some(p) = preload {
                 c.env("LD_PRELOAD", p);
             }
+            c.envs(extra_env.iter().copied());
             c.spawn().unwrap()
         })
         .collect();
@@ -230,13 +235,23 @@ fn main() {
         "procs", "cpu_without", "cpu_with", "added", "Mpairs/s_without", "Mpairs/s_with"
     );
     let probes = UprobeWatch::new(&libdir.join("libcuda.so.1"));
+    let mut locked_rows = Vec::new();
     for procs in [1usize, 8, 64] {
-        let (mut without, mut with) = (Vec::new(), Vec::new());
+        let (mut without, mut with, mut locked) = (Vec::new(), Vec::new(), Vec::new());
         let mut discarded = 0;
         while without.len() < rounds {
             let before = probes.seen();
-            let a = run(None, &libdir, &probe, &dir, procs, secs);
-            let b = run(Some(&preload), &libdir, &probe, &dir, procs, secs);
+            let a = run(None, &libdir, &probe, &dir, procs, secs, &[]);
+            let b = run(Some(&preload), &libdir, &probe, &dir, procs, secs, &[]);
+            let c = run(
+                Some(&preload),
+                &libdir,
+                &probe,
+                &dir,
+                procs,
+                secs,
+                &[("HAMI_ADMISSION_RESERVE", "0")],
+            );
             if before || probes.seen() {
                 discarded += 1;
                 if discarded <= MAX_DISCARDED {
@@ -245,25 +260,34 @@ fn main() {
             }
             without.push(a);
             with.push(b);
+            locked.push(c);
         }
         let overlaps: Vec<String> = without
             .iter()
             .chain(&with)
             .map(|r| format!("{:.0}%", r.overlap_ns / r.wall_ns * 100.0))
             .collect();
-        let cpu_without = median(without.iter().map(Run::cpu_per_pair));
-        let cpu_with = median(with.iter().map(Run::cpu_per_pair));
-        let added: Vec<f64> = without
-            .iter()
-            .zip(&with)
-            .map(|(a, b)| b.cpu_per_pair() - a.cpu_per_pair())
-            .collect();
-        let mps_without = median(without.iter().map(Run::mpairs_per_s));
-        let mps_with = median(with.iter().map(Run::mpairs_per_s));
-        println!(
-            "{procs:>6} {cpu_without:>12.1} {cpu_with:>12.1} {:>12.1} {mps_without:>15.2} {mps_with:>15.2}",
-            median(added.iter().copied())
-        );
+        let row = |with: &[Run]| {
+            let cpu_without = median(without.iter().map(Run::cpu_per_pair));
+            let cpu_with = median(with.iter().map(Run::cpu_per_pair));
+            let added: Vec<f64> = without
+                .iter()
+                .zip(with)
+                .map(|(a, b)| b.cpu_per_pair() - a.cpu_per_pair())
+                .collect();
+            let mps_without = median(without.iter().map(Run::mpairs_per_s));
+            let mps_with = median(with.iter().map(Run::mpairs_per_s));
+            (
+                format!(
+                    "{procs:>6} {cpu_without:>12.1} {cpu_with:>12.1} {:>12.1} {mps_without:>15.2} {mps_with:>15.2}",
+                    median(added.iter().copied())
+                ),
+                added,
+            )
+        };
+        let (line, added) = row(&with);
+        println!("{line}");
+        locked_rows.push(row(&locked).0);
         let spread: Vec<String> = added.iter().map(|a| format!("{a:.0}")).collect();
         println!("       (added per round: {})", spread.join(" "));
         println!(
@@ -280,6 +304,13 @@ fn main() {
                 }
             );
         }
+    }
+    println!(
+        "baseline of the same rounds: the preload with HAMI_ADMISSION_RESERVE=0 (the lock on \
+         every admission and release)"
+    );
+    for l in locked_rows {
+        println!("locked {l}");
     }
 
     // Registration with 1000 live slots.

@@ -319,21 +319,23 @@ fn figure(text: &str, prefix: &str) -> Option<f64> {
         })
 }
 
-/// The region bench's contended line for `procs`: (ns per pair seen by each process, million
-/// pairs per second in total).
-fn contended(text: &str, procs: u32) -> Option<(f64, f64)> {
-    let prefix = format!("contended, {procs:>2} processes:");
+/// The region bench's contended line for `procs` (`label`: "" for the lock on every
+/// admission, " with reserves"): (ns per pair seen by each process, million pairs per second
+/// in total, CPU ns per pair over all processes).
+fn contended(text: &str, procs: u32, label: &str) -> Option<(f64, f64, f64)> {
+    let prefix = format!("contended, {procs:>2} processes{label}:");
     let line = text
         .lines()
         .map(str::trim_start)
         .find(|l| l.starts_with(&prefix))?;
     let ns = figure(line, &prefix)?;
-    let total = line
-        .split(',')
-        .find(|part| part.contains("M pairs/s"))?
-        .split_whitespace()
-        .find_map(|t| t.parse().ok())?;
-    Some((ns, total))
+    let part = |what: &str| -> Option<f64> {
+        line.split(',')
+            .find(|part| part.contains(what))?
+            .split_whitespace()
+            .find_map(|t| t.parse().ok())
+    };
+    Some((ns, part("M pairs/s")?, part("CPU ns per pair")?))
 }
 
 /// `key=value` figure of the probes bench.
@@ -342,9 +344,15 @@ fn kv(text: &str, key: &str) -> Option<f64> {
 }
 
 /// A row of the preload bench's table: `procs cpu_without cpu_with added mpairs_without
-/// mpairs_with` (CPU ns per pair over all processes, million pairs per second in total).
-fn preload_row(text: &str, procs: u32) -> Option<[f64; 5]> {
+/// mpairs_with` (CPU ns per pair over all processes, million pairs per second in total);
+/// with `prefix` "locked", the same row of the baseline table (`HAMI_ADMISSION_RESERVE=0`).
+fn preload_row(text: &str, procs: u32, prefix: &str) -> Option<[f64; 5]> {
     text.lines().find_map(|l| {
+        let l = if prefix.is_empty() {
+            l
+        } else {
+            l.trim_start().strip_prefix(prefix)?
+        };
         let v: Vec<f64> = l
             .split_whitespace()
             .map(|t| t.parse::<f64>())
@@ -373,8 +381,12 @@ fn summarize(
 
     for procs in [1u32, 8, 64] {
         let [without, with, added, mps_without, mps_with] = need(
-            preload_row(preload, procs),
+            preload_row(preload, procs, ""),
             &format!("{procs} processes (preload bench)"),
+        )?;
+        let [_, _, added_locked, _, _] = need(
+            preload_row(preload, procs, "locked"),
+            &format!("{procs} processes, HAMI_ADMISSION_RESERVE=0 (preload bench)"),
         )?;
         let target = match procs {
             1 => "< 100 ns added",
@@ -382,7 +394,7 @@ fn summarize(
         };
         writeln!(
             s,
-            "| `cuMemAlloc_v2`+`cuMemFree_v2` pair, {procs} process{} on one region, CPU ns per pair: without / with preload / **added** (pairs/s of all processes: without / with) | {without:.1} / {with:.1} / **{added:+.1} ns** ({mps_without:.2} / {mps_with:.2} M/s) | {target} |",
+            "| `cuMemAlloc_v2`+`cuMemFree_v2` pair, {procs} process{} on one region, CPU ns per pair: without / with preload / **added** (pairs/s of all processes: without / with); added with `HAMI_ADMISSION_RESERVE=0` (lock on every admission) in the same rounds | {without:.1} / {with:.1} / **{added:+.1} ns** ({mps_without:.2} / {mps_with:.2} M/s); locked: {added_locked:+.1} ns | {target} |",
             if procs == 1 { "" } else { "es" }
         )?;
     }
@@ -410,26 +422,36 @@ fn summarize(
         s,
         "| region `try_charge`+`uncharge` pair, 1 thread | **{charge:.1} ns** | |"
     )?;
-    let mut per = Vec::new();
-    let mut total = Vec::new();
-    for procs in [1, 8, 64] {
-        let (ns, mps) = need(
-            contended(region, procs),
-            &format!("contended {procs} (region bench)"),
+    for (label, what) in [
+        ("", "lock on every admission"),
+        (
+            " with reserves",
+            "admission reserves (the preload's default)",
+        ),
+    ] {
+        let mut per = Vec::new();
+        let mut total = Vec::new();
+        let mut cpu = Vec::new();
+        for procs in [1, 8, 64] {
+            let (ns, mps, c) = need(
+                contended(region, procs, label),
+                &format!("contended {procs}{label} (region bench)"),
+            )?;
+            per.push(ns);
+            total.push(mps);
+            cpu.push(c);
+        }
+        writeln!(
+            s,
+            "| region charge+uncharge pair, {what}, 1 / 8 / 64 processes contending: CPU ns per pair over all processes | **{:.1} / {:.1} / {:.1} ns** | contended within 1.2x of 1 process |",
+            cpu[0], cpu[1], cpu[2]
         )?;
-        per.push(ns);
-        total.push(mps);
+        writeln!(
+            s,
+            "| same, ns per pair seen by each (wall clock) / pairs per second of all processes together | {:.1} / {:.1} / {:.1} ns; {:.1} / {:.1} / {:.1} M/s | |",
+            per[0], per[1], per[2], total[0], total[1], total[2]
+        )?;
     }
-    writeln!(
-        s,
-        "| region charge+uncharge pair, 1 / 8 / 64 processes contending: ns per pair seen by each | {:.1} / {:.1} / {:.1} ns | flat |",
-        per[0], per[1], per[2]
-    )?;
-    writeln!(
-        s,
-        "| same, pairs per second of all processes together | {:.1} / {:.1} / {:.1} M/s | flat |",
-        total[0], total[1], total[2]
-    )?;
 
     let base = need(
         kv(probes, "ns_per_pair_without_probes"),
@@ -489,9 +511,12 @@ mod tests {
 
     const REGION: &str = "shared-region benchmark (2 cores)
 try_charge+uncharge pair, 1 thread:            41.3 ns
-contended,  1 processes:     45.0 ns per pair seen by each process,   22.1 M pairs/s in total, region used after: 0
-contended,  8 processes:    310.2 ns per pair seen by each process,    6.0 M pairs/s in total, region used after: 0
-contended, 64 processes:   2900.5 ns per pair seen by each process,    5.0 M pairs/s in total, region used after: 0
+contended,  1 processes:     45.0 ns per pair seen by each process,   22.1 M pairs/s in total,   44.0 CPU ns per pair, region used after: 0
+contended,  8 processes:    310.2 ns per pair seen by each process,    6.0 M pairs/s in total,  150.0 CPU ns per pair, region used after: 0
+contended, 64 processes:   2900.5 ns per pair seen by each process,    5.0 M pairs/s in total,  250.0 CPU ns per pair, region used after: 0
+contended,  1 processes with reserves:     40.0 ns per pair seen by each process,   24.0 M pairs/s in total,   40.0 CPU ns per pair, region used after: 0
+contended,  8 processes with reserves:    170.0 ns per pair seen by each process,   45.0 M pairs/s in total,   42.0 CPU ns per pair, region used after: 0
+contended, 64 processes with reserves:   1300.0 ns per pair seen by each process,   51.0 M pairs/s in total,   41.0 CPU ns per pair, region used after: 0
 register+unregister with 1000 live slots:      3.25 us
 ";
     const PRELOAD: &str =
@@ -501,6 +526,10 @@ cpu = CPU ns (user+sys) per pair over all processes ...; Mpairs/s = pairs of all
      1        250.0        300.5         50.5           4.00            3.33
      8        900.0       1000.0        100.0           2.22            2.00
     64       9000.0       9500.0        500.0           0.22            0.21
+baseline of the same rounds: the preload with HAMI_ADMISSION_RESERVE=0
+locked      1        250.0        340.0         90.0           4.00            3.00
+locked      8        900.0       1150.0        250.0           2.22            1.80
+locked     64       9000.0       9700.0        700.0           0.22            0.20
 register+unregister with 1000 live slots: 12.5 us
 ";
     const PROBES: &str = "pairs_per_process=200000
@@ -521,18 +550,26 @@ rss_kib_with_probes=9000
             figure(REGION, "try_charge+uncharge pair, 1 thread:"),
             Some(41.3)
         );
-        assert_eq!(contended(REGION, 8), Some((310.2, 6.0)));
-        assert_eq!(contended(REGION, 64), Some((2900.5, 5.0)));
-        assert_eq!(contended(REGION, 2), None);
+        assert_eq!(contended(REGION, 8, ""), Some((310.2, 6.0, 150.0)));
+        assert_eq!(contended(REGION, 64, ""), Some((2900.5, 5.0, 250.0)));
+        assert_eq!(
+            contended(REGION, 8, " with reserves"),
+            Some((170.0, 45.0, 42.0))
+        );
+        assert_eq!(contended(REGION, 2, ""), None);
         assert_eq!(
             figure(REGION, "register+unregister with 1000 live slots:"),
             Some(3.25)
         );
         assert_eq!(
-            preload_row(PRELOAD, 8),
+            preload_row(PRELOAD, 8, ""),
             Some([900.0, 1000.0, 100.0, 2.22, 2.0])
         );
-        assert_eq!(preload_row(PRELOAD, 2), None);
+        assert_eq!(
+            preload_row(PRELOAD, 8, "locked"),
+            Some([900.0, 1150.0, 250.0, 2.22, 1.8])
+        );
+        assert_eq!(preload_row(PRELOAD, 2, ""), None);
         assert_eq!(kv(PROBES, "events_dropped"), Some(0.0));
         assert_eq!(kv(PROBES, "added_ns_per_pair"), Some(1000.5));
         assert_eq!(kv(PROBES, "nothing"), None);
@@ -556,8 +593,10 @@ rss_kib_with_probes=9000
             "**12.5 µs**",
             "3.25 µs",
             "**41.3 ns**",
-            "45.0 / 310.2 / 2900.5 ns",
-            "22.1 / 6.0 / 5.0 M/s",
+            "45.0 / 310.2 / 2900.5 ns; 22.1 / 6.0 / 5.0 M/s",
+            "**44.0 / 150.0 / 250.0 ns**",
+            "**40.0 / 42.0 / 41.0 ns**",
+            "locked: +250.0 ns",
             "**+1000.5 ns**",
             "**1200000 events/s**",
             "**80 events/s**, 40 events, 0 dropped",
