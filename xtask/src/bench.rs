@@ -147,6 +147,20 @@ struct AgentLoad {
     seconds: f64,
     rss_idle_kib: u64,
     rss_peak_kib: u64,
+    /// The agent's CPU time (user + system) while it consumed the load, ms.
+    cpu_ms: f64,
+}
+
+/// A process's CPU time (user + system) from `/proc/<pid>/stat`, ms.
+fn cpu_ms(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces): state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some(ticks * 1000.0 / hz)
 }
 
 /// Starts the release `hami-agent run` on the fake driver the probes bench laid out, runs one
@@ -207,6 +221,7 @@ fn agent_load(root: &Path, target: &Path) -> Result<AgentLoad> {
     let rss_idle_kib = status_kib(pid, "VmRSS:").unwrap_or(0);
     let m0 = agent.metrics()?;
     let (ev0, drop0) = (sum_metric(&m0, "hami_events_total"), dropped(&m0));
+    let cpu0 = cpu_ms(pid).unwrap_or(0.0);
 
     let processes = std::thread::available_parallelism().map_or(2, |n| n.get());
     let t0 = Instant::now();
@@ -250,7 +265,9 @@ fn agent_load(root: &Path, target: &Path) -> Result<AgentLoad> {
         std::thread::sleep(Duration::from_millis(20));
     };
     let rss_peak_kib = status_kib(pid, "VmHWM:").unwrap_or(0);
+    let cpu = cpu_ms(pid).unwrap_or(cpu0) - cpu0;
     let load = AgentLoad {
+        cpu_ms: cpu,
         processes,
         pairs_per_process: LOAD_PAIRS,
         events,
@@ -479,6 +496,13 @@ fn summarize(
     )?;
     writeln!(
         s,
+        "| `hami-agent run` CPU: per 100k events/s (share of one core), over that load | **{:.1} %** ({:.0} ms CPU for {} events) | |",
+        load.cpu_ms / 1000.0 * 100_000.0 / load.events.max(1) as f64 * 100.0,
+        load.cpu_ms,
+        load.events
+    )?;
+    writeln!(
+        s,
         "| `hami-agent run` RSS: idle / peak under that load | {:.1} / **{:.1} MiB** | |",
         load.rss_idle_kib as f64 / 1024.0,
         load.rss_peak_kib as f64 / 1024.0
@@ -545,6 +569,13 @@ rss_kib_with_probes=9000
 ";
 
     #[test]
+    fn cpu_time_of_a_process_is_read() {
+        let t = cpu_ms(std::process::id()).unwrap();
+        assert!(t >= 0.0);
+        assert_eq!(cpu_ms(u32::MAX), None);
+    }
+
+    #[test]
     fn figures_are_parsed_from_each_bench() {
         assert_eq!(
             figure(REGION, "try_charge+uncharge pair, 1 thread:"),
@@ -585,12 +616,14 @@ rss_kib_with_probes=9000
             seconds: 0.5,
             rss_idle_kib: 10240,
             rss_peak_kib: 20480,
+            cpu_ms: 100.0,
         };
         let s = summarize("ctx", REGION, PRELOAD, PROBES, &load).unwrap();
         for want in [
             "**+50.5 ns**",
             "**+500.0 ns** (0.22 / 0.21 M/s)",
             "**12.5 µs**",
+            "**25000.0 %** (100 ms CPU for 40 events)",
             "3.25 µs",
             "**41.3 ns**",
             "45.0 / 310.2 / 2900.5 ns; 22.1 / 6.0 / 5.0 M/s",
