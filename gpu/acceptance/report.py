@@ -1,0 +1,177 @@
+"""The human report, results.md: the standard table, the two-process check, benchmarks, the
+physical group's table, notes.
+
+Pure: a function of the results dict that results.json holds (re-rendering a stored
+results.json gives its results.md; gpu/test_acceptance.py checks that on gpu/results/).
+"""
+
+import json
+
+from .spec import (CHECK_TITLES, CHECKS, GIB, MIB, PHYS_CHECK_TITLES, PHYS_CHECKS,
+                   PHYS_ROW_TITLES, PHYS_ROWS, WORKLOADS)
+
+
+def md(text, n=300):
+    """One markdown table/list-safe line."""
+    s = " ".join(str(text).split()).replace("|", "/")
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def _gib(b):
+    """Bytes as GiB with two decimals, "?" when unknown."""
+    return "?" if b is None else f"{b / GIB:.2f} GiB"
+
+
+def _mib(b):
+    """Bytes as whole MiB, "?" when unknown."""
+    return "?" if b is None else f"{b / MIB:.0f} MiB"
+
+
+def short_figure(c):
+    """A few words of evidence for a standard cell in the table."""
+    f = c.get("figures", {})
+    ch = c["check"]
+    try:
+        if ch == "native":
+            return f"total {_gib(f.get('total'))}"
+        if ch == "enforced":
+            return f"granted {_mib(f.get('fill_granted'))}"
+        if ch == "virtualised":
+            return f"{_gib(f.get('meminfo_total'))}, smi {f.get('nvidia_smi_total_mib')} MiB"
+        if ch == "observed":
+            return f"{_mib(f.get('observed_bytes'))} vs {_mib(f.get('framework_bytes'))}"
+        if ch == "bypass":
+            lat = f.get("latency_s")
+            return "?" if lat is None else f"{lat:.3f} s"
+    except (TypeError, ValueError):
+        pass
+    return ""
+
+
+def phys_short_figure(c):
+    """A few words of evidence for a physical-group cell in the table."""
+    f = c.get("figures", {}) or {}
+    ch, row = c["check"], c["workload"]
+    if c["status"] == "skipped":
+        return ""
+    if ch == "preload" and row == "pool":
+        b = f.get("b_grab") or {}
+        got = "granted" if b.get("ok") == "1" else b.get("kind", "?")
+        return f"B {got}; smi max {f.get('smi_max_sum_mib', '?')} MiB"
+    if ch == "preload":
+        return f"{f.get('outcome', '?')}; smi {f.get('smi_mib', '?')} MiB"
+    if ch.startswith("agent"):
+        kinds = f.get("flagged_as") or sorted({x.get("kind") for x in f.get("findings", [])
+                                               if x.get("kind")})
+        return ",".join(kinds) if kinds else "no finding"
+    if ch == "audit":
+        return f"rc {f.get('audit_rc')}, verdict {f.get('verdict')}"
+    return ""
+
+
+def render_physical(ph):
+    """The physical group's table (rows: escape paths; columns: what must catch them)."""
+    out = ["", "## Device memory by other paths (physical group, issue 8)", ""]
+    s = ph.get("summary", {})
+    out.append(f"- blind preload: {ph.get('blind_preload') or 'none given (blind cells skipped)'}")
+    out.append(f"- cells: {s.get('pass', 0)} pass, {s.get('fail', 0)} fail, "
+               f"{s.get('error', 0)} error, {s.get('skipped', 0)} skipped (of {s.get('total', 0)})")
+    out.append("")
+    out.append("| escape path | " + " | ".join(PHYS_CHECK_TITLES[c] for c in PHYS_CHECKS) + " |")
+    out.append("|---" * (len(PHYS_CHECKS) + 1) + "|")
+    by = {(c["workload"], c["check"]): c for c in ph.get("cells", [])}
+    for row in ph.get("rows") or PHYS_ROWS:
+        cols = [f"{row}: {PHYS_ROW_TITLES[row]}"]
+        for ch in PHYS_CHECKS:
+            c = by.get((row, ch))
+            if c is None:
+                cols.append("-")
+            else:
+                fig = md(phys_short_figure(c), 80)
+                cols.append(c["status"].upper() + (f" ({fig})" if fig else ""))
+        out.append("| " + " | ".join(cols) + " |")
+    bad = [c for c in ph.get("cells", []) if c["status"] != "pass"]
+    if bad:
+        out += ["", "Cells not green:", ""]
+        for c in bad:
+            out.append(f"- {c['workload']} / {c['check']}: {c['status']}: {md(c['reason'], 500)}")
+    return out
+
+
+def _render_standard(results, s):
+    """The 6 workloads x (native + 4 checks) table and its cells not green."""
+    out = [f"- cells: {s.get('pass', 0)} pass, {s.get('fail', 0)} fail, "
+           f"{s.get('error', 0)} error, {s.get('skipped', 0)} skipped (of {s.get('total', 0)})",
+           ""]
+    cols = ["native"] + CHECKS
+    out.append("| workload | " + " | ".join(CHECK_TITLES[c] for c in cols) + " |")
+    out.append("|---" * (len(cols) + 1) + "|")
+    by = {(c["workload"], c["check"]): c for c in results.get("cells", [])}
+    for wl in WORKLOADS:
+        row = [wl["name"]]
+        for ch in cols:
+            c = by.get((wl["name"], ch))
+            if c is None:
+                row.append("-")
+            else:
+                fig = short_figure(c)
+                row.append(c["status"].upper() + (f" ({fig})" if fig else ""))
+        out.append("| " + " | ".join(row) + " |")
+    bad = [c for c in results.get("cells", []) if c["status"] != "pass"]
+    if bad:
+        out += ["", "## Cells not green", ""]
+        for c in bad:
+            out.append(f"- {c['workload']} / {c['check']}: {c['status']}: {md(c['reason'])}")
+    return out
+
+
+def render_markdown(results):
+    """The human table: 6 workloads x (native + 4 checks), two-process check, benchmarks."""
+    out = ["# hami-rs acceptance on a real GPU", ""]
+    meta = results.get("meta", {})
+    env = results.get("env", {})
+    out.append(f"- started: {meta.get('started')}, elapsed: {meta.get('elapsed_s')} s, "
+               f"quota: {meta.get('quota_mb')} MiB")
+    for k in ("gpu", "driver", "torch", "cupy", "glibc", "nvcc"):
+        if env.get(k):
+            out.append(f"- {k}: {env[k]}")
+    s = results.get("summary", {})
+    standard = bool(results.get("cells")) or not results.get("physical")
+    if standard:
+        out += _render_standard(results, s)
+    tp = results.get("two_process")
+    if tp:
+        out += ["", "## Two preloaded processes, one quota", ""]
+        out.append(f"- status: {tp.get('status', '?').upper()} {md(tp.get('reason', ''))}")
+        for k in ("workload", "grants", "region", "inspect", "nvml_mib", "nvml_sum_mib", "limit_mib"):
+            if k in tp:
+                out.append(f"- {k}: `{md(json.dumps(tp[k]), 600)}`")
+    bench = results.get("bench", {})
+    if bench and (bench.get("pair") or bench.get("train")):
+        out += ["", "## Benchmarks", ""]
+        pair = bench.get("pair", {})
+        if pair:
+            out.append("cuMemAlloc_v2 + cuMemFree_v2, 1 MiB, ns per pair (median of rounds):")
+            out.append("")
+            out.append("| setup | median ns | min ns | cudaprobe --via procaddr ns | note |")
+            out.append("|---|---|---|---|---|")
+            for k, v in pair.items():
+                out.append(f"| {k} | {v.get('median_ns', '?')} | {v.get('min_ns', '?')} | "
+                           f"{v.get('cudaprobe_procaddr_ns', '-')} | "
+                           f"{md(v.get('error', ''), 120)} |")
+        train = bench.get("train", {})
+        if train:
+            out.append("")
+            out.append("Training step (transformer encoder, 4 layers, d=256, batch 32x128, 200 steps):")
+            out.append("")
+            out.append("| setup | ms/step | loss first -> last | note |")
+            out.append("|---|---|---|---|")
+            for k, v in train.items():
+                out.append(f"| {k} | {v.get('ms_per_step', '?')} | {v.get('loss_first', '?')} -> "
+                           f"{v.get('loss_last', '?')} | {md(v.get('error', ''), 120)} |")
+    if results.get("physical"):
+        out += render_physical(results["physical"])
+    notes = results.get("notes", [])
+    if notes:
+        out += ["", "## Notes", ""] + [f"- {md(n)}" for n in notes]
+    return "\n".join(out) + "\n"

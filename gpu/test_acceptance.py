@@ -1,0 +1,335 @@
+"""Unit tests of the pure package gpu/acceptance/ (no GPU, no subprocess): parsing, the region
+file's bytes, the standard group's evaluation, the report, and re-evaluation of the real
+H200 results committed in gpu/results/.
+
+    python3 -m unittest gpu/test_acceptance.py -v     (also run through gpu/test_runner.py)
+"""
+
+import json
+import os
+import struct
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from acceptance import evaluate, parse, region, report, spec  # noqa: E402
+
+MIB = 1 << 20
+GIB = 1 << 30
+QUOTA = 4 * GIB
+TORCH = spec.WORKLOADS[0]
+CUDA = spec.WORKLOADS[4]
+
+
+class ParseLine(unittest.TestCase):
+    def test_protocol_line(self):
+        self.assertEqual(parse.parse_line("MEMINFO free=1 total=2\n"),
+                         ("MEMINFO", {"free": "1", "total": "2"}))
+        self.assertEqual(parse.parse_line("OOM_OK kind=OutOfMemoryError"),
+                         ("OOM_OK", {"kind": "OutOfMemoryError"}))
+
+    def test_noise_is_not_a_tag(self):
+        self.assertEqual(parse.parse_line("/usr/lib/python3/warnings.py:1: UserWarning: x"), (None, {}))
+        self.assertEqual(parse.parse_line(""), (None, {}))
+        self.assertEqual(parse.parse_line("hami: warning: something"), (None, {}))
+
+    def test_find_tag_first(self):
+        lines = ["noise", "HOLDING bytes=5", "HOLDING bytes=6"]
+        self.assertEqual(parse.find_tag(lines, "HOLDING"), {"bytes": "5"})
+        self.assertIsNone(parse.find_tag(lines, "DONE"))
+
+
+class Audit(unittest.TestCase):
+    DOC = {
+        "processes": [
+            {"pid": 10, "hooked": True, "observed_bytes": 1 * GIB, "accounted_bytes": GIB,
+             "verdict": "ok"},
+            {"pid": 11, "hooked": False, "observed_bytes": 2 * GIB, "accounted_bytes": 0,
+             "verdict": "bypass"},
+        ],
+        "findings": [{"kind": "bypass", "reason": "no_preload", "pid": 11, "bytes": 2 * GIB}],
+    }
+
+    def test_assumed_format(self):
+        a = parse.parse_audit_json(json.dumps(self.DOC))
+        self.assertEqual(a["processes"][10]["observed_bytes"], GIB)
+        self.assertTrue(a["processes"][10]["hooked"])
+        self.assertEqual(a["findings"][0]["kind"], "bypass")
+        self.assertTrue(parse.audit_bypass_for(a, 11))
+        self.assertFalse(parse.audit_bypass_for(a, 10))
+        self.assertFalse(parse.audit_bypass_for(a, 12))
+
+    def test_json_lines_last_object_wins(self):
+        text = "starting\n" + json.dumps({"processes": [], "findings": []}) + "\n" + json.dumps(self.DOC)
+        a = parse.parse_audit_json(text)
+        self.assertIn(11, a["processes"])
+
+    def test_kind_spelling_and_data_split(self):
+        doc = {"processes": [{"pid": "7", "observed": 5, "observed_by_kind": {"data": 4}}],
+               "findings": [{"kind": "Leaked-Slot", "pid": None, "bytes": 1}]}
+        a = parse.parse_audit_json(json.dumps(doc))
+        self.assertEqual(a["processes"][7]["observed_data_bytes"], 4)
+        self.assertEqual(a["findings"][0]["kind"], "leaked_slot")
+
+    def test_agent_rs_shape(self):
+        """The shape hami-user/src/agent.rs (ProcessRow) and findings.rs serialise."""
+        doc = {"version": 1, "seconds": 6.0,
+               "processes": [{"pid": 9, "comm": "python3", "hooked": None, "observed": GIB,
+                              "accounted": None, "verdict": "bypass,drift"}],
+               "findings": [{"kind": "bypass", "reason": "no_preload", "pid": 9,
+                             "bytes": GIB, "standing": True}], "failed": True}
+        a = parse.parse_audit_json(json.dumps(doc))
+        self.assertEqual(a["processes"][9]["observed_bytes"], GIB)
+        self.assertIsNone(a["processes"][9]["hooked"])
+        self.assertTrue(parse.audit_bypass_for(a, 9))
+        doc["findings"] = []
+        self.assertTrue(parse.audit_bypass_for(parse.parse_audit_json(json.dumps(doc)), 9))
+        self.assertTrue(parse.verdict_has("drift, bypass", "bypass"))
+        self.assertFalse(parse.verdict_has("ok", "bypass"))
+        self.assertFalse(parse.verdict_has(None, "bypass"))
+
+    def test_audit_ready_line(self):
+        self.assertTrue(parse.audit_says_ready("INFO probes Attached to /lib/libcuda.so.1\n"))
+        self.assertFalse(parse.audit_says_ready("INFO loading eBPF\n"))
+
+    def test_garbage_raises(self):
+        with self.assertRaises(ValueError):
+            parse.parse_audit_json("error: not root")
+        with self.assertRaises(ValueError):
+            parse.parse_audit_json("[1, 2]")
+
+
+class Metrics(unittest.TestCase):
+    TEXT = """# HELP hami_findings_total findings
+# TYPE hami_findings_total counter
+hami_findings_total{kind="bypass",pid="42",container="a,b"} 1
+hami_findings_total{kind="drift",pid="42"} 3
+hami_findings_total{kind="bypass",pid="43"} 2
+hami_observed_bytes{pid="42",kind="data"} 1.073741824e+09
+hami_events_total 12345
+"""
+
+    def test_parse(self):
+        s = parse.parse_prometheus(self.TEXT)
+        self.assertIn(("hami_events_total", {}, 12345.0), s)
+        self.assertEqual(s[0][1], {"kind": "bypass", "pid": "42", "container": "a,b"})
+
+    def test_bypass_counts(self):
+        s = parse.parse_prometheus(self.TEXT)
+        self.assertEqual(parse.metrics_bypass_count(s), 3.0)
+        self.assertEqual(parse.metrics_bypass_count(s, 42), 1.0)
+        self.assertEqual(parse.metrics_bypass_count(s, 44), 0.0)
+        self.assertEqual(parse.metrics_for_pid(s, 42)["hami_observed_bytes{kind=data}"], float(GIB))
+
+    def test_agent_metric_names(self):
+        """hami-user/src/metrics.rs: the counter wins over the standing gauge."""
+        text = ('hami_findings{kind="bypass"} 0\n'
+                'hami_findings_total{kind="bypass"} 4\n'
+                'hami_findings_total{kind="drift"} 9\n'
+                'hami_process_observed_bytes{container="/",hooked="false",pid="77"} 1073741824\n')
+        s = parse.parse_prometheus(text)
+        self.assertEqual(parse.metrics_bypass_count(s), 4.0)
+        self.assertEqual(parse.metrics_observed_for_pid(s, 77), (GIB, False))
+        self.assertEqual(parse.metrics_observed_for_pid(s, 78), (None, None))
+
+
+def make_region(limit, used, slots, version=2):
+    """Bytes of a region as hami-common/src/layout.rs lays it out (version 1 or 2)."""
+    slot_size = region.region_slot_size(version)
+    total = region.REGION_HEADER_SIZE + region.REGION_MAX_SLOTS * slot_size
+    b = bytearray(total)
+    b[0:8] = region.REGION_MAGIC
+    struct.pack_into("<IIQ", b, 8, version, region.REGION_HEADER_SIZE, total)
+    struct.pack_into("<Q", b, 136, limit)
+    struct.pack_into("<Q", b, 584, used)
+    for i, (pid, ctx, data, *rest) in slots.items():
+        off = region.REGION_HEADER_SIZE + i * slot_size
+        struct.pack_into("<IIQ", b, off, pid, 1, 99)
+        struct.pack_into("<QQQ", b, off + 16, ctx, 0, data)
+        if rest:
+            struct.pack_into("<Q", b, off + 16 + 24, rest[0])
+    return bytes(b)
+
+
+class Region(unittest.TestCase):
+    def test_decode(self):
+        r = region.read_region_bytes(make_region(QUOTA, 3 * GIB + 600 * MIB,
+                                             {0: (100, 300 * MIB, 3 * GIB), 5: (101, 300 * MIB, 0)}))
+        self.assertEqual(r["limits"][0], QUOTA)
+        self.assertEqual(r["used"][0], 3 * GIB + 600 * MIB)
+        self.assertEqual([s["pid"] for s in r["slots"]], [100, 101])
+        self.assertEqual(r["slots"][0]["usage"]["data"], 3 * GIB)
+        self.assertEqual(r["slots"][1]["slot"], 5)
+
+    def test_decode_v2_pool_and_v1(self):
+        r = region.read_region_bytes(make_region(QUOTA, 0, {2: (7, MIB, 2 * MIB, 3 * GIB)}))
+        self.assertEqual(r["slots"][0]["usage"]["pool"], 3 * GIB)
+        self.assertEqual(r["slots"][0]["total"], 3 * GIB + 3 * MIB)
+        r = region.read_region_bytes(make_region(QUOTA, 0, {2: (7, MIB, 2 * MIB)}, version=1))
+        self.assertEqual(r["slots"][0]["usage"], {"context": MIB, "module": 0, "data": 2 * MIB})
+
+    def test_rejects_other_layouts(self):
+        good = make_region(1, 0, {})
+        with self.assertRaises(ValueError):
+            region.read_region_bytes(b"XXXXXXXX" + good[8:])
+        bad_version = bytearray(good)
+        struct.pack_into("<I", bad_version, 8, 3)
+        with self.assertRaises(ValueError):
+            region.read_region_bytes(bytes(bad_version))
+        with self.assertRaises(ValueError):
+            region.read_region_bytes(good[:2000])
+
+    def test_layout_constants_match_rust(self):
+        """The offsets above are derived from layout.rs; fail loudly if its shape changes."""
+        src = os.path.join(os.path.dirname(HERE), "hami-common", "src", "layout.rs")
+        with open(src) as f:  # the test runs in a repository checkout, not in the bundle
+            text = f.read()
+        self.assertIn("pub const MAX_DEVICES: usize = 16;", text)
+        self.assertIn("pub const MAX_SLOTS: usize = 1024;", text)
+        self.assertIn("pub const LOCK_BYTES: usize = 64;", text)
+        # Header fields after `used`: boot_id (16 bytes) + reserved u64s = 256 bytes.
+        import re
+        boot = 16 if "pub boot_id: [u8; 16]," in text else 0
+        m = re.search(r"pub _reserved: \[u64; (\d+)\]", text)
+        self.assertIsNotNone(m)
+        self.assertEqual(boot + 8 * int(m.group(1)), region.REGION_HEADER_SIZE - 712)
+        v = re.search(r"pub const VERSION: u32 = (\d+);", text)
+        self.assertIsNotNone(v)
+        version = int(v.group(1))
+        self.assertIn(version, region.REGION_USAGE_KINDS, "the runner cannot read this layout")
+        k = re.search(r"pub const USAGE_KINDS: usize = (\d+);", text)
+        self.assertEqual(int(k.group(1)), len(region.REGION_USAGE_KINDS[version]))
+
+
+class Cudaprobe(unittest.TestCase):
+    def test_bench_line(self):
+        out = ("pid=5 via=procaddr device=0\nop=init rc=0 name=CUDA_SUCCESS\n"
+               "op=bench-pair n=500 size=1048576 ns_per_pair=9000.0 failures=0 rc=0 name=CUDA_SUCCESS\n"
+               "op=bench-pair n=10000 size=1048576 ns_per_pair=8123.5 failures=0 rc=0 name=CUDA_SUCCESS\n")
+        self.assertEqual(parse.parse_cudaprobe_bench(out), 8123.5)
+        self.assertIsNone(parse.parse_cudaprobe_bench(
+            "op=bench-pair n=1 size=1 ns_per_pair=5.0 failures=1 rc=2 name=CUDA_ERROR_OUT_OF_MEMORY"))
+
+
+class Smi(unittest.TestCase):
+    def test_compute_apps(self):
+        self.assertEqual(parse.parse_compute_apps("100, 3584\n101, 512 MiB\nbad\n"),
+                         {100: 3584, 101: 512})
+        self.assertEqual(parse.parse_compute_apps("No running processes found"), {})
+
+    def test_memory(self):
+        self.assertEqual(parse.parse_smi_memory("4096, 12\n"), (4096, 12))
+        self.assertEqual(parse.parse_smi_memory("4096 MiB, 12 MiB"), (4096, 12))
+        self.assertEqual(parse.parse_smi_memory("NVIDIA-SMI has failed"), (None, None))
+
+
+ENFORCE_OK = [
+    "MEMINFO free=4000000000 total=4294967296",
+    "BIG_OOM ok=1 kind=OutOfMemoryError",
+    "FILL granted=3758096384 oom=1 kind=OutOfMemoryError figure=3758096384",
+    "FREED figure=0",
+    "RECOVERED_OK bytes=1073741824",
+    "COMPUTE_OK",
+    "OOM_OK kind=OutOfMemoryError",
+    "DONE rc=0",
+]
+
+
+class Evaluate(unittest.TestCase):
+    def test_enforced_pass(self):
+        st, why, figs = evaluate.eval_enforced(TORCH, ENFORCE_OK, QUOTA)
+        self.assertEqual((st, why), ("pass", ""))
+        self.assertEqual(figs["fill_granted"], 3758096384)
+
+    def test_enforced_wrong_error_kind(self):
+        lines = [l.replace("OutOfMemoryError", "RuntimeError") for l in ENFORCE_OK]
+        st, why, _ = evaluate.eval_enforced(TORCH, lines, QUOTA)
+        self.assertEqual(st, "fail")
+        self.assertIn("expected OutOfMemoryError", why)
+
+    def test_enforced_never_refused(self):
+        lines = ["BIG_OOM ok=0 kind=none_granted",
+                 "FILL granted=6442450944 oom=0 kind=none", "RECOVERED_OK", "COMPUTE_OK"]
+        st, why, _ = evaluate.eval_enforced(CUDA, lines, QUOTA)
+        self.assertEqual(st, "fail")
+        self.assertIn("never refused", why)
+        self.assertIn("not refused", why)
+
+    def test_enforced_granted_over_quota(self):
+        lines = [l.replace("3758096384", str(QUOTA + MIB)) for l in ENFORCE_OK]
+        st, why, _ = evaluate.eval_enforced(TORCH, lines, QUOTA)
+        self.assertIn("> quota", why)
+
+    def test_enforced_no_recovery(self):
+        lines = [l for l in ENFORCE_OK if not l.startswith(("RECOVERED", "COMPUTE"))]
+        lines.append("COMPUTE_FAIL err=CUDA_error")
+        st, why, _ = evaluate.eval_enforced(TORCH, lines, QUOTA)
+        self.assertEqual(st, "fail")
+        self.assertIn("no recovery", why)
+        self.assertIn("CUDA_error", why)
+
+    def test_virtualised(self):
+        self.assertEqual(evaluate.eval_virtualised(ENFORCE_OK, 4096, QUOTA)[0], "pass")
+        st, why, _ = evaluate.eval_virtualised(ENFORCE_OK, 143771, QUOTA)
+        self.assertEqual(st, "fail")
+        self.assertIn("nvidia-smi", why)
+        st, why, _ = evaluate.eval_virtualised(["MEMINFO free=1 total=150109880320"], 4096, QUOTA)
+        self.assertIn("framework total", why)
+        self.assertEqual(evaluate.eval_virtualised([], None, QUOTA)[0], "fail")
+
+    def test_observed_tolerance(self):
+        view = {"observed_bytes": GIB + 64 * MIB, "hooked": True, "verdict": "ok"}
+        self.assertEqual(evaluate.eval_observed(GIB, view)[0], "pass")  # 64 MiB = the floor
+        view["observed_bytes"] = GIB + 65 * MIB
+        self.assertEqual(evaluate.eval_observed(GIB, view)[0], "fail")
+        # 5 % of 4 GiB is above the floor.
+        view["observed_bytes"] = 4 * GIB + 200 * MIB
+        self.assertEqual(evaluate.eval_observed(4 * GIB, view)[0], "pass")
+
+    def test_observed_prefers_data_and_flags_false_bypass(self):
+        view = {"observed_bytes": GIB + 500 * MIB, "observed_data_bytes": GIB, "hooked": True}
+        st, _, figs = evaluate.eval_observed(GIB, view)
+        self.assertEqual((st, figs["basis"]), ("pass", "observed_data_bytes"))
+        st, why, _ = evaluate.eval_observed(GIB, {"observed_bytes": GIB, "hooked": False,
+                                            "verdict": "bypass"})
+        self.assertEqual(st, "fail")
+        self.assertIn("not hooked", why)
+        self.assertEqual(evaluate.eval_observed(GIB, None)[0], "fail")
+
+    def test_bypass(self):
+        self.assertEqual(evaluate.eval_bypass(True, 0.2)[0], "pass")
+        self.assertEqual(evaluate.eval_bypass(True, 1.2)[0], "fail")
+        self.assertEqual(evaluate.eval_bypass(True, None)[0], "fail")
+        self.assertEqual(evaluate.eval_bypass(False, 0.1)[0], "fail")
+
+    def test_native(self):
+        self.assertEqual(evaluate.eval_native(TORCH, ["MEMINFO free=1 total=2", "COMPUTE_OK"])[0], "pass")
+        st, why, _ = evaluate.eval_native(TORCH, ["STEP_ERROR step=init err=boom"])
+        self.assertEqual(st, "fail")
+        self.assertIn("boom", why)
+
+
+class Report(unittest.TestCase):
+    def test_table(self):
+        cells = []
+        for wl in spec.WORKLOADS:
+            for ch in ["native"] + spec.CHECKS:
+                cells.append(evaluate.cell(wl["name"], ch, "pass", "", {}))
+        cells[3] = evaluate.cell(spec.WORKLOADS[0]["name"], "observed", "fail", "a|b\nc", {})
+        res = {"cells": cells, "summary": evaluate.summarize(cells), "meta": {}, "env": {},
+               "two_process": {"status": "pass", "reason": "", "grants": {"1": {"ok": "1"}}},
+               "bench": {"pair": {"native": {"median_ns": 12.5, "min_ns": 11.0}},
+                         "train": {"native": {"ms_per_step": 3.2}}}}
+        md = report.render_markdown(res)
+        rows = [l for l in md.splitlines() if l.startswith("| ") and not l.startswith("| workload")
+                and not l.startswith("| setup")]
+        self.assertEqual(len(rows), 6 + 2)
+        self.assertIn("29 pass, 1 fail", md)
+        self.assertIn("- torch-default / observed: fail: a/b c", md)
+        self.assertIn("| native | 12.5 | 11.0 |", md)
+
+
+if __name__ == "__main__":
+    unittest.main()
