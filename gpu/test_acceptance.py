@@ -14,7 +14,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from acceptance import evaluate, parse, region, report, spec  # noqa: E402
+from acceptance import evaluate, parse, physical, region, report, spec  # noqa: E402
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -329,6 +329,192 @@ class Report(unittest.TestCase):
         self.assertIn("29 pass, 1 fail", md)
         self.assertIn("- torch-default / observed: fail: a/b c", md)
         self.assertIn("| native | 12.5 | 11.0 |", md)
+
+class TwoProcess(unittest.TestCase):
+    GOOD = {"grants": {"1": {"ok": "1", "bytes": "2684354560"},
+                       "2": {"ok": "0", "kind": "cudaErrorMemoryAllocation"}},
+            "region": {"limit": QUOTA, "used": 3770679296}, "inspect": {"used": 3770679296},
+            "nvml_sum_mib": 3596}
+
+    def test_pass(self):
+        self.assertEqual(evaluate.eval_two_process(self.GOOD, 4096), ("pass", ""))
+
+    def test_fail_cases(self):
+        both = dict(self.GOOD, grants={"1": {"ok": "1"}, "2": {"ok": "1"}}, nvml_sum_mib=6144)
+        st, why = evaluate.eval_two_process(both, 4096)
+        self.assertEqual(st, "fail")
+        self.assertIn("expected one grant and one OOM, got ok=['1', '1']", why)
+        self.assertIn("NVML total 6144 MiB > quota 4096 MiB", why)
+        over = dict(self.GOOD, region={"used": QUOTA + 1}, inspect={"error": "exit 1"})
+        st, why = evaluate.eval_two_process(over, 4096)
+        self.assertIn(f"region used {QUOTA + 1} > limit {QUOTA}", why)
+        self.assertIn("inspect: exit 1", why)
+        st, why = evaluate.eval_two_process(dict(self.GOOD, region={"error": "v3"},
+                                                 nvml_sum_mib=None), 4096)
+        self.assertIn("region unreadable: v3", why)
+        self.assertIn("NVML listed neither process", why)
+
+
+# ---- the real H200 results in gpu/results/ as fixtures ----
+
+RESULTS = os.path.join(HERE, "results")
+RUNS = ["h200-run1", "h200-run2", "h200-run3", "h200-run4", "h200-physical-run1",
+        "h200-physical-run2"]
+
+
+def load_run(name):
+    with open(os.path.join(RESULTS, name + ".json")) as f:
+        return json.load(f)
+
+
+def stage_line(tag, name):
+    """A C program's `TAG rc= name=` line from the name results.json keeps (0 for success)."""
+    if name is None:
+        return None
+    rc = 0 if name in ("CUDA_SUCCESS", "cudaSuccess") else (2 if name in spec.OOM_NAMES else 1)
+    return f"{tag} rc={rc} name={name}"
+
+
+def kv_line(tag, kv):
+    return None if kv is None else tag + "".join(f" {k}={v}" for k, v in kv.items())
+
+
+def audit_of(f, pids):
+    """The parsed audit a physical agent cell saw, rebuilt from its figures (None: none)."""
+    if "findings" not in f:
+        return None
+    verdicts = f.get("verdicts") or {str(p): f.get("verdict") for p in pids}
+    procs = [{"pid": int(p), "verdict": v} for p, v in verdicts.items()]
+    return parse.parse_audit_json(json.dumps({"processes": procs, "findings": f["findings"]}))
+
+
+def reevaluate(c, res):
+    """(status, reason) of a stored cell, evaluated again from the figures it stored; None
+    when the figures do not carry the evaluation's inputs (native: only the total is kept)."""
+    f, ch, row = c["figures"], c["check"], c["workload"]
+    quota = res["meta"]["quota_mb"] * MIB
+    wl = next((w for w in spec.WORKLOADS if w["name"] == row), None)
+    if wl is not None:
+        if ch == "enforced":
+            kind = f.get("fill_oom_kind")
+            oom = "1" if kind not in (None, "none") else "0"
+            lines = [kv_line("BIG_OOM", f.get("big_oom")),
+                     f"FILL granted={f['fill_granted']} oom={oom} kind={kind}"
+                     if f.get("fill_granted") is not None else None,
+                     "RECOVERED_OK" if f.get("recovered") else None,
+                     "COMPUTE_OK" if f.get("compute") else None]
+            return evaluate.eval_enforced(wl, [x for x in lines if x], quota)[:2]
+        if ch == "virtualised":
+            lines = [f"MEMINFO free={f['meminfo_free']} total={f['meminfo_total']}"]
+            return evaluate.eval_virtualised(lines, f.get("nvidia_smi_total_mib"), quota)[:2]
+        if ch == "observed":
+            view = None
+            if f.get("basis"):
+                view = {f["basis"]: f.get("observed_bytes"), "hooked": f.get("hooked"),
+                        "verdict": f.get("verdict"), "accounted_bytes": f.get("accounted_bytes")}
+            return evaluate.eval_observed(f.get("framework_bytes"), view)[:2]
+        if ch == "bypass":
+            found = bool(f.get("audit_found") or f.get("metrics_found"))
+            return evaluate.eval_bypass(found, f.get("latency_s"))[:2]
+        return None
+    if ch == "preload" and row in ("mipmap", "module-lazy", "module-eager"):
+        tags = (["INIT", "PRE", "MIPMAP", "NEXT"] if row == "mipmap"
+                else ["INIT", "PRE", "OUTBUF", "LAUNCH", "SYNC", "NEXT"])
+        lines = [stage_line(t, f.get(t.lower())) for t in tags]
+        if f.get("result_ok") is not None:
+            lines.append(f"RESULT ok={int(f['result_ok'])}")
+        lines = [x for x in lines if x]
+        if row == "mipmap":
+            return physical.eval_mipmap_preload(lines, f["smi_mib"], f["quota_mib"])[:2]
+        return physical.eval_module_preload(lines, f["smi_mib"], f["quota_mib"],
+                                            row == "module-lazy",
+                                            bool(f.get("control_ok")))[:2]
+    if ch == "preload" and row == "pool":
+        pids = f["pids"]
+        a = [kv_line("ALLOC", f.get("a_alloc")),
+             f"DROPPED reserved={f['a_reserved_after_drop']}"
+             if f.get("a_reserved_after_drop") is not None else None]
+        b = [kv_line("GRAB", f.get("b_grab"))]
+        samples = []
+        for smp in res["physical"]["smi"]["pool-preload"]:
+            apps = None
+            if "mib" in smp:
+                apps = {int(p): v for p, v in smp["mib"].items() if v is not None}
+            samples.append(dict({"apps": apps}, **({"label": smp["label"]}
+                                                   if "label" in smp else {})))
+        return physical.eval_pool_preload([x for x in a if x], [x for x in b if x], samples,
+                                          pids, f["quota_mib"], 2560)[:2]
+    if ch.startswith("agent-"):
+        pids = f["pids"]
+        return physical.eval_agent_flag(audit_of(f, pids), f["mode"], pids, f["region"],
+                                        (True, ""))[:2]
+    if ch == "audit":
+        return physical.eval_preexisting_audit(audit_of(f, [f["pid"]]), f["audit_rc"],
+                                               f["pid"], (True, ""), f.get("smi_mib"))[:2]
+    return None
+
+
+class StoredResults(unittest.TestCase):
+    """The committed results of the real H200 runs: the pure code re-renders and re-evaluates
+    them to what the runner wrote on the GPU machine."""
+
+    def test_rerender_gives_the_stored_markdown(self):
+        for name in RUNS:
+            with self.subTest(run=name):
+                with open(os.path.join(RESULTS, name + ".md")) as f:
+                    stored = f.read()
+                if name == "h200-run4":
+                    # Written before the benchmark section was left out when empty (--no-bench).
+                    self.assertIn("\n\n## Benchmarks\n\n", stored)
+                    stored = stored.replace("\n\n## Benchmarks\n\n", "\n", 1)
+                self.assertEqual(report.render_markdown(load_run(name)), stored)
+
+    def test_reevaluation_gives_the_stored_verdicts(self):
+        checked = 0
+        for name in RUNS:
+            res = load_run(name)
+            cells = res["cells"] + ((res.get("physical") or {}).get("cells") or [])
+            for c in cells:
+                got = reevaluate(c, res)
+                if got is None:
+                    continue
+                checked += 1
+                with self.subTest(run=name, cell=(c["workload"], c["check"])):
+                    self.assertEqual(got[0], c["status"], got[1])
+                    # The runner may append what it saw around the rule (audit errors, notes).
+                    self.assertTrue(c["reason"].startswith(got[1]), (got[1], c["reason"]))
+        # Every cell of the six runs but the native ones (which keep only the total): 24 in
+        # each standard run, 16 + 11 and 24 + 11 in the two physical runs.
+        self.assertEqual(checked, 4 * 24 + (16 + 11) + (24 + 11))
+
+    def test_stored_failures_stay_failures(self):
+        """The stored runs' red cells, evaluated again: the same rule catches them."""
+        res = load_run("h200-physical-run1")
+        c = next(c for c in res["cells"] if (c["workload"], c["check"]) == ("torch-async",
+                                                                           "observed"))
+        self.assertEqual(reevaluate(c, res),
+                         ("fail", "agent reports the preloaded process as bypass"))
+        res = load_run("h200-physical-run2")
+        c = next(c for c in res["cells"] if (c["workload"], c["check"]) == ("cupy", "bypass"))
+        self.assertEqual(reevaluate(c, res), ("fail", "bypass reported but latency not measured"))
+
+    def test_two_process_records(self):
+        for name in RUNS:
+            tp = load_run(name).get("two_process")
+            if not tp or "grants" not in tp:
+                continue
+            with self.subTest(run=name):
+                st, why = evaluate.eval_two_process(tp, tp["limit_mib"])
+                self.assertEqual((st, why), (tp["status"], tp["reason"]))
+
+    def test_summaries(self):
+        for name in RUNS:
+            res = load_run(name)
+            with self.subTest(run=name):
+                self.assertEqual(evaluate.summarize(res["cells"]), res["summary"])
+                if res.get("physical"):
+                    self.assertEqual(evaluate.summarize(res["physical"]["cells"]),
+                                     res["physical"]["summary"])
 
 
 if __name__ == "__main__":
