@@ -24,10 +24,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 try:
     from acceptance.evaluate import cell, summarize
+    from acceptance.lockstop import LOCK_STOP_S
     from acceptance.report import render_markdown
     from acceptance.spec import (BYPASS_LATENCY_S, CHECKS, MIB, PHYS_AGENT_SETTLE_S, PHYS_ROWS,
                                  TOL_FRACTION, TOL_MIN_BYTES, WORKLOADS)
     from runner.agent import Agent
+    from runner.lockstop import LockStopPhase
     from runner.physical import PhysicalPhases
     from runner.procs import (WORKLOADS_DIR, Deadline, Log, Proc, find_first, find_libcuda,
                               libcuda_candidates, run_cmd, tail)
@@ -48,7 +50,7 @@ SCRUB_ENV = [
 
 
 
-class Runner(StandardPhases, PhysicalPhases):
+class Runner(StandardPhases, PhysicalPhases, LockStopPhase):
     """One acceptance run: environment, builds, the selected groups, results after each step."""
 
     def __init__(self, args):
@@ -290,6 +292,7 @@ class Runner(StandardPhases, PhysicalPhases):
         # `--only physical` (alone) runs only the physical group; with workload names, both.
         standard = bool(selected)
         phys = bool(a.only) and "physical" in a.only
+        lock = bool(a.only) and "lock-stop" in a.only
         if phys:
             self.results["physical"] = {"blind_preload": a.blind_preload, "cells": [],
                                         "smi": {}, "summary": {}}
@@ -332,6 +335,11 @@ class Runner(StandardPhases, PhysicalPhases):
         # The physical group runs with no background agent: its cells start their own audits.
         if phys:
             self.step("physical group", self.physical)
+        if lock:
+            self.step("stopped lock holder", self.lock_stop)
+            if not self.results.get("lock_stop"):
+                self.lock_stop_record_cell("skipped", "not reached (deadline or earlier error)",
+                                           {})
         for wl in selected:
             for ch in ["native"] + CHECKS:
                 if not any(c["workload"] == wl["name"] and c["check"] == ch
@@ -343,6 +351,8 @@ class Runner(StandardPhases, PhysicalPhases):
         self.log.say(f"done in {self.results['meta']['elapsed_s']}s: {s}")
         if phys:
             self.log.say(f"physical group: {self.results['physical']['summary']}")
+        if lock:
+            self.log.say(f"stopped lock holder: {self.results['lock_stop']['status']}")
         print(render_markdown(self.results))
         return 0
 
@@ -371,7 +381,8 @@ def main(argv=None):
     ap.add_argument("--python", help="python for the workloads (default: this one)")
     ap.add_argument("--only", nargs="*",
                     help="workload names to run (default: all); `physical` adds the physical "
-                         "group (issue 8), alone it runs only that group")
+                         "group (issue 8), `lock-stop` the stopped-lock-holder cell; alone "
+                         "they run only those")
     ap.add_argument("--phys-rows", nargs="*", choices=PHYS_ROWS,
                     help="rows of the physical group to run (default: all)")
     ap.add_argument("--phys-settle-s", type=float, default=PHYS_AGENT_SETTLE_S,
@@ -379,6 +390,17 @@ def main(argv=None):
     ap.add_argument("--blind-preload",
                     help="an older libhami_preload.so, blind to the physical escape paths: the "
                          "agent must flag them under it (over_limit or drift)")
+    ap.add_argument("--lock-workers", type=int, default=3,
+                    help="lock-stop: processes that keep allocating while one is stopped")
+    ap.add_argument("--lock-stop-s", type=float, default=LOCK_STOP_S,
+                    help="lock-stop: seconds the lock holder stays stopped")
+    ap.add_argument("--lock-catch-s", type=float, default=5.0,
+                    help="lock-stop: longest time spent stopping and resuming the victim until "
+                         "it is stopped while holding the region lock")
+    ap.add_argument("--lock-timeout-ms", type=int, default=None,
+                    help="lock-stop: HAMI_LOCK_TIMEOUT_MS given to the processes (default: "
+                         "as in this environment; unset there, the preload's default bound, "
+                         "2000 ms, is checked)")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--keep-work", action="store_true", help="keep the scratch folder")
     ap.add_argument("--no-libcuda-hint", action="store_true",

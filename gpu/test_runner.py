@@ -3,9 +3,9 @@
 The integration tests here run the whole runner (run_acceptance.py) against stand-ins
 (gpu/testing/: nvcc = gcc + a stub CUDA runtime and driver, a fake nvidia-smi and a fake
 hami-agent) for the two CUDA C workloads, including a hanging workload, for the physical group
-(issue 8; with gpu/testing/fake_torch). The unit tests of the pure package gpu/acceptance/
-live in test_acceptance.py and test_physical.py; `load_tests` below runs them too
-(`cargo xtask test` runs this module only).
+(issue 8; with gpu/testing/fake_torch) and for the stopped-lock-holder cell. The unit tests of
+the pure package gpu/acceptance/ live in test_acceptance.py, test_physical.py and
+test_lockstop.py; `load_tests` below runs them too (`cargo xtask test` runs this module only).
 """
 
 import json
@@ -23,7 +23,7 @@ sys.dont_write_bytecode = True  # no __pycache__ next to what the GPU bundle cop
 
 from acceptance import spec  # noqa: E402
 
-UNIT_MODULES = ("test_acceptance", "test_physical")
+UNIT_MODULES = ("test_acceptance", "test_physical", "test_lockstop")
 QUOTA = 4 << 30
 
 
@@ -163,6 +163,48 @@ class PhysicalIntegration(IntegrationBase):
         self.assertNotIn(("pre-existing", "audit"), cells)
         with open(os.path.join(self.tmp, "out", "results.md")) as f:
             self.assertIn("FAIL (B granted", f.read())
+
+class LockStopIntegration(IntegrationBase):
+    """`--only lock-stop` against the stub driver's region lock (testing/stub/region_lock.h):
+    bounded, the cell passes; unbounded, as in today's preload, the other processes wait for
+    the stopped holder and the cell fails."""
+
+    ARGS = ["--lock-timeout-ms", "300", "--lock-stop-s", "1.5", "--lock-workers", "2"]
+
+    def run_lock(self, mode):
+        r, res, elapsed = self.run_runner(extra_env={"WL_STUB_LOCK": mode}, only=("lock-stop",),
+                                          extra_args=self.ARGS)
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        self.assertEqual(res["cells"], [])  # the standard group did not run
+        self.assertLess(elapsed, 40)
+        left = subprocess.run(["pgrep", "-f", "hami-acc-.*/lock_stop"], capture_output=True,
+                              text=True).stdout.split()
+        self.assertEqual(left, [])
+        c = res["lock_stop"]
+        f = c["figures"]
+        self.assertEqual(f["holder"], "caught", c["reason"])
+        self.assertGreaterEqual(f["stopped_s"], 1.5)
+        self.assertEqual((f["region_used"], f["region_source"]), (0, "file"))
+        self.assertEqual(len(f["workers"]), 2)
+        self.assertEqual(f["bound_ms"], 300)
+        with open(os.path.join(self.tmp, "out", "results.md")) as md:
+            self.assertIn("## Stopped lock holder", md.read())
+        return c
+
+    def test_bounded_lock_passes(self):
+        c = self.run_lock("bounded")
+        self.assertEqual(c["status"], "pass", c["reason"])
+        for w in c["figures"]["workers"]:
+            self.assertGreaterEqual(w["max_call_ms"], 300)  # waited for the bound, then OOM
+            self.assertGreaterEqual(w["oom"], 1)
+            self.assertGreaterEqual(w["calls_while_stopped"], 1)
+
+    def test_unbounded_lock_fails(self):
+        c = self.run_lock("unbounded")
+        self.assertEqual(c["status"], "fail")
+        self.assertIn("a call blocked", c["reason"])
+        for w in c["figures"]["workers"]:
+            self.assertGreater(w["max_call_ms"], 1400)  # the whole stop
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The human report, results.md: the standard table, the two-process check, benchmarks, the
-physical group's table, notes.
+physical group's table, the lock-stop cell, notes.
 
 Pure: a function of the results dict that results.json holds (re-rendering a stored
 results.json gives its results.md; gpu/test_acceptance.py checks that on gpu/results/).
@@ -98,6 +98,27 @@ def render_physical(ph):
     return out
 
 
+def render_lock_stop(c):
+    """The stopped-lock-holder cell: status, reason, the stop and each process's figures."""
+    f = c.get("figures", {}) or {}
+    out = ["", "## Stopped lock holder", ""]
+    out.append(f"- status: {c['status'].upper()} {md(c.get('reason', ''), 600)}")
+    if not f:
+        return out
+    out.append(f"- stop: holder {f.get('holder')} (owner tid {f.get('owner_tid')}, "
+               f"{f.get('attempts')} attempts), stopped {f.get('stopped_s')} s; lock bound "
+               f"{f.get('bound_ms')} ms + {f.get('slack_ms')} ms")
+    out.append(f"- region used after exit: {f.get('region_used')} ({f.get('region_source')})")
+    out += ["", "| process | calls | granted | OOM | other errors | slowest call ms | "
+            "calls while stopped |", "|---|---|---|---|---|---|---|"]
+    rows = [("victim", f.get("victim") or {})] + [("worker", w) for w in f.get("workers", [])]
+    for role, w in rows:
+        out.append(f"| {role} {w.get('pid')} | {w.get('calls', '?')} | {w.get('ok', '?')} | "
+                   f"{w.get('oom', '?')} | {w.get('errors', '?')} | {w.get('max_call_ms', '?')} "
+                   f"| {w.get('calls_while_stopped', '-')} |")
+    return out
+
+
 def _render_standard(results, s):
     """The 6 workloads x (native + 4 checks) table and its cells not green."""
     out = [f"- cells: {s.get('pass', 0)} pass, {s.get('fail', 0)} fail, "
@@ -136,7 +157,8 @@ def render_markdown(results):
         if env.get(k):
             out.append(f"- {k}: {env[k]}")
     s = results.get("summary", {})
-    standard = bool(results.get("cells")) or not results.get("physical")
+    standard = bool(results.get("cells")) or not (results.get("physical")
+                                                  or results.get("lock_stop"))
     if standard:
         out += _render_standard(results, s)
     tp = results.get("two_process")
@@ -171,6 +193,8 @@ def render_markdown(results):
                            f"{v.get('loss_last', '?')} | {md(v.get('error', ''), 120)} |")
     if results.get("physical"):
         out += render_physical(results["physical"])
+    if results.get("lock_stop"):
+        out += render_lock_stop(results["lock_stop"])
     notes = results.get("notes", [])
     if notes:
         out += ["", "## Notes", ""] + [f"- {md(n)}" for n in notes]

@@ -1,13 +1,15 @@
 /* Stub CUDA driver API for testing the acceptance runner WITHOUT a GPU (gpu/test_runner.py):
- * only what gpu/workloads/mipmap_alloc.cu calls. "Device" memory is untouched host memory;
- * an allocation past the device size fails with CUDA_ERROR_OUT_OF_MEMORY. The device size is
+ * only what gpu/workloads/mipmap_alloc.cu and lock_stop.cu call. "Device" memory is untouched
+ * host memory; an allocation past the device size fails with CUDA_ERROR_OUT_OF_MEMORY. The device size is
  * the quota when a (fake) hami preload that is not "blind" is in LD_PRELOAD with
  * CUDA_DEVICE_MEMORY_LIMIT=<n>M, else WL_STUB_TOTAL_MB (default 143771, an H200).
- * Not a model of CUDA. */
+ * With WL_STUB_LOCK set, cuMemAlloc/cuMemFree charge a region-shaped file under a lock
+ * (region_lock.h; for lock_stop.cu). Not a model of CUDA. */
 #ifndef WL_STUB_CUDA_H
 #define WL_STUB_CUDA_H
 #include <stdlib.h>
 #include <string.h>
+#include "region_lock.h"
 
 typedef enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_OUT_OF_MEMORY = 2 } CUresult;
 typedef int CUdevice;
@@ -57,12 +59,22 @@ static CUresult cuDevicePrimaryCtxRelease(CUdevice d) { (void)d; return CUDA_SUC
 static CUresult cuCtxSetCurrent(CUcontext c) { (void)c; return CUDA_SUCCESS; }
 static CUresult cuCtxSynchronize(void) { return CUDA_SUCCESS; }
 static CUresult cuMemAlloc(CUdeviceptr *p, size_t n) {
-  void *q = stubd_alloc(n);
-  if (!q) return CUDA_ERROR_OUT_OF_MEMORY;
+  void *q = NULL;
+  if (stubl_on()) {
+    if (!stubl_alloc(&q, n, stubd_total())) return CUDA_ERROR_OUT_OF_MEMORY;
+  } else if (!(q = stubd_alloc(n))) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   *p = (CUdeviceptr)q;
   return CUDA_SUCCESS;
 }
-static CUresult cuMemFree(CUdeviceptr p) { stubd_free((void *)p); return CUDA_SUCCESS; }
+static CUresult cuMemFree(CUdeviceptr p) {
+  if (stubl_on())
+    stubl_free((void *)p);
+  else
+    stubd_free((void *)p);
+  return CUDA_SUCCESS;
+}
 static CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d,
                                        unsigned int levels) {
   size_t n = d->Width * d->Height * (d->Depth ? d->Depth : 1) * d->NumChannels * 4;
