@@ -38,6 +38,8 @@ except ImportError as e:  # a bundle made without the two packages next to this 
     sys.exit(f"run_acceptance.py: cannot import its modules ({e}): gpu/acceptance/ and "
              f"gpu/runner/ must sit next to {os.path.basename(__file__)} in {HERE}")
 
+# `--only` names that select a group or cell rather than a workload.
+GROUPS = ("physical", "lock-stop")
 # Variables that must not leak from the caller into the runs (they change what is measured).
 SCRUB_ENV = [
     "LD_PRELOAD",
@@ -406,6 +408,10 @@ def main(argv=None):
     ap.add_argument("--no-libcuda-hint", action="store_true",
                     help="do not pass --libcuda PATH to the agent (rely on its discovery)")
     args = ap.parse_args(argv)
+    known = [w["name"] for w in WORKLOADS] + list(GROUPS)
+    unknown = [n for n in args.only or [] if n not in known]
+    if unknown:
+        ap.error(f"--only: unknown name(s) {', '.join(unknown)} (known: {', '.join(known)})")
     if args.deadline is None:
         phys_only = bool(args.only) and not any(w["name"] in args.only for w in WORKLOADS)
         args.deadline = 330.0 if phys_only and "physical" in args.only else 450.0

@@ -164,6 +164,19 @@ class PhysicalIntegration(IntegrationBase):
         with open(os.path.join(self.tmp, "out", "results.md")) as f:
             self.assertIn("FAIL (B granted", f.read())
 
+class CommandLine(unittest.TestCase):
+    def test_unknown_only_name_is_refused(self):
+        """A misspelt --only name used to select nothing and run an empty acceptance."""
+        r = subprocess.run([sys.executable, os.path.join(HERE, "run_acceptance.py"), "--out",
+                            os.path.join(tempfile.gettempdir(), "hami-acc-never"), "--only",
+                            "nvcc-static", "lockstop"], capture_output=True, text=True,
+                           timeout=30)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--only: unknown name(s) lockstop (known: torch-default", r.stderr)
+        self.assertIn("physical, lock-stop)", r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(tempfile.gettempdir(), "hami-acc-never")))
+
+
 class LockStopIntegration(IntegrationBase):
     """`--only lock-stop` against the stub driver's region lock (testing/stub/region_lock.h):
     bounded, the cell passes; unbounded, as in today's preload, the other processes wait for
