@@ -185,7 +185,8 @@ class LockStopIntegration(IntegrationBase):
     ARGS = ["--lock-timeout-ms", "300", "--lock-stop-s", "1.5", "--lock-workers", "2"]
 
     def run_lock(self, mode):
-        r, res, elapsed = self.run_runner(extra_env={"WL_STUB_LOCK": mode}, only=("lock-stop",),
+        env = {"WL_STUB_LOCK": mode, "WL_VICTIM_THREADS": "1"}
+        r, res, elapsed = self.run_runner(extra_env=env, only=("lock-stop",),
                                           extra_args=self.ARGS)
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
         self.assertEqual(res["cells"], [])  # the standard group did not run
@@ -200,6 +201,8 @@ class LockStopIntegration(IntegrationBase):
         self.assertEqual((f["region_used"], f["region_source"]), (0, "file"))
         self.assertEqual(len(f["workers"]), 2)
         self.assertEqual(f["bound_ms"], 300)
+        self.assertGreater(f["victim"]["refused"], 0)
+        self.assertEqual(f["victim"]["threads"], 1)
         with open(os.path.join(self.tmp, "out", "results.md")) as md:
             self.assertIn("## Stopped lock holder", md.read())
         return c

@@ -39,7 +39,8 @@ def proc_stats(lines):
     if kv is None:
         return {}
     out = {"role": kv.get("role"), "first_error": kv.get("first_error")}
-    for k in ("calls", "ok", "oom", "refused", "over_quota", "errors", "free_errors", "slow"):
+    for k in ("calls", "ok", "oom", "refused", "over_quota", "errors", "free_errors", "slow",
+              "threads"):
         out[k] = to_int(kv.get(k))
     for k in ("max_call_ms", "max_call_t", "slow_ms"):
         out[k] = to_float(kv.get(k))

@@ -16,10 +16,13 @@
  *   then loops until a stdin line arrives (checked every WL_TICK_MS, 100) or WL_RUN_MS
  *   (60000) passed: one cuMemAlloc of WL_SMALL_MB (64) and its cuMemFree; the victim adds
  *   WL_REFUSALS (1024) allocations of WL_QUOTA_MB + 1024 MiB, which the preload refuses
- *   without reaching the driver (the region lock is taken for each).
+ *   without reaching the driver (the region lock is taken for each), and runs
+ *   WL_VICTIM_THREADS (1) more threads that only make such refused allocations, so that one
+ *   of its threads holds the region lock much of the time.
  *   TICK t=<unix time> calls=<n>      every WL_TICK_MS, between calls
  *   STATS role= calls= ok= oom= refused= over_quota= errors= free_errors= max_call_ms=
- *         max_call_t= slow= slow_ms= first_error=
+ *         max_call_t= slow= slow_ms= first_error= threads=
+ *                                     (all threads' calls together)
  *                                     refused / over_quota: the victim's over-quota requests
  *                                     refused (OOM) / granted; oom: refusals of the WL_SMALL_MB
  *                                     allocations; errors: any other failure; max_call_t: unix
@@ -31,6 +34,7 @@
  */
 #include <cuda.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,12 +95,66 @@ static void note_error(struct stats *s, CUresult r) {
   if (s->first_error == CUDA_SUCCESS) s->first_error = r;
 }
 
+/* n allocations of `big` bytes, past the quota: each must be refused. */
+static void refuse(struct stats *s, size_t big, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    CUdeviceptr q = 0;
+    double t0 = now_mono_ms(), w0 = now_real();
+    CUresult r = cuMemAlloc(&q, big);
+    timed(s, t0, w0);
+    if (r == CUDA_SUCCESS) {
+      s->over_quota++; /* granted beyond the quota: counted, and given back */
+      cuMemFree(q);
+    } else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+      s->refused++;
+    } else {
+      note_error(s, r);
+    }
+  }
+}
+
+struct refuser {
+  pthread_t thread;
+  CUcontext ctx;
+  size_t big;
+  struct stats s;
+};
+
+static int refusers_stop;
+
+static void *refuser_main(void *arg) {
+  struct refuser *t = (struct refuser *)arg;
+  CUresult r = cuCtxSetCurrent(t->ctx);
+  if (r != CUDA_SUCCESS) {
+    note_error(&t->s, r);
+    return NULL;
+  }
+  while (!__atomic_load_n(&refusers_stop, __ATOMIC_RELAXED)) refuse(&t->s, t->big, 64);
+  return NULL;
+}
+
+/* Adds a thread's counts to the process's. */
+static void merge(struct stats *into, const struct stats *s) {
+  into->calls += s->calls;
+  into->refused += s->refused;
+  into->over_quota += s->over_quota;
+  into->errors += s->errors;
+  into->slow += s->slow;
+  if (into->first_error == CUDA_SUCCESS) into->first_error = s->first_error;
+  if (s->max_ms > into->max_ms) {
+    into->max_ms = s->max_ms;
+    into->max_t = s->max_t;
+  }
+}
+
 int main(void) {
   const char *role_env = getenv("WL_ROLE");
   int victim = role_env && strcmp(role_env, "victim") == 0;
   size_t small = env_num("WL_SMALL_MB", 64) * MIB;
   size_t big = (env_num("WL_QUOTA_MB", 4096) + 1024) * MIB;
   size_t refusals = victim ? env_num("WL_REFUSALS", 1024) : 0;
+  size_t nthreads = victim ? env_num("WL_VICTIM_THREADS", 1) : 0, started = 0;
+  struct refuser *threads = NULL;
   double tick_ms = (double)env_num("WL_TICK_MS", 100);
   double run_ms = (double)env_num("WL_RUN_MS", 60000);
   struct stats s;
@@ -128,6 +186,14 @@ int main(void) {
   printf("T0 t=%.6f\n", now_real());
   start = now_mono_ms();
   next_tick = start + tick_ms;
+  if (nthreads) threads = (struct refuser *)calloc(nthreads, sizeof *threads);
+  for (size_t i = 0; threads && i < nthreads; i++) {
+    threads[i].ctx = ctx;
+    threads[i].big = big;
+    threads[i].s.slow_limit_ms = s.slow_limit_ms;
+    if (pthread_create(&threads[i].thread, NULL, refuser_main, &threads[i]) != 0) break;
+    started++;
+  }
   for (;;) {
     CUdeviceptr p = 0;
     double t0 = now_mono_ms(), w0 = now_real();
@@ -148,21 +214,7 @@ int main(void) {
     } else {
       note_error(&s, r);
     }
-    for (size_t i = 0; i < refusals; i++) {
-      CUdeviceptr q = 0;
-      t0 = now_mono_ms();
-      w0 = now_real();
-      r = cuMemAlloc(&q, big);
-      timed(&s, t0, w0);
-      if (r == CUDA_SUCCESS) {
-        s.over_quota++; /* granted beyond the quota: counted, and given back */
-        cuMemFree(q);
-      } else if (r == CUDA_ERROR_OUT_OF_MEMORY) {
-        s.refused++;
-      } else {
-        note_error(&s, r);
-      }
-    }
+    refuse(&s, big, refusals);
     t0 = now_mono_ms();
     if (t0 >= next_tick) {
       next_tick = t0 + tick_ms;
@@ -170,13 +222,19 @@ int main(void) {
       if (stdin_ready() || t0 - start >= run_ms) break;
     }
   }
+  __atomic_store_n(&refusers_stop, 1, __ATOMIC_RELAXED);
+  for (size_t i = 0; i < started; i++) {
+    pthread_join(threads[i].thread, NULL);
+    merge(&s, &threads[i].s);
+  }
+  free(threads);
   printf("STATS role=%s calls=%ld ok=%ld oom=%ld refused=%ld over_quota=%ld errors=%ld "
          "free_errors=%ld max_call_ms=%.3f max_call_t=%.6f slow=%ld slow_ms=%.0f "
-         "first_error=%s\n",
+         "first_error=%s threads=%zu\n",
          victim ? "victim" : "worker", s.calls, s.ok, s.oom, s.refused, s.over_quota, s.errors,
          s.free_errors,
          s.max_ms, s.max_t, s.slow, s.slow_limit_ms,
-         s.first_error == CUDA_SUCCESS ? "none" : ename(s.first_error));
+         s.first_error == CUDA_SUCCESS ? "none" : ename(s.first_error), started);
   cuDevicePrimaryCtxRelease(dev);
   printf("DONE rc=0\n");
   return 0;

@@ -12,6 +12,7 @@
 #ifndef WL_STUB_REGION_LOCK_H
 #define WL_STUB_REGION_LOCK_H
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,7 @@
 #define STUBL_OFF_USED 584
 
 static unsigned char *stubl_map;
-static int stubl_mode = -1; /* -1: not looked at yet, 0: off, 1: bounded, 2: unbounded */
+static int stubl_mode; /* 0: off, 1: bounded, 2: unbounded (set once, by stubl_setup) */
 static uint64_t stubl_pending;
 
 static double stubl_ms(void) {
@@ -69,15 +70,14 @@ static void stubl_exit(void) {
   if (stubl_pending && stubl_lock(0)) stubl_unlock();
 }
 
-static int stubl_on(void) {
-  if (stubl_mode < 0) {
+static void stubl_setup(void) {
+  {
     const char *m = getenv("WL_STUB_LOCK"), *pre = getenv("LD_PRELOAD");
     const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     int fd;
-    stubl_mode = 0;
-    if (!m || !pre || !strstr(pre, "hami") || strstr(pre, "blind") || !path) return 0;
+    if (!m || !pre || !strstr(pre, "hami") || strstr(pre, "blind") || !path) return;
     fd = open(path, O_RDWR | O_CREAT, 0600);
-    if (fd < 0) return 0;
+    if (fd < 0) return;
     flock(fd, LOCK_EX);
     if (lseek(fd, 0, SEEK_END) < STUBL_HEADER) {
       unsigned char h[STUBL_HEADER];
@@ -89,17 +89,22 @@ static int stubl_on(void) {
       memcpy(h + 16, &total, sizeof total);
       if (pwrite(fd, h, sizeof h, 0) != (ssize_t)sizeof h) {
         close(fd);
-        return 0;
+        return;
       }
     }
     flock(fd, LOCK_UN);
     stubl_map = (unsigned char *)mmap(NULL, STUBL_HEADER, PROT_READ | PROT_WRITE, MAP_SHARED,
                                       fd, 0);
     close(fd);
-    if (stubl_map == MAP_FAILED) return 0;
+    if (stubl_map == MAP_FAILED) return;
     stubl_mode = strcmp(m, "bounded") == 0 ? 1 : 2;
     atexit(stubl_exit);
   }
+}
+
+static int stubl_on(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, stubl_setup);
   return stubl_mode > 0;
 }
 
