@@ -135,38 +135,92 @@ hami_events_total 12345
         self.assertEqual(parse.metrics_observed_for_pid(s, 78), (None, None))
 
 
-def make_region(limit, used, slots, version=2):
-    """Bytes of a region as hami-common/src/layout.rs lays it out (version 1 or 2)."""
+def make_region(limit, used, slots, version=3):
+    """Bytes of a region as hami-common/src/layout.rs lays it out (version 1, 2 or 3). slots:
+    {index: (pid, context, data[, pool[, charged, reserve]])} on device 0."""
+    header = region.REGION_HEADER_SIZES[version]
     slot_size = region.region_slot_size(version)
-    total = region.REGION_HEADER_SIZE + region.REGION_MAX_SLOTS * slot_size
+    nusage = region.REGION_MAX_DEVICES * len(region.REGION_USAGE_KINDS[version])
+    total = header + region.REGION_MAX_SLOTS * slot_size
     b = bytearray(total)
     b[0:8] = region.REGION_MAGIC
-    struct.pack_into("<IIQ", b, 8, version, region.REGION_HEADER_SIZE, total)
+    struct.pack_into("<IIQ", b, 8, version, header, total)
     struct.pack_into("<Q", b, 136, limit)
     struct.pack_into("<Q", b, 584, used)
     for i, (pid, ctx, data, *rest) in slots.items():
-        off = region.REGION_HEADER_SIZE + i * slot_size
+        off = header + i * slot_size
         struct.pack_into("<IIQ", b, off, pid, 1, 99)
         struct.pack_into("<QQQ", b, off + 16, ctx, 0, data)
         if rest:
             struct.pack_into("<Q", b, off + 16 + 24, rest[0])
+        if len(rest) == 3:
+            struct.pack_into("<Q", b, off + 16 + 8 * nusage, rest[1])
+            struct.pack_into("<Q", b, off + 16 + 8 * nusage + 128, rest[2])
     return bytes(b)
+
+
+def rust_layout(text):
+    """Byte offsets and sizes of layout.rs's `RegionHeader` and `Slot` fields, computed from the
+    Rust source (repr(C), every field naturally aligned; the file asserts the sizes):
+    {"RegionHeader": ({field: offset}, size), "Slot": (...), "consts": {name: value}}."""
+    import re
+    consts = {k: int(v) for k, v in
+              re.findall(r"pub const (\w+): (?:usize|u32) = (\d+);", text)}
+    prim = {"u8": 1, "u32": 4, "u64": 8, "AtomicU32": 4, "AtomicU64": 8}
+
+    def size_align(ty):
+        ty = ty.strip()
+        if ty in prim:
+            return prim[ty], prim[ty]
+        m = re.fullmatch(r"\[(.*); (\w+)\]", ty)
+        if not m:
+            raise AssertionError(f"layout.rs: type {ty} not understood by this test")
+        n = m.group(2)
+        count = int(n) if n.isdigit() else consts[n]
+        size, align = size_align(m.group(1))
+        return size * count, align
+
+    out = {"consts": consts}
+    for name in ("RegionHeader", "Slot"):
+        body = text[text.index(f"pub struct {name} {{"):]
+        body = body[:body.index("\n}") + 1]
+        offsets, off = {}, 0
+        for field, ty in re.findall(r"pub (\w+): (.+),\n", body):
+            size, align = size_align(ty)
+            off = (off + align - 1) // align * align
+            offsets[field] = off
+            off += size
+        out[name] = (offsets, off)
+    return out
 
 
 class Region(unittest.TestCase):
     def test_decode(self):
-        r = region.read_region_bytes(make_region(QUOTA, 3 * GIB + 600 * MIB,
-                                             {0: (100, 300 * MIB, 3 * GIB), 5: (101, 300 * MIB, 0)}))
-        self.assertEqual(r["limits"][0], QUOTA)
-        self.assertEqual(r["used"][0], 3 * GIB + 600 * MIB)
-        self.assertEqual([s["pid"] for s in r["slots"]], [100, 101])
-        self.assertEqual(r["slots"][0]["usage"]["data"], 3 * GIB)
-        self.assertEqual(r["slots"][1]["slot"], 5)
+        for version in (2, 3):
+            r = region.read_region_bytes(make_region(
+                QUOTA, 3 * GIB + 600 * MIB, {0: (100, 300 * MIB, 3 * GIB),
+                                             5: (101, 300 * MIB, 0)}, version=version))
+            self.assertEqual(r["version"], version)
+            self.assertEqual(r["limits"][0], QUOTA)
+            self.assertEqual(r["used"][0], 3 * GIB + 600 * MIB)
+            self.assertEqual([s["pid"] for s in r["slots"]], [100, 101])
+            self.assertEqual(r["slots"][0]["usage"]["data"], 3 * GIB)
+            self.assertEqual(r["slots"][1]["slot"], 5)
+
+    def test_decode_v3_charged_and_reserve(self):
+        r = region.read_region_bytes(make_region(
+            QUOTA, 0, {2: (7, MIB, 2 * MIB, 3 * GIB, 3 * GIB + 67 * MIB, 64 * MIB)}))
+        s = r["slots"][0]
+        self.assertEqual((s["charged"], s["reserve"]), (3 * GIB + 67 * MIB, 64 * MIB))
+        self.assertEqual(s["usage"]["pool"], 3 * GIB)
+        self.assertEqual(s["total"], 3 * GIB + 3 * MIB)
 
     def test_decode_v2_pool_and_v1(self):
-        r = region.read_region_bytes(make_region(QUOTA, 0, {2: (7, MIB, 2 * MIB, 3 * GIB)}))
+        r = region.read_region_bytes(make_region(QUOTA, 0, {2: (7, MIB, 2 * MIB, 3 * GIB)},
+                                                 version=2))
         self.assertEqual(r["slots"][0]["usage"]["pool"], 3 * GIB)
         self.assertEqual(r["slots"][0]["total"], 3 * GIB + 3 * MIB)
+        self.assertNotIn("reserve", r["slots"][0])
         r = region.read_region_bytes(make_region(QUOTA, 0, {2: (7, MIB, 2 * MIB)}, version=1))
         self.assertEqual(r["slots"][0]["usage"], {"context": MIB, "module": 0, "data": 2 * MIB})
 
@@ -174,33 +228,40 @@ class Region(unittest.TestCase):
         good = make_region(1, 0, {})
         with self.assertRaises(ValueError):
             region.read_region_bytes(b"XXXXXXXX" + good[8:])
-        bad_version = bytearray(good)
-        struct.pack_into("<I", bad_version, 8, 3)
-        with self.assertRaises(ValueError):
-            region.read_region_bytes(bytes(bad_version))
+        for version, header in ((4, 1024), (2, 1024), (3, 968)):
+            bad = bytearray(good)
+            struct.pack_into("<II", bad, 8, version, header)
+            with self.assertRaises(ValueError) as e:
+                region.read_region_bytes(bytes(bad))
+            self.assertIn(f"region version {version} header {header}: layout changed",
+                          str(e.exception))
         with self.assertRaises(ValueError):
             region.read_region_bytes(good[:2000])
 
     def test_layout_constants_match_rust(self):
-        """The offsets above are derived from layout.rs; fail loudly if its shape changes."""
+        """The offsets above are those of layout.rs for its current version; fail loudly if
+        its shape changes."""
         src = os.path.join(os.path.dirname(HERE), "hami-common", "src", "layout.rs")
         with open(src) as f:  # the test runs in a repository checkout, not in the bundle
-            text = f.read()
-        self.assertIn("pub const MAX_DEVICES: usize = 16;", text)
-        self.assertIn("pub const MAX_SLOTS: usize = 1024;", text)
-        self.assertIn("pub const LOCK_BYTES: usize = 64;", text)
-        # Header fields after `used`: boot_id (16 bytes) + reserved u64s = 256 bytes.
-        import re
-        boot = 16 if "pub boot_id: [u8; 16]," in text else 0
-        m = re.search(r"pub _reserved: \[u64; (\d+)\]", text)
-        self.assertIsNotNone(m)
-        self.assertEqual(boot + 8 * int(m.group(1)), region.REGION_HEADER_SIZE - 712)
-        v = re.search(r"pub const VERSION: u32 = (\d+);", text)
-        self.assertIsNotNone(v)
-        version = int(v.group(1))
+            lay = rust_layout(f.read())
+        c = lay["consts"]
+        version = c["VERSION"]
         self.assertIn(version, region.REGION_USAGE_KINDS, "the runner cannot read this layout")
-        k = re.search(r"pub const USAGE_KINDS: usize = (\d+);", text)
-        self.assertEqual(int(k.group(1)), len(region.REGION_USAGE_KINDS[version]))
+        self.assertEqual(c["MAX_DEVICES"], region.REGION_MAX_DEVICES)
+        self.assertEqual(c["MAX_SLOTS"], region.REGION_MAX_SLOTS)
+        self.assertEqual(c["USAGE_KINDS"], len(region.REGION_USAGE_KINDS[version]))
+        header, header_size = lay["RegionHeader"]
+        self.assertEqual(header_size, region.REGION_HEADER_SIZES[version])
+        self.assertEqual(header["limits"], region._OFF_LIMITS)
+        self.assertEqual(header["used"], region._OFF_USED)
+        self.assertEqual(header["lock"], region.OFF_LOCK)
+        slot, slot_size = lay["Slot"]
+        self.assertEqual(slot_size, region.region_slot_size(version))
+        self.assertEqual(slot["usage"], 16)
+        if "charged" in slot:
+            nusage = c["MAX_DEVICES"] * c["USAGE_KINDS"]
+            self.assertEqual(slot["charged"], 16 + 8 * nusage)
+            self.assertEqual(slot["reserve"], slot["charged"] + 8 * c["MAX_DEVICES"])
 
 
 class Cudaprobe(unittest.TestCase):

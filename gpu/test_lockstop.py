@@ -186,9 +186,10 @@ class EvalLockStop(unittest.TestCase):
 
 
 def header(version=2, owner_word=0):
-    b = bytearray(region.REGION_HEADER_SIZE)
+    size = region.REGION_HEADER_SIZES.get(version, 1024)
+    b = bytearray(size)
     b[0:8] = region.REGION_MAGIC
-    struct.pack_into("<IIQ", b, 8, version, region.REGION_HEADER_SIZE, 1 << 20)
+    struct.pack_into("<IIQ", b, 8, version, size, 1 << 20)
     struct.pack_into("<I", b, region.OFF_LOCK, owner_word)
     return bytes(b)
 
@@ -208,6 +209,8 @@ class RegionLockOwner(unittest.TestCase):
             region.region_lock_owner(header(version=99))
         with self.assertRaises(ValueError):
             region.region_lock_owner(header()[:100])
+        for version in (1, 2, 3):
+            self.assertEqual(region.region_lock_owner(header(version, 0x80000000 | 99)), 99)
 
     def test_lock_offset_matches_rust(self):
         """The fields before `lock` in layout.rs RegionHeader add up to OFF_LOCK bytes."""

@@ -1,4 +1,4 @@
-"""The shared region file's bytes (hami-common/src/layout.rs, versions 1 and 2), read directly
+"""The shared region file's bytes (hami-common/src/layout.rs, versions 1 to 3), read directly
 as a cross-check of `hami-agent inspect`: limits, used, slots, and who holds the region lock.
 
 Pure functions of bytes; gpu/test_acceptance.py pins the offsets against layout.rs.
@@ -6,29 +6,49 @@ Pure functions of bytes; gpu/test_acceptance.py pins the offsets against layout.
 
 import struct
 
-# Usage kinds of every slot per layout version (version 2 added "pool" and "other").
 REGION_MAGIC = b"HAMIRSv\x01"
-REGION_HEADER_SIZE = 968
 REGION_MAX_DEVICES = 16
 REGION_MAX_SLOTS = 1024
+# Usage kinds of every slot per layout version (version 2 added "pool" and "other").
 REGION_USAGE_KINDS = {1: ("context", "module", "data"),
-                      2: ("context", "module", "data", "pool", "other")}
+                      2: ("context", "module", "data", "pool", "other"),
+                      3: ("context", "module", "data", "pool", "other")}
+# Header bytes per layout version (version 3 padded it to 1024).
+REGION_HEADER_SIZES = {1: 968, 2: 968, 3: 1024}
+# Enough of a file to hold the header of any known version.
+REGION_HEADER_READ = max(REGION_HEADER_SIZES.values())
 _OFF_LIMITS = 136
 _OFF_USED = 584
+# Version 3 slots: pid, status, start time, usage[device][kind], then charged[device] and
+# reserve[device] (u64 each), padded to 1024 bytes.
+_V3_SLOT_SIZE = 1024
 
 
 def region_slot_size(version):
-    """Bytes of one slot: pid, status, start time, then [device][kind] u64 counters."""
+    """Bytes of one slot: pid, status, start time, then [device][kind] u64 counters (and, from
+    version 3, charged[device], reserve[device] and padding)."""
+    if version >= 3:
+        return _V3_SLOT_SIZE
     return 16 + REGION_MAX_DEVICES * len(REGION_USAGE_KINDS[version]) * 8
 
 
-def read_region_bytes(data):
-    """Decode a v1/v2 region file: {"limits", "used", "slots": [{"pid", "status", "usage"}]}."""
-    if len(data) < REGION_HEADER_SIZE or data[:8] != REGION_MAGIC:
+def _version(data):
+    """(version, header_size, total_size) of a region file's bytes of a known layout."""
+    if len(data) < 16 or data[:8] != REGION_MAGIC:
         raise ValueError("not a region (magic)")
     version, header_size, total_size = struct.unpack_from("<IIQ", data, 8)
-    if version not in REGION_USAGE_KINDS or header_size != REGION_HEADER_SIZE:
+    if REGION_HEADER_SIZES.get(version) != header_size:
         raise ValueError(f"region version {version} header {header_size}: layout changed")
+    if len(data) < header_size:
+        raise ValueError("region truncated (header)")
+    return version, header_size, total_size
+
+
+def read_region_bytes(data):
+    """Decode a v1/v2/v3 region file: {"version", "limits", "used" (per device; from v3 the
+    admitted total, reserves included), "slots": [{"slot", "pid", "status", "usage" (device 0
+    by kind), "total"; v3: "charged", "reserve" (device 0)}]}."""
+    version, header_size, total_size = _version(data)
     if len(data) < total_size:
         raise ValueError("region truncated")
     kinds = REGION_USAGE_KINDS[version]
@@ -37,16 +57,21 @@ def read_region_bytes(data):
     used = list(struct.unpack_from("<16Q", data, _OFF_USED))
     slots = []
     nslots = min(REGION_MAX_SLOTS, (total_size - header_size) // slot_size)
+    nusage = REGION_MAX_DEVICES * len(kinds)
     for i in range(nslots):
         off = header_size + i * slot_size
         pid, status, _start = struct.unpack_from("<IIQ", data, off)
         if status == 0 and pid == 0:
             continue
-        usage = struct.unpack_from(f"<{REGION_MAX_DEVICES * len(kinds)}Q", data, off + 16)
+        usage = struct.unpack_from(f"<{nusage}Q", data, off + 16)
         dev0 = dict(zip(kinds, usage[:len(kinds)]))
-        slots.append({"slot": i, "pid": pid, "status": status, "usage": dev0,
-                      "total": sum(usage)})
-    return {"limits": limits, "used": used, "slots": slots}
+        s = {"slot": i, "pid": pid, "status": status, "usage": dev0, "total": sum(usage)}
+        if version >= 3:
+            charged_off = off + 16 + 8 * nusage
+            s["charged"] = struct.unpack_from("<Q", data, charged_off)[0]
+            s["reserve"] = struct.unpack_from("<Q", data, charged_off + 8 * REGION_MAX_DEVICES)[0]
+        slots.append(s)
+    return {"version": version, "limits": limits, "used": used, "slots": slots}
 
 
 # The region lock, `RegionHeader::lock`: a process-shared, robust `pthread_mutex_t` after
@@ -63,10 +88,6 @@ def region_lock_owner(data):
 
     Raises ValueError for bytes that are not a region of a layout this module knows (the lock
     may sit elsewhere in another layout)."""
-    if len(data) < REGION_HEADER_SIZE or data[:8] != REGION_MAGIC:
-        raise ValueError("not a region (magic)")
-    version, header_size = struct.unpack_from("<II", data, 8)
-    if version not in REGION_USAGE_KINDS or header_size != REGION_HEADER_SIZE:
-        raise ValueError(f"region version {version} header {header_size}: layout changed")
+    _version(data)
     (word,) = struct.unpack_from("<I", data, OFF_LOCK)
     return word & FUTEX_TID_MASK

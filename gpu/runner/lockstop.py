@@ -12,7 +12,7 @@ import time
 
 from acceptance.evaluate import cell
 from acceptance.lockstop import LOCK_SLACK_MS, LOCK_STOP_TITLE, eval_lock_stop, lock_bound_ms
-from acceptance.region import REGION_HEADER_SIZE, read_region_bytes, region_lock_owner
+from acceptance.region import REGION_HEADER_READ, read_region_bytes, region_lock_owner
 
 from .procs import WORKLOADS_DIR, Proc, find_libcuda, run_cmd, tail
 
@@ -116,7 +116,7 @@ class LockStopPhase:
             if fd is None:
                 break  # stopped for the record; the holder cannot be known
             try:
-                owner = region_lock_owner(os.pread(fd, REGION_HEADER_SIZE, 0))
+                owner = region_lock_owner(os.pread(fd, REGION_HEADER_READ, 0))
             except (OSError, ValueError) as e:
                 rec["holder"], rec["why"] = "unknown", f"region lock not readable: {e}"
                 break

@@ -2,7 +2,7 @@
  * tests (gpu/test_runner.py LockStopIntegration); included by cuda.h. Active only with
  * WL_STUB_LOCK=bounded or unbounded, a fake hami preload in LD_PRELOAD and
  * CUDA_DEVICE_MEMORY_SHARED_CACHE set: then cuMemAlloc and cuMemFree charge a region-shaped
- * file (magic, version 2, header size 968, the lock word at byte 48, used at byte 584, no
+ * file (magic, version 3, header size 1024, the lock word at byte 48, used at byte 584, no
  * slots) under a lock whose word holds the owner's thread id, as glibc's robust mutex does.
  * "unbounded" waits for the lock as long as it takes (today's preload); "bounded" gives up after
  * HAMI_LOCK_TIMEOUT_MS (2000): the allocation is refused with CUDA_ERROR_OUT_OF_MEMORY, and a
@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define STUBL_HEADER 968
+#define STUBL_HEADER 1024
 #define STUBL_OFF_LOCK 48
 #define STUBL_OFF_USED 584
 
@@ -81,7 +81,7 @@ static void stubl_setup(void) {
     flock(fd, LOCK_EX);
     if (lseek(fd, 0, SEEK_END) < STUBL_HEADER) {
       unsigned char h[STUBL_HEADER];
-      uint32_t v[2] = {2, STUBL_HEADER};
+      uint32_t v[2] = {3, STUBL_HEADER};
       uint64_t total = STUBL_HEADER;
       memset(h, 0, sizeof h);
       memcpy(h, "HAMIRSv\x01", 8);
