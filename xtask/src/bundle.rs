@@ -2,14 +2,14 @@
 //!
 //! Builds, in release, `libhami_preload.so` (`-p hami-preload`) and `hami-agent`
 //! (`-p hami-user`, eBPF object embedded; needs `bpf-linker`, which `setup` provides), strips
-//! them, and copies them with the acceptance runner (`gpu/run_acceptance.py`,
-//! `gpu/README.md`, `gpu/workloads/`) and the C test programs (`testing/programs/*.c`) into
+//! them, and copies them with the acceptance runner (`gpu/run_acceptance.py`, its packages
+//! `gpu/acceptance/` and `gpu/runner/`, `gpu/README.md`, `gpu/workloads/`) and the C test programs (`testing/programs/*.c`) into
 //! the git-ignored `<root>/gpu-bundle/`:
 //!
 //! ```text
 //! gpu-bundle/
 //!   libhami_preload.so  hami-agent  MANIFEST.txt
-//!   gpu/run_acceptance.py  gpu/README.md  gpu/workloads/...
+//!   gpu/run_acceptance.py  gpu/acceptance/...  gpu/runner/...  gpu/README.md  gpu/workloads/...
 //!   programs/*.c
 //! ```
 //!
@@ -82,6 +82,9 @@ pub fn gpu_bundle_with(root: &Path, opts: &BundleOptions) -> Result<PathBuf> {
     )?;
     copy_file(&gpu.join("README.md"), &out.join("gpu/README.md"))?;
     copy_tree(&gpu.join("workloads"), &out.join("gpu/workloads"))?;
+    // The runner's packages: the pure evaluation code and the phases.
+    copy_tree(&gpu.join("acceptance"), &out.join("gpu/acceptance"))?;
+    copy_tree(&gpu.join("runner"), &out.join("gpu/runner"))?;
     let programs = root.join("testing").join("programs");
     let mut n_programs = 0;
     if programs.is_dir() {
