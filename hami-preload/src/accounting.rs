@@ -11,7 +11,7 @@
 //!   driver succeeded (put the entry back otherwise). An object we never tracked (or already
 //!   released: a double free) goes straight to the driver, whose error code is returned.
 
-use crate::ctxcache::CtxDevices;
+use crate::context::cache::CtxDevices;
 use crate::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use hami_common::layout::UsageKind;
 use hami_common::region::{Denied, DenyReason, RegionError};

@@ -8,12 +8,11 @@
 
 use crate::accounting::Ns;
 use crate::backstop::{self, Backstop};
-use crate::contexts::OwnUsage;
+use crate::context::measure::{current_dev_ctx, meter};
+use crate::context::nvml::{nvml_own_used, nvml_ready};
+use crate::context::OwnUsage;
 use crate::cuda::*;
-use crate::hooks::{
-    alloc_ptr, array_alloc, current_dev_ctx, enter, finish, guard, meter, nvml_own_used,
-    nvml_ready, release, report_denial,
-};
+use crate::hooks::{alloc_ptr, array_alloc, enter, finish, guard, release, report_denial};
 use crate::modules::Stage;
 use crate::policy::{self, ContextCost};
 use crate::pools::{PoolAlloc, PoolReading};

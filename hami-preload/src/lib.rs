@@ -12,16 +12,14 @@
 //!   by address.
 //!
 //! The hooks are thin; the decisions live in plain Rust: [`accounting`] (charge / call /
-//! record), [`contexts`], [`pools`] (stream-ordered pools), [`modules`] (module memory),
+//! record), [`context`] (contexts and their measurement), [`pools`] (stream-ordered pools), [`modules`] (module memory),
 //! [`backstop`] (what no hook saw), [`policy`] (views and estimates), [`config`]. The hooks of
 //! pools, mipmapped arrays, modules and synchronisations are in [`device_memory`].
 
 pub mod accounting;
 pub mod backstop;
 pub mod config;
-pub mod contexts;
-pub mod ctxcache;
-pub mod ctxlock;
+pub mod context;
 pub mod cuda;
 pub mod device_memory;
 pub mod dlsym;

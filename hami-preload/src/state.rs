@@ -13,7 +13,7 @@
 
 use crate::accounting::{Accounts, Deny, Ledger, NoSlot};
 use crate::config::Config;
-use crate::contexts::ContextTable;
+use crate::context::ContextTable;
 use crate::cuda::{CUdevice, CUuuid, CUDA_SUCCESS};
 use crate::log::Level;
 use crate::symbols::{self, Cu};

@@ -1,6 +1,16 @@
-//! Context accounting: primary contexts (retain / release / reset) and created contexts
-//! (`cuCtxCreate_*` / `cuCtxDestroy_v2`), charged as context memory. Plain Rust over a
-//! [`Ledger`]; the driver calls and the memory readings are closures.
+//! CUDA contexts: their accounting and their measurement. This file holds the accounting:
+//! primary contexts (retain / release / reset) and created contexts (`cuCtxCreate_*` /
+//! `cuCtxDestroy_v2`), charged as context memory, plain Rust over a [`Ledger`] with the
+//! driver calls and the memory readings as closures ([`Meter`]). Beside it:
+//! * [`measure`]: the [`Meter`] of the real driver and NVML, the current context's device;
+//! * [`nvml`]: NVML device handles and readings;
+//! * [`cache`]: the context → device cache of the allocation path;
+//! * [`lock`]: the region-wide context-creation lock around a measurement.
+
+pub mod cache;
+pub mod lock;
+pub mod measure;
+pub mod nvml;
 
 use crate::accounting::{Accounts, Ledger};
 use crate::cuda::{CUresult, CUDA_SUCCESS};

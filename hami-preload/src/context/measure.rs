@@ -1,0 +1,192 @@
+//! Measuring context and module memory against the real driver and NVML: the [`Meter`] the
+//! context hooks hand to [`super::ContextTable`] (NVML readings, the driver's own
+//! `cuMemGetInfo_v2` through a given context, the region's charges, the region-wide
+//! context-creation lock), the current context and its device, and the log line that says
+//! how a context was charged.
+
+use super::lock::{self, CtxLock};
+use super::nvml::{nvml_own_used, nvml_ready, nvml_used};
+use super::{Held, Meter};
+use crate::cuda::*;
+use crate::policy::ContextCost;
+use crate::state::{self, ProcLedger};
+use crate::symbols::{self, Cu};
+
+/// The current context's device and the context itself. The device comes from the process's
+/// context → device cache when it can (see [`super::cache`]), else from `cuCtxGetDevice`.
+pub(crate) fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
+    let cache = &state::proc_state().accounts.ctx_devices;
+    // Before asking the driver: a context destroyed after this point is not cached.
+    let token = cache.token();
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: documented type; valid out pointer.
+    if let Some(f) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::CtxGetCurrent) } {
+        // SAFETY: valid out pointer.
+        if unsafe { f(&mut ctx) } != CUDA_SUCCESS {
+            ctx = std::ptr::null_mut();
+        }
+    }
+    let ctx = ctx as usize;
+    if let Some(dev) = cache.lookup(token, ctx) {
+        return Ok((dev, ctx));
+    }
+    // SAFETY: documented types.
+    let get_dev =
+        unsafe { symbols::cu::<FnCtxGetDevice>(Cu::CtxGetDevice) }.ok_or(CUDA_ERROR_NOT_FOUND)?;
+    let mut dev: CUdevice = 0;
+    // SAFETY: valid out pointer.
+    let r = unsafe { get_dev(&mut dev) };
+    if r != CUDA_SUCCESS {
+        return Err(r);
+    }
+    let dev = dev.max(0) as usize;
+    cache.fill(token, ctx, dev);
+    Ok((dev, ctx))
+}
+
+/// Takes the region-wide context-creation lock (see [`super::lock`]). When no
+/// measurement is possible (neither NVML nor the driver's `cuMemGetInfo_v2`) there is
+/// nothing to protect: no lock (it would only serialize context creation across the
+/// region's processes).
+fn ctx_serialize() -> Option<Held> {
+    if !nvml_ready() && !driver_info_available() {
+        return None;
+    }
+    let g = state::global();
+    g.region.as_ref().ok()?;
+    match CtxLock::acquire(&g.config.region_path, lock::WAIT_LIMIT) {
+        Ok(l) => Some(Box::new(l)),
+        Err(e) => {
+            crate::warn!("context-creation lock: {e}; measuring context memory without it");
+            None
+        }
+    }
+}
+
+/// This process's non-context charges on `dev`.
+fn own_data(dev: usize) -> u64 {
+    ProcLedger::current().own_non_context(dev)
+}
+
+/// Non-context charges of every process sharing the region on `dev`.
+fn region_data(dev: usize) -> u64 {
+    let Ok(region) = &state::global().region else {
+        return 0;
+    };
+    let kinds: Vec<usize> = hami_common::layout::UsageKind::ALL
+        .iter()
+        .filter(|&&k| k != hami_common::layout::UsageKind::Context)
+        .map(|k| k.index())
+        .collect();
+    region
+        .snapshot()
+        .slots
+        .iter()
+        .filter_map(|s| s.usage.get(dev))
+        .flat_map(|u| kinds.iter().map(move |&k| u[k]))
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Everything every process sharing the region has charged on `dev`, all kinds.
+fn region_used(dev: usize) -> u64 {
+    let Ok(region) = &state::global().region else {
+        return 0;
+    };
+    region
+        .snapshot()
+        .slots
+        .iter()
+        .filter_map(|s| s.usage.get(dev))
+        .flat_map(|u| u.iter().copied())
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Whether the driver offers `cuMemGetInfo_v2` (the driver-only context measurement).
+fn driver_info_available() -> bool {
+    // SAFETY: documented type.
+    unsafe { symbols::cu::<FnMemGetInfo>(Cu::MemGetInfoV2) }.is_some()
+}
+
+/// `(free, total)` of `ctx`'s device per the real `cuMemGetInfo_v2`, with `ctx` made
+/// current for the reading (`cuCtxPushCurrent_v2` / `cuCtxPopCurrent_v2`), so that the
+/// calling thread's context stack is left exactly as it was. If `ctx` is already current no
+/// push is needed; otherwise, without both push and pop, `None`.
+fn driver_info(ctx: usize) -> Option<(u64, u64)> {
+    // SAFETY: documented type.
+    let info = unsafe { symbols::cu::<FnMemGetInfo>(Cu::MemGetInfoV2) }?;
+    let mut cur: CUcontext = std::ptr::null_mut();
+    // SAFETY: documented type.
+    if let Some(get) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::CtxGetCurrent) } {
+        // SAFETY: valid out pointer.
+        if unsafe { get(&mut cur) } != CUDA_SUCCESS {
+            cur = std::ptr::null_mut();
+        }
+    }
+    let pop = if cur as usize == ctx {
+        None
+    } else {
+        // SAFETY: documented types.
+        let push = unsafe { symbols::cu::<FnCtxPushCurrent>(Cu::CtxPushCurrentV2) }?;
+        // SAFETY: documented type.
+        let pop = unsafe { symbols::cu::<FnCtxPopCurrent>(Cu::CtxPopCurrentV2) }?;
+        // SAFETY: a context of this process (the driver checks it).
+        if unsafe { push(ctx as CUcontext) } != CUDA_SUCCESS {
+            return None;
+        }
+        Some(pop)
+    };
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out pointers; the real function, not our quota view.
+    let r = unsafe { info(&mut free, &mut total) };
+    if let Some(pop) = pop {
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out pointer; pops the context pushed above.
+        unsafe { pop(&mut popped) };
+    }
+    (r == CUDA_SUCCESS).then_some((free as u64, total as u64))
+}
+
+/// The meter of context memory used by the context hooks.
+pub(crate) fn meter() -> Meter<'static> {
+    Meter {
+        configured: state::global().config.context_overhead,
+        used_now: &nvml_used,
+        own_used: &nvml_own_used,
+        own_data: &own_data,
+        region_data: &region_data,
+        serialize: &ctx_serialize,
+        nvml: nvml_ready(),
+        driver_info: &driver_info,
+        region_used: &region_used,
+    }
+}
+
+/// Logs what a context creation was charged and how it was measured.
+pub(crate) fn log_context_cost(what: &str, dev: usize, cost: Option<ContextCost>) {
+    match cost {
+        Some(ContextCost::Unknown) => crate::warn!(
+            "{what}: device {dev}: context memory could not be measured (no NVML or driver reading, or one disturbed by other processes' memory); charged 0 bytes (set HAMI_CONTEXT_OVERHEAD to fix a value)"
+        ),
+        Some(ContextCost::Driver { bytes, first: false, serialized }) => crate::info!(
+            "{what}: device {dev}: context charged {bytes} bytes (measured from cuMemGetInfo (no NVML): free before (through this process's existing context) minus free after (through the new one), corrected for the region's data charged meanwhile; context-creation lock {})",
+            if serialized { "held" } else { "NOT held" }
+        ),
+        Some(ContextCost::Driver { bytes, first: true, serialized }) => crate::info!(
+            "{what}: device {dev}: context charged {bytes} bytes (measured from cuMemGetInfo (no NVML): device used after (total - free through the new context) minus the region's accounted usage; assumes the region's processes are the device's only users; context-creation lock {})",
+            if serialized { "held" } else { "NOT held" }
+        ),
+        Some(ContextCost::Configured(b)) => {
+            crate::info!("{what}: device {dev}: context charged {b} bytes (HAMI_CONTEXT_OVERHEAD)")
+        }
+        Some(ContextCost::PerProcess(b)) => crate::info!(
+            "{what}: device {dev}: context charged {b} bytes (measured per process: this process's NVML used memory after minus before)"
+        ),
+        Some(ContextCost::DeviceDelta { bytes, serialized: true }) => crate::info!(
+            "{what}: device {dev}: context charged {bytes} bytes (measured at device level, serialized: NVML device used memory after minus before under the region's context-creation lock; this pid is not in NVML's process list)"
+        ),
+        Some(ContextCost::DeviceDelta { bytes, serialized: false }) => crate::warn!(
+            "{what}: device {dev}: context charged {bytes} bytes (measured at device level WITHOUT the context-creation lock: may include other processes' concurrent contexts)"
+        ),
+        None => {}
+    }
+}
