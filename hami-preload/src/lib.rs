@@ -8,20 +8,20 @@
 //! * exported functions with the driver's names ([`hooks`]);
 //! * our `dlsym` ([`dlsym`]), which hands out the hooks for driver handles and keeps
 //!   glibc's `RTLD_NEXT` semantics for everything else;
-//! * `cuGetProcAddress(_v2)` ([`hooks::cuGetProcAddress_v2`]), whose results are rewritten
+//! * `cuGetProcAddress(_v2)` ([`hooks::procaddr::cuGetProcAddress_v2`]), whose results are rewritten
 //!   by address.
 //!
-//! The hooks are thin; the decisions live in plain Rust: [`accounting`] (charge / call /
-//! record), [`context`] (contexts and their measurement), [`pools`] (stream-ordered pools), [`modules`] (module memory),
-//! [`backstop`] (what no hook saw), [`policy`] (views and estimates), [`config`]. The hooks of
-//! pools, mipmapped arrays, modules and synchronisations are in [`device_memory`].
+//! The hooks ([`hooks`], one file per family) are thin, all defined with one prelude
+//! ([`shim`]); the decisions live in plain Rust: [`accounting`] (charge / call / record),
+//! [`context`] (contexts, and measuring their memory), [`pools`] (stream-ordered pools),
+//! [`modules`] (module memory), [`backstop`] (what no hook saw), [`policy`] (views and
+//! estimates), [`config`].
 
 pub mod accounting;
 pub mod backstop;
 pub mod config;
 pub mod context;
 pub mod cuda;
-pub mod device_memory;
 pub mod dlsym;
 pub mod hooks;
 #[macro_use]
@@ -30,6 +30,7 @@ pub mod modules;
 pub mod policy;
 pub mod pools;
 pub mod real;
+pub mod shim;
 pub mod state;
 pub mod symbols;
 

@@ -2,10 +2,10 @@
 //! primary contexts (retain / release / reset) and created contexts (`cuCtxCreate_*` /
 //! `cuCtxDestroy_v2`), charged as context memory, plain Rust over a [`Ledger`] with the
 //! driver calls and the memory readings as closures ([`Meter`]). Beside it:
-//! * [`measure`]: the [`Meter`] of the real driver and NVML, the current context's device;
-//! * [`nvml`]: NVML device handles and readings;
-//! * [`cache`]: the context → device cache of the allocation path;
-//! * [`lock`]: the region-wide context-creation lock around a measurement.
+//! * [`measure`] — the [`Meter`] of the real driver and NVML, the current context's device;
+//! * [`nvml`] — NVML device handles and readings;
+//! * [`cache`] — the context → device cache of the allocation path;
+//! * [`lock`] — the region-wide context-creation lock around a measurement.
 
 pub mod cache;
 pub mod lock;

@@ -1,0 +1,370 @@
+//! Hooks of plain allocations and their releases: device pointers (`cuMemAlloc_v2`,
+//! managed, pitched, stream-ordered), physical handles (`cuMemCreate` / `cuMemRelease`),
+//! arrays and mipmapped arrays, and the frees of each.
+#![allow(non_snake_case)]
+#![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
+
+use super::{alloc_ptr, array_alloc, finish, release};
+use crate::accounting::{Allocated, Ns};
+use crate::context::measure::current_dev_ctx;
+use crate::cuda::*;
+use crate::policy;
+use crate::shim::hook;
+use crate::state::ProcLedger;
+use crate::symbols::{self, Cu};
+use std::ffi::c_uint;
+
+hook! {
+    /// Hook of `cuMemAlloc_v2`.
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) = Cu::MemAlloc as FnMemAlloc;
+    |f| {
+        // SAFETY: forwarded arguments.
+        unsafe { alloc_ptr("cuMemAlloc_v2", dptr, bytesize as u64, || f(dptr, bytesize)) }
+    }
+}
+
+hook! {
+    /// Hook of `cuMemAllocManaged` (charged to the current context's device).
+    fn cuMemAllocManaged(
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        flags: c_uint,
+    ) = Cu::MemAllocManaged as FnMemAllocManaged;
+    |f| {
+        // SAFETY: forwarded arguments.
+        unsafe {
+            alloc_ptr("cuMemAllocManaged", dptr, bytesize as u64, || {
+                f(dptr, bytesize, flags)
+            })
+        }
+    }
+}
+
+hook! {
+    /// Hook of `cuMemAllocAsync` (charged to the current context's device).
+    fn cuMemAllocAsync(
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        stream: CUstream,
+    ) = Cu::MemAllocAsync as FnMemAllocAsync;
+    |f| {
+        // SAFETY: forwarded arguments.
+        unsafe {
+            super::pools::alloc_async(
+                "cuMemAllocAsync",
+                dptr,
+                bytesize as u64,
+                None,
+                stream,
+                false,
+                || f(dptr, bytesize, stream),
+            )
+        }
+    }
+}
+
+hook! {
+    /// Hook of `cuMemAllocAsync_ptsz`.
+    fn cuMemAllocAsync_ptsz(
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        stream: CUstream,
+    ) = Cu::MemAllocAsyncPtsz as FnMemAllocAsync;
+    |f| {
+        // SAFETY: forwarded arguments.
+        unsafe {
+            super::pools::alloc_async(
+                "cuMemAllocAsync_ptsz",
+                dptr,
+                bytesize as u64,
+                None,
+                stream,
+                true,
+                || f(dptr, bytesize, stream),
+            )
+        }
+    }
+}
+
+hook! {
+    /// Hook of `cuMemAllocFromPoolAsync` (charged to the current context's device).
+    fn cuMemAllocFromPoolAsync(
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        pool: CUmemoryPool,
+        stream: CUstream,
+    ) = Cu::MemAllocFromPoolAsync as FnMemAllocFromPoolAsync;
+    |f| {
+        // SAFETY: forwarded arguments.
+        unsafe {
+            super::pools::alloc_async(
+                "cuMemAllocFromPoolAsync",
+                dptr,
+                bytesize as u64,
+                Some(pool),
+                stream,
+                false,
+                || f(dptr, bytesize, pool, stream),
+            )
+        }
+    }
+}
+
+hook! {
+    /// Hook of `cuMemAllocFromPoolAsync_ptsz`.
+    fn cuMemAllocFromPoolAsync_ptsz(
+        dptr: *mut CUdeviceptr,
+        bytesize: usize,
+        pool: CUmemoryPool,
+        stream: CUstream,
+    ) = Cu::MemAllocFromPoolAsyncPtsz as FnMemAllocFromPoolAsync;
+    |f| {
+        // SAFETY: forwarded arguments.
+        unsafe {
+            super::pools::alloc_async(
+                "cuMemAllocFromPoolAsync_ptsz",
+                dptr,
+                bytesize as u64,
+                Some(pool),
+                stream,
+                true,
+                || f(dptr, bytesize, pool, stream),
+            )
+        }
+    }
+}
+
+hook! {
+    /// Hook of `cuMemAllocPitch_v2`: charges an estimate first, then the real `pitch * height`.
+    fn cuMemAllocPitch_v2(
+        dptr: *mut CUdeviceptr,
+        pitch: *mut usize,
+        width: usize,
+        height: usize,
+        elem: c_uint,
+    ) = Cu::MemAllocPitch as FnMemAllocPitch;
+    |f| {
+        // SAFETY: forwarded arguments.
+        alloc_pitch(dptr, pitch, width, height, || unsafe { f(dptr, pitch, width, height, elem) })
+    }
+}
+
+/// A pitched allocation: an estimate is charged first, then the real `pitch * height`; an
+/// allocation whose real size does not fit is freed again.
+fn alloc_pitch(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if dptr.is_null() || pitch.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let (dev, ctx) = match current_dev_ctx() {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    let l = ProcLedger::current();
+    let estimate = policy::pitch_estimate(width as u64, height as u64);
+    let r = l.p.accounts.alloc(
+        &l,
+        Ns::Ptr,
+        dev,
+        ctx,
+        estimate,
+        || match real() {
+            CUDA_SUCCESS => Ok(Allocated {
+                // SAFETY: the driver wrote *dptr on success.
+                key: unsafe { *dptr },
+                // SAFETY: the driver wrote *pitch on success.
+                bytes: (unsafe { *pitch } as u64).saturating_mul(height as u64),
+            }),
+            e => Err(e),
+        },
+        |key| {
+            // SAFETY: documented type; frees what the driver just returned.
+            if let Some(free) = unsafe { symbols::cu::<FnMemFree>(Cu::MemFree) } {
+                // SAFETY: key is the pointer the driver returned.
+                unsafe { free(key) };
+            }
+        },
+    );
+    finish("cuMemAllocPitch_v2", &l, dev, r)
+}
+
+hook! {
+    /// Hook of `cuMemCreate`: handles located on a device are charged to that device until
+    /// `cuMemRelease`; host-located handles are not charged.
+    fn cuMemCreate(
+        handle: *mut CUmemGenericAllocationHandle,
+        size: usize,
+        prop: *const CUmemAllocationProp,
+        flags: u64,
+    ) = Cu::MemCreate as FnMemCreate;
+    |f| {
+        // SAFETY: forwarded arguments.
+        mem_create(handle, size, prop, || unsafe { f(handle, size, prop, flags) })
+    }
+}
+
+/// A physical allocation (`cuMemCreate`): charged to the device it is located on.
+fn mem_create(
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if handle.is_null() || prop.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: non-null pointer to the caller's properties.
+    let loc = unsafe { (*prop).location };
+    if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE || loc.id < 0 {
+        return real();
+    }
+    let dev = loc.id as usize;
+    let l = ProcLedger::current();
+    let r = l.p.accounts.alloc(
+        &l,
+        Ns::Handle,
+        dev,
+        0,
+        size as u64,
+        || match real() {
+            CUDA_SUCCESS => Ok(Allocated {
+                // SAFETY: the driver wrote *handle on success.
+                key: unsafe { *handle },
+                bytes: size as u64,
+            }),
+            e => Err(e),
+        },
+        |_| {},
+    );
+    finish("cuMemCreate", &l, dev, r)
+}
+
+hook! {
+    /// Hook of `cuArrayCreate_v2` (charged with the documented footprint estimate).
+    fn cuArrayCreate_v2(
+        out: *mut CUarray,
+        desc: *const CUDA_ARRAY_DESCRIPTOR,
+    ) = Cu::ArrayCreate as FnArrayCreate;
+    |f| {
+        if out.is_null() || desc.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: non-null descriptor from the caller.
+        let estimate = policy::array_charge(unsafe { &*desc });
+        // SAFETY: forwarded arguments.
+        array_alloc("cuArrayCreate_v2", Ns::Array, out, estimate, || unsafe {
+            f(out, desc)
+        })
+    }
+}
+
+hook! {
+    /// Hook of `cuArray3DCreate_v2` (charged with the documented footprint estimate).
+    fn cuArray3DCreate_v2(
+        out: *mut CUarray,
+        desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    ) = Cu::Array3DCreate as FnArray3DCreate;
+    |f| {
+        if out.is_null() || desc.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: non-null descriptor from the caller.
+        let estimate = policy::array3d_charge(unsafe { &*desc });
+        // SAFETY: forwarded arguments.
+        array_alloc("cuArray3DCreate_v2", Ns::Array, out, estimate, || unsafe {
+            f(out, desc)
+        })
+    }
+}
+
+// ---------------------------------------------------------------- mipmapped arrays
+
+hook! {
+    /// Hook of `cuMipmappedArrayCreate` (charged with the footprint estimate of every level).
+    fn cuMipmappedArrayCreate(
+        out: *mut CUmipmappedArray,
+        desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+        levels: c_uint,
+    ) = Cu::MipmappedArrayCreate as FnMipmappedArrayCreate;
+    |f| {
+        if out.is_null() || desc.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: non-null descriptor from the caller.
+        let estimate = policy::mipmap_charge(unsafe { &*desc }, levels);
+        // SAFETY: forwarded arguments.
+        array_alloc(
+            "cuMipmappedArrayCreate",
+            Ns::Mipmap,
+            out,
+            estimate,
+            || unsafe { f(out, desc, levels) },
+        )
+    }
+}
+
+hook! {
+    /// Hook of `cuMipmappedArrayDestroy`.
+    fn cuMipmappedArrayDestroy(
+        array: CUmipmappedArray,
+    ) = Cu::MipmappedArrayDestroy as FnMipmappedArrayDestroy;
+    |f| {
+        // SAFETY: forwarded argument.
+        release(Ns::Mipmap, array as u64, || unsafe { f(array) })
+    }
+}
+
+// ---------------------------------------------------------------- release
+
+hook! {
+    /// Hook of `cuMemFree_v2`.
+    fn cuMemFree_v2(dptr: CUdeviceptr) = Cu::MemFree as FnMemFree;
+    |f| {
+        // SAFETY: forwarded argument.
+        release(Ns::Ptr, dptr, || unsafe { f(dptr) })
+    }
+}
+
+hook! {
+    /// Hook of `cuMemFreeAsync` (released when the free is enqueued successfully).
+    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) = Cu::MemFreeAsync as FnMemFreeAsync;
+    |f| {
+        // SAFETY: forwarded arguments.
+        super::pools::free_async(dptr, || unsafe { f(dptr, stream) })
+    }
+}
+
+hook! {
+    /// Hook of `cuMemFreeAsync_ptsz`.
+    fn cuMemFreeAsync_ptsz(
+        dptr: CUdeviceptr,
+        stream: CUstream,
+    ) = Cu::MemFreeAsyncPtsz as FnMemFreeAsync;
+    |f| {
+        // SAFETY: forwarded arguments.
+        super::pools::free_async(dptr, || unsafe { f(dptr, stream) })
+    }
+}
+
+hook! {
+    /// Hook of `cuMemRelease`.
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle) = Cu::MemRelease as FnMemRelease;
+    |f| {
+        // SAFETY: forwarded argument.
+        release(Ns::Handle, handle, || unsafe { f(handle) })
+    }
+}
+
+hook! {
+    /// Hook of `cuArrayDestroy`.
+    fn cuArrayDestroy(array: CUarray) = Cu::ArrayDestroy as FnArrayDestroy;
+    |f| {
+        // SAFETY: forwarded argument.
+        release(Ns::Array, array as u64, || unsafe { f(array) })
+    }
+}

@@ -1,0 +1,233 @@
+//! Hooks of context creation and destruction (primary retain / release / reset,
+//! `cuCtxCreate*`, `cuCtxDestroy*`): each measures and charges through
+//! [`crate::context::ContextTable`] with the real driver's [`crate::context::Meter`].
+#![allow(non_snake_case)]
+#![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
+
+use crate::context::measure::{log_context_cost, meter};
+use crate::cuda::*;
+use crate::shim::hook;
+use crate::state::ProcLedger;
+use std::ffi::{c_int, c_uint, c_void};
+
+hook! {
+    /// Hook of `cuDevicePrimaryCtxRetain`: the first retain per device charges the context.
+    fn cuDevicePrimaryCtxRetain(
+        pctx: *mut CUcontext,
+        dev: CUdevice,
+    ) = Cu::PrimaryCtxRetain as FnPrimaryCtxRetain;
+    |f| {
+        // SAFETY: forwarded arguments.
+        primary_retain(pctx, dev, || unsafe { f(pctx, dev) })
+    }
+}
+
+/// A primary-context retain: the first one per device is measured and charged.
+fn primary_retain(
+    pctx: *mut CUcontext,
+    dev: CUdevice,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if pctx.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if dev < 0 {
+        return real();
+    }
+    let l = ProcLedger::current();
+    let m = meter();
+    let (r, cost) =
+        l.p.contexts
+            .primary_retain(&l, dev as usize, &m, || match real() {
+                // SAFETY: the driver wrote *pctx (checked non-null above) on success.
+                CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
+                e => Err(e),
+            });
+    log_context_cost("cuDevicePrimaryCtxRetain", dev as usize, cost);
+    r
+}
+
+/// A primary-context release: the last one uncharges the context and what it held.
+fn primary_release(f: FnDeviceOp, dev: CUdevice) -> CUresult {
+    if dev < 0 {
+        // SAFETY: forwarded argument.
+        return unsafe { f(dev) };
+    }
+    let l = ProcLedger::current();
+    let before = l.p.contexts.primary_ctx(dev as usize);
+    // SAFETY: forwarded argument.
+    let r =
+        l.p.contexts
+            .primary_release(&l, &l.p.accounts, dev as usize, || unsafe { f(dev) });
+    if r == CUDA_SUCCESS && before != 0 && l.p.contexts.primary_ctx(dev as usize) == 0 {
+        // The last release destroyed the primary context.
+        super::context_gone(&l, before);
+    }
+    r
+}
+
+/// A primary-context reset: the context and everything allocated in it are uncharged.
+fn primary_reset(f: FnDeviceOp, dev: CUdevice) -> CUresult {
+    if dev < 0 {
+        // SAFETY: forwarded argument.
+        return unsafe { f(dev) };
+    }
+    let l = ProcLedger::current();
+    let ctx = l.p.contexts.primary_ctx(dev as usize);
+    // SAFETY: forwarded argument.
+    let r =
+        l.p.contexts
+            .primary_reset(&l, &l.p.accounts, dev as usize, || unsafe { f(dev) });
+    if r == CUDA_SUCCESS {
+        super::context_gone(&l, ctx);
+    }
+    r
+}
+
+hook! {
+    /// Hook of `cuDevicePrimaryCtxRelease` (pre-11 name of the `_v2` function).
+    fn cuDevicePrimaryCtxRelease(dev: CUdevice) = Cu::PrimaryCtxRelease as FnDeviceOp;
+    |f| {
+        primary_release(f, dev)
+    }
+}
+
+hook! {
+    /// Hook of `cuDevicePrimaryCtxRelease_v2`: the last release uncharges the context.
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) = Cu::PrimaryCtxReleaseV2 as FnDeviceOp;
+    |f| {
+        primary_release(f, dev)
+    }
+}
+
+hook! {
+    /// Hook of `cuDevicePrimaryCtxReset`.
+    fn cuDevicePrimaryCtxReset(dev: CUdevice) = Cu::PrimaryCtxReset as FnDeviceOp;
+    |f| {
+        primary_reset(f, dev)
+    }
+}
+
+hook! {
+    /// Hook of `cuDevicePrimaryCtxReset_v2`: the primary context's allocations are gone.
+    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) = Cu::PrimaryCtxResetV2 as FnDeviceOp;
+    |f| {
+        primary_reset(f, dev)
+    }
+}
+
+/// A context creation (`cuCtxCreate*`): measured and charged to `dev`.
+fn ctx_create(
+    what: &str,
+    pctx: *mut CUcontext,
+    dev: CUdevice,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if pctx.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if dev < 0 {
+        return real();
+    }
+    let l = ProcLedger::current();
+    let m = meter();
+    let (r, cost) = l.p.contexts.create(&l, dev as usize, &m, || match real() {
+        // SAFETY: *pctx written on success.
+        CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
+        e => Err(e),
+    });
+    log_context_cost(what, dev as usize, cost);
+    r
+}
+
+hook! {
+    /// Hook of `cuCtxCreate_v2`.
+    fn cuCtxCreate_v2(
+        pctx: *mut CUcontext,
+        flags: c_uint,
+        dev: CUdevice,
+    ) = Cu::CtxCreateV2 as FnCtxCreateV2;
+    |f| {
+        // SAFETY: forwarded arguments.
+        ctx_create("cuCtxCreate_v2", pctx, dev, || unsafe {
+            f(pctx, flags, dev)
+        })
+    }
+}
+
+hook! {
+    /// Hook of `cuCtxCreate`, the pre-3.2 name of `cuCtxCreate_v2` (same arguments and meaning;
+    /// still exported by the driver and reached by `cuGetProcAddress("cuCtxCreate", < 3020)`).
+    fn cuCtxCreate(
+        pctx: *mut CUcontext,
+        flags: c_uint,
+        dev: CUdevice,
+    ) = Cu::CtxCreateV1 as FnCtxCreateV2;
+    |f| {
+        // SAFETY: forwarded arguments.
+        ctx_create("cuCtxCreate", pctx, dev, || unsafe { f(pctx, flags, dev) })
+    }
+}
+
+hook! {
+    /// Hook of `cuCtxCreate_v3`.
+    fn cuCtxCreate_v3(
+        pctx: *mut CUcontext,
+        params: *mut c_void,
+        num_params: c_int,
+        flags: c_uint,
+        dev: CUdevice,
+    ) = Cu::CtxCreateV3 as FnCtxCreateV3;
+    |f| {
+        // SAFETY: forwarded arguments.
+        ctx_create("cuCtxCreate_v3", pctx, dev, || unsafe {
+            f(pctx, params, num_params, flags, dev)
+        })
+    }
+}
+
+hook! {
+    /// Hook of `cuCtxCreate_v4`.
+    fn cuCtxCreate_v4(
+        pctx: *mut CUcontext,
+        params: *mut c_void,
+        flags: c_uint,
+        dev: CUdevice,
+    ) = Cu::CtxCreateV4 as FnCtxCreateV4;
+    |f| {
+        // SAFETY: forwarded arguments.
+        ctx_create("cuCtxCreate_v4", pctx, dev, || unsafe {
+            f(pctx, params, flags, dev)
+        })
+    }
+}
+
+/// A context destruction: the context and everything allocated in it are uncharged when the
+/// driver succeeds.
+fn ctx_destroy(ctx: CUcontext, real: impl FnOnce() -> CUresult) -> CUresult {
+    let l = ProcLedger::current();
+    let r = l.p.contexts.destroy(&l, &l.p.accounts, ctx as usize, real);
+    if r == CUDA_SUCCESS {
+        super::context_gone(&l, ctx as usize);
+    }
+    r
+}
+
+hook! {
+    /// Hook of `cuCtxDestroy`, the pre-4.0 name of `cuCtxDestroy_v2`: when the driver succeeds the
+    /// context is gone, so it is uncharged the same way.
+    fn cuCtxDestroy(ctx: CUcontext) = Cu::CtxDestroyV1 as FnCtxDestroy;
+    |f| {
+        // SAFETY: forwarded argument.
+        ctx_destroy(ctx, || unsafe { f(ctx) })
+    }
+}
+
+hook! {
+    /// Hook of `cuCtxDestroy_v2`: uncharges the context and everything allocated in it.
+    fn cuCtxDestroy_v2(ctx: CUcontext) = Cu::CtxDestroyV2 as FnCtxDestroy;
+    |f| {
+        // SAFETY: forwarded argument.
+        ctx_destroy(ctx, || unsafe { f(ctx) })
+    }
+}

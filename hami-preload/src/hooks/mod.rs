@@ -1,0 +1,218 @@
+//! The exported driver and NVML functions, each a thin shim defined with
+//! `hook!` ([`crate::shim`]): the prelude (panic guard, real function, re-entry check),
+//! then the raw arguments checked and converted, one call into plain-Rust policy
+//! ([`crate::accounting`], [`crate::context`], [`crate::pools`], [`crate::modules`],
+//! [`crate::backstop`], [`crate::policy`]) with closures over the real driver, and the
+//! result converted back. This file re-exports every hook (the symbol table finds them here)
+//! and holds the glue they share: allocate-and-charge, release, refusal logging, the
+//! backstop's refresh and what a destroyed context takes with it.
+//!
+//! * [`alloc`] — allocations and releases (pointers, handles, arrays, mipmapped arrays);
+//! * [`pools`] — stream-ordered pools and synchronisations;
+//! * [`modules`] — modules, libraries, lookups and launches;
+//! * [`context`] — context creation and destruction;
+//! * [`views`] — memory queries answered with the quota;
+//! * [`procaddr`] — `cuGetProcAddress(_v2)`.
+#![allow(non_snake_case)]
+
+pub mod alloc;
+pub mod context;
+pub mod modules;
+pub mod pools;
+pub mod procaddr;
+pub mod views;
+
+pub use alloc::*;
+pub use context::*;
+pub use modules::*;
+pub use pools::*;
+pub use procaddr::*;
+pub use views::*;
+
+use crate::accounting::{AllocError, Allocated, Deny, Ns};
+use crate::backstop::{self, Backstop};
+use crate::context::measure::current_dev_ctx;
+use crate::context::nvml::{nvml_own_used, nvml_ready};
+use crate::context::OwnUsage;
+use crate::cuda::*;
+use crate::state::{self, ProcLedger, ProcState};
+use hami_common::layout::{UsageKind, MAX_DEVICES};
+
+pub(crate) fn report_denial(what: &str, p: &ProcState, dev: usize, d: &Deny) {
+    if d.is_over_limit() {
+        crate::info!("{what}: CUDA_ERROR_OUT_OF_MEMORY: {d}");
+    } else if p.first_denial(dev) {
+        crate::error!("{what}: CUDA_ERROR_OUT_OF_MEMORY: {d}");
+    } else {
+        crate::debug!("{what}: CUDA_ERROR_OUT_OF_MEMORY: {d}");
+    }
+}
+
+pub(crate) fn finish(
+    what: &str,
+    l: &ProcLedger,
+    dev: usize,
+    r: Result<(), AllocError>,
+) -> CUresult {
+    match r {
+        Ok(()) => CUDA_SUCCESS,
+        Err(e) => {
+            if let AllocError::Denied(d) = &e {
+                report_denial(what, l.p, dev, d);
+            }
+            e.code()
+        }
+    }
+}
+
+/// Allocation of a device pointer on the current context's device.
+///
+/// # Safety
+/// `dptr` is null or writable.
+pub(crate) unsafe fn alloc_ptr(
+    what: &str,
+    dptr: *mut CUdeviceptr,
+    bytes: u64,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if dptr.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let (dev, ctx) = match current_dev_ctx() {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    let l = ProcLedger::current();
+    let r = l.p.accounts.alloc(
+        &l,
+        Ns::Ptr,
+        dev,
+        ctx,
+        bytes,
+        || match real() {
+            CUDA_SUCCESS => Ok(Allocated {
+                // SAFETY: the driver wrote *dptr on success.
+                key: unsafe { *dptr },
+                bytes,
+            }),
+            e => Err(e),
+        },
+        |_| {},
+    );
+    if r.is_ok() {
+        backstop_tick(&l, dev);
+    }
+    finish(what, &l, dev, r)
+}
+
+pub(crate) fn release(ns: Ns, key: u64, real: impl FnOnce() -> CUresult) -> CUresult {
+    let l = ProcLedger::current();
+    l.p.accounts.free(&l, ns, key, real)
+}
+
+pub(crate) fn array_alloc(
+    what: &str,
+    ns: Ns,
+    out: *mut CUarray,
+    estimate: u64,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let (dev, ctx) = match current_dev_ctx() {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    let l = ProcLedger::current();
+    let r = l.p.accounts.alloc(
+        &l,
+        ns,
+        dev,
+        ctx,
+        estimate,
+        || match real() {
+            CUDA_SUCCESS => Ok(Allocated {
+                // SAFETY: the driver wrote *out on success.
+                key: unsafe { *out } as u64,
+                bytes: estimate,
+            }),
+            e => Err(e),
+        },
+        |_| {},
+    );
+    finish(what, &l, dev, r)
+}
+
+// ---------------------------------------------------------------- contexts
+
+/// Context `ctx` was destroyed (or reset): its modules are gone, and the pools may have
+/// given memory back.
+pub(crate) fn context_gone(l: &ProcLedger, ctx: usize) {
+    l.p.modules.drop_context(l, ctx);
+    l.p.pools.drop_context(l, ctx, &read_pool);
+}
+
+// ---------------------------------------------------------------- backstop
+
+/// After an allocation on `dev`: asks for a backstop refresh only when the quota's headroom
+/// is small (two atomic loads otherwise).
+#[inline]
+pub(crate) fn backstop_tick(l: &ProcLedger, dev: usize) {
+    if l.g.config.backstop_interval_ms.is_none() {
+        return;
+    }
+    if let Ok(r) = &l.g.region {
+        if backstop::headroom_small(r.limit(dev), r.admitted(dev)) {
+            backstop_poll(Some(dev));
+        }
+    }
+}
+
+/// Refreshes "other" on `only` (or on every device this process has charges on), for each
+/// device at most once per interval.
+#[cold]
+pub(crate) fn backstop_poll(only: Option<usize>) {
+    let g = state::global();
+    let Some(interval) = g.config.backstop_interval_ms else {
+        return;
+    };
+    let Ok(region) = &g.region else {
+        return;
+    };
+    let p = state::proc_state();
+    let Some(slot) = p.slot() else {
+        return;
+    };
+    let now = backstop::now_ms();
+    let devs: Vec<usize> = match only {
+        Some(d) if d < MAX_DEVICES => vec![d],
+        Some(_) => return,
+        None => (0..MAX_DEVICES)
+            .filter(|&d| {
+                UsageKind::ALL
+                    .iter()
+                    .any(|&k| region.slot_usage(slot, d, k) != 0)
+            })
+            .collect(),
+    };
+    for dev in devs {
+        if !p.backstop.claim(dev, now, interval) || !nvml_ready() {
+            continue;
+        }
+        let OwnUsage::Listed(own) = nvml_own_used(dev) else {
+            continue;
+        };
+        let accounted = UsageKind::ALL
+            .iter()
+            .filter(|&&k| k != UsageKind::Other)
+            .map(|&k| region.slot_usage(slot, dev, k))
+            .fold(0u64, u64::saturating_add);
+        let current = region.slot_usage(slot, dev, UsageKind::Other);
+        let target = backstop::other_target(own, accounted);
+        let l = ProcLedger::current();
+        let change = Backstop::apply(&l, dev, current, target);
+        if change != 0 {
+            crate::debug!(
+                "backstop: device {dev}: the driver reports {own} bytes for this process, {accounted} accounted: other = {target} bytes"
+            );
+        }
+    }
+}

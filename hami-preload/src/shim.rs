@@ -1,0 +1,135 @@
+//! The prelude every exported hook shares, written once: `guard` (a panic becomes an error
+//! code, never an unwind across FFI), the real function's lookup, the re-entry check
+//! (`enter`: a call the driver makes to its own exports is forwarded untouched) and the
+//! forward. `hook!` defines a hook from its signature, its symbol and its body.
+//!
+//! ```ignore
+//! hook! {
+//!     /// Hook of `cuMemFree_v2`.
+//!     fn cuMemFree_v2(dptr: CUdeviceptr) = Cu::MemFree as FnMemFree;
+//!     |f| {
+//!         // SAFETY: forwarded argument.
+//!         release(Ns::Ptr, dptr, || unsafe { f(dptr) })
+//!     }
+//! }
+//! ```
+//!
+//! expands to `#[no_mangle] pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) ->
+//! CUresult` that returns `CUDA_ERROR_UNKNOWN` on a panic, `CUDA_ERROR_NOT_FOUND` when the
+//! driver lacks the function, forwards a nested call as is, and otherwise runs the body with
+//! `f` the real function and the thread marked as inside a hook. `= Nv::...` makes an NVML
+//! hook (`nvmlReturn_t`, `NVML_ERROR_UNKNOWN`, `NVML_ERROR_FUNCTION_NOT_FOUND`). `observe
+//! |f|` leaves out the re-entry check: for hooks that only record what the driver returned
+//! and call `enter` themselves where it matters.
+
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Runs `f`, turning a panic into `err` (no unwinding across the FFI boundary).
+pub(crate) fn guard<R>(err: R, f: impl FnOnce() -> R) -> R {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        crate::error!("internal error (panic) in a hook; returning an error code");
+        err
+    })
+}
+
+thread_local! {
+    /// Whether this thread is inside one of our hooks.
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the thread as inside a hook until dropped (also when a panic unwinds to [`guard`]).
+pub(crate) struct Entered;
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        let _ = IN_HOOK.try_with(|f| f.set(false));
+    }
+}
+
+/// Enters a hook. `None` when this thread is already inside one: the driver is calling one of
+/// its own exported functions (a library linked without `-Bsymbolic` goes through its PLT,
+/// i.e. into our exports; e.g. a primary-context retain that calls `cuCtxCreate_v2`, or a
+/// pitched allocation that calls `cuMemAlloc_v2`). The caller then forwards the call to the
+/// real function untouched: the outer hook accounts for it, exactly once, and no lock of
+/// ours is taken twice by one thread.
+#[inline]
+pub(crate) fn enter() -> Option<Entered> {
+    match IN_HOOK.try_with(|f| f.replace(true)) {
+        Ok(true) => None,
+        // Ok(false), or no thread-local storage any more (thread exit): account normally.
+        _ => Some(Entered),
+    }
+}
+
+/// Defines one exported hook with the shared prelude (see the module documentation).
+macro_rules! hook {
+    (
+        $(#[$doc:meta])*
+        fn $name:ident($($arg:ident: $aty:ty),* $(,)?) = Cu::$sym:ident as $fty:ty;
+        |$f:ident| $body:block
+    ) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $aty),*) -> $crate::cuda::CUresult {
+            $crate::shim::guard($crate::cuda::CUDA_ERROR_UNKNOWN, || {
+                // SAFETY: `$fty` is the documented type of the symbol.
+                let Some($f) = (unsafe {
+                    $crate::symbols::cu::<$fty>($crate::symbols::Cu::$sym)
+                }) else {
+                    return $crate::cuda::CUDA_ERROR_NOT_FOUND;
+                };
+                let Some(_entered) = $crate::shim::enter() else {
+                    // SAFETY: nested call (the driver calling its own export): forwarded
+                    // untouched, with the caller's arguments.
+                    return unsafe { $f($($arg),*) };
+                };
+                $body
+            })
+        }
+    };
+    (
+        $(#[$doc:meta])*
+        fn $name:ident($($arg:ident: $aty:ty),* $(,)?) = Cu::$sym:ident as $fty:ty;
+        observe |$f:ident| $body:block
+    ) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $aty),*) -> $crate::cuda::CUresult {
+            $crate::shim::guard($crate::cuda::CUDA_ERROR_UNKNOWN, || {
+                // SAFETY: `$fty` is the documented type of the symbol.
+                let Some($f) = (unsafe {
+                    $crate::symbols::cu::<$fty>($crate::symbols::Cu::$sym)
+                }) else {
+                    return $crate::cuda::CUDA_ERROR_NOT_FOUND;
+                };
+                $body
+            })
+        }
+    };
+    (
+        $(#[$doc:meta])*
+        fn $name:ident($($arg:ident: $aty:ty),* $(,)?) = Nv::$sym:ident as $fty:ty;
+        |$f:ident| $body:block
+    ) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $aty),*) -> $crate::cuda::nvmlReturn_t {
+            $crate::shim::guard($crate::cuda::NVML_ERROR_UNKNOWN, || {
+                // SAFETY: `$fty` is the documented type of the symbol.
+                let Some($f) = (unsafe {
+                    $crate::symbols::nv::<$fty>($crate::symbols::Nv::$sym)
+                }) else {
+                    return $crate::cuda::NVML_ERROR_FUNCTION_NOT_FOUND;
+                };
+                let Some(_entered) = $crate::shim::enter() else {
+                    // SAFETY: nested call (NVML calling its own export): forwarded untouched,
+                    // with the caller's arguments.
+                    return unsafe { $f($($arg),*) };
+                };
+                $body
+            })
+        }
+    };
+}
+pub(crate) use hook;
