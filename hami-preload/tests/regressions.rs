@@ -483,3 +483,57 @@ fn without_nvml_concurrent_context_creations_are_serialized_and_exact() {
         .collect();
     assert_eq!(charged, vec![300 * MB; 3]);
 }
+
+/// Issue 12 (bad inputs): a zero-sized `cuMemAlloc` / `cuMemAllocManaged` is
+/// `CUDA_ERROR_INVALID_VALUE` by the driver API's documentation, whatever the quota says.
+/// While allocations fail closed (a malformed limit) the preload answered it with
+/// `CUDA_ERROR_OUT_OF_MEMORY`, as if the quota had refused a real request.
+#[test]
+fn zero_sized_allocations_are_invalid_value_even_while_failing_closed() {
+    let env = Env::new().set("CUDA_DEVICE_MEMORY_LIMIT", "lots");
+    for via in ["direct", "dlsym", "procaddr"] {
+        let p = env.probe(&["--via", via, "alloc", "0", "managed", "0", "alloc", "1M"]);
+        assert!(p.ok(), "{}", p.dump());
+        assert_eq!(p.rcs(), vec![1, 1, OOM], "{via}: {}", p.dump());
+    }
+}
+
+/// Issue 12 (bad inputs): `cuMemCreate` located on a device ordinal beyond the region's
+/// devices (`MAX_DEVICES`) was refused with `CUDA_ERROR_OUT_OF_MEMORY` before the driver was
+/// asked; a device that does not exist is the driver's `CUDA_ERROR_INVALID_DEVICE`.
+#[test]
+fn mem_create_on_a_device_beyond_the_region_returns_the_drivers_code() {
+    let env = Env::new()
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
+        .set("HAMI_CONTEXT_OVERHEAD", "0");
+    let plain = Probe::from(
+        env.command(hprobe(), false)
+            .args(["createdev", "16", "2M", "createdev", "4096", "2M"])
+            .output()
+            .unwrap(),
+    );
+    assert_ne!(
+        plain.rc(0),
+        0,
+        "the fake has no device 16: {}",
+        plain.dump()
+    );
+    for via in ["direct", "dlsym", "procaddr"] {
+        let p = env.probe(&[
+            "--via",
+            via,
+            "createdev",
+            "16",
+            "2M",
+            "createdev",
+            "4096",
+            "2M",
+        ]);
+        assert_eq!(
+            p.rcs(),
+            vec![plain.rc(0), plain.rc(1)],
+            "{via}: {}",
+            p.dump()
+        );
+    }
+}

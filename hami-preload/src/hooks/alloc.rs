@@ -12,25 +12,34 @@ use crate::policy;
 use crate::shim::hook;
 use crate::state::ProcLedger;
 use crate::symbols::{self, Cu};
+use hami_common::layout::MAX_DEVICES;
 use std::ffi::c_uint;
 
 hook! {
-    /// Hook of `cuMemAlloc_v2`.
+    /// Hook of `cuMemAlloc_v2`. A null `dptr` or a zero `bytesize` is
+    /// `CUDA_ERROR_INVALID_VALUE` (documented), before any quota decision.
     fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) = Cu::MemAlloc as FnMemAlloc;
     |f| {
+        if dptr.is_null() || bytesize == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
         // SAFETY: forwarded arguments.
         unsafe { alloc_ptr("cuMemAlloc_v2", dptr, bytesize as u64, || f(dptr, bytesize)) }
     }
 }
 
 hook! {
-    /// Hook of `cuMemAllocManaged` (charged to the current context's device).
+    /// Hook of `cuMemAllocManaged` (charged to the current context's device). A null `dptr`
+    /// or a zero `bytesize` is `CUDA_ERROR_INVALID_VALUE` (documented).
     fn cuMemAllocManaged(
         dptr: *mut CUdeviceptr,
         bytesize: usize,
         flags: c_uint,
     ) = Cu::MemAllocManaged as FnMemAllocManaged;
     |f| {
+        if dptr.is_null() || bytesize == 0 {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
         // SAFETY: forwarded arguments.
         unsafe {
             alloc_ptr("cuMemAllocManaged", dptr, bytesize as u64, || {
@@ -161,6 +170,10 @@ fn alloc_pitch(
     if dptr.is_null() || pitch.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    if width == 0 || height == 0 {
+        // Nothing to admit: the driver's answer (it refuses an empty allocation).
+        return real();
+    }
     let (dev, ctx) = match current_dev_ctx() {
         Ok(x) => x,
         Err(e) => return e,
@@ -218,12 +231,19 @@ fn mem_create(
     if handle.is_null() || prop.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    if size == 0 {
+        // Nothing to admit: the driver's answer (it refuses an empty allocation).
+        return real();
+    }
     // SAFETY: non-null pointer to the caller's properties.
     let loc = unsafe { (*prop).location };
     if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE || loc.id < 0 {
         return real();
     }
     let dev = loc.id as usize;
+    if dev >= MAX_DEVICES {
+        return mem_create_beyond_region(dev, handle, real);
+    }
     let l = ProcLedger::current();
     let r = l.p.accounts.alloc(
         &l,
@@ -242,6 +262,32 @@ fn mem_create(
         |_| {},
     );
     finish("cuMemCreate", &l, dev, r)
+}
+
+/// `cuMemCreate` located on a device ordinal the region has no room for (`>= MAX_DEVICES`):
+/// the driver's answer when it refuses (a device that does not exist:
+/// `CUDA_ERROR_INVALID_DEVICE`); an allocation it made is released again and refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY`, since it could not be accounted (fail closed).
+fn mem_create_beyond_region(
+    dev: usize,
+    handle: *mut CUmemGenericAllocationHandle,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let r = real();
+    if r != CUDA_SUCCESS {
+        return r;
+    }
+    // SAFETY: non-null (checked by the caller), written by the driver on success.
+    let h = unsafe { *handle };
+    // SAFETY: documented type; releases the handle the driver just returned.
+    if let Some(release) = unsafe { symbols::cu::<FnMemRelease>(Cu::MemRelease) } {
+        // SAFETY: as above.
+        unsafe { release(h) };
+    }
+    crate::error!(
+        "cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY: device {dev} is beyond the {MAX_DEVICES} devices the shared region accounts for"
+    );
+    CUDA_ERROR_OUT_OF_MEMORY
 }
 
 hook! {

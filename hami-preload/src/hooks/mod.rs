@@ -65,7 +65,8 @@ pub(crate) fn finish(
     }
 }
 
-/// Allocation of a device pointer on the current context's device.
+/// Allocation of a device pointer on the current context's device. A zero-byte request
+/// needs no admission and goes straight to the driver.
 ///
 /// # Safety
 /// `dptr` is null or writable.
@@ -77,6 +78,10 @@ pub(crate) unsafe fn alloc_ptr(
 ) -> CUresult {
     if dptr.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    if bytes == 0 {
+        // Nothing to admit, whatever the quota says: the driver's answer.
+        return real();
     }
     let (dev, ctx) = match current_dev_ctx() {
         Ok(x) => x,

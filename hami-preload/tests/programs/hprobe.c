@@ -5,7 +5,11 @@
  * OPs: alloc SIZE | pitch W H | managed SIZE | async SIZE | asyncptsz SIZE | pool SIZE |
  *      create SIZE | hostcreate SIZE | array W H | array3d W H D | free [PTR] |
  *      freeasync | release | destroy | info | total | nullalloc | nullinfo | nulltotal |
- *      freeunknown | fill CHUNK (alloc until refused, prints total) | sleep MS |
+ *      freeunknown | nullinfo2 (both out pointers NULL) | freezero (cuMemFree(0)) |
+ *      createdev DEV SIZE (cuMemCreate located on device DEV) |
+ *      racefree N SIZE (N allocations of SIZE, each freed by a second thread while this one
+ *      goes on allocating; that thread also frees an unknown pointer and each pointer twice) |
+ *      fill CHUNK (alloc until refused, prints total) | sleep MS |
  *      fork OP... (child runs the rest, parent waits) | exit CODE | loop N SIZE |
  *      ctxcreate (cuCtxCreate_v2 on device 0) | ctxretain (primary context of device 0, not
  *      made current) | ctxcur (cuCtxGetCurrent) | ctxpop (cuCtxPopCurrent_v2); these print
@@ -14,6 +18,7 @@
  * argument of the release ops. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +81,32 @@ static void *last_array;
 
 #define CALL(T, i, ...) ((T)fn[i])(__VA_ARGS__)
 typedef CUresult (*alloc_t)(CUdeviceptr *, size_t);
+
+/* racefree: a ring of pointers the allocating thread hands to the freeing thread. */
+#define RING 64
+static CUdeviceptr ring[RING];
+static long ring_head, ring_tail, ring_done;
+static pthread_mutex_t ring_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ring_cv = PTHREAD_COND_INITIALIZER;
+static long race_freed, race_free_failed, race_double_ok, race_unknown_ok;
+
+static void *race_freer(void *arg) {
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&ring_mu);
+        while (ring_head == ring_tail && !ring_done) pthread_cond_wait(&ring_cv, &ring_mu);
+        if (ring_head == ring_tail && ring_done) { pthread_mutex_unlock(&ring_mu); return NULL; }
+        CUdeviceptr p = ring[ring_tail++ % RING];
+        pthread_cond_broadcast(&ring_cv);
+        pthread_mutex_unlock(&ring_mu);
+        if (CALL(CUresult(*)(CUdeviceptr), FREE, p) == 0) race_freed++; else race_free_failed++;
+        /* Again: a double free, or, if the driver has meanwhile handed the address to the
+         * allocating thread, the free of that live allocation (whose own free, later in the
+         * ring, is then the double one). Either way each allocation is freed once. */
+        if (CALL(CUresult(*)(CUdeviceptr), FREE, p) == 0) race_double_ok++;
+        if (CALL(CUresult(*)(CUdeviceptr), FREE, 0xdead0000ULL) == 0) race_unknown_ok++;
+    }
+}
 
 static int run(int argc, char **argv, int i) {
     for (; i < argc; i++) {
@@ -163,6 +194,44 @@ static int run(int argc, char **argv, int i) {
             printf("nullinfo rc=%d\n", CALL(CUresult(*)(size_t *, size_t *), INFO, NULL, &t));
         } else if (!strcmp(op, "nulltotal")) {
             printf("nulltotal rc=%d\n", CALL(CUresult(*)(size_t *, int), TOTAL, NULL, 0));
+        } else if (!strcmp(op, "nullinfo2")) {
+            printf("nullinfo2 rc=%d\n", CALL(CUresult(*)(size_t *, size_t *), INFO, NULL, NULL));
+        } else if (!strcmp(op, "freezero")) {
+            printf("freezero rc=%d\n", CALL(CUresult(*)(CUdeviceptr), FREE, 0ULL));
+        } else if (!strcmp(op, "createdev")) {
+            Prop prop; memset(&prop, 0, sizeof prop);
+            prop.type = 1; /* PINNED */
+            prop.loc.type = 1; /* DEVICE */
+            prop.loc.id = atoi(argv[++i]);
+            unsigned long long h = 0;
+            r = CALL(CUresult(*)(unsigned long long *, size_t, const Prop *, unsigned long long), CREATE, &h, parse_size(argv[++i]), &prop, 0);
+            if (!r) last_handle = h;
+            printf("createdev rc=%d handle=0x%llx\n", r, h);
+        } else if (!strcmp(op, "racefree")) {
+            long n = atol(argv[++i]);
+            unsigned long long size = parse_size(argv[++i]);
+            long refused = 0, failed = 0;
+            pthread_t t;
+            ring_head = ring_tail = ring_done = 0;
+            pthread_create(&t, NULL, race_freer, NULL);
+            for (long k = 0; k < n; k++) {
+                CUdeviceptr p = 0;
+                r = CALL(alloc_t, ALLOC, &p, size);
+                if (r == 2) { refused++; continue; }
+                if (r) { failed++; continue; }
+                pthread_mutex_lock(&ring_mu);
+                while (ring_head - ring_tail == RING) pthread_cond_wait(&ring_cv, &ring_mu);
+                ring[ring_head++ % RING] = p;
+                pthread_cond_broadcast(&ring_cv);
+                pthread_mutex_unlock(&ring_mu);
+            }
+            pthread_mutex_lock(&ring_mu);
+            ring_done = 1;
+            pthread_cond_broadcast(&ring_cv);
+            pthread_mutex_unlock(&ring_mu);
+            pthread_join(t, NULL);
+            printf("racefree rc=%d allocated=%ld refused=%ld failed=%ld freed=%ld free_failed=%ld double_ok=%ld unknown_ok=%ld\n",
+                   failed ? 1 : 0, n - refused - failed, refused, failed, race_freed, race_free_failed, race_double_ok, race_unknown_ok);
         } else if (!strcmp(op, "fill")) {
             unsigned long long chunk = parse_size(argv[++i]), got = 0;
             CUdeviceptr p;
