@@ -152,11 +152,62 @@ impl std::hash::Hasher for KeyHasher {
     }
 }
 
-type Map = HashMap<(Ns, u64), Entry, std::hash::BuildHasherDefault<KeyHasher>>;
+/// Tracked objects by key, each with the sequence number of its insertion.
+type Map = HashMap<(Ns, u64), (Entry, u64), std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// How many successful frees of untracked keys a shard remembers (see [`Shard::freed`]).
+const FREED_RING: usize = 4;
+
+/// A successful free of a key the table did not hold when it began.
+#[derive(Clone, Copy)]
+struct Freed {
+    key: (Ns, u64),
+    /// The shard's sequence number when that free began: entries inserted before it are the
+    /// ones whose object it may have freed.
+    before: u64,
+}
+
+/// One shard of the table.
+#[derive(Default)]
+struct Shard {
+    map: Map,
+    /// Insertions so far (the next entry's sequence number).
+    seq: u64,
+    /// Recent successful frees of keys that were not in the table, for a free of the same key
+    /// in flight in another thread (it took the entry first; its driver call then fails,
+    /// since the object is gone): it finds the record here and uncharges instead of putting
+    /// its entry back. Two threads freeing one pointer at once is an application error, but
+    /// the region must stay exact.
+    freed: [Option<Freed>; FREED_RING],
+    next_freed: usize,
+}
+
+impl Shard {
+    fn insert(&mut self, key: (Ns, u64), e: Entry, seq: u64) -> Option<Entry> {
+        self.map.insert(key, (e, seq)).map(|(old, _)| old)
+    }
+
+    /// Takes the record of a successful free of `key` that began after the entry of sequence
+    /// number `seq` was inserted.
+    fn take_freed(&mut self, key: (Ns, u64), seq: u64) -> bool {
+        for slot in &mut self.freed {
+            if matches!(slot, Some(f) if f.key == key && seq < f.before) {
+                *slot = None;
+                return true;
+            }
+        }
+        false
+    }
+
+    fn note_freed(&mut self, key: (Ns, u64), before: u64) {
+        self.freed[self.next_freed] = Some(Freed { key, before });
+        self.next_freed = (self.next_freed + 1) % FREED_RING;
+    }
+}
 
 /// The table of tracked objects, sharded to keep threads from contending.
 pub struct Accounts {
-    shards: [Mutex<Map>; SHARDS],
+    shards: [Mutex<Shard>; SHARDS],
     /// Context → device cache of the allocation path, emptied by [`Accounts::drop_context`].
     pub ctx_devices: CtxDevices,
 }
@@ -164,7 +215,7 @@ pub struct Accounts {
 impl Default for Accounts {
     fn default() -> Self {
         Accounts {
-            shards: std::array::from_fn(|_| Mutex::new(Map::default())),
+            shards: std::array::from_fn(|_| Mutex::new(Shard::default())),
             ctx_devices: CtxDevices::default(),
         }
     }
@@ -186,7 +237,7 @@ pub struct Allocated {
 }
 
 impl Accounts {
-    fn shard(&self, key: u64) -> MutexGuard<'_, Map> {
+    fn shard(&self, key: u64) -> MutexGuard<'_, Shard> {
         self.shards[shard_of(key)]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -196,7 +247,7 @@ impl Accounts {
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
             .sum()
     }
 
@@ -207,7 +258,7 @@ impl Accounts {
 
     /// The entry for `key`, if tracked.
     pub fn get(&self, ns: Ns, key: u64) -> Option<Entry> {
-        self.shard(key).get(&(ns, key)).copied()
+        self.shard(key).map.get(&(ns, key)).map(|&(e, _)| e)
     }
 
     /// Charges `estimate` bytes of data on `dev`, runs the driver `call`, and records what it
@@ -252,7 +303,12 @@ impl Accounts {
             bytes: got.bytes,
             ctx,
         };
-        let stale = self.shard(got.key).insert((ns, got.key), entry);
+        let stale = {
+            let mut s = self.shard(got.key);
+            let seq = s.seq;
+            s.seq += 1;
+            s.insert((ns, got.key), entry, seq)
+        };
         if let Some(old) = stale {
             // The driver handed out a key we still tracked: the old object is gone (released
             // by a path we do not see, e.g. a context torn down) and must not stay charged.
@@ -263,7 +319,9 @@ impl Accounts {
 
     /// Releases `key`: the driver `call` decides; on success the charge is released. An
     /// untracked key (unknown, or a double free) goes to the driver and its result is
-    /// returned untouched.
+    /// returned untouched. Two threads freeing the same key at once: the one that took the
+    /// entry, if its driver call fails because the other one's succeeded, uncharges anyway
+    /// (see [`Shard::freed`]).
     pub fn free<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
@@ -271,15 +329,39 @@ impl Accounts {
         key: u64,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
-        let taken = self.shard(key).remove(&(ns, key));
+        let (taken, before) = {
+            let mut s = self.shard(key);
+            (s.map.remove(&(ns, key)), s.seq)
+        };
         let r = call();
-        if let Some(e) = taken {
-            if r == CUDA_SUCCESS {
-                ledger.uncharge(e.dev, e.kind, e.bytes);
-            } else {
-                // Still allocated: nobody else can have been given this key meanwhile.
-                self.shard(key).insert((ns, key), e);
+        match taken {
+            Some((e, seq)) if r != CUDA_SUCCESS => {
+                let mut s = self.shard(key);
+                if s.take_freed((ns, key), seq) {
+                    // Freed meanwhile by another thread's call: gone.
+                    drop(s);
+                    ledger.uncharge(e.dev, e.kind, e.bytes);
+                } else {
+                    // Still allocated: nobody else can have been given this key meanwhile.
+                    s.insert((ns, key), e, seq);
+                }
             }
+            Some((e, _)) => ledger.uncharge(e.dev, e.kind, e.bytes),
+            None if r == CUDA_SUCCESS => {
+                // An untracked key freed: a free of it in flight in another thread (which took
+                // the entry before we looked) fails. If that thread already put its entry
+                // back, it is released here; otherwise it finds the record.
+                let mut s = self.shard(key);
+                match s.map.get(&(ns, key)) {
+                    Some(&(e, seq)) if seq < before => {
+                        s.map.remove(&(ns, key));
+                        drop(s);
+                        ledger.uncharge(e.dev, e.kind, e.bytes);
+                    }
+                    _ => s.note_freed((ns, key), before),
+                }
+            }
+            None => {}
         }
         r
     }
@@ -296,13 +378,17 @@ impl Accounts {
         let mut n = 0;
         for s in &self.shards {
             let gone: Vec<Entry> = {
-                let mut m = s.lock().unwrap_or_else(PoisonError::into_inner);
-                let keys: Vec<(Ns, u64)> = m
+                let mut g = s.lock().unwrap_or_else(PoisonError::into_inner);
+                let keys: Vec<(Ns, u64)> = g
+                    .map
                     .iter()
-                    .filter(|(_, e)| e.ctx == ctx)
+                    .filter(|(_, (e, _))| e.ctx == ctx)
                     .map(|(k, _)| *k)
                     .collect();
-                keys.iter().filter_map(|k| m.remove(k)).collect()
+                keys.iter()
+                    .filter_map(|k| g.map.remove(k))
+                    .map(|(e, _)| e)
+                    .collect()
             };
             for e in gone {
                 ledger.uncharge(e.dev, e.kind, e.bytes);
@@ -580,6 +666,69 @@ mod tests {
             CUDA_ERROR_INVALID_VALUE
         );
         assert_eq!(l.total(0), 0);
+    }
+
+    #[test]
+    fn a_free_failing_because_another_thread_freed_the_key_meanwhile_uncharges() {
+        let l = MemLedger::with_limit(0, 10 * MB);
+        let a = Accounts::default();
+        a.alloc(&l, Ns::Ptr, 0, 1, 2 * MB, ok(0x1000, 2 * MB), |_| {})
+            .unwrap();
+        // Our free took the entry; while its driver call runs, another thread's free of the
+        // same key (no entry) succeeds; ours then fails.
+        let r = a.free(&l, Ns::Ptr, 0x1000, || {
+            assert_eq!(a.free(&l, Ns::Ptr, 0x1000, || CUDA_SUCCESS), CUDA_SUCCESS);
+            CUDA_ERROR_INVALID_VALUE
+        });
+        assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(l.total(0), 0, "uncharged once");
+        assert!(a.get(Ns::Ptr, 0x1000).is_none());
+        // A new allocation at the same address is charged and freed normally.
+        a.alloc(&l, Ns::Ptr, 0, 1, MB, ok(0x1000, MB), |_| {})
+            .unwrap();
+        assert_eq!(a.free(&l, Ns::Ptr, 0x1000, || 700), 700, "a refused free");
+        assert_eq!(
+            l.total(0),
+            MB,
+            "still charged: the old record does not match it"
+        );
+        assert_eq!(a.free(&l, Ns::Ptr, 0x1000, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(l.total(0), 0);
+    }
+
+    #[test]
+    fn an_entry_put_back_after_another_threads_successful_free_is_released_by_it() {
+        use std::sync::Barrier;
+        let l = MemLedger::with_limit(0, 10 * MB);
+        let a = Accounts::default();
+        a.alloc(&l, Ns::Ptr, 0, 1, 2 * MB, ok(0x1000, 2 * MB), |_| {})
+            .unwrap();
+        let (inside, freed, back) = (Barrier::new(2), Barrier::new(2), Barrier::new(2));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // Takes the entry, fails after the other free succeeded, puts it back.
+                let r = a.free(&l, Ns::Ptr, 0x1000, || {
+                    inside.wait();
+                    freed.wait();
+                    CUDA_ERROR_INVALID_VALUE
+                });
+                assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
+                back.wait();
+            });
+            s.spawn(|| {
+                inside.wait();
+                // Finds no entry; its driver call succeeds; it looks again only after the
+                // entry was put back.
+                let r = a.free(&l, Ns::Ptr, 0x1000, || {
+                    freed.wait();
+                    back.wait();
+                    CUDA_SUCCESS
+                });
+                assert_eq!(r, CUDA_SUCCESS);
+            });
+        });
+        assert_eq!(l.total(0), 0, "uncharged once");
+        assert!(a.get(Ns::Ptr, 0x1000).is_none());
     }
 
     #[test]

@@ -163,3 +163,21 @@ fn frees_from_another_thread_while_allocating_keep_the_region_exact() {
         assert_eq!(region_used(&env), 0, "{via}: {}", p.dump());
     }
 }
+
+/// Two threads free the same pointer at the same moment, round after round: the driver
+/// frees it once (one of the two gets its error), and the region ends exactly empty.
+#[test]
+fn the_same_pointer_freed_by_two_threads_at_once_is_uncharged_once() {
+    let env = env_1g();
+    for via in VIAS {
+        let p = probe(
+            &env,
+            via,
+            &["doublefree", "4000", "1M", "info", "exit", "0"],
+        );
+        assert_eq!(p.rcs(), vec![0, 0], "{via}: {}", p.dump());
+        assert_eq!(p.field(0, "freed"), "4000", "{via}: {}", p.dump());
+        assert_eq!(p.field(1, "free"), GB.to_string(), "{via}: {}", p.dump());
+        assert_eq!(region_used(&env), 0, "{via}: {}", p.dump());
+    }
+}

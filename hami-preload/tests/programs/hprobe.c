@@ -9,6 +9,7 @@
  *      createdev DEV SIZE (cuMemCreate located on device DEV) |
  *      racefree N SIZE (N allocations of SIZE, each freed by a second thread while this one
  *      goes on allocating; that thread also frees an unknown pointer and each pointer twice) |
+ *      doublefree N SIZE (N rounds: allocate, then two threads free the pointer at once) |
  *      fill CHUNK (alloc until refused, prints total) | sleep MS |
  *      fork OP... (child runs the rest, parent waits) | exit CODE | loop N SIZE |
  *      ctxcreate (cuCtxCreate_v2 on device 0) | ctxretain (primary context of device 0, not
@@ -106,6 +107,21 @@ static void *race_freer(void *arg) {
         if (CALL(CUresult(*)(CUdeviceptr), FREE, p) == 0) race_double_ok++;
         if (CALL(CUresult(*)(CUdeviceptr), FREE, 0xdead0000ULL) == 0) race_unknown_ok++;
     }
+}
+
+/* doublefree: two threads free the same pointer at the same moment, each round. */
+static pthread_barrier_t dbl_start, dbl_end;
+static CUdeviceptr dbl_ptr;
+static long dbl_rounds, dbl_ok[2];
+
+static void *dbl_freer(void *arg) {
+    long me = (long)arg;
+    for (long k = 0; k < dbl_rounds; k++) {
+        pthread_barrier_wait(&dbl_start);
+        if (CALL(CUresult(*)(CUdeviceptr), FREE, dbl_ptr) == 0) dbl_ok[me]++;
+        pthread_barrier_wait(&dbl_end);
+    }
+    return NULL;
 }
 
 static int run(int argc, char **argv, int i) {
@@ -232,6 +248,21 @@ static int run(int argc, char **argv, int i) {
             pthread_join(t, NULL);
             printf("racefree rc=%d allocated=%ld refused=%ld failed=%ld freed=%ld free_failed=%ld double_ok=%ld unknown_ok=%ld\n",
                    failed ? 1 : 0, n - refused - failed, refused, failed, race_freed, race_free_failed, race_double_ok, race_unknown_ok);
+        } else if (!strcmp(op, "doublefree")) {
+            dbl_rounds = atol(argv[++i]);
+            unsigned long long size = parse_size(argv[++i]);
+            long failed = 0;
+            pthread_t t[2];
+            pthread_barrier_init(&dbl_start, NULL, 3);
+            pthread_barrier_init(&dbl_end, NULL, 3);
+            for (long k = 0; k < 2; k++) pthread_create(&t[k], NULL, dbl_freer, (void *)k);
+            for (long k = 0; k < dbl_rounds; k++) {
+                if (CALL(alloc_t, ALLOC, &dbl_ptr, size)) { failed++; dbl_ptr = 0xdead0000ULL; }
+                pthread_barrier_wait(&dbl_start);
+                pthread_barrier_wait(&dbl_end);
+            }
+            for (long k = 0; k < 2; k++) pthread_join(t[k], NULL);
+            printf("doublefree rc=%d rounds=%ld freed=%ld\n", failed ? 1 : 0, dbl_rounds, dbl_ok[0] + dbl_ok[1]);
         } else if (!strcmp(op, "fill")) {
             unsigned long long chunk = parse_size(argv[++i]), got = 0;
             CUdeviceptr p;
