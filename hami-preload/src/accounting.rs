@@ -152,56 +152,46 @@ impl std::hash::Hasher for KeyHasher {
     }
 }
 
-/// Tracked objects by key, each with the sequence number of its insertion.
-type Map = HashMap<(Ns, u64), (Entry, u64), std::hash::BuildHasherDefault<KeyHasher>>;
-
-/// How many successful frees of untracked keys a shard remembers (see [`Shard::freed`]).
-const FREED_RING: usize = 4;
-
-/// A successful free of a key the table did not hold when it began.
-#[derive(Clone, Copy)]
-struct Freed {
-    key: (Ns, u64),
-    /// The shard's sequence number when that free began: entries inserted before it are the
-    /// ones whose object it may have freed.
-    before: u64,
+/// Whether stamp `a` comes before stamp `b` (wrapping counters: within 2^31 steps).
+fn precedes(a: u32, b: u32) -> bool {
+    (1..=i32::MAX as u32).contains(&b.wrapping_sub(a))
 }
 
+/// Tracked objects by key.
+type Map = HashMap<(Ns, u64), Entry, std::hash::BuildHasherDefault<KeyHasher>>;
+
+/// How many records of each kind a shard keeps for racing frees (see [`Shard`]).
+const RACE_RECORDS: usize = 4;
+
 /// One shard of the table.
+///
+/// Two threads freeing the same key at once (an application error, but the region must stay
+/// exact): one takes the entry, the other finds none and goes to the driver; exactly one
+/// driver call succeeds. If the one without the entry succeeds, the other's call fails and
+/// would put the entry back (a leak). So the rare paths leave records: a successful free of
+/// an untracked key notes the key in `freed`, where a refused free finds it and uncharges
+/// instead of putting its entry back; a refused free that did put its entry back counts and
+/// notes it in `reinserted`, where the successful free, looking after it, finds it and
+/// releases the entry. Inserting a key (a new allocation) clears its records. The common
+/// paths only read.
 #[derive(Default)]
 struct Shard {
     map: Map,
-    /// Insertions so far (the next entry's sequence number).
-    seq: u64,
-    /// Recent successful frees of keys that were not in the table, for a free of the same key
-    /// in flight in another thread (it took the entry first; its driver call then fails,
-    /// since the object is gone): it finds the record here and uncharges instead of putting
-    /// its entry back. Two threads freeing one pointer at once is an application error, but
-    /// the region must stay exact.
-    freed: [Option<Freed>; FREED_RING],
-    next_freed: usize,
+    /// Entries put back after a refused free, wrapping (stamps of `reinserted`).
+    reinserts: u32,
+    /// Keys whose untracked free succeeded, most recent last.
+    freed: Vec<(Ns, u64)>,
+    /// Keys put back after a refused free, with their stamp, most recent last.
+    reinserted: Vec<((Ns, u64), u32)>,
 }
 
 impl Shard {
-    fn insert(&mut self, key: (Ns, u64), e: Entry, seq: u64) -> Option<Entry> {
-        self.map.insert(key, (e, seq)).map(|(old, _)| old)
-    }
-
-    /// Takes the record of a successful free of `key` that began after the entry of sequence
-    /// number `seq` was inserted.
-    fn take_freed(&mut self, key: (Ns, u64), seq: u64) -> bool {
-        for slot in &mut self.freed {
-            if matches!(slot, Some(f) if f.key == key && seq < f.before) {
-                *slot = None;
-                return true;
-            }
+    /// Records `item` in `list`, keeping the most recent [`RACE_RECORDS`].
+    fn note<T>(list: &mut Vec<T>, item: T) {
+        if list.len() == RACE_RECORDS {
+            list.remove(0);
         }
-        false
-    }
-
-    fn note_freed(&mut self, key: (Ns, u64), before: u64) {
-        self.freed[self.next_freed] = Some(Freed { key, before });
-        self.next_freed = (self.next_freed + 1) % FREED_RING;
+        list.push(item);
     }
 }
 
@@ -258,7 +248,7 @@ impl Accounts {
 
     /// The entry for `key`, if tracked.
     pub fn get(&self, ns: Ns, key: u64) -> Option<Entry> {
-        self.shard(key).map.get(&(ns, key)).map(|&(e, _)| e)
+        self.shard(key).map.get(&(ns, key)).copied()
     }
 
     /// Charges `estimate` bytes of data on `dev`, runs the driver `call`, and records what it
@@ -305,9 +295,15 @@ impl Accounts {
         };
         let stale = {
             let mut s = self.shard(got.key);
-            let seq = s.seq;
-            s.seq += 1;
-            s.insert((ns, got.key), entry, seq)
+            let key = (ns, got.key);
+            if !s.freed.is_empty() {
+                s.freed.retain(|k| *k != key);
+            }
+            let old = s.map.insert(key, entry);
+            if old.is_some() && !s.reinserted.is_empty() {
+                s.reinserted.retain(|(k, _)| *k != key);
+            }
+            old
         };
         if let Some(old) = stale {
             // The driver handed out a key we still tracked: the old object is gone (released
@@ -319,9 +315,8 @@ impl Accounts {
 
     /// Releases `key`: the driver `call` decides; on success the charge is released. An
     /// untracked key (unknown, or a double free) goes to the driver and its result is
-    /// returned untouched. Two threads freeing the same key at once: the one that took the
-    /// entry, if its driver call fails because the other one's succeeded, uncharges anyway
-    /// (see [`Shard::freed`]).
+    /// returned untouched. Two threads freeing the same key at once uncharge it once (see
+    /// [`Shard`]).
     pub fn free<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
@@ -329,41 +324,61 @@ impl Accounts {
         key: u64,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
-        let (taken, before) = {
+        let (taken, start) = {
             let mut s = self.shard(key);
-            (s.map.remove(&(ns, key)), s.seq)
+            (s.map.remove(&(ns, key)), s.reinserts)
         };
         let r = call();
         match taken {
-            Some((e, seq)) if r != CUDA_SUCCESS => {
-                let mut s = self.shard(key);
-                if s.take_freed((ns, key), seq) {
-                    // Freed meanwhile by another thread's call: gone.
-                    drop(s);
-                    ledger.uncharge(e.dev, e.kind, e.bytes);
-                } else {
-                    // Still allocated: nobody else can have been given this key meanwhile.
-                    s.insert((ns, key), e, seq);
-                }
-            }
-            Some((e, _)) => ledger.uncharge(e.dev, e.kind, e.bytes),
-            None if r == CUDA_SUCCESS => {
-                // An untracked key freed: a free of it in flight in another thread (which took
-                // the entry before we looked) fails. If that thread already put its entry
-                // back, it is released here; otherwise it finds the record.
-                let mut s = self.shard(key);
-                match s.map.get(&(ns, key)) {
-                    Some(&(e, seq)) if seq < before => {
-                        s.map.remove(&(ns, key));
-                        drop(s);
-                        ledger.uncharge(e.dev, e.kind, e.bytes);
-                    }
-                    _ => s.note_freed((ns, key), before),
-                }
-            }
+            Some(e) if r == CUDA_SUCCESS => ledger.uncharge(e.dev, e.kind, e.bytes),
+            Some(e) => self.free_refused(ledger, (ns, key), e),
+            None if r == CUDA_SUCCESS => self.untracked_freed(ledger, (ns, key), start),
             None => {}
         }
         r
+    }
+
+    /// The driver refused to free tracked `key` (entry `e`): put the entry back, unless
+    /// another thread's free of the key succeeded meanwhile (see [`Shard`]).
+    #[cold]
+    fn free_refused<L: Ledger + ?Sized>(&self, ledger: &L, key: (Ns, u64), e: Entry) {
+        let mut s = self.shard(key.1);
+        if let Some(i) = s.freed.iter().position(|k| *k == key) {
+            // Freed meanwhile by another thread's call: gone.
+            s.freed.remove(i);
+            drop(s);
+            ledger.uncharge(e.dev, e.kind, e.bytes);
+        } else {
+            // Still allocated, as far as we know: nobody else can have been given the key.
+            s.map.insert(key, e);
+            s.reinserts = s.reinserts.wrapping_add(1);
+            let stamp = s.reinserts;
+            Shard::note(&mut s.reinserted, (key, stamp));
+        }
+    }
+
+    /// The driver freed `key`, untracked when the free began (`start`: the shard's
+    /// re-insertion count then). An entry another thread put back since, after its own free
+    /// of the key was refused, is this object's: released here. Otherwise the key is noted
+    /// for such a free still in flight (see [`Shard`]).
+    #[cold]
+    fn untracked_freed<L: Ledger + ?Sized>(&self, ledger: &L, key: (Ns, u64), start: u32) {
+        let mut s = self.shard(key.1);
+        let put_back = s
+            .reinserted
+            .iter()
+            .position(|&(k, stamp)| k == key && precedes(start, stamp));
+        match put_back {
+            Some(i) if s.map.contains_key(&key) => {
+                s.reinserted.remove(i);
+                let e = s.map.remove(&key);
+                drop(s);
+                if let Some(e) = e {
+                    ledger.uncharge(e.dev, e.kind, e.bytes);
+                }
+            }
+            _ => Shard::note(&mut s.freed, key),
+        }
     }
 
     /// Forgets every object of context `ctx` (the driver destroyed them with the context)
@@ -382,13 +397,10 @@ impl Accounts {
                 let keys: Vec<(Ns, u64)> = g
                     .map
                     .iter()
-                    .filter(|(_, (e, _))| e.ctx == ctx)
+                    .filter(|(_, e)| e.ctx == ctx)
                     .map(|(k, _)| *k)
                     .collect();
-                keys.iter()
-                    .filter_map(|k| g.map.remove(k))
-                    .map(|(e, _)| e)
-                    .collect()
+                keys.iter().filter_map(|k| g.map.remove(k)).collect()
             };
             for e in gone {
                 ledger.uncharge(e.dev, e.kind, e.bytes);
@@ -666,6 +678,18 @@ mod tests {
             CUDA_ERROR_INVALID_VALUE
         );
         assert_eq!(l.total(0), 0);
+    }
+
+    #[test]
+    fn stamps_compare_across_the_wrap() {
+        assert!(precedes(1, 2));
+        assert!(!precedes(2, 2));
+        assert!(!precedes(3, 2));
+        assert!(
+            precedes(u32::MAX, 1),
+            "inserted just before the counter wrapped"
+        );
+        assert!(!precedes(1, u32::MAX));
     }
 
     #[test]
