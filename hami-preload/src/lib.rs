@@ -8,8 +8,8 @@
 //! * exported functions with the driver's names ([`hooks`]);
 //! * our `dlsym` ([`dlsym`]), which hands out the hooks for driver handles and keeps
 //!   glibc's `RTLD_NEXT` semantics for everything else;
-//! * `cuGetProcAddress(_v2)` ([`hooks::procaddr::cuGetProcAddress_v2`]), whose results are rewritten
-//!   by address.
+//! * `cuGetProcAddress(_v2)` ([`hooks::procaddr::cuGetProcAddress_v2`]), whose results are
+//!   rewritten by address.
 //!
 //! The hooks ([`hooks`], one file per family) are thin, all defined with one prelude
 //! ([`shim`]); the decisions live in plain Rust: [`accounting`] (charge / call / record),
