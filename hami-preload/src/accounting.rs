@@ -64,6 +64,10 @@ pub enum NoSlot {
     /// The region lock is unusable.
     #[error("its lock is unusable")]
     LockFailed,
+    /// The region lock was not acquired within `HAMI_LOCK_TIMEOUT_MS` (its holder is
+    /// stopped or starved); the next call tries again.
+    #[error("its lock was not acquired within the lock timeout (HAMI_LOCK_TIMEOUT_MS): its holder is stopped or starved")]
+    LockTimeout,
     /// The region cannot be written.
     #[error("it is not writable")]
     ReadOnly,
@@ -78,6 +82,7 @@ impl NoSlot {
         match e {
             RegionError::Full { .. } => NoSlot::Full,
             RegionError::Lock { .. } => NoSlot::LockFailed,
+            RegionError::LockTimeout { .. } => NoSlot::LockTimeout,
             RegionError::ReadOnly { .. } => NoSlot::ReadOnly,
             RegionError::Io { source, .. } => NoSlot::Io(source.kind()),
             _ => NoSlot::Io(std::io::ErrorKind::Other),
