@@ -68,7 +68,10 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         if width_in_bytes == 0 || height == 0 || !matches!(element_size_bytes, 4 | 8 | 16) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let pitch = (width_in_bytes as u64).div_ceil(PITCH_ALIGN) * PITCH_ALIGN;
+        let pitch = (width_in_bytes as u64)
+            .div_ceil(PITCH_ALIGN)
+            .checked_mul(PITCH_ALIGN)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         let bytes = pitch
             .checked_mul(height as u64)
             .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
@@ -82,6 +85,9 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     })
 }
 
+/// Largest managed allocation the fake grants (128 TiB: the unified address range).
+const MANAGED_VA_BYTES: u64 = 1 << 47;
+
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocManaged(
     dptr: *mut CUdeviceptr,
@@ -93,6 +99,11 @@ pub unsafe extern "C" fn cuMemAllocManaged(
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let size = bytesize as u64;
+        // Managed memory may oversubscribe the device, not the 47-bit virtual address space
+        // the driver reserves for it.
+        if size > MANAGED_VA_BYTES {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
         g.alloc(size, Inner::managed_charge(size), Kind::Managed, None)
     })
 }
