@@ -359,6 +359,18 @@ class Runner(StandardPhases, PhysicalPhases, LockStopPhase):
         return 0
 
 
+def absolute_paths(args, cwd=None):
+    """Makes the path options absolute: workloads run in scratch folders, where a relative
+    library path would not load (LD_PRELOAD of a relative path is resolved against each
+    process's own folder). A bare command name (`python3`) is left to PATH."""
+    cwd = cwd or os.getcwd()
+    for attr in ("preload", "agent", "blind_preload", "python"):
+        v = getattr(args, attr, None)
+        if v and os.sep in v and not os.path.isabs(v):
+            setattr(args, attr, os.path.normpath(os.path.join(cwd, v)))
+    return args
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output folder (results.json, results.md, logs.txt)")
@@ -408,6 +420,7 @@ def main(argv=None):
     ap.add_argument("--no-libcuda-hint", action="store_true",
                     help="do not pass --libcuda PATH to the agent (rely on its discovery)")
     args = ap.parse_args(argv)
+    absolute_paths(args)
     known = [w["name"] for w in WORKLOADS] + list(GROUPS)
     unknown = [n for n in args.only or [] if n not in known]
     if unknown:

@@ -223,5 +223,19 @@ class LockStopIntegration(IntegrationBase):
             self.assertGreater(w["max_call_ms"], 1400)  # the whole stop
 
 
+class PathOptions(unittest.TestCase):
+    def test_relative_library_paths_become_absolute(self):
+        import argparse
+        import run_acceptance
+        a = argparse.Namespace(preload="b/lib.so", agent=None,
+                               blind_preload="gpu-bundle/blind/libhami_preload.so",
+                               python="python3")
+        run_acceptance.absolute_paths(a, cwd="/work/x")
+        self.assertEqual(a.blind_preload, "/work/x/gpu-bundle/blind/libhami_preload.so")
+        self.assertEqual(a.preload, "/work/x/b/lib.so")
+        self.assertIsNone(a.agent)
+        self.assertEqual(a.python, "python3")  # a command name stays for PATH
+
+
 if __name__ == "__main__":
     unittest.main()
