@@ -340,7 +340,7 @@ pub fn inspect_json(path: &str, s: &RegionSnapshot) -> Value {
         .iter()
         .map(|sl| {
             let usage: Vec<Value> = (0..MAX_DEVICES)
-                .filter(|&d| sl.device_total(d) != 0)
+                .filter(|&d| sl.device_total(d) != 0 || sl.charged[d] != 0)
                 .map(|d| {
                     json!({
                         "device": d,
@@ -349,6 +349,8 @@ pub fn inspect_json(path: &str, s: &RegionSnapshot) -> Value {
                         "data": sl.usage[d][UsageKind::Data.index()],
                         "pool": sl.usage[d][UsageKind::Pool.index()],
                         "other": sl.usage[d][UsageKind::Other.index()],
+                        "charged": sl.charged[d],
+                        "reserve": sl.reserve[d],
                     })
                 })
                 .collect();
@@ -519,6 +521,33 @@ mod tests {
         assert!(text.contains("limit 1.0 GiB (1073741824 bytes)"), "{text}");
         assert!(text.contains("active slots: 2"));
         assert!(text.contains("dead here"));
+    }
+
+    #[test]
+    fn inspect_separates_allocations_from_admission_reserves() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("r.cache");
+        let mut cfg = RegionConfig::default();
+        cfg.limits[0] = 1 << 30;
+        let (r, _) = Region::open_or_create(&path, &cfg).unwrap();
+        let r = r.with_tuning(hami_common::region::Tuning {
+            reserve: 16 << 20,
+            ..Default::default()
+        });
+        let s = r.register(ProcessId::current()).unwrap();
+        r.try_charge(s, 0, UsageKind::Data, 4 << 20).unwrap();
+        let v = inspect_json("r.cache", &r.snapshot());
+        assert_eq!(v["devices"][0]["used"], 4u64 << 20);
+        assert_eq!(v["devices"][0]["reserved"], 16u64 << 20);
+        assert_eq!(v["devices"][0]["admitted"], 20u64 << 20);
+        assert_eq!(v["devices"][0]["accounted"], 4u64 << 20);
+        assert_eq!(v["slots"][0]["usage"][0]["charged"], 20u64 << 20);
+        assert_eq!(v["slots"][0]["usage"][0]["reserve"], 16u64 << 20);
+        let text = inspect_text("r.cache", &r.snapshot());
+        assert!(
+            text.contains("used 4.0 MiB (4194304 bytes), reserved 16.0 MiB"),
+            "{text}"
+        );
     }
 
     #[test]
