@@ -173,16 +173,28 @@ pub async fn serve_with(
             drop(stream);
             continue;
         };
-        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let app = app.clone();
         tokio::spawn(async move {
-            let mut b = hyper::server::conn::http1::Builder::new();
-            b.timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(limits.header_timeout);
-            let conn = b.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-            let _ = tokio::time::timeout(limits.connection_timeout, conn).await;
+            serve_connection(stream, app, limits).await;
             drop(permit);
         });
     }
+}
+
+/// Serves one accepted connection (any byte stream) with `app` until the client is done,
+/// the connection fails, or [`ServeLimits::connection_timeout`] passes: hyper's HTTP/1
+/// parser, then the router. What [`serve_with`] runs per client; the `http` fuzz target
+/// feeds it arbitrary bytes.
+pub async fn serve_connection<I>(io: I, app: Router, limits: ServeLimits)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let svc = hyper_util::service::TowerToHyperService::new(app);
+    let mut b = hyper::server::conn::http1::Builder::new();
+    b.timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let conn = b.serve_connection(hyper_util::rt::TokioIo::new(io), svc);
+    let _ = tokio::time::timeout(limits.connection_timeout, conn).await;
 }
 
 #[cfg(test)]

@@ -6,7 +6,8 @@
 //! Targets (`fuzz/fuzz_targets/`): `region` (the region validator and reader of the agent and
 //! `inspect`), `env` (the size parser and the agent's reading of an environment), `procinfo`
 //! (the agent's `/proc` parsers), `event` (the eBPF event decoder and the per-process state it
-//! feeds). Seeds are committed in `fuzz/corpus/<target>/seed-*`; what libFuzzer adds there is
+//! feeds), `http` (the agent's metrics endpoint: raw bytes on one connection through
+//! hyper's parser, the router and the handlers). Seeds are committed in `fuzz/corpus/<target>/seed-*`; what libFuzzer adds there is
 //! ignored by git. A crash leaves its input in `fuzz/artifacts/<target>/`.
 
 use std::path::Path;
@@ -17,7 +18,7 @@ use anyhow::{bail, Context, Result};
 use crate::util::{project_root, tools_path};
 
 /// The targets, in the order they run.
-pub const TARGETS: [&str; 4] = ["region", "env", "procinfo", "event"];
+pub const TARGETS: [&str; 5] = ["region", "env", "procinfo", "event", "http"];
 
 /// One target's result.
 #[derive(Debug, Clone, PartialEq, Eq)]
