@@ -30,11 +30,24 @@
  *     (R = threads whose last call returned CUDA_ERROR_OUT_OF_MEMORY, E = other failures).
  *     "free": everything is freed, "freed errors=E". EOF: exit 0.
  *
- *   tortureload holdlock REGION_PATH LOCK_OFFSET
+ *   tortureload holdlock REGION_PATH LOCK_OFFSET [HOW [CPU_MS]]
  *     Maps the region and takes its process-shared mutex (at LOCK_OFFSET) directly, prints
- *     "locked rc=RC", stops itself (SIGSTOP) while holding it; once continued, unlocks,
- *     prints "unlocked" and exits. Simulates a process stopped inside the preload's
- *     critical section.
+ *     "locked rc=RC", then, while holding it, by HOW:
+ *       sigstop (default)  stops itself (SIGSTOP); continues when continued;
+ *       wait               waits for a line on stdin (the caller ptrace-stops it meanwhile);
+ *       spin               lowers its priority to nice 19 first, then burns CPU_MS of CPU
+ *                          time (the caller runs CPU hogs: the holder is starved);
+ *     then unlocks, prints "unlocked cpu_ms=C wall_ms=W" (W: how long it held the lock) and
+ *     exits. Simulates a process stopped or starved inside the preload's critical section.
+ *
+ *   tortureload spin MS
+ *     Burns CPU at nice 0 (where allowed: as root) for MS ms of wall time (a CPU hog), then
+ *     exits.
+ *
+ * TORTURE_PAGEOUT=1 (storm): thread 0 pages the region's mapping out before each of its
+ * calls (msync, madvise(MADV_PAGEOUT) on every mapping of the file named by
+ * CUDA_DEVICE_MEMORY_SHARED_CACHE, then posix_fadvise(POSIX_FADV_DONTNEED) on it); ticks then carry "pageouts=N pages=P evicted=E" (E of
+ * the P pages of the mapping were not resident right after the last page-out, per mincore).
  *
  * Errors (any result other than CUDA_SUCCESS, and CUDA_ERROR_OUT_OF_MEMORY for allocations)
  * are printed as "error op=NAME rc=RC" (the first 20) and counted.
@@ -51,6 +64,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -116,6 +132,8 @@ static unsigned g_pause_us;
 static int g_family = -1; /* TORTURE_FAMILY=N: storm uses only family N */
 static atomic_int g_stop;
 static atomic_int g_errors_printed;
+static int g_pageout; /* TORTURE_PAGEOUT=1 */
+static _Atomic uint64_t g_pageouts, g_pages, g_evicted;
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -254,11 +272,57 @@ static void held_totals(size_t *bytes, int *count) {
     }
 }
 
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21
+#endif
+
+/* Pages out every mapping of the region file (see TORTURE_PAGEOUT above). */
+static void pageout_region(void) {
+  /* Matched by device and inode, not by name: the process that created the region maps it
+   * under the temporary name it was published from ("NAME.new.PID.N.N (deleted)"). */
+  const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+  struct stat st;
+  if (!path || stat(path, &st) != 0) return;
+  FILE *f = fopen("/proc/self/maps", "re");
+  if (!f) return;
+  char line[4352];
+  uint64_t pages = 0, evicted = 0;
+  long pg = sysconf(_SC_PAGESIZE);
+  while (fgets(line, sizeof line, f)) {
+    unsigned long lo, hi, ino;
+    unsigned maj, mnr;
+    if (sscanf(line, "%lx-%lx %*s %*s %x:%x %lu", &lo, &hi, &maj, &mnr, &ino) != 5) continue;
+    if (ino != (unsigned long)st.st_ino || maj != major(st.st_dev) || mnr != minor(st.st_dev))
+      continue;
+    size_t len = hi - lo;
+    msync((void *)lo, len, MS_SYNC);
+    madvise((void *)lo, len, MADV_PAGEOUT);
+    size_t np = len / (size_t)pg;
+    unsigned char *vec = malloc(np);
+    if (vec && mincore((void *)lo, len, vec) == 0)
+      for (size_t i = 0; i < np; i++) {
+        pages++;
+        evicted += !(vec[i] & 1);
+      }
+    free(vec);
+  }
+  fclose(f);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    close(fd);
+  }
+  atomic_fetch_add(&g_pageouts, 1);
+  atomic_store(&g_pages, pages);
+  atomic_store(&g_evicted, evicted);
+}
+
 static void *storm_thread(void *arg) {
   Worker *w = arg;
   CUresult rc = cuCtxSetCurrent(g_ctx);
   if (rc != 0) error(w, "ctxsetcurrent", rc);
   while (!atomic_load(&g_stop)) {
+    if (g_pageout && w->id == 0) pageout_region();
     if (w->nheld >= g_maxhold || (w->nheld > 0 && rnd(w) % 100 < 45)) {
       do_free(w, (int)(rnd(w) % (uint64_t)w->nheld));
     } else {
@@ -350,9 +414,12 @@ static int storm(int seed) {
       if (s != 0 && now > s) inflight = max_of(inflight, now - s);
     }
     sums(&ops, &refused, &errors, &mx);
-    say("tick win_us=%llu inflight_us=%llu ops=%llu refused=%llu errors=%llu",
+    say("tick win_us=%llu inflight_us=%llu ops=%llu refused=%llu errors=%llu pageouts=%llu "
+        "pages=%llu evicted=%llu",
         (unsigned long long)(win / 1000), (unsigned long long)(inflight / 1000),
-        (unsigned long long)ops, (unsigned long long)refused, (unsigned long long)errors);
+        (unsigned long long)ops, (unsigned long long)refused, (unsigned long long)errors,
+        (unsigned long long)atomic_load(&g_pageouts), (unsigned long long)atomic_load(&g_pages),
+        (unsigned long long)atomic_load(&g_evicted));
   }
   atomic_store(&g_stop, 1);
   for (int t = 0; t < g_threads; t++) pthread_join(g_w[t].th, NULL);
@@ -405,7 +472,13 @@ static int race(void) {
   return 0;
 }
 
-static int holdlock(const char *path, long off) {
+static uint64_t cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int holdlock(const char *path, long off, const char *how, long cpu_ms) {
   int fd = open(path, O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     say("error op=open rc=%d", errno);
@@ -417,13 +490,42 @@ static int holdlock(const char *path, long off) {
     return 1;
   }
   pthread_mutex_t *mu = (pthread_mutex_t *)((char *)m + off);
+  if (!strcmp(how, "spin") && setpriority(PRIO_PROCESS, 0, 19) != 0) {
+    say("error op=setpriority rc=%d", errno);
+    return 1;
+  }
   int rc = pthread_mutex_lock(mu);
   if (rc == EOWNERDEAD) pthread_mutex_consistent(mu);
+  uint64_t t0 = now_ns(), c0 = cpu_ns();
   say("locked rc=%d", rc);
-  raise(SIGSTOP);
+  if (!strcmp(how, "wait")) {
+    char buf[64];
+    while (read_cmd(buf, sizeof buf, -1) == 0) {
+    }
+  } else if (!strcmp(how, "spin")) {
+    volatile uint64_t x = 0;
+    while (cpu_ns() - c0 < (uint64_t)cpu_ms * 1000000ull) x++;
+  } else {
+    raise(SIGSTOP);
+  }
+  uint64_t held = now_ns() - t0, cpu = cpu_ns() - c0;
   pthread_mutex_unlock(mu);
-  say("unlocked");
+  say("unlocked cpu_ms=%llu wall_ms=%llu", (unsigned long long)(cpu / 1000000),
+      (unsigned long long)(held / 1000000));
   return 0;
+}
+
+static int spin(long ms) {
+  uint64_t end = now_ns() + (uint64_t)ms * 1000000ull;
+  volatile uint64_t x = 0;
+  while (now_ns() < end) x++;
+  return 0;
+}
+
+static int spin_nice0(long ms) {
+  /* A hog at nice 0 even when started from a niced parent (allowed as root; else as is). */
+  (void)setpriority(PRIO_PROCESS, 0, 0);
+  return spin(ms);
 }
 
 int main(int argc, char **argv) {
@@ -433,6 +535,7 @@ int main(int argc, char **argv) {
     if (g_threads < 1 || g_threads > MAX_THREADS || g_maxhold < 1 || g_maxhold > MAX_HOLD) return 2;
     if (argc >= 6) g_pause_us = (unsigned)atoi(argv[5]);
     if (getenv("TORTURE_FAMILY")) g_family = atoi(getenv("TORTURE_FAMILY")) % FAMILIES;
+    g_pageout = getenv("TORTURE_PAGEOUT") && !strcmp(getenv("TORTURE_PAGEOUT"), "1");
     return storm(atoi(argv[4]));
   }
   if (argc >= 4 && !strcmp(argv[1], "race")) {
@@ -441,9 +544,12 @@ int main(int argc, char **argv) {
     if (g_threads < 1 || g_threads > MAX_THREADS || g_chunk == 0 || g_chunk % (2 * MIB)) return 2;
     return race();
   }
-  if (argc >= 4 && !strcmp(argv[1], "holdlock")) return holdlock(argv[2], atol(argv[3]));
+  if (argc >= 4 && !strcmp(argv[1], "holdlock"))
+    return holdlock(argv[2], atol(argv[3]), argc >= 5 ? argv[4] : "sigstop",
+                    argc >= 6 ? atol(argv[5]) : 0);
+  if (argc >= 3 && !strcmp(argv[1], "spin")) return spin_nice0(atol(argv[2]));
   fprintf(stderr,
           "usage: tortureload storm THREADS MAXHOLD SEED [PAUSE_US] | race THREADS CHUNK_MIB | "
-          "holdlock REGION LOCK_OFFSET\n");
+          "holdlock REGION LOCK_OFFSET [sigstop|wait|spin CPU_MS] | spin MS\n");
   return 2;
 }

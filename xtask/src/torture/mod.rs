@@ -15,7 +15,11 @@
 //! * **Stopped processes**: random workers SIGSTOPped for up to a second and a half while the
 //!   others churn; then a process that takes the region lock itself and stops while holding
 //!   it (continued, then killed while stopped). The others' longest call is measured; they
-//!   must all resume within [`RESUME_BOUND`] of the holder being continued or killed.
+//!   must all resume within [`RESUME_BOUND`] of the holder being continued or killed. Then,
+//!   with `HAMI_LOCK_TIMEOUT_MS=500`: a holder ptrace-stopped (seize + interrupt, detach), a
+//!   holder at nice 19 behind a CPU hog per core (`--long`), and a process whose region
+//!   mapping is paged out before its calls: every call stays within the lock timeout (+ 1 s
+//!   of scheduling slack) and no byte is lost.
 //! * **Race to the limit**: P processes x 8 threads allocate fixed chunks (thread t uses
 //!   family t % 5) until refused; the total must be exactly `floor(limit / chunk) * chunk`.
 //! * **Bad inputs**: the region path pointing at truncated, random, wrong-magic/version/size
@@ -72,6 +76,10 @@ struct Profile {
     race_procs: usize,
     race_rounds: usize,
     every_header_byte: bool,
+    /// How long the ptrace-stopped holder holds the lock, and the paged-out process runs.
+    variant_ms: u64,
+    /// Run the starved-holder variant (CPU hogs on every core: long profile only).
+    starved: bool,
 }
 
 const SHORT: Profile = Profile {
@@ -86,6 +94,8 @@ const SHORT: Profile = Profile {
     race_procs: 4,
     race_rounds: 30,
     every_header_byte: false,
+    variant_ms: 2000,
+    starved: false,
 };
 
 const LONG: Profile = Profile {
@@ -100,6 +110,8 @@ const LONG: Profile = Profile {
     race_procs: 32,
     race_rounds: 100,
     every_header_byte: true,
+    variant_ms: 3000,
+    starved: true,
 };
 
 // The sizes issue 12 asks for.
@@ -176,6 +188,17 @@ pub fn torture(opts: &TortureOptions) -> Result<()> {
     if on(Scenario::Stops) {
         step("stopped processes and a stopped lock holder");
         stops::stopped(&p, &load, &mut rng, &mut r).context("stopped processes")?;
+        let d = Duration::from_millis(p.variant_ms);
+        step("lock holder stopped by ptrace");
+        stops::held_variant(stops::HeldBy::Ptrace, d, &load, &mut r)
+            .context("ptrace-stopped lock holder")?;
+        if p.starved {
+            step("lock holder starved (nice 19, a CPU hog per core)");
+            stops::held_variant(stops::HeldBy::Starved, d, &load, &mut r)
+                .context("starved lock holder")?;
+        }
+        step("region mapping paged out before each call");
+        stops::paged_out(d, &load, &mut r).context("paged-out region")?;
     }
     if on(Scenario::Race) {
         step("race to the limit");

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 use hami_common::layout::RegionHeader;
 
-use super::worker::{open_region, settle_and_check, Worker};
+use super::worker::{field, open_region, settle_and_check, Worker};
 use super::{sandbox, Profile, Report, Rng, LINE_WAIT, MIB, RESUME_BOUND};
 
 /// `State:` letter of `/proc/<pid>/stat`.
@@ -196,6 +196,341 @@ pub(super) fn stopped(p: &Profile, load: &Path, rng: &mut Rng, r: &mut Report) -
     let (lost, left) = settle_and_check("stops", &env, workers, r)?;
     r.figure("stops: bytes lost or leaked", lost);
     r.figure("stops: bytes left after exit", left);
+    Ok(())
+}
+
+/// Whether `path` lies on a tmpfs (nothing there is paged out without swap).
+fn on_tmpfs(path: &Path) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes into the zeroed struct; c is a valid C string.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC }
+}
+
+/// `HAMI_LOCK_TIMEOUT_MS` of the stopped-holder variants (the default is 2000 ms: lowered to
+/// keep them short).
+pub(super) const VARIANT_LOCK_TIMEOUT_MS: u64 = 500;
+/// What a call may take beyond the lock timeout on a loaded 2-core machine (scheduling).
+pub(super) const VARIANT_SLACK: Duration = Duration::from_millis(1000);
+
+/// How the lock holder of a variant is kept from releasing the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HeldBy {
+    /// `PTRACE_SEIZE` + `PTRACE_INTERRUPT` (a debugger attaching), then `PTRACE_DETACH`.
+    Ptrace,
+    /// The holder at nice 19 burning CPU while one CPU hog per core runs at nice 0.
+    Starved,
+}
+
+/// Stops `pid` the way a debugger does: seize, interrupt, wait for the stop.
+fn ptrace_stop(pid: u32) -> Result<()> {
+    let pid = pid as libc::pid_t;
+    let null = std::ptr::null_mut::<libc::c_void>();
+    // SAFETY: ptrace requests on our own child; the address and data arguments are unused.
+    if unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, null, null) } != 0 {
+        return Err(anyhow!(
+            "PTRACE_SEIZE of {pid}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: as above; pid is now our tracee.
+    if unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, pid, null, null) } != 0 {
+        return Err(anyhow!(
+            "PTRACE_INTERRUPT of {pid}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let mut status = 0;
+    // SAFETY: waitpid on our tracee with a valid status pointer; a ptrace-stop is reported to
+    // the tracer and does not reap the child.
+    let w = unsafe { libc::waitpid(pid, &mut status, libc::__WALL) };
+    if w != pid || !libc::WIFSTOPPED(status) {
+        return Err(anyhow!(
+            "waitpid on the ptrace-interrupted {pid}: {w}, status {status:#x}"
+        ));
+    }
+    Ok(())
+}
+
+fn ptrace_detach(pid: u32) -> Result<()> {
+    let null = std::ptr::null_mut::<libc::c_void>();
+    // SAFETY: ptrace on our stopped tracee; no pointer is dereferenced.
+    if unsafe { libc::ptrace(libc::PTRACE_DETACH, pid as libc::pid_t, null, null) } != 0 {
+        return Err(anyhow!(
+            "PTRACE_DETACH of {pid}: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// A sandbox with the variants' lock timeout, and `n` workers of `threads` threads ready.
+fn variant_workers(
+    load: &Path,
+    n: usize,
+    threads: usize,
+    extra_env: &[(&str, &str)],
+) -> Result<(hami_test_harness::TestEnv, Vec<Worker>)> {
+    let mut env =
+        sandbox(64 * MIB).env("HAMI_LOCK_TIMEOUT_MS", &VARIANT_LOCK_TIMEOUT_MS.to_string());
+    for (k, v) in extra_env {
+        env.set_env(k, v);
+    }
+    let mut ws = Vec::new();
+    for i in 0..n {
+        ws.push(Worker::spawn(
+            &env,
+            load,
+            &["storm", &threads.to_string(), "6", &(200 + i).to_string()],
+        )?);
+    }
+    for w in &ws {
+        w.expect("ready", LINE_WAIT)?;
+    }
+    Ok((env, ws))
+}
+
+fn longest_call_us(ws: &[Worker]) -> u64 {
+    ws.iter()
+        .map(|w| w.stats.max_us.load(Ordering::Relaxed))
+        .max()
+        .unwrap_or(0)
+}
+
+/// A lock holder kept from releasing the region lock for `hold` by `how`: the others' longest
+/// call must stay within the lock timeout (+ [`VARIANT_SLACK`]), they must keep completing
+/// calls (refusals and frees, which take no lock), resume within [`RESUME_BOUND`] once the
+/// holder lets go, and the region must equal what they hold afterwards.
+pub(super) fn held_variant(how: HeldBy, hold: Duration, load: &Path, r: &mut Report) -> Result<()> {
+    let tag = match how {
+        HeldBy::Ptrace => "stops (ptrace-stopped holder)",
+        HeldBy::Starved => "stops (starved holder, nice 19 + CPU hogs)",
+    };
+    let (env, workers) = variant_workers(load, 4, 2, &[])?;
+    std::thread::sleep(Duration::from_millis(300));
+    let lock_off = core::mem::offset_of!(RegionHeader, lock).to_string();
+    let region_path = env.region_path().display().to_string();
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let mut hogs = Vec::new();
+    let holder = match how {
+        HeldBy::Ptrace => {
+            Worker::spawn(&env, load, &["holdlock", &region_path, &lock_off, "wait"])?
+        }
+        HeldBy::Starved => {
+            let ms = (hold + Duration::from_secs(30)).as_millis().to_string();
+            for _ in 0..cores {
+                hogs.push(Worker::spawn(&env, load, &["spin", &ms])?);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            // 1 s of CPU at nice 19 against a hog per core: many seconds of wall time.
+            Worker::spawn(
+                &env,
+                load,
+                &["holdlock", &region_path, &lock_off, "spin", "1000"],
+            )?
+        }
+    };
+    let l = holder.expect("locked", LINE_WAIT)?;
+    r.check(l == "locked rc=0", || {
+        format!("{tag}: the holder failed: {l}")
+    });
+    if how == HeldBy::Ptrace {
+        ptrace_stop(holder.pid)?;
+        r.check(wait_state(holder.pid, 't', LINE_WAIT), || {
+            format!("{tag}: the holder is not in a ptrace stop")
+        });
+    }
+    for w in &workers {
+        w.stats.max_us.store(0, Ordering::Relaxed);
+    }
+    let ops0 = total_ops(&workers);
+    let t0 = Instant::now();
+    if how == HeldBy::Ptrace {
+        newcomer(tag, &env, r)?;
+    }
+    std::thread::sleep(hold.saturating_sub(t0.elapsed()));
+    let ops_during = total_ops(&workers) - ops0;
+    let held_for = t0.elapsed();
+    // Still holding at the end? (A starved holder that finished early proves less.)
+    let mut still = proc_state(holder.pid) == Some('t');
+    let max_us = longest_call_us(&workers);
+    let before: Vec<u64> = workers
+        .iter()
+        .map(|w| w.stats.ops.load(Ordering::Relaxed))
+        .collect();
+    match how {
+        HeldBy::Ptrace => {
+            ptrace_detach(holder.pid)?;
+            let mut holder = holder;
+            holder.send("release")?;
+            holder.expect("unlocked", LINE_WAIT)?;
+            r.check(holder.finish(LINE_WAIT)?, || {
+                format!("{tag}: the holder exited with an error")
+            });
+        }
+        HeldBy::Starved => {
+            for h in hogs.drain(..) {
+                h.kill();
+            }
+            let u = holder.expect("unlocked", LINE_WAIT)?;
+            still = field(&u, "wall_ms").unwrap_or(0) >= held_for.as_millis() as u64;
+            r.figure(
+                &format!("{tag}: holder held the lock for (ms wall / ms CPU)"),
+                format!(
+                    "{} / {}",
+                    field(&u, "wall_ms").unwrap_or(0),
+                    field(&u, "cpu_ms").unwrap_or(0)
+                ),
+            );
+            r.check(holder.finish(LINE_WAIT)?, || {
+                format!("{tag}: the holder exited with an error")
+            });
+        }
+    }
+    let resumed = time_to_progress(&workers, &before, RESUME_BOUND * 5);
+    r.figure(
+        &format!("{tag}: held for (ms), still held at the end"),
+        format!("{:.0}, {still}", held_for.as_secs_f64() * 1e3),
+    );
+    r.figure(
+        &format!("{tag}: calls completed by the others meanwhile"),
+        ops_during,
+    );
+    r.figure(
+        &format!("{tag}: longest call of the others (ms)"),
+        format!("{:.1}", max_us as f64 / 1000.0),
+    );
+    let bound = Duration::from_millis(VARIANT_LOCK_TIMEOUT_MS) + VARIANT_SLACK;
+    r.check(max_us <= bound.as_micros() as u64, || {
+        format!(
+            "{tag}: a call took {:.1} ms, beyond the lock timeout {VARIANT_LOCK_TIMEOUT_MS} ms + {VARIANT_SLACK:?}",
+            max_us as f64 / 1000.0
+        )
+    });
+    r.check(still, || {
+        format!("{tag}: the holder let go of the lock before the end of the {hold:?} (not stopped or starved: the scenario proves nothing)")
+    });
+    r.check(ops_during > 0, || {
+        format!("{tag}: the others completed no call while the holder held the lock")
+    });
+    r.figure(
+        &format!("{tag}: all resumed after the release within (ms)"),
+        resumed.map_or("never".into(), |d| format!("{:.1}", d.as_secs_f64() * 1e3)),
+    );
+    r.check(resumed.is_some_and(|d| d <= RESUME_BOUND), || {
+        format!("{tag}: not every process made progress within {RESUME_BOUND:?} of the release ({resumed:?})")
+    });
+    let (lost, left) = settle_and_check(tag, &env, workers, r)?;
+    r.figure(
+        &format!("{tag}: bytes lost or leaked / left after exit"),
+        format!("{lost} / {left}"),
+    );
+    Ok(())
+}
+
+/// A process started while the lock holder is stopped cannot register in the region: its
+/// first allocation must be refused with `CUDA_ERROR_OUT_OF_MEMORY` within the lock timeout
+/// (+ slack), with a log line naming the lock timeout (it said "I/O error: other error").
+fn newcomer(tag: &str, env: &hami_test_harness::TestEnv, r: &mut Report) -> Result<()> {
+    let t = Instant::now();
+    let out = super::bad_inputs::run_probe(env, &[], LINE_WAIT)?;
+    let took = t.elapsed();
+    r.figure(
+        &format!("{tag}: a new process's first allocation"),
+        format!("rc {:?} in {:.0} ms", out.rc, took.as_secs_f64() * 1e3),
+    );
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("HAMI_LOCK_TIMEOUT_MS"))
+        .map(str::trim);
+    if let Some(l) = line {
+        println!("    {tag}: the new process says: {l}");
+    }
+    // Two waits (context, then allocation) at most, plus slack.
+    let bound = Duration::from_millis(2 * VARIANT_LOCK_TIMEOUT_MS) + VARIANT_SLACK;
+    r.check(
+        out.rc == Some(2) && out.exited_cleanly && line.is_some() && took <= bound,
+        || {
+            format!(
+                "{tag}: a process started while the holder is stopped: want CUDA_ERROR_OUT_OF_MEMORY within {bound:?} and a log line naming HAMI_LOCK_TIMEOUT_MS; got rc {:?} in {took:?}\n      stderr: {}",
+                out.rc,
+                out.stderr.trim()
+            )
+        },
+    );
+    Ok(())
+}
+
+/// One process whose region mapping is paged out (msync, `MADV_PAGEOUT`,
+/// `POSIX_FADV_DONTNEED`) before every call of one of its threads: its calls fault the
+/// region back in from disk. One process only: `MADV_PAGEOUT` skips pages mapped by more
+/// than one process. Its longest call must stay within the lock timeout (+ slack) and the
+/// region must equal what it holds afterwards.
+pub(super) fn paged_out(run: Duration, load: &Path, r: &mut Report) -> Result<()> {
+    let tag = "stops (region paged out before each call)";
+    let (env, workers) = variant_workers(load, 1, 2, &[("TORTURE_PAGEOUT", "1")])?;
+    for w in &workers {
+        w.stats.max_us.store(0, Ordering::Relaxed);
+    }
+    let ops0 = total_ops(&workers);
+    std::thread::sleep(run);
+    let ops = total_ops(&workers) - ops0;
+    let max_us = longest_call_us(&workers);
+    let last = workers[0]
+        .stats
+        .last_tick
+        .lock()
+        .map(|t| t.clone())
+        .unwrap_or_default();
+    let (pageouts, pages, evicted) = (
+        field(&last, "pageouts").unwrap_or(0),
+        field(&last, "pages").unwrap_or(0),
+        field(&last, "evicted").unwrap_or(0),
+    );
+    r.figure(
+        &format!("{tag}: page-outs / calls"),
+        format!("{pageouts} / {ops}"),
+    );
+    r.figure(
+        &format!("{tag}: pages not resident after the last page-out"),
+        format!("{evicted} of {pages}"),
+    );
+    r.figure(
+        &format!("{tag}: longest call (ms)"),
+        format!("{:.1}", max_us as f64 / 1000.0),
+    );
+    r.check(pageouts > 0 && ops > 0, || {
+        format!("{tag}: no page-out or no call happened ({pageouts} page-outs, {ops} calls)")
+    });
+    // On tmpfs (no swap) nothing can be paged out: the scenario then proves nothing more
+    // than the others; anywhere else the mapping must really have gone.
+    if on_tmpfs(env.region_path()) {
+        r.figure(
+            &format!("{tag}: note"),
+            "region on tmpfs: pages cannot be evicted",
+        );
+    } else {
+        r.check(evicted > 0, || {
+            format!("{tag}: the region's pages stayed resident ({evicted} of {pages} evicted)")
+        });
+    }
+    let bound = Duration::from_millis(VARIANT_LOCK_TIMEOUT_MS) + VARIANT_SLACK;
+    r.check(max_us <= bound.as_micros() as u64, || {
+        format!(
+            "{tag}: a call took {:.1} ms, beyond the lock timeout {VARIANT_LOCK_TIMEOUT_MS} ms + {VARIANT_SLACK:?}",
+            max_us as f64 / 1000.0
+        )
+    });
+    let (lost, left) = settle_and_check(tag, &env, workers, r)?;
+    r.figure(
+        &format!("{tag}: bytes lost or leaked / left after exit"),
+        format!("{lost} / {left}"),
+    );
     Ok(())
 }
 

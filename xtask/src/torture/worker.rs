@@ -29,6 +29,8 @@ pub(super) struct Stats {
     pub(super) ignore_until: Mutex<Option<Instant>>,
     /// `error ...` lines.
     pub(super) errors: Mutex<Vec<String>>,
+    /// The last `tick` line.
+    pub(super) last_tick: Mutex<String>,
 }
 
 /// One running `tortureload`.
@@ -72,6 +74,9 @@ impl Worker {
                     }
                     st.ops
                         .store(field(&line, "ops").unwrap_or(0), Ordering::Relaxed);
+                    if let Ok(mut t) = st.last_tick.lock() {
+                        *t = line;
+                    }
                 } else {
                     if line.starts_with("error") {
                         if let Ok(mut e) = st.errors.lock() {
