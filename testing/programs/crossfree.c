@@ -7,7 +7,7 @@
  * Thread A allocates ROUNDS times (cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemCreate,
  * cuArrayCreate_v2 in turn, 2 MiB * k bytes, k in 1..3) and hands each allocation to
  * thread B through a queue; B frees it at once from its own thread (cuMemFree_v2,
- * cuMemRelease, cuArrayDestroy), except every 8th, which it keeps. A and B run at the same
+ * cuMemRelease, cuArrayDestroy), except every 8th, which it keeps (64 at most). A and B run at the same
  * time. When both are done:
  *   held bytes=B count=C allocs=A frees=F refused=R errors=E info_used=U
  * (U = total - free of cuMemGetInfo_v2: what the preload says the process holds; it must be
@@ -55,6 +55,7 @@ CUresult cuMemGetInfo_v2(size_t *, size_t *);
 #define MIB (1ull << 20)
 #define OOM 2
 #define QCAP 65536
+#define KEEP_MAX 64 /* at most 64 x 6 MiB kept: A is not refused for good */
 
 typedef struct { int family; unsigned long long handle; size_t bytes; } Alloc;
 
@@ -161,7 +162,7 @@ static void *thread_b(void *arg) {
     g_head = (g_head + 1) % QCAP;
     pthread_cond_broadcast(&g_cv);
     pthread_mutex_unlock(&g_mu);
-    if (n++ % 8 == 7) {
+    if (n++ % 8 == 7 && g_nkept < KEEP_MAX) {
       g_kept[g_nkept++] = a;
       continue;
     }

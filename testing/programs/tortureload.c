@@ -46,8 +46,9 @@
  *
  * TORTURE_PAGEOUT=1 (storm): thread 0 pages the region's mapping out before each of its
  * calls (msync, madvise(MADV_PAGEOUT) on every mapping of the file named by
- * CUDA_DEVICE_MEMORY_SHARED_CACHE, then posix_fadvise(POSIX_FADV_DONTNEED) on it); ticks then carry "pageouts=N pages=P evicted=E" (E of
- * the P pages of the mapping were not resident right after the last page-out, per mincore).
+ * CUDA_DEVICE_MEMORY_SHARED_CACHE, then posix_fadvise(POSIX_FADV_DONTNEED) on it); ticks
+ * then carry "pageouts=N pages=P evicted=E" (E: pages of the P of the mappings that were not
+ * resident right after a page-out, per mincore, summed over the page-outs).
  *
  * Errors (any result other than CUDA_SUCCESS, and CUDA_ERROR_OUT_OF_MEMORY for allocations)
  * are printed as "error op=NAME rc=RC" (the first 20) and counted.
@@ -314,7 +315,7 @@ static void pageout_region(void) {
   }
   atomic_fetch_add(&g_pageouts, 1);
   atomic_store(&g_pages, pages);
-  atomic_store(&g_evicted, evicted);
+  atomic_fetch_add(&g_evicted, evicted);
 }
 
 static void *storm_thread(void *arg) {
