@@ -18,6 +18,11 @@ const FUTEX_WAITERS: u32 = 0x8000_0000;
 /// A robust futex word's "the owner died" bit.
 const FUTEX_OWNER_DIED: u32 = 0x4000_0000;
 
+thread_local! {
+    /// Until when this thread does not wait for the lock again (its last wait ran out).
+    static LOCK_BACKOFF: core::cell::Cell<Option<Instant>> = const { core::cell::Cell::new(None) };
+}
+
 /// `pthread_mutex_timedlock` for at most `slice` (its deadline is on `CLOCK_REALTIME`).
 fn timedlock(m: *mut libc::pthread_mutex_t, slice: Duration) -> libc::c_int {
     let mut now = libc::timespec {
@@ -132,7 +137,9 @@ impl Region {
     /// Takes the mutex: a short bounded spin on `pthread_mutex_trylock` first (the lock is
     /// held for a few stores, so a holder running on another CPU releases it within the
     /// spin), then `pthread_mutex_timedlock` in slices until [`Tuning::lock_timeout`] has
-    /// passed (`ETIMEDOUT`). Between slices, a stale lock word is broken when the tuning
+    /// passed (`ETIMEDOUT`). After a wait that ran out, the same thread only spins (no wait)
+    /// for one more timeout, so that a call needing the lock several times is bounded by one
+    /// timeout in all. Between slices, a stale lock word is broken when the tuning
     /// allows it ([`Region::break_stale_lock`]). Every call reports a dead owner the same way
     /// (`EOWNERDEAD`, with the lock taken).
     pub(super) fn acquire(&self) -> libc::c_int {
@@ -147,16 +154,24 @@ impl Region {
             }
         }
         let start = Instant::now();
+        // A thread whose last wait ran out does not wait again for one more timeout: one CUDA
+        // call that needs the lock more than once (a pool allocation: a forced charge, then an
+        // admission) is refused after one timeout, not after several.
+        if LOCK_BACKOFF.with(|b| b.get().is_some_and(|until| start < until)) {
+            return libc::ETIMEDOUT;
+        }
         let deadline = start + self.tuning.lock_timeout;
         let mut seen: Option<(u32, Instant)> = None;
         loop {
             let now = Instant::now();
             if now >= deadline {
+                LOCK_BACKOFF.with(|b| b.set(Some(now + self.tuning.lock_timeout)));
                 return libc::ETIMEDOUT;
             }
             let slice = (deadline - now).min(LOCK_SLICE);
             let rc = timedlock(self.mutex(), slice);
             if rc != libc::ETIMEDOUT {
+                LOCK_BACKOFF.with(|b| b.set(None));
                 return rc;
             }
             if self.tuning.break_stale_locks {

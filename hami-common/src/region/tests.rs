@@ -1440,9 +1440,45 @@ fn a_stopped_lock_holder_bounds_the_wait_and_never_blocks_releases() {
         waited >= Duration::from_millis(290) && waited < Duration::from_secs(2),
         "{waited:?}"
     );
-    // Context memory the driver already took is recorded now and totalled later.
+    // Context memory the driver already took is recorded now and totalled later; right
+    // after a timed-out wait this thread does not wait again (one CUDA call that needs the
+    // lock twice is bounded by one timeout).
+    let t = Instant::now();
     r.force_charge(s, 0, UsageKind::Context, 32 * MIB);
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
     assert_eq!(r.slot_usage(s, 0, UsageKind::Context), 32 * MIB);
+    assert_eq!(
+        r.try_charge(s, 0, UsageKind::Data, 16 * MIB)
+            .unwrap_err()
+            .reason,
+        DenyReason::LockTimeout
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
+    // Another thread waits its own full timeout.
+    let t = Instant::now();
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            assert_eq!(
+                r.try_charge(s, 0, UsageKind::Data, 16 * MIB)
+                    .unwrap_err()
+                    .reason,
+                DenyReason::LockTimeout
+            )
+        });
+    });
+    assert!(
+        t.elapsed() >= Duration::from_millis(290),
+        "{:?}",
+        t.elapsed()
+    );
     // SAFETY: continues our own stopped child.
     unsafe { libc::kill(holder, libc::SIGCONT) };
     let st = wait_timeout(holder, Duration::from_secs(10)).expect("holder hung");
@@ -1489,7 +1525,9 @@ fn a_stale_lock_word_is_marked_owner_died_and_recovered() {
         }
         other => panic!("{other:?}"),
     }
-    // With it (the preload's setting): recovered after STALE_LOCK_AGE.
+    // With it (the preload's setting): recovered after STALE_LOCK_AGE (once this thread's
+    // back-off after its timed-out wait has passed).
+    std::thread::sleep(Duration::from_millis(250));
     let r = r.with_tuning(Tuning {
         lock_timeout: Duration::from_secs(5),
         break_stale_locks: true,
