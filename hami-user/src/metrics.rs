@@ -8,7 +8,10 @@
 //! that HAMi's dashboards see what they always saw. The whole list, with types, units,
 //! labels and cardinality bounds, is in `docs/agent.md`.
 
-use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
 
 use crate::findings::{Finding, FindingKind};
 use crate::identity::Identity;
@@ -113,6 +116,9 @@ pub struct Metrics {
     pub nvml_available: IntGauge,
     /// `hami_nvml_errors_total`: NVML device queries that failed.
     pub nvml_errors: IntCounter,
+    /// `hami_tick_duration_seconds`: how long each periodic scan (regions, `/proc`, findings,
+    /// metrics) took.
+    pub tick_duration: Histogram,
     /// `hami_vgpu_memory_used_bytes` (HAMi, current names).
     hami_used: Option<IntGaugeVec>,
     /// `hami_vgpu_memory_limit_bytes` (HAMi, current names).
@@ -151,6 +157,12 @@ fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounte
     r.register(Box::new(c.clone()))?;
     Ok(c)
 }
+
+/// Buckets of `hami_tick_duration_seconds` (seconds): a tick of an idle node takes about a
+/// millisecond, one of 1000 regions and 5000 processes tens to hundreds (docs/benchmarks.md).
+pub const TICK_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
 
 /// HAMi's current label names.
 const HAMI_LABELS: [&str; 5] = [
@@ -256,6 +268,14 @@ impl Metrics {
             "hami_nvml_errors_total",
             "NVML device queries that failed (device handle, UUID or memory info)",
         )?;
+        let tick_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "hami_tick_duration_seconds",
+                "Time one periodic scan took (regions read, /proc refreshed, findings evaluated, metrics updated)",
+            )
+            .buckets(TICK_BUCKETS.to_vec()),
+        )?;
+        r.register(Box::new(tick_duration.clone()))?;
         let build = IntGaugeVec::new(
             Opts::new(
                 "hami_build_info",
@@ -328,6 +348,7 @@ impl Metrics {
             reclaimed,
             nvml_available,
             nvml_errors,
+            tick_duration,
             hami_used,
             hami_limit,
             hami_legacy_used,

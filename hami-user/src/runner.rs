@@ -204,6 +204,7 @@ impl Running {
     }
 
     fn on_tick(&mut self, log: bool, last_nvml: &mut Instant, nvml_interval: Duration) {
+        let t0 = Instant::now();
         self.check_new_libraries();
         self.attached = self.handle.attached_cached().len();
         if let Some(n) = &self.nvml {
@@ -244,6 +245,9 @@ impl Running {
         self.metrics.count_new_findings(&out.raised);
         self.metrics.reclaimed.inc_by(out.reclaimed.len() as u64);
         self.update_metrics();
+        self.metrics
+            .tick_duration
+            .observe(t0.elapsed().as_secs_f64());
         self.health.beat();
     }
 
