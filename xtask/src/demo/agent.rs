@@ -191,7 +191,7 @@ impl Drop for Agent {
 }
 
 /// A plain HTTP/1.0 GET; returns the body.
-pub(super) fn http_get(addr: &str, path: &str) -> Result<String> {
+pub(crate) fn http_get(addr: &str, path: &str) -> Result<String> {
     let mut s = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
@@ -304,7 +304,7 @@ pub(crate) fn describe(f: &Value) -> String {
 }
 
 /// Processes whose environment names `dir` (our workloads and agent).
-pub(super) fn processes_using(dir: &Path) -> Vec<u32> {
+pub(crate) fn processes_using(dir: &Path) -> Vec<u32> {
     let needle = dir.display().to_string();
     let me = std::process::id();
     let Ok(rd) = std::fs::read_dir("/proc") else {
@@ -320,7 +320,7 @@ pub(super) fn processes_using(dir: &Path) -> Vec<u32> {
         .collect()
 }
 
-pub(super) fn is_zombie(pid: u32) -> bool {
+pub(crate) fn is_zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('Z')))

@@ -32,10 +32,9 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use hami_test_harness::{Artifacts, ProbeOutput};
 
 use crate::util::{cargo, project_root, run_checked};
-use agent::processes_using;
 use story::story;
 
-pub(crate) use agent::{describe, metric, Agent};
+pub(crate) use agent::{describe, http_get, metric, processes_using, Agent};
 
 const MIB: u64 = 1 << 20;
 /// The quota of the demo's container.

@@ -32,14 +32,21 @@
 //! * **Agent faults** (`--long`, root): the agent SIGKILLed and restarted mid-workload (its
 //!   eBPF programs must be gone, no false finding after the restart), its ring buffer
 //!   overflowed on purpose (drops counted).
+//! * **Scale** (`--long` or `--only scale`, root): R region files and P hooked processes
+//!   (1000 / 5000 in the long profile, 100 / 500 otherwise), measured at a fifth of that size
+//!   and whole: `hami-agent audit`'s wall time, CPU time and peak RSS, and `hami-agent run`'s
+//!   time to ready, tick, CPU and RSS; every process and region must be seen, no finding may
+//!   stand, and the tick's cost per process may not grow with the fleet (quadratic scans).
 
 //!
-//! One module per scenario ([`storm`], [`stops`], [`race`], [`bad_inputs`], [`agent`]); the
+//! One module per scenario ([`storm`], [`stops`], [`race`], [`bad_inputs`], [`agent`],
+//! [`scale`]); the
 //! workers and the end-of-scenario region check they share are in [`worker`].
 
 mod agent;
 mod bad_inputs;
 mod race;
+mod scale;
 mod stops;
 mod storm;
 mod worker;
@@ -80,6 +87,15 @@ struct Profile {
     variant_ms: u64,
     /// Run the starved-holder variant (CPU hogs on every core: long profile only).
     starved: bool,
+    /// Region files of the scale scenario.
+    scale_regions: usize,
+    /// Processes of the scale scenario (spread evenly over the regions).
+    scale_procs: usize,
+    /// Seconds the running agent is measured for, per size.
+    scale_window_secs: u64,
+    /// Bound on the growth of the tick's cost per process from a fifth of the fleet to all of
+    /// it (linear: about 1).
+    scale_max_ratio: f64,
 }
 
 const SHORT: Profile = Profile {
@@ -96,6 +112,10 @@ const SHORT: Profile = Profile {
     every_header_byte: false,
     variant_ms: 2000,
     starved: false,
+    scale_regions: 100,
+    scale_procs: 500,
+    scale_window_secs: 5,
+    scale_max_ratio: 2.0,
 };
 
 const LONG: Profile = Profile {
@@ -112,11 +132,16 @@ const LONG: Profile = Profile {
     every_header_byte: true,
     variant_ms: 3000,
     starved: true,
+    scale_regions: 1000,
+    scale_procs: 5000,
+    scale_window_secs: 10,
+    scale_max_ratio: 2.0,
 };
 
 // The sizes issue 12 asks for.
 const _: () = assert!(LONG.min_kills >= 1000 && LONG.storm_procs == 32 && SHORT.storm_procs == 8);
 const _: () = assert!(LONG.race_procs == 32 && LONG.race_rounds == 100);
+const _: () = assert!(LONG.scale_regions == 1000 && LONG.scale_procs == 5000);
 
 /// The scenarios `--only` can pick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -131,6 +156,8 @@ pub enum Scenario {
     Bad,
     /// Agent faults (root).
     Agent,
+    /// A busy node: the agent's scan of many regions and processes (root).
+    Scale,
     /// The cargo-fuzz targets, 60 s each.
     Fuzz,
 }
@@ -212,6 +239,13 @@ pub fn torture(opts: &TortureOptions) -> Result<()> {
     if (opts.long && opts.only.is_none()) || opts.only == Some(Scenario::Agent) {
         step("agent faults (SIGKILL and restart, stale uprobes, ring buffer overflow)");
         agent::agent_faults(&p, &load, &mut r).context("agent faults")?;
+    }
+    if (opts.long && opts.only.is_none()) || opts.only == Some(Scenario::Scale) {
+        step(&format!(
+            "scale: {} regions / {} processes, audit and run measured",
+            p.scale_regions, p.scale_procs
+        ));
+        scale::scale(&p, &mut r).context("scale")?;
     }
     if (opts.long && opts.only.is_none()) || opts.only == Some(Scenario::Fuzz) {
         step("fuzz targets (60 s each)");
