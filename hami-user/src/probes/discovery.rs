@@ -191,11 +191,25 @@ pub fn dynamic_symbols_defined<'a, R: ReadRef<'a>>(
 }
 
 /// Remembers which mapped files (by their `/proc/<pid>/maps` device and inode) are CUDA
-/// drivers, so that each file's symbols are read once.
+/// drivers, so that each file's symbols are read once; and, across the periodic scans of
+/// [`scan_proc_maps_with`], which processes already map a driver (their `maps` are read
+/// again only every [`FULL_SCAN_EVERY`] scans).
 #[derive(Debug, Default)]
 pub struct Classifier {
     known: HashMap<(String, u64), bool>,
+    /// Processes (pid, start time) whose `maps` showed a driver at the last reading.
+    with_driver: HashSet<(u32, u64)>,
+    /// Scans done with this classifier.
+    scans: u64,
 }
+
+/// A process whose `maps` showed a CUDA driver is skipped by the periodic scan except on
+/// every `FULL_SCAN_EVERY`-th scan (the first scan is a full one): its driver was found
+/// then, and a second driver mapped later by the same process is found within this many
+/// scans (5 s at the agent's 500 ms). Every other process is read at every scan (it may load
+/// a driver at any moment). Reading `/proc/<pid>/maps` of 5000 GPU processes every 500 ms
+/// cost the agent more than a core (docs/benchmarks.md, Scale).
+pub const FULL_SCAN_EVERY: u64 = 10;
 
 impl Classifier {
     /// Files remembered before the memory is cleared (a node that keeps starting containers
@@ -311,13 +325,18 @@ pub fn scan_proc_maps(proc_root: &Path) -> Vec<Candidate> {
 }
 
 /// [`scan_proc_maps`]: every executable file mapping is a candidate when `classifier` says
-/// it is a driver (by name, or by the symbols it defines).
+/// it is a driver (by name, or by the symbols it defines). With a classifier kept across
+/// scans, a process that already mapped a driver is read again only every
+/// [`FULL_SCAN_EVERY`] scans.
 pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec<Candidate> {
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     let Ok(entries) = fs::read_dir(proc_root) else {
         return out;
     };
+    let full = classifier.scans.is_multiple_of(FULL_SCAN_EVERY);
+    classifier.scans += 1;
+    let before = std::mem::take(&mut classifier.with_driver);
     for e in entries.flatten() {
         let name = e.file_name();
         let Some(pid) = name
@@ -326,12 +345,25 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
         else {
             continue;
         };
+        // (pid, start time): a reused pid is another process, read at once.
+        let me = pid.parse::<u32>().ok().and_then(|n| {
+            let st = crate::procinfo::read_stat(proc_root, n).ok()?;
+            Some((n, st.start_time))
+        });
+        if let Some(me) = me.filter(|me| !full && before.contains(me)) {
+            classifier.with_driver.insert(me);
+            continue;
+        }
         let Ok(maps) = fs::read_to_string(proc_root.join(pid).join("maps")) else {
             continue;
         };
         for (dev, ino, path) in exec_mappings(&maps) {
             let id = (dev, ino);
             if seen.contains(&id) {
+                // A driver this scan already found (and offered) in another process.
+                if let Some(me) = me {
+                    classifier.with_driver.insert(me);
+                }
                 continue;
             }
             let root = proc_root.join(pid).join("root");
@@ -347,6 +379,9 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
             if !resolves_inside_root(&root, &path, &open_path) {
                 tracing::debug!(pid, path = %path, "mapped file's path leaves the process's root or changed: skipped");
                 continue;
+            }
+            if let Some(me) = me {
+                classifier.with_driver.insert(me);
             }
             seen.insert(id.clone());
             out.push(Candidate {
@@ -442,6 +477,80 @@ pub fn parse_ld_so_cache(data: &[u8]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fake `/proc/<pid>` whose maps show `libs` (path, inode) executable, each file
+    /// present inside the process's root.
+    fn fake_mapper(root: &Path, pid: u32, start_time: u64, libs: &[(&str, u64)]) {
+        let dir = root.join(pid.to_string());
+        if !dir.exists() {
+            crate::procinfo::tests::fake_proc(root, pid, start_time, &[pid], 1, "0::/\n", &[], &[]);
+        }
+        let mut stat = format!("{pid} (p) S");
+        for i in 4..=21 {
+            stat.push_str(&format!(" {i}"));
+        }
+        stat.push_str(&format!(" {start_time} 100 200\n"));
+        fs::write(dir.join("stat"), stat).unwrap();
+        let mut maps = String::new();
+        for (path, ino) in libs {
+            maps.push_str(&format!(
+                "7f0000000000-7f0000001000 r-xp 00000000 08:01 {ino}    {path}\n"
+            ));
+            let f = rooted(&dir.join("root"), Path::new(path));
+            fs::create_dir_all(f.parent().unwrap()).unwrap();
+            fs::write(&f, b"").unwrap();
+        }
+        fs::write(dir.join("maps"), maps).unwrap();
+    }
+
+    fn inodes(c: &[Candidate]) -> Vec<u64> {
+        let mut v: Vec<u64> = c
+            .iter()
+            .filter_map(|c| Some(c.maps_id.as_ref()?.1))
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    #[test]
+    fn a_process_with_a_driver_is_read_again_only_on_full_scans() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path();
+        fake_mapper(root, 100, 5, &[("/lib/libcuda.so.1", 1)]);
+        fake_mapper(root, 200, 5, &[("/lib/libc.so.6", 9)]);
+        fake_mapper(root, 300, 5, &[("/lib/libcuda.so.1", 1)]);
+        let mut c = Classifier::default();
+        assert_eq!(inodes(&scan_proc_maps_with(root, &mut c)), [1]);
+        // Each process now maps a new driver.
+        fake_mapper(
+            root,
+            100,
+            5,
+            &[("/lib/libcuda.so.1", 1), ("/opt/libcuda.so.2", 2)],
+        );
+        fake_mapper(
+            root,
+            200,
+            5,
+            &[("/lib/libc.so.6", 9), ("/x/libcuda.so.1", 3)],
+        );
+        // 300 exited and its pid was reused (another start time): a new process, read.
+        fake_mapper(root, 300, 6, &[("/y/libcuda.so.1", 4)]);
+        // 200 had no driver: read at every scan. 100 had one: skipped until a full scan.
+        assert_eq!(inodes(&scan_proc_maps_with(root, &mut c)), [3, 4]);
+        for _ in 2..FULL_SCAN_EVERY {
+            assert_eq!(
+                inodes(&scan_proc_maps_with(root, &mut c)),
+                Vec::<u64>::new()
+            );
+        }
+        assert_eq!(inodes(&scan_proc_maps_with(root, &mut c)), [1, 2, 3, 4]);
+        // A fresh classifier (a one-shot scan) reads everything.
+        assert_eq!(
+            inodes(&scan_proc_maps_with(root, &mut Classifier::default())),
+            [1, 2, 3, 4]
+        );
+    }
 
     fn cache_with(paths: &[&str]) -> Vec<u8> {
         let mut strings = Vec::new();
