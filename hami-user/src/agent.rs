@@ -1002,6 +1002,7 @@ impl Agent {
     /// events were lost shows its rebuilt figures, as in the report).
     pub fn process_samples(&self) -> Vec<ProcessSample> {
         let (views, _) = self.views();
+        let views: HashMap<u32, &ProcView> = views.iter().map(|v| (v.pid, v)).collect();
         self.procs
             .iter()
             .map(|p| ProcessSample {
@@ -1017,7 +1018,7 @@ impl Agent {
                         container: "unknown".into(),
                         ..Identity::default()
                     }),
-                observed: match views.iter().find(|v| v.pid == p.pid) {
+                observed: match views.get(&p.pid) {
                     Some(v) if p.events_lost => v.observed.values().sum(),
                     _ => p.by_device().values().sum(),
                 },

@@ -935,14 +935,17 @@ pub struct RegionUsage {
 /// below the region's device count that exist on the node (NVML's count, when known).
 pub fn region_usage(procs: &[ProcView], regions: &[RegionView]) -> Vec<RegionUsage> {
     let mut out = Vec::new();
+    // Each region's users, grouped once (not a pass over every process per region and device).
+    let mut users: Vec<Vec<&ProcView>> = vec![Vec::new(); regions.len()];
+    for p in procs {
+        if let Some(u) = p.region.and_then(|i| users.get_mut(i)) {
+            u.push(p);
+        }
+    }
     for (ri, r) in regions.iter().enumerate() {
         let single = r.single_device;
         for d in 0..MAX_DEVICES {
-            let observed: u64 = procs
-                .iter()
-                .filter(|p| p.region == Some(ri))
-                .map(|p| observed_on(p, d, single))
-                .sum();
+            let observed: u64 = users[ri].iter().map(|p| observed_on(p, d, single)).sum();
             let accounted = r.snapshot.accounted(d);
             let limit = r.snapshot.limits[d];
             let visible = r.node_devices.unwrap_or(r.devices()).max(1);
