@@ -206,8 +206,9 @@ pub struct Classifier {
 /// A process whose `maps` showed a CUDA driver is skipped by the periodic scan except on
 /// every `FULL_SCAN_EVERY`-th scan (the first scan is a full one): its driver was found
 /// then, and a second driver mapped later by the same process is found within this many
-/// scans (5 s at the agent's 500 ms). Every other process is read at every scan (it may load
-/// a driver at any moment). Reading `/proc/<pid>/maps` of 5000 GPU processes every 500 ms
+/// scans (5 s at the agent's 500 ms), and so is a driver whose attach failed because its
+/// process was gone when it was tried (the caller's retry). Every other process is read at
+/// every scan (it may load a driver at any moment). Reading `/proc/<pid>/maps` of 5000 GPU processes every 500 ms
 /// cost the agent more than a core (docs/benchmarks.md, Scale).
 pub const FULL_SCAN_EVERY: u64 = 10;
 
