@@ -242,7 +242,8 @@ impl Region {
 /// Attempts [`read_snapshot`] makes to get a copy from one instant.
 pub(super) const READ_ATTEMPTS: usize = 16;
 
-/// Reads a region through `file` with `pread` into a private buffer and parses it: the
+/// Reads a region through `file` with `pread` into a private buffer and parses it (the
+/// header, then the slot table up to the header's `slot_high_water`): the
 /// agent's way of reading regions that tenants can truncate, replace or rewrite at any time
 /// (a mapping would die of `SIGBUS` when the file shrinks). Never maps, never locks, never
 /// blocks on the region lock or a `flock`.
@@ -272,11 +273,25 @@ pub fn read_snapshot(file: &std::fs::File, path: &Path) -> Result<RegionSnapshot
             .map_err(|e| short_read(file, path, "read generation", e))?;
         Ok(u64::from_le_bytes(g))
     };
+    // Zeroed pages cost nothing until written: only the header and the slots up to the
+    // high-water mark are read (a region of a few processes is a few KiB, not 1 MiB).
     let mut buf = vec![0u8; REGION_SIZE];
+    let slot_size = core::mem::size_of::<layout::Slot>();
+    let slots_off = core::mem::offset_of!(layout::Region, slots);
+    let hw_off = core::mem::offset_of!(RegionHeader, slot_high_water);
+    let mut filled = REGION_SIZE.min(slots_off);
     let mut last = None;
     for attempt in 0..READ_ATTEMPTS {
         let g1 = read_gen()?;
-        file.read_exact_at(&mut buf, 0)
+        file.read_exact_at(&mut buf[..slots_off], 0)
+            .map_err(|e| short_read(file, path, "read", e))?;
+        let hw = u32::from_le_bytes(buf[hw_off..hw_off + 4].try_into().unwrap_or([0; 4]));
+        let end = slots_off + (hw as usize).min(MAX_SLOTS) * slot_size;
+        if end < filled {
+            buf[end..filled].fill(0);
+        }
+        filled = end;
+        file.read_exact_at(&mut buf[slots_off..end], slots_off as u64)
             .map_err(|e| short_read(file, path, "read", e))?;
         let g2 = read_gen()?;
         let mut snap = parse_snapshot(&buf);

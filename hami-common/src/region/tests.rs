@@ -1332,6 +1332,30 @@ fn read_snapshot_copies_what_the_mapping_shows() {
 }
 
 #[test]
+fn read_snapshot_reads_the_slots_up_to_the_high_water_mark() {
+    let d = TempDir::new("pread-hw");
+    let r = create(&d.file(), 1 << 30);
+    let slots: Vec<SlotId> = (0..5)
+        .map(|i| r.register(fake(60 + i, 7)).unwrap())
+        .collect();
+    for s in &slots[..4] {
+        r.unregister(*s);
+    }
+    r.try_charge(slots[4], 0, UsageKind::Data, 3 * MIB).unwrap();
+    let f = std::fs::File::open(d.file()).unwrap();
+    let copy = read_snapshot(&f, &d.file()).unwrap();
+    assert_eq!(copy, r.snapshot());
+    assert_eq!(copy.slots.len(), 1);
+    assert_eq!(copy.slots[0].index, 4);
+    // A corrupt mark beyond the table is clamped: the whole table is read.
+    let hw = offset_of!(crate::layout::RegionHeader, slot_high_water) as u64;
+    patch(&d.file(), hw, &u32::MAX.to_le_bytes());
+    let copy = read_snapshot(&f, &d.file()).unwrap();
+    assert_eq!(copy.slots.len(), 1);
+    assert_eq!(copy.slots[0].usage[0][UsageKind::Data.index()], 3 * MIB);
+}
+
+#[test]
 fn read_snapshot_of_a_truncated_file_is_an_error_not_a_signal() {
     let d = TempDir::new("pread-trunc");
     let r = create(&d.file(), 1 << 30);
