@@ -1,0 +1,772 @@
+//! Unit tests of the agent core: synthetic events, a fake `/proc` tree, real region files.
+#![allow(clippy::cloned_ref_to_slice_refs, clippy::field_reassign_with_default)]
+use super::regions::monotonic_ns;
+use super::*;
+use crate::findings::FindingKind;
+use crate::procinfo::tests::fake_proc;
+use crate::state::tests::ev;
+use hami_common::layout::{RegionHeader, UsageKind, MAX_DEVICES};
+use hami_common::region::RegionConfig;
+use hami_common::region::{ProcessId, Region, SlotId};
+use std::os::unix::fs::FileExt;
+use std::os::unix::fs::MetadataExt;
+
+const MIB: u64 = 1 << 20;
+const NS: u64 = 4026599999;
+const CID: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+struct World {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+}
+
+impl World {
+    fn new() -> World {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("proc");
+        std::fs::create_dir_all(&root).unwrap();
+        World { _tmp: tmp, root }
+    }
+
+    /// A container process; `hooked` maps the preload; its region is
+    /// `/hami/r.cache` under its root.
+    fn spawn(&self, pid: u32, nspid: u32, hooked: bool, limit: &str) {
+        let mut maps = vec!["/usr/lib/x86_64-linux-gnu/libcuda.so.1"];
+        if hooked {
+            maps.push("/usr/local/vgpu/libhami_preload.so");
+        }
+        fake_proc(
+            &self.root,
+            pid,
+            5000 + pid as u64,
+            &[pid, nspid],
+            NS,
+            &format!("0::/kubepods/besteffort/podx/{CID}\n"),
+            &maps,
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT", limit),
+                ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/hami/r.cache"),
+            ],
+        );
+    }
+
+    fn kill(&self, pid: u32) {
+        std::fs::remove_dir_all(self.root.join(pid.to_string())).unwrap();
+    }
+
+    /// Creates the region as the preload would, inside `pid`'s root, and hard-links it
+    /// into the other roots (one file shared by the container).
+    fn region(&self, pid: u32, limit: u64, others: &[u32]) -> Region {
+        let path = self.root.join(format!("{pid}/root/hami/r.cache"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut cfg = RegionConfig::default();
+        cfg.limits[0] = limit;
+        cfg.device_count = 1;
+        let (r, _) = Region::open_or_create(&path, &cfg).unwrap();
+        for o in others {
+            let p = self.root.join(format!("{o}/root/hami/r.cache"));
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::hard_link(&path, &p).unwrap();
+        }
+        r
+    }
+
+    fn agent(&self, reclaim: bool) -> Agent {
+        Agent::new(AgentOptions {
+            proc_root: self.root.clone(),
+            settle: Duration::from_millis(0),
+            reclaim,
+            ..Default::default()
+        })
+    }
+}
+
+fn register(r: &Region, pid: u32, nspid: u32, data: u64) -> SlotId {
+    let who = ProcessId {
+        pid: nspid,
+        start_time: 5000 + pid as u64,
+    };
+    let s = r.register(who).unwrap();
+    r.force_charge(s, 0, UsageKind::Context, 10 * MIB);
+    if data > 0 {
+        r.try_charge(s, 0, UsageKind::Data, data).unwrap();
+    }
+    s
+}
+
+fn kinds(fs: &[Finding]) -> Vec<(FindingKind, &'static str)> {
+    let mut v: Vec<_> = fs.iter().map(|f| (f.kind, f.reason)).collect();
+    v.sort();
+    v
+}
+
+/// An event stamped now (`CLOCK_MONOTONIC`, like the probes').
+fn ev_now(kind: EventKind, pid: u32, size: u64, addr: u64) -> CudaEvent {
+    let mut e = ev(kind, pid, size, addr, 0);
+    e.ts_ns = monotonic_ns();
+    e
+}
+
+#[test]
+fn lost_events_rebuild_from_the_region_and_count_again_after_a_quiet_moment() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    let s = register(&r, 100, 7, 64 * MIB);
+    // The free of 0x8000 was dropped: a phantom 32 MiB in the agent's books.
+    let evs = [
+        ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0),
+        ev(EventKind::MemAlloc, 100, 32 * MIB, 0x8000, 0),
+    ];
+    // Control: without the drop count, the phantom is a bypass.
+    let mut blind = w.agent(false);
+    for e in &evs {
+        blind.on_event(e);
+    }
+    assert_eq!(
+        kinds(&blind.tick(Instant::now()).raised),
+        vec![(
+            FindingKind::Bypass,
+            findings::reason::OBSERVED_ABOVE_ACCOUNTED
+        )]
+    );
+    let mut a = w.agent(false);
+    for e in &evs {
+        a.on_event(e);
+    }
+    assert!(a.note_dropped(5));
+    assert!(!a.note_dropped(5), "same total: nothing new");
+    let out = a.tick(Instant::now());
+    assert!(out.raised.is_empty(), "{:?}", out.raised);
+    let row = &a.process_rows()[0];
+    assert_eq!(row.observed, 64 * MIB, "rebuilt from the region");
+    assert_eq!(row.accounted, Some(64 * MIB));
+    assert!(row
+        .events_lost
+        .as_deref()
+        .is_some_and(|n| n.contains("events lost")));
+    // Quiet moment: the process frees everything; the region says 0 data.
+    r.uncharge(s, 0, UsageKind::Data, 64 * MIB);
+    assert!(a.tick(Instant::now()).raised.is_empty());
+    let row = &a.process_rows()[0];
+    assert_eq!(row.events_lost, None);
+    assert_eq!(row.observed, 0);
+    // A stale queued event (stamped before the rebuild) is ignored; new ones count.
+    a.on_event(&ev(EventKind::MemAlloc, 100, 8 * MIB, 0x9000, 0));
+    assert_eq!(a.process_rows()[0].observed, 0);
+    a.on_event(&ev_now(EventKind::MemAlloc, 100, 16 * MIB, 0xa000));
+    let out = a.tick(Instant::now());
+    assert_eq!(
+        kinds(&out.raised),
+        vec![(
+            FindingKind::Bypass,
+            findings::reason::OBSERVED_ABOVE_ACCOUNTED
+        )]
+    );
+}
+
+#[test]
+fn process_learned_after_drops_that_started_before_is_marked() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    register(&r, 100, 7, 64 * MIB);
+    let mut a = w.agent(false);
+    // The fake processes started at tick 5100, long before "now".
+    a.note_dropped(1);
+    a.on_event(&ev(EventKind::MemAlloc, 100, 96 * MIB, 0x7000, 0));
+    assert!(a.tick(Instant::now()).raised.is_empty());
+    assert!(a.process_rows()[0].events_lost.is_some());
+}
+
+#[test]
+fn process_whose_every_event_was_dropped_is_found_after_the_drops() {
+    let w = World::new();
+    w.spawn(100, 7, false, "1g");
+    let mut a = w.agent(false);
+    a.started_at = Some(1); // it started after the agent
+    assert!(a.tick(Instant::now()).raised.is_empty());
+    assert!(a.process_rows().is_empty(), "no event: unknown");
+    a.note_dropped(10);
+    let out = a.tick(Instant::now());
+    assert_eq!(
+        kinds(&out.raised),
+        vec![(FindingKind::Bypass, findings::reason::NO_PRELOAD)]
+    );
+    let rows = a.process_rows();
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].events_lost.is_some());
+    assert!(rows[0]
+        .baseline
+        .as_deref()
+        .is_some_and(|b| b.contains("attached late")));
+}
+
+#[test]
+fn truncated_region_is_left_out_with_its_reason_and_reads_again_when_restored() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    register(&r, 100, 7, 64 * MIB);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+    assert!(a.tick(Instant::now()).raised.is_empty());
+    let path = w.root.join("100/root/hami/r.cache");
+    let good = std::fs::read(&path).unwrap();
+    drop(r);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(good.len() as u64 / 2)
+        .unwrap();
+    let out = a.tick(Instant::now());
+    assert_eq!(
+        kinds(&out.raised),
+        vec![(FindingKind::Bypass, findings::reason::NO_REGION)]
+    );
+    assert!(
+        out.raised[0].detail.contains("truncated"),
+        "{}",
+        out.raised[0].detail
+    );
+    let rows = a.region_rows();
+    assert!(rows[0]
+        .error
+        .as_deref()
+        .is_some_and(|e| e.contains("truncated")));
+    assert!(rows[0].limits.is_empty());
+    std::fs::write(&path, &good).unwrap();
+    let out = a.tick(Instant::now());
+    assert_eq!(out.cleared.len(), 1, "{:?}", out);
+    assert_eq!(a.region_rows()[0].error, None);
+}
+
+#[test]
+fn region_path_that_is_a_fifo_is_refused_without_blocking() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let dir = w.root.join("100/root/hami");
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = std::ffi::CString::new(dir.join("r.cache").to_str().unwrap()).unwrap();
+    // SAFETY: valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+    let out = a.tick(Instant::now());
+    assert_eq!(
+        kinds(&out.raised),
+        vec![(FindingKind::Bypass, findings::reason::NO_REGION)]
+    );
+    assert!(
+        out.raised[0].detail.contains("FIFO"),
+        "{}",
+        out.raised[0].detail
+    );
+}
+
+#[test]
+fn hooked_process_within_quota_has_no_finding() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    register(&r, 100, 7, 64 * MIB);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+    let out = a.tick(Instant::now());
+    assert!(out.raised.is_empty(), "{:?}", out.raised);
+    let rows = a.process_rows();
+    assert_eq!(rows.len(), 1);
+    let row = &rows[0];
+    assert_eq!(row.container, CID);
+    assert_eq!(row.nspid, Some(7));
+    assert_eq!(row.hooked, Some(true));
+    assert_eq!(row.region.as_deref(), Some("/hami/r.cache"));
+    assert_eq!(row.accounted, Some(64 * MIB));
+    assert_eq!(row.observed, 64 * MIB);
+    assert_eq!(row.accounted_total, Some(74 * MIB));
+    assert_eq!(row.limit, Some(1 << 30));
+    assert_eq!(row.verdict, "ok");
+    let u = a.usage();
+    assert_eq!(u[0].observed, 64 * MIB);
+    assert_eq!(u[0].accounted_data, 64 * MIB);
+}
+
+#[test]
+fn unhooked_process_is_bypass_and_container_over_limit() {
+    let w = World::new();
+    w.spawn(100, 7, true, "100m");
+    w.spawn(101, 8, false, "100m");
+    let r = w.region(100, 100 * MIB, &[101]);
+    register(&r, 100, 7, 60 * MIB);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 100, 60 * MIB, 0x7000, 0));
+    a.on_event(&ev(EventKind::MemAlloc, 101, 80 * MIB, 0x9000, 0));
+    let out = a.tick(Instant::now());
+    assert_eq!(
+        kinds(&out.raised),
+        vec![
+            (FindingKind::Bypass, findings::reason::NO_PRELOAD),
+            (
+                FindingKind::OverLimit,
+                findings::reason::OBSERVED_ABOVE_LIMIT
+            ),
+        ]
+    );
+    let b = out
+        .raised
+        .iter()
+        .find(|f| f.kind == FindingKind::Bypass)
+        .unwrap();
+    assert_eq!(b.pid, Some(101));
+    assert_eq!(b.bytes, 80 * MIB);
+    assert_eq!(b.container, CID);
+    // Standing findings are raised once; freeing clears the bypass's bytes but the
+    // process stays a bypass (it allocated without the preload).
+    assert!(a.tick(Instant::now()).raised.is_empty());
+    a.on_event(&ev(EventKind::MemFree, 101, 0, 0x9000, 0));
+    let out = a.tick(Instant::now());
+    assert_eq!(
+        kinds(&out.cleared),
+        vec![(
+            FindingKind::OverLimit,
+            findings::reason::OBSERVED_ABOVE_LIMIT
+        )]
+    );
+    let rows = a.process_rows();
+    let r101 = rows.iter().find(|r| r.pid == 101).unwrap();
+    assert_eq!(r101.verdict, "bypass");
+    assert_eq!(r101.hooked, Some(false));
+    // Exit drops it.
+    a.on_event(&ev(EventKind::ProcessExit, 101, 0, 0, 0));
+    assert_eq!(a.process_count(), 1);
+    let out = a.tick(Instant::now());
+    assert_eq!(
+        kinds(&out.cleared),
+        vec![(FindingKind::Bypass, findings::reason::NO_PRELOAD)]
+    );
+    assert_eq!(a.history().len(), 2);
+}
+
+/// Regression: a container whose region variable names a FIFO stalled the agent for
+/// good (a read-only `open` of a FIFO waits for a writer; with `--reclaim` the writable
+/// open failed and the read-only fallback blocked).
+#[test]
+fn region_path_at_a_fifo_is_an_error_not_a_hang() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let path = w.root.join("100/root/hami/r.cache");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: c is a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = std::sync::Arc::clone(&done);
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(20));
+        if !d.load(std::sync::atomic::Ordering::SeqCst) {
+            eprintln!("the agent's tick hung on a FIFO region path");
+            std::process::abort();
+        }
+    });
+    for reclaim in [false, true] {
+        let mut a = w.agent(reclaim);
+        a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+        a.tick(Instant::now());
+        assert!(a.region_rows().is_empty());
+        assert_eq!(a.process_count(), 1);
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+#[test]
+fn killed_process_leaks_its_slot_and_reclaim_frees_it() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    register(&r, 100, 7, 512 * MIB);
+    let mut a = w.agent(true);
+    a.on_event(&ev(EventKind::MemAlloc, 100, 512 * MIB, 0x7000, 0));
+    assert!(a.tick(Instant::now()).raised.is_empty());
+    // SIGKILL: no exit handler ran; the slot still holds the memory.
+    w.kill(100);
+    let out = a.tick(Instant::now());
+    assert_eq!(
+        kinds(&out.raised),
+        vec![(FindingKind::LeakedSlot, findings::reason::PROCESS_DEAD)]
+    );
+    assert_eq!(out.raised[0].bytes, 522 * MIB);
+    assert_eq!(out.raised[0].nspid, Some(7));
+    assert_eq!(out.reclaimed.len(), 1);
+    assert_eq!(out.reclaimed[0].bytes, 522 * MIB);
+    let snap = r.snapshot();
+    assert!(snap.slots.is_empty());
+    assert_eq!(snap.used[0], 0);
+    // A new process can use the whole quota.
+    w.spawn(102, 9, true, "1g");
+    let s = register(&r, 102, 9, 0);
+    r.try_charge(s, 0, UsageKind::Data, (1 << 30) - 10 * MIB)
+        .unwrap();
+    assert!(a.tick(Instant::now()).raised.is_empty());
+    assert_eq!(a.reclaimed().len(), 1);
+}
+
+#[test]
+fn reclaim_never_touches_a_live_process() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    register(&r, 100, 7, 64 * MIB);
+    let mut a = w.agent(true);
+    // The agent sees no allocation: a fully observed live process with usage but no
+    // allocations is reported, but never reclaimed.
+    a.on_event(&ev(EventKind::CtxSetCurrent, 100, 0, 0xc, 0));
+    let out = a.tick(Instant::now());
+    assert_eq!(
+        kinds(&out.raised),
+        vec![(
+            FindingKind::LeakedSlot,
+            findings::reason::USAGE_WITHOUT_ALLOCATIONS
+        )]
+    );
+    assert!(out.reclaimed.is_empty());
+    assert_eq!(r.snapshot().slots.len(), 1);
+}
+
+#[test]
+fn hand_edited_limit_is_tamper() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    register(&r, 100, 7, 0);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::CtxSetCurrent, 100, 0, 0xc, 0));
+    assert!(a.tick(Instant::now()).raised.is_empty());
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(w.root.join("100/root/hami/r.cache"))
+        .unwrap();
+    let off = core::mem::offset_of!(RegionHeader, limits) as u64;
+    f.write_all_at(&(8u64 << 30).to_le_bytes(), off).unwrap();
+    let out = a.tick(Instant::now());
+    assert_eq!(
+        kinds(&out.raised),
+        vec![(
+            FindingKind::Tamper,
+            findings::reason::LIMIT_DIFFERS_FROM_ENV
+        )]
+    );
+    assert_eq!(out.raised[0].limit, Some(8 << 30));
+    assert_eq!(out.raised[0].device, Some(0));
+    let _ = MAX_DEVICES;
+}
+
+#[test]
+fn process_running_before_the_agent_is_baselined_not_bypass() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    register(&r, 100, 7, 500 * MIB);
+    let mut a = w.agent(false);
+    assert_eq!(a.baseline_scan(), vec![100]);
+    // It allocates 10 MiB more after the agent attached, and frees an old buffer.
+    a.on_event(&ev(EventKind::MemAlloc, 100, 10 * MIB, 0x7000, 0));
+    a.on_event(&ev(EventKind::MemFree, 100, 0, 0x1000, 0));
+    let out = a.tick(Instant::now());
+    assert!(out.raised.is_empty(), "{:?}", out.raised);
+    let row = &a.process_rows()[0];
+    assert_eq!(
+        row.baseline.as_deref(),
+        Some("pre-existing, not observed from start")
+    );
+    assert_eq!(row.unmatched_frees, 1);
+    assert_eq!(row.verdict, "ok");
+}
+
+fn libvgpu_process(w: &World, pid: u32, marker: bool) {
+    fake_proc(
+        &w.root,
+        pid,
+        5000 + pid as u64,
+        &[pid, 7],
+        NS,
+        &format!("0::/kubepods/besteffort/podx/{CID}\n"),
+        &[
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+            "/usr/local/vgpu/libvgpu.so",
+        ],
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")],
+    );
+    let lib = w.root.join(format!("{pid}/root/usr/local/vgpu/libvgpu.so"));
+    std::fs::create_dir_all(lib.parent().unwrap()).unwrap();
+    let src = lib.with_extension("c");
+    let body = if marker {
+        "unsigned int hami_preload_marker = 1; int cuInit(unsigned f) { return f; }\n"
+    } else {
+        "int cuInit(unsigned f) { return f; }\n"
+    };
+    std::fs::write(&src, body).unwrap();
+    hami_test_harness::cc(&src, &lib, &["-shared", "-fPIC"]);
+}
+
+#[test]
+fn preload_installed_as_hamis_libvgpu_counts_as_hooked() {
+    let w = World::new();
+    libvgpu_process(&w, 100, true);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 100, MIB, 0x7000, 0));
+    assert_eq!(a.process_rows()[0].hooked, Some(true));
+    // HAMi-core's own libvgpu.so (no marker) is not hami-preload.
+    let w = World::new();
+    libvgpu_process(&w, 101, false);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 101, MIB, 0x7000, 0));
+    assert_eq!(a.process_rows()[0].hooked, Some(false));
+}
+
+#[test]
+fn region_leaves_the_metrics_and_is_closed_once_its_last_process_exits() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    let s = register(&r, 100, 7, 64 * MIB);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+    a.tick(Instant::now());
+    assert_eq!(a.region_count(), 1);
+    let series = a.region_series();
+    // A 1-device region: one series, not one per possible device.
+    assert_eq!(series.len(), 1, "{series:?}");
+    assert_eq!(series[0].device, 0);
+    assert_eq!(series[0].identity.container, &CID[..12]);
+    let md = std::fs::metadata(w.root.join("100/root/hami/r.cache")).unwrap();
+    let file = (md.dev(), md.ino());
+    let open_before = fds_open_on(file);
+    assert!(open_before >= 1, "the agent holds the region open");
+    // The process exits cleanly: its slot is released, its exit event arrives.
+    r.unregister(s);
+    a.on_event(&ev(EventKind::ProcessExit, 100, 0, 0, 0));
+    w.kill(100);
+    a.tick(Instant::now());
+    assert_eq!(a.region_count(), 0);
+    assert!(a.region_series().is_empty());
+    assert_eq!(a.released_regions(), 1);
+    // Its descriptor is closed (a read on a helper thread may finish just after).
+    let t = Instant::now();
+    while fds_open_on(file) != open_before - 1 && t.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(fds_open_on(file), open_before - 1);
+}
+
+/// Descriptors of this process open on the file `(dev, inode)`.
+fn fds_open_on((dev, ino): (u64, u64)) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::metadata(e.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino))
+        .count()
+}
+
+#[test]
+fn region_series_account_every_usage_kind_pool_and_other_included() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    let s = register(&r, 100, 7, 64 * MIB);
+    r.force_charge(s, 0, UsageKind::Module, 2 * MIB);
+    r.force_charge(s, 0, UsageKind::Pool, 32 * MIB);
+    r.force_charge(s, 0, UsageKind::Other, 4 * MIB);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+    a.tick(Instant::now());
+    let series = a.region_series();
+    assert_eq!(series.len(), 1, "{series:?}");
+    // Context 10 + module 2 + data 64 + pool 32 + other 4.
+    assert_eq!(series[0].accounted, 112 * MIB);
+    assert_eq!(series[0].accounted_data, 64 * MIB);
+}
+
+#[test]
+fn region_with_a_leaked_slot_stays() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    register(&r, 100, 7, 64 * MIB);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+    a.tick(Instant::now());
+    w.kill(100);
+    a.tick(Instant::now());
+    assert_eq!(a.region_count(), 1);
+    assert_eq!(a.region_series().len(), 1);
+}
+
+#[test]
+fn region_series_cover_only_the_header_devices_and_name_their_uuid() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let path = w.root.join("100/root/hami/r.cache");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let mut cfg = RegionConfig::default();
+    // A global limit: every device slot carries it, but the container sees 2 GPUs.
+    cfg.limits = [1 << 30; MAX_DEVICES];
+    cfg.device_count = 2;
+    let (r, _) = Region::open_or_create(&path, &cfg).unwrap();
+    r.set_uuid(1, [0xab; 16]);
+    register(&r, 100, 7, MIB);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 100, MIB, 0x7000, 0));
+    a.tick(Instant::now());
+    let series = a.region_series();
+    assert_eq!(
+        series.iter().map(|s| s.device).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    assert_eq!(series[0].uuid, "");
+    assert_eq!(series[1].uuid, "GPU-abababab-abab-abab-abab-abababababab");
+}
+
+/// An NVML sample of one GPU (index 0, no UUID) listing `procs` as compute processes.
+fn nvml_sample(procs: &[(u32, u64)]) -> NvmlSnapshot {
+    let mut n = NvmlSnapshot {
+        devices: vec![crate::nvml::GpuInfo {
+            index: 0,
+            uuid: None,
+            total: Some(16 << 30),
+            used: None,
+        }],
+        ..Default::default()
+    };
+    n.queried.insert(0);
+    for &(pid, bytes) in procs {
+        n.add_process(0, pid, Some(bytes), true);
+    }
+    n.finish();
+    n
+}
+
+#[test]
+fn unhooked_process_listed_by_nvml_is_learned_and_reported_at_once() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    w.spawn(101, 8, false, "1g");
+    let r = w.region(100, 1 << 30, &[101]);
+    register(&r, 100, 7, 0);
+    let mut a = w.agent(false);
+    // A pid NVML names that is not a CUDA process here (no libcuda mapped): left alone.
+    fake_proc(&w.root, 102, 5102, &[102], NS, "0::/\n", &[], &[]);
+    // No libcuda event, no baseline scan: only NVML knows it holds 512 MiB.
+    a.set_nvml(Some(nvml_sample(&[
+        (100, 10 * MIB),
+        (101, 512 * MIB),
+        (102, 64 * MIB),
+    ])));
+    assert_eq!(a.process_count(), 2);
+    let out = a.tick(Instant::now());
+    assert_eq!(
+        kinds(&out.raised),
+        vec![(FindingKind::Bypass, findings::reason::NO_PRELOAD)]
+    );
+    assert_eq!(out.raised[0].pid, Some(101));
+    assert_eq!(out.raised[0].bytes, 512 * MIB);
+    assert_eq!(out.raised[0].container, CID);
+    let row = a.process_rows().into_iter().find(|r| r.pid == 101).unwrap();
+    assert_eq!(row.nvml, Some(512 * MIB));
+    assert_eq!(row.verdict, "bypass");
+}
+
+#[test]
+fn without_nvml_an_unhooked_pre_existing_process_is_unverified() {
+    let w = World::new();
+    w.spawn(101, 8, false, "1g");
+    let mut a = w.agent(false);
+    a.set_nvml(None);
+    assert_eq!(a.baseline_scan(), vec![101]);
+    assert!(a.tick(Instant::now()).raised.is_empty());
+    assert_eq!(a.process_rows()[0].verdict, "unverified");
+    // With NVML listing nothing for it, it is known to hold nothing.
+    a.set_nvml(Some(nvml_sample(&[])));
+    a.tick(Instant::now());
+    assert_eq!(a.process_rows()[0].verdict, "ok");
+}
+
+#[test]
+fn nvml_drift_needs_two_samples_and_clears_when_accounted() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    let s = register(&r, 100, 7, 64 * MIB);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+    // The region accounts 10 MiB context + 64 MiB; NVML says 1.5 GiB more.
+    let blind = 74 * MIB + 1536 * MIB;
+    a.set_nvml(Some(nvml_sample(&[(100, blind)])));
+    let t0 = Instant::now();
+    assert!(a.tick(t0).raised.is_empty(), "one sample is not enough");
+    assert!(a.tick(t0 + Duration::from_secs(1)).raised.is_empty());
+    a.set_nvml(Some(nvml_sample(&[(100, blind)])));
+    let out = a.tick(t0 + Duration::from_secs(2));
+    assert_eq!(
+        kinds(&out.raised),
+        vec![
+            (FindingKind::OverLimit, findings::reason::NVML_ABOVE_LIMIT),
+            (FindingKind::Drift, findings::reason::NVML_ABOVE_ACCOUNTED),
+        ]
+    );
+    let d = out
+        .raised
+        .iter()
+        .find(|f| f.kind == FindingKind::Drift)
+        .unwrap();
+    assert_eq!(d.bytes, 1536 * MIB);
+    assert_eq!(d.accounted, Some(74 * MIB));
+    let rows = a.process_rows();
+    assert_eq!(rows[0].verdict, "drift,over_limit");
+    // The preload learns to charge it (as module memory here): the next sample agrees.
+    r.force_charge(s, 0, UsageKind::Module, 1536 * MIB);
+    a.set_nvml(Some(nvml_sample(&[(100, blind)])));
+    let out = a.tick(t0 + Duration::from_secs(3));
+    assert_eq!(
+        kinds(&out.cleared),
+        vec![(FindingKind::Drift, findings::reason::NVML_ABOVE_ACCOUNTED)]
+    );
+    // A single sample that disagrees again is not reported.
+    a.set_nvml(Some(nvml_sample(&[(100, blind + (1 << 30))])));
+    let out = a.tick(t0 + Duration::from_secs(4));
+    assert!(
+        out.raised.iter().all(|f| f.kind != FindingKind::Drift),
+        "{:?}",
+        out.raised
+    );
+}
+
+#[test]
+fn racy_findings_wait_for_the_settle_time() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    let s = register(&r, 100, 7, 0);
+    let mut a = Agent::new(AgentOptions {
+        proc_root: w.root.clone(),
+        settle: Duration::from_millis(200),
+        ..Default::default()
+    });
+    // The alloc returned before the preload charged: transiently above accounted.
+    a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+    let t0 = Instant::now();
+    assert!(a.tick(t0).raised.is_empty());
+    r.try_charge(s, 0, UsageKind::Data, 64 * MIB).unwrap();
+    assert!(a.tick(t0 + Duration::from_millis(300)).raised.is_empty());
+    // A real one persists.
+    a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x8000, 0));
+    assert!(a.tick(t0 + Duration::from_millis(400)).raised.is_empty());
+    let out = a.tick(t0 + Duration::from_millis(700));
+    assert_eq!(
+        kinds(&out.raised),
+        vec![(
+            FindingKind::Bypass,
+            findings::reason::OBSERVED_ABOVE_ACCOUNTED
+        )]
+    );
+}

@@ -1,0 +1,430 @@
+//! What the agent shows: the views the pure rules of [`crate::findings`] take, the audit
+//! report's process and region rows, and the metric series.
+
+use std::collections::{BTreeMap, HashMap};
+
+use hami_common::layout::MAX_DEVICES;
+use hami_common::region::RegionSnapshot;
+use serde::Serialize;
+
+use crate::findings::{self, FindingKind, ProcView, RegionNvml, RegionView};
+use crate::identity::Identity;
+use crate::metrics::{ProcessSample, RegionSeries};
+use crate::state::Baseline;
+
+use super::{Agent, RegionEntry, EVENTS_LOST_NOTE};
+
+/// A process whose events were lost: its observed data is the region's accounting for its
+/// slot (exact, and the preload's own), its event history no longer counts for the rules
+/// that compare the two. Without a slot, nothing to rebuild from: left as observed.
+fn rebuild_from_region(v: &mut ProcView, regions: &[RegionView]) {
+    let Some(slot) = v
+        .region
+        .and_then(|i| regions.get(i))
+        .and_then(|r| r.slot_of(v))
+    else {
+        return;
+    };
+    v.observed = (0..hami_common::layout::MAX_DEVICES)
+        .map(|d| (Some(d as u32), findings::slot_data_on(slot, d)))
+        .filter(|&(_, b)| b > 0)
+        .collect();
+    v.pre_existing = true;
+}
+
+impl Agent {
+    /// The views the pure rules take.
+    pub(super) fn views(&self) -> (Vec<ProcView>, Vec<RegionView>) {
+        // Unreadable regions are left out; `index[i]` is region i's place in the views.
+        let mut index: Vec<Option<usize>> = Vec::with_capacity(self.regions.len());
+        let regions: Vec<RegionView> = self
+            .regions
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                let Some(snapshot) = r.snapshot.clone() else {
+                    index.push(None);
+                    return None;
+                };
+                index.push(Some(index.iter().flatten().count()));
+                Some((i, r, snapshot))
+            })
+            .map(|(i, r, snapshot)| RegionView {
+                name: r.name.clone(),
+                container: r.container.clone(),
+                single_device: real_devices(&snapshot) == Some(1)
+                    || self.nvml.as_ref().is_some_and(|n| n.devices.len() == 1),
+                snapshot,
+                liveness: r.liveness.clone(),
+                node_devices: self
+                    .nvml
+                    .as_ref()
+                    .map(|n| n.devices.len())
+                    .filter(|&n| n > 0),
+                file: r.file,
+                nvml: self.region_nvml(i, r),
+            })
+            .collect();
+        let procs = self
+            .procs
+            .iter()
+            .filter_map(|p| {
+                let e = self.entries.get(&p.pid)?;
+                let info = e.info.as_ref()?;
+                let mut v = ProcView {
+                    pid: p.pid,
+                    start_time: info.start_time,
+                    nspid: info.nspid,
+                    container: info.container.clone(),
+                    hooked: info.hooked,
+                    region: e.region.and_then(|i| index.get(i).copied().flatten()),
+                    region_error: e.region_error.clone().or_else(|| {
+                        let r = self.regions.get(e.region?)?;
+                        r.error
+                            .as_ref()
+                            .map(|err| format!("region unreadable: {err}"))
+                    }),
+                    observed: p.by_device(),
+                    alloc_events: p.alloc_events,
+                    peak_bytes: p.peak_bytes,
+                    pre_existing: p.baseline.is_pre_existing(),
+                    attached_late: matches!(p.baseline, Baseline::AttachedLate { .. }),
+                    nvml_bytes: self.nvml.as_ref().and_then(|n| n.total_of(p.pid)),
+                    nvml_devices: self
+                        .nvml
+                        .as_ref()
+                        .and_then(|n| n.used_by(p.pid))
+                        .unwrap_or_default(),
+                    seen_by_events: p.first_ns != 0 || p.alloc_events + p.free_events > 0,
+                    env_limits: info.env_limits.clone(),
+                    creds: info.creds.clone(),
+                };
+                if p.events_lost {
+                    rebuild_from_region(&mut v, &regions);
+                }
+                Some(v)
+            })
+            .collect();
+        (procs, regions)
+    }
+
+    /// What the NVML comparison of region `i` uses: the region as read right after the
+    /// latest NVML sample, and the NVML index of each of its devices (by UUID; a region that
+    /// recorded no UUID for device 0 on a node with one GPU: that GPU).
+    pub(super) fn region_nvml(&self, i: usize, r: &RegionEntry) -> Option<RegionNvml> {
+        let n = self.nvml.as_ref()?;
+        let snapshot = self.nvml_regions.get(&i)?.clone();
+        let current = r.snapshot.as_ref().unwrap_or(&snapshot);
+        let mut device_index = [None; MAX_DEVICES];
+        for (d, slot) in device_index.iter_mut().enumerate() {
+            let uuid = &current.uuids[d];
+            let idx = if uuid.iter().all(|&b| b == 0) {
+                (d == 0 && n.devices.len() == 1).then_some(n.devices[0].index)
+            } else {
+                n.index_of_uuid(uuid)
+            };
+            *slot = idx.filter(|i| n.queried.contains(i));
+        }
+        Some(RegionNvml {
+            snapshot,
+            device_index,
+        })
+    }
+
+    /// Per region/device usage for metrics.
+    pub fn usage(&self) -> Vec<findings::RegionUsage> {
+        let (procs, regions) = self.views();
+        findings::region_usage(&procs, &regions)
+    }
+
+    /// One series per region and device it covers (its header's device count, plus any
+    /// device with usage), with its container's names and the GPU's UUID.
+    pub fn region_series(&self) -> Vec<RegionSeries> {
+        let node_uuid = self
+            .nvml
+            .as_ref()
+            .filter(|n| n.devices.len() == 1)
+            .and_then(|n| n.devices[0].uuid.clone());
+        let mut out = Vec::new();
+        for u in self.usage() {
+            let Some(r) = self
+                .regions
+                .iter()
+                .find(|r| r.name == u.region && r.container == u.container)
+            else {
+                continue;
+            };
+            let Some(snap) = r.snapshot.as_ref() else {
+                continue;
+            };
+            let covered = (snap.device_count as usize).clamp(1, hami_common::layout::MAX_DEVICES);
+            let d = u.device as usize;
+            if d >= covered && u.observed == 0 && u.accounted == 0 {
+                continue;
+            }
+            let uuid = snap
+                .uuids
+                .get(d)
+                .and_then(crate::metrics::format_uuid)
+                .or_else(|| {
+                    if covered == 1 {
+                        node_uuid.clone()
+                    } else {
+                        None
+                    }
+                })
+                .unwrap_or_default();
+            out.push(RegionSeries {
+                identity: r.identity.clone(),
+                region: u.region,
+                device: u.device,
+                uuid,
+                limit: u.limit,
+                accounted: u.accounted,
+                accounted_data: u.accounted_data,
+                observed: u.observed,
+            });
+        }
+        out
+    }
+
+    /// Observed bytes per tracked process, with its container's names (a process whose
+    /// events were lost shows its rebuilt figures, as in the report).
+    pub fn process_samples(&self) -> Vec<ProcessSample> {
+        let (views, _) = self.views();
+        let views: HashMap<u32, &ProcView> = views.iter().map(|v| (v.pid, v)).collect();
+        self.procs
+            .iter()
+            .map(|p| ProcessSample {
+                pid: p.pid,
+                identity: self
+                    .entries
+                    .get(&p.pid)
+                    .map(|e| match e.region {
+                        Some(i) => self.regions[i].identity.clone(),
+                        None => e.identity.clone(),
+                    })
+                    .unwrap_or_else(|| Identity {
+                        container: "unknown".into(),
+                        ..Identity::default()
+                    }),
+                observed: match views.get(&p.pid) {
+                    Some(v) if p.events_lost => v.observed.values().sum(),
+                    _ => p.by_device().values().sum(),
+                },
+            })
+            .collect()
+    }
+
+    /// One row per GPU process known to the agent (tracked through events or the baseline).
+    pub fn process_rows(&self) -> Vec<ProcessRow> {
+        let (procs, regions) = self.views();
+        let standing = self.standing();
+        let mut rows = Vec::new();
+        for p in self.procs.iter() {
+            let e = self.entries.get(&p.pid);
+            let info = e.and_then(|e| e.info.as_ref());
+            let view = procs.iter().find(|v| v.pid == p.pid);
+            let region = view.and_then(|v| v.region).and_then(|i| regions.get(i));
+            let slot = match (region, view) {
+                (Some(r), Some(v)) => r.slot_of(v),
+                _ => None,
+            };
+            let mut verdict: Vec<&'static str> = standing
+                .iter()
+                .filter(|f| {
+                    f.pid == Some(p.pid)
+                        || (f.pid.is_none()
+                            && f.kind == FindingKind::OverLimit
+                            && region.is_some_and(|r| f.region.as_deref() == Some(&r.name)))
+                })
+                .map(|f| f.kind.name())
+                .collect();
+            verdict.sort_unstable();
+            verdict.dedup();
+            let baseline = match p.baseline {
+                Baseline::ObservedFromStart => None,
+                Baseline::PreExisting { .. } => {
+                    Some("pre-existing, not observed from start".to_string())
+                }
+                Baseline::AttachedLate { .. } => Some(
+                    "attached late: started after the agent, libcuda probed after it was loaded; earlier allocations not observed"
+                        .to_string(),
+                ),
+            };
+            // A process whose events were lost shows its rebuilt figures (see views()).
+            let rebuilt = p.events_lost.then_some(view).flatten();
+            let by_device = rebuilt.map_or_else(|| p.by_device(), |v| v.observed.clone());
+            let unknown_device = by_device.contains_key(&None);
+            rows.push(ProcessRow {
+                pid: p.pid,
+                comm: info.map(|i| i.comm.clone()).unwrap_or_default(),
+                container: info.map(|i| i.container.clone()).unwrap_or_default(),
+                nspid: info.and_then(|i| i.nspid),
+                hooked: info.map(|i| i.hooked),
+                region: region
+                    .map(|r| r.name.clone())
+                    .or_else(|| e.and_then(|e| e.region_error.clone())),
+                limit: region.map(|r| r.snapshot.limits[0]),
+                accounted: slot.map(findings::slot_data),
+                accounted_total: slot.map(|s| s.total()),
+                observed: rebuilt.map_or(p.live_bytes, |v| v.observed_total()),
+                observed_by_device: by_device
+                    .into_iter()
+                    .map(|(d, b)| (d.map_or("unknown".to_string(), |d| d.to_string()), b))
+                    .collect(),
+                unknown_device,
+                peak_observed: p.peak_bytes,
+                live_allocations: p.live_count(),
+                alloc_events: p.alloc_events,
+                free_events: p.free_events,
+                unmatched_frees: p.unmatched_frees,
+                nvml: self.nvml.as_ref().and_then(|n| n.total_of(p.pid)),
+                baseline,
+                baseline_nvml: p.baseline.nvml_bytes(),
+                events_lost: p.events_lost.then(|| EVENTS_LOST_NOTE.to_string()),
+                verdict: if !verdict.is_empty() {
+                    verdict.join(",")
+                } else if info.is_some_and(|i| !i.hooked)
+                    && p.baseline.is_pre_existing()
+                    && self.nvml.as_ref().and_then(|n| n.total_of(p.pid)).is_none()
+                {
+                    // What it held before the probes went in cannot be known without an
+                    // NVML figure for it.
+                    "unverified".to_string()
+                } else {
+                    "ok".to_string()
+                },
+            });
+        }
+        rows
+    }
+
+    /// One row per open region.
+    pub fn region_rows(&self) -> Vec<RegionRow> {
+        self.regions
+            .iter()
+            .map(|r| {
+                let mut row = RegionRow {
+                    name: r.name.clone(),
+                    host_path: r.host_path.display().to_string(),
+                    container: r.container.clone(),
+                    file_id: format!("{}:{}", r.file_id.0, r.file_id.1),
+                    device_count: 0,
+                    limits: Vec::new(),
+                    used: Vec::new(),
+                    active_slots: 0,
+                    reclaimed_slots: 0,
+                    error: r.error.clone(),
+                };
+                if let Some(s) = &r.snapshot {
+                    let n = shown_devices(s);
+                    row.device_count = s.device_count;
+                    row.limits = s.limits[..n].to_vec();
+                    row.used = s.used[..n].to_vec();
+                    row.active_slots = s.slots.len();
+                    row.reclaimed_slots = s.reclaimed_slots;
+                }
+                row
+            })
+            .collect()
+    }
+}
+
+/// One process in the audit table / JSON.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProcessRow {
+    /// Host pid.
+    pub pid: u32,
+    /// Command name.
+    pub comm: String,
+    /// Container.
+    pub container: String,
+    /// Pid inside the container.
+    pub nspid: Option<u32>,
+    /// Preload mapped (`None`: unknown, the process was gone before it could be read).
+    pub hooked: Option<bool>,
+    /// Region name (or why none).
+    pub region: Option<String>,
+    /// Region limit on device 0 (0 = unlimited).
+    pub limit: Option<u64>,
+    /// Data bytes its slot accounts.
+    pub accounted: Option<u64>,
+    /// All bytes its slot accounts (context included).
+    pub accounted_total: Option<u64>,
+    /// Observed live data bytes.
+    pub observed: u64,
+    /// Observed by device (`unknown` when the context's device was not seen).
+    pub observed_by_device: BTreeMap<String, u64>,
+    /// Whether some bytes could not be attributed to a device.
+    pub unknown_device: bool,
+    /// Peak observed.
+    pub peak_observed: u64,
+    /// Live allocations.
+    pub live_allocations: usize,
+    /// Allocation events.
+    pub alloc_events: u64,
+    /// Free events.
+    pub free_events: u64,
+    /// Frees of allocations never seen.
+    pub unmatched_frees: u64,
+    /// NVML used memory.
+    pub nvml: Option<u64>,
+    /// `pre-existing, not observed from start` for baselined processes.
+    pub baseline: Option<String>,
+    /// NVML used memory at baseline time.
+    pub baseline_nvml: Option<u64>,
+    /// Set when the probes dropped events while this process was tracked: why its
+    /// observed figures are not its own events (see [`EVENTS_LOST_NOTE`]).
+    pub events_lost: Option<String>,
+    /// `ok` or the standing finding kinds, comma-separated.
+    pub verdict: String,
+}
+
+/// One region in the audit JSON.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RegionRow {
+    /// Path as its processes name it.
+    pub name: String,
+    /// Path the agent opened.
+    pub host_path: String,
+    /// Container.
+    pub container: String,
+    /// `dev:inode`.
+    pub file_id: String,
+    /// Devices.
+    pub device_count: u32,
+    /// Limits per device.
+    pub limits: Vec<u64>,
+    /// Admitted totals per device.
+    pub used: Vec<u64>,
+    /// Active slots.
+    pub active_slots: usize,
+    /// Slots reclaimed so far (header counter).
+    pub reclaimed_slots: u64,
+    /// Why the region could not be read at the last tick (truncated, replaced, too slow);
+    /// its figures are then empty.
+    pub error: Option<String>,
+}
+
+/// Devices the region's processes really see (the `device_count` the preload records from
+/// `cuDeviceGetCount`), `None` when no process recorded it yet (0) or it is out of range.
+pub fn real_devices(s: &RegionSnapshot) -> Option<usize> {
+    let n = s.device_count as usize;
+    (1..=hami_common::layout::MAX_DEVICES)
+        .contains(&n)
+        .then_some(n)
+}
+
+/// Devices to show for a region: the real count, else (unknown) up to the last device with
+/// a limit, a flag, usage or a UUID; at least 1.
+pub fn shown_devices(s: &RegionSnapshot) -> usize {
+    real_devices(s).unwrap_or_else(|| {
+        (0..hami_common::layout::MAX_DEVICES)
+            .rev()
+            .find(|&d| {
+                s.limits[d] != 0 || s.limit_flags[d] != 0 || s.used[d] != 0 || s.uuids[d] != [0; 16]
+            })
+            .map_or(1, |d| d + 1)
+    })
+}
