@@ -13,6 +13,8 @@
 //! ```
 
 pub mod discovery;
+mod handle;
+mod stream;
 mod teardown;
 
 use std::collections::{HashMap, HashSet};
@@ -23,19 +25,23 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use aya::maps::{IterableMap, Map, MapData, PerCpuArray, RingBuf};
+use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::raw_trace_point::RawTracePointLink;
 use aya::programs::uprobe::{UProbeLink, UProbeScope};
 use aya::programs::{ProgramError, RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
-use hami_common::event::{counter, CudaEvent};
+use hami_common::event::CudaEvent;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 pub use discovery::{discover_libcuda, parse_ld_so_cache};
+pub use handle::ProbeHandle;
+pub use stream::{decode_event, ProbeCounters};
 pub use teardown::ProbeLinks;
+
+use handle::{rescan, ScanState, Shared};
+use stream::{pump, read_counters, second_handle, UserCounters};
 
 /// The compiled eBPF object (built by `build.rs` through aya-build).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hami-ebpf"));
@@ -195,21 +201,6 @@ pub fn maps_dev(dev: u64) -> String {
     let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
     let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
     format!("{major:02x}:{minor:02x}")
-}
-
-/// Counters of the probes, summed over CPUs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProbeCounters {
-    /// Events written to the ring buffer by the programs.
-    pub sent: u64,
-    /// Events lost because the ring buffer was full.
-    pub dropped: u64,
-    /// Returns seen without their entry (probe attached mid-call, or map pressure).
-    pub unpaired: u64,
-    /// Events read from the ring buffer by user space.
-    pub received: u64,
-    /// Ring buffer records of the wrong size (should stay 0).
-    pub malformed: u64,
 }
 
 struct Lib {
@@ -450,7 +441,7 @@ impl Probes {
     }
 
     /// Records that `/proc/<pid>/maps` shows the attached library `file_id` as `maps_id`.
-    fn add_maps_id(&mut self, file_id: (u64, u64), maps_id: &(String, u64)) {
+    pub(super) fn add_maps_id(&mut self, file_id: (u64, u64), maps_id: &(String, u64)) {
         if let Some(l) = self.libs.get_mut(&file_id) {
             if !l.maps_ids.contains(maps_id) {
                 l.maps_ids.push(maps_id.clone());
@@ -625,252 +616,5 @@ fn raise_memlock() {
             error = %io::Error::last_os_error(),
             "cannot raise RLIMIT_MEMLOCK; continuing (recent kernels account eBPF memory to the cgroup)"
         );
-    }
-}
-
-#[derive(Default)]
-struct UserCounters {
-    received: AtomicU64,
-    malformed: AtomicU64,
-}
-
-/// Another handle on the same counters map (its fd duplicated), `None` if that fails.
-fn second_handle(c: &PerCpuArray<MapData, u64>) -> Option<PerCpuArray<MapData, u64>> {
-    use std::os::fd::AsFd;
-    let fd = c.map().fd().as_fd().try_clone_to_owned().ok()?;
-    let data = MapData::from_fd(fd).ok()?;
-    PerCpuArray::try_from(Map::PerCpuArray(data)).ok()
-}
-
-fn read_counters(map: &PerCpuArray<MapData, u64>, user: &UserCounters) -> ProbeCounters {
-    let sum = |i: u32| -> u64 {
-        map.get(&i, 0)
-            .map(|vals| vals.iter().copied().fold(0u64, u64::wrapping_add))
-            .unwrap_or(0)
-    };
-    ProbeCounters {
-        sent: sum(counter::SENT),
-        dropped: sum(counter::DROPPED),
-        unpaired: sum(counter::UNPAIRED),
-        received: user.received.load(Ordering::Relaxed),
-        malformed: user.malformed.load(Ordering::Relaxed),
-    }
-}
-
-/// Decode one ring-buffer record.
-pub fn decode_event(bytes: &[u8]) -> Option<CudaEvent> {
-    if bytes.len() != std::mem::size_of::<CudaEvent>() {
-        return None;
-    }
-    // SAFETY: the length matches; CudaEvent is repr(C) made of integers (any bit pattern is
-    // valid), and read_unaligned has no alignment requirement.
-    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<CudaEvent>()) })
-}
-
-async fn pump(
-    mut afd: AsyncFd<RingBuf<MapData>>,
-    tx: mpsc::Sender<CudaEvent>,
-    user: Arc<UserCounters>,
-) {
-    let mut batch = Vec::with_capacity(1024);
-    loop {
-        let mut guard = match afd.readable_mut().await {
-            Ok(g) => g,
-            Err(e) => {
-                tracing::error!(error = %e, "event ring buffer poll failed; events stop");
-                return;
-            }
-        };
-        let ring = guard.get_inner_mut();
-        while let Some(item) = ring.next() {
-            match decode_event(&item) {
-                Some(ev) => batch.push(ev),
-                None => {
-                    user.malformed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            if batch.len() >= 4096 {
-                break;
-            }
-        }
-        if batch.len() < 4096 {
-            guard.clear_ready();
-        }
-        drop(guard);
-        user.received
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        for ev in batch.drain(..) {
-            if tx.send(ev).await.is_err() {
-                return;
-            }
-        }
-    }
-}
-
-struct Shared {
-    probes: Mutex<Probes>,
-    user: Arc<UserCounters>,
-    announce: Arc<Announce>,
-    /// A second handle on the counters map, read without `probes`' lock (held for seconds
-    /// while a libcuda is attached): the agent's loop never waits for an attach.
-    counters: Option<PerCpuArray<MapData, u64>>,
-    /// The attached libraries as last read (served while an attach holds the lock).
-    attached: Mutex<Vec<AttachedLibrary>>,
-}
-
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Probes> {
-        self.probes.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Per-scan memory of the discovery task: maps identities already handled.
-#[derive(Default)]
-struct ScanState {
-    seen_maps: HashSet<(String, u64)>,
-    seen_paths: HashSet<PathBuf>,
-    classifier: discovery::Classifier,
-}
-
-fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> Vec<AttachOutcome> {
-    let mut out = Vec::new();
-    for c in discovery::discover_libcuda_with(proc_root, &mut st.classifier) {
-        let new = match &c.maps_id {
-            Some(id) => !st.seen_maps.contains(id),
-            None => !st.seen_paths.contains(&c.path),
-        };
-        if !new {
-            continue;
-        }
-        // The file is a tenant's: a malformed ELF that makes the loader panic must cost this
-        // candidate only, not the discovery task (every later library would go unprobed).
-        let res = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            shared.lock().attach_libcuda(&c.path)
-        })) {
-            Ok(r) => r,
-            Err(_) => {
-                tracing::warn!(path = %c.path.display(), "attaching this file panicked: skipped");
-                Err(ProbeError::NotLibcuda(c.path.clone()))
-            }
-        };
-        if let (Ok(o), Some(mid)) = (&res, &c.maps_id) {
-            shared.lock().add_maps_id(o.file_id, mid);
-        }
-        let done = match res {
-            Ok(o) => {
-                if !o.already_attached {
-                    out.push(o);
-                }
-                true
-            }
-            Err(ProbeError::NotLibcuda(_) | ProbeError::Closed) => true,
-            Err(ProbeError::File { .. }) => false, // process gone: retry next time if still there
-            Err(e) => {
-                tracing::warn!(path = %c.path.display(), error = %e, "cannot attach libcuda probes");
-                true
-            }
-        };
-        if done {
-            match c.maps_id {
-                Some(id) => {
-                    st.seen_maps.insert(id);
-                }
-                None => {
-                    st.seen_paths.insert(c.path);
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Handle on running probes (see [`Probes::spawn`]). Dropping it stops the event and
-/// discovery tasks and detaches every probe.
-pub struct ProbeHandle {
-    shared: Arc<Shared>,
-    tasks: Vec<JoinHandle<()>>,
-    proc_root: PathBuf,
-}
-
-impl ProbeHandle {
-    /// Counters summed over CPUs (never waits for an attach in progress).
-    pub fn counters(&self) -> ProbeCounters {
-        match &self.shared.counters {
-            Some(c) => read_counters(c, &self.shared.user),
-            None => read_counters(&self.shared.lock().counters, &self.shared.user),
-        }
-    }
-
-    /// The libraries attached so far (with the time each was attached); waits for an
-    /// attach in progress.
-    pub fn attached(&self) -> Vec<AttachedLibrary> {
-        let now = self.shared.lock().attached();
-        *self
-            .shared
-            .attached
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = now.clone();
-        now
-    }
-
-    /// [`ProbeHandle::attached`] without waiting: while an attach holds the probes
-    /// (seconds), the list as last read (for periodic work that must not stall).
-    pub fn attached_cached(&self) -> Vec<AttachedLibrary> {
-        let mut cache = self
-            .shared
-            .attached
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        match self.shared.probes.try_lock() {
-            Ok(p) => *cache = p.attached(),
-            Err(std::sync::TryLockError::Poisoned(p)) => *cache = p.into_inner().attached(),
-            Err(std::sync::TryLockError::WouldBlock) => {}
-        }
-        cache.clone()
-    }
-
-    /// Increases each time a libcuda file is about to be attached (before its first probe
-    /// goes in) or becomes known under another maps identity. A consumer that sees it change
-    /// should baseline the processes that map [`ProbeHandle::announced_maps_ids`] *before*
-    /// applying further events: events of a newly probed library can follow at once.
-    pub fn attach_generation(&self) -> u64 {
-        self.shared.announce.generation.load(Ordering::SeqCst)
-    }
-
-    /// The `/proc/<pid>/maps` identities of every libcuda file attached or being attached.
-    pub fn announced_maps_ids(&self) -> Vec<(String, u64)> {
-        self.shared
-            .announce
-            .maps_ids
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Attach a libcuda file now (blocking: a few ms per file).
-    pub fn attach_libcuda(&self, path: &Path) -> Result<AttachOutcome, ProbeError> {
-        self.shared.lock().attach_libcuda(path)
-    }
-
-    /// Run one discovery pass now (blocking) and return what was newly attached.
-    pub fn rescan(&self) -> Vec<AttachOutcome> {
-        rescan(&self.shared, &self.proc_root, &mut ScanState::default())
-    }
-
-    /// Stops the event and discovery tasks and takes every link out (see
-    /// [`Probes::take_links`]); the probes go when the result is dropped or handed off.
-    pub fn shutdown(self) -> ProbeLinks {
-        for t in &self.tasks {
-            t.abort();
-        }
-        self.shared.lock().take_links()
-    }
-}
-
-impl Drop for ProbeHandle {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
     }
 }

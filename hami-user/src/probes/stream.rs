@@ -1,0 +1,105 @@
+//! The event stream: the probes' counters (kernel and user side), decoding of ring-buffer
+//! records, and the task that pumps them into a channel.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use aya::maps::{IterableMap, Map, MapData, PerCpuArray, RingBuf};
+use hami_common::event::{counter, CudaEvent};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc;
+
+/// Counters of the probes, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProbeCounters {
+    /// Events written to the ring buffer by the programs.
+    pub sent: u64,
+    /// Events lost because the ring buffer was full.
+    pub dropped: u64,
+    /// Returns seen without their entry (probe attached mid-call, or map pressure).
+    pub unpaired: u64,
+    /// Events read from the ring buffer by user space.
+    pub received: u64,
+    /// Ring buffer records of the wrong size (should stay 0).
+    pub malformed: u64,
+}
+
+/// Counters kept by user space: records read and records of the wrong size.
+#[derive(Default)]
+pub(super) struct UserCounters {
+    pub(super) received: AtomicU64,
+    pub(super) malformed: AtomicU64,
+}
+
+/// Another handle on the same counters map (its fd duplicated), `None` if that fails.
+pub(super) fn second_handle(c: &PerCpuArray<MapData, u64>) -> Option<PerCpuArray<MapData, u64>> {
+    use std::os::fd::AsFd;
+    let fd = c.map().fd().as_fd().try_clone_to_owned().ok()?;
+    let data = MapData::from_fd(fd).ok()?;
+    PerCpuArray::try_from(Map::PerCpuArray(data)).ok()
+}
+
+pub(super) fn read_counters(map: &PerCpuArray<MapData, u64>, user: &UserCounters) -> ProbeCounters {
+    let sum = |i: u32| -> u64 {
+        map.get(&i, 0)
+            .map(|vals| vals.iter().copied().fold(0u64, u64::wrapping_add))
+            .unwrap_or(0)
+    };
+    ProbeCounters {
+        sent: sum(counter::SENT),
+        dropped: sum(counter::DROPPED),
+        unpaired: sum(counter::UNPAIRED),
+        received: user.received.load(Ordering::Relaxed),
+        malformed: user.malformed.load(Ordering::Relaxed),
+    }
+}
+
+/// Decode one ring-buffer record.
+pub fn decode_event(bytes: &[u8]) -> Option<CudaEvent> {
+    if bytes.len() != std::mem::size_of::<CudaEvent>() {
+        return None;
+    }
+    // SAFETY: the length matches; CudaEvent is repr(C) made of integers (any bit pattern is
+    // valid), and read_unaligned has no alignment requirement.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<CudaEvent>()) })
+}
+
+pub(super) async fn pump(
+    mut afd: AsyncFd<RingBuf<MapData>>,
+    tx: mpsc::Sender<CudaEvent>,
+    user: Arc<UserCounters>,
+) {
+    let mut batch = Vec::with_capacity(1024);
+    loop {
+        let mut guard = match afd.readable_mut().await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::error!(error = %e, "event ring buffer poll failed; events stop");
+                return;
+            }
+        };
+        let ring = guard.get_inner_mut();
+        while let Some(item) = ring.next() {
+            match decode_event(&item) {
+                Some(ev) => batch.push(ev),
+                None => {
+                    user.malformed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if batch.len() >= 4096 {
+                break;
+            }
+        }
+        if batch.len() < 4096 {
+            guard.clear_ready();
+        }
+        drop(guard);
+        user.received
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        for ev in batch.drain(..) {
+            if tx.send(ev).await.is_err() {
+                return;
+            }
+        }
+    }
+}
