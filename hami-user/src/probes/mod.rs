@@ -165,6 +165,29 @@ impl Default for DiscoveryOptions {
     }
 }
 
+/// The order in which [`Probes::attach_libcuda`] puts the probes in: the functions that
+/// release memory or a context first, then the other context functions, then the
+/// allocations ([`PROBED_SYMBOLS`] order within each group); for each function its return
+/// probe, then its entry probe.
+///
+/// Attaching takes from milliseconds to seconds per probe while the processes keep calling.
+/// In this order, an allocation seen has its release seen (a release of an allocation made
+/// before its probe went in is only an unmatched free), and an entry probe never fires for
+/// a call whose return is not probed (the entry would open a call on its thread that never
+/// closes, and that thread's further calls would be taken for nested ones).
+pub fn attach_order() -> Vec<&'static str> {
+    use hami_common::event::EventKind;
+    let group = |sym: &str| match hami_common::intercept::probe_kind(sym) {
+        k if k.is_free() => 0,
+        EventKind::CtxDestroy | EventKind::PrimaryCtxRelease => 0,
+        k if k.is_alloc() => 2,
+        _ => 1,
+    };
+    let mut v: Vec<&'static str> = PROBED_SYMBOLS.to_vec();
+    v.sort_by_key(|s| group(s));
+    v
+}
+
 /// Result of [`Probes::attach_libcuda`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AttachOutcome {
@@ -358,28 +381,13 @@ impl Probes {
         let mut links: Vec<UProbeLink> = Vec::new();
         let mut attached = Vec::new();
         let mut missing = Vec::new();
-        for &sym in PROBED_SYMBOLS {
+        // Releases before allocations, each return before its entry (see `attach_order`).
+        for sym in attach_order() {
             let ret_name = format!("{sym}_ret");
-            match self.attach_one(sym, sym, path) {
-                Ok(l) => links.push(l),
-                Err(AttachErr::NoSymbol) => {
-                    tracing::debug!(symbol = sym, path = %path.display(), "not exported; skipped");
-                    missing.push(sym);
-                    continue;
-                }
-                Err(AttachErr::Other(e)) => {
-                    drop(ProbeLinks::new(links));
-                    return Err(ProbeError::Attach {
-                        symbol: sym.to_string(),
-                        path: path.to_path_buf(),
-                        source: Box::new(e),
-                    });
-                }
-            }
             match self.attach_one(&ret_name, sym, path) {
                 Ok(l) => links.push(l),
                 Err(AttachErr::NoSymbol) => {
-                    // Cannot happen after the entry resolved; treat as missing.
+                    tracing::debug!(symbol = sym, path = %path.display(), "not exported; skipped");
                     missing.push(sym);
                     continue;
                 }
@@ -392,8 +400,29 @@ impl Probes {
                     });
                 }
             }
+            match self.attach_one(sym, sym, path) {
+                Ok(l) => links.push(l),
+                Err(AttachErr::NoSymbol) => {
+                    // Not after the return probe resolved the same symbol; should it happen,
+                    // the return probe goes too (a return alone reports nothing).
+                    drop(ProbeLinks::new(links.pop().into_iter().collect::<Vec<_>>()));
+                    missing.push(sym);
+                    continue;
+                }
+                Err(AttachErr::Other(e)) => {
+                    drop(ProbeLinks::new(links));
+                    return Err(ProbeError::Attach {
+                        symbol: sym.to_string(),
+                        path: path.to_path_buf(),
+                        source: Box::new(e),
+                    });
+                }
+            }
             attached.push(sym);
         }
+        let table_order = |s: &&str| PROBED_SYMBOLS.iter().position(|p| p == s);
+        attached.sort_by_key(table_order);
+        missing.sort_by_key(table_order);
         if attached.is_empty() {
             self.rejected.insert(id);
             return Err(ProbeError::NotLibcuda(path.to_path_buf()));
@@ -616,5 +645,29 @@ fn raise_memlock() {
             error = %io::Error::last_os_error(),
             "cannot raise RLIMIT_MEMLOCK; continuing (recent kernels account eBPF memory to the cgroup)"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hami_common::intercept::probe_kind;
+
+    #[test]
+    fn releases_are_attached_before_allocations_and_every_symbol_once() {
+        let order = attach_order();
+        let mut sorted = order.clone();
+        sorted.sort_unstable();
+        let mut all = PROBED_SYMBOLS.to_vec();
+        all.sort_unstable();
+        assert_eq!(sorted, all);
+        let pos = |s: &str| order.iter().position(|o| *o == s).unwrap();
+        let last_release = order.iter().rposition(|s| probe_kind(s).is_free()).unwrap();
+        let first_alloc = order.iter().position(|s| probe_kind(s).is_alloc()).unwrap();
+        assert!(last_release < first_alloc, "{order:?}");
+        assert!(pos("cuArrayDestroy") < pos("cuArrayCreate_v2"));
+        assert!(pos("cuMemFree_v2") < pos("cuMemAllocPitch_v2"));
+        assert!(pos("cuCtxDestroy_v2") < pos("cuCtxCreate_v2"));
+        assert!(pos("cuDevicePrimaryCtxRelease_v2") < pos("cuDevicePrimaryCtxRetain"));
     }
 }
