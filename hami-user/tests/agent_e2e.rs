@@ -645,3 +645,105 @@ fn without_nvml_the_agent_says_so_and_falls_back_to_the_probes() {
     before.resume();
     after.resume();
 }
+
+/// The eBPF program ids process `pid` holds (`prog_id:` in `/proc/<pid>/fdinfo/*`: program
+/// and link descriptors).
+fn bpf_prog_ids(pid: u32) -> Vec<u32> {
+    let mut ids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .flat_map(|t| {
+            t.lines()
+                .filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Whether the kernel still has eBPF program `id` (`BPF_PROG_GET_FD_BY_ID`): a probe left
+/// attached keeps its program alive.
+fn bpf_prog_exists(id: u32) -> bool {
+    const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
+    // union bpf_attr for this command: prog_id, next_id, open_flags.
+    let attr: [u32; 3] = [id, 0, 0];
+    // SAFETY: the attr buffer is valid for its size; the command only reads it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_GET_FD_BY_ID,
+            attr.as_ptr(),
+            std::mem::size_of_val(&attr) as libc::c_uint,
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: a descriptor the kernel just gave us.
+        unsafe { libc::close(fd as libc::c_int) };
+    }
+    fd >= 0
+}
+
+/// Issue 12 (agent faults): an agent SIGKILLed mid-workload runs no exit path, so its probes
+/// go only when the kernel closes its descriptors. Once a new agent runs, none of the killed
+/// agent's programs is left in the kernel (no uprobe or uretprobe still attached to the
+/// driver), no trace event of it is left in `uprobe_events`, and the new agent sees the
+/// workload's next allocation exactly once with no false finding.
+#[test]
+fn sigkilled_agent_leaves_no_probe_behind_once_a_new_agent_runs() {
+    let _g = serial();
+    let env = hooked_env("1g");
+    let mut probe = spawn_waiting(
+        &env,
+        &[
+            "init", "ctx", "alloc", "64M", "wait", "alloc", "32M", "wait",
+        ],
+    );
+    let old = Agent::start(&env, &["audit", "--json", "--seconds", "60"]);
+    let old_pid = old.child.id();
+    let old_ids = bpf_prog_ids(old_pid);
+    assert!(
+        old_ids.len() > 2,
+        "the agent holds its programs: {old_ids:?}"
+    );
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(old_pid as i32, libc::SIGKILL) };
+    drop(old);
+    let new = Agent::start(&env, &["audit", "--json", "--seconds", "2"]);
+    probe.resume();
+    probe.wait_for("wait");
+    let (_, out, log) = new.finish();
+    let audit = parse_audit(&out, &log);
+    let p = process(&audit, probe.pid);
+    assert_eq!(p["observed"], 32 * MIB, "{p:#}");
+    assert_eq!(p["alloc_events"], 1, "{p:#}");
+    assert!(findings_for(&audit, probe.pid).is_empty(), "{audit:#}");
+    probe.resume();
+    // The kernel frees programs asynchronously once their last link is gone (about 0.1 s per
+    // link, one after another): allow it some seconds.
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut left: Vec<u32> = old_ids.clone();
+    while !left.is_empty() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(100));
+        left.retain(|&id| bpf_prog_exists(id));
+    }
+    assert!(
+        left.is_empty(),
+        "programs of the killed agent still loaded: {left:?}"
+    );
+    let tag = format!("aya_{old_pid}_");
+    for f in [
+        "/sys/kernel/tracing/uprobe_events",
+        "/sys/kernel/debug/tracing/uprobe_events",
+    ] {
+        if let Ok(t) = std::fs::read_to_string(f) {
+            assert!(
+                !t.lines().any(|l| l.contains(&tag)),
+                "{f} keeps the killed agent's probes:\n{t}"
+            );
+        }
+    }
+}
