@@ -3,8 +3,9 @@
 //! 503 otherwise), `GET /` (a pointer to both). Anything else is 404; methods other than
 //! GET/HEAD are 405 (axum's routing). The endpoint faces the network: hyper parses the
 //! requests (malformed ones get 400), a client has [`ServeLimits::header_timeout`] to send
-//! its headers and [`ServeLimits::connection_timeout`] in all, and at most
-//! [`ServeLimits::max_connections`] are served at once (more are closed at accept).
+//! its headers (at most [`MAX_HEADER_BYTES`]) and [`ServeLimits::connection_timeout`] in
+//! all, and at most [`ServeLimits::max_connections`] are open at once (a new one closes the
+//! oldest, so slow clients cannot lock a scraper out).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -126,7 +127,7 @@ pub struct ServeLimits {
     pub header_timeout: Duration,
     /// Time a connection may stay open in all (keep-alive included).
     pub connection_timeout: Duration,
-    /// Connections served at once.
+    /// Connections open at once (a new one beyond this closes the oldest).
     pub max_connections: usize,
 }
 
@@ -151,6 +152,13 @@ pub async fn serve(
 }
 
 /// [`serve`] with explicit limits.
+///
+/// At most [`ServeLimits::max_connections`] connections are open at once; a new one when
+/// all are taken closes the *oldest* (rather than being refused): a well-behaved client
+/// (a scraper sends its request at once and is answered in milliseconds) is then served even
+/// while that many slow or malformed clients hold connections open, and each of those is
+/// gone after [`ServeLimits::header_timeout`] anyway. Request headers are read into at most
+/// [`MAX_HEADER_BYTES`].
 pub async fn serve_with(
     listener: tokio::net::TcpListener,
     metrics: Arc<Metrics>,
@@ -159,7 +167,9 @@ pub async fn serve_with(
     limits: ServeLimits,
 ) -> std::io::Result<()> {
     let app = router(metrics, health, max_age);
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let open = Arc::new(OpenConnections::default());
+    let max = limits.max_connections.max(1);
+    let mut next_id: u64 = 0;
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -169,15 +179,61 @@ pub async fn serve_with(
                 continue;
             }
         };
-        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-            drop(stream);
-            continue;
-        };
+        next_id += 1;
+        let id = next_id;
         let app = app.clone();
-        tokio::spawn(async move {
+        let registered = Arc::clone(&open);
+        // Registered under the lock before the task can end (and unregister itself).
+        let mut tasks = open.lock();
+        while tasks.len() >= max {
+            if let Some((_, oldest)) = tasks.pop_front() {
+                oldest.abort();
+            }
+        }
+        let task = tokio::spawn(async move {
+            // Unregisters the connection however the task ends (done, timed out, aborted).
+            let _open = OpenGuard {
+                open: registered,
+                id,
+            };
             serve_connection(stream, app, limits).await;
-            drop(permit);
         });
+        tasks.push_back((id, task.abort_handle()));
+    }
+}
+
+/// Most bytes of one request's head (hyper's read buffer); a larger one closes the
+/// connection (hyper answers 431).
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// The connections being served, oldest first.
+#[derive(Default)]
+struct OpenConnections {
+    tasks: std::sync::Mutex<std::collections::VecDeque<(u64, tokio::task::AbortHandle)>>,
+}
+
+impl OpenConnections {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(u64, tokio::task::AbortHandle)>>
+    {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().retain(|(i, _)| *i != id);
+    }
+}
+
+/// Unregisters a connection when its task ends.
+struct OpenGuard {
+    open: Arc<OpenConnections>,
+    id: u64,
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.open.remove(self.id);
     }
 }
 
@@ -192,7 +248,8 @@ where
     let svc = hyper_util::service::TowerToHyperService::new(app);
     let mut b = hyper::server::conn::http1::Builder::new();
     b.timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(MAX_HEADER_BYTES);
     let conn = b.serve_connection(hyper_util::rt::TokioIo::new(io), svc);
     let _ = tokio::time::timeout(limits.connection_timeout, conn).await;
 }
@@ -332,6 +389,75 @@ mod tests {
         )
         .await;
         assert!(out.starts_with("HTTP/1.1 503"), "{out}");
+        task.abort();
+    }
+
+    /// Issue 12 (agent faults): 200 clients that connect and then stall (half a request,
+    /// one byte, a TLS hello, nothing at all) held every connection slot for the header
+    /// timeout, and the scraper was refused at accept meanwhile. Now a new connection closes
+    /// the oldest: the endpoint keeps answering, and holds at most `max_connections`.
+    #[tokio::test]
+    async fn keeps_serving_while_200_slow_or_malformed_clients_are_connected() {
+        let m = Arc::new(Metrics::new(MetricsOptions::default()).unwrap());
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let limits = ServeLimits::default();
+        let task = tokio::spawn(serve_with(
+            l,
+            m,
+            Arc::new(Health::new()),
+            Duration::from_secs(60),
+            limits,
+        ));
+        let mut clients = Vec::new();
+        for i in 0..200 {
+            let mut c = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let stall: &[u8] = match i % 4 {
+                0 => b"GET /metrics HTTP/1.1\r\nHost: x\r\n",
+                1 => b"G",
+                2 => b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+                _ => b"",
+            };
+            c.write_all(stall).await.unwrap();
+            clients.push(c);
+        }
+        // All connected, well within the header timeout: the endpoint still answers.
+        let t = std::time::Instant::now();
+        for _ in 0..5 {
+            let out = tokio::time::timeout(
+                Duration::from_secs(2),
+                get_raw(
+                    addr,
+                    "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                ),
+            )
+            .await
+            .expect("answered in time");
+            assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out:?}");
+        }
+        assert!(t.elapsed() < limits.header_timeout, "{:?}", t.elapsed());
+        // Bounded: the server holds at most `max_connections` of them open.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut open = 0;
+        for c in &mut clients {
+            let mut buf = [0u8; 256];
+            if let Err(_still_open) =
+                tokio::time::timeout(Duration::from_millis(1), c.read(&mut buf)).await
+            {
+                open += 1;
+            }
+        }
+        assert!(
+            open <= limits.max_connections,
+            "{open} slow clients still connected"
+        );
+        // A head over the limit is refused, not buffered.
+        let big = format!(
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Pad: {}\r\n\r\n",
+            "a".repeat(MAX_HEADER_BYTES * 2)
+        );
+        let out = get_raw(addr, &big).await;
+        assert!(out.is_empty() || out.starts_with("HTTP/1.1 431"), "{out:?}");
         task.abort();
     }
 }
