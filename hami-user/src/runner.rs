@@ -251,9 +251,10 @@ impl Running {
         self.health.beat();
     }
 
-    /// A libcuda file is being attached: the processes that already map it may have
-    /// allocated unseen, so they are baselined before any of its events is applied (a
-    /// process that started after the agent is marked *attached late*).
+    /// A libcuda file is being attached (or its attach just finished): the processes that
+    /// already map it may have allocated unseen, so they are baselined before any of its
+    /// events is applied (a process that started after the agent is marked *attached
+    /// late*); processes started after the attach finished are not.
     fn check_new_libraries(&mut self) {
         let g = self.handle.attach_generation();
         if g == self.generation {
@@ -261,7 +262,10 @@ impl Running {
         }
         self.generation = g;
         self.agent.add_libcuda_ids(self.handle.announced_maps_ids());
-        let b = self.agent.baseline_scan();
+        // Once the attach is over, a process started after it was watched from its start
+        // (the generation moves again then; while it is in progress, every one counts).
+        let cutoff = self.handle.attach_settled_ticks();
+        let b = self.agent.baseline_scan_started_by(cutoff);
         if !b.is_empty() {
             tracing::info!(pids = ?b, "baselined processes of a newly attached libcuda (loaded it before its probes went in)");
         }

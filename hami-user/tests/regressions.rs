@@ -18,6 +18,9 @@
 //!   workload ran missed releases of allocations it had seen, without counting a drop, and
 //!   reported false findings: the allocation probes went in before the release probes, and
 //!   each entry probe before its return probe.
+//! * issue 12 (agent faults, driver upgrade): a libcuda replaced on disk while attached was
+//!   never attached again under its path: processes that loaded the new file were seen late
+//!   or not at all.
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
@@ -222,7 +225,7 @@ fn unseen_driver_loaded_after_the_agent_is_found_and_nested_calls_count_once() {
         .find_map(|l| l.strip_prefix("pitch="))
         .and_then(|v| v.parse().ok())
         .expect("pitch");
-    let st = agent.wait().unwrap();
+    // Read to the end before waiting: a report larger than the pipe would block the exit.
     let mut stdout = String::new();
     agent
         .stdout
@@ -230,6 +233,7 @@ fn unseen_driver_loaded_after_the_agent_is_found_and_nested_calls_count_once() {
         .unwrap()
         .read_to_string(&mut stdout)
         .unwrap();
+    let st = agent.wait().unwrap();
     let _ = p.kill();
     let _ = p.wait();
     let logs: Vec<String> = log.try_iter().collect();
@@ -813,4 +817,126 @@ fn agent_attached_mid_workload_sees_the_release_of_every_allocation_it_saw() {
     assert!(mine.is_empty(), "false findings: {mine:#?}");
     // Other processes on the machine may be found: only that it reported is checked.
     assert!(st.code().is_some(), "{st:?}");
+}
+
+/// Regression (issue 12, agent faults: driver upgrade): a driver package renames a new
+/// `libcuda.so.1` over the attached one. Discovery remembered the path as handled, so the new
+/// file was attached only once a process mapped it (up to a discovery period after it had
+/// started allocating: its first allocations unseen, the process "attached late"). The
+/// discovery now looks again when the file a path names changes, so the new file is attached
+/// before processes load it; the old file's probes stay for the processes still running it.
+#[test]
+fn driver_replaced_on_disk_while_attached_is_attached_again_before_processes_load_it() {
+    use hami_test_harness::{Artifacts, RunningProbe, TestEnv};
+    require_root();
+    let _g = serial();
+    let a = Artifacts::get();
+    let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
+    let drv = env.dir().join("drv");
+    std::fs::create_dir_all(&drv).unwrap();
+    let lib = drv.join("libcuda.so.1");
+    std::fs::copy(&a.fake_libcuda, &lib).unwrap();
+    let libpath = format!("{}:{}", drv.display(), a.fake_lib_dir.display());
+    let spawn = |ops: &[&str]| {
+        let mut c = env.cudaprobe_cmd(ops);
+        c.env("LD_LIBRARY_PATH", &libpath).stdin(Stdio::piped());
+        RunningProbe::start(c)
+    };
+    let mut before = spawn(&["init", "ctx", "alloc", "16M", "wait", "alloc", "8M", "wait"]);
+    before.wait_for("wait");
+    let (mut agent, log) = start_agent_with(
+        &[
+            "audit",
+            "--json",
+            "--seconds",
+            "60",
+            "--libcuda",
+            lib.to_str().unwrap(),
+        ],
+        &[
+            ("LD_LIBRARY_PATH", std::ffi::OsStr::new(&libpath)),
+            ("FAKE_CUDA_STATE", env.state_path().as_os_str()),
+        ],
+    );
+    // The upgrade: a new file renamed over the attached one.
+    let new = drv.join("libcuda.so.1.new");
+    std::fs::copy(&a.fake_libcuda, &new).unwrap();
+    std::fs::rename(&new, &lib).unwrap();
+    // Discovery attaches every driver on the node: only this one's line counts.
+    let ours = lib.display().to_string();
+    let end = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|l: &String| l.contains("attached libcuda probes") && l.contains(&ours))
+    {
+        match log.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            Ok(l) => seen.push(l),
+            Err(_) => {
+                let _ = agent.kill();
+                let _ = agent.wait();
+                before.signal(libc::SIGKILL);
+                panic!(
+                    "the replaced libcuda was not attached again within 20 s; log:\n{}",
+                    seen.join("\n")
+                )
+            }
+        }
+    }
+    // A process started on the new file (a moment later: start times count in clock ticks,
+    // and one started in the tick the attach ended in is taken to have raced it), and one
+    // still running the old file.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut after = spawn(&["init", "ctx", "alloc", "32M", "wait"]);
+    after.wait_for("wait");
+    before.resume();
+    before.wait_for("wait");
+    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: kill(2) on our own child: the audit reports on SIGINT.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
+    // Read to the end before waiting: a report larger than the pipe would block the exit.
+    let mut stdout = String::new();
+    agent
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    let _ = agent.wait().unwrap();
+    let logs: Vec<String> = log.try_iter().collect();
+    let audit: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\nlog:\n{}", logs.join("\n")));
+    for p in [&mut before, &mut after] {
+        p.resume();
+        p.signal(libc::SIGKILL);
+    }
+    wait_for_group_gone(agent.id() as i32);
+    let row = |pid: u32| {
+        audit["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["pid"] == pid)
+            .unwrap_or_else(|| panic!("pid {pid} not in the audit:\n{audit:#}"))
+            .clone()
+    };
+    let new_row = row(after.pid);
+    assert_eq!(new_row["observed"], 32 * MIB, "{new_row:#}");
+    assert_eq!(new_row["alloc_events"], 1, "{new_row:#}");
+    assert!(
+        new_row["baseline"].is_null(),
+        "observed from its start: {new_row:#}"
+    );
+    // The old file's probes stay for the process that still runs it.
+    let old_row = row(before.pid);
+    assert_eq!(old_row["observed"], 8 * MIB, "{old_row:#}");
+    let attached = audit["probes"]["attached"].as_array().unwrap();
+    assert!(
+        attached
+            .iter()
+            .filter(|p| p.as_str().is_some_and(|p| p.contains("drv/libcuda.so.1")))
+            .count()
+            == 2,
+        "both files attached: {attached:?}"
+    );
 }

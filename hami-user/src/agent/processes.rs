@@ -157,11 +157,24 @@ impl Agent {
     /// have allocated before the probes went in. Call right after probes are attached (and
     /// after each newly attached libcuda). Returns the pids baselined.
     pub fn baseline_scan(&mut self) -> Vec<u32> {
+        self.baseline_scan_started_by(None)
+    }
+
+    /// [`Agent::baseline_scan`] of the processes that started by `cutoff` (clock ticks since
+    /// boot; `None`: all): pass the time the latest libcuda attach finished, after which a
+    /// process that loads a probed libcuda is watched from its start.
+    pub fn baseline_scan_started_by(&mut self, cutoff: Option<u64>) -> Vec<u32> {
         let mut out = Vec::new();
         let me = std::process::id();
         for pid in procinfo::list_pids(&self.opts.proc_root) {
             if pid == me || self.procs.get(pid).is_some() {
                 continue;
+            }
+            if let Some(c) = cutoff {
+                if procinfo::read_stat(&self.opts.proc_root, pid).is_ok_and(|st| st.start_time > c)
+                {
+                    continue;
+                }
             }
             let Ok(maps) = procinfo::read_maps(&self.opts.proc_root, pid) else {
                 continue;

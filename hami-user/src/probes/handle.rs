@@ -1,7 +1,7 @@
 //! Running probes: the handle the agent keeps (counters, attached libraries, announced
 //! files) and the periodic libcuda discovery that attaches new files.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -25,6 +25,9 @@ pub(super) struct Shared {
     pub(super) counters: Option<PerCpuArray<MapData, u64>>,
     /// The attached libraries as last read (served while an attach holds the lock).
     pub(super) attached: Mutex<Vec<AttachedLibrary>>,
+    /// Files named to attach (`--libcuda`): looked at again on every discovery pass, like
+    /// the host's own driver paths, so that a file replaced there is attached again.
+    pub(super) extra: Vec<PathBuf>,
 }
 
 impl Shared {
@@ -33,20 +36,33 @@ impl Shared {
     }
 }
 
-/// Per-scan memory of the discovery task: maps identities already handled.
+/// Per-scan memory of the discovery task: the maps identities and the paths already
+/// handled (a path with the stamp of the file it named then).
 #[derive(Default)]
 pub(super) struct ScanState {
     seen_maps: HashSet<(String, u64)>,
-    seen_paths: HashSet<PathBuf>,
+    seen_paths: HashMap<PathBuf, Option<FileStamp>>,
     classifier: discovery::Classifier,
 }
 
+/// One discovery pass: every candidate not handled yet is attached. A path is handled again
+/// when the file it names changed (a driver upgrade renames a new file over the old one, or
+/// rewrites it): the new file is attached before processes load it.
 pub(super) fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> Vec<AttachOutcome> {
     let mut out = Vec::new();
-    for c in discovery::discover_libcuda_with(proc_root, &mut st.classifier) {
+    let mut candidates = discovery::discover_libcuda_with(proc_root, &mut st.classifier);
+    candidates.extend(shared.extra.iter().map(|p| discovery::Candidate {
+        path: p.clone(),
+        maps_id: None,
+    }));
+    for c in candidates {
+        let stamp = match &c.maps_id {
+            Some(_) => None,
+            None => FileStamp::of(&c.path),
+        };
         let new = match &c.maps_id {
             Some(id) => !st.seen_maps.contains(id),
-            None => !st.seen_paths.contains(&c.path),
+            None => st.seen_paths.get(&c.path) != Some(&stamp),
         };
         if !new {
             continue;
@@ -85,12 +101,39 @@ pub(super) fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> V
                     st.seen_maps.insert(id);
                 }
                 None => {
-                    st.seen_paths.insert(c.path);
+                    st.seen_paths.insert(c.path, stamp);
                 }
             }
         }
     }
     out
+}
+
+/// What identifies one version of a file: device, inode, size and modification time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct FileStamp {
+    id: (u64, u64),
+    len: u64,
+    mtime: (i64, i64),
+}
+
+impl FileStamp {
+    /// The stamp of the file `path` names now (symlinks followed); `None` if it cannot be
+    /// read.
+    pub(super) fn of(path: &Path) -> Option<FileStamp> {
+        std::fs::metadata(path).ok().map(|m| FileStamp::from(&m))
+    }
+}
+
+impl From<&std::fs::Metadata> for FileStamp {
+    fn from(m: &std::fs::Metadata) -> FileStamp {
+        use std::os::unix::fs::MetadataExt;
+        FileStamp {
+            id: (m.dev(), m.ino()),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+        }
+    }
 }
 
 /// Handle on running probes (see [`Probes::spawn`]). Dropping it stops the event and
@@ -144,6 +187,16 @@ impl ProbeHandle {
     /// applying further events: events of a newly probed library can follow at once.
     pub fn attach_generation(&self) -> u64 {
         self.shared.announce.generation.load(Ordering::SeqCst)
+    }
+
+    /// When the latest libcuda attach finished, in clock ticks since boot (comparable with
+    /// a process's start time); `None` while one is in progress. A process that started
+    /// after it and maps only attached files was watched from its start.
+    pub fn attach_settled_ticks(&self) -> Option<u64> {
+        match self.shared.announce.settled_ticks.load(Ordering::SeqCst) {
+            0 => None,
+            t => Some(t),
+        }
     }
 
     /// The `/proc/<pid>/maps` identities of every libcuda file attached or being attached.

@@ -40,7 +40,7 @@ pub use handle::ProbeHandle;
 pub use stream::{decode_event, ProbeCounters};
 pub use teardown::ProbeLinks;
 
-use handle::{rescan, ScanState, Shared};
+use handle::{rescan, FileStamp, ScanState, Shared};
 use stream::{pump, read_counters, second_handle, UserCounters};
 
 /// The compiled eBPF object (built by `build.rs` through aya-build).
@@ -228,6 +228,8 @@ pub fn maps_dev(dev: u64) -> String {
 
 struct Lib {
     path: PathBuf,
+    /// The file's version when attached: one rewritten in place is attached again.
+    stamp: FileStamp,
     attached_at: SystemTime,
     symbols: Vec<&'static str>,
     maps_ids: Vec<(String, u64)>,
@@ -240,9 +242,28 @@ struct Lib {
 struct Announce {
     generation: AtomicU64,
     maps_ids: Mutex<Vec<(String, u64)>>,
+    /// When the latest attach finished, in clock ticks since boot (the unit of a process's
+    /// start time in `/proc/<pid>/stat`); 0 while one is in progress (or before the first).
+    settled_ticks: AtomicU64,
 }
 
 impl Announce {
+    /// An attach begins.
+    fn begin(&self) {
+        self.settled_ticks.store(0, Ordering::SeqCst);
+    }
+
+    /// The attach in progress (if any) is over: its time is recorded and the generation
+    /// moves again, so that a consumer looks once more (see
+    /// [`ProbeHandle::attach_settled_ticks`]).
+    fn settle(&self) {
+        if self.settled_ticks.load(Ordering::SeqCst) == 0 {
+            let now = crate::procinfo::now_ticks(Path::new("/proc")).unwrap_or(1);
+            self.settled_ticks.store(now.max(1), Ordering::SeqCst);
+            self.generation.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
     fn add(&self, id: (String, u64)) {
         let mut v = self.maps_ids.lock().unwrap_or_else(|p| p.into_inner());
         if !v.contains(&id) {
@@ -354,6 +375,13 @@ impl Probes {
     /// does not export are listed in [`AttachOutcome::missing`]; other failures detach what
     /// was attached and return the error.
     pub fn attach_libcuda(&mut self, path: &Path) -> Result<AttachOutcome, ProbeError> {
+        let r = self.attach_libcuda_now(path);
+        self.announce.settle();
+        r
+    }
+
+    /// [`Probes::attach_libcuda`] but for recording when it is over.
+    fn attach_libcuda_now(&mut self, path: &Path) -> Result<AttachOutcome, ProbeError> {
         if self.closed {
             return Err(ProbeError::Closed);
         }
@@ -362,6 +390,13 @@ impl Probes {
             source,
         })?;
         let id = (meta.dev(), meta.ino());
+        let stamp = FileStamp::from(&meta);
+        if self.libs.get(&id).is_some_and(|l| l.stamp != stamp) {
+            // Rewritten in place (same inode, other contents): the probes' offsets and saved
+            // instructions are the old file's. Out with them, in with new ones.
+            tracing::warn!(path = %path.display(), "libcuda rewritten in place: probes attached again");
+            self.detach_libcuda(id);
+        }
         if let Some(lib) = self.libs.get(&id) {
             return Ok(AttachOutcome {
                 path: path.to_path_buf(),
@@ -377,6 +412,7 @@ impl Probes {
         check_elf(path)?;
         // Announced before the first probe goes in: a consumer that sees an event of this
         // library sees the announcement too, and can baseline its processes first.
+        self.announce.begin();
         self.announce.add((maps_dev(id.0), id.1));
         let mut links: Vec<UProbeLink> = Vec::new();
         let mut attached = Vec::new();
@@ -437,6 +473,7 @@ impl Probes {
             id,
             Lib {
                 path: path.to_path_buf(),
+                stamp,
                 attached_at: SystemTime::now(),
                 symbols: attached.clone(),
                 maps_ids: vec![(maps_dev(id.0), id.1)],
@@ -557,6 +594,7 @@ impl Probes {
         let user = Arc::new(UserCounters::default());
         let counters = second_handle(&self.counters);
         let shared = Arc::new(Shared {
+            extra: discovery.extra.clone(),
             announce: self.announce.clone(),
             attached: Mutex::new(self.attached()),
             probes: Mutex::new(self),
