@@ -1,0 +1,366 @@
+//! Unit tests of libcuda discovery: ld.so.cache parsing, driver recognition, maps scans.
+use super::*;
+
+/// A fake `/proc/<pid>` whose maps show `libs` (path, inode) executable, each file
+/// present inside the process's root.
+fn fake_mapper(root: &Path, pid: u32, start_time: u64, libs: &[(&str, u64)]) {
+    let dir = root.join(pid.to_string());
+    if !dir.exists() {
+        crate::procinfo::tests::fake_proc(root, pid, start_time, &[pid], 1, "0::/\n", &[], &[]);
+    }
+    let mut stat = format!("{pid} (p) S");
+    for i in 4..=21 {
+        stat.push_str(&format!(" {i}"));
+    }
+    stat.push_str(&format!(" {start_time} 100 200\n"));
+    fs::write(dir.join("stat"), stat).unwrap();
+    let mut maps = String::new();
+    for (path, ino) in libs {
+        maps.push_str(&format!(
+            "7f0000000000-7f0000001000 r-xp 00000000 08:01 {ino}    {path}\n"
+        ));
+        let f = rooted(&dir.join("root"), Path::new(path));
+        fs::create_dir_all(f.parent().unwrap()).unwrap();
+        fs::write(&f, b"").unwrap();
+    }
+    fs::write(dir.join("maps"), maps).unwrap();
+}
+
+fn inodes(c: &[Candidate]) -> Vec<u64> {
+    let mut v: Vec<u64> = c
+        .iter()
+        .filter_map(|c| Some(c.maps_id.as_ref()?.1))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+#[test]
+fn a_process_with_a_driver_is_read_again_only_on_full_scans() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    fake_mapper(root, 100, 5, &[("/lib/libcuda.so.1", 1)]);
+    fake_mapper(root, 200, 5, &[("/lib/libc.so.6", 9)]);
+    fake_mapper(root, 300, 5, &[("/lib/libcuda.so.1", 1)]);
+    let mut c = Classifier::default();
+    assert_eq!(inodes(&scan_proc_maps_with(root, &mut c)), [1]);
+    // Each process now maps a new driver.
+    fake_mapper(
+        root,
+        100,
+        5,
+        &[("/lib/libcuda.so.1", 1), ("/opt/libcuda.so.2", 2)],
+    );
+    fake_mapper(
+        root,
+        200,
+        5,
+        &[("/lib/libc.so.6", 9), ("/x/libcuda.so.1", 3)],
+    );
+    // 300 exited and its pid was reused (another start time): a new process, read.
+    fake_mapper(root, 300, 6, &[("/y/libcuda.so.1", 4)]);
+    // 200 had no driver: read at every scan. 100 had one: skipped until a full scan.
+    assert_eq!(inodes(&scan_proc_maps_with(root, &mut c)), [3, 4]);
+    for _ in 2..FULL_SCAN_EVERY {
+        assert_eq!(
+            inodes(&scan_proc_maps_with(root, &mut c)),
+            Vec::<u64>::new()
+        );
+    }
+    assert_eq!(inodes(&scan_proc_maps_with(root, &mut c)), [1, 2, 3, 4]);
+    // A fresh classifier (a one-shot scan) reads everything.
+    assert_eq!(
+        inodes(&scan_proc_maps_with(root, &mut Classifier::default())),
+        [1, 2, 3, 4]
+    );
+}
+
+fn cache_with(paths: &[&str]) -> Vec<u8> {
+    let mut strings = Vec::new();
+    let header = 48 + 24 * paths.len();
+    let mut entries = Vec::new();
+    for p in paths {
+        let off = (header + strings.len()) as u32;
+        strings.extend_from_slice(p.as_bytes());
+        strings.push(0);
+        entries.extend_from_slice(&1i32.to_le_bytes());
+        entries.extend_from_slice(&off.to_le_bytes());
+        entries.extend_from_slice(&off.to_le_bytes());
+        entries.extend_from_slice(&0u32.to_le_bytes());
+        entries.extend_from_slice(&0u64.to_le_bytes());
+    }
+    let mut d = NEW_MAGIC.to_vec();
+    d.extend_from_slice(&(paths.len() as u32).to_le_bytes());
+    d.extend_from_slice(&(strings.len() as u32).to_le_bytes());
+    d.extend_from_slice(&[0u8; 4]);
+    d.extend_from_slice(&[0u8; 16]);
+    assert_eq!(d.len(), 48);
+    d.extend(entries);
+    d.extend(strings);
+    d
+}
+
+#[test]
+fn parses_synthetic_cache() {
+    let d = cache_with(&["/usr/lib/libcuda.so.1", "/lib/libc.so.6"]);
+    assert_eq!(
+        parse_ld_so_cache(&d),
+        vec![
+            "/usr/lib/libcuda.so.1".to_string(),
+            "/lib/libc.so.6".to_string()
+        ]
+    );
+    // Truncated data does not panic.
+    for n in 0..d.len() {
+        let _ = parse_ld_so_cache(&d[..n]);
+    }
+    assert!(parse_ld_so_cache(b"garbage").is_empty());
+}
+
+#[test]
+fn parses_host_cache_like_ldconfig() {
+    // The machine's own cache: every path `ldconfig -p` prints must be found.
+    let Ok(data) = fs::read("/etc/ld.so.cache") else {
+        panic!("/etc/ld.so.cache missing on this machine");
+    };
+    let ours: HashSet<String> = parse_ld_so_cache(&data).into_iter().collect();
+    let out = std::process::Command::new("ldconfig")
+        .arg("-p")
+        .output()
+        .or_else(|_| {
+            std::process::Command::new("/sbin/ldconfig")
+                .arg("-p")
+                .output()
+        })
+        .expect("ldconfig -p");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let theirs: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split(" => ").nth(1))
+        .collect();
+    assert!(!theirs.is_empty());
+    for p in theirs {
+        assert!(ours.contains(p.trim()), "{p} missing from our parse");
+    }
+}
+
+#[test]
+fn maps_lines() {
+    let text = "\
+7f0000000000-7f0000001000 r--p 00000000 fd:01 1234     /usr/lib/x86_64-linux-gnu/libcuda.so.580.1\n\
+7f0000001000-7f0000002000 r-xp 00001000 fd:01 1234     /usr/lib/x86_64-linux-gnu/libcuda.so.580.1\n\
+7f0000003000-7f0000004000 r-xp 00001000 00:2a 99       /tmp/x/libcuda.so.1 (deleted)\n\
+7f0000005000-7f0000006000 r-xp 00001000 00:2a 77       /opt/libcudart.so.12\n\
+7f0000007000-7f0000008000 r-xp 00001000 00:2b 5        /opt/fake/libcuda.so.1\n";
+    // The filter discovery uses for libcuda names, over the shared maps walker.
+    let got = file_mappings(text, |m| {
+        Path::new(m.path)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(is_libcuda_name)
+    });
+    assert_eq!(
+        got,
+        vec![
+            (
+                "fd:01".into(),
+                1234,
+                "/usr/lib/x86_64-linux-gnu/libcuda.so.580.1".into()
+            ),
+            ("00:2b".into(), 5, "/opt/fake/libcuda.so.1".into()),
+        ]
+    );
+}
+
+#[test]
+fn exec_mappings_and_elf_symbols_of_this_process() {
+    use std::os::unix::fs::MetadataExt;
+    let maps = exec_mappings(&fs::read_to_string("/proc/self/maps").unwrap());
+    let (dev, ino, libc) = maps
+        .iter()
+        .find(|(_, _, p)| p.contains("libc.so") || p.contains("libc-"))
+        .cloned()
+        .expect("libc mapped");
+    let found = elf_defined_symbols(Path::new(&libc), &["malloc", "cuInit", "free"]).unwrap();
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found.contains(&"malloc".to_string()));
+    assert!(!elf_defines_driver_symbols(Path::new(&libc)));
+    assert!(elf_defined_symbols(Path::new("/proc/self/maps"), &["malloc"]).is_none());
+    let m = fs::metadata(&libc).unwrap();
+    assert_eq!(m.ino(), ino);
+    assert_eq!(crate::probes::maps_dev(m.dev()), dev);
+    let mut c = Classifier::default();
+    assert!(!c.is_driver(&(dev.clone(), ino), Path::new(&libc), "libc.so.6"));
+    assert!(c.is_driver(
+        &("00:00".into(), 1),
+        Path::new("/nonexistent"),
+        "libcuda.so.1"
+    ));
+    let ids = [(dev, ino)].into_iter().collect();
+    let text = fs::read_to_string("/proc/self/maps").unwrap();
+    assert!(crate::procinfo::maps_has_ids(&text, &ids));
+    assert!(!crate::procinfo::maps_has_ids(&text, &Default::default()));
+}
+
+/// The fake driver's bytes (a real ELF64 shared object defining `cuInit`).
+fn fake_driver_bytes() -> Vec<u8> {
+    let a = hami_test_harness::Artifacts::get();
+    fs::read(&a.fake_libcuda).expect("read the fake libcuda.so.1")
+}
+
+/// Offset in the file of the `.dynsym` section header of `data`.
+fn dynsym_header_offset(data: &[u8]) -> usize {
+    let h = elf::FileHeader64::<Endianness>::parse(data).unwrap();
+    let e = h.endian().unwrap();
+    let sections = h.sections(e, data).unwrap();
+    let (i, _) = sections
+        .enumerate()
+        .find(|(_, s)| s.sh_type(e) == elf::SHT_DYNSYM)
+        .unwrap();
+    h.e_shoff(e) as usize + i.0 * std::mem::size_of::<elf::SectionHeader64<Endianness>>()
+}
+
+#[test]
+fn real_elf_files_read_through_object() {
+    let a = hami_test_harness::Artifacts::get();
+    assert!(elf_defines_driver_symbols(&a.fake_libcuda));
+    // Found by its symbols under a name that is not libcuda.so*.
+    let dir = tempfile::tempdir().unwrap();
+    let renamed = dir.path().join("libweird_driver.so");
+    fs::copy(&a.fake_libcuda, &renamed).unwrap();
+    assert!(elf_defines_driver_symbols(&renamed));
+    let mut c = Classifier::default();
+    assert!(c.is_driver(&("00:00".into(), 2), &renamed, "libweird_driver.so"));
+    // The preload defines the same names as hooks: not a driver.
+    assert!(!c.is_driver(&("00:00".into(), 3), &a.preload_so, "libhami_preload.so"));
+    // This test binary: an ELF64 executable that parses, and is not a driver.
+    let exe = Path::new("/proc/self/exe");
+    assert!(is_elf(exe).unwrap());
+    assert!(elf_defined_symbols(exe, &["cuInit"]).is_some());
+    assert!(!elf_defines_driver_symbols(exe));
+    assert!(!is_elf(Path::new("/proc/self/maps")).unwrap());
+    assert!(is_elf(&dir.path().join("missing")).is_err());
+}
+
+#[test]
+fn truncated_or_garbage_elf_is_not_a_driver_and_never_panics() {
+    let data = fake_driver_bytes();
+    let wanted = ["cuInit", "cuMemAlloc_v2"];
+    let whole = dynamic_symbols_defined(&data[..], &wanted, MAX_ELF_READ).unwrap();
+    assert_eq!(whole.len(), 2, "{whole:?}");
+    // Every prefix short of the tables (the section headers sit at the end): an error,
+    // never a panic and never the driver's symbols.
+    let shoff = elf::FileHeader64::<Endianness>::parse(&data[..])
+        .unwrap()
+        .e_shoff(Endianness::Little) as usize;
+    let cuts =
+        (0..256)
+            .chain((256..data.len()).step_by(997))
+            .chain([shoff, shoff + 1, data.len() - 1]);
+    for n in cuts {
+        let got = dynamic_symbols_defined(&data[..n], &wanted, MAX_ELF_READ);
+        assert!(got.is_err(), "prefix of {n} bytes gave {got:?}");
+    }
+    // Random bytes flipped in the header, the section headers and the .dynsym header.
+    let dynsym_hdr = dynsym_header_offset(&data);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut d = data.clone();
+    for round in 0..3000 {
+        // Flipped in place, put back after the parse (no 3000 copies of the file).
+        let mut flipped = Vec::new();
+        for _ in 0..1 + round % 4 {
+            let at = match next() % 3 {
+                0 => (next() % 64) as usize,
+                1 => dynsym_hdr + (next() % 64) as usize,
+                _ => shoff + (next() as usize % (data.len() - shoff)),
+            };
+            flipped.push(at);
+            d[at] = next() as u8;
+        }
+        let _ = dynamic_symbols_defined(&d[..], &wanted, MAX_ELF_READ);
+        for at in flipped {
+            d[at] = data[at];
+        }
+    }
+    // Plain garbage.
+    let mut elfish = b"\x7fELF\x02\x01\x01".to_vec();
+    elfish.resize(4096, 0xff);
+    for g in [&b""[..], b"garbage", b"\x7fELF", &elfish] {
+        assert!(dynamic_symbols_defined(g, &wanted, MAX_ELF_READ).is_err());
+    }
+    // The same through a file: `None`, and `is_elf` still says what the bytes are.
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("libcuda_cut.so");
+    fs::write(&f, &data[..shoff]).unwrap();
+    assert!(is_elf(&f).unwrap());
+    assert_eq!(elf_defined_symbols(&f, &wanted), None);
+    assert!(!elf_defines_driver_symbols(&f));
+}
+
+#[test]
+fn oversized_tables_are_refused_before_reading() {
+    let mut data = fake_driver_bytes();
+    let h = dynsym_header_offset(&data);
+    // A .dynsym claiming 1 GiB inside a 2 GiB sparse file: refused unread.
+    data[h + 0x18..h + 0x20].copy_from_slice(&(1u64 << 20).to_le_bytes());
+    data[h + 0x20..h + 0x28].copy_from_slice(&(1u64 << 30).to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("libsparse.so");
+    fs::write(&p, &data).unwrap();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    let cache = ReadCache::new(fs::File::open(&p).unwrap());
+    match dynamic_symbols_defined(&cache, &["cuInit"], MAX_ELF_READ) {
+        Err(ElfError::TooLarge { what, .. }) => assert_eq!(what, ".dynsym"),
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert_eq!(elf_defined_symbols(&p, &["cuInit"]), None);
+    // The limit counts every table: the real driver does not fit in 256 bytes.
+    let real = fake_driver_bytes();
+    assert!(matches!(
+        dynamic_symbols_defined(&real[..], &["cuInit"], 256),
+        Err(ElfError::TooLarge { .. })
+    ));
+}
+
+#[test]
+fn a_fifo_is_not_opened_for_reading_forever() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("libcuda_fifo.so");
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).unwrap();
+    // SAFETY: mkfifo reads a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let q = p.clone();
+    std::thread::spawn(move || {
+        let r = (elf_defined_symbols(&q, &["cuInit"]), is_elf(&q).ok());
+        let _ = tx.send(r);
+    });
+    let got = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("reading a FIFO blocked");
+    assert_eq!(got, (None, Some(false)));
+}
+
+#[test]
+fn rooted_paths() {
+    assert_eq!(
+        rooted(
+            Path::new("/proc/12/root"),
+            Path::new("/usr/lib/libcuda.so.1")
+        ),
+        PathBuf::from("/proc/12/root/usr/lib/libcuda.so.1")
+    );
+    assert_eq!(rooted(Path::new(""), Path::new("/a")), PathBuf::from("/a"));
+}
