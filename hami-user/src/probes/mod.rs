@@ -19,6 +19,7 @@ mod teardown;
 
 use std::collections::{HashMap, HashSet};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,7 +28,7 @@ use std::time::{Duration, SystemTime};
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::raw_trace_point::RawTracePointLink;
-use aya::programs::uprobe::{UProbeLink, UProbeScope};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeLink, UProbeScope};
 use aya::programs::{ProgramError, RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 use hami_common::event::CudaEvent;
@@ -109,6 +110,15 @@ pub enum ProbeError {
         /// The error.
         #[source]
         source: io::Error,
+    },
+    /// The library's symbols could not be read (malformed, or bigger than the agent reads).
+    #[error("{path}: cannot read its symbols: {source}")]
+    Elf {
+        /// Path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: discovery::ElfError,
     },
     /// The file exports none of the probed functions (not a CUDA driver library).
     #[error("{0} exports none of the probed libcuda functions")]
@@ -410,6 +420,12 @@ impl Probes {
             return Err(ProbeError::NotLibcuda(path.to_path_buf()));
         }
         check_elf(path)?;
+        // The probes' file offsets, computed from bounded reads of this descriptor (never an
+        // mmap: a tenant truncating a mapped file would kill the agent with SIGBUS), and the
+        // probes attached through `/proc/self/fd/<fd>`: the kernel resolves that to the very
+        // inode read here, whatever the tenant does to the path meanwhile.
+        let (file, offsets) = read_offsets(path, id)?;
+        let target = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         // Announced before the first probe goes in: a consumer that sees an event of this
         // library sees the announcement too, and can baseline its processes first.
         self.announce.begin();
@@ -420,7 +436,8 @@ impl Probes {
         // Releases before allocations, each return before its entry (see `attach_order`).
         for sym in attach_order() {
             let ret_name = format!("{sym}_ret");
-            match self.attach_one(&ret_name, sym, path) {
+            let offset = offsets.get(sym).copied();
+            match self.attach_one(&ret_name, offset, &target) {
                 Ok(l) => links.push(l),
                 Err(AttachErr::NoSymbol) => {
                     tracing::debug!(symbol = sym, path = %path.display(), "not exported; skipped");
@@ -436,7 +453,7 @@ impl Probes {
                     });
                 }
             }
-            match self.attach_one(sym, sym, path) {
+            match self.attach_one(sym, offset, &target) {
                 Ok(l) => links.push(l),
                 Err(AttachErr::NoSymbol) => {
                     // Not after the return probe resolved the same symbol; should it happen,
@@ -456,6 +473,8 @@ impl Probes {
             }
             attached.push(sym);
         }
+        // The probes hold the inode now; the descriptor may go.
+        drop(file);
         let table_order = |s: &&str| PROBED_SYMBOLS.iter().position(|p| p == s);
         attached.sort_by_key(table_order);
         missing.sort_by_key(table_order);
@@ -489,19 +508,26 @@ impl Probes {
         })
     }
 
-    fn attach_one(&mut self, prog: &str, sym: &str, path: &Path) -> Result<UProbeLink, AttachErr> {
+    /// Attaches program `prog` at file offset `offset` (`None`: the symbol is not defined)
+    /// of `target`. The offset is given to aya as an absolute one: aya then never opens the
+    /// file itself (with a symbol name it would `mmap` it, and a `.gnu_debuglink` file too).
+    fn attach_one(
+        &mut self,
+        prog: &str,
+        offset: Option<u64>,
+        target: &Path,
+    ) -> Result<UProbeLink, AttachErr> {
+        let offset = offset.ok_or(AttachErr::NoSymbol)?;
         let p: &mut UProbe = self
             .ebpf
             .program_mut(prog)
             .ok_or_else(|| AttachErr::Other(ProgramError::NotLoaded))?
             .try_into()
             .map_err(AttachErr::Other)?;
-        match p.attach(sym, path, UProbeScope::AllProcesses) {
+        let at = UProbeAttachLocation::AbsoluteOffset(offset);
+        match p.attach(at, target, UProbeScope::AllProcesses) {
             // Take ownership of the link so that detaching is dropping it, from any thread.
             Ok(id) => p.take_link(id).map_err(AttachErr::Other),
-            Err(ProgramError::UProbeError(aya::programs::UProbeError::SymbolError { .. })) => {
-                Err(AttachErr::NoSymbol)
-            }
             Err(e) => Err(AttachErr::Other(e)),
         }
     }
@@ -669,6 +695,52 @@ fn check_elf(path: &Path) -> Result<(), ProbeError> {
             source,
         }),
     }
+}
+
+/// Opens the file at `path` (as discovery does: never blocking, regular files only), checks
+/// that it is still the file `id` (`(st_dev, st_ino)`), and computes the uprobe offset of
+/// each of [`PROBED_SYMBOLS`] it defines (see [`discovery::uprobe_offsets`]).
+fn read_offsets(
+    path: &Path,
+    id: (u64, u64),
+) -> Result<(std::fs::File, HashMap<&'static str, u64>), ProbeError> {
+    let elf_err = |source| ProbeError::Elf {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = match discovery::open_driver_file(path) {
+        Ok(f) => f,
+        Err(discovery::ElfError::Io(source)) => {
+            return Err(ProbeError::File {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+        Err(e) => return Err(elf_err(e)),
+    };
+    let meta = file.metadata().map_err(|source| ProbeError::File {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if (meta.dev(), meta.ino()) != id {
+        // Swapped between the stat and the open: the next scan looks again.
+        return Err(ProbeError::File {
+            path: path.to_path_buf(),
+            source: io::Error::other("the file was replaced while being attached"),
+        });
+    }
+    let cache = object::read::ReadCache::new(&file);
+    let found = discovery::uprobe_offsets(&cache, PROBED_SYMBOLS, discovery::MAX_ELF_READ)
+        .map_err(elf_err)?;
+    let offsets = found
+        .into_iter()
+        .filter_map(|(name, off)| {
+            let sym = PROBED_SYMBOLS.iter().find(|s| **s == name)?;
+            Some((*sym, off))
+        })
+        .collect();
+    drop(cache);
+    Ok((file, offsets))
 }
 
 fn raise_memlock() {

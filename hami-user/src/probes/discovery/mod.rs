@@ -57,6 +57,9 @@ pub enum ElfError {
     /// Not an ELF64 file, or malformed.
     #[error("malformed or not ELF64: {0}")]
     Parse(#[from] object::read::Error),
+    /// Not an ELF file at all.
+    #[error("not an ELF file")]
+    NotElf,
     /// A table would take the read over [`MAX_ELF_READ`].
     #[error("{what} would take the read to {bytes} bytes, over the limit of {limit}")]
     TooLarge {
@@ -78,6 +81,132 @@ fn open_tenant_file(path: &Path) -> Result<fs::File, ElfError> {
         crate::tenantfs::TenantFsError::NotRegular { .. } => ElfError::NotRegular,
         other => ElfError::Io(io::Error::other(other.to_string())),
     })
+}
+
+/// Opens a candidate driver file the way discovery does (never blocking, regular files
+/// only), for [`uprobe_offsets`] and for attaching through `/proc/self/fd/<fd>`.
+pub fn open_driver_file(path: &Path) -> Result<fs::File, ElfError> {
+    open_tenant_file(path)
+}
+
+/// The uprobe file offset of each of `wanted` that the ELF file `data` defines, computed as
+/// aya 0.14 does for `UProbe::attach(symbol, ...)` (`resolve_symbol`), but through bounded
+/// reads (see [`dynamic_symbols_defined`]) instead of an `mmap` of a tenant's file (which
+/// the tenant could truncate under the agent: SIGBUS), and without following a
+/// `.gnu_debuglink` to another file.
+///
+/// As aya: the first symbol of that name in `.dynsym`, then in `.symtab`, is the one; in an
+/// `ET_DYN` or `ET_EXEC` file its offset is `st_value - sh_addr + sh_offset` of the section
+/// it is defined in (`st_shndx`), elsewhere `st_value`. A name whose first symbol is not in
+/// a section with file contents (undefined, absolute, `SHT_NOBITS`, an index out of range)
+/// is left out, as is one whose address lies before its section (aya would underflow).
+pub fn uprobe_offsets<'a, R: ReadRef<'a>>(
+    data: R,
+    wanted: &[&str],
+    max_read: u64,
+) -> Result<Vec<(String, u64)>, ElfError> {
+    match FileKind::parse(data) {
+        Ok(FileKind::Elf64) => {
+            uprobe_offsets_in::<elf::FileHeader64<Endianness>, R>(data, wanted, max_read)
+        }
+        Ok(FileKind::Elf32) => {
+            uprobe_offsets_in::<elf::FileHeader32<Endianness>, R>(data, wanted, max_read)
+        }
+        _ => Err(ElfError::NotElf),
+    }
+}
+
+fn uprobe_offsets_in<'a, Elf: FileHeader<Endian = Endianness>, R: ReadRef<'a>>(
+    data: R,
+    wanted: &[&str],
+    max_read: u64,
+) -> Result<Vec<(String, u64)>, ElfError> {
+    let mut total: u64 = 0;
+    let mut take = |what: &'static str, bytes: u64| -> Result<(), ElfError> {
+        total = total.saturating_add(bytes);
+        if total > max_read {
+            return Err(ElfError::TooLarge {
+                what,
+                bytes: total,
+                limit: max_read,
+            });
+        }
+        Ok(())
+    };
+    let header = Elf::parse(data)?;
+    let endian = header.endian()?;
+    let shnum = header.shnum(endian, data)? as u64;
+    take(
+        "the section header table",
+        shnum.saturating_mul(u64::from(header.e_shentsize(endian))),
+    )?;
+    let sections = header.sections(endian, data)?;
+    let translate = matches!(header.e_type(endian), elf::ET_DYN | elf::ET_EXEC);
+    let mut seen: Vec<&str> = Vec::new();
+    let mut out: Vec<(String, u64)> = Vec::new();
+    // aya: `dynamic_symbols().chain(symbols())`, each the first table of its type.
+    for sh_type in [elf::SHT_DYNSYM, elf::SHT_SYMTAB] {
+        let Some((index, table)) = sections
+            .enumerate()
+            .find(|(_, s)| s.sh_type(endian) == sh_type)
+        else {
+            continue;
+        };
+        take("a symbol table", table.sh_size(endian).into())?;
+        let strtab = sections.section(table.link(endian))?;
+        take("a symbol string table", strtab.sh_size(endian).into())?;
+        for s in sections.iter() {
+            if s.sh_type(endian) == elf::SHT_SYMTAB_SHNDX && s.link(endian) == index {
+                take("a section index table", s.sh_size(endian).into())?;
+            }
+        }
+        let symbols = SymbolTable::parse(endian, data, &sections, index, table)?;
+        let strs = strtab.data(endian, data)?;
+        let strings = StringTable::new(strs, 0, strs.len() as u64);
+        for (i, sym) in symbols.enumerate() {
+            let Ok(name) = sym.name(endian, strings) else {
+                continue;
+            };
+            let Ok(n) = std::str::from_utf8(name) else {
+                continue;
+            };
+            let Some(&w) = wanted.iter().find(|w| **w == n) else {
+                continue;
+            };
+            if seen.contains(&w) {
+                continue; // aya takes the first match only
+            }
+            seen.push(w);
+            let address: u64 = sym.st_value(endian).into();
+            if !translate {
+                out.push((w.to_string(), address));
+                continue;
+            }
+            let Ok(Some(si)) = symbols.symbol_section(endian, sym, i) else {
+                continue; // not in a section: aya's `NotInSection`
+            };
+            let Ok(section) = sections.section(si) else {
+                continue;
+            };
+            let Some((file_offset, _)) = section.file_range(endian) else {
+                continue; // SHT_NOBITS: aya's `SectionFileRangeNone`
+            };
+            let sh_addr: u64 = section.sh_addr(endian).into();
+            match address
+                .checked_sub(sh_addr)
+                .and_then(|rel| rel.checked_add(file_offset))
+            {
+                Some(off) => out.push((w.to_string(), off)),
+                None => tracing::debug!(
+                    symbol = w,
+                    address,
+                    sh_addr,
+                    "symbol address outside its section: left out"
+                ),
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Whether the file at `path` starts with an ELF identification (32- or 64-bit). Open and

@@ -364,3 +364,110 @@ fn rooted_paths() {
     );
     assert_eq!(rooted(Path::new(""), Path::new("/a")), PathBuf::from("/a"));
 }
+
+/// `(name, file offset)` of every defined dynamic symbol of `path` among `wanted`, derived
+/// from `readelf` alone: `st_value - sh_addr + sh_offset` of the symbol's section.
+fn readelf_offsets(path: &Path, wanted: &[&str]) -> Vec<(String, u64)> {
+    let run = |args: &[&str]| {
+        let o = std::process::Command::new("readelf")
+            .args(args)
+            .arg(path)
+            .output()
+            .expect("readelf");
+        assert!(o.status.success());
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let hex = |s: &str| u64::from_str_radix(s, 16).unwrap();
+    // "  [12] .text  PROGBITS  0000000000001040 001040 000123 ..."
+    let mut sections: HashMap<u64, (u64, u64)> = HashMap::new();
+    for line in run(&["-W", "-S"]).lines() {
+        let Some(rest) = line.trim_start().strip_prefix('[') else {
+            continue;
+        };
+        let Some((nr, rest)) = rest.split_once(']') else {
+            continue;
+        };
+        let Ok(nr) = nr.trim().parse::<u64>() else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.len() >= 4 && nr > 0 {
+            sections.insert(nr, (hex(f[2]), hex(f[3])));
+        }
+    }
+    let mut out = Vec::new();
+    // "   12: 0000000000001139    11 FUNC    GLOBAL DEFAULT   14 cuInit"
+    for line in run(&["-W", "--dyn-syms"]).lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 8 || !f[0].ends_with(':') {
+            continue;
+        }
+        let name = f[7].split('@').next().unwrap();
+        let Ok(ndx) = f[6].parse::<u64>() else {
+            continue; // UND, ABS
+        };
+        if !wanted.contains(&name) || out.iter().any(|(n, _)| n == name) {
+            continue;
+        }
+        let (addr, off) = sections[&ndx];
+        out.push((name.to_string(), hex(f[1]) - addr + off));
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn uprobe_offsets_match_readelf_for_the_fake_driver_and_libc() {
+    let a = hami_test_harness::Artifacts::get();
+    let maps = exec_mappings(&fs::read_to_string("/proc/self/maps").unwrap());
+    let libc = maps
+        .iter()
+        .find(|(_, _, p)| p.contains("libc.so") || p.contains("libc-"))
+        .map(|(_, _, p)| PathBuf::from(p))
+        .expect("libc mapped");
+    let probed = crate::probes::PROBED_SYMBOLS;
+    let libc_wanted = ["malloc", "free", "strlen", "cuInit", "memcpy"];
+    for (path, wanted) in [(&a.fake_libcuda, probed), (&libc, &libc_wanted[..])] {
+        let f = open_driver_file(path).unwrap();
+        let mut got = uprobe_offsets(&ReadCache::new(&f), wanted, MAX_ELF_READ).unwrap();
+        got.sort();
+        let want = readelf_offsets(path, wanted);
+        assert!(want.len() >= 3, "{}: {want:?}", path.display());
+        assert_eq!(got, want, "{}", path.display());
+    }
+    // A shared object's functions sit past its headers, inside the file.
+    let f = open_driver_file(&a.fake_libcuda).unwrap();
+    let len = f.metadata().unwrap().len();
+    let got = uprobe_offsets(&ReadCache::new(&f), &["cuInit"], MAX_ELF_READ).unwrap();
+    assert!(got[0].1 > 0x40 && got[0].1 < len, "{got:?}");
+}
+
+#[test]
+fn uprobe_offsets_of_hostile_files_are_errors_not_panics_or_huge_reads() {
+    let data = fake_driver_bytes();
+    let wanted = ["cuInit", "cuMemAlloc_v2"];
+    assert_eq!(
+        uprobe_offsets(&data[..], &wanted, MAX_ELF_READ)
+            .unwrap()
+            .len(),
+        2
+    );
+    // A `.dynsym` that claims a huge size: refused before anything is read.
+    let mut huge = data.clone();
+    let at = dynsym_header_offset(&huge) + 32; // sh_size of Elf64_Shdr
+    huge[at..at + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    match uprobe_offsets(&huge[..], &wanted, MAX_ELF_READ) {
+        Err(ElfError::TooLarge { .. }) => {}
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    // Every prefix: an error or offsets inside what is there, never a panic.
+    for n in (0..data.len()).step_by(509) {
+        if let Ok(v) = uprobe_offsets(&data[..n], &wanted, MAX_ELF_READ) {
+            assert!(v.iter().all(|(_, o)| *o < data.len() as u64), "{n}: {v:?}");
+        }
+    }
+    assert!(matches!(
+        uprobe_offsets(&b"not an elf file at all"[..], &wanted, MAX_ELF_READ),
+        Err(ElfError::NotElf)
+    ));
+}
