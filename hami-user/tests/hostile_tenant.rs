@@ -11,6 +11,9 @@
 //! * 1- and 2-GPU nodes without NVML: the region says the real device count, the
 //!   single-GPU attribution rule applies on one GPU only;
 //! * a closed stdout: no panic.
+//! * a libcuda candidate truncated and rewritten (same inode) while the agent attaches to
+//!   it: the agent skips it or attaches, never dies (aya used to `mmap` the file to
+//!   resolve each symbol: SIGBUS).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -837,4 +840,70 @@ fn closed_stdout_ends_inspect_and_audit_quietly() {
             "{args:?}: {st:?} {err}"
         );
     }
+}
+
+/// Truncates `path` to 0 and writes `data` back, over and over, until `stop`.
+fn flip_file(path: &Path, data: &[u8], stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::Ordering;
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    let mut flips = 0;
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(2));
+        f.set_len(0).unwrap();
+        std::thread::sleep(Duration::from_micros(500));
+        f.write_all_at(data, 0).unwrap();
+        flips += 1;
+    }
+    flips
+}
+
+#[test]
+fn libcuda_truncated_while_the_agent_attaches_to_it_is_skipped_not_fatal() {
+    use hami_user::probes::{ProbeError, ProbeOptions, Probes};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    require_root();
+    let _g = serial();
+    let a = Artifacts::get();
+    let data = std::fs::read(&a.fake_libcuda).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut probes = Probes::load(&ProbeOptions::default()).unwrap();
+    let (mut ok, mut refused, mut flips) = (0, 0, 0);
+    // A fresh inode each round: a file found to export nothing is not read again.
+    let t0 = Instant::now();
+    for round in 0..20 {
+        if round >= 3 && t0.elapsed() > Duration::from_secs(2) {
+            break;
+        }
+        let path = dir.path().join(format!("{round}/libcuda.so.1"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &data).unwrap();
+        let stop = AtomicBool::new(false);
+        let res = std::thread::scope(|s| {
+            let t = s.spawn(|| flip_file(&path, &data, &stop));
+            let r = probes.attach_libcuda(&path);
+            stop.store(true, Ordering::Relaxed);
+            flips += t.join().unwrap();
+            r
+        });
+        match res {
+            Ok(o) => {
+                assert!(!o.attached.is_empty());
+                ok += 1;
+            }
+            Err(
+                e @ (ProbeError::Elf { .. }
+                | ProbeError::Attach { .. }
+                | ProbeError::File { .. }
+                | ProbeError::NotLibcuda(_)),
+            ) => {
+                eprintln!("round {round}: skipped: {e}");
+                refused += 1;
+            }
+            Err(e) => panic!("round {round}: unexpected error {e}"),
+        }
+    }
+    eprintln!("attached {ok}, skipped {refused}, {flips} truncations");
+    assert!(flips > 0);
+    probes.take_links().detach_in_background();
 }
