@@ -102,7 +102,7 @@ pub(super) fn open_or_publish(path: &Path, cfg: &RegionConfig) -> Result<libc::c
             return Err(denied("open for writing", e));
         }
         match publish_new(path, &c, cfg, attempt) {
-            Ok(Some(fd)) => return Ok(fd),
+            Ok(Some(fd)) => return Ok(reopen_by_name(&c, fd)),
             // Someone else published it first (or removed it again): open theirs.
             Ok(None) => last = io::Error::from_raw_os_error(libc::EEXIST),
             Err(e) => return Err(e),
@@ -113,6 +113,33 @@ pub(super) fn open_or_publish(path: &Path, cfg: &RegionConfig) -> Result<libc::c
         "open (the file kept appearing and disappearing)",
         last,
     ))
+}
+
+/// The published file opened again by its own name, when that name still holds the same
+/// inode: a mapping made through the private name it was created under would show in
+/// `/proc/<pid>/maps` as that (deleted) name, and whatever finds regions by their path there
+/// would miss the creator. Otherwise (renamed or replaced meanwhile) the original `fd`.
+fn reopen_by_name(c: &CString, fd: libc::c_int) -> libc::c_int {
+    let ident = |fd: libc::c_int| -> Option<(u64, u64)> {
+        // SAFETY: an all-zero stat is a valid out-buffer.
+        let mut st: libc::stat = unsafe { core::mem::zeroed() };
+        // SAFETY: fd is open; st is a valid out-pointer.
+        (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev, st.st_ino))
+    };
+    // SAFETY: c is a valid C string.
+    let named = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if named < 0 {
+        return fd;
+    }
+    if ident(named).is_some() && ident(named) == ident(fd) {
+        // SAFETY: fd is ours; the same file stays open through `named`.
+        unsafe { libc::close(fd) };
+        named
+    } else {
+        // SAFETY: named is ours.
+        unsafe { libc::close(named) };
+        fd
+    }
 }
 
 /// One attempt at publishing a new, empty region file at `path` with `cfg`'s permissions.

@@ -1332,6 +1332,24 @@ fn read_snapshot_copies_what_the_mapping_shows() {
 }
 
 #[test]
+fn the_creator_maps_the_region_by_its_own_name() {
+    let d = TempDir::new("mapsname");
+    let r = create(&d.file(), 1 << 30);
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let want = d.file().display().to_string();
+    let lines: Vec<&str> = maps
+        .lines()
+        .filter(|l| l.contains(d.0.to_str().unwrap()))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l.ends_with(&want)),
+        "the mapping is not shown by the region's name: {lines:?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("(deleted)")), "{lines:?}");
+    drop(r);
+}
+
+#[test]
 fn read_snapshot_reads_the_slots_up_to_the_high_water_mark() {
     let d = TempDir::new("pread-hw");
     let r = create(&d.file(), 1 << 30);
