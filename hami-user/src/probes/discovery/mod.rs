@@ -89,6 +89,32 @@ pub fn open_driver_file(path: &Path) -> Result<fs::File, ElfError> {
     open_tenant_file(path)
 }
 
+/// Bytes of an ELF file's tables read so far, against a limit: a section header may claim
+/// any size up to the file's length, and a sparse file costs its owner nothing.
+struct ReadBudget {
+    total: u64,
+    max: u64,
+}
+
+impl ReadBudget {
+    fn new(max: u64) -> ReadBudget {
+        ReadBudget { total: 0, max }
+    }
+
+    /// Counts `bytes` of `what`; [`ElfError::TooLarge`] once the total is over the limit.
+    fn take(&mut self, what: &'static str, bytes: u64) -> Result<(), ElfError> {
+        self.total = self.total.saturating_add(bytes);
+        if self.total > self.max {
+            return Err(ElfError::TooLarge {
+                what,
+                bytes: self.total,
+                limit: self.max,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The uprobe file offset of each of `wanted` that the ELF file `data` defines, computed as
 /// aya 0.14 does for `UProbe::attach(symbol, ...)` (`resolve_symbol`), but through bounded
 /// reads (see [`dynamic_symbols_defined`]) instead of an `mmap` of a tenant's file (which
@@ -121,18 +147,8 @@ fn uprobe_offsets_in<'a, Elf: FileHeader<Endian = Endianness>, R: ReadRef<'a>>(
     wanted: &[&str],
     max_read: u64,
 ) -> Result<Vec<(String, u64)>, ElfError> {
-    let mut total: u64 = 0;
-    let mut take = |what: &'static str, bytes: u64| -> Result<(), ElfError> {
-        total = total.saturating_add(bytes);
-        if total > max_read {
-            return Err(ElfError::TooLarge {
-                what,
-                bytes: total,
-                limit: max_read,
-            });
-        }
-        Ok(())
-    };
+    let mut budget = ReadBudget::new(max_read);
+    let mut take = |what: &'static str, bytes: u64| budget.take(what, bytes);
     let header = Elf::parse(data)?;
     let endian = header.endian()?;
     let shnum = header.shnum(endian, data)? as u64;
@@ -263,18 +279,8 @@ pub fn dynamic_symbols_defined<'a, R: ReadRef<'a>>(
     max_read: u64,
 ) -> Result<Vec<String>, ElfError> {
     type Header = elf::FileHeader64<Endianness>;
-    let mut total: u64 = 0;
-    let mut take = |what: &'static str, bytes: u64| -> Result<(), ElfError> {
-        total = total.saturating_add(bytes);
-        if total > max_read {
-            return Err(ElfError::TooLarge {
-                what,
-                bytes: total,
-                limit: max_read,
-            });
-        }
-        Ok(())
-    };
+    let mut budget = ReadBudget::new(max_read);
+    let mut take = |what: &'static str, bytes: u64| budget.take(what, bytes);
     let header = Header::parse(data)?;
     let endian = header.endian()?;
     let shnum = header.shnum(endian, data)? as u64;
