@@ -180,6 +180,9 @@ pub struct Agent {
     /// (every event of theirs lost); and when that scan last ran.
     scan_after_drops: bool,
     last_drop_scan: Option<Instant>,
+    /// `/proc/<pid>/stat` as read in the current tick (cleared at its start): the process
+    /// refresh and the slots' liveness read each pid once per tick.
+    tick_stats: HashMap<u32, Option<procinfo::Stat>>,
 }
 
 /// Least time between two `/proc` scans for processes whose every event was dropped.
@@ -233,6 +236,7 @@ impl Agent {
             lost_pending: HashSet::new(),
             scan_after_drops: false,
             last_drop_scan: None,
+            tick_stats: HashMap::new(),
             opts,
         };
         for p in a.opts.regions.clone() {
@@ -309,6 +313,7 @@ impl Agent {
 
     /// Refreshes `/proc` facts, snapshots regions, evaluates findings, reclaims if asked.
     pub fn tick(&mut self, now: Instant) -> TickOutcome {
+        self.tick_stats.clear();
         self.refresh_processes();
         if self.scan_after_drops
             && self

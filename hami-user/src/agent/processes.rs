@@ -282,10 +282,13 @@ impl Agent {
         let root = self.opts.proc_root.clone();
         let pids: Vec<u32> = self.entries.keys().copied().collect();
         for pid in pids {
-            let gone = match (procinfo::read_stat(&root, pid), &self.entries[&pid].info) {
-                (Ok(st), Some(info)) => st.is_dead() || st.start_time != info.start_time,
-                (Ok(st), None) => st.is_dead(),
-                (Err(_), _) => true,
+            let gone = match (
+                tick_stat(&mut self.tick_stats, &root, pid),
+                &self.entries[&pid].info,
+            ) {
+                (Some(st), Some(info)) => st.is_dead() || st.start_time != info.start_time,
+                (Some(st), None) => st.is_dead(),
+                (None, _) => true,
             };
             if gone {
                 self.entries.remove(&pid);
@@ -331,4 +334,16 @@ impl Agent {
             }
         }
     }
+}
+
+/// `/proc/<pid>/stat`, read at most once per tick (`cache` is cleared when a tick starts).
+pub(super) fn tick_stat<'a>(
+    cache: &'a mut HashMap<u32, Option<procinfo::Stat>>,
+    root: &Path,
+    pid: u32,
+) -> Option<&'a procinfo::Stat> {
+    cache
+        .entry(pid)
+        .or_insert_with(|| procinfo::read_stat(root, pid).ok())
+        .as_ref()
 }

@@ -16,6 +16,7 @@ use crate::identity::Identity;
 use crate::procinfo;
 use crate::tenantfs;
 
+use super::processes::tick_stat;
 use super::{Agent, ProcEntry, Reclaimed, RegionEntry, INPUT_DEADLINE};
 
 /// Owner, group and permission bits of a regular file.
@@ -188,6 +189,7 @@ impl Agent {
     pub(super) fn refresh_regions(&mut self) {
         let root = self.opts.proc_root.clone();
         let mut index: Option<HashMap<(u64, u32), u32>> = None;
+        let stats = &mut self.tick_stats;
         for r in &mut self.regions {
             // The opened file's own metadata (fstat: never the path, which a tenant may
             // have pointed elsewhere since).
@@ -220,16 +222,16 @@ impl Agent {
                         continue;
                     }
                 };
-                let l = match host_pid.map(|hp| (hp, procinfo::read_stat(&root, hp))) {
-                    None | Some((_, Err(_))) => SlotLiveness::Dead,
-                    Some((_, Ok(st))) if st.is_dead() => SlotLiveness::Dead,
-                    Some((hp, Ok(st))) if s.start_time != 0 && st.start_time != s.start_time => {
+                let l = match host_pid.map(|hp| (hp, tick_stat(stats, &root, hp))) {
+                    None | Some((_, None)) => SlotLiveness::Dead,
+                    Some((_, Some(st))) if st.is_dead() => SlotLiveness::Dead,
+                    Some((hp, Some(st))) if s.start_time != 0 && st.start_time != s.start_time => {
                         SlotLiveness::Reused {
                             host_pid: hp,
                             start_time: st.start_time,
                         }
                     }
-                    Some((hp, Ok(_))) => SlotLiveness::Alive { host_pid: hp },
+                    Some((hp, Some(_))) => SlotLiveness::Alive { host_pid: hp },
                 };
                 live.insert(s.index, l);
             }

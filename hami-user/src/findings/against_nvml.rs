@@ -101,16 +101,15 @@ pub(super) fn nvml_process_findings(
 }
 
 /// The physical check of one region: per device, what NVML says the region's processes
-/// (hooked or not) hold together, against the region's limit.
+/// (hooked or not) hold together, against the region's limit. `users` are the processes
+/// matched to it.
 pub(super) fn nvml_region_findings(
-    ri: usize,
     r: &RegionView,
-    procs: &[ProcView],
+    users: &[&ProcView],
     tol: Tolerance,
     out: &mut Vec<Finding>,
 ) {
     let Some(n) = &r.nvml else { return };
-    let users: Vec<&ProcView> = procs.iter().filter(|p| p.region == Some(ri)).collect();
     for (d, idx) in n.device_index.iter().enumerate() {
         let (Some(idx), Some(limit)) = (*idx, r.snapshot.limit(d)) else {
             continue;

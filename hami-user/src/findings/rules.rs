@@ -195,15 +195,14 @@ pub(super) fn process_findings(
     }
 }
 
-/// Findings about one region: its limits, its slots' liveness, its file.
+/// Findings about one region: its limits, its slots' liveness, its file. `users` are the
+/// processes matched to it.
 pub(super) fn region_findings(
-    ri: usize,
     r: &RegionView,
-    procs: &[ProcView],
+    users: &[&ProcView],
     tol: Tolerance,
     out: &mut Vec<Finding>,
 ) {
-    let users: Vec<&ProcView> = procs.iter().filter(|p| p.region == Some(ri)).collect();
     let snap = &r.snapshot;
     // Leaked slots.
     for s in &snap.slots {

@@ -28,11 +28,21 @@ pub(super) struct Shared {
     /// Files named to attach (`--libcuda`): looked at again on every discovery pass, like
     /// the host's own driver paths, so that a file replaced there is attached again.
     pub(super) extra: Vec<PathBuf>,
+    /// What discovery passes remember between them, one for the periodic task and
+    /// [`ProbeHandle::rescan`]: the agent's first synchronous pass and the periodic task's
+    /// immediate one make one full scan between them, not two.
+    pub(super) scan: Mutex<ScanState>,
 }
 
 impl Shared {
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Probes> {
         self.probes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One discovery pass with the shared [`ScanState`] (waits for a pass in progress).
+    pub(super) fn rescan(&self, proc_root: &Path) -> Vec<AttachOutcome> {
+        let mut st = self.scan.lock().unwrap_or_else(|p| p.into_inner());
+        rescan(self, proc_root, &mut st)
     }
 }
 
@@ -216,7 +226,7 @@ impl ProbeHandle {
 
     /// Run one discovery pass now (blocking) and return what was newly attached.
     pub fn rescan(&self) -> Vec<AttachOutcome> {
-        rescan(&self.shared, &self.proc_root, &mut ScanState::default())
+        self.shared.rescan(&self.proc_root)
     }
 
     /// Stops the event and discovery tasks and takes every link out (see

@@ -41,7 +41,7 @@ pub use handle::ProbeHandle;
 pub use stream::{decode_event, ProbeCounters};
 pub use teardown::ProbeLinks;
 
-use handle::{rescan, FileStamp, ScanState, Shared};
+use handle::{FileStamp, Shared};
 use stream::{pump, read_counters, second_handle, UserCounters};
 
 /// The compiled eBPF object (built by `build.rs` through aya-build).
@@ -621,6 +621,7 @@ impl Probes {
         let counters = second_handle(&self.counters);
         let shared = Arc::new(Shared {
             extra: discovery.extra.clone(),
+            scan: Mutex::default(),
             announce: self.announce.clone(),
             attached: Mutex::new(self.attached()),
             probes: Mutex::new(self),
@@ -639,20 +640,16 @@ impl Probes {
             tasks.push(tokio::spawn(async move {
                 let mut tick = tokio::time::interval(interval);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                let mut state = ScanState::default();
                 loop {
                     tick.tick().await;
                     let sh = shared.clone();
                     let root = proc_root.clone();
-                    let st = std::mem::take(&mut state);
                     match tokio::task::spawn_blocking(move || {
-                        let mut st = st;
-                        rescan(&sh, &root, &mut st);
-                        st
+                        sh.rescan(&root);
                     })
                     .await
                     {
-                        Ok(st) => state = st,
+                        Ok(()) => {}
                         Err(e) => {
                             tracing::error!(error = %e, "libcuda discovery task failed");
                             return;
