@@ -228,6 +228,8 @@ pub type FnDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
 pub type FnDeviceGetUuid = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult;
 /// `cuCtxGetDevice`.
 pub type FnCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+/// `cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)`.
+pub type FnDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, CUdevice) -> CUresult;
 /// `cuCtxGetCurrent`.
 pub type FnCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
 /// `cuCtxPushCurrent_v2`.

@@ -215,6 +215,25 @@ pub fn pitch_estimate(width: u64, height: u64) -> u64 {
     w.saturating_mul(height)
 }
 
+/// The `CUdevice_attribute`s that bound a CUDA array's dimensions: the largest 1D, 2D, 3D
+/// (and alternate 3D), layered and cubemap texture sizes and layer counts
+/// (`CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH` = 21 to `..._TEXTURE2D_LAYERED_LAYERS` = 29,
+/// `..._TEXTURE1D_LAYERED_WIDTH`/`_LAYERS` = 42/43, `..._TEXTURE3D_*_ALTERNATE` = 47 to 49,
+/// `..._TEXTURECUBEMAP_WIDTH` and `..._LAYERED_WIDTH`/`_LAYERS` = 54 to 56).
+pub const ARRAY_DIM_ATTRIBUTES: [i32; 17] = [
+    21, 22, 23, 24, 25, 26, 27, 28, 29, 42, 43, 47, 48, 49, 54, 55, 56,
+];
+
+/// Whether an array's `dims` (width, height, depth or layers) go beyond `bound`, the largest
+/// of the device's [`ARRAY_DIM_ATTRIBUTES`]: no array of that shape exists on the device,
+/// so the driver answers `CUDA_ERROR_INVALID_VALUE` whatever memory is free. Deliberately
+/// lenient (one bound for every dimension and kind of array): it is asked only when the
+/// quota refuses the array, to give the driver's code rather than an out-of-memory one for a
+/// descriptor the driver would reject. A `bound` of 0 (unknown) decides nothing.
+pub fn array_dims_beyond(dims: [u64; 3], bound: u64) -> bool {
+    bound > 0 && dims.iter().any(|&d| d > bound)
+}
+
 /// Charge for `cuArrayCreate_v2`.
 pub fn array_charge(d: &CUDA_ARRAY_DESCRIPTOR) -> u64 {
     array_footprint(d.width as u64, d.height as u64, 0, d.format, d.num_channels)
@@ -270,6 +289,17 @@ mod tests {
             invalid: false,
             used,
         }
+    }
+
+    #[test]
+    fn array_dims_beyond_the_device_bound() {
+        // Every dimension counts, a 0 (unused) one never does.
+        assert!(array_dims_beyond([131_073, 0, 0], 131_072));
+        assert!(array_dims_beyond([16, 131_073, 0], 131_072));
+        assert!(array_dims_beyond([16, 16, u64::MAX], 131_072));
+        assert!(!array_dims_beyond([131_072, 65_536, 0], 131_072));
+        // An unknown bound decides nothing.
+        assert!(!array_dims_beyond([u64::MAX, u64::MAX, u64::MAX], 0));
     }
 
     #[test]

@@ -145,6 +145,7 @@ symbol_table! {
         DeviceGetCount = c"cuDeviceGetCount",
         DeviceGetUuid = c"cuDeviceGetUuid",
         DeviceGetUuidV2 = c"cuDeviceGetUuid_v2",
+        DeviceGetAttribute = c"cuDeviceGetAttribute",
         CtxGetDevice = c"cuCtxGetDevice",
         CtxGetCurrent = c"cuCtxGetCurrent",
         CtxPushCurrentV2 = c"cuCtxPushCurrent_v2",

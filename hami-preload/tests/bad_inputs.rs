@@ -140,6 +140,45 @@ fn free_of_zero_and_an_unknown_device_return_the_drivers_code() {
     }
 }
 
+/// Array descriptors with a dimension no device supports (2^40) get the driver's
+/// `CUDA_ERROR_INVALID_VALUE` through the preload too, though their estimated footprint is
+/// far over the quota (it used to be `CUDA_ERROR_OUT_OF_MEMORY`); a valid but too large array
+/// is still refused with `CUDA_ERROR_OUT_OF_MEMORY`, and nothing is charged.
+#[test]
+fn arrays_beyond_the_devices_dimensions_get_the_drivers_invalid_value() {
+    let env = env_1g();
+    const HUGE: &str = "1099511627776";
+    let ops = [
+        "array", HUGE, HUGE, // 2D, both dimensions beyond any device's
+        "array", HUGE, "0", // 1D
+        "array3d", "16384", "16384", "16384", // valid, 16 TiB: over the quota
+        "array", "200000", "0", // beyond, but within the quota: the driver's answer
+        "info",
+    ];
+    let mut plain = env.command(hprobe(), false);
+    plain.args(ops);
+    let plain = within(plain, Duration::from_secs(20));
+    assert_eq!(
+        plain.rcs(),
+        vec![INVALID_VALUE, INVALID_VALUE, OOM, INVALID_VALUE, 0],
+        "the driver's codes: {}",
+        plain.dump()
+    );
+    for via in VIAS {
+        let mut a = ops.to_vec();
+        a.extend_from_slice(&["exit", "0"]);
+        let p = probe(&env, via, &a);
+        assert_eq!(
+            p.rcs(),
+            vec![INVALID_VALUE, INVALID_VALUE, OOM, INVALID_VALUE, 0],
+            "{via}: {}",
+            p.dump()
+        );
+        assert_eq!(p.field(4, "free"), GB.to_string(), "{via}: {}", p.dump());
+        assert_eq!(region_used(&env), 0, "{via}: {}", p.dump());
+    }
+}
+
 /// One thread allocates 64 MiB blocks under a 1 GiB limit while a second frees each block,
 /// frees it again (a double free, or the free of the same address just handed out again)
 /// and frees an unknown pointer. Every allocation is freed exactly once by the driver, the

@@ -301,9 +301,11 @@ hook! {
             return CUDA_ERROR_INVALID_VALUE;
         }
         // SAFETY: non-null descriptor from the caller.
-        let estimate = policy::array_charge(unsafe { &*desc });
+        let d = unsafe { &*desc };
+        let dims = [d.width as u64, d.height as u64, 0];
+        let estimate = policy::array_charge(d);
         // SAFETY: forwarded arguments.
-        array_alloc("cuArrayCreate_v2", Ns::Array, out, estimate, || unsafe {
+        array_alloc("cuArrayCreate_v2", Ns::Array, out, dims, estimate, || unsafe {
             f(out, desc)
         })
     }
@@ -320,9 +322,11 @@ hook! {
             return CUDA_ERROR_INVALID_VALUE;
         }
         // SAFETY: non-null descriptor from the caller.
-        let estimate = policy::array3d_charge(unsafe { &*desc });
+        let d = unsafe { &*desc };
+        let dims = [d.width as u64, d.height as u64, d.depth as u64];
+        let estimate = policy::array3d_charge(d);
         // SAFETY: forwarded arguments.
-        array_alloc("cuArray3DCreate_v2", Ns::Array, out, estimate, || unsafe {
+        array_alloc("cuArray3DCreate_v2", Ns::Array, out, dims, estimate, || unsafe {
             f(out, desc)
         })
     }
@@ -342,12 +346,15 @@ hook! {
             return CUDA_ERROR_INVALID_VALUE;
         }
         // SAFETY: non-null descriptor from the caller.
-        let estimate = policy::mipmap_charge(unsafe { &*desc }, levels);
+        let d = unsafe { &*desc };
+        let dims = [d.width as u64, d.height as u64, d.depth as u64];
+        let estimate = policy::mipmap_charge(d, levels);
         // SAFETY: forwarded arguments.
         array_alloc(
             "cuMipmappedArrayCreate",
             Ns::Mipmap,
             out,
+            dims,
             estimate,
             || unsafe { f(out, desc, levels) },
         )

@@ -115,10 +115,14 @@ pub(crate) fn release(ns: Ns, key: u64, real: impl FnOnce() -> CUresult) -> CUre
     l.p.accounts.free(&l, ns, key, real)
 }
 
+/// Allocation of an array (or mipmapped array) of `dims` (width, height, depth or layers),
+/// charged `estimate`. A refused descriptor whose dimensions no array on the device can have
+/// gets the driver's `CUDA_ERROR_INVALID_VALUE`, not an out-of-memory code.
 pub(crate) fn array_alloc(
     what: &str,
     ns: Ns,
     out: *mut CUarray,
+    dims: [u64; 3],
     estimate: u64,
     real: impl FnOnce() -> CUresult,
 ) -> CUresult {
@@ -143,7 +147,41 @@ pub(crate) fn array_alloc(
         },
         |_| {},
     );
+    if matches!(r, Err(AllocError::Denied(_)))
+        && crate::policy::array_dims_beyond(dims, device_array_bound(dev))
+    {
+        crate::debug!(
+            "{what}: CUDA_ERROR_INVALID_VALUE: dimensions {dims:?} are beyond what device {dev} \
+             supports for any array (the driver's answer; not charged)"
+        );
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     finish(what, &l, dev, r)
+}
+
+/// The largest array dimension device `dev` states ([`crate::policy::ARRAY_DIM_ATTRIBUTES`]),
+/// or 0 when the driver does not say.
+#[cold]
+fn device_array_bound(dev: usize) -> u64 {
+    // SAFETY: the documented type of cuDeviceGetAttribute.
+    let Some(get) = (unsafe {
+        crate::symbols::cu::<FnDeviceGetAttribute>(crate::symbols::Cu::DeviceGetAttribute)
+    }) else {
+        return 0;
+    };
+    let Ok(dev) = CUdevice::try_from(dev) else {
+        return 0;
+    };
+    crate::policy::ARRAY_DIM_ATTRIBUTES
+        .iter()
+        .filter_map(|&a| {
+            let mut v: std::ffi::c_int = 0;
+            // SAFETY: a valid out pointer; attribute and device are plain integers.
+            (unsafe { get(&mut v, a, dev) } == CUDA_SUCCESS).then_some(v)
+        })
+        .filter(|&v| v > 0)
+        .max()
+        .map_or(0, |v| v as u64)
 }
 
 // ---------------------------------------------------------------- contexts

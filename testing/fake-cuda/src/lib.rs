@@ -29,6 +29,11 @@ mod streams;
 
 pub use contexts::*;
 use ffi::*;
+
+/// The largest array dimension the fake device states
+/// (`CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH`, as on a compute capability 9.0 device):
+/// array descriptors with a larger dimension are rejected with `CUDA_ERROR_INVALID_VALUE`.
+pub(crate) const MAX_ARRAY_DIM: u64 = 131_072;
 pub use memory::*;
 pub use objects::*;
 pub use streams::*;
@@ -199,6 +204,15 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
             33 => 0x10 + phys as c_int, // PCI_BUS_ID
             41 | 83 | 102 | 115 => 1,   // UNIFIED_ADDRESSING, MANAGED_MEMORY, VMM, POOLS
             75 => 9,                    // COMPUTE_CAPABILITY_MAJOR
+            // Texture (array) size limits of a compute capability 9.0 device.
+            21 | 22 => MAX_ARRAY_DIM as c_int, // TEXTURE1D_WIDTH, TEXTURE2D_WIDTH
+            23 => 65536,                       // TEXTURE2D_HEIGHT
+            24..=26 => 16384,                  // TEXTURE3D_WIDTH/HEIGHT/DEPTH
+            27 | 28 | 42 | 54 | 55 => 32768,   // layered and cubemap widths/heights
+            29 | 43 => 2048,                   // layer counts
+            47 | 48 => 8192,                   // TEXTURE3D_WIDTH/HEIGHT_ALTERNATE
+            49 => 32768,                       // TEXTURE3D_DEPTH_ALTERNATE
+            56 => 2046,                        // TEXTURECUBEMAP_LAYERED_LAYERS
             _ => 0,
         };
         // SAFETY: checked non-NULL; C contract.

@@ -261,6 +261,11 @@ fn array_bytes(w: usize, h: usize, d: usize, format: c_uint, channels: c_uint) -
     if w == 0 || !matches!(channels, 1 | 2 | 4) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    // No array dimension beyond the device's largest texture size exists: the driver
+    // rejects the descriptor, whatever memory is free.
+    if [w, h, d].iter().any(|&x| x as u64 > crate::MAX_ARRAY_DIM) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     (w as u64)
         .checked_mul(h.max(1) as u64)
         .and_then(|x| x.checked_mul(d.max(1) as u64))
