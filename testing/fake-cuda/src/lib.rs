@@ -208,11 +208,11 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
             21 | 22 => MAX_ARRAY_DIM as c_int, // TEXTURE1D_WIDTH, TEXTURE2D_WIDTH
             23 => 65536,                       // TEXTURE2D_HEIGHT
             24..=26 => 16384,                  // TEXTURE3D_WIDTH/HEIGHT/DEPTH
-            27 | 28 | 42 | 54 | 55 => 32768,   // layered and cubemap widths/heights
+            27 | 28 | 42 | 52 | 53 => 32768,   // layered and cubemap widths/heights
             29 | 43 => 2048,                   // layer counts
             47 | 48 => 8192,                   // TEXTURE3D_WIDTH/HEIGHT_ALTERNATE
             49 => 32768,                       // TEXTURE3D_DEPTH_ALTERNATE
-            56 => 2046,                        // TEXTURECUBEMAP_LAYERED_LAYERS
+            54 => 2046,                        // TEXTURECUBEMAP_LAYERED_LAYERS
             _ => 0,
         };
         // SAFETY: checked non-NULL; C contract.
