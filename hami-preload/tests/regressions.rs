@@ -540,8 +540,10 @@ fn mem_create_on_a_device_beyond_the_region_returns_the_drivers_code() {
 
 /// Runs `ctxrace MODE OBJ HOW` then `info` for every object and teardown, each in a fresh
 /// sandbox (1 GiB quota, contexts charged nothing) with the fake driver's `knob` delay at
-/// 300 ms, at the same time. Returns what is wrong: the teardown or `info` failed, the
-/// thread's call did not return `op_rc` (`None`: must fail), or something is still charged.
+/// 400 ms (the teardown comes 200 ms after the racing thread is about to call), all at the
+/// same time. Returns what is wrong: the teardown or `info` failed, the thread's call
+/// succeeded when it must fail or failed when it must succeed (`op_ok`), or something is
+/// still charged.
 fn context_races(mode: &str, knob: &str, op_ok: bool) -> Vec<String> {
     let cases: Vec<(&str, &str)> = ["ptr", "array"]
         .into_iter()
@@ -555,7 +557,7 @@ fn context_races(mode: &str, knob: &str, op_ok: bool) -> Vec<String> {
                     let env = Env::new()
                         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
                         .set("HAMI_CONTEXT_OVERHEAD", "0")
-                        .set(knob, "300");
+                        .set(knob, "400");
                     env.probe(&["ctxrace", mode, obj, how, "info"])
                 })
             })
@@ -581,9 +583,9 @@ fn context_races(mode: &str, knob: &str, op_ok: bool) -> Vec<String> {
 /// out of the table before calling the driver, so the teardown's sweep of the context's
 /// objects did not see it; the driver, which had destroyed the object with its context, then
 /// refused the release, and the entry was put back, under a context that no longer exists:
-/// charged for ever. The fake driver holds each release for 300 ms before it looks at its
+/// charged for ever. The fake driver holds each release for 400 ms before it looks at its
 /// argument (`FAKE_CUDA_RELEASE_DELAY_MS`) and the probe tears the context down (destroy,
-/// last primary release, primary reset) 150 ms in: the release fails, nothing may stay
+/// last primary release, primary reset) 200 ms in: the release fails, nothing may stay
 /// charged.
 #[test]
 fn a_context_destroyed_while_a_free_of_its_object_is_in_flight_leaks_nothing() {

@@ -21,7 +21,8 @@
  *      (release: cuDevicePrimaryCtxRelease_v2, then retained again and made current; reset:
  *      cuDevicePrimaryCtxReset_v2); the object a 64M pointer or a 1024x1024 float4 array. The
  *      teardown comes half of FAKE_CUDA_RELEASE_DELAY_MS / FAKE_CUDA_ALLOC_DELAY_MS after the
- *      thread started; prints rc= of the teardown and op= of the thread's call).
+ *      thread is about to make its call; prints rc= of the teardown and op= of the thread's
+ *      call).
  * SIZE accepts K/M/G suffixes. The last pointer/handle/array allocated is the default
  * argument of the release ops. */
 #define _GNU_SOURCE
@@ -140,10 +141,17 @@ static int race_alloc, race_array;
 static CUresult race_rc;
 static CUdeviceptr race_ptr;
 static void *race_arr;
+static int race_go;
+static pthread_mutex_t race_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t race_cv = PTHREAD_COND_INITIALIZER;
 
 static void *ctx_racer(void *arg) {
     (void)arg;
     cuCtxSetCurrent(race_ctx);
+    pthread_mutex_lock(&race_mu);
+    race_go = 1;
+    pthread_cond_broadcast(&race_cv);
+    pthread_mutex_unlock(&race_mu);
     if (race_alloc && race_array) {
         AD d = {1024, 1024, 0x20, 4};
         race_rc = CALL(CUresult(*)(void **, const AD *), ARRAY, &race_arr, &d);
@@ -346,7 +354,11 @@ static int run(int argc, char **argv, int i) {
             }
             pthread_t t;
             long ms = env_ms(race_alloc ? "FAKE_CUDA_ALLOC_DELAY_MS" : "FAKE_CUDA_RELEASE_DELAY_MS");
+            race_go = 0;
             pthread_create(&t, NULL, ctx_racer, NULL);
+            pthread_mutex_lock(&race_mu);
+            while (!race_go) pthread_cond_wait(&race_cv, &race_mu);
+            pthread_mutex_unlock(&race_mu);
             usleep(ms * 500);
             if (!strcmp(how, "destroy")) r = cuCtxDestroy_v2(race_ctx);
             else if (!strcmp(how, "release")) r = cuDevicePrimaryCtxRelease_v2(0);
