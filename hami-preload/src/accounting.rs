@@ -10,6 +10,11 @@
 //! * Release: take the entry out of the table first, call the driver, uncharge only if the
 //!   driver succeeded (put the entry back otherwise). An object we never tracked (or already
 //!   released: a double free) goes straight to the driver, whose error code is returned.
+//! * A context's destruction takes its objects with it ([`Accounts::drop_context`]). A call in
+//!   flight meanwhile holds an object the sweep cannot see (an allocation not yet recorded, a
+//!   release that took the entry out): it asks the [`Graveyard`] whether the object's
+//!   context was destroyed after the object was made, and if so uncharges it instead of
+//!   recording it (again).
 
 use crate::context::cache::CtxDevices;
 use crate::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
@@ -17,6 +22,7 @@ use hami_common::layout::UsageKind;
 use hami_common::region::{Denied, DenyReason, RegionError};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Why a charge was refused. Plain values (no allocation on the refusal path); the message
@@ -124,6 +130,9 @@ pub struct Entry {
     pub bytes: u64,
     /// Context the object belongs to (0 = none: freed only explicitly).
     pub ctx: usize,
+    /// The [`Graveyard`]'s stamp before the object was made: a destruction of `ctx` stamped
+    /// later took the object with it.
+    pub born: u32,
 }
 
 const SHARDS: usize = 16;
@@ -200,11 +209,69 @@ impl Shard {
     }
 }
 
+/// How many context destructions the [`Graveyard`] remembers.
+const GRAVES: usize = 16;
+
+/// The contexts destroyed most recently, each with a stamp from a counter that every
+/// destruction advances ([`Accounts::drop_context`], called by every path that destroys a
+/// context, under the context table's lock, after the driver succeeded).
+///
+/// An allocation reads the stamp ([`Graveyard::stamp`]) before calling the driver and keeps
+/// it with its entry; whoever is about to record the entry (the allocation itself, or a
+/// release the driver refused, putting it back) asks [`Graveyard::destroyed_since`] under the
+/// entry's shard lock. A destruction of the entry's context stamped later took the object
+/// with it: the entry's context was alive when the object was made (the driver made it there),
+/// and a new context reusing the handle cannot be created before the destruction is stamped
+/// (creation takes the same lock), so an allocation in such a new context reads a later stamp.
+/// Reading the counter costs one atomic load; the list is locked only when it moved.
+///
+/// A call during which more than [`GRAVES`] contexts were destroyed may miss its context's
+/// destruction (then its object stays charged, as before this record existed).
+#[derive(Default)]
+pub struct Graveyard {
+    stamp: AtomicU32,
+    recent: Mutex<Vec<(usize, u32)>>,
+}
+
+impl Graveyard {
+    /// The current stamp (take it before the driver call that makes an object).
+    #[inline]
+    pub fn stamp(&self) -> u32 {
+        self.stamp.load(Ordering::Acquire)
+    }
+
+    /// Whether context `ctx` was destroyed after stamp `born` was read.
+    #[inline]
+    pub fn destroyed_since(&self, ctx: usize, born: u32) -> bool {
+        ctx != 0 && self.stamp() != born && self.recorded_since(ctx, born)
+    }
+
+    #[cold]
+    fn recorded_since(&self, ctx: usize, born: u32) -> bool {
+        let g = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        g.iter().any(|&(c, s)| c == ctx && precedes(born, s))
+    }
+
+    /// Records the destruction of `ctx` (before its objects are swept).
+    fn bury(&self, ctx: usize) {
+        let mut g = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        let s = self.stamp.load(Ordering::Relaxed).wrapping_add(1);
+        if g.len() == GRAVES {
+            g.remove(0);
+        }
+        g.push((ctx, s));
+        self.stamp.store(s, Ordering::Release);
+    }
+}
+
 /// The table of tracked objects, sharded to keep threads from contending.
 pub struct Accounts {
     shards: [Mutex<Shard>; SHARDS],
     /// Context → device cache of the allocation path, emptied by [`Accounts::drop_context`].
     pub ctx_devices: CtxDevices,
+    /// Contexts destroyed recently, for the calls in flight meanwhile (also the module
+    /// table's, [`crate::modules`]).
+    pub graveyard: Graveyard,
 }
 
 impl Default for Accounts {
@@ -212,6 +279,7 @@ impl Default for Accounts {
         Accounts {
             shards: std::array::from_fn(|_| Mutex::new(Shard::default())),
             ctx_devices: CtxDevices::default(),
+            graveyard: Graveyard::default(),
         }
     }
 }
@@ -258,7 +326,8 @@ impl Accounts {
 
     /// Charges `estimate` bytes of data on `dev`, runs the driver `call`, and records what it
     /// returned. If the driver's real size is larger than the estimate, the difference is
-    /// charged too; if that is refused, `undo` releases the object and OOM is returned.
+    /// charged too; if that is refused, `undo` releases the object and OOM is returned. An
+    /// object whose context `ctx` was destroyed meanwhile (with it) is uncharged, not recorded.
     ///
     /// Returns the driver's error, [`CUDA_ERROR_OUT_OF_MEMORY`] on a refused charge, or
     /// [`CUDA_SUCCESS`].
@@ -273,6 +342,7 @@ impl Accounts {
         call: impl FnOnce() -> Result<Allocated, CUresult>,
         undo: impl FnOnce(u64),
     ) -> Result<(), AllocError> {
+        let born = self.graveyard.stamp();
         ledger
             .try_charge(dev, UsageKind::Data, estimate)
             .map_err(AllocError::Denied)?;
@@ -297,23 +367,34 @@ impl Accounts {
             kind: UsageKind::Data,
             bytes: got.bytes,
             ctx,
+            born,
         };
-        let stale = {
+        let (stale, gone) = {
             let mut s = self.shard(got.key);
             let key = (ns, got.key);
             if !s.freed.is_empty() {
                 s.freed.retain(|k| *k != key);
             }
-            let old = s.map.insert(key, entry);
+            // Under the shard lock: a destruction not seen here sweeps this shard later.
+            let gone = self.graveyard.destroyed_since(ctx, born);
+            let old = if gone {
+                s.map.remove(&key)
+            } else {
+                s.map.insert(key, entry)
+            };
             if old.is_some() && !s.reinserted.is_empty() {
                 s.reinserted.retain(|(k, _)| *k != key);
             }
-            old
+            (old, gone)
         };
         if let Some(old) = stale {
             // The driver handed out a key we still tracked: the old object is gone (released
             // by a path we do not see, e.g. a context torn down) and must not stay charged.
             ledger.uncharge(old.dev, old.kind, old.bytes);
+        }
+        if gone {
+            // Its context was destroyed (and the object with it) before it could be recorded.
+            ledger.uncharge(dev, UsageKind::Data, got.bytes);
         }
         Ok(())
     }
@@ -344,13 +425,20 @@ impl Accounts {
     }
 
     /// The driver refused to free tracked `key` (entry `e`): put the entry back, unless
-    /// another thread's free of the key succeeded meanwhile (see [`Shard`]).
+    /// another thread's free of the key succeeded meanwhile (see [`Shard`]) or the object's
+    /// context was destroyed since it was made (the object went with it; the sweep did not
+    /// see the entry, which this free held).
     #[cold]
     fn free_refused<L: Ledger + ?Sized>(&self, ledger: &L, key: (Ns, u64), e: Entry) {
         let mut s = self.shard(key.1);
         if let Some(i) = s.freed.iter().position(|k| *k == key) {
             // Freed meanwhile by another thread's call: gone.
             s.freed.remove(i);
+            drop(s);
+            ledger.uncharge(e.dev, e.kind, e.bytes);
+        } else if self.graveyard.destroyed_since(e.ctx, e.born) {
+            // Under the shard lock: a destruction not seen here sweeps this shard later and
+            // finds the entry put back.
             drop(s);
             ledger.uncharge(e.dev, e.kind, e.bytes);
         } else {
@@ -388,13 +476,16 @@ impl Accounts {
 
     /// Forgets every object of context `ctx` (the driver destroyed them with the context)
     /// and releases their charges. Returns how many there were. Every path that destroys a
-    /// context calls this; it also empties the context → device cache (the handle may be
-    /// reused by a context on another device).
+    /// context calls this (under the context table's lock, after the driver succeeded); it
+    /// also empties the context → device cache (the handle may be reused by a context on
+    /// another device) and records the destruction in the [`Graveyard`] first, for the
+    /// objects calls in flight hold.
     pub fn drop_context<L: Ledger + ?Sized>(&self, ledger: &L, ctx: usize) -> usize {
         self.ctx_devices.invalidate();
         if ctx == 0 {
             return 0;
         }
+        self.graveyard.bury(ctx);
         let mut n = 0;
         for s in &self.shards {
             let gone: Vec<Entry> = {
@@ -773,6 +864,139 @@ mod tests {
         assert_eq!(l.total(0), 4 * MB);
         assert_eq!(a.len(), 1);
         assert_eq!(a.drop_context(&l, 0), 0);
+    }
+
+    /// A context destroyed while a release of one of its objects is in flight: the release
+    /// holds the entry, the sweep does not see it, the driver then refuses the release (the
+    /// object went with the context). The entry must not be put back.
+    #[test]
+    fn a_free_refused_after_its_context_was_destroyed_meanwhile_uncharges() {
+        let l = MemLedger::with_limit(0, 100 * MB);
+        let a = Accounts::default();
+        a.alloc(&l, Ns::Ptr, 0, 7, 2 * MB, ok(0x1000, 2 * MB), |_| {})
+            .unwrap();
+        a.alloc(&l, Ns::Array, 0, 8, MB, ok(0x2000, MB), |_| {})
+            .unwrap();
+        let r = a.free(&l, Ns::Ptr, 0x1000, || {
+            assert_eq!(a.drop_context(&l, 7), 0, "the free holds the entry");
+            CUDA_ERROR_INVALID_VALUE
+        });
+        assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(l.total(0), MB, "uncharged once");
+        assert!(a.get(Ns::Ptr, 0x1000).is_none());
+        // Another context's destruction meanwhile: the refused free puts its entry back.
+        let r = a.free(&l, Ns::Array, 0x2000, || {
+            a.drop_context(&l, 7);
+            CUDA_ERROR_INVALID_VALUE
+        });
+        assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(a.get(Ns::Array, 0x2000).map(|e| e.bytes), Some(MB));
+        assert_eq!(a.drop_context(&l, 8), 1);
+        assert_eq!(l.total(0), 0);
+    }
+
+    /// The mirror: the driver made the object, then its context was destroyed (with it)
+    /// before the allocation recorded it.
+    #[test]
+    fn an_object_whose_context_was_destroyed_before_it_was_recorded_is_uncharged() {
+        let l = MemLedger::with_limit(0, 100 * MB);
+        let a = Accounts::default();
+        let r = a.alloc(
+            &l,
+            Ns::Ptr,
+            0,
+            7,
+            4 * MB,
+            || {
+                assert_eq!(a.drop_context(&l, 7), 0);
+                Ok(Allocated {
+                    key: 0x1000,
+                    bytes: 4 * MB,
+                })
+            },
+            |_| panic!("not undone: the driver's success is returned"),
+        );
+        assert_eq!(r, Ok(()));
+        assert_eq!(l.total(0), 0);
+        assert!(a.is_empty());
+        // A new context reusing the handle (made after the destruction was recorded): its
+        // objects are recorded, and a refused free of one puts it back.
+        a.alloc(&l, Ns::Ptr, 0, 7, MB, ok(0x2000, MB), |_| {})
+            .unwrap();
+        assert_eq!(a.free(&l, Ns::Ptr, 0x2000, || 700), 700);
+        assert_eq!(a.get(Ns::Ptr, 0x2000).map(|e| e.ctx), Some(7));
+        assert_eq!(l.total(0), MB);
+        assert_eq!(a.drop_context(&l, 7), 1);
+        assert_eq!(l.total(0), 0);
+    }
+
+    /// Threads allocating and freeing in a context while another destroys it, round after
+    /// round: whatever the interleaving, nothing stays charged once the context is gone and
+    /// nothing is uncharged twice (an object of another context stays charged throughout, so
+    /// a double uncharge shows below it rather than saturating at 0).
+    #[test]
+    fn allocations_and_frees_racing_a_context_destruction_stay_exact() {
+        use std::sync::atomic::{AtomicBool, AtomicU64};
+        let l = MemLedger::with_limit(0, 1 << 40);
+        let a = Accounts::default();
+        // The "driver": live objects, and the context each belongs to.
+        let live = Mutex::new(HashMap::<u64, usize>::new());
+        let next = AtomicU64::new(1);
+        a.alloc(&l, Ns::Array, 0, 1, 64 * MB, ok(0xa, 64 * MB), |_| {})
+            .unwrap();
+        for round in 0..200usize {
+            let ctx = 0x100 + round % 3;
+            let alive = AtomicBool::new(true);
+            std::thread::scope(|s| {
+                for _ in 0..2 {
+                    s.spawn(|| {
+                        for _ in 0..20 {
+                            let key = next.fetch_add(1, Ordering::Relaxed) << 8;
+                            let _ = a.alloc(
+                                &l,
+                                Ns::Ptr,
+                                0,
+                                ctx,
+                                MB,
+                                || {
+                                    let mut g = live.lock().unwrap();
+                                    if !alive.load(Ordering::SeqCst) {
+                                        return Err(CUDA_ERROR_INVALID_VALUE);
+                                    }
+                                    g.insert(key, ctx);
+                                    drop(g);
+                                    // Returning from the driver: the window before the
+                                    // object is recorded.
+                                    std::thread::yield_now();
+                                    Ok(Allocated { key, bytes: MB })
+                                },
+                                |_| {},
+                            );
+                            std::thread::yield_now();
+                            a.free(&l, Ns::Ptr, key, || {
+                                // Entering the driver: the window after the entry was
+                                // taken out.
+                                std::thread::yield_now();
+                                match live.lock().unwrap().remove(&key) {
+                                    Some(_) => CUDA_SUCCESS,
+                                    None => CUDA_ERROR_INVALID_VALUE,
+                                }
+                            });
+                        }
+                    });
+                }
+                s.spawn(|| {
+                    std::thread::yield_now();
+                    let mut g = live.lock().unwrap();
+                    alive.store(false, Ordering::SeqCst);
+                    g.retain(|_, c| *c != ctx);
+                    drop(g);
+                    a.drop_context(&l, ctx);
+                });
+            });
+            assert_eq!(a.len(), 1, "round {round}");
+            assert_eq!(l.total(0), 64 * MB, "round {round}");
+        }
     }
 
     #[test]

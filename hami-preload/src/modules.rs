@@ -88,7 +88,12 @@ impl ModuleTable {
     }
 
     /// A load on `dev` (`None`: no current context) in `ctx`. `measure` loads and returns
-    /// the handle and the bytes it took; `unload` undoes a load that does not fit.
+    /// the handle and the bytes it took; `unload` undoes a load that does not fit. `gone`
+    /// says (asked under the table's lock) whether `ctx` was destroyed since before the load
+    /// ([`crate::accounting::Graveyard`]): its memory went with the context, whose sweep
+    /// ([`ModuleTable::drop_context`]) came before this record; a module is then not
+    /// recorded, a library recorded with nothing charged (measured again at its next use).
+    #[allow(clippy::too_many_arguments)]
     pub fn load<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
@@ -97,10 +102,11 @@ impl ModuleTable {
         library: bool,
         measure: impl FnOnce() -> (Result<u64, CUresult>, u64),
         unload: impl FnOnce(u64),
+        gone: impl FnOnce() -> bool,
     ) -> Result<(), AllocError> {
         let (r, cost) = measure();
         let h = r.map_err(AllocError::Driver)?;
-        let charged = match dev {
+        let mut charged = match dev {
             Some(d) if cost > 0 => {
                 if let Err(e) = ledger.try_charge(d, UsageKind::Module, cost) {
                     unload(h);
@@ -111,6 +117,15 @@ impl ModuleTable {
             _ => 0,
         };
         let mut g = self.lock();
+        if gone() {
+            if let (Some(d), true) = (dev, charged > 0) {
+                ledger.uncharge(d, UsageKind::Module, charged);
+            }
+            if !library {
+                return Ok(());
+            }
+            charged = 0;
+        }
         let entry = ModEntry {
             dev,
             ctx: if library { 0 } else { ctx },
@@ -162,7 +177,9 @@ impl ModuleTable {
 
     /// Charges `cost` bytes that `stage` of `owner` brought onto `dev` (claimed with
     /// [`ModuleTable::claim`]). A lookup over the limit is refused (the bytes stay charged);
-    /// a launch is charged regardless.
+    /// a launch is charged regardless. Nothing is charged when `gone` (asked under the
+    /// table's lock) says the context the stage ran in was destroyed since before it: the
+    /// bytes went with it (and a library is measured again at its next use).
     pub fn charge_stage<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
@@ -170,6 +187,7 @@ impl ModuleTable {
         stage: Stage,
         dev: usize,
         cost: u64,
+        gone: impl FnOnce() -> bool,
     ) -> Result<(), Deny> {
         if cost == 0 {
             return Ok(());
@@ -178,6 +196,17 @@ impl ModuleTable {
         let Some(m) = g.mods.get_mut(&owner) else {
             return Ok(());
         };
+        if gone() {
+            if m.library {
+                // Claimed for a context that is gone: the next context measures it.
+                match stage {
+                    Stage::Lookup => m.looked_up = false,
+                    Stage::Launch => m.launched = false,
+                }
+                self.recount(&g);
+            }
+            return Ok(());
+        }
         let dev = *m.dev.get_or_insert(dev);
         m.charged = m.charged.saturating_add(cost);
         let r = match stage {
@@ -270,21 +299,38 @@ mod tests {
             false,
             || (Ok(0x30), 1536 * MB),
             |h| unloaded.set(h),
+            || false,
         );
         assert_eq!(r.map_err(|e| e.code()), Err(CUDA_ERROR_OUT_OF_MEMORY));
         assert_eq!(unloaded.get(), 0x30);
         assert_eq!(l.total(0), 0);
         assert!(t.get(0x30).is_none());
         // One that fits is charged until unloaded.
-        t.load(&l, Some(0), 0xc0, false, || (Ok(0x31), 512 * MB), |_| {})
-            .unwrap();
+        t.load(
+            &l,
+            Some(0),
+            0xc0,
+            false,
+            || (Ok(0x31), 512 * MB),
+            |_| {},
+            || false,
+        )
+        .unwrap();
         assert_eq!(l.used(0, UsageKind::Module), 512 * MB);
         assert_eq!(t.unload(&l, 0x31, || 400), 400, "failed unload keeps it");
         assert_eq!(l.used(0, UsageKind::Module), 512 * MB);
         assert_eq!(t.unload(&l, 0x31, || CUDA_SUCCESS), CUDA_SUCCESS);
         assert_eq!(l.total(0), 0);
         // Driver failure: nothing charged, nothing unloaded.
-        let r = t.load(&l, Some(0), 0xc0, false, || (Err(200), 0), |_| panic!());
+        let r = t.load(
+            &l,
+            Some(0),
+            0xc0,
+            false,
+            || (Err(200), 0),
+            |_| panic!(),
+            || false,
+        );
         assert_eq!(r, Err(AllocError::Driver(200)));
     }
 
@@ -292,7 +338,7 @@ mod tests {
     fn lazy_stages_are_measured_once_each() {
         let l = MemLedger::with_limit(0, 1024 * MB);
         let t = ModuleTable::default();
-        t.load(&l, Some(0), 0xc0, false, || (Ok(0x30), 0), |_| {})
+        t.load(&l, Some(0), 0xc0, false, || (Ok(0x30), 0), |_| {}, || false)
             .unwrap();
         assert!(t.any_unlaunched());
         t.note_function(0xf1, 0x30);
@@ -302,13 +348,16 @@ mod tests {
         assert!(t.claim(0x30, Stage::Lookup));
         assert!(!t.claim(0x30, Stage::Lookup));
         // The lookup brought 1.5 GiB: refused, but charged (the driver holds it).
-        let r = t.charge_stage(&l, 0x30, Stage::Lookup, 0, 1536 * MB);
+        let r = t.charge_stage(&l, 0x30, Stage::Lookup, 0, 1536 * MB, || false);
         assert!(r.is_err());
         assert_eq!(l.used(0, UsageKind::Module), 1536 * MB);
         // The launch stage: charged regardless, no error.
         assert!(t.claim(0x30, Stage::Launch));
         assert!(!t.any_unlaunched());
-        assert_eq!(t.charge_stage(&l, 0x30, Stage::Launch, 0, 8 * MB), Ok(()));
+        assert_eq!(
+            t.charge_stage(&l, 0x30, Stage::Launch, 0, 8 * MB, || false),
+            Ok(())
+        );
         assert_eq!(l.used(0, UsageKind::Module), 1544 * MB);
         // Context destroyed: the module and its charge are gone.
         t.drop_context(&l, 0xc0);
@@ -321,9 +370,11 @@ mod tests {
         let l = MemLedger::with_limit(1, 1 << 40);
         let t = ModuleTable::default();
         // Loaded without a context: the device is learnt at first use.
-        t.load(&l, None, 0, true, || (Ok(0x31), 0), |_| {}).unwrap();
+        t.load(&l, None, 0, true, || (Ok(0x31), 0), |_| {}, || false)
+            .unwrap();
         assert!(t.claim(0x31, Stage::Lookup));
-        t.charge_stage(&l, 0x31, Stage::Lookup, 1, 64 * MB).unwrap();
+        t.charge_stage(&l, 0x31, Stage::Lookup, 1, 64 * MB, || false)
+            .unwrap();
         assert_eq!(l.used(1, UsageKind::Module), 64 * MB);
         t.drop_context(&l, 0xc5);
         assert_eq!(l.total(1), 0);
@@ -334,5 +385,68 @@ mod tests {
         );
         assert_eq!(t.unload(&l, 0x31, || CUDA_SUCCESS), CUDA_SUCCESS);
         assert!(t.get(0x31).is_none());
+    }
+
+    /// A context destroyed while a load (or a first lookup) in it is in flight: the driver
+    /// loaded, the context went (with the module's memory) and its sweep ran before the load
+    /// was recorded. Nothing may stay charged.
+    #[test]
+    fn a_context_destroyed_while_a_load_in_it_is_in_flight_leaves_nothing_charged() {
+        use crate::accounting::Accounts;
+        let l = MemLedger::with_limit(0, 1 << 40);
+        let t = ModuleTable::default();
+        let a = Accounts::default();
+        let destroy = |ctx| {
+            a.drop_context(&l, ctx);
+            t.drop_context(&l, ctx);
+        };
+        let born = a.graveyard.stamp();
+        let gone = || a.graveyard.destroyed_since(0xc0, born);
+        let measure = || {
+            destroy(0xc0);
+            (Ok(0x30), 512 * MB)
+        };
+        t.load(&l, Some(0), 0xc0, false, measure, |_| panic!(), gone)
+            .unwrap();
+        assert_eq!(l.total(0), 0);
+        assert!(t.get(0x30).is_none());
+        // A library: kept, with nothing charged, measured again at its next use.
+        let born = a.graveyard.stamp();
+        let gone = || a.graveyard.destroyed_since(0xc1, born);
+        let measure = || {
+            destroy(0xc1);
+            (Ok(0x31), 64 * MB)
+        };
+        t.load(&l, Some(0), 0xc1, true, measure, |_| panic!(), gone)
+            .unwrap();
+        assert_eq!(t.get(0x31).map(|m| m.charged), Some(0));
+        assert_eq!(l.total(0), 0);
+        // Its first lookup, in a context destroyed meanwhile: not charged, still to measure.
+        assert!(t.claim(0x31, Stage::Lookup));
+        let born = a.graveyard.stamp();
+        destroy(0xc2);
+        let r = t.charge_stage(&l, 0x31, Stage::Lookup, 0, 64 * MB, || {
+            a.graveyard.destroyed_since(0xc2, born)
+        });
+        assert_eq!(r, Ok(()));
+        assert_eq!(l.total(0), 0);
+        assert!(t.claim(0x31, Stage::Lookup), "measured again");
+        // A load in a live context while another one is destroyed: charged as usual.
+        let born = a.graveyard.stamp();
+        let measure = || {
+            destroy(0xc3);
+            (Ok(0x32), 8 * MB)
+        };
+        t.load(
+            &l,
+            Some(0),
+            0xc4,
+            false,
+            measure,
+            |_| {},
+            || a.graveyard.destroyed_since(0xc4, born),
+        )
+        .unwrap();
+        assert_eq!(l.used(0, UsageKind::Module), 8 * MB);
     }
 }

@@ -60,6 +60,9 @@ fn module_load(
     let cur = current_dev_ctx().ok();
     let l = ProcLedger::current();
     let m = meter();
+    // After the current context was read, before the driver call (see `Graveyard`).
+    let graves = &l.p.accounts.graveyard;
+    let born = graves.stamp();
     let measure = || match cur {
         Some((dev, ctx)) if eager_loading() => {
             let (r, cost) = l.p.contexts.measure(dev, Some(ctx), &m, || match real() {
@@ -83,6 +86,7 @@ fn module_load(
         library,
         measure,
         unload,
+        || cur.is_some_and(|(_, ctx)| graves.destroyed_since(ctx, born)),
     );
     let dev = cur.map_or(0, |c| c.0);
     if r.is_ok() {
@@ -119,6 +123,8 @@ fn first_use(what: &str, owner: u64, stage: Stage, real: impl FnOnce() -> CUresu
     let Ok((dev, ctx)) = current_dev_ctx() else {
         return real();
     };
+    let graves = &l.p.accounts.graveyard;
+    let born = graves.stamp();
     let (r, cost) =
         l.p.contexts
             .measure(dev, Some(ctx), &meter(), || match real() {
@@ -132,8 +138,9 @@ fn first_use(what: &str, owner: u64, stage: Stage, real: impl FnOnce() -> CUresu
     match l
         .p
         .modules
-        .charge_stage(&l, owner, stage, dev, cost.bytes())
-    {
+        .charge_stage(&l, owner, stage, dev, cost.bytes(), || {
+            graves.destroyed_since(ctx, born)
+        }) {
         Ok(()) => {
             if cost.bytes() > 0 {
                 backstop_poll(Some(dev));

@@ -144,14 +144,15 @@ pub(crate) unsafe fn alloc_async(
 }
 
 /// `cuMemFreeAsync(_ptsz)`: a pool allocation's memory stays in its pool (and charged); an
-/// allocation charged by itself (made during capture) is uncharged.
-pub(crate) fn free_async(ptr: CUdeviceptr, real: impl FnOnce() -> CUresult) -> CUresult {
+/// allocation charged by itself (made during capture) is uncharged. A pool allocation that
+/// stops being one between the two looks (its context destroyed meanwhile) goes to the
+/// driver like any other pointer, whose answer is returned.
+pub(crate) fn free_async(ptr: CUdeviceptr, real: impl Fn() -> CUresult + Copy) -> CUresult {
     let l = ProcLedger::current();
     if l.p.pools.owns(ptr) {
         if let Some(r) = l.p.pools.free(&l, ptr, real) {
             return r;
         }
-        return CUDA_ERROR_UNKNOWN;
     }
     release(Ns::Ptr, ptr, real)
 }

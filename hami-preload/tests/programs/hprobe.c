@@ -14,7 +14,15 @@
  *      fork OP... (child runs the rest, parent waits) | exit CODE | loop N SIZE |
  *      ctxcreate (cuCtxCreate_v2 on device 0) | ctxretain (primary context of device 0, not
  *      made current) | ctxcur (cuCtxGetCurrent) | ctxpop (cuCtxPopCurrent_v2); these print
- *      ctx=POINTER and always call the exports directly.
+ *      ctx=POINTER and always call the exports directly |
+ *      ctxrace free|alloc ptr|array destroy|release|reset (a context torn down while a second
+ *      thread's release of one of its objects, or allocation in it, is inside the driver: the
+ *      context is a created one (destroy: cuCtxDestroy_v2) or the primary one of device 0
+ *      (release: cuDevicePrimaryCtxRelease_v2, then retained again and made current; reset:
+ *      cuDevicePrimaryCtxReset_v2); the object a 64M pointer or a 1024x1024 float4 array. The
+ *      teardown comes half of FAKE_CUDA_RELEASE_DELAY_MS / FAKE_CUDA_ALLOC_DELAY_MS after the
+ *      thread is about to make its call; prints rc= of the teardown and op= of the thread's
+ *      call).
  * SIZE accepts K/M/G suffixes. The last pointer/handle/array allocated is the default
  * argument of the release ops. */
 #define _GNU_SOURCE
@@ -40,6 +48,9 @@ CUresult cuCtxSetCurrent(void *);
 CUresult cuCtxCreate_v2(void **, unsigned, int);
 CUresult cuCtxGetCurrent(void **);
 CUresult cuCtxPopCurrent_v2(void **);
+CUresult cuCtxDestroy_v2(void *);
+CUresult cuDevicePrimaryCtxRelease_v2(int);
+CUresult cuDevicePrimaryCtxReset_v2(int);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
@@ -122,6 +133,41 @@ static void *dbl_freer(void *arg) {
         pthread_barrier_wait(&dbl_end);
     }
     return NULL;
+}
+
+/* ctxrace: the second thread's call, in context race_ctx. */
+static void *race_ctx;
+static int race_alloc, race_array;
+static CUresult race_rc;
+static CUdeviceptr race_ptr;
+static void *race_arr;
+static int race_go;
+static pthread_mutex_t race_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t race_cv = PTHREAD_COND_INITIALIZER;
+
+static void *ctx_racer(void *arg) {
+    (void)arg;
+    cuCtxSetCurrent(race_ctx);
+    pthread_mutex_lock(&race_mu);
+    race_go = 1;
+    pthread_cond_broadcast(&race_cv);
+    pthread_mutex_unlock(&race_mu);
+    if (race_alloc && race_array) {
+        AD d = {1024, 1024, 0x20, 4};
+        race_rc = CALL(CUresult(*)(void **, const AD *), ARRAY, &race_arr, &d);
+    } else if (race_alloc) {
+        race_rc = CALL(alloc_t, ALLOC, &race_ptr, 64ULL << 20);
+    } else if (race_array) {
+        race_rc = CALL(CUresult(*)(void *), DESTROY, race_arr);
+    } else {
+        race_rc = CALL(CUresult(*)(CUdeviceptr), FREE, race_ptr);
+    }
+    return NULL;
+}
+
+static long env_ms(const char *name) {
+    const char *v = getenv(name);
+    return v && *v ? atol(v) : 200;
 }
 
 static int run(int argc, char **argv, int i) {
@@ -289,6 +335,42 @@ static int run(int argc, char **argv, int i) {
                 else r = cuCtxPopCurrent_v2(&c);
             }
             printf("%s rc=%d ctx=%p\n", op, r, c);
+        } else if (!strcmp(op, "ctxrace")) {
+            race_alloc = !strcmp(argv[++i], "alloc");
+            race_array = !strcmp(argv[++i], "array");
+            const char *how = argv[++i];
+            int primary = strcmp(how, "destroy") != 0;
+            r = primary ? cuCtxGetCurrent(&race_ctx) : cuCtxCreate_v2(&race_ctx, 0, 0);
+            if (!r && !race_alloc && race_array) {
+                AD d = {1024, 1024, 0x20, 4};
+                r = CALL(CUresult(*)(void **, const AD *), ARRAY, &race_arr, &d);
+            } else if (!r && !race_alloc) {
+                r = CALL(alloc_t, ALLOC, &race_ptr, 64ULL << 20);
+            }
+            if (r) {
+                printf("ctxrace rc=%d stage=setup\n", r);
+                fflush(stdout);
+                continue;
+            }
+            pthread_t t;
+            long ms = env_ms(race_alloc ? "FAKE_CUDA_ALLOC_DELAY_MS" : "FAKE_CUDA_RELEASE_DELAY_MS");
+            race_go = 0;
+            pthread_create(&t, NULL, ctx_racer, NULL);
+            pthread_mutex_lock(&race_mu);
+            while (!race_go) pthread_cond_wait(&race_cv, &race_mu);
+            pthread_mutex_unlock(&race_mu);
+            usleep(ms * 500);
+            if (!strcmp(how, "destroy")) r = cuCtxDestroy_v2(race_ctx);
+            else if (!strcmp(how, "release")) r = cuDevicePrimaryCtxRelease_v2(0);
+            else r = cuDevicePrimaryCtxReset_v2(0);
+            pthread_join(t, NULL);
+            if (!r && !strcmp(how, "release")) {
+                void *c = NULL;
+                CUresult r2 = cuDevicePrimaryCtxRetain(&c, 0);
+                if (!r2) r2 = cuCtxSetCurrent(c);
+                if (r2) r = r2;
+            }
+            printf("ctxrace rc=%d op=%d\n", r, race_rc);
         } else if (!strcmp(op, "sleep")) {
             usleep(atoi(argv[++i]) * 1000);
             printf("sleep rc=0\n");

@@ -3,7 +3,7 @@
 
 use std::ffi::{c_int, c_uint};
 
-use crate::driver::{inited, Inner, Kind, GRANULARITY, PITCH_ALIGN, R};
+use crate::driver::{alloc_delay, inited, release_delay, Inner, Kind, GRANULARITY, PITCH_ALIGN, R};
 use crate::ffi::*;
 use crate::streams::location_ordinal;
 use crate::{nonnull, put, run};
@@ -18,6 +18,8 @@ fn alloc_into(dptr: *mut CUdeviceptr, f: impl FnOnce(&mut Inner) -> R<u64>) -> C
         let p = f(&mut g)?;
         // SAFETY: checked non-NULL; C contract.
         unsafe { put(dptr, p) };
+        drop(g);
+        alloc_delay();
         Ok(())
     })
 }
@@ -34,7 +36,10 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) 
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    run(|| inited()?.free(dptr))
+    run(|| {
+        release_delay();
+        inited()?.free(dptr)
+    })
 }
 
 #[no_mangle]
@@ -158,7 +163,10 @@ pub unsafe extern "C" fn cuMemCreate(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
-    run(|| inited()?.mem_release(handle))
+    run(|| {
+        release_delay();
+        inited()?.mem_release(handle)
+    })
 }
 
 #[no_mangle]
@@ -288,6 +296,8 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
         let a = g.array_create(bytes)?;
         // SAFETY: checked non-NULL; C contract.
         unsafe { put(p_handle, a as CUarray) };
+        drop(g);
+        alloc_delay();
         Ok(())
     })
 }
@@ -310,11 +320,16 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         let a = g.array_create(bytes)?;
         // SAFETY: checked non-NULL; C contract.
         unsafe { put(p_handle, a as CUarray) };
+        drop(g);
+        alloc_delay();
         Ok(())
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuArrayDestroy(h: CUarray) -> CUresult {
-    run(|| inited()?.array_destroy(h as u64))
+    run(|| {
+        release_delay();
+        inited()?.array_destroy(h as u64)
+    })
 }

@@ -142,7 +142,10 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMipmappedArrayDestroy(h: Handle) -> CUresult {
-    run(|| inited()?.mipmap_destroy(h as u64))
+    run(|| {
+        crate::driver::release_delay();
+        inited()?.mipmap_destroy(h as u64)
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -240,7 +243,10 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleUnload(module: Handle) -> CUresult {
-    run(|| inited()?.module_unload(module as u64, false))
+    run(|| {
+        crate::driver::release_delay();
+        inited()?.module_unload(module as u64, false)
+    })
 }
 
 #[no_mangle]
@@ -291,7 +297,10 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuLibraryUnload(library: Handle) -> CUresult {
-    run(|| inited()?.module_unload(library as u64, true))
+    run(|| {
+        crate::driver::release_delay();
+        inited()?.module_unload(library as u64, true)
+    })
 }
 
 #[no_mangle]

@@ -327,6 +327,38 @@ fn ctx_create_delay() -> std::time::Duration {
     }))
 }
 
+/// A test knob in milliseconds (unset, empty or malformed: 0).
+fn knob_ms(name: &str) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Test knob `FAKE_CUDA_RELEASE_DELAY_MS`: a release (`cuMemFree_v2`, `cuArrayDestroy`,
+/// `cuMipmappedArrayDestroy`, `cuMemRelease`, `cuModuleUnload`, `cuLibraryUnload`) sleeps this
+/// long before it looks at its argument, holding no lock, so that another thread can destroy
+/// the object's context while the release is in flight. Default 0.
+pub fn release_delay() {
+    static V: OnceLock<u64> = OnceLock::new();
+    let ms = *V.get_or_init(|| knob_ms("FAKE_CUDA_RELEASE_DELAY_MS"));
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// Test knob `FAKE_CUDA_ALLOC_DELAY_MS`: an allocation (`cuMemAlloc_v2`, `cuMemAllocManaged`,
+/// `cuArrayCreate_v2`, `cuArray3DCreate_v2`) that succeeded sleeps this long before returning,
+/// holding no lock, so that another thread can destroy the context the object was made in
+/// before the caller sees it. Default 0.
+pub fn alloc_delay() {
+    static V: OnceLock<u64> = OnceLock::new();
+    let ms = *V.get_or_init(|| knob_ms("FAKE_CUDA_ALLOC_DELAY_MS"));
+    if ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
 fn lock() -> MutexGuard<'static, Inner> {
     INNER.lock().unwrap_or_else(|e| e.into_inner())
 }
