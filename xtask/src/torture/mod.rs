@@ -37,6 +37,9 @@
 //!   and whole: `hami-agent audit`'s wall time, CPU time and peak RSS, and `hami-agent run`'s
 //!   time to ready, tick, CPU and RSS; every process and region must be seen, no finding may
 //!   stand, and the tick's cost per process may not grow with the fleet (quadratic scans).
+//!   With `HAMI_SCALE_BASELINE_AGENT=<another hami-agent>` (a release build of an earlier
+//!   commit), that agent and this build are then alternated on the whole fleet (audit and
+//!   run, twice each): a baseline measured in the same run.
 
 //!
 //! One module per scenario ([`storm`], [`stops`], [`race`], [`bad_inputs`], [`agent`],

@@ -522,6 +522,53 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// Names another `hami-agent` binary (a release build of an earlier commit, eBPF embedded):
+/// on the whole fleet, it and this build are then measured in alternation, so that the
+/// machine's load hits both alike (the baseline measured in the same run).
+pub(super) const BASELINE_AGENT: &str = "HAMI_SCALE_BASELINE_AGENT";
+
+/// Rounds of [`alternate`].
+const ALTERNATE_ROUNDS: usize = 2;
+
+/// [`BASELINE_AGENT`] and this build, alternated on the same fleet: an audit and a run each,
+/// [`ALTERNATE_ROUNDS`] times; both must pass the same checks.
+fn alternate(
+    base: &Path,
+    bin: &Path,
+    art: &Artifacts,
+    env: &TestEnv,
+    fleet: &Fleet,
+    p: &Profile,
+    r: &mut Report,
+) -> Result<()> {
+    let (nr, np) = (fleet.regions(), fleet.procs);
+    let window = Duration::from_secs(p.scale_window_secs);
+    for round in 1..=ALTERNATE_ROUNDS {
+        for (name, b) in [("baseline", base), ("this build", bin)] {
+            let tag =
+                format!("scale {nr} regions / {np} processes, alternated round {round}, {name}");
+            let a = audit(b, art, env, fleet).with_context(|| format!("{tag}: audit"))?;
+            let run = run_agent(b, art, env, fleet, &a.pids, window)
+                .with_context(|| format!("{tag}: run"))?;
+            r.figure(
+                &format!(
+                    "{tag}: audit wall / CPU / peak RSS; run tick mean / CPU per second / peak RSS"
+                ),
+                format!(
+                    "{:.2} s / {:.2} s / {:.1} MiB; {:.1} ms / {:.1} % / {:.1} MiB",
+                    a.wall,
+                    a.cpu,
+                    a.peak_rss_kib as f64 / 1024.0,
+                    run.tick_mean * 1e3,
+                    run.cpu_per_sec * 100.0,
+                    run.peak_rss_kib as f64 / 1024.0
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The scenario: the fleet at a fifth of its size, then whole; at each size an audit and a
 /// running agent, measured.
 pub(super) fn scale(p: &Profile, r: &mut Report) -> Result<()> {
@@ -609,6 +656,9 @@ pub(super) fn scale(p: &Profile, r: &mut Report) -> Result<()> {
             });
         }
         last = Some((nr, np, a.cpu, run.tick_mean));
+    }
+    if let Some(base) = std::env::var_os(BASELINE_AGENT).map(PathBuf::from) {
+        alternate(&base, &bin, art, &env, &fleet, p, r)?;
     }
     drop(fleet);
     let left = crate::demo::processes_using(env.dir());
