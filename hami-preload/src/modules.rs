@@ -14,13 +14,18 @@
 //!   is charged anyway (the driver holds it) until the module is unloaded.
 //! * A first launch cannot be taken back: its memory is charged beyond the limit if need be
 //!   (the next allocation is refused).
+//! * A library (`cuLibraryLoad*`) is context-independent: the driver loads it into every
+//!   context it is used in (with lazy loading, at the first lookup or launch there; with eager
+//!   loading, into every context at once), each copy with its own code and `__device__`
+//!   globals. It is tracked per (library, context) instance, so a library used on two devices
+//!   is charged on both, and a destroyed context takes only its own instance with it.
 //!
 //! Plain Rust over a [`Ledger`]; the driver calls and measurements are closures.
 
 use crate::accounting::{AllocError, Deny, Ledger};
 use crate::cuda::{CUresult, CUDA_SUCCESS};
 use hami_common::layout::UsageKind;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -33,12 +38,13 @@ pub enum Stage {
     Launch,
 }
 
-/// One loaded module or library.
+/// One loaded module, or one library's instance in one context (or, with `ctx` 0, a
+/// library's own record: what [`ModuleTable::get`] sums its instances into).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ModEntry {
-    /// Device charged (`None`: not yet known, a library loaded without a current context).
+    /// Device charged (`None`: not yet known, e.g. an instance not yet measured).
     pub dev: Option<usize>,
-    /// Context it lives in (0: a library, not tied to one).
+    /// Context it lives in (0: a library's own record, not tied to one).
     pub ctx: usize,
     /// Bytes charged.
     pub charged: u64,
@@ -52,9 +58,28 @@ pub struct ModEntry {
 
 #[derive(Default)]
 struct Inner {
+    /// Modules, and libraries' own records (their charges are in `insts`).
     mods: HashMap<u64, ModEntry>,
+    /// Library instances: (library, context) -> what that context holds of it.
+    insts: HashMap<(u64, usize), ModEntry>,
+    /// Contexts known to be alive (announced at creation or seen in use): a library gets an
+    /// instance to measure in each, so that the launch hooks' fast path
+    /// ([`ModuleTable::any_unlaunched`]) stays off until every one was measured.
+    ctxs: HashSet<usize>,
     /// Function and kernel handles -> their module or library.
     funcs: HashMap<u64, u64>,
+}
+
+/// A library instance in context `ctx`, not measured yet.
+fn fresh_instance(ctx: usize) -> ModEntry {
+    ModEntry {
+        dev: None,
+        ctx,
+        charged: 0,
+        library: true,
+        looked_up: false,
+        launched: false,
+    }
 }
 
 /// This process's modules and libraries.
@@ -72,8 +97,56 @@ impl ModuleTable {
     }
 
     fn recount(&self, g: &Inner) {
-        let n = g.mods.values().filter(|m| !m.launched).count();
+        let n = g.mods.values().filter(|m| !m.launched).count()
+            + g.insts.values().filter(|m| !m.launched).count();
         self.unlaunched.store(n, Ordering::Relaxed);
+    }
+
+    /// Removes every instance of library `lib` (`ctx` None) or every library instance in
+    /// context `ctx` (`lib` None), uncharging each.
+    fn drop_instances<L: Ledger + ?Sized>(
+        g: &mut Inner,
+        ledger: &L,
+        lib: Option<u64>,
+        ctx: Option<usize>,
+    ) {
+        let keys: Vec<(u64, usize)> = g
+            .insts
+            .keys()
+            .filter(|k| lib.is_none_or(|l| k.0 == l) && ctx.is_none_or(|c| k.1 == c))
+            .copied()
+            .collect();
+        for k in keys {
+            if let Some(m) = g.insts.remove(&k) {
+                if let Some(d) = m.dev {
+                    ledger.uncharge(d, UsageKind::Module, m.charged);
+                }
+            }
+        }
+    }
+
+    /// Context `ctx` was created (or a primary context retained): every loaded library gets
+    /// an instance in it to measure at its first use there.
+    pub fn context_created(&self, ctx: usize) {
+        if ctx == 0 {
+            return;
+        }
+        let mut g = self.lock();
+        if !g.ctxs.insert(ctx) {
+            return;
+        }
+        let libs: Vec<u64> = g
+            .mods
+            .iter()
+            .filter(|(_, m)| m.library)
+            .map(|(&h, _)| h)
+            .collect();
+        for l in libs {
+            g.insts
+                .entry((l, ctx))
+                .or_insert_with(|| fresh_instance(ctx));
+        }
+        self.recount(&g);
     }
 
     /// Whether some module's first launch is still to be measured.
@@ -82,9 +155,24 @@ impl ModuleTable {
         self.unlaunched.load(Ordering::Relaxed) != 0
     }
 
-    /// The entry of module or library `h`.
+    /// The entry of module or library `h` (a library's: the sum of its instances' charges).
     pub fn get(&self, h: u64) -> Option<ModEntry> {
-        self.lock().mods.get(&h).copied()
+        let g = self.lock();
+        let mut m = *g.mods.get(&h)?;
+        if m.library {
+            m.charged = g
+                .insts
+                .iter()
+                .filter(|(k, _)| k.0 == h)
+                .map(|(_, i)| i.charged)
+                .sum();
+        }
+        Some(m)
+    }
+
+    /// Library `h`'s instance in context `ctx`.
+    pub fn instance(&self, h: u64, ctx: usize) -> Option<ModEntry> {
+        self.lock().insts.get(&(h, ctx)).copied()
     }
 
     /// A load on `dev` (`None`: no current context) in `ctx`. `measure` loads and returns
@@ -117,7 +205,8 @@ impl ModuleTable {
             _ => 0,
         };
         let mut g = self.lock();
-        if gone() {
+        let gone = gone();
+        if gone {
             if let (Some(d), true) = (dev, charged > 0) {
                 ledger.uncharge(d, UsageKind::Module, charged);
             }
@@ -126,18 +215,48 @@ impl ModuleTable {
             }
             charged = 0;
         }
-        let entry = ModEntry {
-            dev,
-            ctx: if library { 0 } else { ctx },
-            charged,
-            library,
-            looked_up: false,
-            launched: false,
+        let entry = if library {
+            // The library's own record; what the load brought is its instance's.
+            ModEntry {
+                dev: None,
+                ctx: 0,
+                charged: 0,
+                library,
+                looked_up: true,
+                launched: true,
+            }
+        } else {
+            ModEntry {
+                dev,
+                ctx,
+                charged,
+                library,
+                looked_up: false,
+                launched: false,
+            }
         };
         if let Some(old) = g.mods.insert(h, entry) {
             // A handle we still tracked: that module went away by a path we did not see.
             if let Some(d) = old.dev {
                 ledger.uncharge(d, UsageKind::Module, old.charged);
+            }
+            Self::drop_instances(&mut g, ledger, Some(h), None);
+        }
+        if library {
+            if ctx != 0 && !gone {
+                g.ctxs.insert(ctx);
+                g.insts.insert(
+                    (h, ctx),
+                    ModEntry {
+                        dev: dev.filter(|_| charged > 0),
+                        charged,
+                        ..fresh_instance(ctx)
+                    },
+                );
+            }
+            let others: Vec<usize> = g.ctxs.iter().copied().collect();
+            for c in others {
+                g.insts.entry((h, c)).or_insert_with(|| fresh_instance(c));
             }
         }
         self.recount(&g);
@@ -158,12 +277,27 @@ impl ModuleTable {
         self.lock().funcs.get(&func).copied()
     }
 
-    /// Whether `stage` of `owner` is still to be measured (and marks it as done: one thread
-    /// measures it).
-    pub fn claim(&self, owner: u64, stage: Stage) -> bool {
+    /// Whether `stage` of `owner` is still to be measured in context `ctx` (the current one)
+    /// and marks it as done: one thread measures it. A module is measured once (it lives in
+    /// one context); a library once per context.
+    pub fn claim(&self, owner: u64, stage: Stage, ctx: usize) -> bool {
         let mut g = self.lock();
-        let Some(m) = g.mods.get_mut(&owner) else {
+        let Some(&own) = g.mods.get(&owner) else {
             return false;
+        };
+        let m = if own.library {
+            if ctx == 0 {
+                return false;
+            }
+            g.ctxs.insert(ctx);
+            g.insts
+                .entry((owner, ctx))
+                .or_insert_with(|| fresh_instance(ctx))
+        } else {
+            match g.mods.get_mut(&owner) {
+                Some(m) => m,
+                None => return false,
+            }
         };
         let flag = match stage {
             Stage::Lookup => &mut m.looked_up,
@@ -175,16 +309,18 @@ impl ModuleTable {
         todo
     }
 
-    /// Charges `cost` bytes that `stage` of `owner` brought onto `dev` (claimed with
-    /// [`ModuleTable::claim`]). A lookup over the limit is refused (the bytes stay charged);
-    /// a launch is charged regardless. Nothing is charged when `gone` (asked under the
-    /// table's lock) says the context the stage ran in was destroyed since before it: the
-    /// bytes went with it (and a library is measured again at its next use).
+    /// Charges `cost` bytes that `stage` of `owner` brought onto `dev` in context `ctx`
+    /// (claimed with [`ModuleTable::claim`]). A lookup over the limit is refused (the bytes
+    /// stay charged); a launch is charged regardless. Nothing is charged when `gone` (asked
+    /// under the table's lock) says the context the stage ran in was destroyed since before
+    /// it: the bytes went with it (a library's instance there goes too).
+    #[allow(clippy::too_many_arguments)]
     pub fn charge_stage<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
         owner: u64,
         stage: Stage,
+        ctx: usize,
         dev: usize,
         cost: u64,
         gone: impl FnOnce() -> bool,
@@ -193,20 +329,28 @@ impl ModuleTable {
             return Ok(());
         }
         let mut g = self.lock();
-        let Some(m) = g.mods.get_mut(&owner) else {
+        let Some(&own) = g.mods.get(&owner) else {
             return Ok(());
         };
         if gone() {
-            if m.library {
-                // Claimed for a context that is gone: the next context measures it.
-                match stage {
-                    Stage::Lookup => m.looked_up = false,
-                    Stage::Launch => m.launched = false,
-                }
+            if own.library && g.insts.remove(&(owner, ctx)).is_some() {
+                // Re-created by the claim after the context's sweep: it goes with it.
+                g.ctxs.remove(&ctx);
                 self.recount(&g);
             }
             return Ok(());
         }
+        let m = if own.library {
+            match g.insts.get_mut(&(owner, ctx)) {
+                Some(m) => m,
+                None => return Ok(()),
+            }
+        } else {
+            match g.mods.get_mut(&owner) {
+                Some(m) => m,
+                None => return Ok(()),
+            }
+        };
         let dev = *m.dev.get_or_insert(dev);
         m.charged = m.charged.saturating_add(cost);
         let r = match stage {
@@ -238,6 +382,9 @@ impl ModuleTable {
                 if let Some(d) = m.dev {
                     ledger.uncharge(d, UsageKind::Module, m.charged);
                 }
+                if m.library {
+                    Self::drop_instances(&mut g, ledger, Some(h), None);
+                }
                 g.funcs.retain(|_, o| *o != h);
             }
             self.recount(&g);
@@ -245,8 +392,8 @@ impl ModuleTable {
         r
     }
 
-    /// Context `ctx` was destroyed: its modules are gone. A library's memory in it is gone
-    /// too; the library is measured again at its next lookup and launch.
+    /// Context `ctx` was destroyed: its modules are gone, and so are the libraries'
+    /// instances in it (their instances in other contexts stay charged).
     pub fn drop_context<L: Ledger + ?Sized>(&self, ledger: &L, ctx: usize) {
         if ctx == 0 {
             return;
@@ -266,14 +413,8 @@ impl ModuleTable {
             }
             g.funcs.retain(|_, o| *o != h);
         }
-        for m in g.mods.values_mut().filter(|m| m.library && m.charged > 0) {
-            if let Some(d) = m.dev {
-                ledger.uncharge(d, UsageKind::Module, m.charged);
-            }
-            m.charged = 0;
-            m.looked_up = false;
-            m.launched = false;
-        }
+        Self::drop_instances(&mut g, ledger, None, Some(ctx));
+        g.ctxs.remove(&ctx);
         self.recount(&g);
     }
 }
@@ -345,17 +486,17 @@ mod tests {
         t.note_function(0xf2, 0x99); // not ours: ignored
         assert_eq!(t.owner_of(0xf1), Some(0x30));
         assert_eq!(t.owner_of(0xf2), None);
-        assert!(t.claim(0x30, Stage::Lookup));
-        assert!(!t.claim(0x30, Stage::Lookup));
+        assert!(t.claim(0x30, Stage::Lookup, 0xc0));
+        assert!(!t.claim(0x30, Stage::Lookup, 0xc0));
         // The lookup brought 1.5 GiB: refused, but charged (the driver holds it).
-        let r = t.charge_stage(&l, 0x30, Stage::Lookup, 0, 1536 * MB, || false);
+        let r = t.charge_stage(&l, 0x30, Stage::Lookup, 0xc0, 0, 1536 * MB, || false);
         assert!(r.is_err());
         assert_eq!(l.used(0, UsageKind::Module), 1536 * MB);
         // The launch stage: charged regardless, no error.
-        assert!(t.claim(0x30, Stage::Launch));
+        assert!(t.claim(0x30, Stage::Launch, 0xc0));
         assert!(!t.any_unlaunched());
         assert_eq!(
-            t.charge_stage(&l, 0x30, Stage::Launch, 0, 8 * MB, || false),
+            t.charge_stage(&l, 0x30, Stage::Launch, 0xc0, 0, 8 * MB, || false),
             Ok(())
         );
         assert_eq!(l.used(0, UsageKind::Module), 1544 * MB);
@@ -372,15 +513,15 @@ mod tests {
         // Loaded without a context: the device is learnt at first use.
         t.load(&l, None, 0, true, || (Ok(0x31), 0), |_| {}, || false)
             .unwrap();
-        assert!(t.claim(0x31, Stage::Lookup));
-        t.charge_stage(&l, 0x31, Stage::Lookup, 1, 64 * MB, || false)
+        assert!(t.claim(0x31, Stage::Lookup, 0xc5));
+        t.charge_stage(&l, 0x31, Stage::Lookup, 0xc5, 1, 64 * MB, || false)
             .unwrap();
         assert_eq!(l.used(1, UsageKind::Module), 64 * MB);
         t.drop_context(&l, 0xc5);
         assert_eq!(l.total(1), 0);
         assert!(t.get(0x31).is_some());
         assert!(
-            t.claim(0x31, Stage::Lookup),
+            t.claim(0x31, Stage::Lookup, 0xc6),
             "measured again in the next context"
         );
         assert_eq!(t.unload(&l, 0x31, || CUDA_SUCCESS), CUDA_SUCCESS);
@@ -422,15 +563,19 @@ mod tests {
         assert_eq!(t.get(0x31).map(|m| m.charged), Some(0));
         assert_eq!(l.total(0), 0);
         // Its first lookup, in a context destroyed meanwhile: not charged, still to measure.
-        assert!(t.claim(0x31, Stage::Lookup));
+        assert!(t.claim(0x31, Stage::Lookup, 0xc2));
         let born = a.graveyard.stamp();
         destroy(0xc2);
-        let r = t.charge_stage(&l, 0x31, Stage::Lookup, 0, 64 * MB, || {
+        let r = t.charge_stage(&l, 0x31, Stage::Lookup, 0xc2, 0, 64 * MB, || {
             a.graveyard.destroyed_since(0xc2, born)
         });
         assert_eq!(r, Ok(()));
         assert_eq!(l.total(0), 0);
-        assert!(t.claim(0x31, Stage::Lookup), "measured again");
+        assert!(t.instance(0x31, 0xc2).is_none(), "gone with its context");
+        assert!(
+            t.claim(0x31, Stage::Lookup, 0xc5),
+            "measured in the next one"
+        );
         // A load in a live context while another one is destroyed: charged as usual.
         let born = a.graveyard.stamp();
         let measure = || {
@@ -448,5 +593,52 @@ mod tests {
         )
         .unwrap();
         assert_eq!(l.used(0, UsageKind::Module), 8 * MB);
+    }
+
+    /// A library is loaded into each context it is used in, with its own globals there:
+    /// used on two devices, it is charged on both; one context's destruction takes only its
+    /// own instance.
+    #[test]
+    fn a_library_used_in_two_contexts_is_charged_in_each() {
+        let l = MemLedger::with_limit(0, 1 << 40);
+        let t = ModuleTable::default();
+        t.context_created(0xa0);
+        t.load(&l, Some(0), 0xa0, true, || (Ok(0x31), 0), |_| {}, || false)
+            .unwrap();
+        // A context created after the load gets an instance too: two to launch.
+        t.context_created(0xb0);
+        assert_eq!(t.unlaunched.load(Ordering::Relaxed), 2);
+        assert!(t.claim(0x31, Stage::Launch, 0xa0));
+        t.charge_stage(&l, 0x31, Stage::Launch, 0xa0, 0, 1536 * MB, || false)
+            .unwrap();
+        assert!(t.any_unlaunched(), "not yet launched in 0xb0");
+        assert!(t.claim(0x31, Stage::Launch, 0xb0));
+        assert!(!t.claim(0x31, Stage::Launch, 0xb0));
+        t.charge_stage(&l, 0x31, Stage::Launch, 0xb0, 1, 1536 * MB, || false)
+            .unwrap();
+        assert!(!t.any_unlaunched());
+        assert_eq!(l.used(0, UsageKind::Module), 1536 * MB);
+        assert_eq!(l.used(1, UsageKind::Module), 1536 * MB);
+        assert_eq!(t.get(0x31).map(|m| m.charged), Some(3072 * MB));
+        // Device 0's context goes: device 1 still holds its copy.
+        t.drop_context(&l, 0xa0);
+        assert_eq!(l.total(0), 0);
+        assert_eq!(l.used(1, UsageKind::Module), 1536 * MB);
+        assert!(!t.any_unlaunched());
+        assert_eq!(t.unload(&l, 0x31, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(l.total(1), 0);
+        assert!(t.instance(0x31, 0xb0).is_none());
+    }
+
+    /// A module lives in one context: measured once, whatever context is current later.
+    #[test]
+    fn a_module_is_measured_once_whatever_context_is_current() {
+        let l = MemLedger::with_limit(0, 1 << 40);
+        let t = ModuleTable::default();
+        t.load(&l, Some(0), 0xa0, false, || (Ok(0x30), 0), |_| {}, || false)
+            .unwrap();
+        assert!(t.claim(0x30, Stage::Launch, 0xa0));
+        assert!(!t.claim(0x30, Stage::Launch, 0xb0));
+        assert!(!t.any_unlaunched());
     }
 }

@@ -349,6 +349,62 @@ fn lazy_memory_arriving_at_first_launch_is_charged() {
     }
 }
 
+/// A library is loaded into every context it is used in, each copy with its own globals
+/// (CUDA's context-independent loading): one library's kernel launched on two devices holds
+/// its 768 MiB on both, and both devices' quotas are charged. It used to be charged on the
+/// first device only (the second device's copy escaped its quota).
+#[test]
+fn a_library_launched_on_two_devices_is_charged_on_both() {
+    let env = env("4G")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_1", "1G")
+        .env("FAKE_CUDA_DEVICE_COUNT", "2")
+        .env("FAKE_CUDA_LAZY_AT_LAUNCH", "1");
+    let p = env.run_probe(&[
+        "init",
+        "device",
+        "0",
+        "ctx",
+        "libload",
+        "768M",
+        "getkernel",
+        "launch",
+        "meminfo",
+        "device",
+        "1",
+        "ctx",
+        "meminfo",
+        "launch",
+        "meminfo",
+        "alloc",
+        "512M",
+        "device",
+        "0",
+        "ctx",
+        "alloc",
+        "512M",
+        "exit",
+        "0",
+    ]);
+    let l = p.find("launch");
+    assert_eq!((l[0].rc(), l[1].rc()), (Some(0), Some(0)), "{}", p.dump());
+    assert_eq!(
+        free_at(&p, 0),
+        4096 * MB - 768 * MB,
+        "device 0: {}",
+        p.dump()
+    );
+    assert_eq!(free_at(&p, 1), 1024 * MB, "device 1 before: {}", p.dump());
+    assert_eq!(
+        free_at(&p, 2),
+        256 * MB,
+        "device 1 after its launch: {}",
+        p.dump()
+    );
+    let a = p.find("alloc");
+    assert_eq!(a[0].rc(), Some(OOM), "device 1 is full: {}", p.dump());
+    assert_eq!(a[1].rc(), Some(0), "device 0 is not: {}", p.dump());
+}
+
 /// The backstop: memory no hook accounted for (here a context whose configured overhead is
 /// far below what the driver really took) is charged as "other" from the driver's
 /// per-process figure at the next synchronisation, and refuses the next allocation.

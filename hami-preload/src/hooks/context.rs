@@ -44,6 +44,10 @@ fn primary_retain(
                 e => Err(e),
             });
     log_context_cost("cuDevicePrimaryCtxRetain", dev as usize, cost);
+    if r == CUDA_SUCCESS {
+        // SAFETY: *pctx written on success (checked non-null above).
+        l.p.modules.context_created(unsafe { *pctx } as usize);
+    }
     r
 }
 
@@ -137,6 +141,10 @@ fn ctx_create(
         e => Err(e),
     });
     log_context_cost(what, dev as usize, cost);
+    if r == CUDA_SUCCESS {
+        // SAFETY: *pctx written on success (checked non-null above).
+        l.p.modules.context_created(unsafe { *pctx } as usize);
+    }
     r
 }
 

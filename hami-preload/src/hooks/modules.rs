@@ -113,16 +113,17 @@ fn unload_library(h: u64) {
     }
 }
 
-/// The first lookup or launch of `owner`'s functions: measured around `real` and charged
+/// The first lookup or launch of `owner`'s functions (of a module; of a library, in each
+/// context): measured around `real` and charged
 /// ([`crate::modules::ModuleTable::charge_stage`]); every later one just calls `real`.
 fn first_use(what: &str, owner: u64, stage: Stage, real: impl FnOnce() -> CUresult) -> CUresult {
     let l = ProcLedger::current();
-    if !l.p.modules.claim(owner, stage) {
-        return real();
-    }
     let Ok((dev, ctx)) = current_dev_ctx() else {
         return real();
     };
+    if !l.p.modules.claim(owner, stage, ctx) {
+        return real();
+    }
     let graves = &l.p.accounts.graveyard;
     let born = graves.stamp();
     let (r, cost) =
@@ -138,7 +139,7 @@ fn first_use(what: &str, owner: u64, stage: Stage, real: impl FnOnce() -> CUresu
     match l
         .p
         .modules
-        .charge_stage(&l, owner, stage, dev, cost.bytes(), || {
+        .charge_stage(&l, owner, stage, ctx, dev, cost.bytes(), || {
             graves.destroyed_since(ctx, born)
         }) {
         Ok(()) => {

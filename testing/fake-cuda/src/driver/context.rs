@@ -21,6 +21,9 @@ impl Inner {
                 alive: true,
             },
         );
+        // Eager loading: the loaded libraries come into the new context now (one that does
+        // not fit stays out; it is loaded at its first use there, or fails then).
+        let _ = self.eager_libraries_into(h);
         Ok(())
     }
 
@@ -67,18 +70,27 @@ impl Inner {
             .collect();
         for k in dead {
             let m = self.modules[&k];
+            if m.library {
+                continue;
+            }
             if m.loaded {
                 self.uncharge(m.phys, m.globals);
             }
-            if m.library {
-                // A library outlives its context: loaded again at its next use.
-                if let Some(x) = self.modules.get_mut(&k) {
-                    x.loaded = false;
-                    x.ctx = 0;
-                }
-            } else {
-                self.modules.remove(&k);
-                self.functions.retain(|_, o| *o != Owner::Function(k));
+            self.modules.remove(&k);
+            self.functions.retain(|_, o| *o != Owner::Function(k));
+        }
+        // A library outlives the context: its globals there go (loaded again at its next
+        // use in a context).
+        let places: Vec<(u64, u64)> = self
+            .lib_resident
+            .keys()
+            .filter(|k| k.1 == h)
+            .copied()
+            .collect();
+        for k in places {
+            if let Some(phys) = self.lib_resident.remove(&k) {
+                let globals = self.modules.get(&k.0).map_or(0, |m| m.globals);
+                self.uncharge(phys, globals);
             }
         }
     }

@@ -102,13 +102,14 @@ impl Pool {
 /// A loaded module (`cuModuleLoad*`) or library (`cuLibraryLoad*`) with `__device__` globals.
 #[derive(Clone, Copy, Debug)]
 pub struct Module {
-    /// Context it is loaded in (libraries: 0 until first loaded into one).
+    /// Context it is loaded in (libraries: 0; where they are resident is
+    /// [`Inner::lib_resident`]).
     pub ctx: u64,
-    /// Physical device charged (valid once `loaded`).
+    /// Physical device charged (valid once `loaded`; modules only).
     pub phys: usize,
-    /// Bytes of its globals (from the image).
+    /// Bytes of its globals (from the image), per context it is loaded in.
     pub globals: u64,
-    /// Whether the globals are on the device (charged).
+    /// Whether the globals are on the device (charged; modules only).
     pub loaded: bool,
     /// A library (`cuLibraryLoad*`): survives its context, unloaded with `cuLibraryUnload`.
     pub library: bool,
@@ -248,6 +249,9 @@ pub struct Inner {
     pub streams: HashMap<u64, u64>,
     /// Loaded modules and libraries by handle.
     pub modules: HashMap<u64, Module>,
+    /// Where each library's globals are resident: (library, context) -> physical device. A
+    /// library is loaded into every context it is used in, each with its own globals.
+    pub lib_resident: HashMap<(u64, u64), usize>,
     /// Streams being captured into a graph.
     pub capturing: std::collections::HashSet<u64>,
     next_handle: u64,
@@ -283,6 +287,7 @@ static INNER: LazyLock<Mutex<Inner>> = LazyLock::new(|| {
         capturing: std::collections::HashSet::new(),
         streams: HashMap::new(),
         modules: HashMap::new(),
+        lib_resident: HashMap::new(),
         next_handle: 0x5000_0000,
         next_va: 0,
     })

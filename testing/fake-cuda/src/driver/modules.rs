@@ -19,39 +19,80 @@ impl Inner {
         self.modules.insert(
             h,
             Module {
-                ctx,
+                ctx: if library { 0 } else { ctx },
                 phys: 0,
                 globals,
                 loaded: false,
                 library,
             },
         );
-        if loading() == Loading::Eager && ctx != 0 {
-            if let Err(e) = self.module_make_resident(h) {
-                self.modules.remove(&h);
+        if loading() == Loading::Eager {
+            // A module into its context; a library into every live context (and, later,
+            // into each context as it is created: `eager_libraries_into`).
+            let r = if library {
+                let live: Vec<u64> = self
+                    .contexts
+                    .iter()
+                    .filter(|(_, c)| c.alive)
+                    .map(|(&k, _)| k)
+                    .collect();
+                live.into_iter()
+                    .try_for_each(|c| self.library_resident_in(h, c))
+            } else {
+                self.module_make_resident(h)
+            };
+            if let Err(e) = r {
+                let _ = self.module_unload(h, library);
                 return Err(e);
             }
         }
         Ok(h)
     }
 
-    /// Puts module `h`'s globals on the device of its context (a library: of the current
-    /// context), charging them.
+    /// With eager loading, a new context gets every loaded library at its creation.
+    pub fn eager_libraries_into(&mut self, ctx: u64) -> R<()> {
+        if loading() != Loading::Eager {
+            return Ok(());
+        }
+        let libs: Vec<u64> = self
+            .modules
+            .iter()
+            .filter(|(_, m)| m.library)
+            .map(|(&k, _)| k)
+            .collect();
+        libs.into_iter()
+            .try_for_each(|l| self.library_resident_in(l, ctx))
+    }
+
+    /// Library `h`'s globals put on the device of context `ctx` (once per context).
+    fn library_resident_in(&mut self, h: u64, ctx: u64) -> R<()> {
+        if self.lib_resident.contains_key(&(h, ctx)) {
+            return Ok(());
+        }
+        let m = *self.modules.get(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let c = self.ctx(ctx)?;
+        self.charge(c.phys, m.globals)?;
+        self.lib_resident.insert((h, ctx), c.phys);
+        Ok(())
+    }
+
+    /// Puts module `h`'s globals on the device of its context, charging them. A library is
+    /// loaded into the current context, with globals of its own there (as the driver does:
+    /// a library used in two contexts holds its globals twice).
     fn module_make_resident(&mut self, h: u64) -> R<()> {
         let m = *self.modules.get(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if m.library {
+            let (ctx, _) = self.current()?;
+            return self.library_resident_in(h, ctx);
+        }
         if m.loaded {
             return Ok(());
         }
-        let (ctx, c) = if m.library {
-            self.current()?
-        } else {
-            (m.ctx, self.ctx(m.ctx)?)
-        };
+        let c = self.ctx(m.ctx)?;
         self.charge(c.phys, m.globals)?;
         if let Some(x) = self.modules.get_mut(&h) {
             x.loaded = true;
             x.phys = c.phys;
-            x.ctx = ctx;
         }
         Ok(())
     }
@@ -65,6 +106,17 @@ impl Inner {
         if let Some(m) = self.modules.remove(&h) {
             if m.loaded {
                 self.uncharge(m.phys, m.globals);
+            }
+            let places: Vec<(u64, u64)> = self
+                .lib_resident
+                .keys()
+                .filter(|k| k.0 == h)
+                .copied()
+                .collect();
+            for k in places {
+                if let Some(phys) = self.lib_resident.remove(&k) {
+                    self.uncharge(phys, m.globals);
+                }
             }
         }
         self.functions
