@@ -3,7 +3,8 @@
 //! Builds, in release, `libhami_preload.so` (`-p hami-preload`) and `hami-agent`
 //! (`-p hami-user`, eBPF object embedded; needs `bpf-linker`, which `setup` provides), strips
 //! them, and copies them with the acceptance runner (`gpu/run_acceptance.py`, its packages
-//! `gpu/acceptance/` and `gpu/runner/`, `gpu/README.md`, `gpu/workloads/`) and the C test programs (`testing/programs/*.c`) into
+//! `gpu/acceptance/` and `gpu/runner/`, `gpu/README.md`, `gpu/workloads/`, the two-GPU checks `gpu/multi_gpu_check.py` and
+//! `gpu/library_two_devices.sh`) and the C test programs (`testing/programs/*.c`) into
 //! the git-ignored `<root>/gpu-bundle/`:
 //!
 //! ```text
@@ -81,6 +82,10 @@ pub fn gpu_bundle_with(root: &Path, opts: &BundleOptions) -> Result<PathBuf> {
         &out.join("gpu/run_acceptance.py"),
     )?;
     copy_file(&gpu.join("README.md"), &out.join("gpu/README.md"))?;
+    // The checks that need two GPUs (`nvidia-h200-x2`).
+    for name in ["multi_gpu_check.py", "library_two_devices.sh"] {
+        copy_file(&gpu.join(name), &out.join("gpu").join(name))?;
+    }
     copy_tree(&gpu.join("workloads"), &out.join("gpu/workloads"))?;
     // The runner's packages: the pure evaluation code and the phases.
     copy_tree(&gpu.join("acceptance"), &out.join("gpu/acceptance"))?;
