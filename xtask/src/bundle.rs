@@ -82,8 +82,12 @@ pub fn gpu_bundle_with(root: &Path, opts: &BundleOptions) -> Result<PathBuf> {
         &out.join("gpu/run_acceptance.py"),
     )?;
     copy_file(&gpu.join("README.md"), &out.join("gpu/README.md"))?;
-    // The checks that need two GPUs (`nvidia-h200-x2`).
-    for name in ["multi_gpu_check.py", "library_two_devices.sh"] {
+    // The library checks (two contexts on one GPU; two GPUs) and the multi-GPU check.
+    for name in [
+        "multi_gpu_check.py",
+        "library_two_devices.sh",
+        "library_two_contexts.sh",
+    ] {
         copy_file(&gpu.join(name), &out.join("gpu").join(name))?;
     }
     copy_tree(&gpu.join("workloads"), &out.join("gpu/workloads"))?;
