@@ -18,12 +18,14 @@
 
 use crate::context::cache::CtxDevices;
 use crate::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
+use crate::spin::{SpinGuard, SpinLock};
 use hami_common::layout::UsageKind;
 use hami_common::region::{Denied, DenyReason, RegionError};
 use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 /// Why a charge was refused. Plain values (no allocation on the refusal path); the message
 /// is written by `Display`, only when a log line is.
@@ -171,8 +173,20 @@ fn precedes(a: u32, b: u32) -> bool {
     (1..=i32::MAX as u32).contains(&b.wrapping_sub(a))
 }
 
+/// A tracked object's identity: its namespace and its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Key(Ns, u64);
+
+impl Hash for Key {
+    /// One word into the hasher (the namespace in the top bits; equality still compares
+    /// both fields).
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.1 ^ (self.0 as u64).rotate_right(3));
+    }
+}
+
 /// Tracked objects by key.
-type Map = HashMap<(Ns, u64), Entry, std::hash::BuildHasherDefault<KeyHasher>>;
+type Map = HashMap<Key, Entry, std::hash::BuildHasherDefault<KeyHasher>>;
 
 /// How many records of each kind a shard keeps for racing frees (see [`Shard`]).
 const RACE_RECORDS: usize = 4;
@@ -194,9 +208,9 @@ struct Shard {
     /// Entries put back after a refused free, wrapping (stamps of `reinserted`).
     reinserts: u32,
     /// Keys whose untracked free succeeded, most recent last.
-    freed: Vec<(Ns, u64)>,
+    freed: Vec<Key>,
     /// Keys put back after a refused free, with their stamp, most recent last.
-    reinserted: Vec<((Ns, u64), u32)>,
+    reinserted: Vec<(Key, u32)>,
 }
 
 impl Shard {
@@ -264,9 +278,11 @@ impl Graveyard {
     }
 }
 
-/// The table of tracked objects, sharded to keep threads from contending.
+/// The table of tracked objects, sharded to keep threads from contending. Each shard's lock
+/// is a [`SpinLock`]: its sections only look up, insert or remove a few entries (and, rarely,
+/// ask the [`Graveyard`], whose lock is held for a few stores and never while taking a shard's).
 pub struct Accounts {
-    shards: [Mutex<Shard>; SHARDS],
+    shards: [SpinLock<Shard>; SHARDS],
     /// Context → device cache of the allocation path, emptied by [`Accounts::drop_context`].
     pub ctx_devices: CtxDevices,
     /// Contexts destroyed recently, for the calls in flight meanwhile (also the module
@@ -277,7 +293,7 @@ pub struct Accounts {
 impl Default for Accounts {
     fn default() -> Self {
         Accounts {
-            shards: std::array::from_fn(|_| Mutex::new(Shard::default())),
+            shards: std::array::from_fn(|_| SpinLock::new(Shard::default())),
             ctx_devices: CtxDevices::default(),
             graveyard: Graveyard::default(),
         }
@@ -300,18 +316,14 @@ pub struct Allocated {
 }
 
 impl Accounts {
-    fn shard(&self, key: u64) -> MutexGuard<'_, Shard> {
-        self.shards[shard_of(key)]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    #[inline]
+    fn shard(&self, key: u64) -> SpinGuard<'_, Shard> {
+        self.shards[shard_of(key)].lock()
     }
 
     /// Number of tracked objects.
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
-            .sum()
+        self.shards.iter().map(|s| s.lock().map.len()).sum()
     }
 
     /// Whether nothing is tracked.
@@ -321,7 +333,7 @@ impl Accounts {
 
     /// The entry for `key`, if tracked.
     pub fn get(&self, ns: Ns, key: u64) -> Option<Entry> {
-        self.shard(key).map.get(&(ns, key)).copied()
+        self.shard(key).map.get(&Key(ns, key)).copied()
     }
 
     /// Charges `estimate` bytes of data on `dev`, runs the driver `call`, and records what it
@@ -371,7 +383,7 @@ impl Accounts {
         };
         let (stale, gone) = {
             let mut s = self.shard(got.key);
-            let key = (ns, got.key);
+            let key = Key(ns, got.key);
             if !s.freed.is_empty() {
                 s.freed.retain(|k| *k != key);
             }
@@ -412,13 +424,13 @@ impl Accounts {
     ) -> CUresult {
         let (taken, start) = {
             let mut s = self.shard(key);
-            (s.map.remove(&(ns, key)), s.reinserts)
+            (s.map.remove(&Key(ns, key)), s.reinserts)
         };
         let r = call();
         match taken {
             Some(e) if r == CUDA_SUCCESS => ledger.uncharge(e.dev, e.kind, e.bytes),
-            Some(e) => self.free_refused(ledger, (ns, key), e),
-            None if r == CUDA_SUCCESS => self.untracked_freed(ledger, (ns, key), start),
+            Some(e) => self.free_refused(ledger, Key(ns, key), e),
+            None if r == CUDA_SUCCESS => self.untracked_freed(ledger, Key(ns, key), start),
             None => {}
         }
         r
@@ -429,7 +441,7 @@ impl Accounts {
     /// context was destroyed since it was made (the object went with it; the sweep did not
     /// see the entry, which this free held).
     #[cold]
-    fn free_refused<L: Ledger + ?Sized>(&self, ledger: &L, key: (Ns, u64), e: Entry) {
+    fn free_refused<L: Ledger + ?Sized>(&self, ledger: &L, key: Key, e: Entry) {
         let mut s = self.shard(key.1);
         if let Some(i) = s.freed.iter().position(|k| *k == key) {
             // Freed meanwhile by another thread's call: gone.
@@ -455,7 +467,7 @@ impl Accounts {
     /// of the key was refused, is this object's: released here. Otherwise the key is noted
     /// for such a free still in flight (see [`Shard`]).
     #[cold]
-    fn untracked_freed<L: Ledger + ?Sized>(&self, ledger: &L, key: (Ns, u64), start: u32) {
+    fn untracked_freed<L: Ledger + ?Sized>(&self, ledger: &L, key: Key, start: u32) {
         let mut s = self.shard(key.1);
         let put_back = s
             .reinserted
@@ -489,8 +501,8 @@ impl Accounts {
         let mut n = 0;
         for s in &self.shards {
             let gone: Vec<Entry> = {
-                let mut g = s.lock().unwrap_or_else(PoisonError::into_inner);
-                let keys: Vec<(Ns, u64)> = g
+                let mut g = s.lock();
+                let keys: Vec<Key> = g
                     .map
                     .iter()
                     .filter(|(_, e)| e.ctx == ctx)

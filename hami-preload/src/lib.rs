@@ -31,6 +31,7 @@ pub mod policy;
 pub mod pools;
 pub mod real;
 pub mod shim;
+pub mod spin;
 pub mod state;
 pub mod symbols;
 

@@ -20,7 +20,7 @@ use crate::symbols::{self, Cu};
 use hami_common::layout::{UsageKind, MAX_DEVICES};
 use hami_common::region::{DenyReason, OpenOutcome, ProcessId, Region, RegionConfig, SlotId};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 /// Configuration and region, shared by every thread (and inherited by forked children).
@@ -159,7 +159,11 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
 pub struct ProcState {
     who: OnceLock<ProcessId>,
     slot: Mutex<Option<SlotId>>,
-    registered: AtomicBool,
+    /// The registered slot for the hot path, read without a lock: null, or a `SlotId`
+    /// boxed at registration and never freed (a reader may still hold the address after the
+    /// slot is forgotten; one 16-byte box per registration, and a process registers again
+    /// only after its slot was reclaimed).
+    slot_id: AtomicPtr<SlotId>,
     exiting: AtomicBool,
     /// Tracked driver objects.
     pub accounts: Accounts,
@@ -172,8 +176,6 @@ pub struct ProcState {
     /// The backstop's refresh clock.
     pub backstop: crate::backstop::Backstop,
     denial_logged: [AtomicBool; MAX_DEVICES],
-    /// Slot index cache for the hot path (u64::MAX = none).
-    slot_index: AtomicU64,
 }
 
 impl ProcState {
@@ -181,7 +183,7 @@ impl ProcState {
         ProcState {
             who: OnceLock::new(),
             slot: Mutex::new(None),
-            registered: AtomicBool::new(false),
+            slot_id: AtomicPtr::new(std::ptr::null_mut()),
             exiting: AtomicBool::new(false),
             accounts: Accounts::default(),
             contexts: ContextTable::default(),
@@ -189,7 +191,6 @@ impl ProcState {
             modules: Default::default(),
             backstop: Default::default(),
             denial_logged: std::array::from_fn(|_| AtomicBool::new(false)),
-            slot_index: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -200,21 +201,27 @@ impl ProcState {
             .is_some_and(|f| !f.swap(true, Ordering::Relaxed))
     }
 
-    /// This process's slot, if registered.
+    /// This process's slot, if registered. One load and a copy.
+    #[inline]
     pub fn slot(&self) -> Option<SlotId> {
-        if !self.registered.load(Ordering::Acquire) {
-            return None;
-        }
-        let idx = self.slot_index.load(Ordering::Relaxed);
-        let who = *self.who.get()?;
-        (idx != u64::MAX).then(|| SlotId::new(idx as usize, who))
+        let p = self.slot_id.load(Ordering::Acquire);
+        // SAFETY: null or a box published by `ensure_slot` (Release, after it was written)
+        // and never freed or written again.
+        (!p.is_null()).then(|| unsafe { *p })
     }
 
     /// Registers (once) and returns the slot.
+    #[inline]
     fn ensure_slot(&self, region: &'static Region) -> Result<SlotId, Deny> {
-        if let Some(s) = self.slot() {
-            return Ok(s);
+        match self.slot() {
+            Some(s) => Ok(s),
+            None => self.register(region),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn register(&self, region: &'static Region) -> Result<SlotId, Deny> {
         let mut g = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(s) = *g {
             return Ok(s);
@@ -239,8 +246,8 @@ impl ProcState {
         }
         record_uuids(region);
         *g = Some(s);
-        self.slot_index.store(s.index() as u64, Ordering::Relaxed);
-        self.registered.store(true, Ordering::Release);
+        self.slot_id
+            .store(Box::into_raw(Box::new(s)), Ordering::Release);
         crate::debug!(
             "registered in {} as slot {}",
             region.path().display(),
@@ -252,8 +259,8 @@ impl ProcState {
     fn forget_slot(&self) {
         let mut g = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
         *g = None;
-        self.registered.store(false, Ordering::Release);
-        self.slot_index.store(u64::MAX, Ordering::Relaxed);
+        // The old box is leaked: a reader may still be copying from it.
+        self.slot_id.store(std::ptr::null_mut(), Ordering::Release);
     }
 }
 
