@@ -155,14 +155,23 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
     (Global { config, region }, messages)
 }
 
+/// Registration state, changed under [`ProcState`]'s `slot` lock.
+#[derive(Default)]
+struct Registration {
+    /// The slot, while registered.
+    current: Option<SlotId>,
+    /// The last slot published for the hot path, boxed and never freed (a reader may still
+    /// be copying from it after the slot is forgotten). Kept after that: registering again
+    /// into the same slot (the usual case) reuses it, so boxes are only made for new slots.
+    published: Option<&'static SlotId>,
+}
+
 /// This process's state (replaced in a forked child).
 pub struct ProcState {
     who: OnceLock<ProcessId>,
-    slot: Mutex<Option<SlotId>>,
-    /// The registered slot for the hot path, read without a lock: null, or a `SlotId`
-    /// boxed at registration and never freed (a reader may still hold the address after the
-    /// slot is forgotten; one 16-byte box per registration, and a process registers again
-    /// only after its slot was reclaimed).
+    slot: Mutex<Registration>,
+    /// The registered slot for the hot path, read without a lock: null, or the box of
+    /// [`Registration::published`].
     slot_id: AtomicPtr<SlotId>,
     exiting: AtomicBool,
     /// Tracked driver objects.
@@ -182,7 +191,7 @@ impl ProcState {
     fn new() -> ProcState {
         ProcState {
             who: OnceLock::new(),
-            slot: Mutex::new(None),
+            slot: Mutex::new(Registration::default()),
             slot_id: AtomicPtr::new(std::ptr::null_mut()),
             exiting: AtomicBool::new(false),
             accounts: Accounts::default(),
@@ -205,8 +214,8 @@ impl ProcState {
     #[inline]
     pub fn slot(&self) -> Option<SlotId> {
         let p = self.slot_id.load(Ordering::Acquire);
-        // SAFETY: null or a box published by `ensure_slot` (Release, after it was written)
-        // and never freed or written again.
+        // SAFETY: null or a box published by `register` (Release, after it was written),
+        // never freed nor written again.
         (!p.is_null()).then(|| unsafe { *p })
     }
 
@@ -223,7 +232,7 @@ impl ProcState {
     #[inline(never)]
     fn register(&self, region: &'static Region) -> Result<SlotId, Deny> {
         let mut g = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(s) = *g {
+        if let Some(s) = g.current {
             return Ok(s);
         }
         let who = *self.who.get_or_init(ProcessId::current);
@@ -245,9 +254,14 @@ impl ProcState {
             }
         }
         record_uuids(region);
-        *g = Some(s);
+        g.current = Some(s);
+        let boxed: &'static SlotId = match g.published {
+            Some(b) if *b == s => b,
+            _ => Box::leak(Box::new(s)),
+        };
+        g.published = Some(boxed);
         self.slot_id
-            .store(Box::into_raw(Box::new(s)), Ordering::Release);
+            .store(std::ptr::from_ref(boxed).cast_mut(), Ordering::Release);
         crate::debug!(
             "registered in {} as slot {}",
             region.path().display(),
@@ -258,8 +272,8 @@ impl ProcState {
 
     fn forget_slot(&self) {
         let mut g = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
-        *g = None;
-        // The old box is leaked: a reader may still be copying from it.
+        g.current = None;
+        // The box stays (see `Registration::published`).
         self.slot_id.store(std::ptr::null_mut(), Ordering::Release);
     }
 }
@@ -446,5 +460,62 @@ impl Ledger for ProcLedger {
         if let (Ok(region), Some(slot)) = (self.region(), self.p.slot()) {
             region.uncharge(slot, dev, kind, bytes);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hot path's copy of the slot follows registration, loss and registration again,
+    /// and readers racing with those changes only ever see the whole slot of this process
+    /// or none.
+    #[test]
+    fn the_published_slot_follows_registration_and_is_never_torn() {
+        let dir = std::env::temp_dir().join(format!("hami-state-slot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (region, _) = Region::open_or_create(&dir.join("region"), &RegionConfig::default())
+            .expect("region in a temp dir");
+        let region: &'static Region = Box::leak(Box::new(region));
+        let p = ProcState::new();
+        assert_eq!(p.slot(), None, "not registered yet");
+        let s = p.ensure_slot(region).expect("registers");
+        assert_eq!(p.slot(), Some(s));
+        assert_eq!(s.owner(), ProcessId::current());
+        assert!(region.is_registered(s));
+        p.forget_slot();
+        assert_eq!(p.slot(), None, "forgotten");
+        let again = p.ensure_slot(region).expect("registers again");
+        assert_eq!(p.slot(), Some(again));
+        assert_eq!(again, s, "the same process gets its slot back");
+        let boxed = p.slot_id.load(Ordering::Relaxed);
+
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|t| {
+            for _ in 0..2 {
+                t.spawn(|| {
+                    let mut seen = 0u32;
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Some(got) = p.slot() {
+                            assert_eq!(got, s);
+                            seen += 1;
+                        }
+                    }
+                    std::hint::black_box(seen);
+                });
+            }
+            for _ in 0..2000 {
+                p.forget_slot();
+                assert_eq!(p.ensure_slot(region), Ok(s));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert_eq!(
+            p.slot_id.load(Ordering::Relaxed),
+            boxed,
+            "registering again into the same slot made no new box"
+        );
+        region.unregister(s);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
