@@ -14,6 +14,9 @@
 //!   The same rounds also run the preload with `HAMI_ADMISSION_RESERVE=0` (every admission
 //!   and release takes the region lock, as before admission reserves): a second table, the
 //!   baseline for the reserves measured in the same run.
+//!   `HAMI_BENCH_BASELINE=<path of another libhami_preload.so>` (e.g. a build of the previous
+//!   commit) adds a run with that library to every round and a third table: a change to the
+//!   preload compared with its baseline under the same conditions (the host may be shared).
 //! * cost of registering a process when 1000 slots are live.
 //!
 //! Run: `cargo bench -p hami-preload` (the test harness builds the fake driver, the preload
@@ -234,10 +237,16 @@ fn main() {
         "{:>6} {:>12} {:>12} {:>12} {:>15} {:>15}",
         "procs", "cpu_without", "cpu_with", "added", "Mpairs/s_without", "Mpairs/s_with"
     );
+    let baseline: Option<PathBuf> = std::env::var_os("HAMI_BENCH_BASELINE").map(PathBuf::from);
+    if let Some(b) = &baseline {
+        assert!(b.is_file(), "HAMI_BENCH_BASELINE={}: no such file", b.display());
+    }
     let probes = UprobeWatch::new(&libdir.join("libcuda.so.1"));
     let mut locked_rows = Vec::new();
+    let mut baseline_rows = Vec::new();
     for procs in [1usize, 8, 64] {
         let (mut without, mut with, mut locked) = (Vec::new(), Vec::new(), Vec::new());
+        let mut based = Vec::new();
         let mut discarded = 0;
         while without.len() < rounds {
             let before = probes.seen();
@@ -252,6 +261,9 @@ fn main() {
                 secs,
                 &[("HAMI_ADMISSION_RESERVE", "0")],
             );
+            let d = baseline
+                .as_deref()
+                .map(|b| run(Some(b), &libdir, &probe, &dir, procs, secs, &[]));
             if before || probes.seen() {
                 discarded += 1;
                 if discarded <= MAX_DISCARDED {
@@ -261,6 +273,7 @@ fn main() {
             without.push(a);
             with.push(b);
             locked.push(c);
+            based.extend(d);
         }
         let overlaps: Vec<String> = without
             .iter()
@@ -288,6 +301,9 @@ fn main() {
         let (line, added) = row(&with);
         println!("{line}");
         locked_rows.push(row(&locked).0);
+        if baseline.is_some() {
+            baseline_rows.push(row(&based).0);
+        }
         let spread: Vec<String> = added.iter().map(|a| format!("{a:.0}")).collect();
         println!("       (added per round: {})", spread.join(" "));
         println!(
@@ -311,6 +327,15 @@ fn main() {
     );
     for l in locked_rows {
         println!("locked {l}");
+    }
+    if let Some(b) = &baseline {
+        println!(
+            "baseline of the same rounds: HAMI_BENCH_BASELINE={} (default settings)",
+            b.display()
+        );
+        for l in baseline_rows {
+            println!("baseline {l}");
+        }
     }
 
     // Registration with 1000 live slots.
