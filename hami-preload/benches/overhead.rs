@@ -239,7 +239,11 @@ fn main() {
     );
     let baseline: Option<PathBuf> = std::env::var_os("HAMI_BENCH_BASELINE").map(PathBuf::from);
     if let Some(b) = &baseline {
-        assert!(b.is_file(), "HAMI_BENCH_BASELINE={}: no such file", b.display());
+        assert!(
+            b.is_file(),
+            "HAMI_BENCH_BASELINE={}: no such file",
+            b.display()
+        );
     }
     let probes = UprobeWatch::new(&libdir.join("libcuda.so.1"));
     let mut locked_rows = Vec::new();
