@@ -18,11 +18,11 @@
 
 use crate::context::cache::CtxDevices;
 use crate::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
+use crate::keymap::{self, KeyMap};
 use crate::spin::{SpinGuard, SpinLock};
 use hami_common::layout::UsageKind;
 use hami_common::region::{Denied, DenyReason, RegionError};
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -139,35 +139,6 @@ pub struct Entry {
 
 const SHARDS: usize = 16;
 
-/// A fast hasher for the table's keys (driver-chosen addresses and handles, not
-/// attacker-controlled input): multiply-xorshift instead of SipHash.
-#[derive(Default, Clone, Copy)]
-pub struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        h ^ (h >> 29)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x100_0000_01B3);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-    fn write_u8(&mut self, n: u8) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_isize(&mut self, n: isize) {
-        self.write_u64(n as u64);
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-}
-
 /// Whether stamp `a` comes before stamp `b` (wrapping counters: within 2^31 steps).
 fn precedes(a: u32, b: u32) -> bool {
     (1..=i32::MAX as u32).contains(&b.wrapping_sub(a))
@@ -177,16 +148,16 @@ fn precedes(a: u32, b: u32) -> bool {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Key(Ns, u64);
 
-impl Hash for Key {
-    /// One word into the hasher (the namespace in the top bits; equality still compares
-    /// both fields).
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        h.write_u64(self.1 ^ (self.0 as u64).rotate_right(3));
+impl Key {
+    /// The namespace as the map's small integer.
+    #[inline]
+    fn space(self) -> u8 {
+        self.0 as u8
     }
 }
 
 /// Tracked objects by key.
-type Map = HashMap<Key, Entry, std::hash::BuildHasherDefault<KeyHasher>>;
+type Map = KeyMap<Entry>;
 
 /// How many records of each kind a shard keeps for racing frees (see [`Shard`]).
 const RACE_RECORDS: usize = 4;
@@ -301,8 +272,9 @@ impl Default for Accounts {
 }
 
 fn shard_of(key: u64) -> usize {
-    // Device pointers are at least 256-byte aligned: mix the higher bits.
-    let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    // Device pointers are at least 256-byte aligned: mix the higher bits. (The maps inside
+    // the shards use the bits below these four.)
+    let h = key.wrapping_mul(keymap::MIX);
     (h >> 60) as usize % SHARDS
 }
 
@@ -333,7 +305,7 @@ impl Accounts {
 
     /// The entry for `key`, if tracked.
     pub fn get(&self, ns: Ns, key: u64) -> Option<Entry> {
-        self.shard(key).map.get(&Key(ns, key)).copied()
+        self.shard(key).map.get(ns as u8, key)
     }
 
     /// Charges `estimate` bytes of data on `dev`, runs the driver `call`, and records what it
@@ -390,9 +362,9 @@ impl Accounts {
             // Under the shard lock: a destruction not seen here sweeps this shard later.
             let gone = self.graveyard.destroyed_since(ctx, born);
             let old = if gone {
-                s.map.remove(&key)
+                s.map.remove(key.space(), key.1)
             } else {
-                s.map.insert(key, entry)
+                s.map.insert(key.space(), key.1, entry)
             };
             if old.is_some() && !s.reinserted.is_empty() {
                 s.reinserted.retain(|(k, _)| *k != key);
@@ -424,7 +396,7 @@ impl Accounts {
     ) -> CUresult {
         let (taken, start) = {
             let mut s = self.shard(key);
-            (s.map.remove(&Key(ns, key)), s.reinserts)
+            (s.map.remove(ns as u8, key), s.reinserts)
         };
         let r = call();
         match taken {
@@ -455,7 +427,7 @@ impl Accounts {
             ledger.uncharge(e.dev, e.kind, e.bytes);
         } else {
             // Still allocated, as far as we know: nobody else can have been given the key.
-            s.map.insert(key, e);
+            s.map.insert(key.space(), key.1, e);
             s.reinserts = s.reinserts.wrapping_add(1);
             let stamp = s.reinserts;
             Shard::note(&mut s.reinserted, (key, stamp));
@@ -474,9 +446,9 @@ impl Accounts {
             .iter()
             .position(|&(k, stamp)| k == key && precedes(start, stamp));
         match put_back {
-            Some(i) if s.map.contains_key(&key) => {
+            Some(i) if s.map.contains(key.space(), key.1) => {
                 s.reinserted.remove(i);
-                let e = s.map.remove(&key);
+                let e = s.map.remove(key.space(), key.1);
                 drop(s);
                 if let Some(e) = e {
                     ledger.uncharge(e.dev, e.kind, e.bytes);
@@ -502,13 +474,15 @@ impl Accounts {
         for s in &self.shards {
             let gone: Vec<Entry> = {
                 let mut g = s.lock();
-                let keys: Vec<Key> = g
+                let keys: Vec<(u8, u64)> = g
                     .map
                     .iter()
-                    .filter(|(_, e)| e.ctx == ctx)
-                    .map(|(k, _)| *k)
+                    .filter(|(_, _, e)| e.ctx == ctx)
+                    .map(|(space, key, _)| (space, key))
                     .collect();
-                keys.iter().filter_map(|k| g.map.remove(k)).collect()
+                keys.iter()
+                    .filter_map(|&(space, key)| g.map.remove(space, key))
+                    .collect()
             };
             for e in gone {
                 ledger.uncharge(e.dev, e.kind, e.bytes);
