@@ -4,7 +4,8 @@
 //! allocation + free pair).
 //!
 //! Only for critical sections that are short and never block: the holder never calls the
-//! driver, never waits for anything, and never takes another lock of ours. A waiter spins
+//! driver and waits for nothing but, rarely, another short lock that is never held while one
+//! of these is taken (the allocation table's graveyard, [`crate::accounting`]). A waiter spins
 //! briefly, then yields its CPU, then sleeps in growing steps (up to 1 ms): a holder that was
 //! descheduled (more runnable threads than CPUs) or runs at a lower real-time priority on the
 //! same CPU gets to run and release it; nobody waits forever on a lock that is released. A
