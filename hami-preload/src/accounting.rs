@@ -18,12 +18,14 @@
 
 use crate::context::cache::CtxDevices;
 use crate::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
+use crate::keymap::{self, KeyMap};
+use crate::spin::{SpinGuard, SpinLock};
 use hami_common::layout::UsageKind;
 use hami_common::region::{Denied, DenyReason, RegionError};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
 /// Why a charge was refused. Plain values (no allocation on the refusal path); the message
 /// is written by `Display`, only when a log line is.
@@ -137,42 +139,25 @@ pub struct Entry {
 
 const SHARDS: usize = 16;
 
-/// A fast hasher for the table's keys (driver-chosen addresses and handles, not
-/// attacker-controlled input): multiply-xorshift instead of SipHash.
-#[derive(Default, Clone, Copy)]
-pub struct KeyHasher(u64);
-
-impl std::hash::Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        h ^ (h >> 29)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x100_0000_01B3);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-    fn write_u8(&mut self, n: u8) {
-        self.write_u64(u64::from(n));
-    }
-    fn write_isize(&mut self, n: isize) {
-        self.write_u64(n as u64);
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
-    }
-}
-
 /// Whether stamp `a` comes before stamp `b` (wrapping counters: within 2^31 steps).
 fn precedes(a: u32, b: u32) -> bool {
     (1..=i32::MAX as u32).contains(&b.wrapping_sub(a))
 }
 
+/// A tracked object's identity: its namespace and its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Key(Ns, u64);
+
+impl Key {
+    /// The namespace as the map's small integer.
+    #[inline]
+    fn space(self) -> u8 {
+        self.0 as u8
+    }
+}
+
 /// Tracked objects by key.
-type Map = HashMap<(Ns, u64), Entry, std::hash::BuildHasherDefault<KeyHasher>>;
+type Map = KeyMap<Entry>;
 
 /// How many records of each kind a shard keeps for racing frees (see [`Shard`]).
 const RACE_RECORDS: usize = 4;
@@ -194,9 +179,9 @@ struct Shard {
     /// Entries put back after a refused free, wrapping (stamps of `reinserted`).
     reinserts: u32,
     /// Keys whose untracked free succeeded, most recent last.
-    freed: Vec<(Ns, u64)>,
+    freed: Vec<Key>,
     /// Keys put back after a refused free, with their stamp, most recent last.
-    reinserted: Vec<((Ns, u64), u32)>,
+    reinserted: Vec<(Key, u32)>,
 }
 
 impl Shard {
@@ -264,9 +249,11 @@ impl Graveyard {
     }
 }
 
-/// The table of tracked objects, sharded to keep threads from contending.
+/// The table of tracked objects, sharded to keep threads from contending. Each shard's lock
+/// is a [`SpinLock`]: its sections only look up, insert or remove a few entries (and, rarely,
+/// ask the [`Graveyard`], whose lock is held for a few stores and never while taking a shard's).
 pub struct Accounts {
-    shards: [Mutex<Shard>; SHARDS],
+    shards: [SpinLock<Shard>; SHARDS],
     /// Context → device cache of the allocation path, emptied by [`Accounts::drop_context`].
     pub ctx_devices: CtxDevices,
     /// Contexts destroyed recently, for the calls in flight meanwhile (also the module
@@ -277,7 +264,7 @@ pub struct Accounts {
 impl Default for Accounts {
     fn default() -> Self {
         Accounts {
-            shards: std::array::from_fn(|_| Mutex::new(Shard::default())),
+            shards: std::array::from_fn(|_| SpinLock::new(Shard::default())),
             ctx_devices: CtxDevices::default(),
             graveyard: Graveyard::default(),
         }
@@ -285,8 +272,9 @@ impl Default for Accounts {
 }
 
 fn shard_of(key: u64) -> usize {
-    // Device pointers are at least 256-byte aligned: mix the higher bits.
-    let h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    // Device pointers are at least 256-byte aligned: mix the higher bits. (The maps inside
+    // the shards use the bits below these four.)
+    let h = key.wrapping_mul(keymap::MIX);
     (h >> 60) as usize % SHARDS
 }
 
@@ -300,18 +288,14 @@ pub struct Allocated {
 }
 
 impl Accounts {
-    fn shard(&self, key: u64) -> MutexGuard<'_, Shard> {
-        self.shards[shard_of(key)]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    #[inline]
+    fn shard(&self, key: u64) -> SpinGuard<'_, Shard> {
+        self.shards[shard_of(key)].lock()
     }
 
     /// Number of tracked objects.
     pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).map.len())
-            .sum()
+        self.shards.iter().map(|s| s.lock().map.len()).sum()
     }
 
     /// Whether nothing is tracked.
@@ -321,7 +305,7 @@ impl Accounts {
 
     /// The entry for `key`, if tracked.
     pub fn get(&self, ns: Ns, key: u64) -> Option<Entry> {
-        self.shard(key).map.get(&(ns, key)).copied()
+        self.shard(key).map.get(ns as u8, key)
     }
 
     /// Charges `estimate` bytes of data on `dev`, runs the driver `call`, and records what it
@@ -371,16 +355,16 @@ impl Accounts {
         };
         let (stale, gone) = {
             let mut s = self.shard(got.key);
-            let key = (ns, got.key);
+            let key = Key(ns, got.key);
             if !s.freed.is_empty() {
                 s.freed.retain(|k| *k != key);
             }
             // Under the shard lock: a destruction not seen here sweeps this shard later.
             let gone = self.graveyard.destroyed_since(ctx, born);
             let old = if gone {
-                s.map.remove(&key)
+                s.map.remove(key.space(), key.1)
             } else {
-                s.map.insert(key, entry)
+                s.map.insert(key.space(), key.1, entry)
             };
             if old.is_some() && !s.reinserted.is_empty() {
                 s.reinserted.retain(|(k, _)| *k != key);
@@ -412,13 +396,13 @@ impl Accounts {
     ) -> CUresult {
         let (taken, start) = {
             let mut s = self.shard(key);
-            (s.map.remove(&(ns, key)), s.reinserts)
+            (s.map.remove(ns as u8, key), s.reinserts)
         };
         let r = call();
         match taken {
             Some(e) if r == CUDA_SUCCESS => ledger.uncharge(e.dev, e.kind, e.bytes),
-            Some(e) => self.free_refused(ledger, (ns, key), e),
-            None if r == CUDA_SUCCESS => self.untracked_freed(ledger, (ns, key), start),
+            Some(e) => self.free_refused(ledger, Key(ns, key), e),
+            None if r == CUDA_SUCCESS => self.untracked_freed(ledger, Key(ns, key), start),
             None => {}
         }
         r
@@ -429,7 +413,7 @@ impl Accounts {
     /// context was destroyed since it was made (the object went with it; the sweep did not
     /// see the entry, which this free held).
     #[cold]
-    fn free_refused<L: Ledger + ?Sized>(&self, ledger: &L, key: (Ns, u64), e: Entry) {
+    fn free_refused<L: Ledger + ?Sized>(&self, ledger: &L, key: Key, e: Entry) {
         let mut s = self.shard(key.1);
         if let Some(i) = s.freed.iter().position(|k| *k == key) {
             // Freed meanwhile by another thread's call: gone.
@@ -443,7 +427,7 @@ impl Accounts {
             ledger.uncharge(e.dev, e.kind, e.bytes);
         } else {
             // Still allocated, as far as we know: nobody else can have been given the key.
-            s.map.insert(key, e);
+            s.map.insert(key.space(), key.1, e);
             s.reinserts = s.reinserts.wrapping_add(1);
             let stamp = s.reinserts;
             Shard::note(&mut s.reinserted, (key, stamp));
@@ -455,16 +439,16 @@ impl Accounts {
     /// of the key was refused, is this object's: released here. Otherwise the key is noted
     /// for such a free still in flight (see [`Shard`]).
     #[cold]
-    fn untracked_freed<L: Ledger + ?Sized>(&self, ledger: &L, key: (Ns, u64), start: u32) {
+    fn untracked_freed<L: Ledger + ?Sized>(&self, ledger: &L, key: Key, start: u32) {
         let mut s = self.shard(key.1);
         let put_back = s
             .reinserted
             .iter()
             .position(|&(k, stamp)| k == key && precedes(start, stamp));
         match put_back {
-            Some(i) if s.map.contains_key(&key) => {
+            Some(i) if s.map.contains(key.space(), key.1) => {
                 s.reinserted.remove(i);
-                let e = s.map.remove(&key);
+                let e = s.map.remove(key.space(), key.1);
                 drop(s);
                 if let Some(e) = e {
                     ledger.uncharge(e.dev, e.kind, e.bytes);
@@ -489,14 +473,16 @@ impl Accounts {
         let mut n = 0;
         for s in &self.shards {
             let gone: Vec<Entry> = {
-                let mut g = s.lock().unwrap_or_else(PoisonError::into_inner);
-                let keys: Vec<(Ns, u64)> = g
+                let mut g = s.lock();
+                let keys: Vec<(u8, u64)> = g
                     .map
                     .iter()
-                    .filter(|(_, e)| e.ctx == ctx)
-                    .map(|(k, _)| *k)
+                    .filter(|(_, _, e)| e.ctx == ctx)
+                    .map(|(space, key, _)| (space, key))
                     .collect();
-                keys.iter().filter_map(|k| g.map.remove(k)).collect()
+                keys.iter()
+                    .filter_map(|&(space, key)| g.map.remove(space, key))
+                    .collect()
             };
             for e in gone {
                 ledger.uncharge(e.dev, e.kind, e.bytes);

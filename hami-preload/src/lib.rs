@@ -24,6 +24,7 @@ pub mod context;
 pub mod cuda;
 pub mod dlsym;
 pub mod hooks;
+pub(crate) mod keymap;
 #[macro_use]
 pub mod log;
 pub mod modules;
@@ -31,6 +32,7 @@ pub mod policy;
 pub mod pools;
 pub mod real;
 pub mod shim;
+pub mod spin;
 pub mod state;
 pub mod symbols;
 

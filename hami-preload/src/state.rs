@@ -20,7 +20,7 @@ use crate::symbols::{self, Cu};
 use hami_common::layout::{UsageKind, MAX_DEVICES};
 use hami_common::region::{DenyReason, OpenOutcome, ProcessId, Region, RegionConfig, SlotId};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 /// Configuration and region, shared by every thread (and inherited by forked children).
@@ -155,11 +155,24 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
     (Global { config, region }, messages)
 }
 
+/// Registration state, changed under [`ProcState`]'s `slot` lock.
+#[derive(Default)]
+struct Registration {
+    /// The slot, while registered.
+    current: Option<SlotId>,
+    /// The last slot published for the hot path, boxed and never freed (a reader may still
+    /// be copying from it after the slot is forgotten). Kept after that: registering again
+    /// into the same slot (the usual case) reuses it, so boxes are only made for new slots.
+    published: Option<&'static SlotId>,
+}
+
 /// This process's state (replaced in a forked child).
 pub struct ProcState {
     who: OnceLock<ProcessId>,
-    slot: Mutex<Option<SlotId>>,
-    registered: AtomicBool,
+    slot: Mutex<Registration>,
+    /// The registered slot for the hot path, read without a lock: null, or the box of
+    /// [`Registration::published`].
+    slot_id: AtomicPtr<SlotId>,
     exiting: AtomicBool,
     /// Tracked driver objects.
     pub accounts: Accounts,
@@ -172,16 +185,14 @@ pub struct ProcState {
     /// The backstop's refresh clock.
     pub backstop: crate::backstop::Backstop,
     denial_logged: [AtomicBool; MAX_DEVICES],
-    /// Slot index cache for the hot path (u64::MAX = none).
-    slot_index: AtomicU64,
 }
 
 impl ProcState {
     fn new() -> ProcState {
         ProcState {
             who: OnceLock::new(),
-            slot: Mutex::new(None),
-            registered: AtomicBool::new(false),
+            slot: Mutex::new(Registration::default()),
+            slot_id: AtomicPtr::new(std::ptr::null_mut()),
             exiting: AtomicBool::new(false),
             accounts: Accounts::default(),
             contexts: ContextTable::default(),
@@ -189,7 +200,6 @@ impl ProcState {
             modules: Default::default(),
             backstop: Default::default(),
             denial_logged: std::array::from_fn(|_| AtomicBool::new(false)),
-            slot_index: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -200,23 +210,29 @@ impl ProcState {
             .is_some_and(|f| !f.swap(true, Ordering::Relaxed))
     }
 
-    /// This process's slot, if registered.
+    /// This process's slot, if registered. One load and a copy.
+    #[inline]
     pub fn slot(&self) -> Option<SlotId> {
-        if !self.registered.load(Ordering::Acquire) {
-            return None;
-        }
-        let idx = self.slot_index.load(Ordering::Relaxed);
-        let who = *self.who.get()?;
-        (idx != u64::MAX).then(|| SlotId::new(idx as usize, who))
+        let p = self.slot_id.load(Ordering::Acquire);
+        // SAFETY: null or a box published by `register` (Release, after it was written),
+        // never freed nor written again.
+        (!p.is_null()).then(|| unsafe { *p })
     }
 
     /// Registers (once) and returns the slot.
+    #[inline]
     fn ensure_slot(&self, region: &'static Region) -> Result<SlotId, Deny> {
-        if let Some(s) = self.slot() {
-            return Ok(s);
+        match self.slot() {
+            Some(s) => Ok(s),
+            None => self.register(region),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn register(&self, region: &'static Region) -> Result<SlotId, Deny> {
         let mut g = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(s) = *g {
+        if let Some(s) = g.current {
             return Ok(s);
         }
         let who = *self.who.get_or_init(ProcessId::current);
@@ -238,9 +254,14 @@ impl ProcState {
             }
         }
         record_uuids(region);
-        *g = Some(s);
-        self.slot_index.store(s.index() as u64, Ordering::Relaxed);
-        self.registered.store(true, Ordering::Release);
+        g.current = Some(s);
+        let boxed: &'static SlotId = match g.published {
+            Some(b) if *b == s => b,
+            _ => Box::leak(Box::new(s)),
+        };
+        g.published = Some(boxed);
+        self.slot_id
+            .store(std::ptr::from_ref(boxed).cast_mut(), Ordering::Release);
         crate::debug!(
             "registered in {} as slot {}",
             region.path().display(),
@@ -251,9 +272,9 @@ impl ProcState {
 
     fn forget_slot(&self) {
         let mut g = self.slot.lock().unwrap_or_else(PoisonError::into_inner);
-        *g = None;
-        self.registered.store(false, Ordering::Release);
-        self.slot_index.store(u64::MAX, Ordering::Relaxed);
+        g.current = None;
+        // The box stays (see `Registration::published`).
+        self.slot_id.store(std::ptr::null_mut(), Ordering::Release);
     }
 }
 
@@ -439,5 +460,62 @@ impl Ledger for ProcLedger {
         if let (Ok(region), Some(slot)) = (self.region(), self.p.slot()) {
             region.uncharge(slot, dev, kind, bytes);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hot path's copy of the slot follows registration, loss and registration again,
+    /// and readers racing with those changes only ever see the whole slot of this process
+    /// or none.
+    #[test]
+    fn the_published_slot_follows_registration_and_is_never_torn() {
+        let dir = std::env::temp_dir().join(format!("hami-state-slot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (region, _) = Region::open_or_create(&dir.join("region"), &RegionConfig::default())
+            .expect("region in a temp dir");
+        let region: &'static Region = Box::leak(Box::new(region));
+        let p = ProcState::new();
+        assert_eq!(p.slot(), None, "not registered yet");
+        let s = p.ensure_slot(region).expect("registers");
+        assert_eq!(p.slot(), Some(s));
+        assert_eq!(s.owner(), ProcessId::current());
+        assert!(region.is_registered(s));
+        p.forget_slot();
+        assert_eq!(p.slot(), None, "forgotten");
+        let again = p.ensure_slot(region).expect("registers again");
+        assert_eq!(p.slot(), Some(again));
+        assert_eq!(again, s, "the same process gets its slot back");
+        let boxed = p.slot_id.load(Ordering::Relaxed);
+
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|t| {
+            for _ in 0..2 {
+                t.spawn(|| {
+                    let mut seen = 0u32;
+                    while !stop.load(Ordering::Relaxed) {
+                        if let Some(got) = p.slot() {
+                            assert_eq!(got, s);
+                            seen += 1;
+                        }
+                    }
+                    std::hint::black_box(seen);
+                });
+            }
+            for _ in 0..2000 {
+                p.forget_slot();
+                assert_eq!(p.ensure_slot(region), Ok(s));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert_eq!(
+            p.slot_id.load(Ordering::Relaxed),
+            boxed,
+            "registering again into the same slot made no new box"
+        );
+        region.unregister(s);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
