@@ -211,6 +211,7 @@ pub struct SlotId {
 
 impl SlotId {
     /// A slot id for `index` expected to hold `owner` (for the agent, from a snapshot).
+    #[inline]
     pub fn new(index: usize, owner: ProcessId) -> SlotId {
         SlotId {
             index: index.min(u32::MAX as usize) as u32,
@@ -503,6 +504,7 @@ impl Region {
         }
     }
 
+    #[inline]
     fn s_usage(&self, i: usize, d: usize, k: usize) -> &AtomicU64 {
         // SAFETY: as s_pid; d < MAX_DEVICES, k < USAGE_KINDS.
         unsafe { &*addr_of!((*self.map.as_ptr()).slots[i].usage[d][k]) }
@@ -566,6 +568,7 @@ impl Region {
     }
 
     /// The limit flags of `dev`. Lock-free.
+    #[inline]
     pub fn limit_flags(&self, dev: usize) -> u32 {
         if dev >= MAX_DEVICES {
             return 0;
