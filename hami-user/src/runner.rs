@@ -74,7 +74,14 @@ struct Running {
     attached: usize,
     /// [`ProbeHandle::attach_generation`] last acted on.
     generation: u64,
+    /// When the last tick (periodic or early) started.
+    last_tick: Instant,
 }
+
+/// Least time between two ticks when an early one is asked for
+/// ([`Agent::wants_early_tick`]): a node where unhooked processes keep starting is evaluated
+/// at most this often beyond the periodic ticks.
+const EARLY_TICK_GAP: Duration = Duration::from_millis(100);
 
 fn start(opts: &RunOptions) -> Result<Running, RunError> {
     let (nvml, nvml_error) = match Nvml::load() {
@@ -143,6 +150,7 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
         health: Arc::new(Health::new()),
         attached: attached.len(),
         generation,
+        last_tick: Instant::now(),
     })
 }
 
@@ -205,6 +213,7 @@ impl Running {
 
     fn on_tick(&mut self, log: bool, last_nvml: &mut Instant, nvml_interval: Duration) {
         let t0 = Instant::now();
+        self.last_tick = t0;
         self.check_new_libraries();
         self.attached = self.handle.attached_cached().len();
         if let Some(n) = &self.nvml {
@@ -412,6 +421,11 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
                         Ok(ev) => r.consume(&ev),
                         Err(_) => break,
                     }
+                }
+                // A new unhooked process allocated: evaluate now (at most every
+                // EARLY_TICK_GAP), not at the next periodic tick.
+                if r.agent.wants_early_tick() && r.last_tick.elapsed() >= EARLY_TICK_GAP {
+                    r.on_tick(opts.log_findings, &mut last_nvml, opts.nvml_interval);
                 }
             }
             _ = ticker.tick() => r.on_tick(opts.log_findings, &mut last_nvml, opts.nvml_interval),

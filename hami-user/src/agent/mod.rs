@@ -183,6 +183,9 @@ pub struct Agent {
     /// `/proc/<pid>/stat` as read in the current tick (cleared at its start): the process
     /// refresh and the slots' liveness read each pid once per tick.
     tick_stats: HashMap<u32, Option<procinfo::Stat>>,
+    /// A process not seen before allocated without the preload since the last tick: a
+    /// bypass to report now rather than at the next periodic tick ([`Agent::wants_early_tick`]).
+    early_tick: bool,
 }
 
 /// Least time between two `/proc` scans for processes whose every event was dropped.
@@ -237,6 +240,7 @@ impl Agent {
             scan_after_drops: false,
             last_drop_scan: None,
             tick_stats: HashMap::new(),
+            early_tick: false,
             opts,
         };
         for p in a.opts.regions.clone() {
@@ -281,8 +285,23 @@ impl Agent {
         }
         if !self.entries.contains_key(&ev.tgid) {
             self.learn(ev.tgid);
+            if kind.is_alloc()
+                && self
+                    .entries
+                    .get(&ev.tgid)
+                    .is_some_and(|e| e.info.as_ref().is_some_and(|i| !i.hooked))
+            {
+                self.early_tick = true;
+            }
         }
         self.procs.apply(ev)
+    }
+
+    /// Whether an unhooked process was first seen allocating since the last tick: the
+    /// caller should tick soon (the bypass is then reported within a fraction of the tick
+    /// interval); cleared by [`Agent::tick`].
+    pub fn wants_early_tick(&self) -> bool {
+        self.early_tick
     }
 
     /// Tells the agent the probes' total of dropped events (ring buffer full). When it grew,
@@ -314,6 +333,7 @@ impl Agent {
     /// Refreshes `/proc` facts, snapshots regions, evaluates findings, reclaims if asked.
     pub fn tick(&mut self, now: Instant) -> TickOutcome {
         self.tick_stats.clear();
+        self.early_tick = false;
         self.refresh_processes();
         if self.scan_after_drops
             && self
