@@ -770,3 +770,28 @@ fn racy_findings_wait_for_the_settle_time() {
         )]
     );
 }
+
+/// A process first seen allocating without the preload asks for an early tick (its bypass
+/// is reported at once, not at the next periodic tick); a hooked one does not, nor do later
+/// allocations of a process already known; the tick clears the request.
+#[test]
+fn a_new_unhooked_allocating_process_asks_for_an_early_tick() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    w.spawn(200, 8, false, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    register(&r, 100, 7, 64 * MIB);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+    assert!(!a.wants_early_tick(), "hooked");
+    a.on_event(&ev(EventKind::MemAlloc, 200, 8 * MIB, 0x9000, 0));
+    assert!(a.wants_early_tick(), "new and unhooked");
+    let out = a.tick(Instant::now());
+    assert!(!a.wants_early_tick(), "cleared by the tick");
+    assert_eq!(
+        kinds(&out.raised),
+        vec![(FindingKind::Bypass, findings::reason::NO_PRELOAD)]
+    );
+    a.on_event(&ev(EventKind::MemAlloc, 200, 8 * MIB, 0xa000, 0));
+    assert!(!a.wants_early_tick(), "already known");
+}
