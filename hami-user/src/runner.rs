@@ -270,7 +270,8 @@ impl Running {
             return;
         }
         self.generation = g;
-        self.agent.add_libcuda_ids(self.handle.announced_maps_ids());
+        // Replaced, not added to: the files detached since (unlinked, mapped by nobody) go.
+        self.agent.set_libcuda_ids(self.handle.announced_maps_ids());
         // Once the attach is over, a process started after it was watched from its start
         // (the generation moves again then; while it is in progress, every one counts).
         let cutoff = self.handle.attach_settled_ticks();

@@ -153,6 +153,12 @@ impl Agent {
         self.libcuda_ids.extend(ids);
     }
 
+    /// [`Agent::add_libcuda_ids`], the identities not given forgotten (libraries whose
+    /// probes were detached: unlinked and mapped by nobody).
+    pub fn set_libcuda_ids(&mut self, ids: impl IntoIterator<Item = (String, u64)>) {
+        self.libcuda_ids = ids.into_iter().collect();
+    }
+
     /// Baselines every process that has a libcuda mapped now and is not tracked yet: it may
     /// have allocated before the probes went in. Call right after probes are attached (and
     /// after each newly attached libcuda). Returns the pids baselined.

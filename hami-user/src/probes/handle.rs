@@ -53,13 +53,24 @@ pub(super) struct ScanState {
     seen_maps: HashSet<(String, u64)>,
     seen_paths: HashMap<PathBuf, Option<FileStamp>>,
     classifier: discovery::Classifier,
+    /// Attached files seen rewritten in place, with the version seen: attached again once
+    /// a pass finds that version unchanged (not while it is being written).
+    rewrites: HashMap<(u64, u64), FileStamp>,
 }
 
 /// One discovery pass: every candidate not handled yet is attached. A path is handled again
 /// when the file it names changed (a driver upgrade renames a new file over the old one, or
-/// rewrites it): the new file is attached before processes load it.
+/// rewrites it): the new file is attached before processes load it. The attached files
+/// themselves are looked at first (see [`review`]).
 pub(super) fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> Vec<AttachOutcome> {
     let mut out = Vec::new();
+    let unlinked = review(shared, st, &mut out);
+    // Who still maps the unlinked ones: answered by the next full scan of the maps.
+    let watch: Vec<(String, u64)> = {
+        let p = shared.lock();
+        unlinked.iter().flat_map(|id| p.maps_ids_of(*id)).collect()
+    };
+    st.classifier.watch(watch);
     let mut candidates = discovery::discover_libcuda_with(proc_root, &mut st.classifier);
     candidates.extend(shared.extra.iter().map(|p| discovery::Candidate {
         path: p.clone(),
@@ -116,7 +127,77 @@ pub(super) fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> V
             }
         }
     }
+    let taken = st.classifier.take_watched();
+    if !unlinked.is_empty() {
+        tracing::debug!(unlinked = ?unlinked, watch = ?taken, "unlinked libcuda files");
+    }
+    if let Some(w) = taken {
+        retire_unmapped(shared, &unlinked, &w, st);
+    }
     out
+}
+
+/// Looks at every attached file through the descriptor kept open (one `fstat` each, made
+/// without holding the probes): one rewritten in place (same inode, another size or time)
+/// is attached again, whatever path it was found by (into `out`), once a pass finds it
+/// unchanged since the previous one (a file being copied in is not read half-written; one
+/// whose attach fails is tried again when it changes); the unlinked ones (a driver upgrade
+/// renamed a new file over it, or removed it: no path names it any more) are returned, to
+/// be detached once no process maps them.
+fn review(shared: &Shared, st: &mut ScanState, out: &mut Vec<AttachOutcome>) -> Vec<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let files = shared.lock().files();
+    let mut unlinked = Vec::new();
+    let mut rewrites = HashMap::new();
+    for (id, stamp, file) in files {
+        let Ok(meta) = file.metadata() else { continue };
+        let now = FileStamp::from(&meta);
+        if meta.nlink() == 0 {
+            unlinked.push(id);
+        } else if now != stamp {
+            if st.rewrites.get(&id) != Some(&now) {
+                rewrites.insert(id, now);
+                continue;
+            }
+            match shared.lock().reattach_rewritten(id, now) {
+                Some(Ok(o)) => out.push(o),
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "cannot attach a rewritten libcuda again")
+                }
+                None => {}
+            }
+        }
+    }
+    st.rewrites = rewrites;
+    unlinked
+}
+
+/// Detaches (in the background) the probes of the `unlinked` files that the full scan `w`
+/// watched in full and found mapped by no live process: nobody runs that code any more,
+/// and nobody can load it by a path. A file known under more maps identities than were
+/// watched (one learned during the pass) waits for the next full scan.
+fn retire_unmapped(
+    shared: &Shared,
+    unlinked: &[(u64, u64)],
+    w: &discovery::WatchResult,
+    st: &mut ScanState,
+) {
+    let mut p = shared.lock();
+    for id in unlinked {
+        p.forget_failed(*id);
+        let ids = p.maps_ids_of(*id);
+        if ids.is_empty()
+            || !ids.iter().all(|i| w.watched.contains(i))
+            || ids.iter().any(|i| w.mapped.contains(i))
+        {
+            continue;
+        }
+        if let Some(gone) = p.retire(*id) {
+            for g in &gone {
+                st.seen_maps.remove(g);
+            }
+        }
+    }
 }
 
 /// What identifies one version of a file: device, inode, size and modification time.

@@ -240,11 +240,24 @@ struct Lib {
     path: PathBuf,
     /// The file's version when attached: one rewritten in place is attached again.
     stamp: FileStamp,
+    /// The file the probes are on, kept open: its `fstat` tells, whatever its paths (a
+    /// container's, a dead process's root), when it is rewritten in place or unlinked (see
+    /// [`Probes::review`]). The probes hold the inode anyway.
+    file: Arc<std::fs::File>,
     attached_at: SystemTime,
     symbols: Vec<&'static str>,
     maps_ids: Vec<(String, u64)>,
     /// Owned links: dropping one detaches it.
     links: Vec<UProbeLink>,
+}
+
+/// A library rewritten in place whose attach again failed: kept open to try again when it
+/// changes (see [`Probes::reattach_rewritten`]).
+struct Failed {
+    path: PathBuf,
+    file: Arc<std::fs::File>,
+    /// The version that failed.
+    stamp: FileStamp,
 }
 
 /// Libraries announced before their probes go in (see [`ProbeHandle::attach_generation`]).
@@ -274,6 +287,13 @@ impl Announce {
         }
     }
 
+    /// `ids` are no longer attached: they go from the list, without moving the generation
+    /// (nothing new to baseline).
+    fn remove(&self, ids: &[(String, u64)]) {
+        let mut v = self.maps_ids.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|i| !ids.contains(i));
+    }
+
     fn add(&self, id: (String, u64)) {
         let mut v = self.maps_ids.lock().unwrap_or_else(|p| p.into_inner());
         if !v.contains(&id) {
@@ -289,6 +309,8 @@ pub struct Probes {
     announce: Arc<Announce>,
     ebpf: Ebpf,
     libs: HashMap<(u64, u64), Lib>,
+    /// Libraries rewritten in place whose attach again failed.
+    failed: HashMap<(u64, u64), Failed>,
     /// Files that are not libcuda (checked once).
     rejected: HashSet<(u64, u64)>,
     counters: PerCpuArray<MapData, u64>,
@@ -372,6 +394,7 @@ impl Probes {
             announce: Arc::default(),
             ebpf,
             libs: HashMap::new(),
+            failed: HashMap::new(),
             rejected: HashSet::new(),
             counters,
             ring: Some(ring),
@@ -385,17 +408,22 @@ impl Probes {
     /// does not export are listed in [`AttachOutcome::missing`]; other failures detach what
     /// was attached and return the error.
     pub fn attach_libcuda(&mut self, path: &Path) -> Result<AttachOutcome, ProbeError> {
-        let r = self.attach_libcuda_now(path);
+        let r = self.attach_libcuda_now(path, path);
         self.announce.settle();
         r
     }
 
-    /// [`Probes::attach_libcuda`] but for recording when it is over.
-    fn attach_libcuda_now(&mut self, path: &Path) -> Result<AttachOutcome, ProbeError> {
+    /// [`Probes::attach_libcuda`] of the file opened as `open`, recorded (and logged) as
+    /// `path`, but for recording when it is over.
+    fn attach_libcuda_now(
+        &mut self,
+        path: &Path,
+        open: &Path,
+    ) -> Result<AttachOutcome, ProbeError> {
         if self.closed {
             return Err(ProbeError::Closed);
         }
-        let meta = std::fs::metadata(path).map_err(|source| ProbeError::File {
+        let meta = std::fs::metadata(open).map_err(|source| ProbeError::File {
             path: path.to_path_buf(),
             source,
         })?;
@@ -419,12 +447,12 @@ impl Probes {
         if self.rejected.contains(&id) {
             return Err(ProbeError::NotLibcuda(path.to_path_buf()));
         }
-        check_elf(path)?;
+        check_elf(path, open)?;
         // The probes' file offsets, computed from bounded reads of this descriptor (never an
         // mmap: a tenant truncating a mapped file would kill the agent with SIGBUS), and the
         // probes attached through `/proc/self/fd/<fd>`: the kernel resolves that to the very
         // inode read here, whatever the tenant does to the path meanwhile.
-        let (file, offsets) = read_offsets(path, id)?;
+        let (file, offsets) = read_offsets(path, open, id)?;
         let target = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
         // Announced before the first probe goes in: a consumer that sees an event of this
         // library sees the announcement too, and can baseline its processes first.
@@ -473,8 +501,6 @@ impl Probes {
             }
             attached.push(sym);
         }
-        // The probes hold the inode now; the descriptor may go.
-        drop(file);
         let table_order = |s: &&str| PROBED_SYMBOLS.iter().position(|p| p == s);
         attached.sort_by_key(table_order);
         missing.sort_by_key(table_order);
@@ -496,6 +522,7 @@ impl Probes {
                 attached_at: SystemTime::now(),
                 symbols: attached.clone(),
                 maps_ids: vec![(maps_dev(id.0), id.1)],
+                file: Arc::new(file),
                 links,
             },
         );
@@ -542,6 +569,97 @@ impl Probes {
         }
     }
 
+    /// The maps identities of the attached library `file_id` (empty if not attached).
+    fn maps_ids_of(&self, file_id: (u64, u64)) -> Vec<(String, u64)> {
+        self.libs
+            .get(&file_id)
+            .map(|l| l.maps_ids.clone())
+            .unwrap_or_default()
+    }
+
+    /// The attached files, each with its open descriptor, for [`Probes::review`]'s
+    /// `fstat`s (made without holding the probes).
+    fn files(&self) -> Vec<((u64, u64), FileStamp, Arc<std::fs::File>)> {
+        let libs = self
+            .libs
+            .iter()
+            .map(|(id, l)| (*id, l.stamp, l.file.clone()));
+        let failed = self
+            .failed
+            .iter()
+            .map(|(id, f)| (*id, f.stamp, f.file.clone()));
+        libs.chain(failed).collect()
+    }
+
+    /// Forgets a file whose attach again after a rewrite failed (see [`Probes::failed`]):
+    /// it is unlinked, nobody can load it any more.
+    fn forget_failed(&mut self, file_id: (u64, u64)) {
+        self.failed.remove(&file_id);
+    }
+
+    /// The library `file_id` was rewritten in place (its descriptor's `fstat` says another
+    /// size or time): its probes' offsets and saved instructions are the old contents'.
+    /// They are detached (here, blocking: they must be gone before the new ones go in, on
+    /// the same inode) and the file is attached again, read through the descriptor kept
+    /// (its path may name nothing now: a container's, through a dead process's root).
+    /// `now` is the file's stamp as last seen (the version attached); if the attach fails
+    /// (a file being written, or no longer a driver) it is tried again when that changes.
+    fn reattach_rewritten(
+        &mut self,
+        file_id: (u64, u64),
+        now: FileStamp,
+    ) -> Option<Result<AttachOutcome, ProbeError>> {
+        let (path, file) = match (self.libs.remove(&file_id), self.failed.remove(&file_id)) {
+            (Some(lib), _) => {
+                tracing::warn!(path = %lib.path.display(), "libcuda rewritten in place: probes attached again");
+                drop(ProbeLinks::new(lib.links));
+                (lib.path, lib.file)
+            }
+            (None, Some(f)) => (f.path, f.file),
+            (None, None) => return None,
+        };
+        self.rejected.remove(&file_id);
+        let open = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+        let r = self.attach_libcuda_now(&path, &open);
+        self.announce.settle();
+        if r.is_err() && !self.closed {
+            self.failed.insert(
+                file_id,
+                Failed {
+                    path,
+                    file,
+                    stamp: now,
+                },
+            );
+        }
+        Some(r)
+    }
+
+    /// Detaches the probes of the library `file_id`, unlinked (no path names it) and mapped
+    /// by no process, in the background (a thread: about 0.1 s per probe in the kernel),
+    /// and forgets it; returns its maps identities (`None` if it was not attached). Its
+    /// events already in the ring buffer are those of processes that have exited: applied
+    /// as usual. The attach generation does not move (nothing to baseline).
+    fn retire(&mut self, file_id: (u64, u64)) -> Option<Vec<(String, u64)>> {
+        let lib = self.libs.remove(&file_id)?;
+        let still: HashSet<&(String, u64)> =
+            self.libs.values().flat_map(|l| l.maps_ids.iter()).collect();
+        let gone: Vec<(String, u64)> = lib
+            .maps_ids
+            .iter()
+            .filter(|i| !still.contains(i))
+            .cloned()
+            .collect();
+        self.announce.remove(&gone);
+        tracing::info!(
+            path = %lib.path.display(),
+            links = lib.links.len(),
+            "libcuda unlinked and no longer mapped: probes detached"
+        );
+        ProbeLinks::new(lib.links).detach_in_thread();
+        Some(lib.maps_ids)
+    }
+
     /// Detach every probe from the library `file_id` (see [`AttachOutcome::file_id`]);
     /// returns whether it was attached.
     pub fn detach_libcuda(&mut self, file_id: (u64, u64)) -> bool {
@@ -561,6 +679,7 @@ impl Probes {
     /// [`ProbeLinks::detach_in_background`].
     pub fn take_links(&mut self) -> ProbeLinks {
         self.closed = true;
+        self.failed.clear();
         let mut links = ProbeLinks::default();
         for (_, lib) in self.libs.drain() {
             links.extend(lib.links);
@@ -682,9 +801,10 @@ impl Drop for Probes {
     }
 }
 
-/// The file at `path` must be an ELF object (read through [`discovery::is_elf`]).
-fn check_elf(path: &Path) -> Result<(), ProbeError> {
-    match discovery::is_elf(path) {
+/// The file opened as `open` (named `path` in errors) must be an ELF object (read through
+/// [`discovery::is_elf`]).
+fn check_elf(path: &Path, open: &Path) -> Result<(), ProbeError> {
+    match discovery::is_elf(open) {
         Ok(true) => Ok(()),
         Ok(false) => Err(ProbeError::NotLibcuda(path.to_path_buf())),
         Err(source) => Err(ProbeError::File {
@@ -694,18 +814,20 @@ fn check_elf(path: &Path) -> Result<(), ProbeError> {
     }
 }
 
-/// Opens the file at `path` (as discovery does: never blocking, regular files only), checks
-/// that it is still the file `id` (`(st_dev, st_ino)`), and computes the uprobe offset of
-/// each of [`PROBED_SYMBOLS`] it defines (see [`discovery::uprobe_offsets`]).
+/// Opens the file at `open` (as discovery does: never blocking, regular files only; named
+/// `path` in errors), checks that it is still the file `id` (`(st_dev, st_ino)`), and
+/// computes the uprobe offset of each of [`PROBED_SYMBOLS`] it defines (see
+/// [`discovery::uprobe_offsets`]).
 fn read_offsets(
     path: &Path,
+    open: &Path,
     id: (u64, u64),
 ) -> Result<(std::fs::File, HashMap<&'static str, u64>), ProbeError> {
     let elf_err = |source| ProbeError::Elf {
         path: path.to_path_buf(),
         source,
     };
-    let file = match discovery::open_driver_file(path) {
+    let file = match discovery::open_driver_file(open) {
         Ok(f) => f,
         Err(discovery::ElfError::Io(source)) => {
             return Err(ProbeError::File {

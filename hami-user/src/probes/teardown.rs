@@ -66,6 +66,23 @@ impl ProbeLinks {
     /// per link). Same as dropping.
     pub fn detach(self) {}
 
+    /// Detaches every probe on a thread of its own and returns at once (for a process that
+    /// goes on: the probes of one library, 4-5 s of the kernel's time, must not hold up
+    /// its caller). Detached here, blocking, if no thread can be started.
+    pub fn detach_in_thread(self) {
+        if self.links.is_empty() {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("hami-detach".into())
+            .stack_size(256 << 10)
+            .spawn(move || drop(self));
+        if let Err(e) = spawned {
+            // The failed spawn dropped the closure, and so the links: detached here.
+            tracing::debug!(error = %e, "detach thread not started; detached inline");
+        }
+    }
+
     /// Detaches every probe without waiting: a forked keeper process takes over the links
     /// and exits, and the kernel detaches them in the keeper's exit, after this returns
     /// (for a few seconds the probes still run, into a ring buffer nobody reads). Returns

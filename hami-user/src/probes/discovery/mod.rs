@@ -336,6 +336,20 @@ pub struct Classifier {
     with_driver: HashSet<(u32, u64)>,
     /// Scans done with this classifier.
     scans: u64,
+    /// Files (maps identities) whose mappers full scans look for (see [`Classifier::watch`]).
+    watched: HashSet<(String, u64)>,
+    /// What the last scan found of `watched`, when it was a full one that read every live
+    /// process's maps (see [`Classifier::take_watched`]).
+    watch_result: Option<WatchResult>,
+}
+
+/// What a full scan found of the files given to [`Classifier::watch`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WatchResult {
+    /// The files looked for.
+    pub watched: HashSet<(String, u64)>,
+    /// Those that some live process maps (any mapping, deleted files included).
+    pub mapped: HashSet<(String, u64)>,
 }
 
 /// A process whose `maps` showed a CUDA driver is skipped by the periodic scan except on
@@ -351,6 +365,20 @@ impl Classifier {
     /// Files remembered before the memory is cleared (a node that keeps starting containers
     /// sees new inodes for ever).
     const MAX: usize = 1 << 16;
+
+    /// From the next full scan on (every [`FULL_SCAN_EVERY`]-th), look for processes that
+    /// map any of `ids` (`/proc/<pid>/maps` device and inode; replaces the previous set).
+    /// Only a full scan reads every process, so only it can say that nobody maps a file.
+    pub fn watch(&mut self, ids: impl IntoIterator<Item = (String, u64)>) {
+        self.watched = ids.into_iter().collect();
+    }
+
+    /// What the latest full scan found of the watched files, once (`None` if there was no
+    /// full scan since the last call, nothing was watched, or a live process's maps could
+    /// not be read: then nobody can be said not to map them).
+    pub fn take_watched(&mut self) -> Option<WatchResult> {
+        self.watch_result.take()
+    }
 
     /// Whether the mapped file `id`, opened as `path` (named `name` in the maps), is a CUDA
     /// driver: named `libcuda.so*`, or an ELF that defines `cuInit` and an allocation
@@ -473,6 +501,11 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
     let full = classifier.scans.is_multiple_of(FULL_SCAN_EVERY);
     classifier.scans += 1;
     let before = std::mem::take(&mut classifier.with_driver);
+    // Only a full scan reads every process: only it can tell that nobody maps a file.
+    let mut watch = (full && !classifier.watched.is_empty()).then(|| WatchResult {
+        watched: classifier.watched.clone(),
+        mapped: HashSet::new(),
+    });
     for e in entries.flatten() {
         let name = e.file_name();
         let Some(pid) = name
@@ -490,9 +523,30 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
             classifier.with_driver.insert(me);
             continue;
         }
-        let Ok(maps) = fs::read_to_string(proc_root.join(pid).join("maps")) else {
-            continue;
+        // Lossy: a file name that is not UTF-8 (a tenant's) must not hide the process's other
+        // mappings.
+        let maps = match fs::read(proc_root.join(pid).join("maps")) {
+            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+            Err(e) => {
+                // A live process whose maps could not be read may map a watched file; one
+                // whose maps the agent may not read at all (EACCES: another user namespace's
+                // init, an LSM) is outside its view, for discovery as for this.
+                if e.kind() != io::ErrorKind::PermissionDenied && proc_root.join(pid).exists() {
+                    watch = None;
+                }
+                continue;
+            }
         };
+        if let Some(w) = watch.as_mut() {
+            for m in maps_entries(&maps) {
+                if m.inode != 0 {
+                    let id = (m.dev.to_string(), m.inode);
+                    if w.watched.contains(&id) {
+                        w.mapped.insert(id);
+                    }
+                }
+            }
+        }
         for (dev, ino, path) in exec_mappings(&maps) {
             let id = (dev, ino);
             if seen.contains(&id) {
@@ -525,6 +579,9 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
                 maps_id: Some(id),
             });
         }
+    }
+    if full {
+        classifier.watch_result = watch;
     }
     out
 }

@@ -75,6 +75,45 @@ fn a_process_with_a_driver_is_read_again_only_on_full_scans() {
     );
 }
 
+#[test]
+fn a_watched_file_is_reported_mapped_or_not_by_full_scans_only() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let id = |ino: u64| ("08:01".to_string(), ino);
+    fake_mapper(root, 100, 5, &[("/lib/libcuda.so.1", 1)]);
+    // A deleted file is still mapped by its inode.
+    fake_mapper(root, 200, 5, &[("/old/libcuda.so.1 (deleted)", 7)]);
+    let mut c = Classifier::default();
+    c.watch([id(7), id(8)]);
+    scan_proc_maps_with(root, &mut c);
+    let r = c.take_watched().expect("the first scan is a full one");
+    assert_eq!(r.watched, [id(7), id(8)].into_iter().collect());
+    assert_eq!(r.mapped, [id(7)].into_iter().collect());
+    assert_eq!(c.take_watched(), None, "taken once");
+    // Between full scans nothing is said (100 is not read again).
+    fake_mapper(root, 200, 5, &[("/lib/libc.so.6", 9)]);
+    for _ in 1..FULL_SCAN_EVERY {
+        scan_proc_maps_with(root, &mut c);
+        assert_eq!(c.take_watched(), None);
+    }
+    scan_proc_maps_with(root, &mut c);
+    assert_eq!(c.take_watched().unwrap().mapped, HashSet::new());
+    // A live process whose maps cannot be read: nobody can be said not to map it.
+    fs::remove_file(root.join("200/maps")).unwrap();
+    fs::create_dir(root.join("200/maps")).unwrap();
+    for _ in 0..FULL_SCAN_EVERY {
+        scan_proc_maps_with(root, &mut c);
+        assert_eq!(c.take_watched(), None);
+    }
+    // Nothing watched: nothing reported.
+    fs::remove_dir(root.join("200/maps")).unwrap();
+    c.watch([]);
+    for _ in 0..FULL_SCAN_EVERY {
+        scan_proc_maps_with(root, &mut c);
+        assert_eq!(c.take_watched(), None);
+    }
+}
+
 fn cache_with(paths: &[&str]) -> Vec<u8> {
     let mut strings = Vec::new();
     let header = 48 + 24 * paths.len();
