@@ -22,6 +22,7 @@
 //!   never attached again under its path: processes that loaded the new file were seen late
 //!   or not at all.
 
+use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -963,5 +964,248 @@ fn driver_replaced_on_disk_while_attached_is_attached_again_before_processes_loa
             .count()
             == 2,
         "both files attached: {attached:?}"
+    );
+}
+
+/// The uprobe links process `pid` holds, with the file each probes as the kernel names it
+/// (the path given at attach: `/proc/self/fd/<n>` for the agent's): the `link_id` of each of
+/// its descriptors (`/proc/<pid>/fdinfo`), opened with `BPF_LINK_GET_FD_BY_ID` and read
+/// with `BPF_OBJ_GET_INFO_BY_FD` (`struct bpf_link_info`, perf-event links of type uprobe
+/// or uretprobe). Only this process's links: other agents on the machine may probe the same
+/// files.
+fn uprobe_links_of(pid: u32) -> Vec<(u32, String)> {
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
+    const BPF_LINK_TYPE_PERF_EVENT: u32 = 7;
+    const BPF_PERF_EVENT_UPROBE: u32 = 1;
+    const BPF_PERF_EVENT_URETPROBE: u32 = 2;
+    fn bpf(cmd: libc::c_long, attr: &mut [u64]) -> libc::c_long {
+        // SAFETY: `attr` is a valid, writable buffer of the size given; the commands used
+        // read it and write back into it only.
+        unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                cmd,
+                attr.as_mut_ptr(),
+                std::mem::size_of_val(attr) as libc::c_uint,
+            )
+        }
+    }
+    let mut ids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("link_id:")?.trim().parse().ok())
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut out = Vec::new();
+    for id in ids {
+        // union bpf_attr for BPF_LINK_GET_FD_BY_ID: link_id, next_id, open_flags.
+        let mut attr = [u64::from(id), 0];
+        let fd = bpf(BPF_LINK_GET_FD_BY_ID, &mut attr);
+        if fd < 0 {
+            continue; // detached meanwhile
+        }
+        let mut name = vec![0u8; 4096];
+        // struct bpf_link_info: type, id, prog_id (u32 each), then at 16 the perf_event
+        // member: type (u32), 4 bytes, then uprobe.file_name (u64) at 24, name_len at 32.
+        let mut info = [0u64; 32];
+        info[3] = name.as_mut_ptr() as u64;
+        info[4] = name.len() as u64;
+        // BPF_OBJ_GET_INFO_BY_FD: bpf_fd, info_len (u32 each), info (u64).
+        let mut get = [fd as u64 | ((std::mem::size_of_val(&info) as u64) << 32), 0];
+        get[1] = info.as_mut_ptr() as u64;
+        let rc = bpf(BPF_OBJ_GET_INFO_BY_FD, &mut get);
+        // SAFETY: a descriptor the kernel just gave us.
+        unsafe { libc::close(fd as libc::c_int) };
+        let (link_type, perf_type) = (info[0] as u32, info[2] as u32);
+        if rc == 0
+            && link_type == BPF_LINK_TYPE_PERF_EVENT
+            && matches!(perf_type, BPF_PERF_EVENT_UPROBE | BPF_PERF_EVENT_URETPROBE)
+        {
+            let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+            out.push((id, String::from_utf8_lossy(&name[..end]).into_owned()));
+        }
+    }
+    out
+}
+
+/// Waits up to `secs` for a line of `log` that contains every one of `parts`; returns the
+/// lines read (panics with them, after killing `agent`, on time-out).
+fn wait_for_log(
+    log: &std::sync::mpsc::Receiver<String>,
+    agent: &mut Child,
+    parts: &[&str],
+    secs: u64,
+) -> Vec<String> {
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut seen = Vec::new();
+    loop {
+        match log.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            Ok(l) => {
+                let hit = parts.iter().all(|p| l.contains(p));
+                seen.push(l);
+                if hit {
+                    return seen;
+                }
+            }
+            Err(_) => {
+                let _ = agent.kill();
+                let _ = agent.wait();
+                panic!(
+                    "no log line with {parts:?} within {secs} s; log:\n{}",
+                    seen.join("\n")
+                )
+            }
+        }
+    }
+}
+
+/// SIGINTs an `audit --json` agent and returns its report (and the rest of its log).
+fn stop_audit(agent: &mut Child, log: &std::sync::mpsc::Receiver<String>) -> Value {
+    // SAFETY: kill(2) on our own child: the audit reports on SIGINT.
+    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
+    // Read to the end before waiting: a report larger than the pipe would block the exit.
+    let mut stdout = String::new();
+    agent
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut stdout)
+        .unwrap();
+    let _ = agent.wait().unwrap();
+    let logs: Vec<String> = log.try_iter().collect();
+    wait_for_group_gone(agent.id() as i32);
+    serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\nlog:\n{}", logs.join("\n")))
+}
+
+/// The audit's row for `pid`.
+fn audit_row(audit: &Value, pid: u32) -> Value {
+    audit["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not in the audit:\n{audit:#}"))
+        .clone()
+}
+
+/// Regression (closing note of 2026-12-01, "after a driver upgrade the old file's probes are
+/// kept"): when a new libcuda was renamed over an attached one, the old file's probes stayed
+/// attached for ever, even once no process ran it any more: kernel uprobes and an `attached`
+/// list that grew with every upgrade (or with a tenant replacing its libcuda again and
+/// again). They are now detached, in the background, once the old file is unlinked and no
+/// live process maps it; the new file's probes stay and keep observing.
+#[test]
+fn replaced_driver_probes_are_detached_once_no_process_maps_the_old_file() {
+    use hami_test_harness::{Artifacts, RunningProbe, TestEnv};
+    require_root();
+    let _g = serial();
+    let a = Artifacts::get();
+    let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
+    let drv = env.dir().join("drv");
+    std::fs::create_dir_all(&drv).unwrap();
+    let lib = drv.join("libcuda.so.1");
+    std::fs::copy(&a.fake_libcuda, &lib).unwrap();
+    let libpath = format!("{}:{}", drv.display(), a.fake_lib_dir.display());
+    let spawn = |ops: &[&str]| {
+        let mut c = env.cudaprobe_cmd(ops);
+        c.env("LD_LIBRARY_PATH", &libpath).stdin(Stdio::piped());
+        RunningProbe::start(c)
+    };
+    let mut before = spawn(&["init", "ctx", "alloc", "16M", "wait"]);
+    before.wait_for("wait");
+    let (mut agent, log) = start_agent_with(
+        &[
+            "audit",
+            "--json",
+            "--seconds",
+            "120",
+            "--libcuda",
+            lib.to_str().unwrap(),
+        ],
+        &[
+            ("LD_LIBRARY_PATH", std::ffi::OsStr::new(&libpath)),
+            ("FAKE_CUDA_STATE", env.state_path().as_os_str()),
+        ],
+    );
+    let agent_pid = agent.id();
+    let ours = lib.display().to_string();
+    let links = || -> HashSet<u32> {
+        uprobe_links_of(agent_pid)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect()
+    };
+    // The agent probes every driver on the machine (other tests' too, which come and go):
+    // the old file's probes are among those present before the upgrade.
+    let before_upgrade = links();
+    // The upgrade: a new file renamed over the attached one.
+    let new = drv.join("libcuda.so.1.new");
+    std::fs::copy(&a.fake_libcuda, &new).unwrap();
+    std::fs::rename(&new, &lib).unwrap();
+    wait_for_log(&log, &mut agent, &["attached libcuda probes", &ours], 30);
+    let per_file = links().difference(&before_upgrade).count();
+    assert!(per_file >= 2, "the new file's probes: {per_file}");
+    let lost = || before_upgrade.difference(&links()).count();
+    // The old file's probes stay while a process runs it.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        lost() < per_file,
+        "{} of the probes there before the upgrade gone while the old file runs",
+        lost()
+    );
+    // Its last process exits: the old file is unlinked and mapped by nobody. A full maps
+    // scan (every 5 s) finds it so; detaching takes about 0.1 s per probe.
+    let _ = before.kill();
+    let t0 = Instant::now();
+    while lost() < per_file && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    if lost() < per_file {
+        let _ = agent.kill();
+        let _ = agent.wait();
+        panic!(
+            "{} of the {} probes present before the upgrade gone {:?} after the old file's last \
+             process exited, want at least its {per_file}",
+            lost(),
+            before_upgrade.len(),
+            t0.elapsed()
+        );
+    }
+    eprintln!("old file's probes gone after {:?}", t0.elapsed());
+    // The new file is still observed: a process started now is seen from its start.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut after = spawn(&["init", "ctx", "alloc", "32M", "wait"]);
+    after.wait_for("wait");
+    std::thread::sleep(Duration::from_millis(500));
+    let audit = stop_audit(&mut agent, &log);
+    let after_pid = after.pid;
+    after.resume();
+    let _ = after.kill();
+    let row = audit_row(&audit, after_pid);
+    assert_eq!(row["observed"], 32 * MIB, "{row:#}");
+    assert_eq!(row["alloc_events"], 1, "{row:#}");
+    assert!(
+        row["baseline"].is_null(),
+        "observed from its start: {row:#}"
+    );
+    let attached: Vec<&str> = audit["probes"]["attached"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|p| p.contains(&ours))
+        .collect();
+    assert_eq!(
+        attached,
+        [ours.as_str()],
+        "the old file is no longer listed"
     );
 }
