@@ -1209,3 +1209,118 @@ fn replaced_driver_probes_are_detached_once_no_process_maps_the_old_file() {
         "the old file is no longer listed"
     );
 }
+
+/// Loads `libcuda.so.1` by name (LD_LIBRARY_PATH), calls `cuInit`, prints `loaded`, waits.
+const LOADER_PROGRAM: &str = r#"
+#include <dlfcn.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 2; }
+    int (*init)(unsigned) = dlsym(h, "cuInit");
+    printf("loaded rc=%d\n", init(0)); fflush(stdout);
+    pause();
+    return 0;
+}
+"#;
+
+/// Closing note of 2026-12-01 ("the in-place rewrite path has no test"): a probed libcuda
+/// rewritten in place (same inode, other contents: other symbol offsets) must be attached
+/// again before a process loads it, or that process runs under probes placed for the old
+/// contents (at offsets that are no longer its functions) and its allocations go unseen.
+/// The driver here was found only in a process's maps (no `--libcuda`, not in a driver
+/// directory), and that process has exited: discovery remembered its maps identity and
+/// never looked at the file again (a new process mapping it has the same identity). The
+/// agent now watches each attached file through the descriptor it keeps open.
+#[test]
+fn driver_rewritten_in_place_is_attached_again_before_a_process_loads_it() {
+    use hami_test_harness::{Artifacts, RunningProbe, TestEnv};
+    use std::io::Write as _;
+    use std::os::unix::fs::MetadataExt;
+    require_root();
+    let _g = serial();
+    let a = Artifacts::get();
+    let env = TestEnv::new()
+        .env("FAKE_CUDA_DEVICE_COUNT", "1")
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .preload(true);
+    let drv = env.dir().join("drv");
+    std::fs::create_dir_all(&drv).unwrap();
+    let lib = drv.join("libcuda.so.1");
+    // First contents: another driver (its functions elsewhere in the file).
+    compile_c(NESTED_DRIVER, &lib, &["-shared", "-fPIC"]);
+    let loader = env.dir().join("loader");
+    compile_c(LOADER_PROGRAM, &loader, &["-ldl"]);
+    let (mut agent, log) = start_agent_with(
+        &["audit", "--json", "--seconds", "120"],
+        &[
+            ("LD_LIBRARY_PATH", a.fake_lib_dir.as_os_str()),
+            ("FAKE_CUDA_STATE", env.state_path().as_os_str()),
+        ],
+    );
+    let ours = lib.display().to_string();
+    let mut first = Command::new(&loader)
+        .env("LD_LIBRARY_PATH", &drv)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(first.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "loaded rc=0");
+    wait_for_log(&log, &mut agent, &["attached libcuda probes", &ours], 30);
+    let _ = first.kill();
+    let _ = first.wait();
+    // Rewritten in place: same inode, the fake driver's contents.
+    let ino = std::fs::metadata(&lib).unwrap().ino();
+    let bytes = std::fs::read(&a.fake_libcuda).unwrap();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&lib)
+        .unwrap();
+    f.write_all(&bytes).unwrap();
+    drop(f);
+    assert_eq!(std::fs::metadata(&lib).unwrap().ino(), ino);
+    // Attached again (soft wait: what follows says what went wrong if it is not).
+    let end = Instant::now() + Duration::from_secs(30);
+    let (mut rewritten, mut reattached) = (false, false);
+    while !reattached {
+        match log.recv_timeout(end.saturating_duration_since(Instant::now())) {
+            Ok(l) if l.contains(&ours) && l.contains("libcuda rewritten in place") => {
+                rewritten = true
+            }
+            Ok(l) if rewritten && l.contains(&ours) && l.contains("attached libcuda probes") => {
+                reattached = true
+            }
+            Ok(_) => {}
+            Err(_) => break,
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let mut c = env.cudaprobe_cmd(&["init", "ctx", "alloc", "32M", "wait"]);
+    let libpath = format!("{}:{}", drv.display(), a.fake_lib_dir.display());
+    c.env("LD_LIBRARY_PATH", &libpath).stdin(Stdio::piped());
+    let mut p = RunningProbe::start(c);
+    assert!(p.wait_for("alloc").ok(), "{:?}", p.seen);
+    p.wait_for("wait");
+    let pid = p.pid;
+    std::thread::sleep(Duration::from_millis(800));
+    let audit = stop_audit(&mut agent, &log);
+    p.resume();
+    let _ = p.kill();
+    let row = audit_row(&audit, pid);
+    let why = format!("rewrite noticed: {rewritten}, attached again: {reattached}; {row:#}");
+    assert_eq!(row["observed"], 32 * MIB, "{why}");
+    assert_eq!(row["alloc_events"], 1, "{why}");
+    assert!(row["baseline"].is_null(), "observed from its start: {why}");
+    let mine: Vec<&Value> = audit["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["pid"] == pid)
+        .collect();
+    assert!(mine.is_empty(), "false findings: {mine:#?}");
+}
