@@ -21,6 +21,9 @@
 //! * issue 12 (agent faults, driver upgrade): a libcuda replaced on disk while attached was
 //!   never attached again under its path: processes that loaded the new file were seen late
 //!   or not at all.
+//! * closing note of 2026-12-01: the old file's probes stayed attached for ever after an
+//!   upgrade; a libcuda found through a process's maps and rewritten in place was never
+//!   attached again (the next process ran under probes placed for the old contents).
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read};
@@ -1168,13 +1171,13 @@ fn replaced_driver_probes_are_detached_once_no_process_maps_the_old_file() {
     while lost() < per_file && t0.elapsed() < Duration::from_secs(30) {
         std::thread::sleep(Duration::from_millis(200));
     }
-    if lost() < per_file {
+    let gone = lost();
+    if gone < per_file {
         let _ = agent.kill();
         let _ = agent.wait();
         panic!(
-            "{} of the {} probes present before the upgrade gone {:?} after the old file's last \
-             process exited, want at least its {per_file}",
-            lost(),
+            "{gone} of the {} probes present before the upgrade gone {:?} after the old file's \
+             last process exited, want at least its {per_file}",
             before_upgrade.len(),
             t0.elapsed()
         );

@@ -514,6 +514,8 @@ impl Probes {
             missing = ?missing,
             "attached libcuda probes"
         );
+        // Attached again (by its path, say) after a failed attempt: nothing to retry.
+        self.failed.remove(&id);
         self.libs.insert(
             id,
             Lib {
