@@ -242,7 +242,7 @@ struct Lib {
     stamp: FileStamp,
     /// The file the probes are on, kept open: its `fstat` tells, whatever its paths (a
     /// container's, a dead process's root), when it is rewritten in place or unlinked (see
-    /// [`Probes::review`]). The probes hold the inode anyway.
+    /// `handle::review`). The probes hold the inode anyway.
     file: Arc<std::fs::File>,
     attached_at: SystemTime,
     symbols: Vec<&'static str>,
