@@ -536,7 +536,8 @@ fn hooked_process_in_its_own_pid_namespace_is_matched_to_its_slot() {
         "not in a child pid namespace: {nspid}"
     );
     let mut agent = agent;
-    let st = agent.wait().unwrap();
+    // Read to the end before waiting: a report larger than the pipe (a node with many GPU
+    // processes) would block the exit.
     let mut out = String::new();
     agent
         .stdout
@@ -544,6 +545,7 @@ fn hooked_process_in_its_own_pid_namespace_is_matched_to_its_slot() {
         .unwrap()
         .read_to_string(&mut out)
         .unwrap();
+    let st = agent.wait().unwrap();
     let logs: Vec<String> = log.try_iter().collect();
     let audit: Value = serde_json::from_str(&out)
         .unwrap_or_else(|e| panic!("{e}: {out}\nlog:\n{}", logs.join("\n")));
@@ -598,7 +600,7 @@ fn audit_fails_for_an_unhooked_process_holding_memory_from_before_the_agent() {
             ("FAKE_CUDA_STATE", env.state_path().as_os_str()),
         ],
     );
-    let st = agent.wait().unwrap();
+    // Read to the end before waiting: a report larger than the pipe would block the exit.
     let mut out = String::new();
     agent
         .stdout
@@ -606,6 +608,7 @@ fn audit_fails_for_an_unhooked_process_holding_memory_from_before_the_agent() {
         .unwrap()
         .read_to_string(&mut out)
         .unwrap();
+    let st = agent.wait().unwrap();
     let logs: Vec<String> = log.try_iter().collect();
     let audit: Value = serde_json::from_str(&out)
         .unwrap_or_else(|e| panic!("{e}: {out}\nlog:\n{}", logs.join("\n")));
@@ -689,7 +692,7 @@ fn audit_interrupted_while_attaching_still_prints_its_report() {
     // SAFETY: kill(2) on our own child's pid.
     assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
     let t0 = Instant::now();
-    let st = agent.wait().unwrap();
+    // Read to the end before waiting: a report larger than the pipe would block the exit.
     let mut out = String::new();
     agent
         .stdout
@@ -697,6 +700,7 @@ fn audit_interrupted_while_attaching_still_prints_its_report() {
         .unwrap()
         .read_to_string(&mut out)
         .unwrap();
+    let st = agent.wait().unwrap();
     let logs: Vec<String> = log.try_iter().collect();
     assert!(
         st.code().is_some(),
@@ -804,7 +808,7 @@ fn agent_attached_mid_workload_sees_the_release_of_every_allocation_it_saw() {
         line.starts_with("stopped") && line.trim().ends_with("rc=0"),
         "churn: {line}"
     );
-    let st = agent.wait().unwrap();
+    // Read to the end before waiting: a report larger than the pipe would block the exit.
     let mut stdout = String::new();
     agent
         .stdout
@@ -812,6 +816,7 @@ fn agent_attached_mid_workload_sees_the_release_of_every_allocation_it_saw() {
         .unwrap()
         .read_to_string(&mut stdout)
         .unwrap();
+    let st = agent.wait().unwrap();
     let _ = p.kill();
     let _ = p.wait();
     let logs: Vec<String> = log.try_iter().collect();
