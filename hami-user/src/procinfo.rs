@@ -387,6 +387,8 @@ fn read_bytes(path: PathBuf) -> Result<Vec<u8>, ProcError> {
 /// first `read`. A file that fills the buffer is read again in full.
 pub fn read_stat(proc_root: &Path, pid: u32) -> Result<Stat, ProcError> {
     use std::io::Read;
+    #[cfg(test)]
+    tests::STAT_READS.with(|r| r.borrow_mut().push(pid));
     let path = proc_root.join(pid.to_string()).join("stat");
     let mut buf = [0u8; 4096];
     let n = std::fs::File::open(&path)
@@ -512,6 +514,17 @@ pub fn now_ticks(proc_root: &Path) -> Option<u64> {
 pub(crate) mod tests {
     use super::*;
     use std::fs;
+
+    thread_local! {
+        /// Pids whose `stat` this thread read, in order (see [`take_stat_reads`]).
+        pub(crate) static STAT_READS: std::cell::RefCell<Vec<u32>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// The pids whose `/proc/<pid>/stat` this thread read since the last call.
+    pub(crate) fn take_stat_reads() -> Vec<u32> {
+        STAT_READS.with(|r| std::mem::take(&mut *r.borrow_mut()))
+    }
 
     /// Build a fake `/proc/<pid>` directory.
     #[allow(clippy::too_many_arguments)]

@@ -99,6 +99,14 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
             (None, Some(e.to_string()))
         }
     };
+    // One pidfd per tracked process, one descriptor per open region.
+    if let Some((before, after)) = crate::agent::raise_nofile_limit() {
+        tracing::debug!(
+            before,
+            after,
+            "RLIMIT_NOFILE soft limit raised to the hard limit"
+        );
+    }
     let mut agent = Agent::new(opts.agent.clone());
     for (name, e) in agent.region_errors() {
         tracing::warn!(region = %name, error = %e, "region unreadable");

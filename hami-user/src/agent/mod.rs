@@ -5,6 +5,7 @@
 //! Nothing here needs root or eBPF: tests drive it with synthetic events, a fake `/proc` tree
 //! and real region files.
 
+mod pidfds;
 mod processes;
 mod regions;
 #[cfg(test)]
@@ -29,6 +30,7 @@ use crate::nvml::NvmlSnapshot;
 use crate::procinfo::{self, ProcInfo};
 use crate::state::{Applied, Processes};
 
+pub use pidfds::raise_nofile_limit;
 pub use views::{real_devices, shown_devices, ProcessRow, RegionRow};
 
 /// How long one region read, one `/proc` read of a process or one reclaim may take before
@@ -82,6 +84,9 @@ struct ProcEntry {
     region_error: Option<String>,
     /// Namespace, pod and container names (resolved when the process is learned).
     identity: Identity,
+    /// Its pidfd in the agent's [`pidfds::ExitWatch`]: while it is not readable the process
+    /// is alive, without a `/proc/<pid>/stat` read. `None`: polled through its stat.
+    pidfd: Option<pidfds::Pidfd>,
 }
 
 /// An open region: a descriptor opened safely (see [`tenantfs`]) and read with `pread`
@@ -186,6 +191,22 @@ pub struct Agent {
     /// A process not seen before allocated without the preload since the last tick: a
     /// bypass to report now rather than at the next periodic tick ([`Agent::wants_early_tick`]).
     early_tick: bool,
+    /// The tracked processes' pidfds (see [`pidfds`]); `None` when `proc_root` is not this
+    /// kernel's `/proc` (its pids are not ours to open) or epoll is unavailable.
+    exits: Option<pidfds::ExitWatch>,
+}
+
+/// The exit watch, when `proc_root` is a procfs of the agent's own pid namespace (its pids
+/// are the ones `pidfd_open` takes; a fake tree's pids name nothing, or other processes).
+fn exit_watch_for(proc_root: &Path) -> Option<pidfds::ExitWatch> {
+    if !pidfds::is_own_procfs(proc_root) {
+        return None;
+    }
+    pidfds::ExitWatch::new()
+        .inspect_err(|e| {
+            tracing::debug!(error = %e, "no epoll for pidfds: processes' liveness read from /proc/<pid>/stat every tick")
+        })
+        .ok()
 }
 
 /// Least time between two `/proc` scans for processes whose every event was dropped.
@@ -241,6 +262,7 @@ impl Agent {
             last_drop_scan: None,
             tick_stats: HashMap::new(),
             early_tick: false,
+            exits: exit_watch_for(&opts.proc_root),
             opts,
         };
         for p in a.opts.regions.clone() {

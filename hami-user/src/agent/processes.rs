@@ -3,7 +3,7 @@
 //! their start (running before the agent, or listed by NVML), and dropping processes that
 //! are gone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use crate::identity::{self, Identity};
@@ -235,11 +235,19 @@ impl Agent {
             }
         }
         let identity = self.identify(pid, info.as_ref());
+        // Opened after the facts were read, and checked against their start time.
+        let root = self.opts.proc_root.clone();
+        let expected = info.as_ref().map(|i| i.start_time);
+        let pidfd = self
+            .exits
+            .as_mut()
+            .and_then(|w| w.watch(&root, pid, expected));
         let mut entry = ProcEntry {
             info,
             region: None,
             region_error: None,
             identity,
+            pidfd,
         };
         self.attach_region(&mut entry);
         self.entries.insert(pid, entry);
@@ -283,18 +291,36 @@ impl Agent {
     }
 
     /// Drops processes that are gone (missed exit events) or whose pid was reused; retries
-    /// opening regions that were not there yet.
+    /// opening regions that were not there yet. A process with a pidfd is gone when its
+    /// pidfd is readable (one `epoll_wait` for all of them); the others are read from
+    /// `/proc/<pid>/stat`.
     pub(super) fn refresh_processes(&mut self) {
         let root = self.opts.proc_root.clone();
+        let exited: HashSet<u32> = match self.exits.as_mut() {
+            Some(w) => w
+                .exited()
+                .into_iter()
+                .filter(|&(pid, fd)| {
+                    self.entries
+                        .get(&pid)
+                        .and_then(|e| e.pidfd.as_ref())
+                        .is_some_and(|p| p.raw() == fd)
+                })
+                .map(|(pid, _)| pid)
+                .collect(),
+            None => HashSet::new(),
+        };
         let pids: Vec<u32> = self.entries.keys().copied().collect();
         for pid in pids {
-            let gone = match (
-                tick_stat(&mut self.tick_stats, &root, pid),
-                &self.entries[&pid].info,
-            ) {
-                (Some(st), Some(info)) => st.is_dead() || st.start_time != info.start_time,
-                (Some(st), None) => st.is_dead(),
-                (None, _) => true,
+            let e = &self.entries[&pid];
+            let gone = if e.pidfd.is_some() {
+                exited.contains(&pid)
+            } else {
+                match (tick_stat(&mut self.tick_stats, &root, pid), &e.info) {
+                    (Some(st), Some(info)) => st.is_dead() || st.start_time != info.start_time,
+                    (Some(st), None) => st.is_dead(),
+                    (None, _) => true,
+                }
             };
             if gone {
                 self.entries.remove(&pid);
@@ -319,6 +345,13 @@ impl Agent {
                     }
                     if e.info.is_some() {
                         e.identity = self.identify(pid, e.info.as_ref());
+                    }
+                    // Facts of another process than the pidfd's (it exited since): back to
+                    // the stat path, which drops it.
+                    if let (Some(i), Some(p)) = (&e.info, &e.pidfd) {
+                        if i.start_time != p.start_time {
+                            e.pidfd = None;
+                        }
                     }
                 }
                 self.attach_region(&mut e);

@@ -190,6 +190,7 @@ impl Agent {
         let root = self.opts.proc_root.clone();
         let mut index: Option<HashMap<(u64, u32), u32>> = None;
         let stats = &mut self.tick_stats;
+        let entries = &self.entries;
         for r in &mut self.regions {
             // The opened file's own metadata (fstat: never the path, which a tenant may
             // have pointed elsewhere since).
@@ -222,6 +223,17 @@ impl Agent {
                         continue;
                     }
                 };
+                // A tracked process with a pidfd not readable at this tick's check, and the
+                // slot's start time: alive, no stat read.
+                if let Some(hp) = host_pid.filter(|hp| {
+                    entries
+                        .get(hp)
+                        .and_then(|e| e.pidfd.as_ref())
+                        .is_some_and(|p| s.start_time == 0 || p.start_time == s.start_time)
+                }) {
+                    live.insert(s.index, SlotLiveness::Alive { host_pid: hp });
+                    continue;
+                }
                 let l = match host_pid.map(|hp| (hp, tick_stat(stats, &root, hp))) {
                     None | Some((_, None)) => SlotLiveness::Dead,
                     Some((_, Some(st))) if st.is_dead() => SlotLiveness::Dead,
