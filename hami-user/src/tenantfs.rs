@@ -245,11 +245,63 @@ pub fn read_proc_file(path: &Path) -> Result<Vec<u8>, TenantFsError> {
     read_at_most(&f, MAX_PROC_FILE, path)
 }
 
+/// A job for a reader thread.
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// Reader threads waiting for a job, each by the sender of its queue.
+static IDLE_READERS: std::sync::Mutex<Vec<mpsc::Sender<Job>>> = std::sync::Mutex::new(Vec::new());
+
+/// Most reader threads kept waiting for work: at 1000 regions a tick makes 1000 bounded
+/// reads, one after another, which a few threads serve without a thread spawn each.
+const MAX_IDLE_READERS: usize = 8;
+
+/// Runs `job` on an idle reader thread, or on a new one. A reader that finishes goes back to
+/// the idle list (unless it is full); one stuck on a tenant's input is simply not there
+/// (the caller gave up on it) and returns when the input lets it go.
+fn run_on_reader(job: Job) -> io::Result<()> {
+    let mut job = job;
+    loop {
+        let idle = IDLE_READERS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop();
+        match idle {
+            Some(tx) => match tx.send(job) {
+                Ok(()) => return Ok(()),
+                // That reader is gone (its job panicked): try the next.
+                Err(mpsc::SendError(j)) => job = j,
+            },
+            None => break,
+        }
+    }
+    let (tx, rx) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("hami-read".into())
+        .spawn(move || {
+            let mut next = Some(job);
+            while let Some(j) = next.take() {
+                j();
+                {
+                    let mut idle = IDLE_READERS
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if idle.len() >= MAX_IDLE_READERS {
+                        return;
+                    }
+                    idle.push(tx.clone());
+                }
+                next = rx.recv().ok();
+            }
+        })
+        .map(|_| ())
+}
+
 /// Runs `f` on a helper thread and waits at most `deadline` for it. On time-out the thread
 /// is left to finish on its own (its result is dropped) and [`TenantFsError::TimedOut`] is
 /// returned; `busy`, when given, is set while such a read is outstanding, and a call that
 /// finds it set returns [`TenantFsError::Busy`] without starting another (so a stuck input
-/// holds one thread, not one per attempt).
+/// holds one thread, not one per attempt). The helper threads are reused
+/// ([`MAX_IDLE_READERS`] wait for work), so a read costs no thread spawn.
 pub fn bounded<T: Send + 'static>(
     what: impl Into<String>,
     deadline: Duration,
@@ -264,15 +316,22 @@ pub fn bounded<T: Send + 'static>(
     }
     let (tx, rx) = mpsc::sync_channel(1);
     let flag = busy.cloned();
-    let spawned = std::thread::Builder::new()
-        .name("hami-read".into())
-        .spawn(move || {
-            let v = f();
-            if let Some(b) = flag {
-                b.store(false, Ordering::Release);
+    let spawned = run_on_reader(Box::new(move || {
+        // Cleared even if `f` panics (the reader thread then ends; the caller sees a
+        // disconnected channel, reported like a time-out).
+        struct Clear(Option<Arc<AtomicBool>>);
+        impl Drop for Clear {
+            fn drop(&mut self) {
+                if let Some(b) = &self.0 {
+                    b.store(false, Ordering::Release);
+                }
             }
-            let _ = tx.send(v);
-        });
+        }
+        let clear = Clear(flag);
+        let v = f();
+        drop(clear);
+        let _ = tx.send(v);
+    }));
     if let Err(e) = spawned {
         if let Some(b) = busy {
             b.store(false, Ordering::Release);
@@ -395,6 +454,51 @@ mod tests {
         assert_eq!(
             bounded("fast", Duration::from_secs(5), Some(&busy), || 7).unwrap(),
             7
+        );
+    }
+
+    /// Reads one after another are served by reused reader threads, not a spawn each.
+    #[test]
+    fn bounded_reuses_its_reader_threads() {
+        let ids: std::collections::HashSet<_> = (0..50)
+            .map(|_| {
+                bounded("id", Duration::from_secs(5), None, || {
+                    std::thread::current().id()
+                })
+                .unwrap()
+            })
+            .collect();
+        // Other tests of this binary use readers at the same time: a few threads, not 50.
+        assert!(ids.len() <= MAX_IDLE_READERS + 4, "{} threads", ids.len());
+    }
+
+    /// A reader stuck on its input does not hold up the next read, and a read whose
+    /// function panics clears `busy` (the next read is not refused as busy).
+    #[test]
+    fn a_stuck_or_panicking_read_does_not_block_the_next() {
+        let (tx, rx) = mpsc::channel::<()>();
+        let e = bounded("stuck", Duration::from_millis(20), None, move || {
+            let _ = rx.recv();
+        })
+        .unwrap_err();
+        assert!(matches!(e, TenantFsError::TimedOut { .. }), "{e}");
+        let t0 = std::time::Instant::now();
+        assert_eq!(
+            bounded("next", Duration::from_secs(5), None, || 3).unwrap(),
+            3
+        );
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        tx.send(()).unwrap();
+        let busy = Arc::new(AtomicBool::new(false));
+        let e = bounded("panics", Duration::from_secs(5), Some(&busy), || -> u8 {
+            panic!("a hostile input made the parser panic")
+        })
+        .unwrap_err();
+        assert!(matches!(e, TenantFsError::TimedOut { .. }), "{e}");
+        assert!(!busy.load(Ordering::Acquire));
+        assert_eq!(
+            bounded("after", Duration::from_secs(5), Some(&busy), || 9).unwrap(),
+            9
         );
     }
 }
