@@ -114,13 +114,21 @@ impl Meter<'_> {
             (self.serialize)()
         };
         let data_before = (self.own_data)(dev);
-        let region_before = (self.region_data)(dev);
+        let mut region_before = (self.region_data)(dev);
         let own_before = match (self.own_used)(dev) {
             OwnUsage::Listed(b) => Some(b),
             OwnUsage::NotListed => Some(0),
             OwnUsage::Unavailable => None,
         };
-        let dev_before = (self.used_now)(dev);
+        let mut dev_before = (self.used_now)(dev);
+        if held.is_some() {
+            // The device-level fallback (this process not listed by NVML): another process
+            // may be between its admission (charged in the region) and its driver call (not
+            // yet on the device). Let it reach the driver before the readings are taken.
+            (dev_before, region_before) = settle_readings(region_before, || {
+                ((self.used_now)(dev), (self.region_data)(dev))
+            });
+        }
         let r = call();
         if r.is_err() {
             return (r, ContextCost::Unknown);
@@ -129,10 +137,19 @@ impl Meter<'_> {
             OwnUsage::Listed(a) => Some(a),
             _ => None,
         };
-        let dev_after = (self.used_now)(dev);
+        let mut dev_after = (self.used_now)(dev);
         let change = |now: u64, before: u64| (i128::from(now) - i128::from(before)) as i64;
         let own_meanwhile = change((self.own_data)(dev), data_before);
-        let region_meanwhile = change((self.region_data)(dev), region_before);
+        let mut region_after = (self.region_data)(dev);
+        if region_after != region_before && own_after.is_none() {
+            // Another process allocated or freed meanwhile: the region is charged before its
+            // driver call (and uncharged after a free), so the device reading may not show
+            // it yet. Read both again until the region figure holds still across a pause.
+            (dev_after, region_after) = settle_readings(region_after, || {
+                ((self.used_now)(dev), (self.region_data)(dev))
+            });
+        }
+        let region_meanwhile = change(region_after, region_before);
         let serialized = held.is_some();
         drop(held);
         if own_after.is_some() {
@@ -166,9 +183,15 @@ impl Meter<'_> {
         let Ok(ctx) = r else {
             return (r, ContextCost::Unknown);
         };
-        let after = (self.driver_info)(ctx);
-        let region_meanwhile =
-            (i128::from((self.region_data)(dev)) - i128::from(region_before)) as i64;
+        let mut after = (self.driver_info)(ctx);
+        let mut region_after = (self.region_data)(dev);
+        if region_after != region_before {
+            // As in `around`: another process's allocation may be charged and not yet made.
+            (after, region_after) = settle_readings(region_after, || {
+                ((self.driver_info)(ctx), (self.region_data)(dev))
+            });
+        }
+        let region_meanwhile = (i128::from(region_after) - i128::from(region_before)) as i64;
         let region_used = (self.region_used)(dev);
         let serialized = held.is_some();
         drop(held);
@@ -180,6 +203,29 @@ impl Meter<'_> {
             serialized,
         };
         (r, driver_context_cost(&readings))
+    }
+}
+
+/// Pause between two readings of [`settle_readings`].
+const SETTLE_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+/// Most readings [`settle_readings`] takes (at most ~100 ms, only when another process's data
+/// changed during a context creation).
+const SETTLE_TRIES: usize = 10;
+
+/// Reads `(device figure, region data)` with `read` after a pause, again and again, until the
+/// region data equals the previous reading (`last` first): the allocations and frees other
+/// processes were making during a measurement have then reached the driver, and the device
+/// figure read with it includes them. Gives the latest pair after [`SETTLE_TRIES`] readings.
+fn settle_readings<D>(mut last: u64, read: impl Fn() -> (D, u64)) -> (D, u64) {
+    let mut tries = 0;
+    loop {
+        std::thread::sleep(SETTLE_PAUSE);
+        let (d, region) = read();
+        tries += 1;
+        if region == last || tries >= SETTLE_TRIES {
+            return (d, region);
+        }
+        last = region;
     }
 }
 
@@ -420,6 +466,57 @@ mod tests {
         assert_eq!(cost, Some(ContextCost::PerProcess(64 * MB)));
         assert_eq!(locks.get(), 1);
         assert_eq!(l.used(0, UsageKind::Context), 582 * MB);
+    }
+
+    /// The device-level fallback while another process allocates: its admission charges the
+    /// region before its driver call puts the bytes on the device. Read in between, the
+    /// region's figure ran ahead of the device's and the context was charged 300 MiB too
+    /// little (the flaky `concurrent_context_creation_without_per_process_nvml_is_serialized`
+    /// saw 200 MiB for a 500 MiB context); the readings now wait for the region to hold still.
+    #[test]
+    fn another_processs_allocation_between_admission_and_driver_is_not_subtracted_early() {
+        use std::cell::Cell;
+        let l = MemLedger::with_limit(0, 1 << 32);
+        let t = ContextTable::default();
+        let device = Cell::new(1000 * MB);
+        let region = Cell::new(0u64);
+        // Device readings after the call: the other process's 300 MiB reaches the device
+        // at the second one.
+        let reads_after = Cell::new(None::<u32>);
+        let used_now = |_d: usize| {
+            if let Some(n) = reads_after.get() {
+                reads_after.set(Some(n + 1));
+                if n == 1 {
+                    device.set(device.get() + 300 * MB);
+                }
+            }
+            Some(device.get())
+        };
+        let region_data = |_d: usize| region.get();
+        let m = Meter {
+            configured: None,
+            used_now: &used_now,
+            own_used: &|_| OwnUsage::NotListed,
+            own_data: &|_| 0,
+            region_data: &region_data,
+            serialize: &|| -> Option<Held> { Some(Box::new(())) },
+            nvml: true,
+            ..NO_NVML
+        };
+        let (r, cost) = t.primary_retain(&l, 0, &m, || {
+            device.set(device.get() + 500 * MB);
+            // The other process's admission, its driver call still to come.
+            region.set(region.get() + 300 * MB);
+            reads_after.set(Some(0));
+            Ok(0xc0)
+        });
+        assert_eq!(r, CUDA_SUCCESS);
+        assert_eq!(
+            l.used(0, UsageKind::Context),
+            500 * MB,
+            "{:?}",
+            cost.map(|c| c.bytes())
+        );
     }
 
     /// NVML does not list our pid (container pid namespace): device-level delta, under the
