@@ -7,7 +7,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use object::elf;
-use object::read::elf::{FileHeader, SectionHeader, Sym, SymbolTable};
+use object::read::elf::{FileHeader, SectionHeader, SectionTable, Sym, SymbolTable};
 use object::read::{FileKind, ReadCache, ReadRef, StringTable};
 use object::Endianness;
 
@@ -142,21 +142,31 @@ pub fn uprobe_offsets<'a, R: ReadRef<'a>>(
     }
 }
 
+/// The ELF header and section table of `data`, the section header table counted against
+/// `budget` (both symbol readers start here).
+fn parse_sections<'a, Elf: FileHeader<Endian = Endianness>, R: ReadRef<'a>>(
+    data: R,
+    budget: &mut ReadBudget,
+) -> Result<(&'a Elf, Endianness, SectionTable<'a, Elf, R>), ElfError> {
+    let header = Elf::parse(data)?;
+    let endian = header.endian()?;
+    let shnum = header.shnum(endian, data)? as u64;
+    budget.take(
+        "the section header table",
+        shnum.saturating_mul(u64::from(header.e_shentsize(endian))),
+    )?;
+    let sections = header.sections(endian, data)?;
+    Ok((header, endian, sections))
+}
+
 fn uprobe_offsets_in<'a, Elf: FileHeader<Endian = Endianness>, R: ReadRef<'a>>(
     data: R,
     wanted: &[&str],
     max_read: u64,
 ) -> Result<Vec<(String, u64)>, ElfError> {
     let mut budget = ReadBudget::new(max_read);
+    let (header, endian, sections) = parse_sections::<Elf, R>(data, &mut budget)?;
     let mut take = |what: &'static str, bytes: u64| budget.take(what, bytes);
-    let header = Elf::parse(data)?;
-    let endian = header.endian()?;
-    let shnum = header.shnum(endian, data)? as u64;
-    take(
-        "the section header table",
-        shnum.saturating_mul(u64::from(header.e_shentsize(endian))),
-    )?;
-    let sections = header.sections(endian, data)?;
     let translate = matches!(header.e_type(endian), elf::ET_DYN | elf::ET_EXEC);
     let mut seen: Vec<&str> = Vec::new();
     let mut out: Vec<(String, u64)> = Vec::new();
@@ -278,17 +288,10 @@ pub fn dynamic_symbols_defined<'a, R: ReadRef<'a>>(
     wanted: &[&str],
     max_read: u64,
 ) -> Result<Vec<String>, ElfError> {
-    type Header = elf::FileHeader64<Endianness>;
     let mut budget = ReadBudget::new(max_read);
+    let (_, endian, sections) =
+        parse_sections::<elf::FileHeader64<Endianness>, R>(data, &mut budget)?;
     let mut take = |what: &'static str, bytes: u64| budget.take(what, bytes);
-    let header = Header::parse(data)?;
-    let endian = header.endian()?;
-    let shnum = header.shnum(endian, data)? as u64;
-    take(
-        "the section header table",
-        shnum.saturating_mul(u64::from(header.e_shentsize(endian))),
-    )?;
-    let sections = header.sections(endian, data)?;
     let Some((index, dynsym)) = sections
         .enumerate()
         .find(|(_, s)| s.sh_type(endian) == elf::SHT_DYNSYM)
