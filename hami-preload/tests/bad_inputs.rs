@@ -45,6 +45,20 @@ fn probe(env: &Env, via: &str, ops: &[&str]) -> Probe {
     within(cmd, Duration::from_secs(20))
 }
 
+/// hprobe without the preload (the driver's own answers), then `ops`, bounded in time.
+fn native(env: &Env, ops: &[&str]) -> Probe {
+    let mut cmd = env.command(hprobe(), false);
+    cmd.args(ops);
+    within(cmd, Duration::from_secs(20))
+}
+
+/// [`probe`] of `ops` followed by `exit 0`.
+fn probe_then_exit(env: &Env, via: &str, ops: &[&str]) -> Probe {
+    let mut a = ops.to_vec();
+    a.extend_from_slice(&["exit", "0"]);
+    probe(env, via, &a)
+}
+
 fn env_1g() -> Env {
     Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
@@ -115,9 +129,7 @@ fn null_out_pointers_zero_sizes_and_size_max_get_the_documented_codes() {
 fn free_of_zero_and_an_unknown_device_return_the_drivers_code() {
     let env = env_1g();
     let ops = ["freezero", "createdev", "4096", "2M", "info"];
-    let mut plain = env.command(hprobe(), false);
-    plain.args(ops);
-    let plain = within(plain, Duration::from_secs(20));
+    let plain = native(&env, &ops);
     let (driver_free0, driver_baddev) = (plain.rc(0), plain.rc(1));
     assert_ne!(
         driver_baddev,
@@ -126,9 +138,7 @@ fn free_of_zero_and_an_unknown_device_return_the_drivers_code() {
         plain.dump()
     );
     for via in VIAS {
-        let mut a = ops.to_vec();
-        a.extend_from_slice(&["exit", "0"]);
-        let p = probe(&env, via, &a);
+        let p = probe_then_exit(&env, via, &ops);
         assert_eq!(
             p.rcs(),
             vec![driver_free0, driver_baddev, 0],
@@ -155,9 +165,7 @@ fn arrays_beyond_the_devices_dimensions_get_the_drivers_invalid_value() {
         "array", "200000", "0", // beyond, but within the quota: the driver's answer
         "info",
     ];
-    let mut plain = env.command(hprobe(), false);
-    plain.args(ops);
-    let plain = within(plain, Duration::from_secs(20));
+    let plain = native(&env, &ops);
     assert_eq!(
         plain.rcs(),
         vec![INVALID_VALUE, INVALID_VALUE, OOM, INVALID_VALUE, 0],
@@ -165,9 +173,7 @@ fn arrays_beyond_the_devices_dimensions_get_the_drivers_invalid_value() {
         plain.dump()
     );
     for via in VIAS {
-        let mut a = ops.to_vec();
-        a.extend_from_slice(&["exit", "0"]);
-        let p = probe(&env, via, &a);
+        let p = probe_then_exit(&env, via, &ops);
         assert_eq!(
             p.rcs(),
             vec![INVALID_VALUE, INVALID_VALUE, OOM, INVALID_VALUE, 0],
