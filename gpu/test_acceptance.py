@@ -135,13 +135,15 @@ hami_events_total 12345
         self.assertEqual(parse.metrics_observed_for_pid(s, 78), (None, None))
 
 
-def make_region(limit, used, slots, version=3):
-    """Bytes of a region as hami-common/src/layout.rs lays it out (version 1, 2 or 3). slots:
+def make_region(limit, used, slots, version=4):
+    """Bytes of a region as hami-common/src/layout.rs lays it out (version 1 to 4). slots:
     {index: (pid, context, data[, pool[, charged, reserve]])} on device 0."""
     header = region.REGION_HEADER_SIZES[version]
     slot_size = region.region_slot_size(version)
     nusage = region.REGION_MAX_DEVICES * len(region.REGION_USAGE_KINDS[version])
     total = header + region.REGION_MAX_SLOTS * slot_size
+    if version >= 4:
+        total += region.REGION_MAX_DEVICES * 64  # the compute records
     b = bytearray(total)
     b[0:8] = region.REGION_MAGIC
     struct.pack_into("<IIQ", b, 8, version, header, total)
@@ -166,7 +168,7 @@ def rust_layout(text):
     import re
     consts = {k: int(v) for k, v in
               re.findall(r"pub const (\w+): (?:usize|u32) = (\d+);", text)}
-    prim = {"u8": 1, "u32": 4, "u64": 8, "AtomicU32": 4, "AtomicU64": 8}
+    prim = {"u8": 1, "u32": 4, "u64": 8, "AtomicU32": 4, "AtomicU64": 8, "AtomicI64": 8}
 
     def size_align(ty):
         ty = ty.strip()
@@ -196,7 +198,7 @@ def rust_layout(text):
 
 class Region(unittest.TestCase):
     def test_decode(self):
-        for version in (2, 3):
+        for version in (2, 3, 4):
             r = region.read_region_bytes(make_region(
                 QUOTA, 3 * GIB + 600 * MIB, {0: (100, 300 * MIB, 3 * GIB),
                                              5: (101, 300 * MIB, 0)}, version=version))
@@ -228,7 +230,7 @@ class Region(unittest.TestCase):
         good = make_region(1, 0, {})
         with self.assertRaises(ValueError):
             region.read_region_bytes(b"XXXXXXXX" + good[8:])
-        for version, header in ((4, 1024), (2, 1024), (3, 968)):
+        for version, header in ((5, 1024), (2, 1024), (3, 968)):
             bad = bytearray(good)
             struct.pack_into("<II", bad, 8, version, header)
             with self.assertRaises(ValueError) as e:

@@ -1,4 +1,4 @@
-"""The shared region file's bytes (hami-common/src/layout.rs, versions 1 to 3), read directly
+"""The shared region file's bytes (hami-common/src/layout.rs, versions 1 to 4), read directly
 as a cross-check of `hami-agent inspect`: limits, used, slots, and who holds the region lock.
 
 Pure functions of bytes; gpu/test_acceptance.py pins the offsets against layout.rs.
@@ -12,9 +12,11 @@ REGION_MAX_SLOTS = 1024
 # Usage kinds of every slot per layout version (version 2 added "pool" and "other").
 REGION_USAGE_KINDS = {1: ("context", "module", "data"),
                       2: ("context", "module", "data", "pool", "other"),
-                      3: ("context", "module", "data", "pool", "other")}
+                      3: ("context", "module", "data", "pool", "other"),
+                      4: ("context", "module", "data", "pool", "other")}
 # Header bytes per layout version (version 3 padded it to 1024).
-REGION_HEADER_SIZES = {1: 968, 2: 968, 3: 1024}
+# Version 4 kept the header and slots and appended 16 compute records of 64 bytes.
+REGION_HEADER_SIZES = {1: 968, 2: 968, 3: 1024, 4: 1024}
 # Enough of a file to hold the header of any known version.
 REGION_HEADER_READ = max(REGION_HEADER_SIZES.values())
 _OFF_LIMITS = 136
@@ -56,7 +58,8 @@ def read_region_bytes(data):
     limits = list(struct.unpack_from("<16Q", data, _OFF_LIMITS))
     used = list(struct.unpack_from("<16Q", data, _OFF_USED))
     slots = []
-    nslots = min(REGION_MAX_SLOTS, (total_size - header_size) // slot_size)
+    tail = REGION_MAX_DEVICES * 64 if version >= 4 else 0
+    nslots = min(REGION_MAX_SLOTS, (total_size - header_size - tail) // slot_size)
     nusage = REGION_MAX_DEVICES * len(kinds)
     for i in range(nslots):
         off = header_size + i * slot_size

@@ -1,4 +1,4 @@
-//! Layout of the shared region file (version 3). See `docs/shared-region.md`.
+//! Layout of the shared region file (version 4). See `docs/shared-region.md`.
 //!
 //! Everything is `#[repr(C)]`, little-endian, fixed size, with no pointers, so that the
 //! preload (inside containers) and the agent (on the host) map the same bytes.
@@ -7,12 +7,12 @@
 //! each slot's `charged` change only under the region lock (`RegionHeader::lock`); a slot's
 //! `usage` and `reserve` are changed by its own process without the lock (see `Slot`).
 
-use core::sync::atomic::{AtomicU32, AtomicU64};
+use core::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
 
 /// First 8 bytes of every region file.
 pub const MAGIC: [u8; 8] = *b"HAMIRSv\x01";
 /// Layout version; bumped on any incompatible change.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// Number of devices a region describes.
 pub const MAX_DEVICES: usize = 16;
 /// Number of process slots in a region.
@@ -140,9 +140,15 @@ pub struct RegionHeader {
     /// Number of times an admission took back other slots' unused reserves because the
     /// device was otherwise full.
     pub reserve_reclaims: AtomicU64,
+    /// Per-device footprint of one CUDA context in bytes, as last measured by a process of
+    /// the region on that device; 0 = not measured yet. A context is admitted with this
+    /// figure *before* the driver creates it (and refused when it does not fit), then charged
+    /// what was measured; the measurement replaces the figure. Written without the lock
+    /// (a plain store of the latest measurement).
+    pub context_footprint: [AtomicU64; MAX_DEVICES],
     /// Reserved for future use; zero (pads the header to 1024 bytes, so that slots start on a
     /// cache-line boundary).
-    pub _reserved: [u64; 34],
+    pub _reserved: [u64; 18],
 }
 
 /// One process slot.
@@ -173,6 +179,38 @@ pub struct Slot {
     pub _pad: [u64; 14],
 }
 
+/// [`DeviceCompute::policy`]: HAMi's `GPU_CORE_UTILIZATION_POLICY=default`.
+pub const COMPUTE_POLICY_DEFAULT: u32 = 0;
+/// [`DeviceCompute::policy`]: `force`.
+pub const COMPUTE_POLICY_FORCE: u32 = 1;
+/// [`DeviceCompute::policy`]: `disable` (no compute limit).
+pub const COMPUTE_POLICY_DISABLE: u32 = 2;
+
+/// The compute share of one device, shared by every process of the container: the
+/// launch gate's budget of GPU time (a token bucket in nanoseconds of device time).
+/// Every field is changed lock-free (atomics); see `docs/shared-region.md`.
+#[repr(C)]
+pub struct DeviceCompute {
+    /// Share of the device in percent, 1..=100; 0 = no compute limit. Set by the creator
+    /// (`CUDA_DEVICE_SM_LIMIT(_<i>)`).
+    pub sm_limit: AtomicU32,
+    /// `COMPUTE_POLICY_*` as the creator configured it.
+    pub policy: AtomicU32,
+    /// Device time (ns) the container may still use; negative = debt being repaid.
+    pub budget_ns: AtomicI64,
+    /// `CLOCK_MONOTONIC` time (ns) up to which the budget has been refilled.
+    pub refilled_at_ns: AtomicU64,
+    /// Device time (ns) the container's metered work has used on this device in total
+    /// (only grows): what the agent and `inspect` read as the container's consumption.
+    pub consumed_ns: AtomicU64,
+    /// Number of times a process of the container waited at the gate (throttled).
+    pub throttled: AtomicU64,
+    /// Total time (ns) processes of the container spent waiting at the gate.
+    pub throttled_ns: AtomicU64,
+    /// Reserved; zero.
+    pub _reserved: [u64; 2],
+}
+
 /// The whole region file.
 #[repr(C)]
 pub struct Region {
@@ -180,6 +218,8 @@ pub struct Region {
     pub header: RegionHeader,
     /// Process slots.
     pub slots: [Slot; MAX_SLOTS],
+    /// Per-device compute share and launch-gate budget.
+    pub compute: [DeviceCompute; MAX_DEVICES],
 }
 
 /// Size in bytes of a region file.
@@ -189,3 +229,4 @@ pub const REGION_SIZE: usize = core::mem::size_of::<Region>();
 // own slot never share a line with another slot or the header.
 const _: () = assert!(core::mem::size_of::<RegionHeader>() == 1024);
 const _: () = assert!(core::mem::size_of::<Slot>() == 1024);
+const _: () = assert!(core::mem::size_of::<DeviceCompute>() == 64);

@@ -211,7 +211,8 @@ fn layout_matches_documentation() {
     assert_eq!(offset_of!(H, slot_high_water), 728);
     assert_eq!(offset_of!(H, stale_lock_breaks), 736);
     assert_eq!(offset_of!(H, reserve_reclaims), 744);
-    assert_eq!(offset_of!(H, _reserved), 752);
+    assert_eq!(offset_of!(H, context_footprint), 752);
+    assert_eq!(offset_of!(H, _reserved), 880);
     assert_eq!(size_of::<H>(), 1024);
     assert_eq!(offset_of!(Slot, pid), 0);
     assert_eq!(offset_of!(Slot, status), 4);
@@ -221,8 +222,18 @@ fn layout_matches_documentation() {
     assert_eq!(offset_of!(Slot, reserve), 784);
     assert_eq!(size_of::<Slot>(), 1024);
     assert_eq!(offset_of!(crate::layout::Region, slots), 1024);
-    assert_eq!(REGION_SIZE, 1024 + 1024 * 1024);
-    assert_eq!(REGION_SIZE, 1_049_600);
+    use crate::layout::DeviceCompute as C;
+    assert_eq!(offset_of!(crate::layout::Region, compute), 1024 + 1024 * 1024);
+    assert_eq!(offset_of!(C, sm_limit), 0);
+    assert_eq!(offset_of!(C, policy), 4);
+    assert_eq!(offset_of!(C, budget_ns), 8);
+    assert_eq!(offset_of!(C, refilled_at_ns), 16);
+    assert_eq!(offset_of!(C, consumed_ns), 24);
+    assert_eq!(offset_of!(C, throttled), 32);
+    assert_eq!(offset_of!(C, throttled_ns), 40);
+    assert_eq!(size_of::<C>(), 64);
+    assert_eq!(REGION_SIZE, 1024 + 1024 * 1024 + 16 * 64);
+    assert_eq!(REGION_SIZE, 1_050_624);
     const { assert!(MAX_SLOTS >= 1024 && MAX_DEVICES >= 16) };
 }
 
@@ -455,13 +466,13 @@ fn other_version_is_rejected() {
             err,
             RegionError::VersionMismatch {
                 found: 1,
-                expected: 3,
+                expected: crate::layout::VERSION,
                 ..
             }
         ),
         "{err:?}"
     );
-    assert!(err.to_string().contains("version 3"), "{err}");
+    assert!(err.to_string().contains("version 4"), "{err}");
     assert!(matches!(
         Region::open_existing(&p, false).unwrap_err(),
         RegionError::VersionMismatch { .. }
