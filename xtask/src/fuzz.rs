@@ -7,7 +7,8 @@
 //! `inspect`), `env` (the size parser and the agent's reading of an environment), `procinfo`
 //! (the agent's `/proc` parsers), `event` (the eBPF event decoder and the per-process state it
 //! feeds), `http` (the agent's metrics endpoint: raw bytes on one connection through
-//! hyper's parser, the router and the handlers). Seeds are committed in `fuzz/corpus/<target>/seed-*`; what libFuzzer adds there is
+//! hyper's parser, the router and the handlers), `image` (the module image reader of
+//! `hami-image`: fatbins, cubins, compressed entries). Seeds are committed in `fuzz/corpus/<target>/seed-*`; what libFuzzer adds there is
 //! ignored by git. A crash leaves its input in `fuzz/artifacts/<target>/`.
 
 use std::path::Path;
@@ -18,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use crate::util::{project_root, tools_path};
 
 /// The targets, in the order they run.
-pub const TARGETS: [&str; 5] = ["region", "env", "procinfo", "event", "http"];
+pub const TARGETS: [&str; 6] = ["region", "env", "procinfo", "event", "http", "image"];
 
 /// One target's result.
 #[derive(Debug, Clone, PartialEq, Eq)]
