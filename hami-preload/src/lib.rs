@@ -24,6 +24,7 @@ pub mod context;
 pub mod cuda;
 pub mod dlsym;
 pub mod hooks;
+pub mod images;
 pub(crate) mod keymap;
 #[macro_use]
 pub mod log;

@@ -20,6 +20,18 @@
 //!   globals. It is tracked per (library, context) instance, so a library used on two devices
 //!   is charged on both, and a destroyed context takes only its own instance with it.
 //!
+//! * **Statics from the image.** Each load remembers what the image's statics need
+//!   ([`hami_image`]: `.nv.global`, initialised globals, constant banks, code), its
+//!   *estimate*. It is admitted **before** the driver takes the memory: at the load when
+//!   loading is eager ([`Estimate::at_load`]), otherwise at the first lookup or launch (of a
+//!   library: in each context), before the real call ([`ModuleTable::claim_admit`]). Refused:
+//!   `CUDA_ERROR_OUT_OF_MEMORY` without calling the driver; a refused first use is tried (and
+//!   admitted) again at the next one. The measurement after the call corrects the charge
+//!   upwards: a module is charged the larger of its estimate and what its stages measured
+//!   (the estimate is the image's own sizes, a floor of what the driver places; a smaller
+//!   reading means the memory has not all arrived yet, as at a lookup before the first
+//!   launch, or the reading missed it), never both.
+//!
 //! Plain Rust over a [`Ledger`]; the driver calls and measurements are closures.
 
 use crate::accounting::{AllocError, Deny, Ledger};
@@ -54,6 +66,37 @@ pub struct ModEntry {
     pub looked_up: bool,
     /// First launch measured.
     pub launched: bool,
+    /// Bytes the image's statics need (0: not known), for one copy: a library's own record
+    /// holds it for all its instances.
+    pub estimate: u64,
+    /// Bytes its load and stages measured so far.
+    pub measured: u64,
+}
+
+/// What a load's image says its statics need, and when to admit it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Estimate {
+    /// Bytes (0: not known: PTX, an unreadable image).
+    pub bytes: u64,
+    /// The memory arrives at the load (eager loading): admit it before the load, not at
+    /// the first use.
+    pub at_load: bool,
+}
+
+/// What [`ModuleTable::claim_admit`] decided for a first lookup or launch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Nothing to do: not ours, or that stage already claimed. Call the driver.
+    Done,
+    /// Claimed: call the driver and measure. `admitted` bytes of the estimate were charged
+    /// before the call (given back by [`ModuleTable::stage_failed`] if the call fails).
+    Todo {
+        /// Bytes charged ahead of the call.
+        admitted: u64,
+    },
+    /// The estimate does not fit: `CUDA_ERROR_OUT_OF_MEMORY`, the driver not called, the
+    /// stage left to claim again.
+    Refused(Deny),
 }
 
 #[derive(Default)]
@@ -79,6 +122,8 @@ fn fresh_instance(ctx: usize) -> ModEntry {
         library: true,
         looked_up: false,
         launched: false,
+        estimate: 0,
+        measured: 0,
     }
 }
 
@@ -175,8 +220,10 @@ impl ModuleTable {
         self.lock().insts.get(&(h, ctx)).copied()
     }
 
-    /// A load on `dev` (`None`: no current context) in `ctx`. `measure` loads and returns
-    /// the handle and the bytes it took; `unload` undoes a load that does not fit. `gone`
+    /// A load on `dev` (`None`: no current context) in `ctx` of an image whose statics need
+    /// `est` (admitted before `measure` when [`Estimate::at_load`]: refused, the driver is not
+    /// called). `measure` loads and returns the handle and the bytes it took (0: nothing
+    /// measured); `unload` undoes a load that does not fit. `gone`
     /// says (asked under the table's lock) whether `ctx` was destroyed since before the load
     /// ([`crate::accounting::Graveyard`]): its memory went with the context, whose sweep
     /// ([`ModuleTable::drop_context`]) came before this record; a module is then not
@@ -188,22 +235,46 @@ impl ModuleTable {
         dev: Option<usize>,
         ctx: usize,
         library: bool,
+        est: Estimate,
         measure: impl FnOnce() -> (Result<u64, CUresult>, u64),
         unload: impl FnOnce(u64),
         gone: impl FnOnce() -> bool,
     ) -> Result<(), AllocError> {
-        let (r, cost) = measure();
-        let h = r.map_err(AllocError::Driver)?;
-        let mut charged = match dev {
-            Some(d) if cost > 0 => {
-                if let Err(e) = ledger.try_charge(d, UsageKind::Module, cost) {
-                    unload(h);
-                    return Err(AllocError::Denied(e));
-                }
-                cost
+        let pre = match dev {
+            Some(d) if est.at_load && est.bytes > 0 => {
+                ledger
+                    .try_charge(d, UsageKind::Module, est.bytes)
+                    .map_err(AllocError::Denied)?;
+                est.bytes
             }
             _ => 0,
         };
+        let give_back = |bytes: u64| {
+            if let (Some(d), true) = (dev, bytes > 0) {
+                ledger.uncharge(d, UsageKind::Module, bytes);
+            }
+        };
+        let (r, cost) = measure();
+        let h = match r {
+            Ok(h) => h,
+            Err(e) => {
+                give_back(pre);
+                return Err(AllocError::Driver(e));
+            }
+        };
+        // The larger of the estimate admitted and the measurement.
+        let mut charged = pre;
+        if let Some(d) = dev {
+            let extra = cost.saturating_sub(pre);
+            if extra > 0 {
+                if let Err(e) = ledger.try_charge(d, UsageKind::Module, extra) {
+                    unload(h);
+                    give_back(pre);
+                    return Err(AllocError::Denied(e));
+                }
+                charged += extra;
+            }
+        }
         let mut g = self.lock();
         let gone = gone();
         if gone {
@@ -224,6 +295,8 @@ impl ModuleTable {
                 library,
                 looked_up: true,
                 launched: true,
+                estimate: est.bytes,
+                measured: 0,
             }
         } else {
             ModEntry {
@@ -233,6 +306,8 @@ impl ModuleTable {
                 library,
                 looked_up: false,
                 launched: false,
+                estimate: est.bytes,
+                measured: cost,
             }
         };
         if let Some(old) = g.mods.insert(h, entry) {
@@ -250,6 +325,7 @@ impl ModuleTable {
                     ModEntry {
                         dev: dev.filter(|_| charged > 0),
                         charged,
+                        measured: if charged > 0 { cost } else { 0 },
                         ..fresh_instance(ctx)
                     },
                 );
@@ -281,13 +357,50 @@ impl ModuleTable {
     /// and marks it as done: one thread measures it. A module is measured once (it lives in
     /// one context); a library once per context.
     pub fn claim(&self, owner: u64, stage: Stage, ctx: usize) -> bool {
+        struct Never;
+        impl Ledger for Never {
+            fn try_charge(&self, _: usize, _: UsageKind, _: u64) -> Result<(), Deny> {
+                unreachable!("claim admits nothing")
+            }
+            fn force_charge(&self, _: usize, _: UsageKind, _: u64) {}
+            fn uncharge(&self, _: usize, _: UsageKind, _: u64) {}
+        }
+        matches!(
+            self.claim_inner(None::<(&Never, usize)>, owner, stage, ctx),
+            Claim::Todo { .. }
+        )
+    }
+
+    /// [`ModuleTable::claim`], and the part of the image's estimate that the module (or the
+    /// library's instance in `ctx`) has not yet been charged is admitted on its device
+    /// (`dev`, the current one, for an instance not yet placed) before the driver call.
+    /// Refused: nothing charged and the stage left to claim again, so that the next try is
+    /// admitted (and refused) the same way.
+    pub fn claim_admit<L: Ledger + ?Sized>(
+        &self,
+        ledger: &L,
+        owner: u64,
+        stage: Stage,
+        ctx: usize,
+        dev: usize,
+    ) -> Claim {
+        self.claim_inner(Some((ledger, dev)), owner, stage, ctx)
+    }
+
+    fn claim_inner<L: Ledger + ?Sized>(
+        &self,
+        admit: Option<(&L, usize)>,
+        owner: u64,
+        stage: Stage,
+        ctx: usize,
+    ) -> Claim {
         let mut g = self.lock();
         let Some(&own) = g.mods.get(&owner) else {
-            return false;
+            return Claim::Done;
         };
         let m = if own.library {
             if ctx == 0 {
-                return false;
+                return Claim::Done;
             }
             g.ctxs.insert(ctx);
             g.insts
@@ -296,22 +409,80 @@ impl ModuleTable {
         } else {
             match g.mods.get_mut(&owner) {
                 Some(m) => m,
-                None => return false,
+                None => return Claim::Done,
             }
         };
         let flag = match stage {
             Stage::Lookup => &mut m.looked_up,
             Stage::Launch => &mut m.launched,
         };
-        let todo = !*flag;
+        if *flag {
+            return Claim::Done;
+        }
+        let mut admitted = 0;
+        if let Some((ledger, dev)) = admit {
+            let pre = own.estimate.saturating_sub(m.charged);
+            if pre > 0 {
+                let d = *m.dev.get_or_insert(dev);
+                if let Err(e) = ledger.try_charge(d, UsageKind::Module, pre) {
+                    if m.charged == 0 && own.library {
+                        m.dev = None;
+                    }
+                    return Claim::Refused(e);
+                }
+                m.charged += pre;
+                admitted = pre;
+            }
+        }
+        let flag = match stage {
+            Stage::Lookup => &mut m.looked_up,
+            Stage::Launch => &mut m.launched,
+        };
         *flag = true;
         self.recount(&g);
-        todo
+        Claim::Todo { admitted }
+    }
+
+    /// The driver call of a stage claimed with [`ModuleTable::claim_admit`] failed: what was
+    /// admitted for it is given back and the stage is left to claim again.
+    pub fn stage_failed<L: Ledger + ?Sized>(
+        &self,
+        ledger: &L,
+        owner: u64,
+        stage: Stage,
+        ctx: usize,
+        admitted: u64,
+    ) {
+        let mut g = self.lock();
+        let library = match g.mods.get(&owner) {
+            Some(m) => m.library,
+            None => return,
+        };
+        let m = if library {
+            g.insts.get_mut(&(owner, ctx))
+        } else {
+            g.mods.get_mut(&owner)
+        };
+        let Some(m) = m else {
+            return;
+        };
+        match stage {
+            Stage::Lookup => m.looked_up = false,
+            Stage::Launch => m.launched = false,
+        }
+        let back = admitted.min(m.charged);
+        if let (Some(d), true) = (m.dev, back > 0) {
+            m.charged -= back;
+            ledger.uncharge(d, UsageKind::Module, back);
+        }
+        self.recount(&g);
     }
 
     /// Charges `cost` bytes that `stage` of `owner` brought onto `dev` in context `ctx`
-    /// (claimed with [`ModuleTable::claim`]). A lookup over the limit is refused (the bytes
-    /// stay charged); a launch is charged regardless. Nothing is charged when `gone` (asked
+    /// (claimed with [`ModuleTable::claim`]), as far as the module's measurements exceed its
+    /// estimate (already admitted): it is charged the larger of the two. A lookup over the
+    /// limit is refused (the bytes stay charged); a launch is charged regardless. Nothing is
+    /// charged when `gone` (asked
     /// under the table's lock) says the context the stage ran in was destroyed since before
     /// it: the bytes went with it (a library's instance there goes too).
     #[allow(clippy::too_many_arguments)]
@@ -333,10 +504,16 @@ impl ModuleTable {
             return Ok(());
         };
         if gone() {
-            if own.library && g.insts.remove(&(owner, ctx)).is_some() {
-                // Re-created by the claim after the context's sweep: it goes with it.
-                g.ctxs.remove(&ctx);
-                self.recount(&g);
+            if own.library {
+                if let Some(m) = g.insts.remove(&(owner, ctx)) {
+                    // Re-created by the claim after the context's sweep: it goes with it,
+                    // and so does what was admitted for it.
+                    if let Some(d) = m.dev {
+                        ledger.uncharge(d, UsageKind::Module, m.charged);
+                    }
+                    g.ctxs.remove(&ctx);
+                    self.recount(&g);
+                }
             }
             return Ok(());
         }
@@ -352,6 +529,11 @@ impl ModuleTable {
             }
         };
         let dev = *m.dev.get_or_insert(dev);
+        m.measured = m.measured.saturating_add(cost);
+        let cost = own.estimate.max(m.measured).saturating_sub(m.charged);
+        if cost == 0 {
+            return Ok(());
+        }
         m.charged = m.charged.saturating_add(cost);
         let r = match stage {
             Stage::Lookup => ledger.try_charge(dev, UsageKind::Module, cost),
@@ -438,6 +620,7 @@ mod tests {
             Some(0),
             0xc0,
             false,
+            Estimate::default(),
             || (Ok(0x30), 1536 * MB),
             |h| unloaded.set(h),
             || false,
@@ -452,6 +635,7 @@ mod tests {
             Some(0),
             0xc0,
             false,
+            Estimate::default(),
             || (Ok(0x31), 512 * MB),
             |_| {},
             || false,
@@ -468,6 +652,7 @@ mod tests {
             Some(0),
             0xc0,
             false,
+            Estimate::default(),
             || (Err(200), 0),
             |_| panic!(),
             || false,
@@ -479,8 +664,17 @@ mod tests {
     fn lazy_stages_are_measured_once_each() {
         let l = MemLedger::with_limit(0, 1024 * MB);
         let t = ModuleTable::default();
-        t.load(&l, Some(0), 0xc0, false, || (Ok(0x30), 0), |_| {}, || false)
-            .unwrap();
+        t.load(
+            &l,
+            Some(0),
+            0xc0,
+            false,
+            Estimate::default(),
+            || (Ok(0x30), 0),
+            |_| {},
+            || false,
+        )
+        .unwrap();
         assert!(t.any_unlaunched());
         t.note_function(0xf1, 0x30);
         t.note_function(0xf2, 0x99); // not ours: ignored
@@ -511,8 +705,17 @@ mod tests {
         let l = MemLedger::with_limit(1, 1 << 40);
         let t = ModuleTable::default();
         // Loaded without a context: the device is learnt at first use.
-        t.load(&l, None, 0, true, || (Ok(0x31), 0), |_| {}, || false)
-            .unwrap();
+        t.load(
+            &l,
+            None,
+            0,
+            true,
+            Estimate::default(),
+            || (Ok(0x31), 0),
+            |_| {},
+            || false,
+        )
+        .unwrap();
         assert!(t.claim(0x31, Stage::Lookup, 0xc5));
         t.charge_stage(&l, 0x31, Stage::Lookup, 0xc5, 1, 64 * MB, || false)
             .unwrap();
@@ -547,8 +750,17 @@ mod tests {
             destroy(0xc0);
             (Ok(0x30), 512 * MB)
         };
-        t.load(&l, Some(0), 0xc0, false, measure, |_| panic!(), gone)
-            .unwrap();
+        t.load(
+            &l,
+            Some(0),
+            0xc0,
+            false,
+            Estimate::default(),
+            measure,
+            |_| panic!(),
+            gone,
+        )
+        .unwrap();
         assert_eq!(l.total(0), 0);
         assert!(t.get(0x30).is_none());
         // A library: kept, with nothing charged, measured again at its next use.
@@ -558,8 +770,17 @@ mod tests {
             destroy(0xc1);
             (Ok(0x31), 64 * MB)
         };
-        t.load(&l, Some(0), 0xc1, true, measure, |_| panic!(), gone)
-            .unwrap();
+        t.load(
+            &l,
+            Some(0),
+            0xc1,
+            true,
+            Estimate::default(),
+            measure,
+            |_| panic!(),
+            gone,
+        )
+        .unwrap();
         assert_eq!(t.get(0x31).map(|m| m.charged), Some(0));
         assert_eq!(l.total(0), 0);
         // Its first lookup, in a context destroyed meanwhile: not charged, still to measure.
@@ -587,6 +808,7 @@ mod tests {
             Some(0),
             0xc4,
             false,
+            Estimate::default(),
             measure,
             |_| {},
             || a.graveyard.destroyed_since(0xc4, born),
@@ -603,8 +825,17 @@ mod tests {
         let l = MemLedger::with_limit(0, 1 << 40);
         let t = ModuleTable::default();
         t.context_created(0xa0);
-        t.load(&l, Some(0), 0xa0, true, || (Ok(0x31), 0), |_| {}, || false)
-            .unwrap();
+        t.load(
+            &l,
+            Some(0),
+            0xa0,
+            true,
+            Estimate::default(),
+            || (Ok(0x31), 0),
+            |_| {},
+            || false,
+        )
+        .unwrap();
         // A context created after the load gets an instance too: two to launch.
         t.context_created(0xb0);
         assert_eq!(t.unlaunched.load(Ordering::Relaxed), 2);
@@ -635,10 +866,236 @@ mod tests {
     fn a_module_is_measured_once_whatever_context_is_current() {
         let l = MemLedger::with_limit(0, 1 << 40);
         let t = ModuleTable::default();
-        t.load(&l, Some(0), 0xa0, false, || (Ok(0x30), 0), |_| {}, || false)
-            .unwrap();
+        t.load(
+            &l,
+            Some(0),
+            0xa0,
+            false,
+            Estimate::default(),
+            || (Ok(0x30), 0),
+            |_| {},
+            || false,
+        )
+        .unwrap();
         assert!(t.claim(0x30, Stage::Launch, 0xa0));
         assert!(!t.claim(0x30, Stage::Launch, 0xb0));
         assert!(!t.any_unlaunched());
+    }
+    const GLOBALS: u64 = 1536 * MB + 24 * 1024;
+
+    /// Eager loading: the image's statics are admitted before the driver is called; the
+    /// measurement raises the charge to what it saw, never adds to the estimate.
+    #[test]
+    fn an_eager_load_is_admitted_from_its_image_before_the_driver_call() {
+        let l = MemLedger::with_limit(0, 1024 * MB);
+        let t = ModuleTable::default();
+        let est = Estimate {
+            bytes: GLOBALS,
+            at_load: true,
+        };
+        let r = t.load(
+            &l,
+            Some(0),
+            0xc0,
+            false,
+            est,
+            || panic!("the driver must not be called"),
+            |_| panic!(),
+            || false,
+        );
+        assert_eq!(r.map_err(|e| e.code()), Err(CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(l.total(0), 0);
+        let small = Estimate {
+            bytes: 100 * MB,
+            at_load: true,
+        };
+        // Measured more: charged what was measured, once.
+        t.load(
+            &l,
+            Some(0),
+            0xc0,
+            false,
+            small,
+            || (Ok(0x30), 102 * MB),
+            |_| {},
+            || false,
+        )
+        .unwrap();
+        assert_eq!(l.used(0, UsageKind::Module), 102 * MB);
+        // Measured less (or nothing: the reading failed): the estimate stays.
+        t.load(
+            &l,
+            Some(0),
+            0xc0,
+            false,
+            small,
+            || (Ok(0x31), 0),
+            |_| {},
+            || false,
+        )
+        .unwrap();
+        assert_eq!(l.used(0, UsageKind::Module), 202 * MB);
+        // Later stages measured within the estimate add nothing.
+        assert!(t.claim(0x31, Stage::Launch, 0xc0));
+        t.charge_stage(&l, 0x31, Stage::Launch, 0xc0, 0, 60 * MB, || false)
+            .unwrap();
+        assert_eq!(l.used(0, UsageKind::Module), 202 * MB);
+        // A driver failure gives the admitted estimate back.
+        let r = t.load(
+            &l,
+            Some(0),
+            0xc0,
+            false,
+            small,
+            || (Err(218), 0),
+            |_| {},
+            || false,
+        );
+        assert_eq!(r, Err(AllocError::Driver(218)));
+        assert_eq!(l.used(0, UsageKind::Module), 202 * MB);
+        // A measurement over the estimate that does not fit: unloaded, nothing stays.
+        let unloaded = Cell::new(0);
+        let r = t.load(
+            &l,
+            Some(0),
+            0xc0,
+            false,
+            small,
+            || (Ok(0x32), 900 * MB),
+            |h| unloaded.set(h),
+            || false,
+        );
+        assert!(r.is_err());
+        assert_eq!(unloaded.get(), 0x32);
+        assert_eq!(l.used(0, UsageKind::Module), 202 * MB);
+        assert_eq!(t.unload(&l, 0x30, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(t.unload(&l, 0x31, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(l.total(0), 0);
+    }
+
+    /// Lazy loading: nothing at load; the first lookup or launch admits the estimate before
+    /// the real call, refused while it does not fit (every try), charged once when it does.
+    #[test]
+    fn a_lazy_first_use_is_admitted_from_the_image_and_refused_every_time_it_does_not_fit() {
+        let l = MemLedger::with_limit(0, 1024 * MB);
+        let t = ModuleTable::default();
+        let est = Estimate {
+            bytes: GLOBALS,
+            at_load: false,
+        };
+        t.load(
+            &l,
+            Some(0),
+            0xc0,
+            false,
+            est,
+            || (Ok(0x30), 0),
+            |_| {},
+            || false,
+        )
+        .unwrap();
+        assert_eq!(l.total(0), 0);
+        for stage in [Stage::Lookup, Stage::Launch, Stage::Launch] {
+            let c = t.claim_admit(&l, 0x30, stage, 0xc0, 0);
+            assert!(matches!(c, Claim::Refused(_)), "{c:?}");
+            assert_eq!(l.total(0), 0);
+        }
+        assert!(t.any_unlaunched(), "still to launch");
+        // A small allocation still fits.
+        l.try_charge(0, UsageKind::Data, 512 * MB).unwrap();
+        // Within a larger quota: admitted, then the measurement corrects upwards only.
+        let l = MemLedger::with_limit(0, 4096 * MB);
+        assert_eq!(
+            t.claim_admit(&l, 0x30, Stage::Lookup, 0xc0, 0),
+            Claim::Todo { admitted: GLOBALS }
+        );
+        assert_eq!(l.used(0, UsageKind::Module), GLOBALS);
+        // The lookup brought nothing yet: the estimate stays.
+        t.charge_stage(&l, 0x30, Stage::Lookup, 0xc0, 0, 0, || false)
+            .unwrap();
+        assert_eq!(
+            t.claim_admit(&l, 0x30, Stage::Launch, 0xc0, 0),
+            Claim::Todo { admitted: 0 }
+        );
+        // The launch brought the globals, page-rounded: charged that, not estimate + it.
+        t.charge_stage(&l, 0x30, Stage::Launch, 0xc0, 0, 1538 * MB, || false)
+            .unwrap();
+        assert_eq!(l.used(0, UsageKind::Module), 1538 * MB);
+        assert_eq!(t.claim_admit(&l, 0x30, Stage::Launch, 0xc0, 0), Claim::Done);
+        assert!(!t.any_unlaunched());
+        assert_eq!(t.unload(&l, 0x30, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(l.total(0), 0);
+    }
+
+    /// A first use whose driver call fails gives back what was admitted for it, and is
+    /// admitted again at the next try.
+    #[test]
+    fn a_failed_first_use_gives_its_admission_back() {
+        let l = MemLedger::with_limit(0, 4096 * MB);
+        let t = ModuleTable::default();
+        let est = Estimate {
+            bytes: 64 * MB,
+            at_load: false,
+        };
+        t.load(
+            &l,
+            Some(0),
+            0xc0,
+            false,
+            est,
+            || (Ok(0x30), 0),
+            |_| {},
+            || false,
+        )
+        .unwrap();
+        let Claim::Todo { admitted } = t.claim_admit(&l, 0x30, Stage::Lookup, 0xc0, 0) else {
+            panic!()
+        };
+        assert_eq!(l.used(0, UsageKind::Module), 64 * MB);
+        t.stage_failed(&l, 0x30, Stage::Lookup, 0xc0, admitted);
+        assert_eq!(l.total(0), 0);
+        assert_eq!(
+            t.claim_admit(&l, 0x30, Stage::Lookup, 0xc0, 0),
+            Claim::Todo { admitted: 64 * MB }
+        );
+        assert_eq!(l.used(0, UsageKind::Module), 64 * MB);
+    }
+
+    /// A library's estimate is admitted in each context it is used in, on that context's
+    /// device; refused in one, it stays usable in the others.
+    #[test]
+    fn a_library_s_estimate_is_admitted_per_context() {
+        let l = MemLedger::with_limit(0, 1024 * MB);
+        let t = ModuleTable::default();
+        let est = Estimate {
+            bytes: 600 * MB,
+            at_load: false,
+        };
+        t.load(&l, None, 0, true, est, || (Ok(0x31), 0), |_| {}, || false)
+            .unwrap();
+        assert_eq!(
+            t.claim_admit(&l, 0x31, Stage::Launch, 0xa0, 0),
+            Claim::Todo { admitted: 600 * MB }
+        );
+        // A second context on the same device: 1200 MiB does not fit in 1 GiB.
+        assert!(matches!(
+            t.claim_admit(&l, 0x31, Stage::Launch, 0xb0, 0),
+            Claim::Refused(_)
+        ));
+        // On another device it fits.
+        assert_eq!(
+            t.claim_admit(&l, 0x31, Stage::Launch, 0xb0, 1),
+            Claim::Todo { admitted: 600 * MB }
+        );
+        assert_eq!(l.used(0, UsageKind::Module), 600 * MB);
+        assert_eq!(l.used(1, UsageKind::Module), 600 * MB);
+        // Its context destroyed while the first use was in flight: the admission goes too.
+        assert_eq!(
+            t.charge_stage(&l, 0x31, Stage::Launch, 0xb0, 1, 600 * MB, || true),
+            Ok(())
+        );
+        assert_eq!(l.total(1), 0);
+        t.drop_context(&l, 0xa0);
+        assert_eq!(l.total(0), 0);
     }
 }

@@ -6,7 +6,8 @@
 use super::{backstop_poll, finish, report_denial};
 use crate::context::measure::{current_dev_ctx, meter};
 use crate::cuda::*;
-use crate::modules::Stage;
+use crate::images::{self, EstimateError};
+use crate::modules::{Claim, Estimate, Stage};
 use crate::policy::ContextCost;
 use crate::shim::{enter, hook};
 use crate::state::{self, ProcLedger};
@@ -45,12 +46,46 @@ fn eager_loading() -> bool {
     })
 }
 
-/// A module or library load: measured, charged, unloaded again if it does not fit.
-/// `real` loads (the handle lands in `*out`), `unload` undoes it.
+/// The compute capability of CUDA ordinal `dev` (0: the driver does not say).
+fn device_sm(dev: usize) -> u32 {
+    images::device_sm(dev, |attr| {
+        // SAFETY: documented type.
+        let f = unsafe { symbols::cu::<FnDeviceGetAttribute>(Cu::DeviceGetAttribute) }?;
+        let mut v: c_int = 0;
+        // SAFETY: valid out pointer; `dev` is an ordinal of this process.
+        (unsafe { f(&mut v, attr, dev as CUdevice) } == CUDA_SUCCESS).then_some(v)
+    })
+}
+
+/// What the image's statics need on `dev`'s compute capability, through `read` (0: not
+/// known; left to measurement).
+fn estimate(
+    what: &str,
+    dev: usize,
+    read: impl FnOnce(u32) -> Result<Option<u64>, EstimateError>,
+) -> u64 {
+    match read(device_sm(dev)) {
+        Ok(Some(b)) => {
+            crate::debug!("{what}: the image's statics need {b} bytes");
+            b
+        }
+        Ok(None) => 0,
+        Err(e) => {
+            crate::debug!("{what}: image not estimated ({e}); its memory is measured");
+            0
+        }
+    }
+}
+
+/// A module or library load: its image's statics admitted before the driver call when
+/// loading is eager (else remembered for the first use), measured, charged, unloaded again
+/// if it does not fit. `image` estimates the image for a compute capability, `real` loads
+/// (the handle lands in `*out`), `unload` undoes it.
 fn module_load(
     what: &str,
     out: *mut *mut c_void,
     library: bool,
+    image: impl FnOnce(u32) -> Result<Option<u64>, EstimateError>,
     real: impl FnOnce() -> CUresult,
     unload: impl FnOnce(u64),
 ) -> CUresult {
@@ -58,6 +93,10 @@ fn module_load(
         return real();
     }
     let cur = current_dev_ctx().ok();
+    let est = Estimate {
+        bytes: estimate(what, cur.map_or(0, |c| c.0), image),
+        at_load: eager_loading(),
+    };
     let l = ProcLedger::current();
     let m = meter();
     // After the current context was read, before the driver call (see `Graveyard`).
@@ -84,6 +123,7 @@ fn module_load(
         cur.map(|c| c.0),
         cur.map_or(0, |c| c.1),
         library,
+        est,
         measure,
         unload,
         || cur.is_some_and(|(_, ctx)| graves.destroyed_since(ctx, born)),
@@ -114,16 +154,22 @@ fn unload_library(h: u64) {
 }
 
 /// The first lookup or launch of `owner`'s functions (of a module; of a library, in each
-/// context): measured around `real` and charged
+/// context): what its image's statics need admitted first (refused:
+/// `CUDA_ERROR_OUT_OF_MEMORY`, `real` not called), then measured around `real` and charged
 /// ([`crate::modules::ModuleTable::charge_stage`]); every later one just calls `real`.
 fn first_use(what: &str, owner: u64, stage: Stage, real: impl FnOnce() -> CUresult) -> CUresult {
     let l = ProcLedger::current();
     let Ok((dev, ctx)) = current_dev_ctx() else {
         return real();
     };
-    if !l.p.modules.claim(owner, stage, ctx) {
-        return real();
-    }
+    let admitted = match l.p.modules.claim_admit(&l, owner, stage, ctx, dev) {
+        Claim::Done => return real(),
+        Claim::Refused(d) => {
+            report_denial(what, l.p, dev, &d);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        Claim::Todo { admitted } => admitted,
+    };
     let graves = &l.p.accounts.graveyard;
     let born = graves.stamp();
     let (r, cost) =
@@ -133,6 +179,7 @@ fn first_use(what: &str, owner: u64, stage: Stage, real: impl FnOnce() -> CUresu
                 e => Err(e),
             });
     if let Err(e) = r {
+        l.p.modules.stage_failed(&l, owner, stage, ctx, admitted);
         return e;
     }
     log_module_cost(what, dev, cost);
@@ -164,6 +211,8 @@ hook! {
             "cuModuleLoad",
             module,
             false,
+            // SAFETY: the path the application passes the driver.
+            |sm| unsafe { images::of_file(fname, sm) },
             || unsafe { f(module, fname) },
             unload_module,
         )
@@ -182,6 +231,8 @@ hook! {
             "cuModuleLoadData",
             module,
             false,
+            // SAFETY: the image the application passes the driver.
+            |sm| unsafe { images::of_memory(image, sm) },
             || unsafe { f(module, image) },
             unload_module,
         )
@@ -202,6 +253,8 @@ hook! {
             "cuModuleLoadDataEx",
             module,
             false,
+            // SAFETY: the image the application passes the driver.
+            |sm| unsafe { images::of_memory(image, sm) },
             // SAFETY: forwarded arguments.
             || unsafe { f(module, image, num_options, options, values) },
             unload_module,
@@ -220,6 +273,8 @@ hook! {
             "cuModuleLoadFatBinary",
             module,
             false,
+            // SAFETY: the image the application passes the driver.
+            |sm| unsafe { images::of_memory(fat_cubin, sm) },
             // SAFETY: forwarded arguments.
             || unsafe { f(module, fat_cubin) },
             unload_module,
@@ -264,7 +319,9 @@ hook! {
                 num_lib,
             )
         };
-        module_load("cuLibraryLoadData", library, true, call, unload_library)
+        // SAFETY: the image the application passes the driver.
+        let image = |sm| unsafe { images::of_memory(code, sm) };
+        module_load("cuLibraryLoadData", library, true, image, call, unload_library)
     }
 }
 
@@ -294,7 +351,9 @@ hook! {
                 num_lib,
             )
         };
-        module_load("cuLibraryLoadFromFile", library, true, call, unload_library)
+        // SAFETY: the path the application passes the driver.
+        let image = |sm| unsafe { images::of_file(fname, sm) };
+        module_load("cuLibraryLoadFromFile", library, true, image, call, unload_library)
     }
 }
 
