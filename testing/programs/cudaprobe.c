@@ -506,6 +506,7 @@ static void usage(void) {
        "  modload SIZE | modloadex SIZE | modloadfat SIZE | modloadfile SIZE | modunload IDX\n"
        "  getfunc [IDX] | launch [IDX] | launchex [IDX]\n"
        "  libload SIZE | libloadfile SIZE | libunload IDX | getkernel [IDX] | kernelfunc [IDX]\n"
+       "  modloadimg[ex|fat|wrap|file] PATH | libloadimg[wrap|file] PATH   (a real image file)\n"
        "  sleep SECONDS | wait | exit CODE");
 }
 
@@ -685,6 +686,33 @@ int main(int argc, char **argv) {
       printf("op=%s", op);
       if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
       printf(" idx=%ld", i); end(free_rec((size_t)i));
+    } else if (!strncmp(op, "modloadimg", 10) || !strncmp(op, "libloadimg", 10)) {
+      /* A real image (ELF cubin, fatbin, PTX) read from PATH: "...img" hands the driver its
+       * bytes, "...imgwrap" a __fatBinC_Wrapper_t pointing at them, "...imgfile" the path;
+       * "modloadimgex" / "modloadimgfat" the other module entry points. Bytes kept. */
+      NEED(1); const char *path = argv[++a];
+      int lib = op[0] == 'l'; const char *v = op + 10;
+      FILE *fp = fopen(path, "rb");
+      if (!fp) die("cannot read %s", path);
+      fseek(fp, 0, SEEK_END); long n = ftell(fp); fseek(fp, 0, SEEK_SET);
+      char *bytes = malloc((size_t)n + 1);
+      if (!bytes || fread(bytes, 1, (size_t)n, fp) != (size_t)n) die("cannot read %s", path);
+      bytes[n] = 0; fclose(fp);
+      struct { int magic, version; const void *data; void *filename_or_fatbins; } *w = malloc(sizeof *w);
+      w->magic = 0x466243B1; w->version = 1; w->data = bytes; w->filename_or_fatbins = NULL;
+      const void *image = !strcmp(v, "wrap") ? (const void *)w : (const void *)bytes;
+      void *m = NULL; rc = -1;
+      if (!strcmp(v, "file") && lib && cu.LibraryLoadFromFile) rc = cu.LibraryLoadFromFile(&m, path, NULL, NULL, 0, NULL, NULL, 0);
+      else if (!strcmp(v, "file") && !lib && cu.ModuleLoad) rc = cu.ModuleLoad(&m, path);
+      else if (!strcmp(v, "file")) rc = -1;
+      else if (lib && cu.LibraryLoadData) rc = cu.LibraryLoadData(&m, image, NULL, NULL, 0, NULL, NULL, 0);
+      else if (!strcmp(v, "ex") && cu.ModuleLoadDataEx) rc = cu.ModuleLoadDataEx(&m, image, 0, NULL, NULL);
+      else if (!strcmp(v, "fat") && cu.ModuleLoadFatBinary) rc = cu.ModuleLoadFatBinary(&m, image);
+      else if (!lib && cu.ModuleLoadData) rc = cu.ModuleLoadData(&m, image);
+      printf("op=%s path=%s bytes=%ld", op, path, n);
+      if (rc == -1) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      if (!rc) printf(" idx=%zu handle=%p", add_rec((rec_t){.kind = lib ? K_LIBRARY : K_MODULE, .obj = m}), m);
+      end(rc);
     } else if (!strncmp(op, "modload", 7) || !strncmp(op, "libload", 7)) {
       /* A fake image "FAKECUBIN globals=SIZE" (the fake driver's format; a real driver
        * rejects it with CUDA_ERROR_INVALID_IMAGE). */

@@ -16,6 +16,7 @@
 
 mod driver;
 mod ffi;
+mod image;
 mod procaddr;
 
 use std::ffi::{c_char, c_int, c_uint, c_void};

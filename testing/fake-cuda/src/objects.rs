@@ -170,17 +170,22 @@ unsafe fn image_prefix(p: *const c_void) -> Vec<u8> {
     out
 }
 
-/// Globals declared by an in-memory image.
+/// Globals declared by an in-memory image: a real one (fatbin, wrapper, ELF cubin:
+/// [`crate::image`]) or a `FAKECUBIN` text.
 ///
 /// # Safety
-/// As [`image_prefix`].
+/// As [`image_prefix`], or a real image whose headers tell its length.
 unsafe fn globals_of_image(image: *const c_void) -> R<u64> {
     nonnull(image)?;
+    // SAFETY: forwarded contract (a real image's headers tell its length).
+    if let Some(g) = unsafe { crate::image::of_memory(image.cast()) } {
+        return g.ok_or(CUDA_ERROR_INVALID_IMAGE);
+    }
     // SAFETY: forwarded contract.
     image_globals(&unsafe { image_prefix(image) }).ok_or(CUDA_ERROR_INVALID_IMAGE)
 }
 
-/// Globals declared by an image file.
+/// Globals declared by an image file (real or `FAKECUBIN`).
 fn globals_of_file(fname: *const c_char) -> R<u64> {
     nonnull(fname)?;
     // SAFETY: checked non-NULL; a NUL-terminated path (C contract).
@@ -188,6 +193,9 @@ fn globals_of_file(fname: *const c_char) -> R<u64> {
         .to_string_lossy()
         .into_owned();
     let bytes = std::fs::read(&path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+    if crate::image::is_real(&bytes) {
+        return crate::image::globals(&bytes).ok_or(CUDA_ERROR_INVALID_IMAGE);
+    }
     let head = &bytes[..bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len())];
     image_globals(head).ok_or(CUDA_ERROR_INVALID_IMAGE)
 }

@@ -4,6 +4,22 @@
 use super::{loading, Inner, Loading, Module, Owner, R};
 use crate::ffi::*;
 
+/// `FAKE_CUDA_RESIDENT_LOG=PATH`: a line `resident globals=N` is appended to PATH each time a
+/// module's (or a library copy's) globals are put on a device, so that a test can tell a
+/// load refused before the driver from one loaded and unloaded again.
+fn note_resident(globals: u64) {
+    if let Some(path) = std::env::var_os("FAKE_CUDA_RESIDENT_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "resident globals={globals}");
+        }
+    }
+}
+
 impl Inner {
     /// `cuModuleLoad*` (`library == false`, loaded in the current context) and
     /// `cuLibraryLoad*` (context-independent; with eager loading loaded into the current
@@ -72,6 +88,7 @@ impl Inner {
         let m = *self.modules.get(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         let c = self.ctx(ctx)?;
         self.charge(c.phys, m.globals)?;
+        note_resident(m.globals);
         self.lib_resident.insert((h, ctx), c.phys);
         Ok(())
     }
@@ -90,6 +107,7 @@ impl Inner {
         }
         let c = self.ctx(m.ctx)?;
         self.charge(c.phys, m.globals)?;
+        note_resident(m.globals);
         if let Some(x) = self.modules.get_mut(&h) {
             x.loaded = true;
             x.phys = c.phys;

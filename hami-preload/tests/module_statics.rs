@@ -1,0 +1,216 @@
+//! Module and library statics admitted from the image before the driver takes the memory
+//! (issue 17): real nvcc 13.0 images of `hami-image/tests/data/global.cu` (a 1.5 GiB
+//! `__device__` array, a 4 KiB initialised one, a 16 KiB constant bank) as ELF cubin, plain
+//! fatbin, fatbin wrapper, zstd- and LZ4-compressed fatbins and image files, loaded by the
+//! real `cudaprobe` under the preload against the fake driver (which places a real image's
+//! statics, rounded to 2 MiB pages: 1538 MiB here). Under a 1 GiB quota the call that would
+//! bring them is refused with `CUDA_ERROR_OUT_OF_MEMORY` before the driver is called, the
+//! driver's per-process figure (fake NVML) stays within the quota, and the program goes on.
+//! Before, the lazy first lookup was charged after the fact (the next allocation refused, the
+//! driver holding 1.5 GiB) and a first launch ran.
+
+use hami_common::layout::UsageKind;
+use hami_test_harness::TestEnv;
+use std::path::PathBuf;
+
+const MB: u64 = 1 << 20;
+const OOM: i32 = 2;
+/// What the fake places for the fixture: 1.5 GiB + 4 KiB + 16 KiB + code, in 2 MiB pages.
+const PLACED: u64 = 1538 * MB;
+
+fn env(limit: &str) -> TestEnv {
+    TestEnv::new()
+        .env("FAKE_CUDA_TOTAL_MEM", "16G")
+        .env("FAKE_CUDA_CTX_OVERHEAD", "0")
+        .env("CUDA_DEVICE_MEMORY_LIMIT", limit)
+        .preload(true)
+}
+
+fn data(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../hami-image/tests/data")
+        .join(name)
+}
+
+/// The last fatbin of a `.nv_fatbin` section file (the program's own; the first is the
+/// runtime's stub), alone in a file under the sandbox: what the runtime registers.
+fn single(env: &TestEnv, name: &str) -> String {
+    let b = std::fs::read(data(name)).unwrap();
+    let mut at = 0;
+    let mut last = 0;
+    while at + 16 <= b.len() {
+        let hs = u16::from_le_bytes([b[at + 6], b[at + 7]]) as usize;
+        let size = u64::from_le_bytes(b[at + 8..at + 16].try_into().unwrap()) as usize;
+        last = at;
+        at += hs + size;
+    }
+    let out = env.dir().join(format!("single-{name}"));
+    std::fs::write(&out, &b[last..at]).unwrap();
+    out.to_string_lossy().into_owned()
+}
+
+fn whole(name: &str) -> String {
+    data(name).to_string_lossy().into_owned()
+}
+
+/// (load op, image path) for every container and entry point.
+fn module_images(env: &TestEnv) -> Vec<(&'static str, String)> {
+    vec![
+        ("modloadimg", whole("g.cubin")),
+        ("modloadimg", single(env, "g_default.fatbin")),
+        ("modloadimgex", single(env, "g_comp.fatbin")),
+        ("modloadimgfat", single(env, "g_speed_all.fatbin")),
+        ("modloadimgwrap", single(env, "g_size.fatbin")),
+        ("modloadimgfile", whole("g_default.fatbin")),
+        ("modloadimgfile", whole("g_comp.fatbin")),
+    ]
+}
+
+fn library_images(env: &TestEnv) -> Vec<(&'static str, String)> {
+    vec![
+        ("libloadimg", whole("g.cubin")),
+        ("libloadimg", single(env, "g_comp.fatbin")),
+        ("libloadimgwrap", single(env, "g_speed_all.fatbin")),
+        ("libloadimgfile", whole("g_size.fatbin")),
+    ]
+}
+
+/// Runs `ops` (after `init ctx`), stopping at a `wait` to read the driver's per-process
+/// figure; returns it with the output.
+fn run_and_observe(env: &TestEnv, ops: &[&str]) -> (u64, hami_test_harness::ProbeOutput) {
+    let mut args = vec!["init", "ctx"];
+    args.extend_from_slice(ops);
+    args.extend_from_slice(&["wait", "exit", "0"]);
+    let mut p = env.spawn_probe(&args);
+    p.wait_for("wait");
+    let held = env.nvml().process_used(0, p.pid);
+    p.resume();
+    (held, p.finish())
+}
+
+/// Lazy loading: a module's first function lookup would bring 1.5 GiB under a 1 GiB quota.
+/// Refused (every time) before the driver call; the driver holds nothing of it; a 512 MiB
+/// allocation still fits.
+#[test]
+fn a_lazy_module_s_first_lookup_over_the_quota_is_refused_before_the_driver() {
+    let env = env("1G");
+    for (op, path) in module_images(&env) {
+        let (held, p) = run_and_observe(&env, &[op, &path, "getfunc", "getfunc", "alloc", "512M"]);
+        assert_eq!(p.last(op).rc(), Some(0), "{op} {path}: {}", p.dump());
+        let g = p.find("getfunc");
+        assert_eq!(
+            (g[0].rc(), g[1].rc()),
+            (Some(OOM), Some(OOM)),
+            "{op} {path}: {}",
+            p.dump()
+        );
+        assert_eq!(p.last("alloc").rc(), Some(0), "{op} {path}: {}", p.dump());
+        assert!(
+            held <= 1024 * MB,
+            "{op} {path}: the driver holds {held} bytes: {}",
+            p.dump()
+        );
+    }
+}
+
+/// Lazy loading whose memory arrives at the first launch (the H200's runtime program: a
+/// library's kernel launched directly): the launch is refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY`, the kernel not launched, and the program goes on.
+#[test]
+fn a_lazy_library_s_first_launch_over_the_quota_is_refused_before_the_driver() {
+    let env = env("1G").env("FAKE_CUDA_LAZY_AT_LAUNCH", "1");
+    for (op, path) in library_images(&env) {
+        let (held, p) = run_and_observe(
+            &env,
+            &[op, &path, "getkernel", "launch", "launch", "alloc", "512M"],
+        );
+        assert_eq!(p.last(op).rc(), Some(0), "{op} {path}: {}", p.dump());
+        assert_eq!(p.last("getkernel").rc(), Some(0), "{}", p.dump());
+        let l = p.find("launch");
+        assert_eq!(
+            (l[0].rc(), l[1].rc()),
+            (Some(OOM), Some(OOM)),
+            "{op} {path}: {}",
+            p.dump()
+        );
+        assert_eq!(p.last("alloc").rc(), Some(0), "{op} {path}: {}", p.dump());
+        assert!(
+            held <= 1024 * MB,
+            "{op} {path}: the driver holds {held} bytes: {}",
+            p.dump()
+        );
+    }
+    // A module's function, at its first lookup (before any launch).
+    let path = single(&env, "g_comp.fatbin");
+    let (held, p) = run_and_observe(&env, &["modloadimg", &path, "getfunc", "alloc", "512M"]);
+    assert_eq!(p.last("getfunc").rc(), Some(OOM), "{}", p.dump());
+    assert_eq!(p.last("alloc").rc(), Some(0), "{}", p.dump());
+    assert!(held <= 1024 * MB, "{held}: {}", p.dump());
+}
+
+/// Eager loading: the load itself is refused before the driver is called (the fake never
+/// places the statics, not even for a moment), every entry point and container.
+#[test]
+fn an_eager_load_over_the_quota_is_refused_before_the_driver() {
+    let env = env("1G").env("CUDA_MODULE_LOADING", "EAGER");
+    let log = env.dir().join("resident.log");
+    let env = env.env("FAKE_CUDA_RESIDENT_LOG", &log.to_string_lossy());
+    let mut images = module_images(&env);
+    images.extend(library_images(&env));
+    for (op, path) in images {
+        let (held, p) = run_and_observe(&env, &[op, &path, "alloc", "900M"]);
+        assert_eq!(p.last(op).rc(), Some(OOM), "{op} {path}: {}", p.dump());
+        assert_eq!(p.last("alloc").rc(), Some(0), "{op} {path}: {}", p.dump());
+        assert!(held <= 1024 * MB, "{op} {path}: {held}: {}", p.dump());
+        let placed = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            !placed.lines().any(|l| l != "resident globals=0"),
+            "{op} {path}: the driver placed the statics: {placed}"
+        );
+    }
+}
+
+/// Within the quota nothing changes: the statics are charged once, at the figure the driver
+/// placed (the measurement after the call raises the estimate to it; never both), eager or
+/// lazy, module or library; unloading gives them back.
+#[test]
+fn statics_within_the_quota_are_charged_once() {
+    for (loading, op, first_use) in [
+        ("LAZY", "modloadimg", &["getfunc", "launch"][..]),
+        ("EAGER", "modloadimgex", &["getfunc", "launch"][..]),
+        ("LAZY", "libloadimg", &["getkernel", "launch"][..]),
+        ("EAGER", "libloadimgfile", &["getkernel", "launch"][..]),
+    ] {
+        let env = env("4G").env("CUDA_MODULE_LOADING", loading);
+        let path = if op.ends_with("file") {
+            whole("g_speed_all.fatbin")
+        } else {
+            single(&env, "g_comp.fatbin")
+        };
+        let mut ops = vec!["init", "ctx", op, &path];
+        ops.extend_from_slice(first_use);
+        ops.extend_from_slice(&["meminfo", "wait"]);
+        let unload = if op.starts_with("lib") {
+            "libunload"
+        } else {
+            "modunload"
+        };
+        ops.extend_from_slice(&[unload, "last", "meminfo", "exit", "0"]);
+        let mut p = env.spawn_probe(&ops);
+        p.wait_for("wait");
+        let module = env
+            .region()
+            .snapshot()
+            .slots
+            .iter()
+            .map(|s| s.usage[0][UsageKind::Module.index()])
+            .sum::<u64>();
+        assert_eq!(module, PLACED, "{loading} {op}: charged once");
+        p.resume();
+        let p = p.finish();
+        assert!(p.all_ok(), "{loading} {op}: {}", p.dump());
+        let m = p.find("meminfo");
+        assert_eq!(m[0].num("free"), Some(4096 * MB - PLACED), "{}", p.dump());
+        assert_eq!(m[1].num("free"), Some(4096 * MB), "{}", p.dump());
+    }
+}
