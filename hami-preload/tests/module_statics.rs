@@ -214,3 +214,47 @@ fn statics_within_the_quota_are_charged_once() {
         assert_eq!(m[1].num("free"), Some(4096 * MB), "{}", p.dump());
     }
 }
+
+/// A refused first launch leaves the stage to try again: once the program frees room, the
+/// next launch is admitted and charged once.
+#[test]
+fn a_refused_first_launch_is_admitted_once_room_is_made() {
+    let env = env("2G").env("FAKE_CUDA_LAZY_AT_LAUNCH", "1");
+    let path = single(&env, "g_speed_all.fatbin");
+    let mut p = env.spawn_probe(&[
+        "init",
+        "ctx",
+        "alloc",
+        "1G",
+        "libloadimg",
+        &path,
+        "getkernel",
+        "launch",
+        "free",
+        "0",
+        "launch",
+        "launch",
+        "meminfo",
+        "wait",
+        "exit",
+        "0",
+    ]);
+    p.wait_for("wait");
+    let held = env.nvml().process_used(0, p.pid);
+    p.resume();
+    let p = p.finish();
+    let l = p.find("launch");
+    assert_eq!(
+        (l[0].rc(), l[1].rc(), l[2].rc()),
+        (Some(OOM), Some(0), Some(0)),
+        "{}",
+        p.dump()
+    );
+    assert_eq!(held, PLACED, "{}", p.dump());
+    assert_eq!(
+        p.last("meminfo").num("free"),
+        Some(2048 * MB - PLACED),
+        "{}",
+        p.dump()
+    );
+}
