@@ -334,6 +334,12 @@ pub type FnModuleUnload = unsafe extern "C" fn(CUmodule) -> CUresult;
 /// `cuModuleGetFunction`.
 pub type FnModuleGetFunction =
     unsafe extern "C" fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult;
+/// `cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name)`
+/// and `cuLibraryGetGlobal` (same shape, a `CUlibrary`).
+pub type FnModuleGetGlobal =
+    unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, *mut c_void, *const c_char) -> CUresult;
+/// `cuLibraryGetModule(CUmodule *pMod, CUlibrary library)`.
+pub type FnLibraryGetModule = unsafe extern "C" fn(*mut CUmodule, CUlibrary) -> CUresult;
 /// `cuLibraryLoadData`.
 pub type FnLibraryLoadData = unsafe extern "C" fn(
     *mut CUlibrary,

@@ -78,7 +78,13 @@ fn library_images(env: &TestEnv) -> Vec<(&'static str, String)> {
 /// Runs `ops` (after `init ctx`), stopping at a `wait` to read the driver's per-process
 /// figure; returns it with the output.
 fn run_and_observe(env: &TestEnv, ops: &[&str]) -> (u64, hami_test_harness::ProbeOutput) {
-    let mut args = vec!["init", "ctx"];
+    run_via(env, "direct", ops)
+}
+
+/// [`run_and_observe`] with the driver's functions reached through `via` (`direct`,
+/// `dlsym`, `procaddr`).
+fn run_via(env: &TestEnv, via: &str, ops: &[&str]) -> (u64, hami_test_harness::ProbeOutput) {
+    let mut args = vec!["--via", via, "init", "ctx"];
     args.extend_from_slice(ops);
     args.extend_from_slice(&["wait", "exit", "0"]);
     let mut p = env.spawn_probe(&args);
@@ -257,4 +263,60 @@ fn a_refused_first_launch_is_admitted_once_room_is_made() {
         "{}",
         p.dump()
     );
+}
+
+/// The other calls that load a lazily loaded module into the current context
+/// (`cuModuleGetGlobal_v2`, `cuLibraryGetGlobal`, `cuLibraryGetModule`) are first uses too:
+/// refused before the driver over the quota, charged once within it.
+#[test]
+fn global_and_module_lookups_are_first_uses() {
+    for via in ["direct", "dlsym", "procaddr"] {
+        let env = env("1G");
+        let cubin = whole("g.cubin");
+        for (load, op) in [
+            ("modloadimg", "getglobal"),
+            ("libloadimg", "libgetglobal"),
+            ("libloadimg", "libgetmodule"),
+        ] {
+            let (held, p) = run_via(&env, via, &[load, &cubin, op, op, "alloc", "512M"]);
+            let r = p.find(op);
+            assert_eq!(
+                (r[0].rc(), r[1].rc()),
+                (Some(OOM), Some(OOM)),
+                "{via} {op}: {}",
+                p.dump()
+            );
+            assert_eq!(p.last("alloc").rc(), Some(0), "{via} {op}: {}", p.dump());
+            assert!(held <= 1024 * MB, "{via} {op}: {held}: {}", p.dump());
+        }
+    }
+    let env = env("4G");
+    let cubin = whole("g.cubin");
+    let mut p = env.spawn_probe(&[
+        "init",
+        "ctx",
+        "libloadimg",
+        &cubin,
+        "libgetmodule",
+        "libgetglobal",
+        "getfunc",
+        "launch",
+        "wait",
+        "exit",
+        "0",
+    ]);
+    p.wait_for("wait");
+    let held = env.nvml().process_used(0, p.pid);
+    let module: u64 = env
+        .region()
+        .snapshot()
+        .slots
+        .iter()
+        .map(|s| s.usage[0][UsageKind::Module.index()])
+        .sum();
+    p.resume();
+    let p = p.finish();
+    assert!(p.all_ok(), "{}", p.dump());
+    assert_eq!(held, PLACED, "{}", p.dump());
+    assert_eq!(module, PLACED, "charged once: {}", p.dump());
 }

@@ -125,6 +125,9 @@ WEAK CUresult cuLibraryLoadFromFile(void **, const char *, int *, void **, unsig
 WEAK CUresult cuLibraryUnload(void *);
 WEAK CUresult cuLibraryGetKernel(void **, void *, const char *);
 WEAK CUresult cuKernelGetFunction(void **, void *);
+WEAK CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, void *, const char *);
+WEAK CUresult cuLibraryGetGlobal(CUdeviceptr *, size_t *, void *, const char *);
+WEAK CUresult cuLibraryGetModule(void **, void *);
 WEAK CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
 typedef struct { unsigned int dims[7]; CUstream stream; void *attrs; unsigned int numAttrs; } CUlaunchConfig;
 WEAK CUresult cuLaunchKernelEx(const CUlaunchConfig *, void *, void **, void **);
@@ -198,6 +201,9 @@ static struct {
   CUresult (*LibraryUnload)(void *);
   CUresult (*LibraryGetKernel)(void **, void *, const char *);
   CUresult (*KernelGetFunction)(void **, void *);
+  CUresult (*ModuleGetGlobal)(CUdeviceptr *, size_t *, void *, const char *);
+  CUresult (*LibraryGetGlobal)(CUdeviceptr *, size_t *, void *, const char *);
+  CUresult (*LibraryGetModule)(void **, void *);
   CUresult (*LaunchKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
   CUresult (*LaunchKernelEx)(const CUlaunchConfig *, void *, void **, void **);
   CUresult (*EventCreate)(void **, unsigned int);
@@ -332,6 +338,7 @@ static void resolve(void) {
     cu.ModuleGetFunction = cuModuleGetFunction; cu.LibraryLoadData = cuLibraryLoadData;
     cu.LibraryLoadFromFile = cuLibraryLoadFromFile; cu.LibraryUnload = cuLibraryUnload;
     cu.LibraryGetKernel = cuLibraryGetKernel; cu.KernelGetFunction = cuKernelGetFunction; cu.LaunchKernel = cuLaunchKernel;
+    cu.ModuleGetGlobal = cuModuleGetGlobal_v2; cu.LibraryGetGlobal = cuLibraryGetGlobal; cu.LibraryGetModule = cuLibraryGetModule;
     cu.LaunchKernelEx = cuLaunchKernelEx; cu.EventCreate = cuEventCreate; cu.EventRecord = cuEventRecord;
     cu.EventSynchronize = cuEventSynchronize; cu.EventDestroy = cuEventDestroy_v2; cu.StreamCreate = cuStreamCreate;
     cu.StreamBeginCapture = cuStreamBeginCapture_v2; cu.StreamEndCapture = cuStreamEndCapture;
@@ -366,6 +373,7 @@ static void resolve(void) {
     O(ModuleGetFunction, cuModuleGetFunction); O(LibraryLoadData, cuLibraryLoadData);
     O(LibraryLoadFromFile, cuLibraryLoadFromFile); O(LibraryUnload, cuLibraryUnload);
     O(LibraryGetKernel, cuLibraryGetKernel); O(KernelGetFunction, cuKernelGetFunction); O(LaunchKernel, cuLaunchKernel);
+    O(ModuleGetGlobal, cuModuleGetGlobal_v2); O(LibraryGetGlobal, cuLibraryGetGlobal); O(LibraryGetModule, cuLibraryGetModule);
     O(LaunchKernelEx, cuLaunchKernelEx); O(EventCreate, cuEventCreate); O(EventRecord, cuEventRecord);
     O(EventSynchronize, cuEventSynchronize); O(EventDestroy, cuEventDestroy_v2); O(StreamCreate, cuStreamCreate);
     O(StreamBeginCapture, cuStreamBeginCapture_v2); O(StreamEndCapture, cuStreamEndCapture);
@@ -400,6 +408,7 @@ static void resolve(void) {
   Q(ModuleGetFunction, cuModuleGetFunction); Q(LibraryLoadData, cuLibraryLoadData);
   Q(LibraryLoadFromFile, cuLibraryLoadFromFile); Q(LibraryUnload, cuLibraryUnload);
   Q(LibraryGetKernel, cuLibraryGetKernel); Q(KernelGetFunction, cuKernelGetFunction); Q(LaunchKernel, cuLaunchKernel);
+  Q(ModuleGetGlobal, cuModuleGetGlobal); Q(LibraryGetGlobal, cuLibraryGetGlobal); Q(LibraryGetModule, cuLibraryGetModule);
   Q(LaunchKernelEx, cuLaunchKernelEx); Q(EventCreate, cuEventCreate); Q(EventRecord, cuEventRecord);
   Q(EventSynchronize, cuEventSynchronize); Q(EventDestroy, cuEventDestroy); Q(StreamCreate, cuStreamCreate);
   Q(StreamBeginCapture, cuStreamBeginCapture); Q(StreamEndCapture, cuStreamEndCapture);
@@ -507,6 +516,7 @@ static void usage(void) {
        "  getfunc [IDX] | launch [IDX] | launchex [IDX]\n"
        "  libload SIZE | libloadfile SIZE | libunload IDX | getkernel [IDX] | kernelfunc [IDX]\n"
        "  modloadimg[ex|fat|wrap|file] PATH | libloadimg[wrap|file] PATH   (a real image file)\n"
+       "  getglobal [IDX] | libgetglobal [IDX] | libgetmodule [IDX]\n"
        "  sleep SECONDS | wait | exit CODE");
 }
 
@@ -750,6 +760,21 @@ int main(int argc, char **argv) {
       if (from == K_KERNEL && cu.KernelGetFunction) rc = cu.KernelGetFunction(&f, recs[i].obj);
       if (rc == -1) { printf(" error=missing-function\n"); fflush(stdout); continue; }
       if (!rc) printf(" idx=%zu handle=%p", add_rec((rec_t){.kind = from == K_LIBRARY ? K_KERNEL : K_FUNC, .obj = f}), f);
+      end(rc);
+    } else if (!strcmp(op, "getglobal") || !strcmp(op, "libgetglobal") || !strcmp(op, "libgetmodule")) {
+      /* cuModuleGetGlobal_v2 / cuLibraryGetGlobal of "g", cuLibraryGetModule (adds a module). */
+      int lib = op[0] == 'l';
+      const char *t = opt_idx(argc, argv, &a);
+      long i = pick(t, 1u << (lib ? K_LIBRARY : K_MODULE));
+      printf("op=%s", op);
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      CUdeviceptr p = 0; size_t n = 0; void *m = NULL; rc = -1;
+      if (!lib && cu.ModuleGetGlobal) rc = cu.ModuleGetGlobal(&p, &n, recs[i].obj, "g");
+      else if (!strcmp(op, "libgetglobal") && cu.LibraryGetGlobal) rc = cu.LibraryGetGlobal(&p, &n, recs[i].obj, "g");
+      else if (!strcmp(op, "libgetmodule") && cu.LibraryGetModule) rc = cu.LibraryGetModule(&m, recs[i].obj);
+      if (rc == -1) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      if (!rc && p) printf(" ptr=0x%llx bytes=%zu", p, n);
+      if (!rc && m) printf(" idx=%zu handle=%p", add_rec((rec_t){.kind = K_MODULE, .obj = m}), m);
       end(rc);
     } else if (!strcmp(op, "launch") || !strcmp(op, "launchex")) {
       /* Launches a function (getfunc/kernelfunc) or a kernel handle (getkernel) on the NULL stream. */

@@ -435,6 +435,53 @@ hook! {
     }
 }
 
+hook! {
+    /// Hook of `cuModuleGetGlobal_v2`: a lazily loaded module is loaded here (the driver
+    /// places it to give the global's address): a first use like a function lookup.
+    fn cuModuleGetGlobal_v2(
+        dptr: *mut CUdeviceptr,
+        bytes: *mut usize,
+        module: CUmodule,
+        name: *const c_char,
+    ) = Cu::ModuleGetGlobalV2 as FnModuleGetGlobal;
+    |f| {
+        // SAFETY: forwarded arguments.
+        first_use("cuModuleGetGlobal_v2", module as u64, Stage::Lookup, || unsafe {
+            f(dptr, bytes, module, name)
+        })
+    }
+}
+
+hook! {
+    /// Hook of `cuLibraryGetGlobal`: the library is loaded into the current context here.
+    fn cuLibraryGetGlobal(
+        dptr: *mut CUdeviceptr,
+        bytes: *mut usize,
+        library: CUlibrary,
+        name: *const c_char,
+    ) = Cu::LibraryGetGlobal as FnModuleGetGlobal;
+    |f| {
+        // SAFETY: forwarded arguments.
+        first_use("cuLibraryGetGlobal", library as u64, Stage::Lookup, || unsafe {
+            f(dptr, bytes, library, name)
+        })
+    }
+}
+
+hook! {
+    /// Hook of `cuLibraryGetModule`: the library is loaded into the current context here.
+    fn cuLibraryGetModule(
+        module: *mut CUmodule,
+        library: CUlibrary,
+    ) = Cu::LibraryGetModule as FnLibraryGetModule;
+    |f| {
+        // SAFETY: forwarded arguments.
+        first_use("cuLibraryGetModule", library as u64, Stage::Lookup, || unsafe {
+            f(module, library)
+        })
+    }
+}
+
 /// A launch of `func` (a `CUfunction` or a `CUkernel`): the first launch of each module's
 /// kernels is measured; otherwise (the usual case) one atomic load and the call.
 fn launch(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult) -> CUresult {

@@ -275,6 +275,62 @@ pub unsafe extern "C" fn cuModuleGetFunction(
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    module: Handle,
+    name: *const c_char,
+) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(name)?;
+        let p = g.module_get_global(module as u64)?;
+        put_global(dptr, bytes, p);
+        Ok(())
+    })
+}
+
+/// Writes a global's address and size (4 bytes) where asked (either may be NULL).
+fn put_global(dptr: *mut CUdeviceptr, bytes: *mut usize, p: u64) {
+    if !dptr.is_null() {
+        // SAFETY: non-NULL; C contract.
+        unsafe { put(dptr, p) };
+    }
+    if !bytes.is_null() {
+        // SAFETY: non-NULL; C contract.
+        unsafe { put(bytes, 4) };
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetGlobal(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    library: Handle,
+    name: *const c_char,
+) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(name)?;
+        let p = g.library_get_global(library as u64)?;
+        put_global(dptr, bytes, p);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLibraryGetModule(module: *mut Handle, library: Handle) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(module)?;
+        let m = g.library_get_module(library as u64)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(module, m as Handle) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn cuLibraryLoadData(
     library: *mut Handle,
     code: *const c_void,

@@ -181,6 +181,9 @@ fn table() -> &'static [Entry] {
                 vec![(2000, f!(cuModuleLoadFatBinary))],
             ),
             e("cuModuleGetFunction", vec![(2000, f!(cuModuleGetFunction))]),
+            e("cuModuleGetGlobal", vec![(3020, f!(cuModuleGetGlobal_v2))]),
+            e("cuLibraryGetGlobal", vec![(12000, f!(cuLibraryGetGlobal))]),
+            e("cuLibraryGetModule", vec![(12000, f!(cuLibraryGetModule))]),
             e("cuLibraryLoadData", vec![(12000, f!(cuLibraryLoadData))]),
             e(
                 "cuLibraryLoadFromFile",

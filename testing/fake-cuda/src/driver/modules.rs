@@ -182,6 +182,52 @@ impl Inner {
         Ok(f)
     }
 
+    /// `cuModuleGetGlobal_v2`: a global's address; the module is loaded here with lazy
+    /// loading (the driver needs it placed to give an address), whatever the stage.
+    pub fn module_get_global(&mut self, h: u64) -> R<u64> {
+        match self.modules.get(&h) {
+            Some(m) if !m.library => {}
+            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+        self.module_make_resident(h)?;
+        Ok(self.handle(0x90))
+    }
+
+    /// `cuLibraryGetGlobal`: a global's address in the current context; the library is
+    /// loaded into it here.
+    pub fn library_get_global(&mut self, h: u64) -> R<u64> {
+        match self.modules.get(&h) {
+            Some(m) if m.library => {}
+            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+        self.module_make_resident(h)?;
+        Ok(self.handle(0x90))
+    }
+
+    /// `cuLibraryGetModule`: the library's module in the current context, loaded into it
+    /// here. The handle is a module without globals of its own (they are the library's
+    /// copy in that context); its functions launch the library's code.
+    pub fn library_get_module(&mut self, h: u64) -> R<u64> {
+        match self.modules.get(&h) {
+            Some(m) if m.library => {}
+            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+        self.module_make_resident(h)?;
+        let (ctx, c) = self.current()?;
+        let m = self.handle(0x30);
+        self.modules.insert(
+            m,
+            Module {
+                ctx,
+                phys: c.phys,
+                globals: 0,
+                loaded: true,
+                library: false,
+            },
+        );
+        Ok(m)
+    }
+
     /// `cuLaunchKernel(Ex)` of a function or a kernel handle: its module is loaded first if
     /// it is not yet (a failure to load is the launch's error).
     pub fn launch(&mut self, f: u64) -> R<()> {
