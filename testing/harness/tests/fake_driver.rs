@@ -676,3 +676,46 @@ fn pools_mipmaps_and_module_globals_are_held_and_reported() {
     assert_eq!(meminfo_free(m[0]), 16 * GIB, "{}", o.dump());
     assert_eq!(meminfo_free(m[1]), 16 * GIB - 256 * MIB, "{}", o.dump());
 }
+
+/// Real module images (docs/fake-driver.md, "Modules"): the fixtures of
+/// `hami-image/tests/data/` (a 1.5 GiB `__device__` array, 4 KiB initialised, 16 KiB of
+/// constants) place 1538 MiB at the first lookup, in every container and entry point; a
+/// corrupt image is `CUDA_ERROR_INVALID_IMAGE`; global and module lookups load lazily too.
+#[test]
+fn real_images_place_their_statics() {
+    let data = |n: &str| {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../hami-image/tests/data")
+            .join(n)
+            .to_string_lossy()
+            .into_owned()
+    };
+    let e = env();
+    let fb = std::fs::read(data("g_comp.fatbin")).unwrap();
+    let second = e.dir().join("second.fatbin");
+    std::fs::write(&second, &fb[1248..]).unwrap();
+    let second = second.to_string_lossy().into_owned();
+    let corrupt = e.dir().join("corrupt.fatbin");
+    std::fs::write(&corrupt, &fb[..1000]).unwrap();
+    let corrupt = corrupt.to_string_lossy().into_owned();
+    for (op, path, then) in [
+        ("modloadimg", data("g.cubin"), "getfunc"),
+        ("modloadimgwrap", second.clone(), "getfunc"),
+        ("modloadimgfile", data("g_speed_all.fatbin"), "getglobal"),
+        ("libloadimg", second.clone(), "libgetglobal"),
+        ("libloadimgfile", data("g_size.fatbin"), "libgetmodule"),
+    ] {
+        let o = e.run_probe(&["init", "ctx", op, &path, "meminfo", then, "meminfo"]);
+        let m = o.find("meminfo");
+        assert_eq!(meminfo_free(m[0]), 16 * GIB, "{op}: {}", o.dump());
+        assert_eq!(
+            meminfo_free(m[1]),
+            16 * GIB - 1538 * MIB,
+            "{op}: {}",
+            o.dump()
+        );
+    }
+    // (From a file: in memory, a truncated header would send any reader past the bytes.)
+    let o = e.run_probe(&["init", "ctx", "modloadimgfile", &corrupt]);
+    assert_eq!(o.last("modloadimgfile").rc(), Some(200), "{}", o.dump());
+}
