@@ -100,6 +100,42 @@ pub unsafe fn of_memory(image: *const c_void, sm: u32) -> Result<Option<u64>, Es
     }
 }
 
+/// Whether the in-memory image at `image` (a wrapper: it and its fatbin) lies in the static
+/// data of a loaded object (`dladdr`): what the CUDA runtime registers, readable as long as
+/// the object is loaded (the runtime unloads its modules before the object goes). Such an
+/// image can be read at the module's first use rather than at its load.
+///
+/// # Safety
+/// As [`of_memory`].
+pub unsafe fn is_static(image: *const c_void) -> bool {
+    let loaded = |p: *const c_void| {
+        // SAFETY: an all-zero `Dl_info` is a valid out value.
+        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+        // SAFETY: dladdr only compares the address with the loaded objects' mappings.
+        !p.is_null() && unsafe { libc::dladdr(p, &mut info) } != 0
+    };
+    if !loaded(image) {
+        return false;
+    }
+    let read = |a: u64, n: usize| -> &[u8] {
+        // SAFETY: per this function's contract (the image's first bytes, and a wrapper's 16).
+        unsafe { std::slice::from_raw_parts(a as *const u8, n) }
+    };
+    let a = image as u64;
+    if (0..4).any(|i| read(a + i, 1)[0] == 0) {
+        return true;
+    }
+    match extent(read(a, 4)) {
+        Ok(Extent::Need(_)) if hami_image::format(read(a, 4)) == hami_image::Format::Wrapper => {
+            match extent(read(a, 16)) {
+                Ok(Extent::Wrapper(fb)) => loaded(fb as *const c_void),
+                _ => false,
+            }
+        }
+        _ => true,
+    }
+}
+
 /// The statics of the image file `fname` for SM `sm`.
 ///
 /// # Safety
@@ -208,6 +244,33 @@ mod tests {
         ww[8..16].copy_from_slice(&0x1000u64.to_le_bytes());
         let read = space(&[(0x1000, &ww)]);
         assert!(matches!(walk(0x1000, &read), Err(EstimateError::Loop(_))));
+    }
+
+    static STATIC_IMAGE: [u8; 16] = *b"//\n.version 9.0\0";
+
+    #[test]
+    fn static_data_of_a_loaded_object_is_static_and_the_heap_is_not() {
+        // SAFETY: a NUL-terminated string in this test binary's data.
+        assert!(unsafe { is_static(STATIC_IMAGE.as_ptr().cast()) });
+        let heap = b"//\n.version 9.0\0".to_vec();
+        // SAFETY: a NUL-terminated string on the heap.
+        assert!(!unsafe { is_static(heap.as_ptr().cast()) });
+        // A static wrapper pointing at a heap fatbin is not.
+        let f = data("g_comp.fatbin");
+        let mut w = Vec::new();
+        w.extend_from_slice(&0x4662_43B1u32.to_le_bytes());
+        w.extend_from_slice(&1u32.to_le_bytes());
+        w.extend_from_slice(&(f.as_ptr() as u64).to_le_bytes());
+        w.extend_from_slice(&0u64.to_le_bytes());
+        static mut W: [u8; 24] = [0; 24];
+        // SAFETY: test-only, one thread writes this static once.
+        let wp = unsafe {
+            let p = &raw mut W;
+            (*p).copy_from_slice(&w);
+            p as *const c_void
+        };
+        // SAFETY: a wrapper in static data, its fatbin on the heap.
+        assert!(!unsafe { is_static(wp) });
     }
 
     #[test]

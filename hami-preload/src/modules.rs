@@ -71,6 +71,9 @@ pub struct ModEntry {
     pub estimate: u64,
     /// Bytes its load and stages measured so far.
     pub measured: u64,
+    /// Address of an in-memory image whose reading was put off to the first use (0: none;
+    /// see [`Estimate::deferred`]).
+    pub deferred: u64,
 }
 
 /// What a load's image says its statics need, and when to admit it.
@@ -81,6 +84,11 @@ pub struct Estimate {
     /// The memory arrives at the load (eager loading): admit it before the load, not at
     /// the first use.
     pub at_load: bool,
+    /// Lazy loading of an image that stays readable as long as the module can be used (the
+    /// static data of a loaded object, what the runtime registers): its address, read at the
+    /// first use ([`Claim::Read`], [`ModuleTable::set_estimate`]) on that context's device,
+    /// so a library never used costs no reading (0: `bytes` is the estimate).
+    pub deferred: u64,
 }
 
 /// What [`ModuleTable::claim_admit`] decided for a first lookup or launch.
@@ -97,6 +105,9 @@ pub enum Claim {
     /// The estimate does not fit: `CUDA_ERROR_OUT_OF_MEMORY`, the driver not called, the
     /// stage left to claim again.
     Refused(Deny),
+    /// The image at this address is still to be read: estimate it, give the figure to
+    /// [`ModuleTable::set_estimate`] and claim again. Nothing claimed.
+    Read(u64),
 }
 
 #[derive(Default)]
@@ -124,6 +135,7 @@ fn fresh_instance(ctx: usize) -> ModEntry {
         launched: false,
         estimate: 0,
         measured: 0,
+        deferred: 0,
     }
 }
 
@@ -297,6 +309,7 @@ impl ModuleTable {
                 launched: true,
                 estimate: est.bytes,
                 measured: 0,
+                deferred: est.deferred,
             }
         } else {
             ModEntry {
@@ -308,6 +321,7 @@ impl ModuleTable {
                 launched: false,
                 estimate: est.bytes,
                 measured: cost,
+                deferred: est.deferred,
             }
         };
         if let Some(old) = g.mods.insert(h, entry) {
@@ -419,6 +433,11 @@ impl ModuleTable {
         if *flag {
             return Claim::Done;
         }
+        if admit.is_some() && own.deferred != 0 {
+            // (A library's instance may have just been made: counted as unlaunched.)
+            self.recount(&g);
+            return Claim::Read(own.deferred);
+        }
         let mut admitted = 0;
         if let Some((ledger, dev)) = admit {
             let pre = own.estimate.saturating_sub(m.charged);
@@ -428,6 +447,7 @@ impl ModuleTable {
                     if m.charged == 0 && own.library {
                         m.dev = None;
                     }
+                    self.recount(&g);
                     return Claim::Refused(e);
                 }
                 m.charged += pre;
@@ -441,6 +461,17 @@ impl ModuleTable {
         *flag = true;
         self.recount(&g);
         Claim::Todo { admitted }
+    }
+
+    /// The estimate of `owner`'s image whose reading was deferred ([`Claim::Read`]): `bytes`
+    /// (0: not known). Set once; a later call (another thread read it too) changes nothing.
+    pub fn set_estimate(&self, owner: u64, bytes: u64) {
+        if let Some(m) = self.lock().mods.get_mut(&owner) {
+            if m.deferred != 0 {
+                m.deferred = 0;
+                m.estimate = bytes;
+            }
+        }
     }
 
     /// The driver call of a stage claimed with [`ModuleTable::claim_admit`] failed: what was
@@ -892,6 +923,7 @@ mod tests {
         let est = Estimate {
             bytes: GLOBALS,
             at_load: true,
+            deferred: 0,
         };
         let r = t.load(
             &l,
@@ -908,6 +940,7 @@ mod tests {
         let small = Estimate {
             bytes: 100 * MB,
             at_load: true,
+            deferred: 0,
         };
         // Measured more: charged what was measured, once.
         t.load(
@@ -982,6 +1015,7 @@ mod tests {
         let est = Estimate {
             bytes: GLOBALS,
             at_load: false,
+            deferred: 0,
         };
         t.load(
             &l,
@@ -1036,6 +1070,7 @@ mod tests {
         let est = Estimate {
             bytes: 64 * MB,
             at_load: false,
+            deferred: 0,
         };
         t.load(
             &l,
@@ -1070,6 +1105,7 @@ mod tests {
         let est = Estimate {
             bytes: 600 * MB,
             at_load: false,
+            deferred: 0,
         };
         t.load(&l, None, 0, true, est, || (Ok(0x31), 0), |_| {}, || false)
             .unwrap();
@@ -1097,5 +1133,38 @@ mod tests {
         assert_eq!(l.total(1), 0);
         t.drop_context(&l, 0xa0);
         assert_eq!(l.total(0), 0);
+    }
+
+    /// A deferred image is read at its first use only (never for a library that is not
+    /// used), then admitted like any other.
+    #[test]
+    fn a_deferred_image_is_read_at_the_first_use() {
+        let l = MemLedger::with_limit(0, 1024 * MB);
+        let t = ModuleTable::default();
+        let est = Estimate {
+            bytes: 0,
+            at_load: false,
+            deferred: 0x7000,
+        };
+        t.load(&l, None, 0, true, est, || (Ok(0x31), 0), |_| {}, || false)
+            .unwrap();
+        assert_eq!(
+            t.claim_admit(&l, 0x31, Stage::Launch, 0xa0, 0),
+            Claim::Read(0x7000)
+        );
+        assert!(t.any_unlaunched(), "nothing claimed");
+        t.set_estimate(0x31, GLOBALS);
+        t.set_estimate(0x31, 1);
+        assert!(matches!(
+            t.claim_admit(&l, 0x31, Stage::Launch, 0xa0, 0),
+            Claim::Refused(_)
+        ));
+        let l = MemLedger::with_limit(0, 4096 * MB);
+        assert_eq!(
+            t.claim_admit(&l, 0x31, Stage::Launch, 0xa0, 0),
+            Claim::Todo { admitted: GLOBALS }
+        );
+        // The plain claim (no admission) never asks for a reading.
+        assert!(!t.claim(0x31, Stage::Launch, 0xa0));
     }
 }

@@ -56,6 +56,7 @@ fn whole(name: &str) -> String {
 /// (load op, image path) for every container and entry point.
 fn module_images(env: &TestEnv) -> Vec<(&'static str, String)> {
     vec![
+        ("modloadimgstatic", single(env, "g_default.fatbin")),
         ("modloadimg", whole("g.cubin")),
         ("modloadimg", single(env, "g_default.fatbin")),
         ("modloadimgex", single(env, "g_comp.fatbin")),
@@ -68,6 +69,7 @@ fn module_images(env: &TestEnv) -> Vec<(&'static str, String)> {
 
 fn library_images(env: &TestEnv) -> Vec<(&'static str, String)> {
     vec![
+        ("libloadimgstatic", single(env, "g_comp.fatbin")),
         ("libloadimg", whole("g.cubin")),
         ("libloadimg", single(env, "g_comp.fatbin")),
         ("libloadimgwrap", single(env, "g_speed_all.fatbin")),
@@ -185,6 +187,8 @@ fn statics_within_the_quota_are_charged_once() {
         ("LAZY", "modloadimg", &["getfunc", "launch"][..]),
         ("EAGER", "modloadimgex", &["getfunc", "launch"][..]),
         ("LAZY", "libloadimg", &["getkernel", "launch"][..]),
+        ("LAZY", "libloadimgstatic", &["getkernel", "launch"][..]),
+        ("EAGER", "modloadimgstatic", &["getfunc", "launch"][..]),
         ("EAGER", "libloadimgfile", &["getkernel", "launch"][..]),
     ] {
         let env = env("4G").env("CUDA_MODULE_LOADING", loading);
@@ -319,4 +323,36 @@ fn global_and_module_lookups_are_first_uses() {
     assert!(p.all_ok(), "{}", p.dump());
     assert_eq!(held, PLACED, "{}", p.dump());
     assert_eq!(module, PLACED, "charged once: {}", p.dump());
+}
+
+/// With lazy loading, an image in a loaded object's static data (what the runtime registers)
+/// is read at the module's first use, not at its load: a framework's many libraries that are
+/// never used cost no decompression. A heap image (which the application may free after the
+/// load) is read at the load.
+#[test]
+fn a_static_image_is_read_at_the_first_use_and_a_heap_image_at_the_load() {
+    let env = env("4G").env("LIBCUDA_LOG_LEVEL", "3");
+    let path = single(&env, "g_comp.fatbin");
+    let need = format!("the image's statics need {} bytes", 0x6000_0000u64 + 0x5424);
+    for (op, reads_at) in [
+        ("libloadimgstatic", "cuLaunchKernel"),
+        ("libloadimg", "cuLibraryLoadData"),
+        ("modloadimgstatic", "cuModuleGetFunction"),
+        ("modloadimg", "cuModuleLoadData"),
+    ] {
+        let first = if op.starts_with("lib") {
+            "getkernel"
+        } else {
+            "getfunc"
+        };
+        let p = env.run_probe(&["init", "ctx", op, &path, first, "launch", "exit", "0"]);
+        assert!(p.all_ok(), "{op}: {}", p.dump());
+        let at: Vec<&str> = p.stderr.lines().filter(|l| l.contains(&need)).collect();
+        assert_eq!(at.len(), 1, "{op}: read once: {}", p.stderr);
+        assert!(
+            at[0].contains(&format!("{reads_at}: ")),
+            "{op}: read at {reads_at}: {}",
+            p.stderr
+        );
+    }
 }

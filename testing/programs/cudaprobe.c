@@ -515,7 +515,7 @@ static void usage(void) {
        "  modload SIZE | modloadex SIZE | modloadfat SIZE | modloadfile SIZE | modunload IDX\n"
        "  getfunc [IDX] | launch [IDX] | launchex [IDX]\n"
        "  libload SIZE | libloadfile SIZE | libunload IDX | getkernel [IDX] | kernelfunc [IDX]\n"
-       "  modloadimg[ex|fat|wrap|file] PATH | libloadimg[wrap|file] PATH   (a real image file)\n"
+       "  modloadimg[ex|fat|wrap|file|static] PATH | libloadimg[wrap|file|static] PATH   (a real image file)\n"
        "  getglobal [IDX] | libgetglobal [IDX] | libgetmodule [IDX]\n"
        "  sleep SECONDS | wait | exit CODE");
 }
@@ -699,7 +699,9 @@ int main(int argc, char **argv) {
     } else if (!strncmp(op, "modloadimg", 10) || !strncmp(op, "libloadimg", 10)) {
       /* A real image (ELF cubin, fatbin, PTX) read from PATH: "...img" hands the driver its
        * bytes, "...imgwrap" a __fatBinC_Wrapper_t pointing at them, "...imgfile" the path;
-       * "modloadimgex" / "modloadimgfat" the other module entry points. Bytes kept. */
+       * "modloadimgex" / "modloadimgfat" the other module entry points, "...imgstatic" the
+       * bytes copied into a static buffer (as the runtime's images lie in a loaded object's
+       * data; one such buffer of 64 KiB, reused). Bytes kept. */
       NEED(1); const char *path = argv[++a];
       int lib = op[0] == 'l'; const char *v = op + 10;
       FILE *fp = fopen(path, "rb");
@@ -708,6 +710,11 @@ int main(int argc, char **argv) {
       char *bytes = malloc((size_t)n + 1);
       if (!bytes || fread(bytes, 1, (size_t)n, fp) != (size_t)n) die("cannot read %s", path);
       bytes[n] = 0; fclose(fp);
+      static char static_image[64 << 10];
+      if (!strcmp(v, "static")) {
+        if ((size_t)n >= sizeof static_image) die("image too large for the static buffer: %s", path);
+        memcpy(static_image, bytes, (size_t)n + 1); bytes = static_image;
+      }
       struct { int magic, version; const void *data; void *filename_or_fatbins; } *w = malloc(sizeof *w);
       w->magic = 0x466243B1; w->version = 1; w->data = bytes; w->filename_or_fatbins = NULL;
       const void *image = !strcmp(v, "wrap") ? (const void *)w : (const void *)bytes;

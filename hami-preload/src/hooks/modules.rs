@@ -77,15 +77,50 @@ fn estimate(
     }
 }
 
+/// The image a load is given.
+#[derive(Clone, Copy)]
+enum Image {
+    /// In memory (wrapper, fatbin, cubin, PTX).
+    Memory(*const c_void),
+    /// A file's path.
+    File(*const c_char),
+}
+
+/// What the load of `image` admits: its statics' estimate (with eager loading, admitted at
+/// the load). With lazy loading an in-memory image in a loaded object's static data is read
+/// at the first use instead (a framework registers many libraries it never uses).
+fn load_estimate(what: &str, dev: usize, image: Image) -> Estimate {
+    let at_load = eager_loading();
+    match image {
+        // SAFETY: the image the application passes the driver.
+        Image::Memory(p) if !at_load && unsafe { images::is_static(p) } => Estimate {
+            bytes: 0,
+            at_load,
+            deferred: p as u64,
+        },
+        Image::Memory(p) => Estimate {
+            // SAFETY: as above.
+            bytes: estimate(what, dev, |sm| unsafe { images::of_memory(p, sm) }),
+            at_load,
+            deferred: 0,
+        },
+        Image::File(f) => Estimate {
+            // SAFETY: the path the application passes the driver.
+            bytes: estimate(what, dev, |sm| unsafe { images::of_file(f, sm) }),
+            at_load,
+            deferred: 0,
+        },
+    }
+}
+
 /// A module or library load: its image's statics admitted before the driver call when
 /// loading is eager (else remembered for the first use), measured, charged, unloaded again
-/// if it does not fit. `image` estimates the image for a compute capability, `real` loads
-/// (the handle lands in `*out`), `unload` undoes it.
+/// if it does not fit. `real` loads (the handle lands in `*out`), `unload` undoes it.
 fn module_load(
     what: &str,
     out: *mut *mut c_void,
     library: bool,
-    image: impl FnOnce(u32) -> Result<Option<u64>, EstimateError>,
+    image: Image,
     real: impl FnOnce() -> CUresult,
     unload: impl FnOnce(u64),
 ) -> CUresult {
@@ -93,10 +128,7 @@ fn module_load(
         return real();
     }
     let cur = current_dev_ctx().ok();
-    let est = Estimate {
-        bytes: estimate(what, cur.map_or(0, |c| c.0), image),
-        at_load: eager_loading(),
-    };
+    let est = load_estimate(what, cur.map_or(0, |c| c.0), image);
     let l = ProcLedger::current();
     let m = meter();
     // After the current context was read, before the driver call (see `Graveyard`).
@@ -162,8 +194,17 @@ fn first_use(what: &str, owner: u64, stage: Stage, real: impl FnOnce() -> CUresu
     let Ok((dev, ctx)) = current_dev_ctx() else {
         return real();
     };
-    let admitted = match l.p.modules.claim_admit(&l, owner, stage, ctx, dev) {
-        Claim::Done => return real(),
+    let mut claim = l.p.modules.claim_admit(&l, owner, stage, ctx, dev);
+    if let Claim::Read(p) = claim {
+        // SAFETY: a deferred image lies in a loaded object's static data (`images::is_static`).
+        let bytes = estimate(what, dev, |sm| unsafe {
+            images::of_memory(p as *const c_void, sm)
+        });
+        l.p.modules.set_estimate(owner, bytes);
+        claim = l.p.modules.claim_admit(&l, owner, stage, ctx, dev);
+    }
+    let admitted = match claim {
+        Claim::Done | Claim::Read(_) => return real(),
         Claim::Refused(d) => {
             report_denial(what, l.p, dev, &d);
             return CUDA_ERROR_OUT_OF_MEMORY;
@@ -211,8 +252,7 @@ hook! {
             "cuModuleLoad",
             module,
             false,
-            // SAFETY: the path the application passes the driver.
-            |sm| unsafe { images::of_file(fname, sm) },
+            Image::File(fname),
             || unsafe { f(module, fname) },
             unload_module,
         )
@@ -231,8 +271,7 @@ hook! {
             "cuModuleLoadData",
             module,
             false,
-            // SAFETY: the image the application passes the driver.
-            |sm| unsafe { images::of_memory(image, sm) },
+            Image::Memory(image),
             || unsafe { f(module, image) },
             unload_module,
         )
@@ -253,8 +292,7 @@ hook! {
             "cuModuleLoadDataEx",
             module,
             false,
-            // SAFETY: the image the application passes the driver.
-            |sm| unsafe { images::of_memory(image, sm) },
+            Image::Memory(image),
             // SAFETY: forwarded arguments.
             || unsafe { f(module, image, num_options, options, values) },
             unload_module,
@@ -273,8 +311,7 @@ hook! {
             "cuModuleLoadFatBinary",
             module,
             false,
-            // SAFETY: the image the application passes the driver.
-            |sm| unsafe { images::of_memory(fat_cubin, sm) },
+            Image::Memory(fat_cubin),
             // SAFETY: forwarded arguments.
             || unsafe { f(module, fat_cubin) },
             unload_module,
@@ -319,8 +356,7 @@ hook! {
                 num_lib,
             )
         };
-        // SAFETY: the image the application passes the driver.
-        let image = |sm| unsafe { images::of_memory(code, sm) };
+        let image = Image::Memory(code);
         module_load("cuLibraryLoadData", library, true, image, call, unload_library)
     }
 }
@@ -351,8 +387,7 @@ hook! {
                 num_lib,
             )
         };
-        // SAFETY: the path the application passes the driver.
-        let image = |sm| unsafe { images::of_file(fname, sm) };
+        let image = Image::File(fname);
         module_load("cuLibraryLoadFromFile", library, true, image, call, unload_library)
     }
 }
