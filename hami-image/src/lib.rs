@@ -37,7 +37,7 @@ mod fatbin;
 mod lz4;
 
 pub use elf::{elf_extent, elf_statics};
-pub use fatbin::{fatbin_statics, Entry};
+pub use fatbin::{entries, fatbin_statics, payload, Entry};
 
 /// Longest image read through an application's pointer (a fatbin of `libcublasLt` is some
 /// hundred MiB; anything claiming more is refused as implausible).
