@@ -168,16 +168,25 @@ pub fn payload<'a>(fb: &'a [u8], e: &Entry) -> Result<Cow<'a, [u8]>, ImageError>
     Ok(Cow::Owned(out))
 }
 
-/// zstd frames `src` into at most `cap` bytes.
+/// zstd frames `src` into at most `cap` bytes (the output grows as it is decoded: a header
+/// claiming a large size costs nothing up front).
 fn zstd(src: &[u8], cap: usize) -> Result<Vec<u8>, String> {
+    use std::io::Read;
     // A decoder bug must not take the process down: it is garbage input all the same.
     std::panic::catch_unwind(|| {
-        let mut d = ruzstd::decoding::FrameDecoder::new();
-        // A window larger than the whole output is never needed.
-        d.set_max_window_size((cap as u64).max(1 << 10));
-        let mut out = Vec::with_capacity(cap);
-        d.decode_all_to_vec(src, &mut out)
-            .map_err(|e| e.to_string())?;
+        let mut input = src;
+        let mut out = Vec::new();
+        while !input.is_empty() {
+            let d = ruzstd::decoding::StreamingDecoder::new(&mut input)
+                .map_err(|e| e.to_string())?;
+            let room = (cap - out.len()) as u64 + 1;
+            d.take(room)
+                .read_to_end(&mut out)
+                .map_err(|e| e.to_string())?;
+            if out.len() > cap {
+                return Err("output larger than declared".to_string());
+            }
+        }
         Ok(out)
     })
     .unwrap_or_else(|_| Err("decoder failed".to_string()))

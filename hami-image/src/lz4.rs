@@ -3,7 +3,8 @@
 
 /// Decompresses the LZ4 block `src` into at most `cap` bytes.
 pub fn block(src: &[u8], cap: usize) -> Result<Vec<u8>, &'static str> {
-    let mut out: Vec<u8> = Vec::with_capacity(cap);
+    // LZ4 expands at most 255 times: a header claiming more costs nothing up front.
+    let mut out: Vec<u8> = Vec::with_capacity(cap.min(src.len().saturating_mul(255)));
     let mut i = 0;
     let byte = |i: &mut usize| -> Result<u8, &'static str> {
         let b = *src.get(*i).ok_or("truncated sequence")?;

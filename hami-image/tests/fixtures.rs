@@ -101,14 +101,14 @@ fn every_truncation_is_an_error_or_a_value() {
     }
 }
 
-/// Single-byte corruptions all over each fixture (every byte of the headers, a stride of
+/// Single-byte corruptions all over each fixture (every byte of the headers, every 29th of
 /// the payloads): an error or a value, never a panic.
 #[test]
 fn corrupt_bytes_are_an_error_or_a_value() {
     for name in IMAGES {
         let b = data(name);
         for i in 0..b.len() {
-            if i > 256 && i % 7 != 0 {
+            if i > 256 && i % 29 != 0 {
                 continue;
             }
             for v in [0x00u8, 0xff, 0x80, b[i] ^ 0x01] {
