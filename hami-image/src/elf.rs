@@ -1,6 +1,6 @@
 //! ELF cubins (64-bit little-endian): the section table and what its allocated sections take.
 
-use crate::{u16_at, u32_at, u64_at, Extent, ImageError, MAX_IMAGE};
+use crate::{u16_at, u32_at, u64_at, Extent, ImageError, Statics, MAX_IMAGE};
 
 const EHDR: usize = 64;
 const SHDR: usize = 64;
@@ -143,12 +143,18 @@ fn takes_device_memory(name: &[u8]) -> bool {
         || name.starts_with(b".nv.local"))
 }
 
+/// Whether an allocated section is per-kernel code (`.text.<kernel>`, the parameter bank
+/// `.nv.constant0.<kernel>`) rather than module data.
+fn is_code(name: &[u8]) -> bool {
+    name.starts_with(b".text") || name.starts_with(b".nv.constant0.")
+}
+
 /// The device memory an ELF cubin's statics take: its allocated sections (see the crate's
 /// documentation), each rounded up to its alignment.
-pub fn elf_statics(b: &[u8]) -> Result<u64, ImageError> {
+pub fn elf_statics(b: &[u8]) -> Result<Statics, ImageError> {
     let (secs, shstrndx) = sections(b)?;
     let Some(strtab) = secs.get(shstrndx) else {
-        return Ok(0);
+        return Ok(Statics::default());
     };
     let strs = strtab
         .offset
@@ -159,7 +165,7 @@ pub fn elf_statics(b: &[u8]) -> Result<u64, ImageError> {
             need: strtab.offset.saturating_add(strtab.size),
             have: b.len() as u64,
         })?;
-    let mut total: u64 = 0;
+    let mut total = Statics::default();
     for s in &secs {
         if s.flags & SHF_ALLOC == 0 || s.size == 0 {
             continue;
@@ -176,7 +182,11 @@ pub fn elf_statics(b: &[u8]) -> Result<u64, ImageError> {
         }
         let align = s.align.clamp(1, 4096);
         let size = s.size.div_ceil(align) * align;
-        total = total.saturating_add(size);
+        if is_code(name) {
+            total.code = total.code.saturating_add(size);
+        } else {
+            total.data = total.data.saturating_add(size);
+        }
     }
     Ok(total)
 }

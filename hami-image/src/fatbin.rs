@@ -1,6 +1,8 @@
 //! Fatbins: header, entries, the entry for a device, decompression.
 
-use crate::{elf_statics, lz4, u16_at, u32_at, u64_at, ImageError, FATBIN_MAGIC, MAX_ENTRY};
+use crate::{
+    elf_statics, lz4, u16_at, u32_at, u64_at, ImageError, Statics, FATBIN_MAGIC, MAX_ENTRY,
+};
 use std::borrow::Cow;
 
 const HEADER: usize = 16;
@@ -177,8 +179,8 @@ fn zstd(src: &[u8], cap: usize) -> Result<Vec<u8>, String> {
         let mut input = src;
         let mut out = Vec::new();
         while !input.is_empty() {
-            let d = ruzstd::decoding::StreamingDecoder::new(&mut input)
-                .map_err(|e| e.to_string())?;
+            let d =
+                ruzstd::decoding::StreamingDecoder::new(&mut input).map_err(|e| e.to_string())?;
             let room = (cap - out.len()) as u64 + 1;
             d.take(room)
                 .read_to_end(&mut out)
@@ -193,16 +195,19 @@ fn zstd(src: &[u8], cap: usize) -> Result<Vec<u8>, String> {
 }
 
 /// The statics of one fatbin `fb` for SM `sm` (see [`crate::statics`]).
-fn one(fb: &[u8], sm: u32) -> Result<Option<u64>, ImageError> {
+fn one(fb: &[u8], sm: u32) -> Result<Option<Statics>, ImageError> {
     let es = entries(fb)?;
     let elf: Vec<&Entry> = es.iter().filter(|e| e.is_elf()).collect();
     if let Some(e) = elf.iter().find(|e| e.arch == sm) {
         return elf_statics(&payload(fb, e)?).map(Some);
     }
-    let mut best = None;
+    let mut best: Option<Statics> = None;
     for e in elf {
         let s = elf_statics(&payload(fb, e)?)?;
-        best = Some(best.map_or(s, |b: u64| b.max(s)));
+        best = Some(match best {
+            Some(b) if b.total() >= s.total() => b,
+            _ => s,
+        });
     }
     Ok(best)
 }
@@ -210,9 +215,9 @@ fn one(fb: &[u8], sm: u32) -> Result<Option<u64>, ImageError> {
 /// The statics of the fatbins back to back in `image` for SM `sm`: the sum over the fatbins
 /// (`None` when none has an ELF entry). Bytes after the last fatbin that do not start another
 /// one (section padding) are ignored.
-pub fn fatbin_statics(image: &[u8], sm: u32) -> Result<Option<u64>, ImageError> {
+pub fn fatbin_statics(image: &[u8], sm: u32) -> Result<Option<Statics>, ImageError> {
     let mut at = 0;
-    let mut total: Option<u64> = None;
+    let mut total: Option<Statics> = None;
     while u32_at(image, at) == Some(FATBIN_MAGIC) {
         let fb = &image[at..];
         let (Some(hs), Some(size)) = (u16_at(fb, 6), u64_at(fb, 8)) else {
@@ -228,7 +233,7 @@ pub fn fatbin_statics(image: &[u8], sm: u32) -> Result<Option<u64>, ImageError> 
             e => e,
         })?;
         if let Some(s) = one {
-            total = Some(total.unwrap_or(0).saturating_add(s));
+            total = Some(total.unwrap_or_default().plus(s));
         }
         // `one` checked that `len` bytes are there.
         at += len as usize;

@@ -16,15 +16,22 @@
 //! * an **ELF cubin** (64-bit little-endian);
 //! * anything else (PTX text): no estimate, [`statics`] returns `None`.
 //!
-//! What a module's statics take ([`elf_statics`]): the sum of its `SHF_ALLOC` sections, each
-//! rounded up to its alignment, except on-chip and per-thread ones: `.nv.global` (NOBITS,
-//! zero-initialised `__device__` data), `.nv.global.init` (initialised), the constant banks
-//! (`.nv.constant<N>`, the per-kernel parameter banks `.nv.constant0.<kernel>` included) and
-//! the code (`.text.<kernel>`: the driver copies it into device memory too). Left out:
-//! `.nv.shared.*` and `.nv.reservedSmem*` (shared memory is on the chip) and `.nv.local.*`
-//! (local memory is per thread, sized at launch from the context's stack limit). It is what
-//! the module's image asks the driver to place; the driver's own rounding (pages) comes on
-//! top and is left to measurement.
+//! What a module's statics take ([`elf_statics`], a [`Statics`]): its `SHF_ALLOC` sections,
+//! each rounded up to its alignment, except on-chip and per-thread ones, in two parts:
+//!
+//! * **data**, placed when the module is loaded (eagerly, or lazily at its first use):
+//!   `.nv.global` (NOBITS, zero-initialised `__device__` data), `.nv.global.init`
+//!   (initialised) and the module's constant banks (`.nv.constant<N>`: `__constant__` data,
+//!   compiler constants);
+//! * **code**, per kernel: `.text.<kernel>` and its parameter bank `.nv.constant0.<kernel>`.
+//!   With lazy loading the driver places a kernel's code only when that kernel is first used,
+//!   so a caller admitting a lazily loaded module's first use counts [`Statics::data`] only;
+//!   an eager load places every kernel ([`Statics::total`]).
+//!
+//! Left out: `.nv.shared.*` and `.nv.reservedSmem*` (shared memory is on the chip) and
+//! `.nv.local.*` (local memory is per thread, sized at launch from the context's stack
+//! limit). It is what the module's image asks the driver to place; the driver's own rounding
+//! (pages) comes on top and is left to measurement.
 //!
 //! Every read is bounded by a size the caller can trust: a slice's length, a fatbin header's
 //! size, an ELF's section table ([`extent`] says how many bytes of an application's pointer
@@ -178,12 +185,36 @@ pub fn extent(head: &[u8]) -> Result<Extent, ImageError> {
     }
 }
 
+/// What a module image's statics take, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Statics {
+    /// Placed when the module is loaded: globals and the module's constant banks.
+    pub data: u64,
+    /// Placed per kernel (at its first use with lazy loading): code and parameter banks.
+    pub code: u64,
+}
+
+impl Statics {
+    /// Data and code.
+    pub fn total(&self) -> u64 {
+        self.data.saturating_add(self.code)
+    }
+
+    /// Both parts added (saturating).
+    pub fn plus(self, o: Statics) -> Statics {
+        Statics {
+            data: self.data.saturating_add(o.data),
+            code: self.code.saturating_add(o.code),
+        }
+    }
+}
+
 /// The device memory the statics of `image` need on a device of compute capability `sm`
 /// (major * 10 + minor: `90` for 9.0). `None`: the image carries no cubin to read (PTX text,
 /// or a fatbin with PTX only; the driver compiles it at load). A fatbin: the ELF entry for
-/// `sm` (the first one), else the largest estimate among its ELF entries; fatbins back to back
-/// are summed.
-pub fn statics(image: &[u8], sm: u32) -> Result<Option<u64>, ImageError> {
+/// `sm` (the first one), else the largest estimate (by total) among its ELF entries; fatbins
+/// back to back are summed.
+pub fn statics(image: &[u8], sm: u32) -> Result<Option<Statics>, ImageError> {
     match format(image) {
         Format::Other => Ok(None),
         Format::Wrapper => Err(ImageError::Wrapper),

@@ -2,15 +2,18 @@
 //! `__device__ char g[]`, a 4 KiB initialised `__device__ int ginit[1024]`, a 16 KiB
 //! `__constant__` bank), in every container the driver accepts.
 
-use hami_image::{extent, format, statics, Extent, Format, ImageError};
+use hami_image::{extent, format, statics, Extent, Format, ImageError, Statics};
 
 fn data(name: &str) -> Vec<u8> {
     std::fs::read(format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
 
-/// `.nv.global` 0x60000000 + `.nv.global.init` 0x1000 + `.nv.constant3` 0x4000 +
-/// `.nv.constant0._Z1ki` 0x214 + `.nv.constant4` 0x10 + `.text._Z1ki` 0x200.
-const EXPECTED: u64 = 0x6000_0000 + 0x1000 + 0x4000 + 0x214 + 0x10 + 0x200;
+/// Data: `.nv.global` 0x60000000 + `.nv.global.init` 0x1000 + `.nv.constant3` 0x4000 +
+/// `.nv.constant4` 0x10; code: `.text._Z1ki` 0x200 + `.nv.constant0._Z1ki` 0x214.
+const EXPECTED: Statics = Statics {
+    data: 0x6000_0000 + 0x1000 + 0x4000 + 0x10,
+    code: 0x200 + 0x214,
+};
 
 const IMAGES: [&str; 5] = [
     "g.cubin",
@@ -43,9 +46,15 @@ fn a_device_without_its_own_entry_gets_the_largest_estimate() {
     let b = data("g_comp.fatbin");
     // sm_80's cubin exists too (same statics, other code size).
     let s80 = statics(&b, 80).unwrap().unwrap();
-    assert!(s80 >= 0x6000_0000 + 0x1000 + 0x4000, "{s80}");
+    assert_eq!(s80.data, EXPECTED.data, "{s80:?}");
+    assert!(s80.code > 0, "{s80:?}");
     let s100 = statics(&b, 100).unwrap().unwrap();
-    assert_eq!(s100, s80.max(EXPECTED));
+    let largest = if s80.total() >= EXPECTED.total() {
+        s80
+    } else {
+        EXPECTED
+    };
+    assert_eq!(s100, largest);
 }
 
 #[test]
@@ -70,7 +79,7 @@ fn extent_walks_an_elf_to_its_end_and_a_fatbin_to_its_header_size() {
     };
     // The first of the section's two fatbins: cudart's, no statics.
     assert_eq!(w, 1608);
-    assert_eq!(statics(&f[..w as usize], 90), Ok(Some(0)));
+    assert_eq!(statics(&f[..w as usize], 90), Ok(Some(Statics::default())));
     assert_eq!(statics(&f[w as usize..], 90), Ok(Some(EXPECTED)));
 }
 
@@ -94,7 +103,7 @@ fn every_truncation_is_an_error_or_a_value() {
         let b = data(name);
         for n in 0..b.len() {
             if let Ok(Some(s)) = statics(&b[..n], 90) {
-                assert!(s <= EXPECTED, "{name} cut at {n}: {s}");
+                assert!(s.total() <= EXPECTED.total(), "{name} cut at {n}: {s:?}");
             }
             let _ = extent(&b[..n]);
         }

@@ -8,7 +8,7 @@
 //! reads as well. PTX text is not read past its first bytes. A file (`cuModuleLoad`,
 //! `cuLibraryLoadFromFile`) is read whole if it is at most that long.
 
-use hami_image::{extent, Extent, ImageError, MAX_IMAGE};
+use hami_image::{extent, Extent, ImageError, Statics, MAX_IMAGE};
 use std::ffi::{c_char, c_void, CStr};
 use std::io::Read;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -85,7 +85,7 @@ pub fn walk<'a>(
 /// # Safety
 /// `image` is what the application passes the driver as an image: a readable fatbin,
 /// wrapper, ELF cubin or NUL-terminated PTX string, whose headers tell its size.
-pub unsafe fn of_memory(image: *const c_void, sm: u32) -> Result<Option<u64>, EstimateError> {
+pub unsafe fn of_memory(image: *const c_void, sm: u32) -> Result<Option<Statics>, EstimateError> {
     if image.is_null() {
         return Ok(None);
     }
@@ -140,7 +140,7 @@ pub unsafe fn is_static(image: *const c_void) -> bool {
 ///
 /// # Safety
 /// `fname` is NULL or a NUL-terminated path (the C contract of the load).
-pub unsafe fn of_file(fname: *const c_char, sm: u32) -> Result<Option<u64>, EstimateError> {
+pub unsafe fn of_file(fname: *const c_char, sm: u32) -> Result<Option<Statics>, EstimateError> {
     if fname.is_null() {
         return Ok(None);
     }
@@ -229,7 +229,10 @@ mod tests {
         let read = space(&[(0x1000, &w), (0x9000, fb)]);
         let b = walk(0x1000, &read).unwrap().unwrap();
         assert_eq!(b.len(), fb.len());
-        assert_eq!(hami_image::statics(b, 90).unwrap(), Some(EXPECTED));
+        assert_eq!(
+            hami_image::statics(b, 90).unwrap().map(|s| s.total()),
+            Some(EXPECTED)
+        );
         // A cubin: read to the end of its furthest section or table, no further.
         let c = data("g.cubin");
         let read = space(&[(0x4000, &c)]);

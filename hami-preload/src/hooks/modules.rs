@@ -12,6 +12,7 @@ use crate::policy::ContextCost;
 use crate::shim::{enter, hook};
 use crate::state::{self, ProcLedger};
 use crate::symbols::{self, Cu};
+use hami_image::Statics;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 fn log_module_cost(what: &str, dev: usize, cost: ContextCost) {
@@ -58,15 +59,24 @@ fn device_sm(dev: usize) -> u32 {
 }
 
 /// What the image's statics need on `dev`'s compute capability, through `read` (0: not
-/// known; left to measurement).
+/// known; left to measurement): with eager loading data and code (every kernel is placed at
+/// the load), otherwise the data (globals, constant banks: placed at the first use; a
+/// kernel's code comes with its own first use and is measured).
 fn estimate(
     what: &str,
     dev: usize,
-    read: impl FnOnce(u32) -> Result<Option<u64>, EstimateError>,
+    eager: bool,
+    read: impl FnOnce(u32) -> Result<Option<Statics>, EstimateError>,
 ) -> u64 {
     match read(device_sm(dev)) {
-        Ok(Some(b)) => {
-            crate::debug!("{what}: the image's statics need {b} bytes");
+        Ok(Some(s)) => {
+            let b = if eager { s.total() } else { s.data };
+            crate::debug!(
+                "{what}: the image's statics need {b} bytes (data {}, code {}, {})",
+                s.data,
+                s.code,
+                if eager { "eager" } else { "lazy: data" }
+            );
             b
         }
         Ok(None) => 0,
@@ -100,13 +110,13 @@ fn load_estimate(what: &str, dev: usize, image: Image) -> Estimate {
         },
         Image::Memory(p) => Estimate {
             // SAFETY: as above.
-            bytes: estimate(what, dev, |sm| unsafe { images::of_memory(p, sm) }),
+            bytes: estimate(what, dev, at_load, |sm| unsafe { images::of_memory(p, sm) }),
             at_load,
             deferred: 0,
         },
         Image::File(f) => Estimate {
             // SAFETY: the path the application passes the driver.
-            bytes: estimate(what, dev, |sm| unsafe { images::of_file(f, sm) }),
+            bytes: estimate(what, dev, at_load, |sm| unsafe { images::of_file(f, sm) }),
             at_load,
             deferred: 0,
         },
@@ -197,7 +207,7 @@ fn first_use(what: &str, owner: u64, stage: Stage, real: impl FnOnce() -> CUresu
     let mut claim = l.p.modules.claim_admit(&l, owner, stage, ctx, dev);
     if let Claim::Read(p) = claim {
         // SAFETY: a deferred image lies in a loaded object's static data (`images::is_static`).
-        let bytes = estimate(what, dev, |sm| unsafe {
+        let bytes = estimate(what, dev, false, |sm| unsafe {
             images::of_memory(p as *const c_void, sm)
         });
         l.p.modules.set_estimate(owner, bytes);
