@@ -39,6 +39,8 @@
 //! most their declared size, capped at [`MAX_ENTRY`]. Garbage gives an [`ImageError`], never
 //! a panic.
 
+#![forbid(unsafe_code)]
+
 mod elf;
 mod fatbin;
 mod lz4;
