@@ -25,6 +25,7 @@ pub mod cuda;
 pub mod dlsym;
 pub mod hooks;
 pub(crate) mod keymap;
+pub mod lmem;
 #[macro_use]
 pub mod log;
 pub mod modules;
