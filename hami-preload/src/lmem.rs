@@ -31,7 +31,7 @@ use crate::keymap::KeyMap;
 use crate::spin::SpinLock;
 use hami_common::layout::{UsageKind, MAX_DEVICES};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// `CU_LIMIT_STACK_SIZE`.
@@ -163,6 +163,9 @@ pub struct CtxCharges {
     pub fifo: u64,
     /// Bytes measured for device-runtime limits.
     pub measured: u64,
+    /// Bytes of heap / FIFO raises charged but not yet on the device (the driver puts them
+    /// there at the context's next launch).
+    pub pending: u64,
 }
 
 impl CtxCharges {
@@ -222,6 +225,12 @@ pub struct Limits {
     funcs: [SpinLock<KeyMap<FuncInfo>>; SHARDS],
     ctxs: Mutex<HashMap<usize, CtxCharges>>,
     resident: [AtomicU64; MAX_DEVICES],
+    /// Contexts with a `pending` raise (the launch path looks further only when non-zero).
+    pending_ctxs: AtomicUsize,
+    /// Per device, bytes of charged raises the driver put on the device at a launch, ever
+    /// (monotonic): a measurement around a launch subtracts what arrived meanwhile
+    /// ([`Limits::realised`]).
+    realised: [AtomicU64; MAX_DEVICES],
 }
 
 impl Default for Limits {
@@ -232,6 +241,8 @@ impl Default for Limits {
             funcs: std::array::from_fn(|_| SpinLock::new(KeyMap::default())),
             ctxs: Mutex::new(HashMap::new()),
             resident: std::array::from_fn(|_| AtomicU64::new(0)),
+            pending_ctxs: AtomicUsize::new(0),
+            realised: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -342,12 +353,18 @@ impl Limits {
             ledger.uncharge(dev, UsageKind::Context, grow);
             return Ok(());
         };
+        let was_pending = e.pending > 0;
         let f = e.field(s);
         *f = f.saturating_add(grow);
+        let mut back = 0;
         if change < 0 {
-            let back = u64::try_from(-change).unwrap_or(u64::MAX).min(*f);
+            back = u64::try_from(-change).unwrap_or(u64::MAX).min(*f);
             *f -= back;
             ledger.uncharge(dev, UsageKind::Context, back);
+        }
+        if matches!(s, Sizing::Heap | Sizing::Fifo) {
+            e.pending = e.pending.saturating_add(grow).saturating_sub(back);
+            self.pending_moved(was_pending, e.pending > 0);
         }
         if s == Sizing::PerThread {
             e.reserved = value;
@@ -498,6 +515,56 @@ impl Limits {
         }
     }
 
+    /// Keeps [`Limits::pending_ctxs`] in step with one context's `pending` going from
+    /// `was` to `now` (non-zero or not).
+    fn pending_moved(&self, was: bool, now: bool) {
+        match (was, now) {
+            (false, true) => {
+                self.pending_ctxs.fetch_add(1, Ordering::AcqRel);
+            }
+            (true, false) => {
+                self.pending_ctxs.fetch_sub(1, Ordering::AcqRel);
+            }
+            _ => {}
+        }
+    }
+
+    /// After a launch in the current context (`current()`), inside any measurement around it:
+    /// a raise charged at `cuCtxSetLimit` and put on the device by this launch is counted as
+    /// realised ([`Limits::realised`]), so that a module's first-launch measurement does not
+    /// charge it a second time. One atomic load unless a raise is pending somewhere.
+    #[inline]
+    pub fn after_launch(&self, launched: bool, current: impl FnOnce() -> Option<(usize, usize)>) {
+        if !launched || self.pending_ctxs.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        self.realise(current);
+    }
+
+    #[cold]
+    fn realise(&self, current: impl FnOnce() -> Option<(usize, usize)>) {
+        let Some((_, ctx)) = current() else {
+            return;
+        };
+        let mut g = self.lock();
+        let Some(e) = g.get_mut(&ctx).filter(|e| e.pending > 0) else {
+            return;
+        };
+        if let Some(r) = self.realised.get(e.dev) {
+            r.fetch_add(e.pending, Ordering::AcqRel);
+        }
+        e.pending = 0;
+        self.pending_moved(true, false);
+    }
+
+    /// Bytes of charged heap / FIFO raises the driver has put on `dev` at launches so far
+    /// (monotonic; part of this process's non-context figure for measurements).
+    pub fn realised(&self, dev: usize) -> u64 {
+        self.realised
+            .get(dev)
+            .map_or(0, |r| r.load(Ordering::Acquire))
+    }
+
     /// Module or library handles (and their functions) may be gone: every cached local size
     /// is read again at its next launch.
     pub fn forget_functions(&self) {
@@ -510,6 +577,7 @@ impl Limits {
         self.forget_functions();
         let gone = self.lock().remove(&ctx);
         if let Some(e) = gone {
+            self.pending_moved(e.pending > 0, false);
             ledger.uncharge(e.dev, UsageKind::Context, e.total());
         }
     }
@@ -700,6 +768,25 @@ mod tests {
         t.drop_context(&l, CTX);
         assert_eq!(l.total(0), 0);
         assert_eq!(t.charges(CTX), None);
+    }
+
+    #[test]
+    fn a_pending_heap_raise_is_realised_by_the_next_launch_only() {
+        let l = MemLedger::with_limit(0, 4096 * MB);
+        let d = Model::new();
+        let t = Limits::default();
+        t.after_launch(true, cur);
+        assert_eq!(t.realised(0), 0);
+        t.set_limit(&l, &d, 0, CTX, 2, 520 * MB).unwrap();
+        t.set_limit(&l, &d, 0, CTX, 2, 264 * MB).unwrap(); // lowered before any launch
+        assert_eq!(t.charges(CTX).unwrap().pending, 256 * MB);
+        t.after_launch(false, cur); // a failed launch realises nothing
+        assert_eq!(t.realised(0), 0);
+        t.after_launch(true, cur);
+        assert_eq!(t.realised(0), 256 * MB);
+        t.after_launch(true, cur);
+        assert_eq!(t.realised(0), 256 * MB, "realised once");
+        assert_eq!(l.used(0, UsageKind::Context), 256 * MB, "still charged");
     }
 
     #[test]

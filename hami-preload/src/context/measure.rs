@@ -65,7 +65,11 @@ fn ctx_serialize() -> Option<Held> {
 
 /// This process's non-context charges on `dev`.
 fn own_data(dev: usize) -> u64 {
-    ProcLedger::current().own_non_context(dev)
+    // Plus the limit raises (charged as context memory at `cuCtxSetLimit`) that launches put
+    // on the device: a measurement around such a launch must not count them again.
+    let l = ProcLedger::current();
+    l.own_non_context(dev)
+        .saturating_add(l.p.limits.realised(dev))
 }
 
 /// Non-context charges of every process sharing the region on `dev`.

@@ -164,3 +164,17 @@ pub(crate) fn before_launch(what: &str, func: CUfunction) -> Option<CUresult> {
         }
     }
 }
+
+/// `real` (a launch) followed by [`crate::lmem::Limits::after_launch`], inside whatever
+/// measures around it.
+#[inline]
+pub(crate) fn after_launch(real: impl FnOnce() -> CUresult) -> impl FnOnce() -> CUresult {
+    move || {
+        let r = real();
+        ProcLedger::current()
+            .p
+            .limits
+            .after_launch(r == CUDA_SUCCESS, || current_dev_ctx().ok());
+        r
+    }
+}

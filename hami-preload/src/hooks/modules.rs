@@ -388,6 +388,7 @@ fn launch(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult) -> CUre
     if let Some(refused) = super::limits::before_launch(what, func) {
         return refused;
     }
+    let real = super::limits::after_launch(real);
     let p = state::proc_state();
     if !p.modules.any_unlaunched() {
         return real();
