@@ -283,19 +283,18 @@ impl Limits {
         dev: usize,
         ctx: usize,
     ) -> Option<&'a mut CtxCharges> {
-        if !g.contains_key(&ctx) {
-            let reserved = drv.get_limit(CU_LIMIT_STACK_SIZE).ok()?;
-            self.floor.note(reserved);
-            g.insert(
-                ctx,
-                CtxCharges {
+        match g.entry(ctx) {
+            std::collections::hash_map::Entry::Occupied(e) => Some(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let reserved = drv.get_limit(CU_LIMIT_STACK_SIZE).ok()?;
+                self.floor.note(reserved);
+                Some(v.insert(CtxCharges {
                     dev,
                     reserved,
                     ..CtxCharges::default()
-                },
-            );
+                }))
+            }
         }
-        g.get_mut(&ctx)
     }
 
     /// `cuCtxSetLimit(limit, value)` in context `ctx` on `dev`: the growth is admitted before
@@ -376,9 +375,10 @@ impl Limits {
 
     /// A measured device-runtime limit change took `bytes` in `ctx`: charged (refused:
     /// [`LimitError::Denied`], and the hook puts the old value back).
-    pub fn charge_measured<L: Ledger + ?Sized>(
+    pub fn charge_measured<L: Ledger + ?Sized, D: LimitDriver + ?Sized>(
         &self,
         ledger: &L,
+        drv: &D,
         dev: usize,
         ctx: usize,
         bytes: u64,
@@ -394,12 +394,11 @@ impl Limits {
                 bytes,
                 deny,
             })?;
-        let e = g.entry(ctx).or_insert(CtxCharges {
-            dev,
-            reserved: u64::MAX,
-            ..CtxCharges::default()
-        });
-        e.measured = e.measured.saturating_add(bytes);
+        match self.entry(&mut g, drv, dev, ctx) {
+            Some(e) => e.measured = e.measured.saturating_add(bytes),
+            // Cannot be recorded against the context: not kept (the backstop sees it).
+            None => ledger.uncharge(dev, UsageKind::Context, bytes),
+        }
         Ok(())
     }
 
@@ -847,6 +846,20 @@ mod tests {
         d.limits.borrow_mut()[0] = 32 << 10; // an unhooked path grew it
         t.before_launch(&l, &d, 0xf1, cur).unwrap();
         assert_eq!(d.get_limit(0), Ok(32 << 10));
+        assert_eq!(l.total(0), 0);
+    }
+
+    #[test]
+    fn a_measured_limit_is_charged_and_launches_still_grow() {
+        let l = MemLedger::with_limit(0, 8192 * MB);
+        let d = Model::new();
+        let t = Limits::default();
+        t.charge_measured(&l, &d, 0, CTX, 64 * MB).unwrap();
+        let e = t.charge_measured(&l, &d, 0, CTX, 8192 * MB).unwrap_err();
+        assert_eq!(e.code(), CUDA_ERROR_OUT_OF_MEMORY);
+        t.before_launch(&l, &d, 0xf1, cur).unwrap();
+        assert_eq!(l.used(0, UsageKind::Context), 64 * MB + 6072 * MB);
+        t.drop_context(&l, CTX);
         assert_eq!(l.total(0), 0);
     }
 

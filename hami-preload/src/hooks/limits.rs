@@ -126,7 +126,11 @@ fn set_limit(limit: c_int, value: u64, real: impl FnOnce() -> CUresult) -> CUres
         if let Err(e) = r {
             return e;
         }
-        return match l.p.limits.charge_measured(&l, dev, ctx, cost.bytes()) {
+        return match l
+            .p
+            .limits
+            .charge_measured(&l, &RealDriver, dev, ctx, cost.bytes())
+        {
             Ok(()) => CUDA_SUCCESS,
             Err(e) => {
                 if let Some(old) = old {
