@@ -382,6 +382,10 @@ pub type FnLaunchKernel = unsafe extern "C" fn(
 /// `cuLaunchKernelEx(_ptsz)` (the configuration is passed through untouched).
 pub type FnLaunchKernelEx =
     unsafe extern "C" fn(*const c_void, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult;
+/// `cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)`.
+pub type FnThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 /// `cuCtxSetLimit(CUlimit limit, size_t value)`.
 pub type FnCtxSetLimit = unsafe extern "C" fn(c_int, usize) -> CUresult;
 /// `cuCtxGetLimit(size_t *pvalue, CUlimit limit)`.

@@ -113,6 +113,11 @@ pub trait LimitDriver {
     fn get_limit(&self, limit: i32) -> Result<u64, CUresult>;
     /// `cuCtxSetLimit` in the current context.
     fn set_limit(&self, limit: i32, value: u64) -> CUresult;
+    /// The stack limit raised for a launch (the application did not ask for this call: it
+    /// must not disturb a stream capture in progress). Default: [`LimitDriver::set_limit`].
+    fn raise_stack(&self, value: u64) -> CUresult {
+        self.set_limit(CU_LIMIT_STACK_SIZE, value)
+    }
     /// Threads device `dev` holds resident (`None`: unknown).
     fn resident_threads(&self, dev: usize) -> Option<u64>;
     /// `CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES` of a `CUfunction` or (on `dev`) a `CUkernel`
@@ -494,7 +499,7 @@ impl Limits {
                 bytes: grow,
                 deny,
             })?;
-        match drv.set_limit(CU_LIMIT_STACK_SIZE, local) {
+        match drv.raise_stack(local) {
             CUDA_SUCCESS => {
                 e.reserved = local;
                 e.stack = e.stack.saturating_add(grow);

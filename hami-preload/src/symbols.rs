@@ -157,6 +157,7 @@ symbol_table! {
         CtxGetLimit = c"cuCtxGetLimit",
         FuncGetAttribute = c"cuFuncGetAttribute",
         KernelGetAttribute = c"cuKernelGetAttribute",
+        ThreadExchangeStreamCaptureMode = c"cuThreadExchangeStreamCaptureMode",
     }
 }
 

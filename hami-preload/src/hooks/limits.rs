@@ -40,6 +40,28 @@ impl LimitDriver for RealDriver {
         unsafe { f(limit, v) }
     }
 
+    fn raise_stack(&self, value: u64) -> CUresult {
+        // This thread's capture mode relaxed around the call: a stream capture in progress
+        // (global mode) would otherwise refuse it as a potentially unsafe call and be
+        // invalidated. The memory is then taken now, admitted, and the graph's launches find
+        // the limit already raised.
+        // SAFETY: documented type.
+        let exchange = unsafe {
+            symbols::cu::<FnThreadExchangeStreamCaptureMode>(Cu::ThreadExchangeStreamCaptureMode)
+        };
+        let mut mode: c_int = CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a valid in/out pointer.
+        let swapped = exchange.is_some_and(|f| unsafe { f(&mut mode) } == CUDA_SUCCESS);
+        let r = self.set_limit(lmem::CU_LIMIT_STACK_SIZE, value);
+        if swapped {
+            if let Some(f) = exchange {
+                // SAFETY: as above; puts the thread's previous mode back.
+                unsafe { f(&mut mode) };
+            }
+        }
+        r
+    }
+
     fn resident_threads(&self, dev: usize) -> Option<u64> {
         // SAFETY: documented type.
         let get = unsafe { symbols::cu::<FnDeviceGetAttribute>(Cu::DeviceGetAttribute) }?;
