@@ -231,3 +231,66 @@ fn a_launch_needing_local_memory_within_the_quota_is_charged_once() {
     let a = p.find("alloc");
     assert_eq!((a[0].rc(), a[1].rc()), (Some(OOM), Some(0)), "{}", p.dump());
 }
+
+#[test]
+fn limit_errors_are_the_drivers() {
+    let env = env("1G");
+    let p = env.run_probe(&[
+        "init", "setlimit", "stack", "8K", "ctx", "setlimit", "99", "1", "setlimit", "7", "1",
+        "setlimit", "pending", "4096", "modload", "0", "getfunc", "launch", "setlimit", "heap",
+        "16M", "getlimit", "pending",
+    ]);
+    let s = p.find("setlimit");
+    let rcs: Vec<_> = s.iter().map(|l| l.rc()).collect();
+    // No context; an unknown limit; an unsupported one; a device-runtime limit (measured:
+    // nothing taken); the heap after a launch.
+    assert_eq!(
+        rcs,
+        [Some(201), Some(1), Some(215), Some(0), Some(1)],
+        "{}",
+        p.dump()
+    );
+    assert_eq!(p.last("getlimit").num("value"), Some(4096), "{}", p.dump());
+}
+
+/// A library kernel launched directly (a `CUkernel`: its local size comes from
+/// `cuKernelGetAttribute` on the current device) is admitted like a function.
+#[test]
+fn a_library_kernel_needing_local_memory_is_admitted_too() {
+    let small = env("4G");
+    let p = run_within(
+        &small,
+        4096 * MB,
+        &[
+            "init",
+            "ctx",
+            "libload",
+            "0",
+            "local=24K",
+            "getkernel",
+            "launch",
+            "alloc",
+            "3G",
+        ],
+    );
+    assert_eq!(p.last("launch").rc(), Some(OOM), "{}", p.dump());
+    assert_eq!(p.last("alloc").rc(), Some(0), "{}", p.dump());
+    let big = env("8G");
+    let p = run_within(
+        &big,
+        8192 * MB,
+        &[
+            "init",
+            "ctx",
+            "libload",
+            "0",
+            "local=24K",
+            "getkernel",
+            "meminfo",
+            "launch",
+            "meminfo",
+        ],
+    );
+    assert_eq!(p.last("launch").rc(), Some(0), "{}", p.dump());
+    assert_eq!(free_at(&p, 0) - free_at(&p, 1), LOCAL_24K, "{}", p.dump());
+}
