@@ -294,3 +294,41 @@ fn a_library_kernel_needing_local_memory_is_admitted_too() {
     assert_eq!(p.last("launch").rc(), Some(0), "{}", p.dump());
     assert_eq!(free_at(&p, 0) - free_at(&p, 1), LOCAL_24K, "{}", p.dump());
 }
+
+/// What a primary context's limits and launches took goes with its last release.
+#[test]
+fn limit_charges_go_with_the_primary_context() {
+    let env = env("8G");
+    let p = run_within(
+        &env,
+        8192 * MB,
+        &[
+            "init",
+            "ctx",
+            "meminfo",
+            "setlimit",
+            "heap",
+            "100M",
+            "modload",
+            "0",
+            "local=24K",
+            "getfunc",
+            "launch",
+            "meminfo",
+            "ctxrelease",
+            "ctx",
+            "meminfo",
+            "getlimit",
+            "stack",
+        ],
+    );
+    assert!(p.all_ok(), "{}", p.dump());
+    assert_eq!(
+        free_at(&p, 0) - free_at(&p, 1),
+        LOCAL_24K + 92 * MB,
+        "{}",
+        p.dump()
+    );
+    assert_eq!(free_at(&p, 2), free_at(&p, 0), "{}", p.dump());
+    assert_eq!(p.last("getlimit").num("value"), Some(1024), "{}", p.dump());
+}
