@@ -89,6 +89,8 @@ fn region_data(dev: usize) -> u64 {
         .filter_map(|s| s.usage.get(dev))
         .flat_map(|u| kinds.iter().map(move |&k| u[k]))
         .fold(0u64, u64::saturating_add)
+        // This process's limit raises put on the device by launches (as in `own_data`).
+        .saturating_add(state::proc_state().limits.realised(dev))
 }
 
 /// Everything every process sharing the region has charged on `dev`, all kinds.
