@@ -232,10 +232,9 @@ pub struct Limits {
     resident: [AtomicU64; MAX_DEVICES],
     /// Contexts with a `pending` raise (the launch path looks further only when non-zero).
     pending_ctxs: AtomicUsize,
-    /// Per device, bytes of charged raises the driver put on the device at a launch, ever
-    /// (monotonic): a measurement around a launch subtracts what arrived meanwhile
-    /// ([`Limits::realised`]).
-    realised: [AtomicU64; MAX_DEVICES],
+    /// Per device, bytes of the memory charged here that the driver holds now
+    /// ([`Limits::on_device`]).
+    on_device: [AtomicU64; MAX_DEVICES],
 }
 
 impl Default for Limits {
@@ -247,7 +246,7 @@ impl Default for Limits {
             ctxs: Mutex::new(HashMap::new()),
             resident: std::array::from_fn(|_| AtomicU64::new(0)),
             pending_ctxs: AtomicUsize::new(0),
-            realised: std::array::from_fn(|_| AtomicU64::new(0)),
+            on_device: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -367,8 +366,16 @@ impl Limits {
             ledger.uncharge(dev, UsageKind::Context, back);
         }
         if matches!(s, Sizing::Heap | Sizing::Fifo) {
-            e.pending = e.pending.saturating_add(grow).saturating_sub(back);
+            // Not on the device until the next launch; a lowering first takes back what is
+            // not there yet.
+            let pending = e.pending.saturating_add(grow);
+            let not_there = back.min(pending);
+            e.pending = pending - not_there;
             self.pending_moved(was_pending, e.pending > 0);
+            self.moved(dev, -i128::from(back - not_there));
+        } else {
+            // The stack is taken (or given back) at the call.
+            self.moved(dev, i128::from(grow) - i128::from(back));
         }
         if s == Sizing::PerThread {
             e.reserved = value;
@@ -400,7 +407,10 @@ impl Limits {
                 deny,
             })?;
         match self.entry(&mut g, drv, dev, ctx) {
-            Some(e) => e.measured = e.measured.saturating_add(bytes),
+            Some(e) => {
+                e.measured = e.measured.saturating_add(bytes);
+                self.moved(dev, i128::from(bytes));
+            }
             // Cannot be recorded against the context: not kept (the backstop sees it).
             None => ledger.uncharge(dev, UsageKind::Context, bytes),
         }
@@ -503,6 +513,7 @@ impl Limits {
             CUDA_SUCCESS => {
                 e.reserved = local;
                 e.stack = e.stack.saturating_add(grow);
+                self.moved(dev, i128::from(grow));
                 Ok(())
             }
             CUDA_ERROR_OUT_OF_MEMORY => {
@@ -534,9 +545,9 @@ impl Limits {
     }
 
     /// After a launch in the current context (`current()`), inside any measurement around it:
-    /// a raise charged at `cuCtxSetLimit` and put on the device by this launch is counted as
-    /// realised ([`Limits::realised`]), so that a module's first-launch measurement does not
-    /// charge it a second time. One atomic load unless a raise is pending somewhere.
+    /// a raise charged at `cuCtxSetLimit` and put on the device by this launch now counts as
+    /// on the device ([`Limits::on_device`]), so that a module's first-launch measurement does
+    /// not charge it a second time. One atomic load unless a raise is pending somewhere.
     #[inline]
     pub fn after_launch(&self, launched: bool, current: impl FnOnce() -> Option<(usize, usize)>) {
         if !launched || self.pending_ctxs.load(Ordering::Acquire) == 0 {
@@ -554,17 +565,34 @@ impl Limits {
         let Some(e) = g.get_mut(&ctx).filter(|e| e.pending > 0) else {
             return;
         };
-        if let Some(r) = self.realised.get(e.dev) {
-            r.fetch_add(e.pending, Ordering::AcqRel);
-        }
+        let (dev, pending) = (e.dev, e.pending);
         e.pending = 0;
         self.pending_moved(true, false);
+        self.moved(dev, i128::from(pending));
     }
 
-    /// Bytes of charged heap / FIFO raises the driver has put on `dev` at launches so far
-    /// (monotonic; part of this process's non-context figure for measurements).
-    pub fn realised(&self, dev: usize) -> u64 {
-        self.realised
+    /// `delta` bytes charged here arrived on (positive) or left (negative) device `dev`.
+    fn moved(&self, dev: usize, delta: i128) {
+        let Some(c) = self.on_device.get(dev) else {
+            return;
+        };
+        let d = u64::try_from(delta.unsigned_abs()).unwrap_or(u64::MAX);
+        let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+            Some(if delta >= 0 {
+                v.saturating_add(d)
+            } else {
+                v.saturating_sub(d)
+            })
+        });
+    }
+
+    /// Bytes charged here (stack, local memory, heap and FIFO raises once a launch put them
+    /// there, measured device-runtime limits) that the driver holds on `dev` now. Context
+    /// memory in the region, but not part of any context's measured footprint: measurements
+    /// (a module's first launch, a context created meanwhile) count it with this process's
+    /// non-context memory, whose changes during the measured call they subtract.
+    pub fn on_device(&self, dev: usize) -> u64 {
+        self.on_device
             .get(dev)
             .map_or(0, |r| r.load(Ordering::Acquire))
     }
@@ -582,6 +610,7 @@ impl Limits {
         let gone = self.lock().remove(&ctx);
         if let Some(e) = gone {
             self.pending_moved(e.pending > 0, false);
+            self.moved(e.dev, -i128::from(e.total().saturating_sub(e.pending)));
             ledger.uncharge(e.dev, UsageKind::Context, e.total());
         }
     }
@@ -780,17 +809,25 @@ mod tests {
         let d = Model::new();
         let t = Limits::default();
         t.after_launch(true, cur);
-        assert_eq!(t.realised(0), 0);
+        assert_eq!(t.on_device(0), 0);
         t.set_limit(&l, &d, 0, CTX, 2, 520 * MB).unwrap();
         t.set_limit(&l, &d, 0, CTX, 2, 264 * MB).unwrap(); // lowered before any launch
         assert_eq!(t.charges(CTX).unwrap().pending, 256 * MB);
-        t.after_launch(false, cur); // a failed launch realises nothing
-        assert_eq!(t.realised(0), 0);
+        t.after_launch(false, cur); // a failed launch puts nothing there
+        assert_eq!(t.on_device(0), 0);
         t.after_launch(true, cur);
-        assert_eq!(t.realised(0), 256 * MB);
+        assert_eq!(t.on_device(0), 256 * MB);
         t.after_launch(true, cur);
-        assert_eq!(t.realised(0), 256 * MB, "realised once");
+        assert_eq!(t.on_device(0), 256 * MB, "once");
         assert_eq!(l.used(0, UsageKind::Context), 256 * MB, "still charged");
+        // The stack is there at the set; the context's end takes everything away.
+        t.set_limit(&l, &d, 0, CTX, 0, 2048).unwrap();
+        assert_eq!(t.on_device(0), 256 * MB + 264 * MB);
+        t.set_limit(&l, &d, 0, CTX, 0, 1536).unwrap();
+        assert_eq!(t.on_device(0), 256 * MB + 132 * MB);
+        t.drop_context(&l, CTX);
+        assert_eq!(t.on_device(0), 0);
+        assert_eq!(l.total(0), 0);
     }
 
     #[test]
