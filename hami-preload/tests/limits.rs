@@ -49,7 +49,7 @@ fn run_within(env: &TestEnv, quota: u64, ops: &[&str]) -> ProbeOutput {
 
 #[test]
 fn a_heap_raise_over_the_quota_is_refused() {
-    for via in ["direct", "procaddr"] {
+    for via in ["direct", "dlsym", "procaddr"] {
         let env = env("1G");
         let mut ops = vec!["--via", via];
         ops.extend_from_slice(&[
@@ -90,7 +90,7 @@ fn a_heap_raise_within_the_quota_is_charged_at_the_set() {
 
 #[test]
 fn a_stack_raise_over_the_quota_is_refused() {
-    for via in ["direct", "procaddr"] {
+    for via in ["direct", "dlsym", "procaddr"] {
         let env = env("1G");
         let mut ops = vec!["--via", via];
         ops.extend_from_slice(&[
