@@ -21,7 +21,7 @@
 //!
 //! The launch path: a function's local size is cached per handle (sharded spin-locked maps;
 //! an epoch forgets them all when a module or context goes, as handles may be reused). A
-//! kernel needing no more than the smallest stack limit seen in any context ([`Floor`]) costs a
+//! kernel needing no more than the smallest stack limit seen in any context (the floor) costs a
 //! cache lookup and a compare; only a kernel needing more reads the current context and its
 //! reservation (under the table's lock).
 
