@@ -159,6 +159,8 @@ pub const INTERCEPTS: &[Intercept] = &[
     hook("cuLaunchKernel_ptsz"),
     hook("cuLaunchKernelEx"),
     hook("cuLaunchKernelEx_ptsz"),
+    // Context limits: the stack, heap and printf FIFO they reserve (hami-preload/src/lmem.rs).
+    hook("cuCtxSetLimit"),
     nvml_hook("nvmlDeviceGetMemoryInfo"),
     nvml_hook("nvmlDeviceGetMemoryInfo_v2"),
 ];

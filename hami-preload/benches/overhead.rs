@@ -19,6 +19,12 @@
 //!   commit) adds a run with that library to every round and a third table: a change to the
 //!   preload compared with its baseline under the same conditions (the host may be shared).
 //! * cost of registering a process when 1000 slots are live.
+//! * an empty-kernel launch (`cuLaunchKernel`, cudaprobe `bench-launch`), native vs preloaded,
+//!   runs alternating, medians of the rounds: the launch hook's cost (the local-memory check of
+//!   `lmem.rs`, the module table's first-launch check). Also for a kernel with 24 KiB of local
+//!   memory per thread (after its one growth: the path that reads the current context).
+//!   `HAMI_BENCH_ONLY=launch` runs only these; `HAMI_BENCH_LAUNCHES` (default 200000) sets
+//!   the launches per run.
 //!
 //! Run: `cargo bench -p hami-preload` (the test harness builds the fake driver, the preload
 //! and cudaprobe).
@@ -164,6 +170,54 @@ fn run(
     total
 }
 
+/// ns per `cuLaunchKernel` of one cudaprobe doing `n` launches of a kernel with `local`
+/// bytes of local memory per thread (fake driver), with or without the preload.
+fn launch_ns(
+    preload: Option<&Path>,
+    libdir: &Path,
+    probe: &Path,
+    dir: &Path,
+    n: u64,
+    local: &str,
+) -> f64 {
+    let mut c = Command::new(probe);
+    let local = format!("local={local}");
+    c.args([
+        "init",
+        "ctx",
+        "modload",
+        "0",
+        &local,
+        "getfunc",
+        "launch",
+        "bench-launch",
+    ])
+    .arg(n.to_string())
+    .env("LD_LIBRARY_PATH", libdir)
+    .env("FAKE_CUDA_STATE", dir.join("fake.state"))
+    .env("FAKE_CUDA_TOTAL_MEM", "1T")
+    .env("CUDA_DEVICE_MEMORY_LIMIT", "512G")
+    .env("HAMI_CONTEXT_OVERHEAD", "0")
+    .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.join("region"))
+    .env_remove("LD_PRELOAD")
+    .stdin(Stdio::null());
+    if let Some(p) = preload {
+        c.env("LD_PRELOAD", p);
+    }
+    let out = c.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("op=bench-launch"))
+        .unwrap_or_else(|| panic!("no bench-launch line in {text:?}"));
+    assert!(line.contains("failures=0"), "{text}");
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix("ns_per_launch="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no ns_per_launch in {line:?}"))
+}
+
 /// Rounds thrown away (uprobes seen) before the remaining ones are kept regardless.
 const MAX_DISCARDED: usize = 10;
 
@@ -226,6 +280,11 @@ fn main() {
     std::fs::create_dir_all(&dir).unwrap();
     let secs: f64 = env_or("HAMI_BENCH_SECONDS", 0.5);
     let rounds: usize = env_or("HAMI_BENCH_ROUNDS", 5).max(1);
+    if std::env::var("HAMI_BENCH_ONLY").is_ok_and(|v| v == "launch") {
+        bench_launches(&preload, &libdir, &probe, &dir, rounds);
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "cuMemAlloc_v2+cuMemFree_v2 pair (fake driver, 1 MiB), {cpus} CPUs: N processes on one region \
@@ -361,6 +420,8 @@ fn main() {
         }
     }
 
+    bench_launches(&preload, &libdir, &probe, &dir, rounds);
+
     // Registration with 1000 live slots.
     let path = dir.join("reg-region");
     let (r, _) = Region::open_or_create(&path, &RegionConfig::default()).unwrap();
@@ -389,4 +450,29 @@ fn main() {
         per / 1000.0
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Launches: native vs preloaded, alternating, `HAMI_BENCH_LAUNCHES` per run (default
+/// 200000): an empty kernel and one with 24 KiB of local memory per thread.
+fn bench_launches(preload: &Path, libdir: &Path, probe: &Path, dir: &Path, rounds: usize) {
+    let launches: u64 = env_or("HAMI_BENCH_LAUNCHES", 200_000);
+    for (label, local) in [
+        ("empty kernel", "0"),
+        ("kernel with 24 KiB local memory", "24K"),
+    ] {
+        let (mut native, mut hooked, mut added) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let a = launch_ns(None, libdir, probe, dir, launches, local);
+            let b = launch_ns(Some(preload), libdir, probe, dir, launches, local);
+            native.push(a);
+            hooked.push(b);
+            added.push(b - a);
+        }
+        println!(
+            "launch ({label}, fake driver, {launches} cuLaunchKernel): native {:.1} ns, preloaded {:.1} ns, added {:+.1} ns per launch (median of {rounds} rounds)",
+            median(native.into_iter()),
+            median(hooked.into_iter()),
+            median(added.into_iter()),
+        );
+    }
 }

@@ -43,6 +43,8 @@ pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 /// `CUDA_ERROR_INVALID_CONTEXT`.
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+/// `CUDA_ERROR_UNSUPPORTED_LIMIT`.
+pub const CUDA_ERROR_UNSUPPORTED_LIMIT: CUresult = 215;
 /// `CUDA_ERROR_NOT_FOUND`.
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 /// `CUDA_ERROR_UNKNOWN`.
@@ -386,6 +388,19 @@ pub type FnLaunchKernel = unsafe extern "C" fn(
 /// `cuLaunchKernelEx(_ptsz)` (the configuration is passed through untouched).
 pub type FnLaunchKernelEx =
     unsafe extern "C" fn(*const c_void, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult;
+/// `cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)`.
+pub type FnThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+/// `cuCtxSetLimit(CUlimit limit, size_t value)`.
+pub type FnCtxSetLimit = unsafe extern "C" fn(c_int, usize) -> CUresult;
+/// `cuCtxGetLimit(size_t *pvalue, CUlimit limit)`.
+pub type FnCtxGetLimit = unsafe extern "C" fn(*mut usize, c_int) -> CUresult;
+/// `cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)`.
+pub type FnFuncGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, CUfunction) -> CUresult;
+/// `cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev)`.
+pub type FnKernelGetAttribute =
+    unsafe extern "C" fn(*mut c_int, c_int, CUkernel, CUdevice) -> CUresult;
 /// `cuGetProcAddress` (CUDA 11.3 - 11.8 signature).
 pub type FnGetProcAddress =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;

@@ -26,6 +26,7 @@ pub mod dlsym;
 pub mod hooks;
 pub mod images;
 pub(crate) mod keymap;
+pub mod lmem;
 #[macro_use]
 pub mod log;
 pub mod modules;

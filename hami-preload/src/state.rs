@@ -184,6 +184,8 @@ pub struct ProcState {
     pub modules: crate::modules::ModuleTable,
     /// The backstop's refresh clock.
     pub backstop: crate::backstop::Backstop,
+    /// Context limits and local memory.
+    pub limits: crate::lmem::Limits,
     denial_logged: [AtomicBool; MAX_DEVICES],
 }
 
@@ -199,6 +201,7 @@ impl ProcState {
             pools: Default::default(),
             modules: Default::default(),
             backstop: Default::default(),
+            limits: Default::default(),
             denial_logged: std::array::from_fn(|_| AtomicBool::new(false)),
         }
     }

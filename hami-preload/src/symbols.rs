@@ -142,6 +142,7 @@ symbol_table! {
         LaunchKernelPtsz => cuLaunchKernel_ptsz,
         LaunchKernelEx => cuLaunchKernelEx,
         LaunchKernelExPtsz => cuLaunchKernelEx_ptsz,
+        CtxSetLimit => cuCtxSetLimit,
     }
     helpers {
         Init = c"cuInit",
@@ -156,6 +157,10 @@ symbol_table! {
         MemPoolGetAttribute = c"cuMemPoolGetAttribute",
         StreamIsCapturing = c"cuStreamIsCapturing",
         DriverGetVersion = c"cuDriverGetVersion",
+        CtxGetLimit = c"cuCtxGetLimit",
+        FuncGetAttribute = c"cuFuncGetAttribute",
+        KernelGetAttribute = c"cuKernelGetAttribute",
+        ThreadExchangeStreamCaptureMode = c"cuThreadExchangeStreamCaptureMode",
     }
 }
 

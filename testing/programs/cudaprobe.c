@@ -138,6 +138,9 @@ WEAK CUresult cuEventDestroy_v2(void *);
 WEAK CUresult cuStreamCreate(CUstream *, unsigned int);
 WEAK CUresult cuStreamBeginCapture_v2(CUstream, int);
 WEAK CUresult cuStreamEndCapture(CUstream, void **);
+WEAK CUresult cuCtxSetLimit(int, size_t);
+WEAK CUresult cuCtxGetLimit(size_t *, int);
+WEAK CUresult cuFuncGetAttribute(int *, int, void *);
 
 /* The function table every operation goes through. */
 static struct {
@@ -213,6 +216,9 @@ static struct {
   CUresult (*StreamCreate)(CUstream *, unsigned int);
   CUresult (*StreamBeginCapture)(CUstream, int);
   CUresult (*StreamEndCapture)(CUstream, void **);
+  CUresult (*CtxSetLimit)(int, size_t);
+  CUresult (*CtxGetLimit)(size_t *, int);
+  CUresult (*FuncGetAttribute)(int *, int, void *);
 } cu;
 
 enum { CTX_V2 = 2, CTX_V3 = 3, CTX_V4 = 4 };
@@ -342,6 +348,7 @@ static void resolve(void) {
     cu.LaunchKernelEx = cuLaunchKernelEx; cu.EventCreate = cuEventCreate; cu.EventRecord = cuEventRecord;
     cu.EventSynchronize = cuEventSynchronize; cu.EventDestroy = cuEventDestroy_v2; cu.StreamCreate = cuStreamCreate;
     cu.StreamBeginCapture = cuStreamBeginCapture_v2; cu.StreamEndCapture = cuStreamEndCapture;
+    cu.CtxSetLimit = cuCtxSetLimit; cu.CtxGetLimit = cuCtxGetLimit; cu.FuncGetAttribute = cuFuncGetAttribute;
     libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     return;
   }
@@ -377,6 +384,7 @@ static void resolve(void) {
     O(LaunchKernelEx, cuLaunchKernelEx); O(EventCreate, cuEventCreate); O(EventRecord, cuEventRecord);
     O(EventSynchronize, cuEventSynchronize); O(EventDestroy, cuEventDestroy_v2); O(StreamCreate, cuStreamCreate);
     O(StreamBeginCapture, cuStreamBeginCapture_v2); O(StreamEndCapture, cuStreamEndCapture);
+    O(CtxSetLimit, cuCtxSetLimit); O(CtxGetLimit, cuCtxGetLimit); O(FuncGetAttribute, cuFuncGetAttribute);
 #undef O
     return;
   }
@@ -412,6 +420,7 @@ static void resolve(void) {
   Q(LaunchKernelEx, cuLaunchKernelEx); Q(EventCreate, cuEventCreate); Q(EventRecord, cuEventRecord);
   Q(EventSynchronize, cuEventSynchronize); Q(EventDestroy, cuEventDestroy); Q(StreamCreate, cuStreamCreate);
   Q(StreamBeginCapture, cuStreamBeginCapture); Q(StreamEndCapture, cuStreamEndCapture);
+  Q(CtxSetLimit, cuCtxSetLimit); Q(CtxGetLimit, cuCtxGetLimit); Q(FuncGetAttribute, cuFuncGetAttribute);
 #undef Q
   ctx_create_variant = cuda_version >= 12050 ? CTX_V4 : cuda_version >= 11040 ? CTX_V3 : CTX_V2;
   ctx_v13 = cuda_version >= 13000;
@@ -512,11 +521,13 @@ static void usage(void) {
        "  errname CODE\n"
        "  poolinfo default|own | threshold default|own SIZE|max | trim default|own SIZE | pooldestroy | setpool\n"
        "  streamsync | eventsync | streamnew | capture-begin | capture-end | mipmap W H LEVELS | mipmapdestroy IDX\n"
-       "  modload SIZE | modloadex SIZE | modloadfat SIZE | modloadfile SIZE | modunload IDX\n"
+       "  modload SIZE [local=SIZE] | modloadex SIZE | modloadfat SIZE | modloadfile SIZE | modunload IDX\n"
        "  getfunc [IDX] | launch [IDX] | launchex [IDX]\n"
        "  libload SIZE | libloadfile SIZE | libunload IDX | getkernel [IDX] | kernelfunc [IDX]\n"
        "  modloadimg[ex|fat|wrap|file|static] PATH | libloadimg[wrap|file|static] PATH   (a real image file)\n"
        "  getglobal [IDX] | libgetglobal [IDX] | libgetmodule [IDX]\n"
+       "  setlimit stack|printf|heap|syncdepth|pending|N SIZE | getlimit NAME | funcattr ATTR [IDX]\n"
+       "  bench-launch N [IDX]\n"
        "  sleep SECONDS | wait | exit CODE");
 }
 
@@ -734,7 +745,10 @@ int main(int argc, char **argv) {
       /* A fake image "FAKECUBIN globals=SIZE" (the fake driver's format; a real driver
        * rejects it with CUDA_ERROR_INVALID_IMAGE). */
       NEED(1); const char *sz = argv[++a];
-      char image[128]; snprintf(image, sizeof image, "FAKECUBIN globals=%s", sz);
+      /* An optional "local=SIZE" next: the kernels' local memory per thread (fake images). */
+      const char *local = a + 1 < argc && !strncmp(argv[a + 1], "local=", 6) ? argv[++a] : NULL;
+      char image[128];
+      snprintf(image, sizeof image, "FAKECUBIN globals=%s%s%s", sz, local ? " " : "", local ? local : "");
       int lib = op[0] == 'l', file = !strcmp(op + 7, "file");
       char path[64] = "";
       if (file) {
@@ -752,6 +766,7 @@ int main(int argc, char **argv) {
       else if (!strcmp(op, "modload") && cu.ModuleLoadData) rc = cu.ModuleLoadData(&m, image);
       if (file) unlink(path);
       printf("op=%s globals=%s", op, sz);
+      if (local) printf(" %s", local);
       if (rc == -1) { printf(" error=missing-function\n"); fflush(stdout); continue; }
       if (!rc) printf(" idx=%zu handle=%p", add_rec((rec_t){.kind = lib ? K_LIBRARY : K_MODULE, .obj = m}), m);
       end(rc);
@@ -799,6 +814,43 @@ int main(int argc, char **argv) {
       }
       if (rc == -1) { printf(" error=missing-function\n"); fflush(stdout); continue; }
       printf(" idx=%ld", i); end(rc);
+    } else if (!strcmp(op, "setlimit") || !strcmp(op, "getlimit")) {
+      /* cuCtxSetLimit / cuCtxGetLimit of the current context; getlimit prints value=, setlimit
+       * prints the value read back after a successful set (or the old one). */
+      NEED(op[0] == 's' ? 2 : 1); const char *n = argv[++a];
+      int lim = !strcmp(n, "stack") ? 0 : !strcmp(n, "printf") ? 1 : !strcmp(n, "heap") ? 2
+              : !strcmp(n, "syncdepth") ? 3 : !strcmp(n, "pending") ? 4 : atoi(n);
+      size_t v = op[0] == 's' ? (size_t)parse_size(argv[++a]) : 0, now = 0;
+      printf("op=%s limit=%s", op, n);
+      if (!cu.CtxSetLimit || !cu.CtxGetLimit) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      rc = op[0] == 's' ? cu.CtxSetLimit(lim, v) : cu.CtxGetLimit(&now, lim);
+      if (op[0] == 's') { cu.CtxGetLimit(&now, lim); printf(" set=%zu", v); }
+      printf(" value=%zu", now); end(rc);
+    } else if (!strcmp(op, "funcattr")) {
+      /* cuFuncGetAttribute(ATTR) of a function (getfunc/kernelfunc); 3 = LOCAL_SIZE_BYTES. */
+      NEED(1); int attr = atoi(argv[++a]);
+      const char *t = opt_idx(argc, argv, &a);
+      long i = pick(t, 1u << K_FUNC | 1u << K_KERNEL);
+      printf("op=funcattr attr=%d", attr);
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      if (!cu.FuncGetAttribute) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      int v = -1; rc = cu.FuncGetAttribute(&v, attr, recs[i].obj);
+      printf(" idx=%ld value=%d", i, v); end(rc);
+    } else if (!strcmp(op, "bench-launch")) {
+      /* N launches of a function or kernel (1 block of 1 thread, NULL stream): ns per launch. */
+      NEED(1); long n = atol(argv[++a]); long fails = 0; CUresult last = 0;
+      const char *t = opt_idx(argc, argv, &a);
+      long i = pick(t, 1u << K_FUNC | 1u << K_KERNEL);
+      printf("op=bench-launch n=%ld", n);
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      if (!cu.LaunchKernel) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      double t0 = now_ns();
+      for (long k = 0; k < n; k++) {
+        CUresult r = cu.LaunchKernel(recs[i].obj, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+        if (r) { fails++; last = r; }
+      }
+      double dt = now_ns() - t0;
+      printf(" ns_per_launch=%.1f failures=%ld", n ? dt / n : 0.0, fails); end(last);
     } else if (!strcmp(op, "pitch")) {
       NEED(2); size_t w = parse_size(argv[++a]), h = parse_size(argv[++a]), pitch = 0; CUdeviceptr p = 0;
       rc = cu.MemAllocPitch(&p, &pitch, w, h, 4);

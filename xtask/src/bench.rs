@@ -4,7 +4,8 @@
 //!    1/8/64 processes contending, registration with 1000 live slots;
 //! 2. `cargo bench -p hami-preload --bench overhead`: ns per `cuMemAlloc_v2`+`cuMemFree_v2`
 //!    pair on the fake driver with and without the preload (same run), 1/8/64 processes on one
-//!    region, registration with 1000 live slots;
+//!    region, registration with 1000 live slots, and `cuLaunchKernel` native vs preloaded
+//!    (an empty kernel, one with 24 KiB of local memory);
 //! 3. `cargo bench -p hami-user --bench probes` (root): the same pair with the eBPF probes
 //!    attached and not, events/s with the drop counters;
 //! 4. the real `hami-agent run` (release) under load: one `cudaprobe bench-pair` per CPU
@@ -379,6 +380,29 @@ fn preload_row(text: &str, procs: u32, prefix: &str) -> Option<[f64; 5]> {
     })
 }
 
+/// The preload bench's launch line for `label` (`empty kernel`, ...): ns per launch native,
+/// preloaded, added.
+fn launch_row(text: &str, label: &str) -> Option<[f64; 3]> {
+    let line = text
+        .lines()
+        .map(str::trim_start)
+        .find(|l| l.starts_with(&format!("launch ({label},")))?;
+    let after = |key: &str| -> Option<f64> {
+        line.split(key)
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .trim_start_matches('+')
+            .parse()
+            .ok()
+    };
+    Some([
+        after(": native ")?,
+        after(", preloaded ")?,
+        after(", added ")?,
+    ])
+}
+
 fn need<T>(v: Option<T>, what: &str) -> Result<T> {
     v.ok_or_else(|| anyhow!("no figure for {what} in the benchmark output"))
 }
@@ -413,6 +437,16 @@ fn summarize(
             s,
             "| `cuMemAlloc_v2`+`cuMemFree_v2` pair, {procs} process{} on one region, CPU ns per pair: without / with preload / **added** (pairs/s of all processes: without / with); added with `HAMI_ADMISSION_RESERVE=0` (lock on every admission) in the same rounds | {without:.1} / {with:.1} / **{added:+.1} ns** ({mps_without:.2} / {mps_with:.2} M/s); locked: {added_locked:+.1} ns | {target} |",
             if procs == 1 { "" } else { "es" }
+        )?;
+    }
+    for label in ["empty kernel", "kernel with 24 KiB local memory"] {
+        let [native, with, added] = need(
+            launch_row(preload, label),
+            &format!("launch of an {label} (preload bench)"),
+        )?;
+        writeln!(
+            s,
+            "| `cuLaunchKernel` of an {label} (fake driver), ns per launch: native / preloaded / **added**, same run | {native:.1} / {with:.1} / **{added:+.1} ns** | same launch cost |"
         )?;
     }
     let reg_preload = need(
@@ -554,6 +588,8 @@ baseline of the same rounds: the preload with HAMI_ADMISSION_RESERVE=0
 locked      1        250.0        340.0         90.0           4.00            3.00
 locked      8        900.0       1150.0        250.0           2.22            1.80
 locked     64       9000.0       9700.0        700.0           0.22            0.20
+launch (empty kernel, fake driver, 200000 cuLaunchKernel): native 80.5 ns, preloaded 95.0 ns, added +14.5 ns per launch (median of 5 rounds)
+launch (kernel with 24 KiB local memory, fake driver, 200000 cuLaunchKernel): native 81.0 ns, preloaded 160.0 ns, added +79.0 ns per launch (median of 5 rounds)
 register+unregister with 1000 live slots: 12.5 us
 ";
     const PROBES: &str = "pairs_per_process=200000
@@ -601,6 +637,15 @@ rss_kib_with_probes=9000
             Some([900.0, 1150.0, 250.0, 2.22, 1.8])
         );
         assert_eq!(preload_row(PRELOAD, 2, ""), None);
+        assert_eq!(
+            launch_row(PRELOAD, "empty kernel"),
+            Some([80.5, 95.0, 14.5])
+        );
+        assert_eq!(
+            launch_row(PRELOAD, "kernel with 24 KiB local memory"),
+            Some([81.0, 160.0, 79.0])
+        );
+        assert_eq!(launch_row(PRELOAD, "other kernel"), None);
         assert_eq!(kv(PROBES, "events_dropped"), Some(0.0));
         assert_eq!(kv(PROBES, "added_ns_per_pair"), Some(1000.5));
         assert_eq!(kv(PROBES, "nothing"), None);
@@ -625,6 +670,8 @@ rss_kib_with_probes=9000
             "**12.5 µs**",
             "**25000.0 %** (100 ms CPU for 40 events)",
             "3.25 µs",
+            "80.5 / 95.0 / **+14.5 ns**",
+            "81.0 / 160.0 / **+79.0 ns**",
             "**41.3 ns**",
             "45.0 / 310.2 / 2900.5 ns; 22.1 / 6.0 / 5.0 M/s",
             "**44.0 / 150.0 / 250.0 ns**",

@@ -65,7 +65,12 @@ fn ctx_serialize() -> Option<Held> {
 
 /// This process's non-context charges on `dev`.
 fn own_data(dev: usize) -> u64 {
-    ProcLedger::current().own_non_context(dev)
+    // Plus the limit memory the driver holds for this process (charged as context memory by
+    // `lmem`, but no context's measured footprint): what arrives of it during a measured
+    // call (a stack raise, a heap put there by a launch) must not be counted again.
+    let l = ProcLedger::current();
+    l.own_non_context(dev)
+        .saturating_add(l.p.limits.on_device(dev))
 }
 
 /// Non-context charges of every process sharing the region on `dev`.
@@ -85,6 +90,8 @@ fn region_data(dev: usize) -> u64 {
         .filter_map(|s| s.usage.get(dev))
         .flat_map(|u| kinds.iter().map(move |&k| u[k]))
         .fold(0u64, u64::saturating_add)
+        // This process's limit memory on the device (as in `own_data`).
+        .saturating_add(state::proc_state().limits.on_device(dev))
 }
 
 /// Everything every process sharing the region has charged on `dev`, all kinds.

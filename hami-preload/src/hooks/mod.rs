@@ -17,6 +17,7 @@
 
 pub mod alloc;
 pub mod context;
+pub mod limits;
 pub mod modules;
 pub mod pools;
 pub mod procaddr;
@@ -24,6 +25,7 @@ pub mod views;
 
 pub use alloc::*;
 pub use context::*;
+pub use limits::*;
 pub use modules::*;
 pub use pools::*;
 pub use procaddr::*;
@@ -191,6 +193,7 @@ fn device_array_bound(dev: usize) -> u64 {
 pub(crate) fn context_gone(l: &ProcLedger, ctx: usize) {
     l.p.modules.drop_context(l, ctx);
     l.p.pools.drop_context(l, ctx, &read_pool);
+    l.p.limits.drop_context(l, ctx);
 }
 
 // ---------------------------------------------------------------- backstop

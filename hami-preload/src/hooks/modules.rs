@@ -334,6 +334,8 @@ hook! {
     fn cuModuleUnload(module: CUmodule) = Cu::ModuleUnload as FnModuleUnload;
     |f| {
         let l = ProcLedger::current();
+        // Its functions' handles may be reused: their local sizes are read again.
+        l.p.limits.forget_functions();
         // SAFETY: forwarded argument.
         l.p.modules
             .unload(&l, module as u64, || unsafe { f(module) })
@@ -407,6 +409,8 @@ hook! {
     fn cuLibraryUnload(library: CUlibrary) = Cu::LibraryUnload as FnLibraryUnload;
     |f| {
         let l = ProcLedger::current();
+        // Its functions' handles may be reused: their local sizes are read again.
+        l.p.limits.forget_functions();
         // SAFETY: forwarded argument.
         l.p.modules
             .unload(&l, library as u64, || unsafe { f(library) })
@@ -527,9 +531,15 @@ hook! {
     }
 }
 
-/// A launch of `func` (a `CUfunction` or a `CUkernel`): the first launch of each module's
-/// kernels is measured; otherwise (the usual case) one atomic load and the call.
+/// A launch of `func` (a `CUfunction` or a `CUkernel`): local memory the kernel needs beyond
+/// what the context holds is admitted first ([`super::limits::before_launch`]; refused: the
+/// launch does not happen); the first launch of each module's kernels is measured; otherwise
+/// (the usual case) a cached lookup, one atomic load and the call.
 fn launch(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult) -> CUresult {
+    if let Some(refused) = super::limits::before_launch(what, func) {
+        return refused;
+    }
+    let real = super::limits::after_launch(real);
     let p = state::proc_state();
     if !p.modules.any_unlaunched() {
         return real();

@@ -243,3 +243,23 @@ pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
         Ok(())
     })
 }
+
+// ---------------------------------------------------------------------------------------------
+// Limits
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult {
+    run(|| inited()?.ctx_set_limit(limit, value as u64))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetLimit(pvalue: *mut usize, limit: c_int) -> CUresult {
+    run(|| {
+        let g = inited()?;
+        nonnull(pvalue)?;
+        let v = g.ctx_get_limit(limit)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(pvalue, v as usize) };
+        Ok(())
+    })
+}

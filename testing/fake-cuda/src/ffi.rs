@@ -31,6 +31,7 @@ pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
+pub const CUDA_ERROR_UNSUPPORTED_LIMIT: CUresult = 215;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
@@ -160,6 +161,10 @@ pub fn error_text(code: CUresult) -> Option<(&'static str, &'static str)> {
         ),
         208 => ("CUDA_ERROR_ALREADY_MAPPED", "resource already mapped"),
         211 => ("CUDA_ERROR_NOT_MAPPED", "resource not mapped"),
+        215 => (
+            "CUDA_ERROR_UNSUPPORTED_LIMIT",
+            "limit is not supported on this architecture",
+        ),
         301 => ("CUDA_ERROR_FILE_NOT_FOUND", "file not found"),
         304 => (
             "CUDA_ERROR_OPERATING_SYSTEM",

@@ -203,6 +203,7 @@ pub unsafe extern "C" fn cuDeviceGetAttribute(
             10 => 32,                   // WARP_SIZE
             16 => 132,                  // MULTIPROCESSOR_COUNT
             33 => 0x10 + phys as c_int, // PCI_BUS_ID
+            39 => 2048,                 // MAX_THREADS_PER_MULTIPROCESSOR
             41 | 83 | 102 | 115 => 1,   // UNIFIED_ADDRESSING, MANAGED_MEMORY, VMM, POOLS
             75 => 9,                    // COMPUTE_CAPABILITY_MAJOR
             // Texture (array) size limits of a compute capability 9.0 device.

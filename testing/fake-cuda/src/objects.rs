@@ -4,7 +4,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
-use crate::driver::{image_globals, inited, R};
+use crate::driver::{image_globals, image_local, inited, R};
 use crate::ffi::*;
 use crate::{nonnull, put, run};
 
@@ -185,6 +185,16 @@ unsafe fn globals_of_image(image: *const c_void) -> R<u64> {
     image_globals(&unsafe { image_prefix(image) }).ok_or(CUDA_ERROR_INVALID_IMAGE)
 }
 
+/// Local memory per thread an in-memory image's kernels need (`local=`).
+///
+/// # Safety
+/// As [`image_prefix`].
+unsafe fn local_of_image(image: *const c_void) -> R<u64> {
+    nonnull(image)?;
+    // SAFETY: forwarded contract.
+    image_local(&unsafe { image_prefix(image) }).ok_or(CUDA_ERROR_INVALID_IMAGE)
+}
+
 /// Globals declared by an image file (real or `FAKECUBIN`).
 fn globals_of_file(fname: *const c_char) -> R<u64> {
     nonnull(fname)?;
@@ -200,11 +210,29 @@ fn globals_of_file(fname: *const c_char) -> R<u64> {
     image_globals(head).ok_or(CUDA_ERROR_INVALID_IMAGE)
 }
 
-fn load(out: *mut Handle, globals: impl FnOnce() -> R<u64>, library: bool) -> CUresult {
+/// Local memory per thread an image file's kernels need (`local=`).
+fn local_of_file(fname: *const c_char) -> R<u64> {
+    nonnull(fname)?;
+    // SAFETY: checked non-NULL; a NUL-terminated path (C contract).
+    let path = unsafe { CStr::from_ptr(fname) }
+        .to_string_lossy()
+        .into_owned();
+    let bytes = std::fs::read(&path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+    let head = &bytes[..bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len())];
+    image_local(head).ok_or(CUDA_ERROR_INVALID_IMAGE)
+}
+
+fn load(
+    out: *mut Handle,
+    globals: impl FnOnce() -> R<u64>,
+    local: impl FnOnce() -> R<u64>,
+    library: bool,
+) -> CUresult {
     run(|| {
         let mut g = inited()?;
         nonnull(out)?;
-        let h = g.module_load(globals()?, library)?;
+        let globals = globals()?;
+        let h = g.module_load(globals, local()?, library)?;
         // SAFETY: checked non-NULL; C contract.
         unsafe { put(out, h as Handle) };
         Ok(())
@@ -213,13 +241,24 @@ fn load(out: *mut Handle, globals: impl FnOnce() -> R<u64>, library: bool) -> CU
 
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, fname: *const c_char) -> CUresult {
-    load(module, || globals_of_file(fname), false)
+    load(
+        module,
+        || globals_of_file(fname),
+        || local_of_file(fname),
+        false,
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CUresult {
     // SAFETY: C contract.
-    load(module, || unsafe { globals_of_image(image) }, false)
+    load(
+        module,
+        || unsafe { globals_of_image(image) },
+        // SAFETY: C contract.
+        || unsafe { local_of_image(image) },
+        false,
+    )
 }
 
 #[no_mangle]
@@ -237,7 +276,13 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
         });
     }
     // SAFETY: C contract.
-    load(module, || unsafe { globals_of_image(image) }, false)
+    load(
+        module,
+        || unsafe { globals_of_image(image) },
+        // SAFETY: C contract.
+        || unsafe { local_of_image(image) },
+        false,
+    )
 }
 
 #[no_mangle]
@@ -246,7 +291,13 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
     fat_cubin: *const c_void,
 ) -> CUresult {
     // SAFETY: C contract.
-    load(module, || unsafe { globals_of_image(fat_cubin) }, false)
+    load(
+        module,
+        || unsafe { globals_of_image(fat_cubin) },
+        // SAFETY: C contract.
+        || unsafe { local_of_image(fat_cubin) },
+        false,
+    )
 }
 
 #[no_mangle]
@@ -342,7 +393,13 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _num_lib: c_uint,
 ) -> CUresult {
     // SAFETY: C contract.
-    load(library, || unsafe { globals_of_image(code) }, true)
+    load(
+        library,
+        || unsafe { globals_of_image(code) },
+        // SAFETY: C contract.
+        || unsafe { local_of_image(code) },
+        true,
+    )
 }
 
 #[no_mangle]
@@ -356,7 +413,12 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     _lib_values: *mut *mut c_void,
     _num_lib: c_uint,
 ) -> CUresult {
-    load(library, || globals_of_file(fname), true)
+    load(
+        library,
+        || globals_of_file(fname),
+        || local_of_file(fname),
+        true,
+    )
 }
 
 #[no_mangle]
@@ -392,6 +454,65 @@ pub unsafe extern "C" fn cuKernelGetFunction(func: *mut Handle, kernel: Handle) 
         let f = g.kernel_get_function(kernel as u64)?;
         // SAFETY: checked non-NULL; C contract.
         unsafe { put(func, f as Handle) };
+        Ok(())
+    })
+}
+
+/// `CU_FUNC_ATTRIBUTE_*` values the fake answers for a function or kernel with `local`
+/// bytes of local memory per thread (a compute capability 9.0 device); others:
+/// `CUDA_ERROR_INVALID_VALUE`.
+fn function_attribute(attrib: c_int, local: u64) -> R<c_int> {
+    Ok(match attrib {
+        0 => 1024,                                         // MAX_THREADS_PER_BLOCK
+        1 => 0,                                            // SHARED_SIZE_BYTES
+        2 => 0,                                            // CONST_SIZE_BYTES
+        3 => c_int::try_from(local).unwrap_or(c_int::MAX), // LOCAL_SIZE_BYTES
+        4 => 32,                                           // NUM_REGS
+        5 | 6 => 90,                                       // PTX_VERSION, BINARY_VERSION
+        7 => 0,                                            // CACHE_MODE_CA
+        8 => 49_152,                                       // MAX_DYNAMIC_SHARED_SIZE_BYTES
+        9 => -1,                                           // PREFERRED_SHARED_MEMORY_CARVEOUT
+        10..=16 => 0, // CLUSTER_SIZE_MUST_BE_SET, REQUIRED_CLUSTER_*, NON_PORTABLE_..., SCHEDULING_POLICY
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    hfunc: Handle,
+) -> CUresult {
+    run(|| {
+        let g = inited()?;
+        nonnull(pi)?;
+        if g.is_kernel(hfunc as u64) {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        let v = function_attribute(attrib, g.function_local(hfunc as u64)?)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(pi, v) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuKernelGetAttribute(
+    pi: *mut c_int,
+    attrib: c_int,
+    kernel: Handle,
+    dev: CUdevice,
+) -> CUresult {
+    run(|| {
+        let g = inited()?;
+        nonnull(pi)?;
+        g.phys_of(dev)?;
+        if !g.is_kernel(kernel as u64) {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        let v = function_attribute(attrib, g.function_local(kernel as u64)?)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(pi, v) };
         Ok(())
     })
 }

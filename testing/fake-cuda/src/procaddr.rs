@@ -195,6 +195,13 @@ fn table() -> &'static [Entry] {
                 "cuKernelGetFunction",
                 vec![(12000, f!(cuKernelGetFunction))],
             ),
+            e("cuCtxSetLimit", vec![(3010, f!(cuCtxSetLimit))]),
+            e("cuCtxGetLimit", vec![(3010, f!(cuCtxGetLimit))]),
+            e("cuFuncGetAttribute", vec![(2020, f!(cuFuncGetAttribute))]),
+            e(
+                "cuKernelGetAttribute",
+                vec![(12000, f!(cuKernelGetAttribute))],
+            ),
             p(
                 "cuLaunchKernel",
                 vec![(4000, f!(cuLaunchKernel))],

@@ -719,3 +719,104 @@ fn real_images_place_their_statics() {
     let o = e.run_probe(&["init", "ctx", "modloadimgfile", &corrupt]);
     assert_eq!(o.last("modloadimgfile").rc(), Some(200), "{}", o.dump());
 }
+
+/// Context limits take memory as the H200 showed: the stack x 270,336 resident threads at the
+/// set (given back when lowered), a raised heap at the next launch (fixed afterwards), local
+/// memory grown at a launch (kept); the documented error codes.
+#[test]
+fn context_limits_and_local_memory_take_what_the_h200_takes() {
+    const UNSUPPORTED_LIMIT: i32 = 215;
+    let e = env().env("FAKE_CUDA_TOTAL_MEM", "8G");
+    let o = e.run_probe(&[
+        "init",
+        "getlimit",
+        "stack",
+        "ctx",
+        "getlimit",
+        "stack",
+        "getlimit",
+        "printf",
+        "getlimit",
+        "heap",
+        "getlimit",
+        "syncdepth",
+        "getlimit",
+        "pending",
+        "getlimit",
+        "7",
+        "getlimit",
+        "99",
+        "setlimit",
+        "99",
+        "1",
+        "meminfo",
+        "setlimit",
+        "stack",
+        "8K",
+        "meminfo",
+        "setlimit",
+        "stack",
+        "1K",
+        "meminfo",
+        "setlimit",
+        "heap",
+        "1G",
+        "meminfo",
+        "modload",
+        "0",
+        "local=24K",
+        "getfunc",
+        "funcattr",
+        "3",
+        "funcattr",
+        "99",
+        "launch",
+        "meminfo",
+        "getlimit",
+        "stack",
+        "setlimit",
+        "heap",
+        "8M",
+        "setlimit",
+        "stack",
+        "32K",
+    ]);
+    let g = o.find("getlimit");
+    assert_eq!(g[0].rc(), Some(INVALID_CONTEXT), "{}", o.dump());
+    let values: Vec<_> = g[1..6].iter().map(|l| l.num("value")).collect();
+    assert_eq!(
+        values,
+        [
+            Some(1024),
+            Some(8_650_752),
+            Some(8 * MIB),
+            Some(0),
+            Some(2048)
+        ],
+        "{}",
+        o.dump()
+    );
+    assert_eq!(g[6].rc(), Some(UNSUPPORTED_LIMIT), "{}", o.dump());
+    assert_eq!(g[7].rc(), Some(INVALID_VALUE), "{}", o.dump());
+    let s = o.find("setlimit");
+    assert_eq!(s[0].rc(), Some(INVALID_VALUE), "{}", o.dump());
+    let m: Vec<u64> = o.find("meminfo").into_iter().map(meminfo_free).collect();
+    assert_eq!(m[0] - m[1], 1848 * MIB, "stack 8K: {}", o.dump());
+    assert_eq!(m[2], m[0], "lowered: {}", o.dump());
+    assert_eq!(
+        m[3],
+        m[0],
+        "the heap takes nothing at the set: {}",
+        o.dump()
+    );
+    let f = o.find("funcattr");
+    assert_eq!(f[0].num("value"), Some(24 << 10), "{}", o.dump());
+    assert_eq!(f[1].rc(), Some(INVALID_VALUE), "{}", o.dump());
+    assert_eq!(o.last("launch").rc(), Some(SUCCESS), "{}", o.dump());
+    // The launch grew local memory to 24 KiB and put the 1 GiB heap on the device.
+    assert_eq!(m[0] - m[4], 6072 * MIB + 1016 * MIB, "launch: {}", o.dump());
+    assert_eq!(g[8].num("value"), Some(24 << 10), "{}", o.dump());
+    assert_eq!(s[4].rc(), Some(INVALID_VALUE), "heap fixed: {}", o.dump());
+    // 32 KiB would take another 2112 MiB: more than is left.
+    assert_eq!(s[5].rc(), Some(OUT_OF_MEMORY), "{}", o.dump());
+}

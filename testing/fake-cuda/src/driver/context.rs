@@ -19,6 +19,7 @@ impl Inner {
                 phys,
                 primary,
                 alive: true,
+                limits: Default::default(),
             },
         );
         // Eager loading: the loaded libraries come into the new context now (one that does
@@ -27,8 +28,10 @@ impl Inner {
         Ok(())
     }
 
-    /// Frees everything a context owns (allocations, arrays, streams, modules).
+    /// Frees everything a context owns (allocations, arrays, streams, modules, what its
+    /// limits hold; the limits go back to their defaults).
     fn free_context_resources(&mut self, h: u64) {
+        self.limits_release(h);
         let dead: Vec<u64> = self
             .allocs
             .iter()
@@ -143,6 +146,7 @@ impl Inner {
                     phys,
                     primary: true,
                     alive: false,
+                    limits: Default::default(),
                 },
             );
         }

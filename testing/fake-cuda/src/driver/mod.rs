@@ -6,6 +6,7 @@
 //! [`memory`], [`pools`], [`streams`] and [`modules`], each an `impl Inner` block.
 
 mod context;
+pub mod limits;
 mod memory;
 mod modules;
 mod pools;
@@ -113,6 +114,9 @@ pub struct Module {
     pub loaded: bool,
     /// A library (`cuLibraryLoad*`): survives its context, unloaded with `cuLibraryUnload`.
     pub library: bool,
+    /// Local memory per thread its kernels need (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`),
+    /// from the image's `local=` key.
+    pub local: u64,
 }
 
 /// What a function or kernel handle belongs to.
@@ -182,6 +186,24 @@ pub fn image_globals(image: &[u8]) -> Option<u64> {
     Some(globals)
 }
 
+/// Local memory per thread a fake module image declares for its kernels: `local=<size>`
+/// after `FAKECUBIN` (sizes as `FAKE_CUDA_TOTAL_MEM`), e.g. `FAKECUBIN globals=0 local=24K`.
+/// Absent (or not a `FAKECUBIN` image): 0. `None`: the size is malformed
+/// (`CUDA_ERROR_INVALID_IMAGE`).
+pub fn image_local(image: &[u8]) -> Option<u64> {
+    let Some(rest) = image.strip_prefix(b"FAKECUBIN") else {
+        return Some(0);
+    };
+    let text = std::str::from_utf8(rest).ok()?;
+    let mut local = 0;
+    for word in text.split_ascii_whitespace() {
+        if let Some(v) = word.strip_prefix("local=") {
+            local = fake_state::parse_size(v)?;
+        }
+    }
+    Some(local)
+}
+
 /// A context.
 #[derive(Clone, Copy, Debug)]
 pub struct Ctx {
@@ -193,6 +215,8 @@ pub struct Ctx {
     pub primary: bool,
     /// Usable (not destroyed / released).
     pub alive: bool,
+    /// Its limits (`cuCtxSetLimit`) and the memory they hold ([`limits`]).
+    pub limits: limits::Limits,
 }
 
 /// Physical memory made by `cuMemCreate`.

@@ -24,8 +24,9 @@ impl Inner {
     /// `cuModuleLoad*` (`library == false`, loaded in the current context) and
     /// `cuLibraryLoad*` (context-independent; with eager loading loaded into the current
     /// context if there is one). `globals` bytes arrive now with eager loading, else at the
-    /// first function lookup or launch ([`loading`]).
-    pub fn module_load(&mut self, globals: u64, library: bool) -> R<u64> {
+    /// first function lookup or launch ([`loading`]); `local` is what its kernels need per
+    /// thread (grown at launch: [`Inner::limits_at_launch`]).
+    pub fn module_load(&mut self, globals: u64, local: u64, library: bool) -> R<u64> {
         let ctx = match self.current() {
             Ok((c, _)) => c,
             Err(e) if !library => return Err(e),
@@ -40,6 +41,7 @@ impl Inner {
                 globals,
                 loaded: false,
                 library,
+                local,
             },
         );
         if loading() == Loading::Eager {
@@ -208,10 +210,10 @@ impl Inner {
     /// here. The handle is a module without globals of its own (they are the library's
     /// copy in that context); its functions launch the library's code.
     pub fn library_get_module(&mut self, h: u64) -> R<u64> {
-        match self.modules.get(&h) {
-            Some(m) if m.library => {}
+        let local = match self.modules.get(&h) {
+            Some(m) if m.library => m.local,
             _ => return Err(CUDA_ERROR_INVALID_HANDLE),
-        }
+        };
         self.module_make_resident(h)?;
         let (ctx, c) = self.current()?;
         let m = self.handle(0x30);
@@ -221,6 +223,7 @@ impl Inner {
                 ctx,
                 phys: c.phys,
                 globals: 0,
+                local,
                 loaded: true,
                 library: false,
             },
@@ -229,13 +232,34 @@ impl Inner {
     }
 
     /// `cuLaunchKernel(Ex)` of a function or a kernel handle: its module is loaded first if
-    /// it is not yet (a failure to load is the launch's error).
+    /// it is not yet (a failure to load is the launch's error), then the context's local
+    /// memory grows to what the kernel needs and a raised heap / printf FIFO is put on the
+    /// device ([`Inner::limits_at_launch`]; a failure there is the launch's
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, nothing runs).
     pub fn launch(&mut self, f: u64) -> R<()> {
-        let owner = match self.functions.get(&f) {
-            Some(Owner::Function(m)) | Some(Owner::Kernel(m)) => *m,
-            None => return Err(CUDA_ERROR_INVALID_HANDLE),
-        };
-        self.current()?;
-        self.module_make_resident(owner)
+        let owner = self.function_owner(f)?;
+        let (ctx, _) = self.current()?;
+        self.module_make_resident(owner)?;
+        let local = self.modules.get(&owner).map_or(0, |m| m.local);
+        self.limits_at_launch(ctx, local)
+    }
+
+    /// The module or library a function or kernel handle belongs to.
+    pub fn function_owner(&self, f: u64) -> R<u64> {
+        match self.functions.get(&f) {
+            Some(Owner::Function(m)) | Some(Owner::Kernel(m)) => Ok(*m),
+            None => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    }
+
+    /// Whether `f` is a `CUkernel` handle (`cuLibraryGetKernel`), not a `CUfunction`.
+    pub fn is_kernel(&self, f: u64) -> bool {
+        matches!(self.functions.get(&f), Some(Owner::Kernel(_)))
+    }
+
+    /// Local memory per thread the kernels of `f`'s module need.
+    pub fn function_local(&self, f: u64) -> R<u64> {
+        let m = self.function_owner(f)?;
+        Ok(self.modules.get(&m).map_or(0, |m| m.local))
     }
 }

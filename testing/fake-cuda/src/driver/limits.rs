@@ -1,0 +1,222 @@
+//! Context limits (`cuCtxSetLimit` / `cuCtxGetLimit`) and the device memory they take, as
+//! measured on the H200 (driver 580):
+//!
+//! * the stack (`CU_LIMIT_STACK_SIZE`) is reserved for every thread the device can hold
+//!   resident ([`RESIDENT_THREADS`]): raising it takes `(new - old) x resident threads` at the
+//!   set call, lowering it gives that back at once;
+//! * a launch of a kernel that needs more local memory per thread than the stack limit raises
+//!   the limit to it and takes the growth (kept afterwards);
+//! * the malloc heap and the printf FIFO take nothing at the set call: a raised size is put on
+//!   the device at the next launch, and once a launch happened they cannot be changed
+//!   (`CUDA_ERROR_INVALID_VALUE`). The FIFO behaving like the heap is an assumption (only
+//!   "nothing at the set call" was measured).
+//!
+//! The defaults are what a fresh H200 context reports; the memory of the defaults is part of
+//! the context's overhead, so only what a limit holds beyond its default is charged.
+
+use super::{Inner, R};
+use crate::ffi::*;
+
+/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT` of the fake device (an H200).
+pub const MULTIPROCESSORS: u64 = 132;
+/// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR` of the fake device.
+pub const THREADS_PER_MULTIPROCESSOR: u64 = 2048;
+/// Threads the device can hold resident: what the stack / local memory is reserved for.
+pub const RESIDENT_THREADS: u64 = MULTIPROCESSORS * THREADS_PER_MULTIPROCESSOR;
+
+/// `CU_LIMIT_STACK_SIZE`.
+pub const LIMIT_STACK_SIZE: i32 = 0;
+/// `CU_LIMIT_PRINTF_FIFO_SIZE`.
+pub const LIMIT_PRINTF_FIFO_SIZE: i32 = 1;
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
+pub const LIMIT_MALLOC_HEAP_SIZE: i32 = 2;
+/// Limits the fake stores without modelling memory: `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH` (3),
+/// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT` (4), `CU_LIMIT_MAX_L2_FETCH_GRANULARITY` (5),
+/// `CU_LIMIT_PERSISTING_L2_CACHE_SIZE` (6).
+const STORED: std::ops::RangeInclusive<i32> = 3..=6;
+/// Documented limits the fake device does not support (`CUDA_ERROR_UNSUPPORTED_LIMIT`):
+/// `CU_LIMIT_SHMEM_SIZE` (7), `CU_LIMIT_CIG_ENABLED` (8),
+/// `CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED` (9).
+const UNSUPPORTED: std::ops::RangeInclusive<i32> = 7..=9;
+
+/// Default `CU_LIMIT_STACK_SIZE` (bytes per thread).
+pub const DEFAULT_STACK: u64 = 1024;
+/// Default `CU_LIMIT_PRINTF_FIFO_SIZE`.
+pub const DEFAULT_PRINTF_FIFO: u64 = 8_650_752;
+/// Default `CU_LIMIT_MALLOC_HEAP_SIZE`.
+pub const DEFAULT_HEAP: u64 = 8 << 20;
+/// Defaults of limits 3..=6.
+const DEFAULT_STORED: [u64; 4] = [0, 2048, 0, 0];
+
+/// One context's limits.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// `CU_LIMIT_STACK_SIZE` (bytes per thread): also the local memory reserved.
+    pub stack: u64,
+    /// `CU_LIMIT_PRINTF_FIFO_SIZE` as set.
+    pub printf_fifo: u64,
+    /// `CU_LIMIT_MALLOC_HEAP_SIZE` as set.
+    pub heap: u64,
+    /// The FIFO size on the device (the default until a launch after a raise).
+    printf_resident: u64,
+    /// The heap size on the device (likewise).
+    heap_resident: u64,
+    /// Limits 3..=6.
+    stored: [u64; 4],
+    /// A kernel was launched in the context: heap and FIFO are fixed.
+    launched: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            stack: DEFAULT_STACK,
+            printf_fifo: DEFAULT_PRINTF_FIFO,
+            heap: DEFAULT_HEAP,
+            printf_resident: DEFAULT_PRINTF_FIFO,
+            heap_resident: DEFAULT_HEAP,
+            stored: DEFAULT_STORED,
+            launched: false,
+        }
+    }
+}
+
+/// Device memory a stack limit of `stack` bytes per thread holds beyond the default's.
+pub fn stack_bytes(stack: u64) -> u64 {
+    stack
+        .saturating_sub(DEFAULT_STACK)
+        .saturating_mul(RESIDENT_THREADS)
+}
+
+impl Limits {
+    /// Everything this context's limits hold on the device beyond the defaults.
+    fn held(&self) -> u64 {
+        stack_bytes(self.stack)
+            .saturating_add(self.heap_resident.saturating_sub(DEFAULT_HEAP))
+            .saturating_add(self.printf_resident.saturating_sub(DEFAULT_PRINTF_FIFO))
+    }
+
+    /// The value of `limit`, or the documented error for an unknown / unsupported one.
+    pub fn get(&self, limit: i32) -> R<u64> {
+        match limit {
+            LIMIT_STACK_SIZE => Ok(self.stack),
+            LIMIT_PRINTF_FIFO_SIZE => Ok(self.printf_fifo),
+            LIMIT_MALLOC_HEAP_SIZE => Ok(self.heap),
+            l if STORED.contains(&l) => Ok(self.stored[(l - 3) as usize]),
+            l if UNSUPPORTED.contains(&l) => Err(CUDA_ERROR_UNSUPPORTED_LIMIT),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+}
+
+impl Inner {
+    /// `cuCtxGetLimit` in the current context.
+    pub fn ctx_get_limit(&self, limit: i32) -> R<u64> {
+        let (_, c) = self.current()?;
+        c.limits.get(limit)
+    }
+
+    /// `cuCtxSetLimit` in the current context: the stack's growth is charged now (refused:
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, the limit unchanged), its lowering given back; heap and
+    /// FIFO are only recorded (charged at the next launch), and refused with
+    /// `CUDA_ERROR_INVALID_VALUE` once a kernel was launched.
+    pub fn ctx_set_limit(&mut self, limit: i32, value: u64) -> R<()> {
+        let (h, c) = self.current()?;
+        let mut l = c.limits;
+        l.get(limit)?;
+        match limit {
+            LIMIT_STACK_SIZE => l.stack = value,
+            LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => {
+                let cur = l.get(limit)?;
+                if l.launched && value != cur {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                if limit == LIMIT_MALLOC_HEAP_SIZE {
+                    l.heap = value;
+                } else {
+                    l.printf_fifo = value;
+                }
+            }
+            _ => l.stored[(limit - 3) as usize] = value,
+        }
+        self.limits_apply(h, c.phys, c.limits, l)
+    }
+
+    /// A launch in context `h` of a kernel needing `local` bytes per thread: the stack limit
+    /// grows to it, a raised heap / FIFO goes on the device, each growth charged (refused:
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, nothing changed).
+    pub fn limits_at_launch(&mut self, h: u64, local: u64) -> R<()> {
+        let c = self.ctx(h)?;
+        let mut l = c.limits;
+        l.stack = l.stack.max(local);
+        l.heap_resident = l.heap;
+        l.printf_resident = l.printf_fifo;
+        l.launched = true;
+        self.limits_apply(h, c.phys, c.limits, l)
+    }
+
+    /// Moves context `h` from limits `old` to `new`, charging or giving back the difference
+    /// in what they hold.
+    fn limits_apply(&mut self, h: u64, phys: usize, old: Limits, new: Limits) -> R<()> {
+        let (was, now) = (old.held(), new.held());
+        if now > was {
+            self.charge(phys, now - was)?;
+        } else {
+            self.uncharge(phys, was - now);
+        }
+        if let Some(c) = self.contexts.get_mut(&h) {
+            c.limits = new;
+        }
+        Ok(())
+    }
+
+    /// Context `h` is destroyed or reset: what its limits hold goes back, the limits return
+    /// to their defaults.
+    pub fn limits_release(&mut self, h: u64) {
+        let Some(c) = self.contexts.get(&h).copied() else {
+            return;
+        };
+        self.uncharge(c.phys, c.limits.held());
+        if let Some(c) = self.contexts.get_mut(&h) {
+            c.limits = Limits::default();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stack_bytes_are_the_growth_over_the_default_for_every_resident_thread() {
+        assert_eq!(stack_bytes(DEFAULT_STACK), 0);
+        assert_eq!(stack_bytes(512), 0);
+        // Measured on the H200: 8 KiB -> +1848 MiB, a 24 KiB local array -> +6072 MiB.
+        assert_eq!(stack_bytes(8192), 1848 << 20);
+        assert_eq!(stack_bytes(24 << 10), 6072 << 20);
+    }
+
+    #[test]
+    fn limits_report_defaults_and_documented_errors() {
+        let l = Limits::default();
+        assert_eq!(l.get(LIMIT_STACK_SIZE), Ok(1024));
+        assert_eq!(l.get(LIMIT_PRINTF_FIFO_SIZE), Ok(8_650_752));
+        assert_eq!(l.get(LIMIT_MALLOC_HEAP_SIZE), Ok(8 << 20));
+        assert_eq!(l.get(3), Ok(0));
+        assert_eq!(l.get(4), Ok(2048));
+        assert_eq!(l.get(7), Err(CUDA_ERROR_UNSUPPORTED_LIMIT));
+        assert_eq!(l.get(10), Err(CUDA_ERROR_INVALID_VALUE));
+        assert_eq!(l.get(-1), Err(CUDA_ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn held_counts_the_resident_heap_not_the_one_only_set() {
+        let mut l = Limits {
+            heap: 2 << 30,
+            ..Limits::default()
+        };
+        assert_eq!(l.held(), 0);
+        l.heap_resident = l.heap;
+        assert_eq!(l.held(), (2 << 30) - (8 << 20));
+    }
+}
