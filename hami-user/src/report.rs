@@ -531,7 +531,10 @@ mod tests {
         assert!(text.contains("active slots: 2"));
         assert!(text.contains("dead here"));
         assert_eq!(v["devices"][0]["context_footprint"], 0);
-        assert!(text.contains("context footprint not measured yet"), "{text}");
+        assert!(
+            text.contains("context footprint not measured yet"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -223,7 +223,10 @@ fn layout_matches_documentation() {
     assert_eq!(size_of::<Slot>(), 1024);
     assert_eq!(offset_of!(crate::layout::Region, slots), 1024);
     use crate::layout::DeviceCompute as C;
-    assert_eq!(offset_of!(crate::layout::Region, compute), 1024 + 1024 * 1024);
+    assert_eq!(
+        offset_of!(crate::layout::Region, compute),
+        1024 + 1024 * 1024
+    );
     assert_eq!(offset_of!(C, sm_limit), 0);
     assert_eq!(offset_of!(C, policy), 4);
     assert_eq!(offset_of!(C, budget_ns), 8);
@@ -1675,9 +1678,17 @@ fn context_footprint_is_shared_per_device_and_written_by_writable_mappings_only(
     assert_eq!(ro.context_footprint(0), 518 * MIB);
     assert_eq!(b.context_footprint(1), 0, "per device");
     b.set_context_footprint(0, 300 * MIB);
-    assert_eq!(a.context_footprint(0), 300 * MIB, "the latest measurement wins");
+    assert_eq!(
+        a.context_footprint(0),
+        300 * MIB,
+        "the latest measurement wins"
+    );
     ro.set_context_footprint(0, 1);
-    assert_eq!(a.context_footprint(0), 300 * MIB, "read-only: nothing written");
+    assert_eq!(
+        a.context_footprint(0),
+        300 * MIB,
+        "read-only: nothing written"
+    );
     a.set_context_footprint(MAX_DEVICES, 5);
     assert_eq!(a.context_footprint(MAX_DEVICES), 0);
     a.set_context_footprint(MAX_DEVICES - 1, 7 * MIB);

@@ -4,14 +4,15 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use crate::context::measure::{log_context_cost, meter};
+use crate::context::measure::{log_context_outcome, meter};
 use crate::cuda::*;
 use crate::shim::hook;
 use crate::state::ProcLedger;
 use std::ffi::{c_int, c_uint, c_void};
 
 hook! {
-    /// Hook of `cuDevicePrimaryCtxRetain`: the first retain per device charges the context.
+    /// Hook of `cuDevicePrimaryCtxRetain`: the first retain per device admits and charges the
+    /// context.
     fn cuDevicePrimaryCtxRetain(
         pctx: *mut CUcontext,
         dev: CUdevice,
@@ -22,7 +23,9 @@ hook! {
     }
 }
 
-/// A primary-context retain: the first one per device is measured and charged.
+/// A primary-context retain: the first one per device is admitted with the device's context
+/// footprint before the driver is called (`CUDA_ERROR_OUT_OF_MEMORY` without calling it when
+/// it does not fit the quota), then measured and charged what it took.
 fn primary_retain(
     pctx: *mut CUcontext,
     dev: CUdevice,
@@ -36,14 +39,14 @@ fn primary_retain(
     }
     let l = ProcLedger::current();
     let m = meter();
-    let (r, cost) =
+    let (r, outcome) =
         l.p.contexts
             .primary_retain(&l, dev as usize, &m, || match real() {
                 // SAFETY: the driver wrote *pctx (checked non-null above) on success.
                 CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
                 e => Err(e),
             });
-    log_context_cost("cuDevicePrimaryCtxRetain", dev as usize, cost);
+    log_context_outcome("cuDevicePrimaryCtxRetain", dev as usize, outcome);
     if r == CUDA_SUCCESS {
         // SAFETY: *pctx written on success (checked non-null above).
         l.p.modules.context_created(unsafe { *pctx } as usize);
@@ -120,7 +123,9 @@ hook! {
     }
 }
 
-/// A context creation (`cuCtxCreate*`): measured and charged to `dev`.
+/// A context creation (`cuCtxCreate*`, every variant and every path to it): admitted with
+/// `dev`'s context footprint before the driver is called (`CUDA_ERROR_OUT_OF_MEMORY` without
+/// calling it when it does not fit the quota), then measured and charged to `dev`.
 fn ctx_create(
     what: &str,
     pctx: *mut CUcontext,
@@ -135,12 +140,12 @@ fn ctx_create(
     }
     let l = ProcLedger::current();
     let m = meter();
-    let (r, cost) = l.p.contexts.create(&l, dev as usize, &m, || match real() {
+    let (r, outcome) = l.p.contexts.create(&l, dev as usize, &m, || match real() {
         // SAFETY: *pctx written on success.
         CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
         e => Err(e),
     });
-    log_context_cost(what, dev as usize, cost);
+    log_context_outcome(what, dev as usize, outcome);
     if r == CUDA_SUCCESS {
         // SAFETY: *pctx written on success (checked non-null above).
         l.p.modules.context_created(unsafe { *pctx } as usize);
