@@ -187,10 +187,22 @@ pub(crate) fn meter() -> Meter<'static> {
 pub(crate) fn log_context_outcome(what: &str, dev: usize, outcome: Option<ContextOutcome>) {
     let Some(o) = outcome else { return };
     match o {
-        ContextOutcome::Refused { footprint, deny } => crate::warn!(
+        ContextOutcome::Refused {
+            footprint,
+            deny,
+            destroyed: false,
+        } => crate::warn!(
             "{what}: CUDA_ERROR_OUT_OF_MEMORY: device {dev}: a new context takes {} bytes ({}) and does not fit the quota: {deny}; the context was not created",
             footprint.bytes(),
             footprint_source(footprint)
+        ),
+        ContextOutcome::Refused {
+            footprint,
+            deny,
+            destroyed: true,
+        } => crate::warn!(
+            "{what}: CUDA_ERROR_OUT_OF_MEMORY: device {dev}: a new context takes {} bytes (measured: the container's first context on the device) and does not fit the quota: {deny}; the context was destroyed again",
+            footprint.bytes()
         ),
         ContextOutcome::Charged {
             footprint,

@@ -114,13 +114,17 @@ pub enum ContextOutcome {
         /// first context on the device (`None`: the footprint was known, no wait).
         waited: Option<std::time::Duration>,
     },
-    /// Refused before the driver was called: the device's context footprint does not fit
-    /// the quota (`CUDA_ERROR_OUT_OF_MEMORY`); nothing was created or charged.
+    /// Refused (`CUDA_ERROR_OUT_OF_MEMORY`): the device's context footprint does not fit
+    /// the quota. Nothing stays created or charged.
     Refused {
         /// The footprint that did not fit.
         footprint: Footprint,
         /// The region's refusal.
         deny: Deny,
+        /// `false`: refused before the driver was called. `true`: the container's first
+        /// context on the device (nothing known to admit before) was created, measured,
+        /// found not to fit and destroyed again.
+        destroyed: bool,
     },
 }
 
@@ -317,8 +321,10 @@ impl ContextTable {
     /// the region-wide context-creation lock is taken first (bounded wait, see [`lock`]) and
     /// held until the measurement is stored: a process starting at the same moment waits
     /// for it there, reads the footprint again and admits it. When the measurement itself
-    /// takes the lock, the admission is made under it too. Returns the context and the bytes
-    /// it is now charged, and what happened.
+    /// takes the lock, the admission is made under it too. The container's first context,
+    /// admitted with nothing, is admitted with its measurement after the creation; if that
+    /// does not fit, `undo` destroys it (returns whether the driver did) and the creation
+    /// is refused. Returns the context and the bytes it is now charged, and what happened.
     fn admit_create<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
@@ -326,6 +332,7 @@ impl ContextTable {
         existing: Option<usize>,
         meter: &Meter<'_>,
         call: impl FnOnce() -> Result<usize, CUresult>,
+        undo: impl FnOnce(usize) -> bool,
     ) -> (Result<(usize, u64), CUresult>, Option<ContextOutcome>) {
         let mut fp = admit::footprint(meter.configured, (meter.footprint)(dev));
         let mut waited = None;
@@ -351,6 +358,7 @@ impl ContextTable {
                     Some(ContextOutcome::Refused {
                         footprint: fp,
                         deny,
+                        destroyed: false,
                     }),
                 );
             }
@@ -368,14 +376,42 @@ impl ContextTable {
             }
         };
         let settled = admit::settle(pre, cost, existing.is_none());
-        if settled.charged > pre {
-            // The driver already holds it: beyond the quota if need be.
-            ledger.force_charge(dev, UsageKind::Context, settled.charged - pre);
-        } else {
-            ledger.uncharge(dev, UsageKind::Context, pre - settled.charged);
-        }
         if let Some(b) = settled.store {
             (meter.set_footprint)(dev, b);
+        }
+        if settled.charged > pre {
+            let extra = settled.charged - pre;
+            // Nothing was known to admit (the container's first context on the device): the
+            // measured context is admitted now like any other, and one that does not fit is
+            // destroyed again (the footprint stays stored: the next one is refused before
+            // the driver is asked).
+            let refused = match fp {
+                Footprint::Unknown if admitted => ledger
+                    .try_charge(dev, UsageKind::Context, extra)
+                    .err()
+                    .filter(Deny::is_over_limit),
+                _ => {
+                    // The driver already holds it: beyond the quota if need be.
+                    ledger.force_charge(dev, UsageKind::Context, extra);
+                    None
+                }
+            };
+            if let Some(deny) = refused {
+                if undo(ctx) {
+                    return (
+                        Err(CUDA_ERROR_OUT_OF_MEMORY),
+                        Some(ContextOutcome::Refused {
+                            footprint: Footprint::Measured(settled.charged),
+                            deny,
+                            destroyed: true,
+                        }),
+                    );
+                }
+                // Could not be destroyed: the application keeps it, charged as it is.
+                ledger.force_charge(dev, UsageKind::Context, extra);
+            }
+        } else {
+            ledger.uncharge(dev, UsageKind::Context, pre - settled.charged);
         }
         // Released only now: a waiter reads the stored footprint.
         drop(held);
@@ -394,14 +430,16 @@ impl ContextTable {
     /// `cuDevicePrimaryCtxRetain`: the first retain of `dev` in this process admits the
     /// context's footprint before `call` and charges what it measures (see
     /// [`ContextTable::admit_create`]); a retain of a retained primary context admits
-    /// nothing. `call` returns the context. Returns the driver's code (or
-    /// `CUDA_ERROR_OUT_OF_MEMORY` without calling it) and, for a first retain, what happened.
+    /// nothing. `call` returns the context; `undo` releases it again (a first retain that
+    /// turned out not to fit). Returns the driver's code (or `CUDA_ERROR_OUT_OF_MEMORY`) and,
+    /// for a first retain, what happened.
     pub fn primary_retain<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
         dev: usize,
         meter: &Meter<'_>,
         call: impl FnOnce() -> Result<usize, CUresult>,
+        undo: impl FnOnce(usize) -> bool,
     ) -> (CUresult, Option<ContextOutcome>) {
         if dev >= MAX_DEVICES {
             return (call().err().unwrap_or(CUDA_SUCCESS), None);
@@ -418,7 +456,7 @@ impl ContextTable {
             };
         }
         let existing = Self::existing(&g, dev);
-        let (r, outcome) = self.admit_create(ledger, dev, existing, meter, call);
+        let (r, outcome) = self.admit_create(ledger, dev, existing, meter, call, undo);
         match r {
             Ok((ctx, bytes)) => {
                 g.primary[dev] = Primary {
@@ -513,20 +551,22 @@ impl ContextTable {
     }
 
     /// `cuCtxCreate*`: admits the device's context footprint before `call` and charges what
-    /// the new context measures (see [`ContextTable::admit_create`]).
+    /// the new context measures (see [`ContextTable::admit_create`]; `undo` destroys the
+    /// context again).
     pub fn create<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
         dev: usize,
         meter: &Meter<'_>,
         call: impl FnOnce() -> Result<usize, CUresult>,
+        undo: impl FnOnce(usize) -> bool,
     ) -> (CUresult, Option<ContextOutcome>) {
         if dev >= MAX_DEVICES {
             return (call().err().unwrap_or(CUDA_SUCCESS), None);
         }
         let mut g = self.lock();
         let existing = Self::existing(&g, dev);
-        let (r, outcome) = self.admit_create(ledger, dev, existing, meter, call);
+        let (r, outcome) = self.admit_create(ledger, dev, existing, meter, call, undo);
         match r {
             Ok((ctx, bytes)) => {
                 if let Some((odev, obytes)) = g.created.insert(ctx, (dev, bytes)) {
@@ -610,12 +650,18 @@ mod tests {
             set_footprint: &set_footprint,
             ..NO_NVML
         };
-        let (r, cost) = t.primary_retain(&l, 0, &m, || {
-            // Ours (518 MiB) and another process's (520 MiB) at the same moment.
-            device.set(device.get() + 518 * MB + 520 * MB);
-            mine.set(Some(518 * MB));
-            Ok(0xc0)
-        });
+        let (r, cost) = t.primary_retain(
+            &l,
+            0,
+            &m,
+            || {
+                // Ours (518 MiB) and another process's (520 MiB) at the same moment.
+                device.set(device.get() + 518 * MB + 520 * MB);
+                mine.set(Some(518 * MB));
+                Ok(0xc0)
+            },
+            |_| true,
+        );
         assert_eq!(r, CUDA_SUCCESS);
         assert_eq!(
             cost.and_then(|o| o.cost()),
@@ -624,11 +670,17 @@ mod tests {
         assert_eq!(l.used(0, UsageKind::Context), 518 * MB);
         assert_eq!(locks.get(), 1, "first creation: not yet known to be listed");
         // A created context on the same device: only its own growth counts, no lock now.
-        let (_, cost) = t.create(&l, 0, &m, || {
-            mine.set(Some(518 * MB + 64 * MB));
-            device.set(device.get() + 64 * MB + 700 * MB);
-            Ok(0xc1)
-        });
+        let (_, cost) = t.create(
+            &l,
+            0,
+            &m,
+            || {
+                mine.set(Some(518 * MB + 64 * MB));
+                device.set(device.get() + 64 * MB + 700 * MB);
+                Ok(0xc1)
+            },
+            |_| true,
+        );
         assert_eq!(
             cost.and_then(|o| o.cost()),
             Some(ContextCost::PerProcess(64 * MB))
@@ -672,13 +724,19 @@ mod tests {
             nvml: true,
             ..NO_NVML
         };
-        let (r, cost) = t.primary_retain(&l, 0, &m, || {
-            device.set(device.get() + 500 * MB);
-            // The other process's admission, its driver call still to come.
-            region.set(region.get() + 300 * MB);
-            reads_after.set(Some(0));
-            Ok(0xc0)
-        });
+        let (r, cost) = t.primary_retain(
+            &l,
+            0,
+            &m,
+            || {
+                device.set(device.get() + 500 * MB);
+                // The other process's admission, its driver call still to come.
+                region.set(region.get() + 300 * MB);
+                reads_after.set(Some(0));
+                Ok(0xc0)
+            },
+            |_| true,
+        );
         assert_eq!(r, CUDA_SUCCESS);
         assert_eq!(
             l.used(0, UsageKind::Context),
@@ -722,12 +780,18 @@ mod tests {
             ..NO_NVML
         };
         for round in 0..2 {
-            let (_, cost) = t.create(&l, 0, &m, || {
-                assert!(held.get(), "the lock is held around the creation");
-                device.set(device.get() + 300 * MB + 8 * MB);
-                data.set(data.get() + 8 * MB);
-                Ok(0xa0 + round)
-            });
+            let (_, cost) = t.create(
+                &l,
+                0,
+                &m,
+                || {
+                    assert!(held.get(), "the lock is held around the creation");
+                    device.set(device.get() + 300 * MB + 8 * MB);
+                    data.set(data.get() + 8 * MB);
+                    Ok(0xa0 + round)
+                },
+                |_| true,
+            );
             assert!(!held.get(), "released after the measurement");
             assert_eq!(
                 cost.and_then(|o| o.cost()),
@@ -739,7 +803,7 @@ mod tests {
         }
         assert_eq!(l.used(0, UsageKind::Context), 600 * MB);
         // A failed creation charges nothing and releases the lock.
-        assert_eq!(t.create(&l, 0, &m, || Err(2)).0, 2);
+        assert_eq!(t.create(&l, 0, &m, || Err(2), |_| true).0, 2);
         assert!(!held.get());
         assert_eq!(l.used(0, UsageKind::Context), 600 * MB);
     }
@@ -757,10 +821,16 @@ mod tests {
             nvml: true,
             ..NO_NVML
         };
-        let (r, cost) = t.primary_retain(&l, 0, &m, || {
-            used.set(400 * MB);
-            Ok(0xc0)
-        });
+        let (r, cost) = t.primary_retain(
+            &l,
+            0,
+            &m,
+            || {
+                used.set(400 * MB);
+                Ok(0xc0)
+            },
+            |_| true,
+        );
         assert_eq!(r, CUDA_SUCCESS);
         assert_eq!(
             cost.and_then(|o| o.cost()),
@@ -771,7 +841,10 @@ mod tests {
         );
         assert_eq!(l.used(0, UsageKind::Context), 300 * MB);
         // Second retain: no charge.
-        assert_eq!(t.primary_retain(&l, 0, &m, || Ok(0xc0)).0, CUDA_SUCCESS);
+        assert_eq!(
+            t.primary_retain(&l, 0, &m, || Ok(0xc0), |_| true).0,
+            CUDA_SUCCESS
+        );
         assert_eq!(l.used(0, UsageKind::Context), 300 * MB);
         a.alloc(
             &l,
@@ -807,10 +880,12 @@ mod tests {
             ..NO_NVML
         };
         assert_eq!(
-            t.create(&l, 1, &m, || Ok(0xa)).1.and_then(|o| o.cost()),
+            t.create(&l, 1, &m, || Ok(0xa), |_| true)
+                .1
+                .and_then(|o| o.cost()),
             Some(ContextCost::Configured(64 * MB))
         );
-        assert_eq!(t.create(&l, 1, &m, || Err(2)).0, 2);
+        assert_eq!(t.create(&l, 1, &m, || Err(2), |_| true).0, 2);
         assert_eq!(l.used(1, UsageKind::Context), 64 * MB);
         a.alloc(
             &l,
@@ -832,7 +907,9 @@ mod tests {
             ..NO_NVML
         };
         assert_eq!(
-            t.create(&l, 1, &m, || Ok(0xb)).1.and_then(|o| o.cost()),
+            t.create(&l, 1, &m, || Ok(0xb), |_| true)
+                .1
+                .and_then(|o| o.cost()),
             Some(ContextCost::Unknown)
         );
         assert_eq!(l.total(1), 0);
@@ -847,7 +924,7 @@ mod tests {
             configured: Some(MB),
             ..NO_NVML
         };
-        t.primary_retain(&l, 0, &m, || Ok(0xc0));
+        t.primary_retain(&l, 0, &m, || Ok(0xc0), |_| true);
         a.alloc(
             &l,
             Ns::Ptr,
@@ -937,13 +1014,17 @@ mod tests {
                     Ok(0xc0)
                 };
                 let (r, o) = if create {
-                    t.create(&l, 0, m, call)
+                    t.create(&l, 0, m, call, |_| true)
                 } else {
-                    t.primary_retain(&l, 0, m, call)
+                    t.primary_retain(&l, 0, m, call, |_| true)
                 };
                 assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
                 match o {
-                    Some(ContextOutcome::Refused { footprint, deny }) => {
+                    Some(ContextOutcome::Refused {
+                        footprint,
+                        deny,
+                        destroyed: false,
+                    }) => {
                         assert_eq!(footprint, Footprint::Measured(300 * MB));
                         assert!(deny.is_over_limit());
                     }
@@ -958,10 +1039,16 @@ mod tests {
         // Room again: the same retain goes through.
         l.uncharge(0, UsageKind::Data, 800 * MB);
         let (r, _) = with_meter(&fake, None, |m| {
-            t.primary_retain(&l, 0, m, || {
-                fake.make(300 * MB);
-                Ok(0xc0)
-            })
+            t.primary_retain(
+                &l,
+                0,
+                m,
+                || {
+                    fake.make(300 * MB);
+                    Ok(0xc0)
+                },
+                |_| true,
+            )
         });
         assert_eq!(r, CUDA_SUCCESS);
         assert_eq!(l.used(0, UsageKind::Context), 300 * MB);
@@ -976,12 +1063,18 @@ mod tests {
         let t = ContextTable::default();
         let fake = Fake::new(300 * MB);
         let (r, o) = with_meter(&fake, None, |m| {
-            t.primary_retain(&l, 0, m, || {
-                // Fits as 300 MiB; the driver took 518.
-                assert_eq!(l.used(0, UsageKind::Context), 300 * MB, "admitted first");
-                fake.make(518 * MB);
-                Ok(0xc0)
-            })
+            t.primary_retain(
+                &l,
+                0,
+                m,
+                || {
+                    // Fits as 300 MiB; the driver took 518.
+                    assert_eq!(l.used(0, UsageKind::Context), 300 * MB, "admitted first");
+                    fake.make(518 * MB);
+                    Ok(0xc0)
+                },
+                |_| true,
+            )
         });
         assert_eq!(r, CUDA_SUCCESS);
         assert_eq!(l.used(0, UsageKind::Context), 518 * MB);
@@ -1014,26 +1107,40 @@ mod tests {
         };
         let l2 = MemLedger::with_limit(0, 1024 * MB);
         with_meter(&fake2, None, |m| {
-            t2.create(&l2, 0, m, || {
-                assert_eq!(l2.used(0, UsageKind::Context), 518 * MB);
-                fake2.make(200 * MB);
-                Ok(0xd0)
-            })
+            t2.create(
+                &l2,
+                0,
+                m,
+                || {
+                    assert_eq!(l2.used(0, UsageKind::Context), 518 * MB);
+                    fake2.make(200 * MB);
+                    Ok(0xd0)
+                },
+                |_| true,
+            )
         });
         assert_eq!(l2.used(0, UsageKind::Context), 200 * MB);
         assert_eq!(fake2.fp.get(), 200 * MB);
         // A failed creation gives the admission back; the footprint stays.
-        let (r, o) = with_meter(&fake2, None, |m| t2.create(&l2, 0, m, || Err(999)));
+        let (r, o) = with_meter(&fake2, None, |m| {
+            t2.create(&l2, 0, m, || Err(999), |_| true)
+        });
         assert_eq!((r, o), (999, None));
         assert_eq!(l2.used(0, UsageKind::Context), 200 * MB);
         assert_eq!(fake2.fp.get(), 200 * MB);
         // A second context of the process is admitted at the footprint but, costing less,
         // does not replace it.
         with_meter(&fake2, None, |m| {
-            t2.create(&l2, 0, m, || {
-                fake2.make(64 * MB);
-                Ok(0xd1)
-            })
+            t2.create(
+                &l2,
+                0,
+                m,
+                || {
+                    fake2.make(64 * MB);
+                    Ok(0xd1)
+                },
+                |_| true,
+            )
         });
         assert_eq!(l2.used(0, UsageKind::Context), 264 * MB);
         assert_eq!(fake2.fp.get(), 200 * MB);
@@ -1072,14 +1179,20 @@ mod tests {
         };
         // The process is already listed: without the unknown footprint no lock is needed.
         t.listed.store(true, Ordering::Relaxed);
-        let (r, o) = t.primary_retain(&l, 0, &m, || {
-            assert!(
-                stored_at_release.get().is_none(),
-                "lock held around the creation"
-            );
-            own.set(Some(518 * MB));
-            Ok(0xc0)
-        });
+        let (r, o) = t.primary_retain(
+            &l,
+            0,
+            &m,
+            || {
+                assert!(
+                    stored_at_release.get().is_none(),
+                    "lock held around the creation"
+                );
+                own.set(Some(518 * MB));
+                Ok(0xc0)
+            },
+            |_| true,
+        );
         assert_eq!(r, CUDA_SUCCESS);
         assert_eq!(
             stored_at_release.get(),
@@ -1111,7 +1224,7 @@ mod tests {
             footprint: &footprint2,
             ..m
         };
-        let (r, o) = t2.primary_retain(&l2, 0, &m2, || panic!("must not be created"));
+        let (r, o) = t2.primary_retain(&l2, 0, &m2, || panic!("must not be created"), |_| true);
         assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
         assert!(matches!(
             o,
@@ -1128,14 +1241,20 @@ mod tests {
         let t = ContextTable::default();
         let fake = Fake::new(0);
         with_meter(&fake, Some(700 * MB), |m| {
-            assert_eq!(t.primary_retain(&l, 0, m, || Ok(0xc0)).0, CUDA_SUCCESS);
-            assert_eq!(t.primary_retain(&l, 0, m, || Ok(0xc0)).0, CUDA_SUCCESS);
+            assert_eq!(
+                t.primary_retain(&l, 0, m, || Ok(0xc0), |_| true).0,
+                CUDA_SUCCESS
+            );
+            assert_eq!(
+                t.primary_retain(&l, 0, m, || Ok(0xc0), |_| true).0,
+                CUDA_SUCCESS
+            );
             assert_eq!(
                 l.used(0, UsageKind::Context),
                 700 * MB,
                 "the second retain admits nothing"
             );
-            let (r, o) = t.create(&l, 0, m, || panic!("must not be created"));
+            let (r, o) = t.create(&l, 0, m, || panic!("must not be created"), |_| true);
             assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
             assert!(matches!(
                 o,
@@ -1178,10 +1297,16 @@ mod tests {
         let t = ContextTable::default();
         let fake = Fake::new(300 * MB);
         let (r, o) = with_meter(&fake, None, |m| {
-            t.primary_retain(&l, 0, m, || {
-                fake.make(300 * MB);
-                Ok(0xc0)
-            })
+            t.primary_retain(
+                &l,
+                0,
+                m,
+                || {
+                    fake.make(300 * MB);
+                    Ok(0xc0)
+                },
+                |_| true,
+            )
         });
         assert_eq!(r, CUDA_SUCCESS);
         assert_eq!(l.0.used(0, UsageKind::Context), 300 * MB);
@@ -1192,5 +1317,91 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// The container's first context on a device, with nothing known to admit, turns out
+    /// not to fit (a quota smaller than a context): it is destroyed again and refused, and
+    /// its measurement stored, so the next creation is refused before the driver is asked.
+    #[test]
+    fn a_first_context_that_turns_out_not_to_fit_is_destroyed_and_refused() {
+        let l = MemLedger::with_limit(0, 256 * MB);
+        let t = ContextTable::default();
+        let fake = Fake::new(0);
+        let undone = std::cell::Cell::new(Vec::new());
+        for create in [false, true] {
+            let (r, o) = with_meter(&fake, None, |m| {
+                let call = || {
+                    fake.make(300 * MB);
+                    Ok(0xc0 + create as usize)
+                };
+                let undo = |ctx: usize| {
+                    let mut v = undone.take();
+                    v.push(ctx);
+                    undone.set(v);
+                    true
+                };
+                if create {
+                    t.create(&l, 0, m, call, undo)
+                } else {
+                    t.primary_retain(&l, 0, m, call, undo)
+                }
+            });
+            assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
+            assert!(
+                matches!(
+                    o,
+                    Some(ContextOutcome::Refused { footprint: Footprint::Measured(b), destroyed: true, .. })
+                        if b == 300 * MB
+                ),
+                "{o:?}"
+            );
+            assert_eq!(l.total(0), 0, "nothing stays charged");
+            fake.fp.set(0); // forget it, to take the same path with a created context
+            fake.own.set(None);
+        }
+        assert_eq!(undone.take(), vec![0xc0, 0xc1]);
+        assert_eq!(t.primary_ctx(0), 0);
+        // Stored: the next one is refused before the driver is called.
+        let (r, _) = with_meter(&fake, None, |m| {
+            t.primary_retain(
+                &l,
+                0,
+                m,
+                || {
+                    fake.make(300 * MB);
+                    Ok(0xc2)
+                },
+                |_| true,
+            )
+        });
+        assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
+        assert_eq!(fake.fp.get(), 300 * MB);
+        let (r, o) = with_meter(&fake, None, |m| {
+            t.primary_retain(&l, 0, m, || panic!("must not be created"), |_| true)
+        });
+        assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(matches!(
+            o,
+            Some(ContextOutcome::Refused {
+                destroyed: false,
+                ..
+            })
+        ));
+        // A context the driver does not destroy stays, charged beyond the quota.
+        fake.fp.set(0);
+        let (r, _) = with_meter(&fake, None, |m| {
+            t.create(
+                &l,
+                0,
+                m,
+                || {
+                    fake.make(300 * MB);
+                    Ok(0xc3)
+                },
+                |_| false,
+            )
+        });
+        assert_eq!(r, CUDA_SUCCESS);
+        assert_eq!(l.used(0, UsageKind::Context), 300 * MB);
     }
 }

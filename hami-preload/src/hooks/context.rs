@@ -5,9 +5,11 @@
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use crate::context::measure::{log_context_outcome, meter};
+use crate::context::ContextOutcome;
 use crate::cuda::*;
 use crate::shim::hook;
 use crate::state::ProcLedger;
+use crate::symbols::{self, Cu};
 use std::ffi::{c_int, c_uint, c_void};
 
 hook! {
@@ -39,19 +41,61 @@ fn primary_retain(
     }
     let l = ProcLedger::current();
     let m = meter();
-    let (r, outcome) =
-        l.p.contexts
-            .primary_retain(&l, dev as usize, &m, || match real() {
-                // SAFETY: the driver wrote *pctx (checked non-null above) on success.
-                CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
-                e => Err(e),
-            });
+    let (r, outcome) = l.p.contexts.primary_retain(
+        &l,
+        dev as usize,
+        &m,
+        || match real() {
+            // SAFETY: the driver wrote *pctx (checked non-null above) on success.
+            CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
+            e => Err(e),
+        },
+        |_| undo_primary_retain(dev),
+    );
+    forget_destroyed(pctx, outcome);
     log_context_outcome("cuDevicePrimaryCtxRetain", dev as usize, outcome);
     if r == CUDA_SUCCESS {
         // SAFETY: *pctx written on success (checked non-null above).
         l.p.modules.context_created(unsafe { *pctx } as usize);
     }
     r
+}
+
+/// A context the driver made and the preload destroyed again (it did not fit): the handle
+/// the driver wrote to `*pctx` is no longer valid, so the application is given NULL.
+fn forget_destroyed(pctx: *mut CUcontext, outcome: Option<ContextOutcome>) {
+    if matches!(
+        outcome,
+        Some(ContextOutcome::Refused {
+            destroyed: true,
+            ..
+        })
+    ) {
+        // SAFETY: pctx is non-null (checked by the callers) and was written by the driver.
+        unsafe { *pctx = std::ptr::null_mut() };
+    }
+}
+
+/// Releases the primary context of `dev` that a first retain just took and that turned out
+/// not to fit the quota (the real `cuDevicePrimaryCtxRelease_v2`, else the pre-11 name):
+/// the release of that only retain destroys it. Whether the driver did.
+fn undo_primary_retain(dev: CUdevice) -> bool {
+    // SAFETY: documented types of the two names.
+    let f = unsafe { symbols::cu::<FnDeviceOp>(Cu::PrimaryCtxReleaseV2) }
+        // SAFETY: as above.
+        .or_else(|| unsafe { symbols::cu::<FnDeviceOp>(Cu::PrimaryCtxRelease) });
+    // SAFETY: a device ordinal the driver just accepted.
+    f.is_some_and(|f| unsafe { f(dev) } == CUDA_SUCCESS)
+}
+
+/// Destroys a context that `cuCtxCreate*` just made and that turned out not to fit the
+/// quota (the real `cuCtxDestroy_v2`, which also pops it from the calling thread's stack).
+/// Whether the driver did.
+fn undo_create(ctx: usize) -> bool {
+    // SAFETY: documented type.
+    let f = unsafe { symbols::cu::<FnCtxDestroy>(Cu::CtxDestroyV2) };
+    // SAFETY: the context the driver just returned to this hook, not yet handed out.
+    f.is_some_and(|f| unsafe { f(ctx as CUcontext) } == CUDA_SUCCESS)
 }
 
 /// A primary-context release: the last one uncharges the context and what it held.
@@ -140,11 +184,18 @@ fn ctx_create(
     }
     let l = ProcLedger::current();
     let m = meter();
-    let (r, outcome) = l.p.contexts.create(&l, dev as usize, &m, || match real() {
-        // SAFETY: *pctx written on success.
-        CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
-        e => Err(e),
-    });
+    let (r, outcome) = l.p.contexts.create(
+        &l,
+        dev as usize,
+        &m,
+        || match real() {
+            // SAFETY: *pctx written on success.
+            CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
+            e => Err(e),
+        },
+        undo_create,
+    );
+    forget_destroyed(pctx, outcome);
     log_context_outcome(what, dev as usize, outcome);
     if r == CUDA_SUCCESS {
         // SAFETY: *pctx written on success (checked non-null above).
