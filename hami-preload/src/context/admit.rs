@@ -58,15 +58,18 @@ pub struct Settled {
 /// The region's footprint is replaced only by a figure that is one context of a new process:
 /// this process's first context on the device (`first_in_process`; a further context of a
 /// process may cost less, as per-process driver state is shared), measured by a method that
-/// other processes cannot disturb (per process, or under the context-creation lock). The
+/// other processes cannot disturb (per process, or a device delta under the context-creation
+/// lock; not the driver-only residual, which counts other containers' memory). The
 /// configured overhead is not a measurement and is never stored; neither is a measured 0
 /// (0 means "not measured").
 pub fn settle(admitted: u64, cost: ContextCost, first_in_process: bool) -> Settled {
     let reliable = match cost {
         ContextCost::PerProcess(_) => true,
-        ContextCost::DeviceDelta { serialized, .. } | ContextCost::Driver { serialized, .. } => {
-            serialized
-        }
+        ContextCost::DeviceDelta { serialized, .. } => serialized,
+        // Driver-only: a process's first context is the residual (device used minus what the
+        // region accounts), which counts other containers' memory on a shared GPU; a further
+        // context's delta is not a new process's footprint. Charged, never stored.
+        ContextCost::Driver { .. } => false,
         ContextCost::Configured(_) | ContextCost::Unknown => false,
     };
     let charged = match cost {
@@ -142,7 +145,14 @@ mod tests {
             serialized: false,
         };
         assert_eq!(settle(0, serialized, true).store, Some(500 * MB));
-        assert_eq!(settle(0, driver, true).store, Some(300 * MB));
+        // The driver-only residual may count other containers' memory: charged, not stored.
+        assert_eq!(
+            settle(0, driver, true),
+            Settled {
+                charged: 300 * MB,
+                store: None
+            }
+        );
         // May include another process's context created meanwhile.
         assert_eq!(
             settle(0, unserialized, true),
