@@ -8,7 +8,7 @@
 
 use hami_common::layout::UsageKind;
 use hami_common::region::Region;
-use hami_test_harness::{ProbeOutput, TestEnv};
+use hami_test_harness::{ProbeOutput, RunningProbe, TestEnv};
 use std::time::{Duration, Instant};
 
 const MB: u64 = 1 << 20;
@@ -77,7 +77,7 @@ fn a_context_that_does_not_fit_a_full_quota_is_refused_and_takes_nothing() {
         );
         // The first process frees its data: now the context fits.
         a.resume();
-        a.wait_for("wait");
+        waiting(&mut a);
         b.resume();
         let b = b.finish();
         let ops = b.find(op);
@@ -91,6 +91,12 @@ fn a_context_that_does_not_fit_a_full_quota_is_refused_and_takes_nothing() {
         a.resume();
         assert!(a.finish().status.success());
     }
+}
+
+/// Reads `p`'s lines until it blocks in its next `wait` (`wait_for("wait")` would also match
+/// the line a resumed `wait` prints).
+fn waiting(p: &mut RunningProbe) {
+    while p.wait_for("wait").get("state") != Some("waiting") {}
 }
 
 /// Sum of the fake driver's per-process figures on device 0 (all processes).
