@@ -212,7 +212,7 @@ pub(crate) fn log_context_outcome(what: &str, dev: usize, outcome: Option<Contex
             waited,
         } => {
             log_context_cost(what, dev, Some(cost));
-            if let Some(w) = waited.filter(|w| !w.is_zero()) {
+            if let Some(w) = waited.filter(|w| w.as_millis() > 0) {
                 crate::info!(
                     "{what}: device {dev}: waited {} ms for the context-creation lock (the container's first context on the device being measured)",
                     w.as_millis()

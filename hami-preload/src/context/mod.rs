@@ -386,10 +386,18 @@ impl ContextTable {
             // destroyed again (the footprint stays stored: the next one is refused before
             // the driver is asked).
             let refused = match fp {
-                Footprint::Unknown if admitted => ledger
-                    .try_charge(dev, UsageKind::Context, extra)
-                    .err()
-                    .filter(Deny::is_over_limit),
+                Footprint::Unknown if admitted => {
+                    match ledger.try_charge(dev, UsageKind::Context, extra) {
+                        Ok(()) => None,
+                        Err(deny) if deny.is_over_limit() => Some(deny),
+                        Err(_) => {
+                            // Not a quota refusal (e.g. the region lock timed out): the
+                            // driver holds it, so it is recorded all the same.
+                            ledger.force_charge(dev, UsageKind::Context, extra);
+                            None
+                        }
+                    }
+                }
                 _ => {
                     // The driver already holds it: beyond the quota if need be.
                     ledger.force_charge(dev, UsageKind::Context, extra);
@@ -1317,6 +1325,58 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    /// The container's first context, admitted after its measurement, meets a region that
+    /// cannot decide (its lock timed out): not a quota refusal, so the context stays and
+    /// what the driver took is recorded all the same.
+    #[test]
+    fn a_first_context_whose_late_admission_times_out_is_kept_and_recorded() {
+        use hami_common::region::{Denied, DenyReason};
+        struct Timeouts(MemLedger, std::cell::Cell<u32>);
+        impl Ledger for Timeouts {
+            fn try_charge(&self, dev: usize, kind: UsageKind, bytes: u64) -> Result<(), Deny> {
+                self.1.set(self.1.get() + 1);
+                if self.1.get() == 1 {
+                    return self.0.try_charge(dev, kind, bytes);
+                }
+                Err(Deny::Region(Denied {
+                    reason: DenyReason::LockTimeout,
+                    dev,
+                    limit: 1024 * MB,
+                    used: 0,
+                    requested: bytes,
+                }))
+            }
+            fn force_charge(&self, dev: usize, kind: UsageKind, bytes: u64) {
+                self.0.force_charge(dev, kind, bytes)
+            }
+            fn uncharge(&self, dev: usize, kind: UsageKind, bytes: u64) {
+                self.0.uncharge(dev, kind, bytes)
+            }
+        }
+        let l = Timeouts(MemLedger::with_limit(0, 1024 * MB), std::cell::Cell::new(0));
+        let t = ContextTable::default();
+        let fake = Fake::new(0);
+        let (r, _) = with_meter(&fake, None, |m| {
+            t.create(
+                &l,
+                0,
+                m,
+                || {
+                    fake.make(300 * MB);
+                    Ok(0xc0)
+                },
+                |_| panic!("not a quota refusal: must not be destroyed"),
+            )
+        });
+        assert_eq!(r, CUDA_SUCCESS);
+        assert_eq!(
+            l.1.get(),
+            2,
+            "admitted before (nothing) and after (the measurement)"
+        );
+        assert_eq!(l.0.used(0, UsageKind::Context), 300 * MB);
     }
 
     /// The container's first context on a device, with nothing known to admit, turns out
