@@ -86,6 +86,7 @@ fn fleet(regions: usize) -> (Vec<ProcView>, Vec<RegionView>) {
                 used,
                 stale_lock_breaks: 0,
                 reserve_reclaims: 0,
+                context_footprint: [0; MAX_DEVICES],
                 slots,
                 consistent: true,
             },

@@ -332,6 +332,7 @@ pub fn inspect_json(path: &str, s: &RegionSnapshot) -> Value {
                 "reserved": s.reserved(d),
                 "admitted": s.used[d],
                 "accounted": s.accounted(d),
+                "context_footprint": s.context_footprint[d],
             })
         })
         .collect();
@@ -437,6 +438,14 @@ pub fn inspect_text(path: &str, s: &RegionSnapshot) -> String {
                 .map(|u| format!(", {u}"))
                 .unwrap_or_default()
         );
+        let _ = writeln!(
+            o,
+            "       context footprint {}",
+            match s.context_footprint[d] {
+                0 => "not measured yet".to_string(),
+                f => format!("{} ({f} bytes)", human_bytes(f)),
+            }
+        );
     }
     let _ = writeln!(o, "  active slots: {}", s.slots.len());
     for sl in &s.slots {
@@ -521,6 +530,32 @@ mod tests {
         assert!(text.contains("limit 1.0 GiB (1073741824 bytes)"), "{text}");
         assert!(text.contains("active slots: 2"));
         assert!(text.contains("dead here"));
+        assert_eq!(v["devices"][0]["context_footprint"], 0);
+        assert!(
+            text.contains("context footprint not measured yet"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn inspect_shows_the_context_footprint_per_device() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("r.cache");
+        let mut cfg = RegionConfig::default();
+        cfg.limits[0] = 1 << 30;
+        cfg.limits[1] = 1 << 30;
+        cfg.device_count = 2;
+        let (r, _) = Region::open_or_create(&path, &cfg).unwrap();
+        r.set_context_footprint(1, 518 << 20);
+        let ro = Region::open_existing(&path, false).unwrap();
+        let v = inspect_json("r.cache", &ro.snapshot());
+        assert_eq!(v["devices"][0]["context_footprint"], 0);
+        assert_eq!(v["devices"][1]["context_footprint"], 518u64 << 20);
+        let text = inspect_text("r.cache", &ro.snapshot());
+        assert!(
+            text.contains("context footprint 518.0 MiB (543162368 bytes)"),
+            "{text}"
+        );
     }
 
     #[test]

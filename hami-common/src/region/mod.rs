@@ -477,6 +477,11 @@ impl Region {
         unsafe { &*addr_of!((*self.map.as_ptr()).header.stale_lock_breaks) }
     }
 
+    fn h_ctx_footprint(&self, d: usize) -> &AtomicU64 {
+        // SAFETY: as h_limit.
+        unsafe { &*addr_of!((*self.map.as_ptr()).header.context_footprint[d]) }
+    }
+
     fn h_reserve_reclaims(&self) -> &AtomicU64 {
         // SAFETY: atomic field of the live mapping.
         unsafe { &*addr_of!((*self.map.as_ptr()).header.reserve_reclaims) }
@@ -584,6 +589,27 @@ impl Region {
             return 0;
         }
         self.h_used(dev).load(Ordering::Relaxed)
+    }
+
+    /// Bytes one CUDA context takes on `dev` as last measured by a process of the region
+    /// (0 = not measured yet, and for a bad ordinal). A context is admitted with this figure
+    /// before the driver creates it. One atomic load, no lock.
+    #[inline]
+    pub fn context_footprint(&self, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        self.h_ctx_footprint(dev).load(Ordering::Acquire)
+    }
+
+    /// Records `bytes` as the footprint of one context on `dev` (a measurement; the latest
+    /// one wins). A plain store without the lock; nothing on a read-only mapping or a bad
+    /// ordinal. `0` forgets the figure (the next context is measured as the first).
+    pub fn set_context_footprint(&self, dev: usize, bytes: u64) {
+        if dev >= MAX_DEVICES || !self.writable {
+            return;
+        }
+        self.h_ctx_footprint(dev).store(bytes, Ordering::Release);
     }
 
     /// The usage of `kind` on `dev` recorded in `slot` (0 if lost). Lock-free.

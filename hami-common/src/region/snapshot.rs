@@ -89,6 +89,8 @@ pub struct RegionSnapshot {
     pub stale_lock_breaks: u64,
     /// Admissions that took other slots' reserves back because the device was full.
     pub reserve_reclaims: u64,
+    /// Per-device footprint of one CUDA context as last measured (0 = not measured yet).
+    pub context_footprint: [u64; MAX_DEVICES],
     /// Active slots, by index.
     pub slots: Vec<SlotSnapshot>,
     /// Whether the copy is from one instant (no writer was mid-update). When writers are
@@ -229,6 +231,7 @@ impl Region {
             reclaimed_slots: self.h_reclaimed().load(Ordering::Relaxed),
             stale_lock_breaks: self.h_stale_breaks().load(Ordering::Relaxed),
             reserve_reclaims: self.h_reserve_reclaims().load(Ordering::Relaxed),
+            context_footprint: core::array::from_fn(|d| self.context_footprint(d)),
             limits,
             limit_flags,
             uuids,
@@ -381,6 +384,9 @@ pub(super) fn parse_snapshot(buf: &[u8]) -> RegionSnapshot {
         reclaimed_slots: r64(offset_of!(RegionHeader, reclaimed_slots)),
         stale_lock_breaks: r64(offset_of!(RegionHeader, stale_lock_breaks)),
         reserve_reclaims: r64(offset_of!(RegionHeader, reserve_reclaims)),
+        context_footprint: core::array::from_fn(|d| {
+            r64(offset_of!(RegionHeader, context_footprint) + 8 * d)
+        }),
         limits,
         limit_flags,
         uuids,

@@ -223,7 +223,10 @@ fn layout_matches_documentation() {
     assert_eq!(size_of::<Slot>(), 1024);
     assert_eq!(offset_of!(crate::layout::Region, slots), 1024);
     use crate::layout::DeviceCompute as C;
-    assert_eq!(offset_of!(crate::layout::Region, compute), 1024 + 1024 * 1024);
+    assert_eq!(
+        offset_of!(crate::layout::Region, compute),
+        1024 + 1024 * 1024
+    );
     assert_eq!(offset_of!(C, sm_limit), 0);
     assert_eq!(offset_of!(C, policy), 4);
     assert_eq!(offset_of!(C, budget_ns), 8);
@@ -1657,4 +1660,44 @@ fn reserves_are_taken_back_when_the_device_is_full() {
     r.unregister(a);
     r.unregister(b);
     assert_eq!(r.used(0), 0);
+}
+
+/// The per-device context footprint: 0 until a process records a measurement, shared by
+/// every mapping of the file (read through another mapping and through `pread`), the latest
+/// store wins, a read-only mapping cannot write it, bad ordinals read 0 and are ignored.
+#[test]
+fn context_footprint_is_shared_per_device_and_written_by_writable_mappings_only() {
+    let t = TempDir::new("ctxfoot");
+    let p = t.file();
+    let a = create(&p, 1 << 30);
+    let b = Region::open_existing(&p, true).unwrap();
+    let ro = Region::open_existing(&p, false).unwrap();
+    assert_eq!(a.context_footprint(0), 0, "not measured yet");
+    a.set_context_footprint(0, 518 * MIB);
+    assert_eq!(b.context_footprint(0), 518 * MIB);
+    assert_eq!(ro.context_footprint(0), 518 * MIB);
+    assert_eq!(b.context_footprint(1), 0, "per device");
+    b.set_context_footprint(0, 300 * MIB);
+    assert_eq!(
+        a.context_footprint(0),
+        300 * MIB,
+        "the latest measurement wins"
+    );
+    ro.set_context_footprint(0, 1);
+    assert_eq!(
+        a.context_footprint(0),
+        300 * MIB,
+        "read-only: nothing written"
+    );
+    a.set_context_footprint(MAX_DEVICES, 5);
+    assert_eq!(a.context_footprint(MAX_DEVICES), 0);
+    a.set_context_footprint(MAX_DEVICES - 1, 7 * MIB);
+    let snap = ro.snapshot();
+    assert_eq!(snap.context_footprint[0], 300 * MIB);
+    assert_eq!(snap.context_footprint[MAX_DEVICES - 1], 7 * MIB);
+    let f = std::fs::File::open(&p).unwrap();
+    let read = read_snapshot(&f, &p).unwrap();
+    assert_eq!(read.context_footprint, snap.context_footprint);
+    // The figure is not usage: it changes no total.
+    assert_eq!(a.used(0), 0);
 }

@@ -4,9 +4,10 @@
 //! context-creation lock), the current context and its device, and the log line that says
 //! how a context was charged.
 
+use super::admit::Footprint;
 use super::lock::{self, CtxLock};
 use super::nvml::{nvml_own_used, nvml_ready, nvml_used};
-use super::{Held, Meter};
+use super::{ContextOutcome, Held, Meter};
 use crate::cuda::*;
 use crate::policy::ContextCost;
 use crate::state::{self, ProcLedger};
@@ -108,6 +109,24 @@ fn region_used(dev: usize) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
+/// The region's context footprint of `dev` (0: not measured yet, or no region).
+fn footprint(dev: usize) -> u64 {
+    state::global()
+        .region
+        .as_ref()
+        .map_or(0, |r| r.context_footprint(dev))
+}
+
+/// Stores a measured context footprint of `dev` in the region.
+fn set_footprint(dev: usize, bytes: u64) {
+    if let Ok(r) = &state::global().region {
+        if r.context_footprint(dev) != bytes {
+            crate::debug!("device {dev}: context footprint {bytes} bytes stored in the region");
+            r.set_context_footprint(dev, bytes);
+        }
+    }
+}
+
 /// Whether the driver offers `cuMemGetInfo_v2` (the driver-only context measurement).
 fn driver_info_available() -> bool {
     // SAFETY: documented type.
@@ -165,6 +184,67 @@ pub(crate) fn meter() -> Meter<'static> {
         nvml: nvml_ready(),
         driver_info: &driver_info,
         region_used: &region_used,
+        footprint: &footprint,
+        set_footprint: &set_footprint,
+    }
+}
+
+/// Logs a context creation: a refusal (at warning level, shown by default: the application
+/// sees a failed `cudaSetDevice` / first call), or what was admitted and charged.
+pub(crate) fn log_context_outcome(what: &str, dev: usize, outcome: Option<ContextOutcome>) {
+    let Some(o) = outcome else { return };
+    match o {
+        ContextOutcome::Refused {
+            footprint,
+            deny,
+            destroyed: false,
+        } => crate::warn!(
+            "{what}: CUDA_ERROR_OUT_OF_MEMORY: device {dev}: a new context takes {} bytes ({}) and does not fit the quota: {deny}; the context was not created",
+            footprint.bytes(),
+            footprint_source(footprint)
+        ),
+        ContextOutcome::Refused {
+            footprint,
+            deny,
+            destroyed: true,
+        } => crate::warn!(
+            "{what}: CUDA_ERROR_OUT_OF_MEMORY: device {dev}: a new context takes {} bytes (measured: the container's first context on the device) and does not fit the quota: {deny}; the context was destroyed again",
+            footprint.bytes()
+        ),
+        ContextOutcome::Charged {
+            footprint,
+            admitted,
+            cost,
+            charged,
+            waited,
+        } => {
+            log_context_cost(what, dev, Some(cost));
+            if let Some(w) = waited.filter(|w| w.as_millis() > 0) {
+                crate::info!(
+                    "{what}: device {dev}: waited {} ms for the context-creation lock (the container's first context on the device being measured)",
+                    w.as_millis()
+                );
+            }
+            crate::info!(
+                "{what}: device {dev}: admitted {} bytes before the creation ({}{}), charged {charged} after",
+                if admitted { footprint.bytes() } else { 0 },
+                footprint_source(footprint),
+                if admitted { "" } else { "; not admitted: the region refused for a reason other than the quota" }
+            );
+        }
+    }
+}
+
+/// Where a context footprint came from, for the log.
+fn footprint_source(f: Footprint) -> &'static str {
+    match f {
+        Footprint::Configured(_) => "HAMI_CONTEXT_OVERHEAD",
+        Footprint::Measured(_) => {
+            "the device's context footprint measured earlier in the container"
+        }
+        Footprint::Unknown => {
+            "footprint not measured yet: the container's first context on the device"
+        }
     }
 }
 

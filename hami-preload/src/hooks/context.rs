@@ -4,14 +4,17 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use crate::context::measure::{log_context_cost, meter};
+use crate::context::measure::{log_context_outcome, meter};
+use crate::context::ContextOutcome;
 use crate::cuda::*;
 use crate::shim::hook;
 use crate::state::ProcLedger;
+use crate::symbols::{self, Cu};
 use std::ffi::{c_int, c_uint, c_void};
 
 hook! {
-    /// Hook of `cuDevicePrimaryCtxRetain`: the first retain per device charges the context.
+    /// Hook of `cuDevicePrimaryCtxRetain`: the first retain per device admits and charges the
+    /// context.
     fn cuDevicePrimaryCtxRetain(
         pctx: *mut CUcontext,
         dev: CUdevice,
@@ -22,7 +25,9 @@ hook! {
     }
 }
 
-/// A primary-context retain: the first one per device is measured and charged.
+/// A primary-context retain: the first one per device is admitted with the device's context
+/// footprint before the driver is called (`CUDA_ERROR_OUT_OF_MEMORY` without calling it when
+/// it does not fit the quota), then measured and charged what it took.
 fn primary_retain(
     pctx: *mut CUcontext,
     dev: CUdevice,
@@ -36,19 +41,61 @@ fn primary_retain(
     }
     let l = ProcLedger::current();
     let m = meter();
-    let (r, cost) =
-        l.p.contexts
-            .primary_retain(&l, dev as usize, &m, || match real() {
-                // SAFETY: the driver wrote *pctx (checked non-null above) on success.
-                CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
-                e => Err(e),
-            });
-    log_context_cost("cuDevicePrimaryCtxRetain", dev as usize, cost);
+    let (r, outcome) = l.p.contexts.primary_retain(
+        &l,
+        dev as usize,
+        &m,
+        || match real() {
+            // SAFETY: the driver wrote *pctx (checked non-null above) on success.
+            CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
+            e => Err(e),
+        },
+        |_| undo_primary_retain(dev),
+    );
+    forget_destroyed(pctx, outcome);
+    log_context_outcome("cuDevicePrimaryCtxRetain", dev as usize, outcome);
     if r == CUDA_SUCCESS {
         // SAFETY: *pctx written on success (checked non-null above).
         l.p.modules.context_created(unsafe { *pctx } as usize);
     }
     r
+}
+
+/// A context the driver made and the preload destroyed again (it did not fit): the handle
+/// the driver wrote to `*pctx` is no longer valid, so the application is given NULL.
+fn forget_destroyed(pctx: *mut CUcontext, outcome: Option<ContextOutcome>) {
+    if matches!(
+        outcome,
+        Some(ContextOutcome::Refused {
+            destroyed: true,
+            ..
+        })
+    ) {
+        // SAFETY: pctx is non-null (checked by the callers) and was written by the driver.
+        unsafe { *pctx = std::ptr::null_mut() };
+    }
+}
+
+/// Releases the primary context of `dev` that a first retain just took and that turned out
+/// not to fit the quota (the real `cuDevicePrimaryCtxRelease_v2`, else the pre-11 name):
+/// the release of that only retain destroys it. Whether the driver did.
+fn undo_primary_retain(dev: CUdevice) -> bool {
+    // SAFETY: documented types of the two names.
+    let f = unsafe { symbols::cu::<FnDeviceOp>(Cu::PrimaryCtxReleaseV2) }
+        // SAFETY: as above.
+        .or_else(|| unsafe { symbols::cu::<FnDeviceOp>(Cu::PrimaryCtxRelease) });
+    // SAFETY: a device ordinal the driver just accepted.
+    f.is_some_and(|f| unsafe { f(dev) } == CUDA_SUCCESS)
+}
+
+/// Destroys a context that `cuCtxCreate*` just made and that turned out not to fit the
+/// quota (the real `cuCtxDestroy_v2`, which also pops it from the calling thread's stack).
+/// Whether the driver did.
+fn undo_create(ctx: usize) -> bool {
+    // SAFETY: documented type.
+    let f = unsafe { symbols::cu::<FnCtxDestroy>(Cu::CtxDestroyV2) };
+    // SAFETY: the context the driver just returned to this hook, not yet handed out.
+    f.is_some_and(|f| unsafe { f(ctx as CUcontext) } == CUDA_SUCCESS)
 }
 
 /// A primary-context release: the last one uncharges the context and what it held.
@@ -120,7 +167,9 @@ hook! {
     }
 }
 
-/// A context creation (`cuCtxCreate*`): measured and charged to `dev`.
+/// A context creation (`cuCtxCreate*`, every variant and every path to it): admitted with
+/// `dev`'s context footprint before the driver is called (`CUDA_ERROR_OUT_OF_MEMORY` without
+/// calling it when it does not fit the quota), then measured and charged to `dev`.
 fn ctx_create(
     what: &str,
     pctx: *mut CUcontext,
@@ -135,12 +184,19 @@ fn ctx_create(
     }
     let l = ProcLedger::current();
     let m = meter();
-    let (r, cost) = l.p.contexts.create(&l, dev as usize, &m, || match real() {
-        // SAFETY: *pctx written on success.
-        CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
-        e => Err(e),
-    });
-    log_context_cost(what, dev as usize, cost);
+    let (r, outcome) = l.p.contexts.create(
+        &l,
+        dev as usize,
+        &m,
+        || match real() {
+            // SAFETY: *pctx written on success.
+            CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
+            e => Err(e),
+        },
+        undo_create,
+    );
+    forget_destroyed(pctx, outcome);
+    log_context_outcome(what, dev as usize, outcome);
     if r == CUDA_SUCCESS {
         // SAFETY: *pctx written on success (checked non-null above).
         l.p.modules.context_created(unsafe { *pctx } as usize);

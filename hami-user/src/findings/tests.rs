@@ -29,6 +29,7 @@ pub(crate) fn snapshot(limit0: u64, slots: Vec<SlotSnapshot>) -> RegionSnapshot 
         reclaimed_slots: 0,
         stale_lock_breaks: 0,
         reserve_reclaims: 0,
+        context_footprint: [0; MAX_DEVICES],
         limits,
         limit_flags: [0; MAX_DEVICES],
         uuids: [[0; 16]; MAX_DEVICES],
