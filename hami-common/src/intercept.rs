@@ -156,6 +156,11 @@ pub const INTERCEPTS: &[Intercept] = &[
     hook("cuLaunchKernel_ptsz"),
     hook("cuLaunchKernelEx"),
     hook("cuLaunchKernelEx_ptsz"),
+    // The launch gate (compute share): the other kernel submissions.
+    hook("cuLaunchCooperativeKernel"),
+    hook("cuLaunchCooperativeKernel_ptsz"),
+    hook("cuGraphLaunch"),
+    hook("cuGraphLaunch_ptsz"),
     nvml_hook("nvmlDeviceGetMemoryInfo"),
     nvml_hook("nvmlDeviceGetMemoryInfo_v2"),
 ];

@@ -139,6 +139,10 @@ symbol_table! {
         LaunchKernelPtsz => cuLaunchKernel_ptsz,
         LaunchKernelEx => cuLaunchKernelEx,
         LaunchKernelExPtsz => cuLaunchKernelEx_ptsz,
+        LaunchCooperativeKernel => cuLaunchCooperativeKernel,
+        LaunchCooperativeKernelPtsz => cuLaunchCooperativeKernel_ptsz,
+        GraphLaunch => cuGraphLaunch,
+        GraphLaunchPtsz => cuGraphLaunch_ptsz,
     }
     helpers {
         Init = c"cuInit",
@@ -153,6 +157,15 @@ symbol_table! {
         MemPoolGetAttribute = c"cuMemPoolGetAttribute",
         StreamIsCapturing = c"cuStreamIsCapturing",
         DriverGetVersion = c"cuDriverGetVersion",
+        StreamIsCapturingPtsz = c"cuStreamIsCapturing_ptsz",
+        EventCreate = c"cuEventCreate",
+        EventDestroyV2 = c"cuEventDestroy_v2",
+        EventRecord = c"cuEventRecord",
+        EventRecordPtsz = c"cuEventRecord_ptsz",
+        EventQuery = c"cuEventQuery",
+        EventElapsedTime = c"cuEventElapsedTime",
+        EventElapsedTimeV2 = c"cuEventElapsedTime_v2",
+        ThreadExchangeStreamCaptureMode = c"cuThreadExchangeStreamCaptureMode",
     }
 }
 

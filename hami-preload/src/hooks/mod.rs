@@ -10,6 +10,7 @@
 //! * [`alloc`] — allocations and releases (pointers, handles, arrays, mipmapped arrays);
 //! * [`pools`] — stream-ordered pools and synchronisations;
 //! * [`modules`] — modules, libraries, lookups and launches;
+//! * [`launch`] — cooperative and graph launches (the launch gate);
 //! * [`context`] — context creation and destruction;
 //! * [`views`] — memory queries answered with the quota;
 //! * [`procaddr`] — `cuGetProcAddress(_v2)`.
@@ -17,6 +18,7 @@
 
 pub mod alloc;
 pub mod context;
+pub mod launch;
 pub mod modules;
 pub mod pools;
 pub mod procaddr;
@@ -24,6 +26,7 @@ pub mod views;
 
 pub use alloc::*;
 pub use context::*;
+pub use launch::*;
 pub use modules::*;
 pub use pools::*;
 pub use procaddr::*;

@@ -376,9 +376,18 @@ hook! {
     }
 }
 
-/// A launch of `func` (a `CUfunction` or a `CUkernel`): the first launch of each module's
-/// kernels is measured; otherwise (the usual case) one atomic load and the call.
-fn launch(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult) -> CUresult {
+/// A launch of `func` (a `CUfunction` or a `CUkernel`) on `stream` (`ptsz`: of a
+/// per-thread-stream entry point): the first launch of each module's kernels is measured;
+/// otherwise (the usual case) one atomic load and the call. The call goes through the
+/// launch gate ([`crate::gate::launch`]: one more atomic load without a compute share).
+fn launch(
+    what: &str,
+    func: CUfunction,
+    stream: CUstream,
+    ptsz: bool,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let real = || crate::gate::launch(stream, ptsz, real);
     let p = state::proc_state();
     if !p.modules.any_unlaunched() {
         return real();
@@ -387,6 +396,16 @@ fn launch(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult) -> CUre
         Some(owner) => first_use(what, owner, Stage::Launch, real),
         None => real(),
     }
+}
+
+/// The stream of a `cuLaunchKernelEx` configuration (null for a null configuration: the
+/// driver then refuses the launch itself).
+fn ex_stream(config: *const c_void) -> CUstream {
+    if config.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a non-null `CUlaunchConfig*` from the caller starts with this head.
+    unsafe { (*config.cast::<CUlaunchConfigHead>()).stream }
 }
 
 hook! {
@@ -407,7 +426,7 @@ hook! {
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-        launch("cuLaunchKernel", func, call)
+        launch("cuLaunchKernel", func, stream, false, call)
     }
 }
 
@@ -429,7 +448,7 @@ hook! {
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-        launch("cuLaunchKernel_ptsz", func, call)
+        launch("cuLaunchKernel_ptsz", func, stream, true, call)
     }
 }
 
@@ -444,7 +463,7 @@ hook! {
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(config, func, params, extra) };
-        launch("cuLaunchKernelEx", func, call)
+        launch("cuLaunchKernelEx", func, ex_stream(config), false, call)
     }
 }
 
@@ -459,6 +478,6 @@ hook! {
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(config, func, params, extra) };
-        launch("cuLaunchKernelEx_ptsz", func, call)
+        launch("cuLaunchKernelEx_ptsz", func, ex_stream(config), true, call)
     }
 }
