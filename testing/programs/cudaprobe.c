@@ -579,7 +579,7 @@ static void usage(void) {
        "  modload SIZE | modloadex SIZE | modloadfat SIZE | modloadfile SIZE | modunload IDX\n"
        "  getfunc [IDX] | launch [IDX] | launchex [IDX]\n"
        "  libload SIZE | libloadfile SIZE | libunload IDX | getkernel [IDX] | kernelfunc [IDX]\n"
-       "  kernel | launch-ns NS [COUNT] | coop-ns NS [COUNT] | launch-for SECONDS NS | streamquery\n"
+       "  kernel | launch-ns NS [COUNT] | launch-cost N | coop-ns NS [COUNT] | launch-for SECONDS NS | streamquery\n"
        "  evcreate [FLAGS] | evrecord [IDX] | evquery [IDX] | evsync [IDX] | elapsed IDX IDX | evdestroy IDX\n"
        "  graph-capture NS COUNT | graph-launch N [IDX] | graphdestroy IDX | streamsync-t | ctxsync-t\n"
        "  sleep SECONDS | wait | exit CODE");
@@ -751,6 +751,24 @@ int main(int argc, char **argv) {
       rc = spin_kernel();
       if (rc == -1) { printf(" error=missing-function\n"); fflush(stdout); continue; }
       printf(" handle=%p", spin_fn); end(rc);
+    } else if (!strcmp(op, "launch-cost")) {
+      /* N launches of the timed kernel taking 0 ns (the launch path alone), no sync: wall and
+       * CPU ns per launch (CPU time leaves out any sleep, e.g. at a launch gate). */
+      NEED(1); long n = atol(argv[++a]);
+      printf("op=launch-cost n=%ld", n);
+      rc = spin_kernel();
+      if (rc == -1 || !cu.LaunchKernel) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      struct timespec c0, c1;
+      long k = 0;
+      if (!rc) rc = spin_launch(0, 0); /* the first launch (lazy loading) is not counted */
+      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+      double t0 = now_ns();
+      for (; !rc && k < n; k++) rc = spin_launch(0, 0);
+      double t1 = now_ns();
+      clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+      double cpu = (c1.tv_sec - c0.tv_sec) * 1e9 + (c1.tv_nsec - c0.tv_nsec);
+      printf(" launched=%ld ns_per_launch=%.1f cpu_ns_per_launch=%.1f", k, k ? (t1 - t0) / k : 0.0, k ? cpu / k : 0.0);
+      end(rc);
     } else if (!strcmp(op, "launch-ns") || !strcmp(op, "coop-ns")) {
       /* COUNT launches (default 1) of the timed kernel on the current stream; no sync. */
       NEED(1); unsigned long long ns = parse_ns(argv[++a]);

@@ -326,6 +326,20 @@ fn dropped(m: &str) -> u64 {
 }
 
 /// The first number on the first line starting with `prefix` (after the prefix).
+/// The number after `added ` on the line starting with `prefix`.
+fn added_of(text: &str, prefix: &str) -> Option<f64> {
+    let line = text
+        .lines()
+        .map(str::trim_start)
+        .find(|l| l.starts_with(prefix))?;
+    line.split("added ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 fn figure(text: &str, prefix: &str) -> Option<f64> {
     text.lines()
         .map(str::trim_start)
@@ -413,6 +427,28 @@ fn summarize(
             s,
             "| `cuMemAlloc_v2`+`cuMemFree_v2` pair, {procs} process{} on one region, CPU ns per pair: without / with preload / **added** (pairs/s of all processes: without / with); added with `HAMI_ADMISSION_RESERVE=0` (lock on every admission) in the same rounds | {without:.1} / {with:.1} / **{added:+.1} ns** ({mps_without:.2} / {mps_with:.2} M/s); locked: {added_locked:+.1} ns | {target} |",
             if procs == 1 { "" } else { "es" }
+        )?;
+    }
+    let native = need(
+        figure(preload, "launch hook, native:"),
+        "launch hook (preload bench)",
+    )?;
+    for (label, prefix) in [
+        ("no compute share", "launch hook, no share:"),
+        (
+            "`CUDA_DEVICE_SM_LIMIT=50` (the launch gate)",
+            "launch hook, 50 % share:",
+        ),
+    ] {
+        let with = need(figure(preload, prefix), "launch hook (preload bench)")?;
+        let added = need(
+            figure(preload, prefix).and(added_of(preload, prefix)),
+            "launch hook (preload bench)",
+        )?;
+        writeln!(
+            s,
+            "| `cuLaunchKernel` of a 0 ns kernel (fake driver), CPU ns per launch, {label}: native / with preload / **added** | {native:.1} / {with:.1} / **{added:+.1} ns** | {} |",
+            if prefix.contains("no share") { "within noise of native" } else { "" }
         )?;
     }
     let reg_preload = need(
@@ -554,6 +590,9 @@ baseline of the same rounds: the preload with HAMI_ADMISSION_RESERVE=0
 locked      1        250.0        340.0         90.0           4.00            3.00
 locked      8        900.0       1150.0        250.0           2.22            1.80
 locked     64       9000.0       9700.0        700.0           0.22            0.20
+launch hook, native: 120.0 ns/launch
+launch hook, no share: 125.5 ns/launch, added 5.5
+launch hook, 50 % share: 900.0 ns/launch, added 780.0
 register+unregister with 1000 live slots: 12.5 us
 ";
     const PROBES: &str = "pairs_per_process=200000
@@ -601,6 +640,11 @@ rss_kib_with_probes=9000
             Some([900.0, 1150.0, 250.0, 2.22, 1.8])
         );
         assert_eq!(preload_row(PRELOAD, 2, ""), None);
+        assert_eq!(figure(PRELOAD, "launch hook, native:"), Some(120.0));
+        assert_eq!(figure(PRELOAD, "launch hook, no share:"), Some(125.5));
+        assert_eq!(added_of(PRELOAD, "launch hook, no share:"), Some(5.5));
+        assert_eq!(added_of(PRELOAD, "launch hook, 50 % share:"), Some(780.0));
+        assert_eq!(added_of(PRELOAD, "launch hook, native:"), None);
         assert_eq!(kv(PROBES, "events_dropped"), Some(0.0));
         assert_eq!(kv(PROBES, "added_ns_per_pair"), Some(1000.5));
         assert_eq!(kv(PROBES, "nothing"), None);
