@@ -21,12 +21,16 @@
 //!   process that dies or is stopped holds nothing; one stopped between advancing
 //!   `refilled_at_ns` and adding the refill loses at most one burst of the container's
 //!   budget, and the others keep refilling from there.
+//! * **One submission at a time per container and device**: an advisory lock in the region
+//!   ([`lock_submissions`]) is held from the start event to the end event, so that another
+//!   process's kernel does not land inside this pair (taken over after [`LOCK_STEAL_NS`]).
 //! * A launch into a capturing stream is not executed: it is neither throttled nor metered
 //!   (the graph is, at `cuGraphLaunch`).
 //!
-//! The policy ([`submit`]) is plain Rust over two traits, [`Driver`] (events, capture) and
-//! [`Clock`], so that it unit-tests without a driver and with simulated time; the FFI
-//! side ([`RealDriver`], [`launch`]) is thin.
+//! The policy ([`before`] / [`after`], [`submit`]) is plain Rust over two traits,
+//! [`Driver`] (events, capture) and [`Clock`], so that it unit-tests without a driver and
+//! with simulated time; the FFI side ([`RealDriver`], [`enter`] / [`leave`], [`launch`]) is
+//! thin.
 
 use crate::cuda::*;
 use crate::symbols::{self, Cu};
@@ -34,7 +38,7 @@ use hami_common::layout::{COMPUTE_POLICY_DISABLE, MAX_DEVICES};
 use hami_common::region::ComputeCells;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_uint};
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 /// The bucket holds at most this much wall time's worth of the share (100 ms x share):
@@ -53,6 +57,9 @@ pub const MIN_INFLIGHT: usize = 2;
 pub const INFLIGHT_WAIT_NS: u64 = 2_000_000_000;
 /// Events kept for reuse per process.
 const POOL_MAX: usize = 64;
+/// A submission lock held longer than this is taken over (its holder is stopped or dead;
+/// holding it takes microseconds: two event records and a launch).
+pub const LOCK_STEAL_NS: u64 = 2_000_000;
 
 /// The cap of the bucket for a share of `pct` %.
 pub fn burst_ns(pct: u32) -> i64 {
@@ -286,6 +293,8 @@ pub struct Target {
     pub stream: usize,
     /// Whether the entry point is a per-thread-default-stream (`_ptsz`) variant.
     pub ptsz: bool,
+    /// This thread's token for the container's submission lock (non-zero).
+    pub token: u64,
 }
 
 impl Gate {
@@ -304,24 +313,72 @@ impl Gate {
     }
 }
 
-/// Submits `real` through the gate at a share of `pct` % on `t.dev`: waits while the
+/// Takes the container's advisory submission lock of a device: while one thread records a
+/// submission's events around its launch, no other process of the container submits in
+/// between (on a device that runs work in submission order, the other's kernel would land
+/// inside this pair and be counted twice). Waits yield, then sleep; a holder that keeps it
+/// past [`LOCK_STEAL_NS`] (stopped, dead) is taken over. The lock only sharpens the
+/// measurement: nothing depends on it for safety.
+pub fn lock_submissions<C: Clock>(lock: &AtomicU64, token: u64, clock: &C) {
+    let mut seen = (0u64, 0u64); // (holder, since)
+    let mut tries = 0u32;
+    loop {
+        match lock.compare_exchange(0, token, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(holder) => {
+                let now = clock.now_ns();
+                if holder != seen.0 {
+                    seen = (holder, now);
+                } else if now.saturating_sub(seen.1) >= LOCK_STEAL_NS
+                    && lock
+                        .compare_exchange(holder, token, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    return;
+                }
+                tries += 1;
+                if tries < 16 {
+                    std::thread::yield_now();
+                } else {
+                    clock.sleep_ns(MIN_SLEEP_NS);
+                }
+            }
+        }
+    }
+}
+
+/// Releases the submission lock if this thread still holds it.
+pub fn unlock_submissions(lock: &AtomicU64, token: u64) {
+    let _ = lock.compare_exchange(token, 0, Ordering::Release, Ordering::Relaxed);
+}
+
+/// A submission let through the gate and being metered: the process's meter (held until
+/// [`after`], so that the two events bracket exactly this submission) and the events, the
+/// start one already recorded.
+pub struct Ticket<'g> {
+    meter: std::sync::MutexGuard<'g, Meter>,
+    t: Target,
+    start: usize,
+    end: usize,
+    /// The container's submission lock, held until [`after`].
+    lock: &'g AtomicU64,
+}
+
+/// The gate before a submission at a share of `pct` % on `t.dev`: waits while the
 /// container's budget is in debt or too much of this process's work is in flight, then
-/// brackets the submission with timing events. `cells(dev)` gives a device's shared
-/// budget. `pct == 0`, or a capturing stream: `real` is called as is.
-pub fn submit<'a, D: Driver, C: Clock>(
-    gate: &Gate,
+/// records the start event. `cells(dev)` gives a device's shared budget. `None`: submit
+/// unmetered (no share, a capturing stream, no event to be had).
+pub fn before<'g, D: Driver, C: Clock>(
+    gate: &'g Gate,
     d: &D,
     clock: &C,
-    cells: impl Fn(usize) -> Option<ComputeCells<'a>>,
+    cells: impl Fn(usize) -> Option<ComputeCells<'g>>,
     pct: u32,
     t: Target,
-    real: impl FnOnce() -> CUresult,
-) -> CUresult {
-    let Some(own) = cells(t.dev) else {
-        return real();
-    };
+) -> Option<Ticket<'g>> {
+    let own = cells(t.dev)?;
     if pct == 0 || d.capturing(t.stream, t.ptsz) {
-        return real();
+        return None;
     }
     let mut waited = 0u64;
     let mut inflight_since: Option<u64> = None;
@@ -361,30 +418,68 @@ pub fn submit<'a, D: Driver, C: Clock>(
         for ev in [start, end].into_iter().flatten() {
             m.give_event(d, t.ctx, ev);
         }
-        drop(m);
         crate::debug!("launch gate: no timing event; this submission is not metered");
-        return real();
+        return None;
     };
+    lock_submissions(own.submit_lock, t.token, clock);
     if !d.record(start, t.stream, t.ptsz) {
         // A stale pooled event (its context went): drop it, submit unmetered.
+        unlock_submissions(own.submit_lock, t.token);
         d.destroy_event(start);
         m.give_event(d, t.ctx, end);
-        drop(m);
-        return real();
+        return None;
     }
-    let r = real();
-    if r == CUDA_SUCCESS && d.record(end, t.stream, t.ptsz) {
-        m.pending.push_back(Pending {
+    Some(Ticket {
+        meter: m,
+        t,
+        start,
+        end,
+        lock: own.submit_lock,
+    })
+}
+
+/// The gate after the submission returned `r`: records the end event (a submission that
+/// failed is not metered) and returns `r`.
+pub fn after<D: Driver>(ticket: Option<Ticket<'_>>, d: &D, r: CUresult) -> CUresult {
+    let Some(Ticket {
+        mut meter,
+        t,
+        start,
+        end,
+        lock,
+    }) = ticket
+    else {
+        return r;
+    };
+    let recorded = r == CUDA_SUCCESS && d.record(end, t.stream, t.ptsz);
+    unlock_submissions(lock, t.token);
+    if recorded {
+        meter.pending.push_back(Pending {
             dev: t.dev,
             ctx: t.ctx,
             start,
             end,
         });
     } else {
-        m.give_event(d, t.ctx, start);
-        m.give_event(d, t.ctx, end);
+        meter.give_event(d, t.ctx, start);
+        meter.give_event(d, t.ctx, end);
     }
     r
+}
+
+/// Submits `real` through the gate: [`before`], `real`, [`after`].
+pub fn submit<'a, D: Driver, C: Clock>(
+    gate: &'a Gate,
+    d: &D,
+    clock: &C,
+    cells: impl Fn(usize) -> Option<ComputeCells<'a>>,
+    pct: u32,
+    t: Target,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let ticket = before(gate, d, clock, cells, pct, t);
+    let r = real();
+    after(ticket, d, r)
 }
 
 // ---- the process-wide switch: one atomic load on the launch path without a limit ----
@@ -549,39 +644,56 @@ impl Clock for RealClock {
 /// otherwise `real` with one atomic load in front.
 #[inline]
 pub fn launch(stream: CUstream, ptsz: bool, real: impl FnOnce() -> CUresult) -> CUresult {
+    let ticket = enter(stream, ptsz);
+    let r = real();
+    leave(ticket, r)
+}
+
+/// The gate in front of a submission on `stream` (`ptsz`: of a per-thread-stream entry
+/// point): one atomic load without a share; with one, [`before`] on the current device.
+/// Pass what it returns to [`leave`] with the submission's result.
+#[inline]
+pub fn enter(stream: CUstream, ptsz: bool) -> Option<Ticket<'static>> {
     if !armed() {
-        return real();
+        return None;
     }
-    launch_gated(stream, ptsz, real)
+    enter_gated(stream, ptsz)
 }
 
 #[inline(never)]
-fn launch_gated(stream: CUstream, ptsz: bool, real: impl FnOnce() -> CUresult) -> CUresult {
-    let Ok((dev, ctx)) = crate::context::measure::current_dev_ctx() else {
-        return real();
-    };
+fn enter_gated(stream: CUstream, ptsz: bool) -> Option<Ticket<'static>> {
+    let (dev, ctx) = crate::context::measure::current_dev_ctx().ok()?;
     let pct = share(dev);
     if pct == 0 {
-        return real();
+        return None;
     }
-    let Ok(region) = &crate::state::global().region else {
-        return real();
-    };
+    let region = crate::state::global().region.as_ref().ok()?;
+    // SAFETY: gettid has no preconditions.
+    let token = unsafe { libc::gettid() } as u64 + 1;
     let t = Target {
         dev,
         ctx,
         stream: stream as usize,
         ptsz,
+        token,
     };
-    submit(
+    before(
         &crate::state::proc_state().gate,
         &RealDriver,
         &RealClock,
         |d| region.compute_cells(d),
         pct,
         t,
-        real,
     )
+}
+
+/// The gate after a submission that returned `r` (see [`enter`]).
+#[inline]
+pub fn leave(ticket: Option<Ticket<'static>>, r: CUresult) -> CUresult {
+    match ticket {
+        None => r,
+        Some(_) => after(ticket, &RealDriver, r),
+    }
 }
 
 /// At a synchronisation: debits this process's submissions that completed.

@@ -24,6 +24,8 @@ pub struct ComputeCells<'a> {
     pub throttled: &'a AtomicU64,
     /// Total time (ns) spent waiting at the gate.
     pub throttled_ns: &'a AtomicU64,
+    /// The advisory submission lock (`DeviceCompute::submit_lock`).
+    pub submit_lock: &'a AtomicU64,
 }
 
 /// A device whose compute configuration in the caller's environment differs from the
@@ -96,6 +98,7 @@ impl Region {
                 consumed_ns: &*addr_of!((*c).compute[dev].consumed_ns),
                 throttled: &*addr_of!((*c).compute[dev].throttled),
                 throttled_ns: &*addr_of!((*c).compute[dev].throttled_ns),
+                submit_lock: &*addr_of!((*c).compute[dev].submit_lock),
             })
         }
     }

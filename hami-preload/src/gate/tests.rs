@@ -18,6 +18,7 @@ struct Cells {
     consumed: AtomicU64,
     throttled: AtomicU64,
     throttled_ns: AtomicU64,
+    lock: AtomicU64,
 }
 
 impl Cells {
@@ -28,6 +29,7 @@ impl Cells {
             consumed_ns: &self.consumed,
             throttled: &self.throttled,
             throttled_ns: &self.throttled_ns,
+            submit_lock: &self.lock,
         }
     }
 }
@@ -132,6 +134,7 @@ fn target() -> Target {
         ctx: 1,
         stream: 0,
         ptsz: false,
+        token: 7,
     }
 }
 
@@ -519,4 +522,67 @@ fn shares_and_limits() {
     assert_eq!(inflight_limit(30, MS), 7);
     assert_eq!(inflight_limit(30, 100 * MS), MIN_INFLIGHT);
     assert_eq!(inflight_limit(90, 1_000), MAX_INFLIGHT);
+}
+
+/// The split form the launch hook uses: the waits and the start event in `before`, the
+/// submission's own result through `after`, and nothing metered for a failed submission.
+#[test]
+fn before_and_after_bracket_one_submission() {
+    let sim = Sim::new();
+    let cells = Cells::default();
+    let gate = Gate::default();
+    assert!(before(&gate, &sim, &sim, |_| Some(cells.cells()), 0, target()).is_none());
+    assert!(before(&gate, &sim, &sim, |_| None, 30, target()).is_none());
+    assert_eq!(
+        after(None, &sim, CUDA_ERROR_INVALID_VALUE),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    let t = before(&gate, &sim, &sim, |_| Some(cells.cells()), 30, target());
+    assert!(t.is_some());
+    assert_eq!(sim.records.get(), 1, "the start event");
+    sim.kernel(MS);
+    assert_eq!(after(t, &sim, CUDA_SUCCESS), CUDA_SUCCESS);
+    assert_eq!(gate.in_flight(0), 1);
+    let t = before(&gate, &sim, &sim, |_| Some(cells.cells()), 30, target());
+    assert_eq!(
+        after(t, &sim, CUDA_ERROR_INVALID_VALUE),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(gate.in_flight(0), 1, "a failed submission is not metered");
+    sim.sleep_ns(2 * MS);
+    gate.harvest(&sim, |_| Some(cells.cells()));
+    assert_eq!(gate.in_flight(0), 0);
+    assert_eq!(cells.consumed.load(Ordering::Relaxed), MS + sim.launch_cost);
+}
+
+/// The submission lock is held from the start event to the end event and released after;
+/// one left by a stopped or dead holder is taken over after `LOCK_STEAL_NS`.
+#[test]
+fn the_submission_lock_brackets_the_pair_and_a_stale_one_is_taken_over() {
+    let sim = Sim::new();
+    let cells = Cells::default();
+    let gate = Gate::default();
+    let t = before(&gate, &sim, &sim, |_| Some(cells.cells()), 30, target());
+    assert_eq!(
+        cells.lock.load(Ordering::Relaxed),
+        7,
+        "held across the launch"
+    );
+    sim.kernel(MS);
+    after(t, &sim, CUDA_SUCCESS);
+    assert_eq!(cells.lock.load(Ordering::Relaxed), 0, "released");
+    cells.lock.store(99, Ordering::Relaxed); // a holder that never comes back
+    let at = sim.now.get();
+    let t = before(&gate, &sim, &sim, |_| Some(cells.cells()), 30, target());
+    let waited = sim.now.get() - at;
+    assert!(
+        (LOCK_STEAL_NS..LOCK_STEAL_NS + MS).contains(&waited),
+        "{waited}"
+    );
+    assert_eq!(cells.lock.load(Ordering::Relaxed), 7);
+    after(t, &sim, CUDA_SUCCESS);
+    // The old holder's late release does not release someone else's lock.
+    cells.lock.store(7, Ordering::Relaxed);
+    unlock_submissions(&cells.lock, 99);
+    assert_eq!(cells.lock.load(Ordering::Relaxed), 7);
 }

@@ -378,8 +378,9 @@ hook! {
 
 /// A launch of `func` (a `CUfunction` or a `CUkernel`) on `stream` (`ptsz`: of a
 /// per-thread-stream entry point): the first launch of each module's kernels is measured;
-/// otherwise (the usual case) one atomic load and the call. The call goes through the
-/// launch gate ([`crate::gate::launch`]: one more atomic load without a compute share).
+/// otherwise (the usual case) one atomic load and the call. Around it, the launch gate
+/// ([`crate::gate::enter`] / [`crate::gate::leave`]: one more atomic load without a compute
+/// share; its waits happen before any measurement starts).
 fn launch(
     what: &str,
     func: CUfunction,
@@ -387,7 +388,13 @@ fn launch(
     ptsz: bool,
     real: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let real = || crate::gate::launch(stream, ptsz, real);
+    let ticket = crate::gate::enter(stream, ptsz);
+    let r = launch_measured(what, func, real);
+    crate::gate::leave(ticket, r)
+}
+
+/// [`launch`] without the gate.
+fn launch_measured(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult) -> CUresult {
     let p = state::proc_state();
     if !p.modules.any_unlaunched() {
         return real();
