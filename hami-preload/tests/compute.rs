@@ -352,3 +352,39 @@ fn a_killed_or_stopped_process_never_starves_the_other() {
         );
     }
 }
+
+/// The gate holds by every path to the driver (`dlsym`, `cuGetProcAddress`), and for
+/// cooperative launches too.
+#[test]
+fn every_path_and_cooperative_launches_are_gated() {
+    for via in ["dlsym", "procaddr"] {
+        let env = env().env("CUDA_DEVICE_SM_LIMIT", "30");
+        let out = run(
+            &env,
+            &format!("--via {via} init ctx kernel launch-for 2 1ms"),
+        );
+        assert!(out.all_ok(), "{via}: {}", out.dump());
+        let l = out.last("launch-for");
+        let (from, to) = (num(l, "start_ns"), num(l, "end_ns"));
+        let got = busy_of(&busy(&env, from, to), out.pid.unwrap()) as f64 / (to - from) as f64;
+        assert!((got - 0.3).abs() < TOL, "{via}: {got:.3}: {}", out.dump());
+    }
+    // 100 cooperative launches of 2 ms at 30 %: launching alone takes at least
+    // (200 ms - the 30 ms burst - the 16 allowed in flight) / 0.3; ungated they queue at once.
+    for (limit, gated) in [("30", true), ("0", false)] {
+        let env = env().env("CUDA_DEVICE_SM_LIMIT", limit);
+        let out = run(&env, "init ctx kernel coop-ns 2ms 100 streamsync");
+        assert!(out.all_ok(), "{}", out.dump());
+        let host = num(out.last("coop-ns"), "host_ns");
+        if gated {
+            assert!(
+                host > 400 * MS,
+                "coop launches were not held: {} ms",
+                host / MS
+            );
+            assert!(counters(&env).0 >= 190 * MS, "and they were metered");
+        } else {
+            assert!(host < 150 * MS, "{} ms", host / MS);
+        }
+    }
+}
