@@ -185,6 +185,11 @@ impl Inner {
             *self.clock.capture.entry(s).or_default() += dur;
             return Ok((0, 0));
         }
+        if dur == 0 {
+            // Work of no length would start and end at max(now, stream tail, device tail):
+            // never later than anything recorded or synchronised after it, so nothing moves.
+            return Ok((0, 0));
+        }
         let (key, ctx, phys) = self.stream_key(s, ptsz).map_err(Err)?;
         let now = now_ns();
         let depth = queue_depth();
@@ -192,16 +197,14 @@ impl Inner {
         while st.pending.front().is_some_and(|&e| e <= now) {
             st.pending.pop_front();
         }
-        if dur > 0 && st.pending.len() >= depth {
+        if st.pending.len() >= depth {
             return Err(Ok(st.pending.front().copied().unwrap_or(now)));
         }
         let earliest = now.max(st.tail);
         let (start, end) = self.shared().schedule(phys, self.slot, earliest, dur);
         let st = self.clock.streams.entry(key).or_default();
         st.tail = st.tail.max(end);
-        if dur > 0 {
-            st.pending.push_back(end);
-        }
+        st.pending.push_back(end);
         let t = self.clock.ctx_tail.entry(ctx).or_default();
         *t = (*t).max(end);
         Ok((start, end))
