@@ -140,6 +140,64 @@ fn per_thread_streams_extra_parameters_and_event_errors() {
         );
         ok(cuStreamQuery(s));
         ok(cuCtxSynchronize());
+
+        // Markers: the device runs one thing at a time, other streams' work included.
+        let mut s2: CUstream = null_mut();
+        ok(cuStreamCreate(&mut s2, 0));
+        let launch = |stream: CUstream, ms: u64| {
+            let mut ns = ms * 1_000_000;
+            let mut a = [&mut ns as *mut u64 as *mut c_void];
+            ok(cuLaunchKernel(
+                f,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                stream,
+                a.as_mut_ptr(),
+                null_mut(),
+            ));
+        };
+        let elapsed = |a: *mut c_void, b: *mut c_void| {
+            let mut ms = 0f32;
+            ok(cuEventElapsedTime(&mut ms, a, b));
+            ms
+        };
+        let (mut a, mut b, mut c) = (null_mut(), null_mut(), null_mut());
+        ok(cuEventCreate(&mut a, 0));
+        ok(cuEventCreate(&mut b, 0));
+        ok(cuEventCreate(&mut c, 0));
+        // An event recorded right after a kernel completes with it, even when the device
+        // then runs other work (s2's 20 ms, queued behind it).
+        ok(cuEventRecord(a, s));
+        launch(s, 10);
+        launch(s2, 20);
+        ok(cuEventRecord(b, s));
+        ok(cuEventSynchronize(b));
+        // (a was recorded on an idle device: at once; the kernel started a moment later)
+        let ms = elapsed(a, b);
+        assert!((10.0..10.5).contains(&ms), "{ms}");
+        // An event recorded before a kernel, on a stream with nothing queued, completes when
+        // the device turns to that kernel: work submitted between the record and the launch
+        // (s2's 5 ms) is not in the pair's time.
+        launch(s2, 15);
+        ok(cuEventRecord(a, s));
+        launch(s2, 5);
+        launch(s, 10);
+        ok(cuEventRecord(b, s));
+        ok(cuEventSynchronize(b));
+        assert!((elapsed(a, b) - 10.0).abs() < 0.01, "{}", elapsed(a, b));
+        // Consecutive events with another stream's kernel between: its time is included.
+        launch(s, 10);
+        ok(cuEventRecord(a, s));
+        launch(s2, 5);
+        launch(s, 10);
+        ok(cuEventRecord(c, s));
+        ok(cuCtxSynchronize());
+        assert!((elapsed(a, c) - 15.0).abs() < 0.01, "{}", elapsed(a, c));
     }
     let _ = std::fs::remove_file(&dir);
 }

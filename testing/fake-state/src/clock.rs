@@ -405,7 +405,8 @@ mod tests {
         let (sh, p) = open("stale");
         let c = &sh.file().devices[0].clock;
         // A pid that does not exist holds the ring's lock since long ago.
-        c.lock.store(999_999_999, std::sync::atomic::Ordering::Release);
+        c.lock
+            .store(999_999_999, std::sync::atomic::Ordering::Release);
         c.locked_at.store(1, std::sync::atomic::Ordering::Release);
         let t = super::now_ns();
         assert_eq!(sh.schedule(0, None, t, 10), (t, t + 10));
@@ -418,7 +419,10 @@ mod tests {
     #[test]
     fn a_lock_held_by_a_stopped_process_is_taken_over() {
         let (sh, p) = open("stopped");
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         // SAFETY: signalling the child we just spawned.
         unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGSTOP) };
         // Wait until /proc shows it stopped.
@@ -429,8 +433,10 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         let c = &sh.file().devices[0].clock;
-        c.lock.store(child.id(), std::sync::atomic::Ordering::Release);
-        c.locked_at.store(super::now_ns(), std::sync::atomic::Ordering::Release);
+        c.lock
+            .store(child.id(), std::sync::atomic::Ordering::Release);
+        c.locked_at
+            .store(super::now_ns(), std::sync::atomic::Ordering::Release);
         let t = super::now_ns();
         assert_eq!(sh.schedule(0, None, t, 10), (t, t + 10));
         assert_eq!(sh.busy_between(0, t, t + 10).device, 10);
