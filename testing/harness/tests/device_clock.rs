@@ -374,10 +374,26 @@ fn two_processes_share_the_device_and_nvml_reports_each_share() {
         "NVML smUtil {ua} + {ub}:\n{}",
         mid.raw
     );
+    // The newer call reports the same samples.
+    assert_eq!(d.processes_util_rc, Some(SUCCESS), "{}", mid.raw);
+    let mut a1: Vec<(u32, u32)> = d.process_util.iter().map(|x| (x.0, x.1)).collect();
+    let mut a2: Vec<(u32, u32)> = d.processes_util.iter().map(|x| (x.0, x.1)).collect();
+    a1.sort_unstable();
+    a2.sort_unstable();
+    assert_eq!(a1.len(), 2, "{}", mid.raw);
+    for (x, y) in a1.iter().zip(&a2) {
+        assert!(x.0 == y.0 && x.1.abs_diff(y.1) <= 2, "{}", mid.raw);
+    }
     let (_, gpu) = d.gpu_util.expect("utilization line");
     assert!(gpu >= 85, "{}", mid.raw);
     assert_eq!(
         none.device(0).process_util_rc,
+        Some(NVML_ERROR_NOT_FOUND),
+        "{}",
+        none.raw
+    );
+    assert_eq!(
+        none.device(0).processes_util_rc,
         Some(NVML_ERROR_NOT_FOUND),
         "{}",
         none.raw
