@@ -664,7 +664,7 @@ pub unsafe extern "C" fn cuEventRecord_ptsz(event: Handle, stream: CUstream) -> 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventQuery(event: Handle) -> CUresult {
     run(|| {
-        let g = inited()?;
+        let mut g = inited()?;
         match g.event_done_at(event as u64)? {
             Some(t) if t > fake_state::now_ns() => Err(CUDA_ERROR_NOT_READY),
             _ => Ok(()),
@@ -675,9 +675,14 @@ pub unsafe extern "C" fn cuEventQuery(event: Handle) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
     run(|| {
-        let g = inited()?;
-        let at = g.event_done_at(event as u64)?;
-        let mut g = wait_until(g, at)?;
+        let mut g = inited()?;
+        // An open event's instant can only move later while we sleep: wait until it holds.
+        while let Some(t) = g.event_done_at(event as u64)? {
+            if t <= fake_state::now_ns() {
+                break;
+            }
+            g = wait_until(g, Some(t))?;
+        }
         g.pools_release_at_sync();
         Ok(())
     })
@@ -685,7 +690,7 @@ pub unsafe extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
 
 fn event_elapsed(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
     run(|| {
-        let g = inited()?;
+        let mut g = inited()?;
         nonnull(ms)?;
         let v = g.event_elapsed_ms(start as u64, end as u64)?;
         // SAFETY: checked non-NULL; C contract.

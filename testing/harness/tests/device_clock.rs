@@ -20,6 +20,12 @@ fn env() -> TestEnv {
     TestEnv::new().env("FAKE_CUDA_CTX_OVERHEAD", "0")
 }
 
+/// A sandbox whose processes may queue 10 s of work per device before a launch blocks (the
+/// default is 8 ms), so that every launch below returns at once.
+fn deep() -> TestEnv {
+    env().env("FAKE_CUDA_QUEUE_AHEAD", "10s")
+}
+
 /// Runs `cudaprobe` with the whitespace-separated arguments `args`.
 fn run(env: &TestEnv, args: &str) -> ProbeOutput {
     env.run_probe(&args.split_ascii_whitespace().collect::<Vec<_>>())
@@ -42,7 +48,7 @@ fn rcs_of(out: &ProbeOutput, op: &str) -> Vec<i32> {
 
 #[test]
 fn kernels_take_their_time_and_synchronisation_waits_for_the_tail() {
-    let env = env();
+    let env = deep();
     let out = run(&env, "init ctx kernel launch-ns 20ms 5 streamquery streamsync-t streamquery launch-ns 30ms 2 ctxsync-t streamquery");
     assert!(out.status.success(), "{}", out.dump());
     let launches = out.find("launch-ns");
@@ -100,7 +106,7 @@ fn kernel_durations_come_from_the_environment_the_image_or_the_launch() {
         out.dump()
     );
     // The image's ns= key (here "FAKECUBIN globals=0 ns=40ms") overrides it.
-    let out = env().env("FAKE_CUDA_KERNEL_NS", "1s").run_probe(&[
+    let out = deep().env("FAKE_CUDA_KERNEL_NS", "1s").run_probe(&[
         "init",
         "ctx",
         "modload",
@@ -120,7 +126,7 @@ fn kernel_durations_come_from_the_environment_the_image_or_the_launch() {
 
 #[test]
 fn events_measure_the_kernels_between_them() {
-    let env = env();
+    let env = deep();
     let out = run(&env, "init ctx kernel evcreate evcreate evcreate 2 evcreate launch-ns 5ms 2 evrecord 0 launch-ns 10ms 3 evrecord 1 evquery 1 elapsed 0 1 evsync 1 evquery 1 elapsed 0 1 elapsed 1 0 evrecord 2 elapsed 0 2 elapsed 0 3 evquery 3 evsync 3 evcreate 8 evcreate 4");
     let el = out.find("elapsed");
     assert_eq!(
@@ -161,7 +167,7 @@ fn events_measure_the_kernels_between_them() {
 
 #[test]
 fn graphs_take_the_sum_of_their_captured_kernels() {
-    let env = env();
+    let env = deep();
     let out = run(&env, "init ctx kernel streamnew graph-capture 10ms 3 streamquery evcreate evcreate evrecord 1 graph-launch 2 evrecord 2 streamquery streamsync-t elapsed 1 2 graphdestroy last graph-launch 1 0");
     assert_eq!(out.last("graph-capture").get("stage"), Some("instantiate"));
     assert!(out.last("graph-capture").ok(), "{}", out.dump());
@@ -241,17 +247,35 @@ fn cooperative_launches_and_entry_points_through_get_proc_address() {
 
 #[test]
 fn a_full_launch_queue_blocks_the_launch_until_room_is_made() {
+    // By default a process's queued work reaches at most 8 ms ahead: each launch of 20 ms
+    // kernels after the first waits until the work ahead ends within 8 ms (12, 32, 52, 72 ms),
+    // whatever stream it is on.
     let out = run(
-        &env().env("FAKE_CUDA_QUEUE_DEPTH", "2"),
+        &env(),
+        "init ctx kernel streamnew launch-ns 20ms 2 streamnew launch-ns 20ms 3 streamsync-t",
+    );
+    assert!(out.all_ok(), "{}", out.dump());
+    let launches = out.find("launch-ns");
+    let host = num(launches[0], "host_ns") + num(launches[1], "host_ns");
+    assert!(host >= 70 * MS, "{}", out.dump());
+    let wait = num(out.last("streamsync-t"), "wait_ns");
+    // (the time between the ops is not counted: a little under 100 ms)
+    assert!(wait >= 20 * MS && host + wait >= 95 * MS, "{}", out.dump());
+    // FAKE_CUDA_QUEUE_DEPTH bounds the number of kernels queued: the 3rd, 4th and 5th wait
+    // for the oldest (the 5th for the 3rd, which ends at 60 ms).
+    let out = run(
+        &deep().env("FAKE_CUDA_QUEUE_DEPTH", "2"),
         "init ctx kernel launch-ns 20ms 5 streamsync-t",
     );
     assert!(out.all_ok(), "{}", out.dump());
-    // The 3rd, 4th and 5th launches each waited for the oldest queued kernel: the 5th for
-    // the 3rd, which ends 60 ms after the first started.
     let host = num(out.last("launch-ns"), "host_ns");
     assert!(host >= 55 * MS, "{}", out.dump());
+    // Neither bound reached: all five launches return at once.
+    let out = run(&deep(), "init ctx kernel launch-ns 20ms 5 streamsync-t");
+    assert!(out.all_ok(), "{}", out.dump());
+    let host = num(out.last("launch-ns"), "host_ns");
     let wait = num(out.last("streamsync-t"), "wait_ns");
-    assert!(host + wait >= 100 * MS, "{}", out.dump());
+    assert!(host < 20 * MS && host + wait >= 95 * MS, "{}", out.dump());
 }
 
 fn busy_share(o: &OpLine) -> f64 {
@@ -350,10 +374,26 @@ fn two_processes_share_the_device_and_nvml_reports_each_share() {
         "NVML smUtil {ua} + {ub}:\n{}",
         mid.raw
     );
+    // The newer call reports the same samples.
+    assert_eq!(d.processes_util_rc, Some(SUCCESS), "{}", mid.raw);
+    let mut a1: Vec<(u32, u32)> = d.process_util.iter().map(|x| (x.0, x.1)).collect();
+    let mut a2: Vec<(u32, u32)> = d.processes_util.iter().map(|x| (x.0, x.1)).collect();
+    a1.sort_unstable();
+    a2.sort_unstable();
+    assert_eq!(a1.len(), 2, "{}", mid.raw);
+    for (x, y) in a1.iter().zip(&a2) {
+        assert!(x.0 == y.0 && x.1.abs_diff(y.1) <= 2, "{}", mid.raw);
+    }
     let (_, gpu) = d.gpu_util.expect("utilization line");
     assert!(gpu >= 85, "{}", mid.raw);
     assert_eq!(
         none.device(0).process_util_rc,
+        Some(NVML_ERROR_NOT_FOUND),
+        "{}",
+        none.raw
+    );
+    assert_eq!(
+        none.device(0).processes_util_rc,
         Some(NVML_ERROR_NOT_FOUND),
         "{}",
         none.raw
