@@ -198,6 +198,22 @@ fn per_thread_streams_extra_parameters_and_event_errors() {
         ok(cuEventRecord(c, s));
         ok(cuCtxSynchronize());
         assert!((elapsed(a, c) - 15.0).abs() < 0.01, "{}", elapsed(a, c));
+
+        // Re-recording events behind another stream's work, never launching after them,
+        // keeps only the open ones listed.
+        launch(s2, 30);
+        for _ in 0..100 {
+            ok(cuEventRecord(a, s));
+            ok(cuEventRecord(b, s));
+        }
+        assert_eq!(crate::driver::inited().unwrap().open_marker_count(), 2);
+        // Once fixed (b, synchronised) they drop out at the next open record; at most one
+        // entry per event stays (a, never observed, and c).
+        ok(cuEventSynchronize(b));
+        launch(s2, 10);
+        ok(cuEventRecord(c, s));
+        assert_eq!(crate::driver::inited().unwrap().open_marker_count(), 2);
+        ok(cuCtxSynchronize());
     }
     let _ = std::fs::remove_file(&dir);
 }

@@ -254,8 +254,7 @@ impl Inner {
         if let Some(list) = self.clock.markers.remove(&key) {
             for e in list {
                 if let Some(ev) = self.clock.events.get_mut(&e) {
-                    if let Some((k, at_min)) = ev.open.filter(|o| o.0 == key) {
-                        debug_assert_eq!(k, key);
+                    if let Some((_, at_min)) = ev.open.filter(|o| o.0 == key) {
                         // Within one queue horizon of the marker's instant: the host was
                         // late by less than the work a real driver's deeper queue would
                         // have held; the launch still follows the marker directly.
@@ -361,9 +360,25 @@ impl Inner {
         } else {
             ev.at = None;
             ev.open = Some((key, at));
-            self.clock.markers.entry(key).or_default().push(e);
+            // Only the events still open on this stream stay listed (an event fixed since, or
+            // re-recorded elsewhere, drops out), so the list cannot grow without bound.
+            let events = &self.clock.events;
+            let list = self.clock.markers.entry(key).or_default();
+            list.retain(|x| {
+                *x != e
+                    && events
+                        .get(x)
+                        .is_some_and(|v| v.open.is_some_and(|o| o.0 == key))
+            });
+            list.push(e);
         }
         Ok(())
+    }
+
+    /// Events listed as open, all streams together (for tests).
+    #[cfg(test)]
+    pub fn open_marker_count(&self) -> usize {
+        self.clock.markers.values().map(Vec::len).sum()
     }
 
     /// When event `e` completes (`None`: never recorded, complete). An open event (recorded
