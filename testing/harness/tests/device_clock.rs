@@ -368,6 +368,17 @@ fn two_processes_share_the_device_and_nvml_reports_each_share() {
         let (busy, nominal) = (num(r, "busy_ns"), num(r, "nominal_ns"));
         assert!(busy.abs_diff(nominal) < nominal / 20, "{}", r.raw);
     }
+    // The state file's ground truth over both runs agrees: each pid was busy for its
+    // kernels, the device for both.
+    let (from, to) = (
+        num(&ra, "start_ns").min(num(&rb, "start_ns")),
+        num(&ra, "end_ns").max(num(&rb, "end_ns")),
+    );
+    let truth = env.device_busy(0, from, to + 1);
+    let of = |pid: u32| truth.per_pid.iter().find(|x| x.0 == pid).map_or(0, |x| x.1);
+    assert_eq!(of(pa), num(&ra, "nominal_ns"), "{truth:?}");
+    assert_eq!(of(pb), num(&rb, "nominal_ns"), "{truth:?}");
+    assert_eq!(truth.device, of(pa) + of(pb), "{truth:?}");
     let d = mid.device(0);
     assert_eq!(d.process_util_rc, Some(SUCCESS), "{}", mid.raw);
     let (ua, ub) = (
