@@ -224,6 +224,14 @@ fn cooperative_launches_and_entry_points_through_get_proc_address() {
     );
     assert_eq!(sym("cuEventRecord", "12000", "2"), "cuEventRecord_ptsz");
     assert_eq!(sym("cuEventQuery", "12000", "0"), "cuEventQuery");
+    assert_eq!(
+        sym("cuStreamWaitEvent", "12000", "2"),
+        "cuStreamWaitEvent_ptsz"
+    );
+    assert_eq!(
+        sym("cuEventRecordWithFlags", "12000", "0"),
+        "cuEventRecordWithFlags"
+    );
     assert_eq!(sym("cuStreamQuery", "12000", "2"), "cuStreamQuery_ptsz");
     assert_eq!(
         sym("cuLaunchCooperativeKernel", "12000", "2"),

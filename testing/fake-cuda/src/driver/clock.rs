@@ -381,6 +381,30 @@ impl Inner {
         self.clock.markers.values().map(Vec::len).sum()
     }
 
+    /// `cuStreamWaitEvent(_ptsz)`: stream `s`'s later work starts after event `e` completes
+    /// (an event still open: after its earliest instant; the device is serial anyway).
+    /// Waiting on a never-recorded event, or in a stream being captured, changes nothing.
+    pub fn stream_wait_event(&mut self, s: u64, e: u64, ptsz: bool) -> R<()> {
+        self.check_event(e)?;
+        let (key, ctx, _) = self.stream_key(s, ptsz)?;
+        if self.is_capturing(s) {
+            return Ok(());
+        }
+        let at = match self.clock.events.get(&e) {
+            Some(EventClock { at: Some(t), .. }) => *t,
+            Some(EventClock {
+                open: Some((_, t)), ..
+            }) => *t,
+            _ => return Ok(()),
+        };
+        let st = self.clock.streams.entry(key).or_default();
+        st.tail = st.tail.max(at);
+        st.after_submission = false;
+        let t = self.clock.ctx_tail.entry(ctx).or_default();
+        *t = (*t).max(at);
+        Ok(())
+    }
+
     /// When event `e` completes (`None`: never recorded, complete). An open event (recorded
     /// behind queued work, its stream's next submission not yet made) is fixed once its
     /// earliest instant has passed; before, that instant is returned (a lower bound: a
