@@ -198,6 +198,35 @@ fn per_thread_streams_extra_parameters_and_event_errors() {
         ok(cuEventRecord(c, s));
         ok(cuCtxSynchronize());
         assert!((elapsed(a, c) - 15.0).abs() < 0.01, "{}", elapsed(a, c));
+
+        // Re-recording events behind another stream's work, never launching after them,
+        // keeps only the open ones listed.
+        launch(s2, 30);
+        for _ in 0..100 {
+            ok(cuEventRecord(a, s));
+            ok(cuEventRecord(b, s));
+        }
+        assert_eq!(crate::driver::inited().unwrap().open_marker_count(), 2);
+        // Once fixed (b, synchronised) they drop out at the next open record; at most one
+        // entry per event stays (a, never observed, and c).
+        ok(cuEventSynchronize(b));
+        launch(s2, 10);
+        ok(cuEventRecord(c, s));
+        assert_eq!(crate::driver::inited().unwrap().open_marker_count(), 2);
+        ok(cuCtxSynchronize());
+
+        // cuStreamWaitEvent: s waits for s2's 20 ms kernel; flags other than
+        // CU_EVENT_WAIT_EXTERNAL are invalid, as are record flags other than
+        // CU_EVENT_RECORD_EXTERNAL.
+        launch(s2, 20);
+        ok(cuEventRecordWithFlags(a, s2, 1));
+        assert_eq!(cuEventRecordWithFlags(a, s2, 2), CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(cuStreamWaitEvent(s, a, 2), CUDA_ERROR_INVALID_VALUE);
+        ok(cuStreamWaitEvent(s, a, 0));
+        assert_eq!(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+        let t = Instant::now();
+        ok(cuStreamSynchronize(s));
+        assert!(t.elapsed().as_millis() >= 15, "{:?}", t.elapsed());
     }
     let _ = std::fs::remove_file(&dir);
 }

@@ -661,6 +661,68 @@ pub unsafe extern "C" fn cuEventRecord_ptsz(event: Handle, stream: CUstream) -> 
     event_record(event, stream, true)
 }
 
+/// `CU_EVENT_RECORD_EXTERNAL`, the one flag of `cuEventRecordWithFlags`.
+const CU_EVENT_RECORD_EXTERNAL: c_uint = 1;
+
+fn event_record_flags(event: Handle, stream: CUstream, flags: c_uint, ptsz: bool) -> CUresult {
+    if flags & !CU_EVENT_RECORD_EXTERNAL != 0 {
+        return run(|| {
+            drop(inited()?);
+            Err(CUDA_ERROR_INVALID_VALUE)
+        });
+    }
+    event_record(event, stream, ptsz)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecordWithFlags(
+    event: Handle,
+    stream: CUstream,
+    flags: c_uint,
+) -> CUresult {
+    event_record_flags(event, stream, flags, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecordWithFlags_ptsz(
+    event: Handle,
+    stream: CUstream,
+    flags: c_uint,
+) -> CUresult {
+    event_record_flags(event, stream, flags, true)
+}
+
+/// `CU_EVENT_WAIT_EXTERNAL`, the one flag of `cuStreamWaitEvent`.
+const CU_EVENT_WAIT_EXTERNAL: c_uint = 1;
+
+fn stream_wait_event(stream: CUstream, event: Handle, flags: c_uint, ptsz: bool) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        if flags & !CU_EVENT_WAIT_EXTERNAL != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        g.stream_wait_event(stream as u64, event as u64, ptsz)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWaitEvent(
+    stream: CUstream,
+    event: Handle,
+    flags: c_uint,
+) -> CUresult {
+    stream_wait_event(stream, event, flags, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWaitEvent_ptsz(
+    stream: CUstream,
+    event: Handle,
+    flags: c_uint,
+) -> CUresult {
+    stream_wait_event(stream, event, flags, true)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuEventQuery(event: Handle) -> CUresult {
     run(|| {

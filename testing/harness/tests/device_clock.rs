@@ -21,7 +21,7 @@ fn env() -> TestEnv {
 }
 
 /// A sandbox whose processes may queue 10 s of work per device before a launch blocks (the
-/// default is 8 ms), so that every launch below returns at once.
+/// default is 2 ms), so that every launch below returns at once.
 fn deep() -> TestEnv {
     env().env("FAKE_CUDA_QUEUE_AHEAD", "10s")
 }
@@ -199,7 +199,7 @@ fn graphs_take_the_sum_of_their_captured_kernels() {
 
 #[test]
 fn cooperative_launches_and_entry_points_through_get_proc_address() {
-    let env = env();
+    let env = deep();
     let out = run(&env, "--via procaddr --cuda-version 12080 init ctx coop-ns 15ms 2 streamquery ctxsync-t launch-for 0.1 1ms");
     assert!(out.status.success(), "{}", out.dump());
     assert!(out.last("coop-ns").ok(), "{}", out.dump());
@@ -224,6 +224,14 @@ fn cooperative_launches_and_entry_points_through_get_proc_address() {
     );
     assert_eq!(sym("cuEventRecord", "12000", "2"), "cuEventRecord_ptsz");
     assert_eq!(sym("cuEventQuery", "12000", "0"), "cuEventQuery");
+    assert_eq!(
+        sym("cuStreamWaitEvent", "12000", "2"),
+        "cuStreamWaitEvent_ptsz"
+    );
+    assert_eq!(
+        sym("cuEventRecordWithFlags", "12000", "0"),
+        "cuEventRecordWithFlags"
+    );
     assert_eq!(sym("cuStreamQuery", "12000", "2"), "cuStreamQuery_ptsz");
     assert_eq!(
         sym("cuLaunchCooperativeKernel", "12000", "2"),
@@ -247,8 +255,8 @@ fn cooperative_launches_and_entry_points_through_get_proc_address() {
 
 #[test]
 fn a_full_launch_queue_blocks_the_launch_until_room_is_made() {
-    // By default a process's queued work reaches at most 8 ms ahead: each launch of 20 ms
-    // kernels after the first waits until the work ahead ends within 8 ms (12, 32, 52, 72 ms),
+    // By default a process's queued work reaches at most 2 ms ahead: each launch of 20 ms
+    // kernels after the first waits until the work ahead ends within 2 ms (18, 38, 58, 78 ms),
     // whatever stream it is on.
     let out = run(
         &env(),
@@ -288,11 +296,16 @@ fn one_process_alone_keeps_the_device_busy() {
     let out = run(&env, "init ctx launch-for 1 1ms");
     assert!(out.all_ok(), "{}", out.dump());
     let o = out.last("launch-for");
-    let share = busy_share(o);
+    let share = num(o, "nominal_ns") as f64 / num(o, "wall_ns") as f64;
     assert!(share > 0.9, "alone: busy share {share}: {}", out.dump());
-    // The events measured exactly the kernels' time.
+    // The events measured the kernels' time (plus, when the host was late to launch the
+    // next kernel, the idle gap after the event before it, as on a real GPU).
     let (busy, nominal) = (num(o, "busy_ns"), num(o, "nominal_ns"));
-    assert!(busy.abs_diff(nominal) < nominal / 100, "{}", out.dump());
+    assert!(
+        busy + MS >= nominal && busy < nominal + nominal / 20,
+        "{}",
+        out.dump()
+    );
     assert!(num(o, "kernels") > 500, "{}", out.dump());
 }
 
@@ -363,6 +376,17 @@ fn two_processes_share_the_device_and_nvml_reports_each_share() {
         let (busy, nominal) = (num(r, "busy_ns"), num(r, "nominal_ns"));
         assert!(busy.abs_diff(nominal) < nominal / 20, "{}", r.raw);
     }
+    // The state file's ground truth over both runs agrees: each pid was busy for its
+    // kernels, the device for both.
+    let (from, to) = (
+        num(&ra, "start_ns").min(num(&rb, "start_ns")),
+        num(&ra, "end_ns").max(num(&rb, "end_ns")),
+    );
+    let truth = env.device_busy(0, from, to + 1);
+    let of = |pid: u32| truth.per_pid.iter().find(|x| x.0 == pid).map_or(0, |x| x.1);
+    assert_eq!(of(pa), num(&ra, "nominal_ns"), "{truth:?}");
+    assert_eq!(of(pb), num(&rb, "nominal_ns"), "{truth:?}");
+    assert_eq!(truth.device, of(pa) + of(pb), "{truth:?}");
     let d = mid.device(0);
     assert_eq!(d.process_util_rc, Some(SUCCESS), "{}", mid.raw);
     let (ua, ub) = (

@@ -81,7 +81,8 @@ pub fn queue_depth() -> usize {
 }
 
 /// `FAKE_CUDA_QUEUE_AHEAD`: how far ahead of now a process's queued work on a device may
-/// reach before its next launch blocks until it reaches only that far (default 8 ms; a
+/// reach before its next launch blocks until it reaches only that far (default 2 ms, about
+/// a time slice of the real GPU; a
 /// duration as `FAKE_CUDA_KERNEL_NS`). The device is a FIFO: without this a back-to-back
 /// launcher would book it for seconds ahead and every other process's kernel would wait
 /// behind all of it, where the real GPU time-slices between processes. With it, a kernel of
@@ -92,7 +93,7 @@ pub fn queue_ahead_ns() -> u64 {
         std::env::var("FAKE_CUDA_QUEUE_AHEAD")
             .ok()
             .and_then(|v| parse_duration_ns(&v))
-            .unwrap_or(8_000_000)
+            .unwrap_or(2_000_000)
     })
 }
 
@@ -128,8 +129,9 @@ pub struct EventClock {
     /// When it completes (ns), once known.
     pub at: Option<u64>,
     /// Recorded behind queued work: the stream and the earliest instant it can complete. It
-    /// completes there, unless the stream's next submission is made before that instant: then
-    /// at that submission's start (the device reaches the marker when it turns to this
+    /// completes there, unless the stream's next submission is made before that instant (or
+    /// within [`queue_ahead_ns`] after it, or after waiting for room): then at that
+    /// submission's start (the device reaches the marker when it turns to this
     /// stream's work, as a time-slicing GPU runs a marker and the kernel after it together).
     pub open: Option<(StreamKey, u64)>,
 }
@@ -207,7 +209,19 @@ impl Inner {
 
     /// Submits `dur` ns of work on stream `s` now, or says until when the stream's queue is
     /// full (`Err(Ok(t))`). `Err(Err(code))`: a bad stream.
-    fn try_submit(&mut self, s: u64, ptsz: bool, dur: u64) -> Result<(u64, u64), R<u64>> {
+    ///
+    /// `waited`: this launch already slept for room until that instant. A real driver would
+    /// have queued it then (its queue is deep; the fake's is kept short for fairness), so it
+    /// is booked as from then, even if the host woke up later (the device would not have
+    /// idled for the host's lateness), and an event recorded just before it still marks its
+    /// start.
+    fn try_submit(
+        &mut self,
+        s: u64,
+        ptsz: bool,
+        dur: u64,
+        waited: Option<u64>,
+    ) -> Result<(u64, u64), R<u64>> {
         if self.is_capturing(s) {
             *self.clock.capture.entry(s).or_default() += dur;
             return Ok((0, 0));
@@ -233,15 +247,20 @@ impl Inner {
                 return Err(Ok(last - ahead));
             }
         }
-        let earliest = now.max(self.clock.streams.get(&key).map_or(0, |c| c.tail));
+        let from = waited.map_or(now, |w| w.min(now));
+        let earliest = from.max(self.clock.streams.get(&key).map_or(0, |c| c.tail));
         let (start, end) = self.shared().schedule(phys, self.slot, earliest, dur);
         self.clock.pending.entry(phys).or_default().push_back(end);
         if let Some(list) = self.clock.markers.remove(&key) {
             for e in list {
                 if let Some(ev) = self.clock.events.get_mut(&e) {
-                    if let Some((k, at_min)) = ev.open.filter(|o| o.0 == key) {
-                        debug_assert_eq!(k, key);
-                        ev.at = Some(if now <= at_min { start } else { at_min });
+                    if let Some((_, at_min)) = ev.open.filter(|o| o.0 == key) {
+                        // Within one queue horizon of the marker's instant: the host was
+                        // late by less than the work a real driver's deeper queue would
+                        // have held; the launch still follows the marker directly.
+                        let grace = queue_ahead_ns();
+                        let follows = waited.is_some() || now <= at_min.saturating_add(grace);
+                        ev.at = Some(if follows { start } else { at_min });
                         ev.open = None;
                     }
                 }
@@ -341,8 +360,48 @@ impl Inner {
         } else {
             ev.at = None;
             ev.open = Some((key, at));
-            self.clock.markers.entry(key).or_default().push(e);
+            // Only the events still open on this stream stay listed (an event fixed since, or
+            // re-recorded elsewhere, drops out), so the list cannot grow without bound.
+            let events = &self.clock.events;
+            let list = self.clock.markers.entry(key).or_default();
+            list.retain(|x| {
+                *x != e
+                    && events
+                        .get(x)
+                        .is_some_and(|v| v.open.is_some_and(|o| o.0 == key))
+            });
+            list.push(e);
         }
+        Ok(())
+    }
+
+    /// Events listed as open, all streams together (for tests).
+    #[cfg(test)]
+    pub fn open_marker_count(&self) -> usize {
+        self.clock.markers.values().map(Vec::len).sum()
+    }
+
+    /// `cuStreamWaitEvent(_ptsz)`: stream `s`'s later work starts after event `e` completes
+    /// (an event still open: after its earliest instant; the device is serial anyway).
+    /// Waiting on a never-recorded event, or in a stream being captured, changes nothing.
+    pub fn stream_wait_event(&mut self, s: u64, e: u64, ptsz: bool) -> R<()> {
+        self.check_event(e)?;
+        let (key, ctx, _) = self.stream_key(s, ptsz)?;
+        if self.is_capturing(s) {
+            return Ok(());
+        }
+        let at = match self.clock.events.get(&e) {
+            Some(EventClock { at: Some(t), .. }) => *t,
+            Some(EventClock {
+                open: Some((_, t)), ..
+            }) => *t,
+            _ => return Ok(()),
+        };
+        let st = self.clock.streams.entry(key).or_default();
+        st.tail = st.tail.max(at);
+        st.after_submission = false;
+        let t = self.clock.ctx_tail.entry(ctx).or_default();
+        *t = (*t).max(at);
         Ok(())
     }
 
@@ -439,13 +498,15 @@ impl Inner {
 /// released while the process's queue on the device is full ([`queue_depth`],
 /// [`queue_ahead_ns`]).
 pub fn submit(mut g: MutexGuard<'static, Inner>, s: u64, ptsz: bool, dur: u64) -> R<()> {
+    let mut waited = None;
     loop {
-        match g.try_submit(s, ptsz, dur) {
+        match g.try_submit(s, ptsz, dur, waited) {
             Ok(_) => return Ok(()),
             Err(Err(code)) => return Err(code),
             Err(Ok(until)) => {
                 drop(g);
                 sleep_until(until);
+                waited = Some(until);
                 g = inited()?;
             }
         }
