@@ -156,7 +156,7 @@ fn task_priority_is_reported_as_ignored() {
 
 // ---- the launch gate on the fake driver's device clock ----
 
-use hami_test_harness::OpLine;
+use hami_test_harness::{BusyWindow, OpLine};
 
 const MS: u64 = 1_000_000;
 /// Tolerance on a share, in fractions of the device: wide enough for a loaded 2-core CI
@@ -172,10 +172,8 @@ fn num(o: &OpLine, key: &str) -> u64 {
 }
 
 /// The device's busy time from the fake driver's clock, per pid, over `[from, to)`.
-fn busy(env: &TestEnv, from: u64, to: u64) -> fake_state::BusyWindow {
-    let s = fake_state::Shared::open(env.state_path(), fake_state::Config::from_env)
-        .expect("the fake driver's state");
-    let w = s.busy_between(0, from, to);
+fn busy(env: &TestEnv, from: u64, to: u64) -> BusyWindow {
+    let w = env.device_busy(0, from, to);
     assert!(w.covered_from <= from, "the ring covers the window: {w:?}");
     w
 }
@@ -188,7 +186,7 @@ fn counters(env: &TestEnv) -> (u64, u64) {
     (c.consumed_ns.load(Relaxed), c.throttled.load(Relaxed))
 }
 
-fn busy_of(w: &fake_state::BusyWindow, pid: u32) -> u64 {
+fn busy_of(w: &BusyWindow, pid: u32) -> u64 {
     w.per_pid.iter().find(|p| p.0 == pid).map_or(0, |p| p.1)
 }
 
@@ -335,7 +333,7 @@ fn a_killed_or_stopped_process_never_starves_the_other() {
         let other = env.spawn_probe(&["init", "ctx", "kernel", "launch-for", "3", "1ms"]);
         std::thread::sleep(std::time::Duration::from_millis(800));
         holder.signal(signal);
-        let at = fake_state::now_ns();
+        let at = hami_test_harness::device_clock_now_ns();
         let other = other.finish();
         holder.kill();
         assert!(other.all_ok(), "{}", other.dump());
