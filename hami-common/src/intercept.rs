@@ -161,6 +161,11 @@ pub const INTERCEPTS: &[Intercept] = &[
     hook("cuLaunchKernelEx_ptsz"),
     // Context limits: the stack, heap and printf FIFO they reserve (hami-preload/src/lmem.rs).
     hook("cuCtxSetLimit"),
+    // The launch gate (compute share): the other kernel submissions.
+    hook("cuLaunchCooperativeKernel"),
+    hook("cuLaunchCooperativeKernel_ptsz"),
+    hook("cuGraphLaunch"),
+    hook("cuGraphLaunch_ptsz"),
     nvml_hook("nvmlDeviceGetMemoryInfo"),
     nvml_hook("nvmlDeviceGetMemoryInfo_v2"),
 ];

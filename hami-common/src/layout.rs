@@ -207,8 +207,13 @@ pub struct DeviceCompute {
     pub throttled: AtomicU64,
     /// Total time (ns) processes of the container spent waiting at the gate.
     pub throttled_ns: AtomicU64,
+    /// The gate's advisory submission lock: 0, or the token (thread id + 1) of the thread
+    /// recording a submission's events around its launch, so that the container's other
+    /// processes do not submit in between. Taken over when held longer than a few
+    /// milliseconds (its holder is stopped or dead); see `docs/preload.md`.
+    pub submit_lock: AtomicU64,
     /// Reserved; zero.
-    pub _reserved: [u64; 2],
+    pub _reserved: u64,
 }
 
 /// The whole region file.

@@ -18,6 +18,12 @@
 //!   `HAMI_BENCH_BASELINE=<path of another libhami_preload.so>` (e.g. a build of the previous
 //!   commit) adds a run with that library to every round and a third table: a change to the
 //!   preload compared with its baseline under the same conditions (the host may be shared).
+//! * the launch hook: CPU ns per `cuLaunchKernel` of a kernel taking 0 ns on the fake driver
+//!   (cudaprobe `launch-cost`), without the preload, with it and no compute share, and with
+//!   `CUDA_DEVICE_SM_LIMIT=50` (the gate: capture check, two timing events, queries), rounds
+//!   alternating (and `HAMI_BENCH_BASELINE` too, no share); medians. CPU time leaves out
+//!   the gate's sleeps. `HAMI_BENCH_ONLY=launch` runs this part alone,
+//!   `HAMI_BENCH_LAUNCHES` (default 100000) sets the launches per run.
 //! * cost of registering a process when 1000 slots are live.
 //! * an empty-kernel launch (`cuLaunchKernel`, cudaprobe `bench-launch`), native vs preloaded,
 //!   runs alternating, medians of the rounds: the launch hook's cost (the local-memory check of
@@ -308,6 +314,11 @@ fn main() {
             b.display()
         );
     }
+    if std::env::var("HAMI_BENCH_ONLY").as_deref() == Ok("launch") {
+        launch_costs(&preload, baseline.as_deref(), &libdir, &probe, &dir, rounds);
+        let _ = std::fs::remove_dir_all(&dir);
+        return;
+    }
     let probes = UprobeWatch::new(&libdir.join("libcuda.so.1"));
     let mut locked_rows = Vec::new();
     let mut baseline_rows = Vec::new();
@@ -421,6 +432,7 @@ fn main() {
     }
 
     bench_launches(&preload, &libdir, &probe, &dir, rounds);
+    launch_costs(&preload, baseline.as_deref(), &libdir, &probe, &dir, rounds);
 
     // Registration with 1000 live slots.
     let path = dir.join("reg-region");
@@ -473,6 +485,88 @@ fn bench_launches(preload: &Path, libdir: &Path, probe: &Path, dir: &Path, round
             median(native.into_iter()),
             median(hooked.into_iter()),
             median(added.into_iter()),
+        );
+    }
+}
+
+/// CPU ns per launch of one `cudaprobe launch-cost` run.
+fn launch_cost(
+    preload: Option<&Path>,
+    libdir: &Path,
+    probe: &Path,
+    dir: &Path,
+    n: u64,
+    extra_env: &[(&str, &str)],
+) -> f64 {
+    let mut c = Command::new(probe);
+    c.args(["init", "ctx", "launch-cost", &n.to_string()])
+        .env("LD_LIBRARY_PATH", libdir)
+        .env("FAKE_CUDA_STATE", dir.join("fake-launch.state"))
+        .env("HAMI_CONTEXT_OVERHEAD", "0")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.join("launch-region"))
+        .env_remove("LD_PRELOAD")
+        .env_remove("CUDA_DEVICE_SM_LIMIT")
+        .envs(extra_env.iter().copied());
+    if let Some(p) = preload {
+        c.env("LD_PRELOAD", p);
+    }
+    // A fresh region each run: the share of the previous run's creator must not stay.
+    let _ = std::fs::remove_file(dir.join("launch-region"));
+    let out = c.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("op=launch-cost") && l.contains("rc=0"))
+        .unwrap_or_else(|| panic!("no figure in {text:?}"));
+    line.split_whitespace()
+        .find_map(|f| f.strip_prefix("cpu_ns_per_launch="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no cpu_ns_per_launch in {line:?}"))
+}
+
+/// The launch hook's cost: native, the preload without a share, with a share (the gate).
+fn launch_costs(
+    preload: &Path,
+    baseline: Option<&Path>,
+    libdir: &Path,
+    probe: &Path,
+    dir: &Path,
+    rounds: usize,
+) {
+    let n: u64 = env_or("HAMI_BENCH_LAUNCHES", 100_000);
+    let limit = [("CUDA_DEVICE_SM_LIMIT", "50")];
+    let (mut native, mut nolimit, mut gated, mut based) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        native.push(launch_cost(None, libdir, probe, dir, n, &[]));
+        nolimit.push(launch_cost(Some(preload), libdir, probe, dir, n, &[]));
+        gated.push(launch_cost(Some(preload), libdir, probe, dir, n, &limit));
+        if let Some(b) = baseline {
+            based.push(launch_cost(Some(b), libdir, probe, dir, n, &[]));
+        }
+    }
+    let m = |v: &[f64]| median(v.iter().copied());
+    let added = |v: &[f64]| median(v.iter().zip(&native).map(|(a, b)| a - b));
+    println!(
+        "launch hook: cuLaunchKernel of a 0 ns kernel (fake driver), {n} launches, CPU ns per \
+         launch, median of {rounds} rounds (added: median of the rounds' differences)"
+    );
+    println!("launch hook, native: {:.1} ns/launch", m(&native));
+    println!(
+        "launch hook, no share: {:.1} ns/launch, added {:.1}",
+        m(&nolimit),
+        added(&nolimit)
+    );
+    println!(
+        "launch hook, 50 % share: {:.1} ns/launch, added {:.1}",
+        m(&gated),
+        added(&gated)
+    );
+    if baseline.is_some() {
+        println!(
+            "launch hook, baseline, no share: {:.1} ns/launch, added {:.1}",
+            m(&based),
+            added(&based)
         );
     }
 }

@@ -3,7 +3,11 @@
 //! Everything here is pure: [`Config::from_lookup`] takes the environment as a function so
 //! that it unit-tests without touching the process environment.
 
-use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
+use hami_common::layout::{
+    COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE, LIMIT_FLAG_INVALID,
+    MAX_DEVICES,
+};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 pub use hami_common::config::{
     parse_region_group, parse_region_mode, parse_size, PermError, SizeError, DEFAULT_REGION_MODE,
@@ -20,6 +24,146 @@ pub enum Reason {
     /// A region permission setting ([`ENV_REGION_MODE`], [`ENV_REGION_GROUP`]).
     #[error("{0}")]
     Perm(PermError),
+    /// A compute setting ([`ENV_SM_LIMIT`], [`ENV_CORE_POLICY`], [`ENV_DISABLE_CONTROL`]).
+    #[error("{0}")]
+    Compute(ComputeError),
+}
+
+/// Why a compute setting was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ComputeError {
+    /// [`ENV_SM_LIMIT`]: not a whole number (a sign, a `%`, a fraction, empty).
+    #[error("not a whole percentage 0-100")]
+    NotAPercent,
+    /// [`ENV_SM_LIMIT`]: above 100.
+    #[error("{0} is above 100 (percent of one device)")]
+    OutOfRange(u64),
+    /// [`ENV_CORE_POLICY`]: not one of the three policies.
+    #[error("not one of default, force, disable")]
+    UnknownPolicy,
+    /// [`ENV_DISABLE_CONTROL`]: not a boolean.
+    #[error("not a boolean (true/false, 1/0, t/f)")]
+    NotABool,
+}
+
+/// Compute share of every device in percent of the device (`nvidia.com/gpucores`):
+/// `1..=99` limits, `0` and `100` mean no limit. HAMi-core reads the same variable.
+pub const ENV_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+/// HAMi's compute policy: `default`, `force` or `disable` (see `docs/preload.md`).
+pub const ENV_CORE_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
+/// `true`: the preload changes nothing (every call passes through, memory included).
+pub const ENV_DISABLE_CONTROL: &str = "CUDA_DISABLE_CONTROL";
+/// HAMi's task priority; read and reported as ignored (`docs/preload.md`).
+pub const ENV_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
+/// The share (percent) a device gets when its [`ENV_SM_LIMIT`] value is malformed: the
+/// smallest one, so that a configuration error never hands out the whole device (the
+/// application keeps running, slowly, and the error is logged).
+pub const SM_LIMIT_FALLBACK: u32 = 1;
+
+/// Parses a compute share: decimal digits (surrounding whitespace allowed), `0..=100`.
+pub fn parse_sm_limit(value: &str) -> Result<u32, ComputeError> {
+    let v = value.trim();
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(ComputeError::NotAPercent);
+    }
+    match v.parse::<u64>() {
+        Ok(n) if n <= 100 => Ok(n as u32),
+        Ok(n) => Err(ComputeError::OutOfRange(n)),
+        Err(_) => Err(ComputeError::OutOfRange(u64::MAX)),
+    }
+}
+
+/// Parses [`ENV_CORE_POLICY`] (any case, surrounding whitespace allowed; empty = `default`)
+/// into a `COMPUTE_POLICY_*` value.
+pub fn parse_core_policy(value: &str) -> Result<u32, ComputeError> {
+    let v = value.trim();
+    if v.is_empty() || v.eq_ignore_ascii_case("default") {
+        Ok(COMPUTE_POLICY_DEFAULT)
+    } else if v.eq_ignore_ascii_case("force") {
+        Ok(COMPUTE_POLICY_FORCE)
+    } else if v.eq_ignore_ascii_case("disable") {
+        Ok(COMPUTE_POLICY_DISABLE)
+    } else {
+        Err(ComputeError::UnknownPolicy)
+    }
+}
+
+/// Parses a boolean the way HAMi's device plugin reads [`ENV_DISABLE_CONTROL`] (Go's
+/// `strconv.ParseBool`: `1 t true 0 f false`, here in any case and trimmed).
+pub fn parse_bool(value: &str) -> Result<bool, ComputeError> {
+    let v = value.trim();
+    if ["1", "t", "true"].iter().any(|t| v.eq_ignore_ascii_case(t)) {
+        Ok(true)
+    } else if ["0", "f", "false"]
+        .iter()
+        .any(|t| v.eq_ignore_ascii_case(t))
+    {
+        Ok(false)
+    } else {
+        Err(ComputeError::NotABool)
+    }
+}
+
+/// [`ENV_DISABLE_CONTROL`] from `get`: whether control is off, and the error of a
+/// malformed value (then control stays on: the safe side).
+pub fn disable_control_from(get: impl Fn(&str) -> Option<String>) -> (bool, Option<ConfigError>) {
+    let Some(value) = get(ENV_DISABLE_CONTROL) else {
+        return (false, None);
+    };
+    match parse_bool(&value) {
+        Ok(b) => (b, None),
+        Err(reason) => (
+            false,
+            Some(ConfigError {
+                var: ENV_DISABLE_CONTROL.to_string(),
+                value,
+                reason: Reason::Compute(reason),
+            }),
+        ),
+    }
+}
+
+const CONTROL_UNKNOWN: u8 = 0;
+const CONTROL_ON: u8 = 1;
+const CONTROL_OFF: u8 = 2;
+static CONTROL: AtomicU8 = AtomicU8::new(CONTROL_UNKNOWN);
+
+/// Whether `CUDA_DISABLE_CONTROL` turned the preload off: then every hook forwards its call
+/// untouched and nothing is created (no region, no state). Read from the environment once;
+/// afterwards one atomic load.
+#[inline]
+pub fn control_disabled() -> bool {
+    match CONTROL.load(Ordering::Relaxed) {
+        CONTROL_ON => false,
+        CONTROL_OFF => true,
+        _ => control_disabled_slow(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn control_disabled_slow() -> bool {
+    let (off, err) = disable_control_from(|k| std::env::var(k).ok());
+    let v = if off { CONTROL_OFF } else { CONTROL_ON };
+    if CONTROL
+        .compare_exchange(CONTROL_UNKNOWN, v, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
+    {
+        if let Some(e) = err {
+            crate::log::write(
+                crate::log::Level::Error,
+                format_args!("{e}; control stays on"),
+            );
+        } else if off {
+            crate::log::write(
+                crate::log::Level::Info,
+                format_args!(
+                    "{ENV_DISABLE_CONTROL}=true: every CUDA and NVML call passes through unchanged (no limit, no region)"
+                ),
+            );
+        }
+    }
+    off
 }
 /// Milliseconds between two refreshes of the backstop (`UsageKind::Other`) per device;
 /// `0` turns the backstop off. Unset: [`DEFAULT_BACKSTOP_INTERVAL_MS`], or off when
@@ -80,6 +224,13 @@ pub struct Config {
     pub lock_timeout_invalid: Option<String>,
     /// Admission reserve per device in bytes ([`ENV_ADMISSION_RESERVE`]).
     pub admission_reserve: u64,
+    /// Per-device compute share in percent ([`ENV_SM_LIMIT`]; 0 = none; a malformed value
+    /// gives [`SM_LIMIT_FALLBACK`]).
+    pub sm_limits: [u32; MAX_DEVICES],
+    /// `COMPUTE_POLICY_*` ([`ENV_CORE_POLICY`]; a malformed value gives `default`).
+    pub compute_policy: u32,
+    /// [`ENV_TASK_PRIORITY`] as set (ignored; reported).
+    pub task_priority: Option<String>,
 }
 
 impl Config {
@@ -171,7 +322,40 @@ impl Config {
                 }
             },
         };
+        let mut compute = |var: String| -> Option<Result<u32, ()>> {
+            let value = get(&var)?;
+            Some(parse_sm_limit(&value).map_err(|reason| {
+                errors.push(ConfigError {
+                    var,
+                    value,
+                    reason: Reason::Compute(reason),
+                })
+            }))
+        };
+        let global_sm = compute(ENV_SM_LIMIT.to_string());
+        let mut sm_limits = [0u32; MAX_DEVICES];
+        for (d, l) in sm_limits.iter_mut().enumerate() {
+            match compute(format!("{ENV_SM_LIMIT}_{d}")).or(global_sm) {
+                Some(Ok(n)) => *l = n,
+                Some(Err(())) => *l = SM_LIMIT_FALLBACK,
+                None => {}
+            }
+        }
+        let compute_policy = match get(ENV_CORE_POLICY) {
+            None => COMPUTE_POLICY_DEFAULT,
+            Some(v) => parse_core_policy(&v).unwrap_or_else(|reason| {
+                errors.push(ConfigError {
+                    var: ENV_CORE_POLICY.to_string(),
+                    value: v,
+                    reason: Reason::Compute(reason),
+                });
+                COMPUTE_POLICY_DEFAULT
+            }),
+        };
         Config {
+            sm_limits,
+            compute_policy,
+            task_priority: get(ENV_TASK_PRIORITY),
             limits,
             limit_flags,
             errors,
@@ -376,5 +560,110 @@ mod tests {
             c.errors.is_empty(),
             "not a quota error: the quota still holds"
         );
+    }
+
+    #[test]
+    fn compute_share_global_and_per_device() {
+        let c = cfg(&[]);
+        assert_eq!(c.sm_limits, [0; MAX_DEVICES], "unset: no compute limit");
+        assert_eq!(c.compute_policy, COMPUTE_POLICY_DEFAULT);
+        assert_eq!(c.task_priority, None);
+        let c = cfg(&[
+            ("CUDA_DEVICE_SM_LIMIT", " 30 "),
+            ("CUDA_DEVICE_SM_LIMIT_1", "50"),
+            ("CUDA_DEVICE_SM_LIMIT_2", "0"),
+            ("CUDA_DEVICE_SM_LIMIT_3", "100"),
+        ]);
+        assert_eq!(&c.sm_limits[..5], &[30, 50, 0, 100, 30]);
+        assert_eq!(c.sm_limits[15], 30);
+        assert!(c.errors.is_empty());
+        // Memory limits are untouched by compute settings.
+        assert_eq!(c.limit_flags, [0; MAX_DEVICES]);
+    }
+
+    #[test]
+    fn malformed_compute_share_names_the_variable_and_gets_the_smallest_share() {
+        for bad in [
+            "30%",
+            "-5",
+            "0.5",
+            "",
+            "lots",
+            "101",
+            "99999999999999999999999",
+        ] {
+            let c = cfg(&[("CUDA_DEVICE_SM_LIMIT", bad)]);
+            assert_eq!(c.sm_limits, [SM_LIMIT_FALLBACK; MAX_DEVICES], "{bad:?}");
+            assert_eq!(c.errors.len(), 1, "{bad:?}");
+            let msg = c.errors[0].to_string();
+            assert!(
+                msg.contains("CUDA_DEVICE_SM_LIMIT") && msg.contains(&format!("{bad:?}")),
+                "{msg}"
+            );
+            assert!(matches!(c.errors[0].reason, Reason::Compute(_)));
+            assert_eq!(
+                c.limit_flags, [0; MAX_DEVICES],
+                "memory is not failed closed"
+            );
+        }
+        let c = cfg(&[
+            ("CUDA_DEVICE_SM_LIMIT", "40"),
+            ("CUDA_DEVICE_SM_LIMIT_1", "x"),
+        ]);
+        assert_eq!(&c.sm_limits[..3], &[40, SM_LIMIT_FALLBACK, 40]);
+        assert_eq!(c.errors[0].var, "CUDA_DEVICE_SM_LIMIT_1");
+        assert_eq!(
+            parse_sm_limit("101"),
+            Err(ComputeError::OutOfRange(101)),
+            "above 100 is out of range"
+        );
+        assert_eq!(parse_sm_limit("+5"), Err(ComputeError::NotAPercent));
+    }
+
+    #[test]
+    fn core_policy_values() {
+        for (v, p) in [
+            ("default", COMPUTE_POLICY_DEFAULT),
+            ("FORCE", COMPUTE_POLICY_FORCE),
+            (" force ", COMPUTE_POLICY_FORCE),
+            ("Disable", COMPUTE_POLICY_DISABLE),
+            ("", COMPUTE_POLICY_DEFAULT),
+        ] {
+            let c = cfg(&[("GPU_CORE_UTILIZATION_POLICY", v)]);
+            assert_eq!(c.compute_policy, p, "{v:?}");
+            assert!(c.errors.is_empty(), "{v:?}");
+        }
+        let c = cfg(&[("GPU_CORE_UTILIZATION_POLICY", "strict")]);
+        assert_eq!(
+            c.compute_policy, COMPUTE_POLICY_DEFAULT,
+            "fallback: default"
+        );
+        let msg = c.errors[0].to_string();
+        assert!(
+            msg.contains("GPU_CORE_UTILIZATION_POLICY") && msg.contains("strict"),
+            "{msg}"
+        );
+        let c = cfg(&[("CUDA_TASK_PRIORITY", "1")]);
+        assert_eq!(c.task_priority.as_deref(), Some("1"));
+        assert!(c.errors.is_empty(), "an ignored variable is no error");
+    }
+
+    #[test]
+    fn disable_control_values() {
+        let get =
+            |v: &'static str| move |k: &str| (k == "CUDA_DISABLE_CONTROL").then(|| v.to_string());
+        for v in ["true", "TRUE", "1", "t", " True "] {
+            assert_eq!(disable_control_from(get(v)), (true, None), "{v:?}");
+        }
+        for v in ["false", "0", "F"] {
+            assert_eq!(disable_control_from(get(v)), (false, None), "{v:?}");
+        }
+        assert_eq!(disable_control_from(|_| None), (false, None));
+        for v in ["yes", "", "on"] {
+            let (off, err) = disable_control_from(get(v));
+            assert!(!off, "{v:?}: a malformed value keeps control on");
+            let msg = err.expect("an error").to_string();
+            assert!(msg.contains("CUDA_DISABLE_CONTROL"), "{msg}");
+        }
     }
 }

@@ -401,6 +401,41 @@ pub type FnFuncGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, CUfunction
 /// `cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev)`.
 pub type FnKernelGetAttribute =
     unsafe extern "C" fn(*mut c_int, c_int, CUkernel, CUdevice) -> CUresult;
+/// `cuLaunchCooperativeKernel(_ptsz)`.
+pub type FnLaunchCooperativeKernel = unsafe extern "C" fn(
+    CUfunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CUstream,
+    *mut *mut c_void,
+) -> CUresult;
+/// A `CUgraphExec`.
+pub type CUgraphExec = *mut c_void;
+/// `cuGraphLaunch(_ptsz)`.
+pub type FnGraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
+/// `cuEventCreate`.
+pub type FnEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
+/// `cuEventDestroy_v2`.
+pub type FnEventDestroy = unsafe extern "C" fn(CUevent) -> CUresult;
+/// `cuEventRecord(_ptsz)`.
+pub type FnEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
+/// `cuEventQuery`.
+pub type FnEventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
+/// `cuEventElapsedTime(_v2)` (milliseconds).
+pub type FnEventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
+/// The head of `CUlaunchConfig` up to its stream (`cuLaunchKernelEx`).
+#[repr(C)]
+pub struct CUlaunchConfigHead {
+    /// `gridDimX..blockDimZ`, `sharedMemBytes`.
+    pub dims: [c_uint; 7],
+    /// `hStream`.
+    pub stream: CUstream,
+}
 /// `cuGetProcAddress` (CUDA 11.3 - 11.8 signature).
 pub type FnGetProcAddress =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;

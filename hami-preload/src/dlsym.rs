@@ -41,7 +41,7 @@ extern "C" fn hami_dlsym_decide(handle: *mut c_void, name: *const c_char) -> *mu
 fn decide_slow(handle: *mut c_void, name: *const c_char, cuda: bool) -> *mut c_void {
     // No panic may unwind into the trampoline.
     std::panic::catch_unwind(|| {
-        if real::resolving() {
+        if real::resolving() || crate::config::control_disabled() {
             return std::ptr::null_mut();
         }
         // SAFETY: non-null C string from the caller.

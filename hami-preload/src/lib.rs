@@ -14,8 +14,8 @@
 //! The hooks ([`hooks`], one file per family) are thin, all defined with one prelude
 //! ([`shim`]); the decisions live in plain Rust: [`accounting`] (charge / call / record),
 //! [`context`] (contexts, and measuring their memory), [`pools`] (stream-ordered pools),
-//! [`modules`] (module memory), [`backstop`] (what no hook saw), [`policy`] (views and
-//! estimates), [`config`].
+//! [`modules`] (module memory), [`backstop`] (what no hook saw), [`gate`] (the compute
+//! share), [`policy`] (views and estimates), [`config`].
 
 pub mod accounting;
 pub mod backstop;
@@ -23,6 +23,7 @@ pub mod config;
 pub mod context;
 pub mod cuda;
 pub mod dlsym;
+pub mod gate;
 pub mod hooks;
 pub mod images;
 pub(crate) mod keymap;

@@ -20,7 +20,8 @@
 //! `f` the real function and the thread marked as inside a hook. `= Nv::...` makes an NVML
 //! hook (`nvmlReturn_t`, `NVML_ERROR_UNKNOWN`, `NVML_ERROR_FUNCTION_NOT_FOUND`). `observe
 //! |f|` leaves out the re-entry check: for hooks that only record what the driver returned
-//! and call `enter` themselves where it matters.
+//! and call `enter` themselves where it matters. With `CUDA_DISABLE_CONTROL=true` every hook
+//! forwards its call untouched (one atomic load), before any state is built.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -79,6 +80,10 @@ macro_rules! hook {
                 }) else {
                     return $crate::cuda::CUDA_ERROR_NOT_FOUND;
                 };
+                if $crate::config::control_disabled() {
+                    // SAFETY: `CUDA_DISABLE_CONTROL=true`: forwarded untouched.
+                    return unsafe { $f($($arg),*) };
+                }
                 let Some(_entered) = $crate::shim::enter() else {
                     // SAFETY: nested call (the driver calling its own export): forwarded
                     // untouched, with the caller's arguments.
@@ -103,6 +108,10 @@ macro_rules! hook {
                 }) else {
                     return $crate::cuda::CUDA_ERROR_NOT_FOUND;
                 };
+                if $crate::config::control_disabled() {
+                    // SAFETY: `CUDA_DISABLE_CONTROL=true`: forwarded untouched.
+                    return unsafe { $f($($arg),*) };
+                }
                 $body
             })
         }
@@ -122,6 +131,10 @@ macro_rules! hook {
                 }) else {
                     return $crate::cuda::NVML_ERROR_FUNCTION_NOT_FOUND;
                 };
+                if $crate::config::control_disabled() {
+                    // SAFETY: `CUDA_DISABLE_CONTROL=true`: forwarded untouched.
+                    return unsafe { $f($($arg),*) };
+                }
                 let Some(_entered) = $crate::shim::enter() else {
                     // SAFETY: nested call (NVML calling its own export): forwarded untouched,
                     // with the caller's arguments.

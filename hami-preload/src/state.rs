@@ -18,7 +18,9 @@ use crate::cuda::{CUdevice, CUuuid, CUDA_SUCCESS};
 use crate::log::Level;
 use crate::symbols::{self, Cu};
 use hami_common::layout::{UsageKind, MAX_DEVICES};
-use hami_common::region::{DenyReason, OpenOutcome, ProcessId, Region, RegionConfig, SlotId};
+use hami_common::region::{
+    compute_policy_name, DenyReason, OpenOutcome, ProcessId, Region, RegionConfig, SlotId,
+};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -75,12 +77,28 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
     let config = Config::from_env();
     let mut messages = Vec::new();
     for e in &config.errors {
-        if matches!(e.reason, crate::config::Reason::Perm(_)) {
-            continue;
-        }
+        let consequence = match e.reason {
+            crate::config::Reason::Perm(_) => continue,
+            crate::config::Reason::Compute(_) if e.var == crate::config::ENV_CORE_POLICY => {
+                "the `default` policy applies".to_string()
+            }
+            crate::config::Reason::Compute(_) => format!(
+                "the affected devices' compute share is {} %",
+                crate::config::SM_LIMIT_FALLBACK
+            ),
+            _ => {
+                "allocations on the affected devices fail with CUDA_ERROR_OUT_OF_MEMORY".to_string()
+            }
+        };
+        messages.push((Level::Error, format!("{e}; {consequence}")));
+    }
+    if let Some(v) = &config.task_priority {
         messages.push((
-            Level::Error,
-            format!("{e}; allocations on the affected devices fail with CUDA_ERROR_OUT_OF_MEMORY"),
+            Level::Warn,
+            format!(
+                "{}={v:?} is ignored: hami-rs has no priority scheduling between containers (HAMi's node monitor uses it to pause lower-priority containers); each container's compute share applies on its own",
+                crate::config::ENV_TASK_PRIORITY
+            ),
         ));
     }
     if let Some(v) = &config.lock_timeout_invalid {
@@ -113,6 +131,8 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
         device_count: device_count(),
         mode: config.region_mode,
         group: config.region_group,
+        sm_limits: config.sm_limits,
+        compute_policy: config.compute_policy,
     };
     let opened = match config.region_error() {
         // Fail closed: neither create nor use a region with permissions nobody asked for.
@@ -133,6 +153,19 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
             Ok(r)
         }
         Ok((r, OpenOutcome::Existing { differs })) => {
+            for d in r.compute_differences(&rc) {
+                messages.push((
+                    Level::Warn,
+                    format!(
+                        "device {}: this process's compute share ({} %, policy {}) differs from the shared region's ({} %, policy {}); the region's applies",
+                        d.dev,
+                        d.requested_sm_limit,
+                        compute_policy_name(d.requested_policy),
+                        d.region_sm_limit,
+                        compute_policy_name(d.region_policy)
+                    ),
+                ));
+            }
             for d in differs {
                 messages.push((
                     Level::Warn,
@@ -186,6 +219,8 @@ pub struct ProcState {
     pub backstop: crate::backstop::Backstop,
     /// Context limits and local memory.
     pub limits: crate::lmem::Limits,
+    /// The launch gate's submissions in flight and spare events.
+    pub gate: crate::gate::Gate,
     denial_logged: [AtomicBool; MAX_DEVICES],
 }
 
@@ -202,6 +237,7 @@ impl ProcState {
             modules: Default::default(),
             backstop: Default::default(),
             limits: Default::default(),
+            gate: Default::default(),
             denial_logged: std::array::from_fn(|_| AtomicBool::new(false)),
         }
     }

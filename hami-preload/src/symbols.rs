@@ -143,6 +143,10 @@ symbol_table! {
         LaunchKernelEx => cuLaunchKernelEx,
         LaunchKernelExPtsz => cuLaunchKernelEx_ptsz,
         CtxSetLimit => cuCtxSetLimit,
+        LaunchCooperativeKernel => cuLaunchCooperativeKernel,
+        LaunchCooperativeKernelPtsz => cuLaunchCooperativeKernel_ptsz,
+        GraphLaunch => cuGraphLaunch,
+        GraphLaunchPtsz => cuGraphLaunch_ptsz,
     }
     helpers {
         Init = c"cuInit",
@@ -160,6 +164,14 @@ symbol_table! {
         CtxGetLimit = c"cuCtxGetLimit",
         FuncGetAttribute = c"cuFuncGetAttribute",
         KernelGetAttribute = c"cuKernelGetAttribute",
+        StreamIsCapturingPtsz = c"cuStreamIsCapturing_ptsz",
+        EventCreate = c"cuEventCreate",
+        EventDestroyV2 = c"cuEventDestroy_v2",
+        EventRecord = c"cuEventRecord",
+        EventRecordPtsz = c"cuEventRecord_ptsz",
+        EventQuery = c"cuEventQuery",
+        EventElapsedTime = c"cuEventElapsedTime",
+        EventElapsedTimeV2 = c"cuEventElapsedTime_v2",
         ThreadExchangeStreamCaptureMode = c"cuThreadExchangeStreamCaptureMode",
     }
 }

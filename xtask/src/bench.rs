@@ -327,6 +327,20 @@ fn dropped(m: &str) -> u64 {
 }
 
 /// The first number on the first line starting with `prefix` (after the prefix).
+/// The number after `added ` on the line starting with `prefix`.
+fn added_of(text: &str, prefix: &str) -> Option<f64> {
+    let line = text
+        .lines()
+        .map(str::trim_start)
+        .find(|l| l.starts_with(prefix))?;
+    line.split("added ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 fn figure(text: &str, prefix: &str) -> Option<f64> {
     text.lines()
         .map(str::trim_start)
@@ -447,6 +461,28 @@ fn summarize(
         writeln!(
             s,
             "| `cuLaunchKernel` of an {label} (fake driver), ns per launch: native / preloaded / **added**, same run | {native:.1} / {with:.1} / **{added:+.1} ns** | same launch cost |"
+        )?;
+    }
+    let native = need(
+        figure(preload, "launch hook, native:"),
+        "launch hook (preload bench)",
+    )?;
+    for (label, prefix) in [
+        ("no compute share", "launch hook, no share:"),
+        (
+            "`CUDA_DEVICE_SM_LIMIT=50` (the launch gate)",
+            "launch hook, 50 % share:",
+        ),
+    ] {
+        let with = need(figure(preload, prefix), "launch hook (preload bench)")?;
+        let added = need(
+            figure(preload, prefix).and(added_of(preload, prefix)),
+            "launch hook (preload bench)",
+        )?;
+        writeln!(
+            s,
+            "| `cuLaunchKernel` of a 0 ns kernel (fake driver), CPU ns per launch, {label}: native / with preload / **added** | {native:.1} / {with:.1} / **{added:+.1} ns** | {} |",
+            if prefix.contains("no share") { "within noise of native" } else { "" }
         )?;
     }
     let reg_preload = need(
@@ -590,6 +626,9 @@ locked      8        900.0       1150.0        250.0           2.22            1
 locked     64       9000.0       9700.0        700.0           0.22            0.20
 launch (empty kernel, fake driver, 200000 cuLaunchKernel): native 80.5 ns, preloaded 95.0 ns, added +14.5 ns per launch (median of 5 rounds)
 launch (kernel with 24 KiB local memory, fake driver, 200000 cuLaunchKernel): native 81.0 ns, preloaded 160.0 ns, added +79.0 ns per launch (median of 5 rounds)
+launch hook, native: 120.0 ns/launch
+launch hook, no share: 125.5 ns/launch, added 5.5
+launch hook, 50 % share: 900.0 ns/launch, added 780.0
 register+unregister with 1000 live slots: 12.5 us
 ";
     const PROBES: &str = "pairs_per_process=200000
@@ -646,6 +685,11 @@ rss_kib_with_probes=9000
             Some([81.0, 160.0, 79.0])
         );
         assert_eq!(launch_row(PRELOAD, "other kernel"), None);
+        assert_eq!(figure(PRELOAD, "launch hook, native:"), Some(120.0));
+        assert_eq!(figure(PRELOAD, "launch hook, no share:"), Some(125.5));
+        assert_eq!(added_of(PRELOAD, "launch hook, no share:"), Some(5.5));
+        assert_eq!(added_of(PRELOAD, "launch hook, 50 % share:"), Some(780.0));
+        assert_eq!(added_of(PRELOAD, "launch hook, native:"), None);
         assert_eq!(kv(PROBES, "events_dropped"), Some(0.0));
         assert_eq!(kv(PROBES, "added_ns_per_pair"), Some(1000.5));
         assert_eq!(kv(PROBES, "nothing"), None);

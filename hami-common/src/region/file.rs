@@ -476,6 +476,9 @@ pub(super) unsafe fn init_region(
         for d in 0..MAX_DEVICES {
             (*addr_of!((*h).limits[d])).store(cfg.limits[d], Ordering::Relaxed);
             (*addr_of!((*h).limit_flags[d])).store(cfg.limit_flags[d], Ordering::Relaxed);
+            let c = addr_of!((*r).compute[d]);
+            (*addr_of!((*c).sm_limit)).store(cfg.sm_limits[d], Ordering::Relaxed);
+            (*addr_of!((*c).policy)).store(cfg.compute_policy, Ordering::Relaxed);
         }
         let m = addr_of_mut!((*h).lock).cast::<libc::pthread_mutex_t>();
         let mut attr: libc::pthread_mutexattr_t = core::mem::zeroed();

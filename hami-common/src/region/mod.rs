@@ -34,12 +34,14 @@ const _: () = assert!(
 const _: () = assert!(core::mem::offset_of!(RegionHeader, uuids) % 8 == 0);
 
 mod admission;
+mod compute;
 mod file;
 mod liveness;
 mod lock;
 mod slots;
 mod snapshot;
 
+pub use compute::*;
 pub use liveness::*;
 pub use snapshot::*;
 
@@ -158,6 +160,11 @@ pub struct RegionConfig {
     pub mode: u32,
     /// Group of a created region (`None`: the creator's group).
     pub group: Option<u32>,
+    /// Per-device compute share in percent (1..=100), 0 = none
+    /// (`layout::DeviceCompute::sm_limit`).
+    pub sm_limits: [u32; MAX_DEVICES],
+    /// `COMPUTE_POLICY_*` of every device (`layout::DeviceCompute::policy`).
+    pub compute_policy: u32,
 }
 
 impl Default for RegionConfig {
@@ -168,6 +175,8 @@ impl Default for RegionConfig {
             device_count: 0,
             mode: DEFAULT_REGION_MODE,
             group: None,
+            sm_limits: [0; MAX_DEVICES],
+            compute_policy: layout::COMPUTE_POLICY_DEFAULT,
         }
     }
 }

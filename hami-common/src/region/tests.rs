@@ -1701,3 +1701,60 @@ fn context_footprint_is_shared_per_device_and_written_by_writable_mappings_only(
     // The figure is not usage: it changes no total.
     assert_eq!(a.used(0), 0);
 }
+
+/// The creator's compute share and policy are written at creation and kept by later
+/// openers, which are told where their own configuration differs; the gate's atomics are
+/// shared by every mapping of the file.
+#[test]
+fn compute_share_is_set_at_creation_and_differences_are_reported() {
+    use crate::layout::{COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_FORCE};
+    let d = TempDir::new("compute");
+    let p = d.file();
+    let mut c = cfg(0);
+    c.sm_limits[0] = 30;
+    c.sm_limits[2] = 100;
+    c.compute_policy = COMPUTE_POLICY_FORCE;
+    let r = create(&p, 0);
+    drop(r);
+    std::fs::remove_file(&p).unwrap();
+    let (r, out) = Region::open_or_create(&p, &c).unwrap();
+    assert_eq!(out, OpenOutcome::Created);
+    assert_eq!((r.sm_limit(0), r.sm_limit(1), r.sm_limit(2)), (30, 0, 100));
+    assert_eq!(r.compute_policy(0), COMPUTE_POLICY_FORCE);
+    assert_eq!(r.sm_limit(MAX_DEVICES), 0, "past the table: no limit");
+    assert!(r.compute_cells(MAX_DEVICES).is_none());
+    assert!(r.compute_differences(&c).is_empty());
+
+    let mut later = c.clone();
+    later.sm_limits[0] = 50;
+    later.compute_policy = COMPUTE_POLICY_DEFAULT;
+    let (r2, _) = Region::open_or_create(&p, &later).unwrap();
+    let diffs = r2.compute_differences(&later);
+    assert_eq!(
+        diffs.len(),
+        MAX_DEVICES,
+        "the policy differs on every device"
+    );
+    assert_eq!(
+        diffs[0],
+        ComputeDifference {
+            dev: 0,
+            region_sm_limit: 30,
+            region_policy: COMPUTE_POLICY_FORCE,
+            requested_sm_limit: 50,
+            requested_policy: COMPUTE_POLICY_DEFAULT,
+        }
+    );
+    assert_eq!(r2.sm_limit(0), 30, "the region's share applies");
+    assert_eq!(compute_policy_name(r2.compute_policy(0)), "force");
+
+    // Both mappings see the same budget.
+    let a = r.compute_cells(0).unwrap();
+    let b = r2.compute_cells(0).unwrap();
+    a.budget_ns.store(-5, Ordering::Relaxed);
+    a.consumed_ns.fetch_add(7, Ordering::Relaxed);
+    assert_eq!(b.budget_ns.load(Ordering::Relaxed), -5);
+    assert_eq!(b.consumed_ns.load(Ordering::Relaxed), 7);
+    let other = r2.compute_cells(1).unwrap();
+    assert_eq!(other.budget_ns.load(Ordering::Relaxed), 0, "per device");
+}

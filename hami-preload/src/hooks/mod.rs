@@ -10,6 +10,7 @@
 //! * [`alloc`] — allocations and releases (pointers, handles, arrays, mipmapped arrays);
 //! * [`pools`] — stream-ordered pools and synchronisations;
 //! * [`modules`] — modules, libraries, lookups and launches;
+//! * [`launch`] — cooperative and graph launches (the launch gate);
 //! * [`context`] — context creation and destruction;
 //! * [`views`] — memory queries answered with the quota;
 //! * [`procaddr`] — `cuGetProcAddress(_v2)`.
@@ -18,6 +19,7 @@
 pub mod alloc;
 pub mod context;
 pub mod limits;
+pub mod launch;
 pub mod modules;
 pub mod pools;
 pub mod procaddr;
@@ -26,6 +28,7 @@ pub mod views;
 pub use alloc::*;
 pub use context::*;
 pub use limits::*;
+pub use launch::*;
 pub use modules::*;
 pub use pools::*;
 pub use procaddr::*;

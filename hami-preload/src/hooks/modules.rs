@@ -531,15 +531,31 @@ hook! {
     }
 }
 
-/// A launch of `func` (a `CUfunction` or a `CUkernel`): local memory the kernel needs beyond
-/// what the context holds is admitted first ([`super::limits::before_launch`]; refused: the
-/// launch does not happen); the first launch of each module's kernels is measured; otherwise
-/// (the usual case) a cached lookup, one atomic load and the call.
-fn launch(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult) -> CUresult {
+/// A launch of `func` (a `CUfunction` or a `CUkernel`) on `stream` (`ptsz`: of a
+/// per-thread-stream entry point): local memory the kernel needs beyond what the context
+/// holds is admitted first ([`super::limits::before_launch`]; refused: the launch does not
+/// happen); then the launch gate ([`crate::gate::enter`] / [`crate::gate::leave`]: one atomic
+/// load without a compute share; its waits happen before any measurement starts) around the
+/// first-launch measurement of each module's kernels ([`launch_measured`]).
+fn launch(
+    what: &str,
+    func: CUfunction,
+    stream: CUstream,
+    ptsz: bool,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
     if let Some(refused) = super::limits::before_launch(what, func) {
         return refused;
     }
     let real = super::limits::after_launch(real);
+    let ticket = crate::gate::enter(stream, ptsz);
+    let r = launch_measured(what, func, real);
+    crate::gate::leave(ticket, r)
+}
+
+/// [`launch`] without the local-memory check and the gate: the first launch of each module's
+/// kernels is measured; otherwise (the usual case) one atomic load and the call.
+fn launch_measured(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult) -> CUresult {
     let p = state::proc_state();
     if !p.modules.any_unlaunched() {
         return real();
@@ -548,6 +564,16 @@ fn launch(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult) -> CUre
         Some(owner) => first_use(what, owner, Stage::Launch, real),
         None => real(),
     }
+}
+
+/// The stream of a `cuLaunchKernelEx` configuration (null for a null configuration: the
+/// driver then refuses the launch itself).
+fn ex_stream(config: *const c_void) -> CUstream {
+    if config.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a non-null `CUlaunchConfig*` from the caller starts with this head.
+    unsafe { (*config.cast::<CUlaunchConfigHead>()).stream }
 }
 
 hook! {
@@ -568,7 +594,7 @@ hook! {
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-        launch("cuLaunchKernel", func, call)
+        launch("cuLaunchKernel", func, stream, false, call)
     }
 }
 
@@ -590,7 +616,7 @@ hook! {
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-        launch("cuLaunchKernel_ptsz", func, call)
+        launch("cuLaunchKernel_ptsz", func, stream, true, call)
     }
 }
 
@@ -605,7 +631,7 @@ hook! {
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(config, func, params, extra) };
-        launch("cuLaunchKernelEx", func, call)
+        launch("cuLaunchKernelEx", func, ex_stream(config), false, call)
     }
 }
 
@@ -620,6 +646,6 @@ hook! {
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(config, func, params, extra) };
-        launch("cuLaunchKernelEx_ptsz", func, call)
+        launch("cuLaunchKernelEx_ptsz", func, ex_stream(config), true, call)
     }
 }

@@ -262,9 +262,10 @@ hook! {
 // ---------------------------------------------------------------- synchronisation
 
 /// After a successful synchronisation: pools above their release threshold may have given
-/// memory back; the backstop may be due.
+/// memory back; the backstop may be due; the launch gate debits what completed.
 fn after_sync(r: CUresult) -> CUresult {
     if r == CUDA_SUCCESS {
+        crate::gate::on_sync();
         let p = state::proc_state();
         if p.pools.any_releasable() {
             let l = ProcLedger::current();

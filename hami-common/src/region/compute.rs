@@ -1,0 +1,123 @@
+//! The per-device compute records ([`crate::layout::DeviceCompute`]): the container's
+//! compute share (set at creation) and the launch gate's shared budget, all lock-free.
+//!
+//! The budget's algorithm (refill, debit) lives in the preload's gate; this module only
+//! hands out the atomics, so that the preload, the agent and `inspect` read the same fields.
+
+use core::ptr::addr_of;
+use core::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+use super::*;
+use crate::layout::{COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE};
+
+/// The launch gate's shared atomics of one device (references into the mapping, or into
+/// any other storage: unit tests build them from local atomics).
+#[derive(Clone, Copy, Debug)]
+pub struct ComputeCells<'a> {
+    /// Device time (ns) the container may still use; negative = debt.
+    pub budget_ns: &'a AtomicI64,
+    /// `CLOCK_MONOTONIC` ns up to which the budget has been refilled.
+    pub refilled_at_ns: &'a AtomicU64,
+    /// Total metered device time (ns).
+    pub consumed_ns: &'a AtomicU64,
+    /// Number of submissions that waited at the gate.
+    pub throttled: &'a AtomicU64,
+    /// Total time (ns) spent waiting at the gate.
+    pub throttled_ns: &'a AtomicU64,
+    /// The advisory submission lock (`DeviceCompute::submit_lock`).
+    pub submit_lock: &'a AtomicU64,
+}
+
+/// A device whose compute configuration in the caller's environment differs from the
+/// region's (the region's applies; the caller logs a warning).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ComputeDifference {
+    /// Device ordinal.
+    pub dev: usize,
+    /// Share in force (percent, 0 = none).
+    pub region_sm_limit: u32,
+    /// Policy in force (`COMPUTE_POLICY_*`).
+    pub region_policy: u32,
+    /// Share the caller asked for.
+    pub requested_sm_limit: u32,
+    /// Policy the caller asked for.
+    pub requested_policy: u32,
+}
+
+/// Name of a `COMPUTE_POLICY_*` value, as `GPU_CORE_UTILIZATION_POLICY` spells it.
+pub fn compute_policy_name(policy: u32) -> &'static str {
+    match policy {
+        COMPUTE_POLICY_DEFAULT => "default",
+        COMPUTE_POLICY_FORCE => "force",
+        COMPUTE_POLICY_DISABLE => "disable",
+        _ => "unknown",
+    }
+}
+
+impl Region {
+    fn c_sm_limit(&self, d: usize) -> &AtomicU32 {
+        // SAFETY: atomic field of the live mapping; d < MAX_DEVICES (indexing panics
+        // otherwise; callers check).
+        unsafe { &*addr_of!((*self.map.as_ptr()).compute[d].sm_limit) }
+    }
+
+    fn c_policy(&self, d: usize) -> &AtomicU32 {
+        // SAFETY: as c_sm_limit.
+        unsafe { &*addr_of!((*self.map.as_ptr()).compute[d].policy) }
+    }
+
+    /// The compute share of device `dev` in percent (1..=100), 0 = no compute limit (also
+    /// for an ordinal the region does not describe).
+    pub fn sm_limit(&self, dev: usize) -> u32 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        self.c_sm_limit(dev).load(Ordering::Relaxed)
+    }
+
+    /// The `COMPUTE_POLICY_*` of device `dev` as the region's creator configured it
+    /// ([`COMPUTE_POLICY_DEFAULT`] for an ordinal the region does not describe).
+    pub fn compute_policy(&self, dev: usize) -> u32 {
+        if dev >= MAX_DEVICES {
+            return COMPUTE_POLICY_DEFAULT;
+        }
+        self.c_policy(dev).load(Ordering::Relaxed)
+    }
+
+    /// The launch gate's atomics of device `dev`, or `None` past [`MAX_DEVICES`].
+    pub fn compute_cells(&self, dev: usize) -> Option<ComputeCells<'_>> {
+        if dev >= MAX_DEVICES {
+            return None;
+        }
+        let c = self.map.as_ptr();
+        // SAFETY: atomic fields of the live mapping; dev < MAX_DEVICES.
+        unsafe {
+            Some(ComputeCells {
+                budget_ns: &*addr_of!((*c).compute[dev].budget_ns),
+                refilled_at_ns: &*addr_of!((*c).compute[dev].refilled_at_ns),
+                consumed_ns: &*addr_of!((*c).compute[dev].consumed_ns),
+                throttled: &*addr_of!((*c).compute[dev].throttled),
+                throttled_ns: &*addr_of!((*c).compute[dev].throttled_ns),
+                submit_lock: &*addr_of!((*c).compute[dev].submit_lock),
+            })
+        }
+    }
+
+    /// Devices whose compute share or policy in `cfg` differs from the region's.
+    pub fn compute_differences(&self, cfg: &RegionConfig) -> Vec<ComputeDifference> {
+        (0..MAX_DEVICES)
+            .filter_map(|d| {
+                let (region_sm_limit, region_policy) = (self.sm_limit(d), self.compute_policy(d));
+                let (requested_sm_limit, requested_policy) = (cfg.sm_limits[d], cfg.compute_policy);
+                (region_sm_limit != requested_sm_limit || region_policy != requested_policy)
+                    .then_some(ComputeDifference {
+                        dev: d,
+                        region_sm_limit,
+                        region_policy,
+                        requested_sm_limit,
+                        requested_policy,
+                    })
+            })
+            .collect()
+    }
+}

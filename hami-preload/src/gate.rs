@@ -1,0 +1,712 @@
+//! The launch gate: holds a container's use of each device at its compute share
+//! (`CUDA_DEVICE_SM_LIMIT`), measured from what the GPU did. See `docs/preload.md`,
+//! "Compute share".
+//!
+//! * **One budget per device, shared by the container** ([`ComputeCells`] in the region): a
+//!   token bucket of device nanoseconds, refilled at `share` % of wall time (lock-free: a
+//!   compare-and-swap advances `refilled_at_ns`, the winner adds the elapsed time's worth),
+//!   capped at [`WINDOW_NS`] x share.
+//! * **Debited with the driver's own timing**: every metered submission is bracketed by two
+//!   events recorded on its stream; when the second has completed (checked with
+//!   `cuEventQuery` at later submissions and at synchronisations) `cuEventElapsedTime` is
+//!   debited from the budget and added to `consumed_ns`. Kernels of several streams (or
+//!   processes) that overlap on the device are each counted in full: the sum is
+//!   conservative.
+//! * **Waiting sleeps**: a submission that finds the budget negative sleeps for the deficit
+//!   at the refill rate (at most [`MAX_SLEEP_NS`] at a time) and checks again.
+//! * **Bounded queue**: at most [`inflight_limit`] metered submissions per device and
+//!   process are in flight (not yet debited); past it the submission polls the oldest with
+//!   `cuEventQuery` and short sleeps.
+//! * **Nothing is held**: the budget is only ever debited for work that completed, so a
+//!   process that dies or is stopped holds nothing; one stopped between advancing
+//!   `refilled_at_ns` and adding the refill loses at most one burst of the container's
+//!   budget, and the others keep refilling from there.
+//! * **One submission at a time per container and device**: an advisory lock in the region
+//!   ([`lock_submissions`]) is held from the start event to the end event, so that another
+//!   process's kernel does not land inside this pair (taken over after [`LOCK_STEAL_NS`]).
+//! * A launch into a capturing stream is not executed: it is neither throttled nor metered
+//!   (the graph is, at `cuGraphLaunch`).
+//!
+//! The policy ([`before`] / [`after`], [`submit`]) is plain Rust over two traits,
+//! [`Driver`] (events, capture) and [`Clock`], so that it unit-tests without a driver and
+//! with simulated time; the FFI side ([`RealDriver`], [`enter`] / [`leave`], [`launch`]) is
+//! thin.
+
+use crate::cuda::*;
+use crate::symbols::{self, Cu};
+use hami_common::layout::{COMPUTE_POLICY_DISABLE, MAX_DEVICES};
+use hami_common::region::ComputeCells;
+use std::collections::VecDeque;
+use std::ffi::{c_int, c_uint};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+/// The bucket holds at most this much wall time's worth of the share (100 ms x share):
+/// how far a container that was idle may burst above its share.
+pub const WINDOW_NS: u64 = 100_000_000;
+/// Longest single sleep at the gate before the budget is checked again.
+pub const MAX_SLEEP_NS: u64 = 50_000_000;
+/// Shortest sleep at the gate.
+pub const MIN_SLEEP_NS: u64 = 20_000;
+/// Most metered submissions one process keeps in flight per device.
+pub const MAX_INFLIGHT: usize = 16;
+/// Fewest (so that the device is never starved by the bound itself).
+pub const MIN_INFLIGHT: usize = 2;
+/// Longest wait for the oldest submission in flight; past it the submission goes ahead
+/// (a kernel that never finishes must not hang the gate forever).
+pub const INFLIGHT_WAIT_NS: u64 = 2_000_000_000;
+/// Events kept for reuse per process.
+const POOL_MAX: usize = 64;
+/// A submission lock held longer than this is taken over (its holder is stopped or dead;
+/// holding it takes microseconds: two event records and a launch).
+pub const LOCK_STEAL_NS: u64 = 2_000_000;
+
+/// The cap of the bucket for a share of `pct` %.
+pub fn burst_ns(pct: u32) -> i64 {
+    (WINDOW_NS * u64::from(pct.min(100)) / 100) as i64
+}
+
+/// Refills the shared bucket up to `now_ns` at `pct` % of wall time; the result is capped
+/// at [`burst_ns`] (a debt is repaid in full). Lock-free: the process whose compare-and-swap advances `refilled_at_ns`
+/// adds the elapsed interval's worth; the others see no interval left. A clock behind the
+/// recorded instant adds nothing.
+pub fn refill(c: &ComputeCells<'_>, pct: u32, now_ns: u64) {
+    let cap = burst_ns(pct);
+    let mut last = c.refilled_at_ns.load(Ordering::Acquire);
+    loop {
+        if now_ns <= last {
+            return;
+        }
+        match c.refilled_at_ns.compare_exchange_weak(
+            last,
+            now_ns,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => break,
+            Err(seen) => last = seen,
+        }
+    }
+    // The cap bounds what is saved up, not what repays a debt.
+    let add = (u128::from(now_ns - last) * u128::from(pct) / 100).min(i64::MAX as u128) as i64;
+    let _ = c
+        .budget_ns
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+            Some(if b >= cap {
+                b
+            } else {
+                b.saturating_add(add).min(cap)
+            })
+        });
+}
+
+/// Debits `ns` of measured device time: the budget (which may go into debt) and the
+/// container's total.
+pub fn debit(c: &ComputeCells<'_>, ns: u64) {
+    let d = i64::try_from(ns).unwrap_or(i64::MAX);
+    let _ = c
+        .budget_ns
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+            Some(b.saturating_sub(d))
+        });
+    c.consumed_ns.fetch_add(ns, Ordering::Relaxed);
+}
+
+/// After a refill: how long a submission must sleep before checking again (`None`: go).
+/// The deficit is repaid at `pct` % of wall time; the sleep is that long, within
+/// [`MIN_SLEEP_NS`]..=[`MAX_SLEEP_NS`].
+pub fn wait_needed(c: &ComputeCells<'_>, pct: u32, now_ns: u64) -> Option<u64> {
+    if pct == 0 {
+        return None;
+    }
+    refill(c, pct, now_ns);
+    let b = c.budget_ns.load(Ordering::Acquire);
+    if b >= 0 {
+        return None;
+    }
+    let repay = u128::from(b.unsigned_abs()) * 100 / u128::from(pct);
+    Some((repay.min(u128::from(MAX_SLEEP_NS)) as u64).max(MIN_SLEEP_NS))
+}
+
+/// Metered submissions a process may keep in flight on a device, from the average measured
+/// duration of its submissions there: about a quarter of the bucket's burst, within
+/// [`MIN_INFLIGHT`]..=[`MAX_INFLIGHT`] ([`MAX_INFLIGHT`] before anything was measured).
+pub fn inflight_limit(pct: u32, avg_ns: u64) -> usize {
+    if avg_ns == 0 {
+        return MAX_INFLIGHT;
+    }
+    let n = burst_ns(pct) as u64 / 4 / avg_ns;
+    (n as usize).clamp(MIN_INFLIGHT, MAX_INFLIGHT)
+}
+
+/// The effective share of a device from the region's record: `1..=99` with any policy but
+/// `disable`; anything else is no limit (0).
+pub fn effective_share(sm_limit: u32, policy: u32) -> u32 {
+    if policy == COMPUTE_POLICY_DISABLE || sm_limit == 0 || sm_limit >= 100 {
+        0
+    } else {
+        sm_limit
+    }
+}
+
+/// The state of an event's work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Query {
+    /// Completed (`CUDA_SUCCESS`).
+    Done,
+    /// Not yet (`CUDA_ERROR_NOT_READY`).
+    Pending,
+    /// Any other answer: the event (or its context) is gone.
+    Failed,
+}
+
+/// What the gate needs of the driver. Events are opaque handles.
+pub trait Driver {
+    /// Whether `stream` is capturing (`cuStreamIsCapturing(_ptsz)`); an error counts as not
+    /// capturing (the launch then reports its own error).
+    fn capturing(&self, stream: usize, ptsz: bool) -> bool;
+    /// A new timing event in the current context.
+    fn create_event(&self) -> Option<usize>;
+    /// Destroys an event (errors ignored).
+    fn destroy_event(&self, ev: usize);
+    /// Records `ev` on `stream` (`cuEventRecord(_ptsz)`); false on error.
+    fn record(&self, ev: usize, stream: usize, ptsz: bool) -> bool;
+    /// `cuEventQuery`.
+    fn query(&self, ev: usize) -> Query;
+    /// Nanoseconds between two completed events (`cuEventElapsedTime`).
+    fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64>;
+    /// Runs `f` with this thread allowed to query events while another stream capture is
+    /// under way (`cuThreadExchangeStreamCaptureMode` to relaxed and back).
+    fn relaxed(&self, f: &mut dyn FnMut()) {
+        f()
+    }
+}
+
+/// Wall time and sleeping.
+pub trait Clock {
+    /// `CLOCK_MONOTONIC` in nanoseconds.
+    fn now_ns(&self) -> u64;
+    /// Sleeps (never spins) for about `ns`.
+    fn sleep_ns(&self, ns: u64);
+}
+
+/// One metered submission, not yet debited.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    dev: usize,
+    ctx: usize,
+    start: usize,
+    end: usize,
+}
+
+/// A process's metering state: submissions in flight and spare events.
+#[derive(Default)]
+struct Meter {
+    pending: VecDeque<Pending>,
+    /// Spare events and the context each was created in.
+    pool: Vec<(usize, usize)>,
+    /// Average measured duration of a submission, per device (ns; 0 = none yet).
+    avg_ns: [u64; MAX_DEVICES],
+}
+
+impl Meter {
+    fn in_flight(&self, dev: usize) -> usize {
+        self.pending.iter().filter(|p| p.dev == dev).count()
+    }
+
+    fn take_event<D: Driver>(&mut self, d: &D, ctx: usize) -> Option<usize> {
+        match self.pool.iter().rposition(|&(c, _)| c == ctx) {
+            Some(i) => Some(self.pool.swap_remove(i).1),
+            None => d.create_event(),
+        }
+    }
+
+    fn give_event<D: Driver>(&mut self, d: &D, ctx: usize, ev: usize) {
+        if self.pool.len() < POOL_MAX {
+            self.pool.push((ctx, ev));
+        } else {
+            d.destroy_event(ev);
+        }
+    }
+
+    /// Debits every completed submission; drops those whose events failed.
+    fn harvest<'a, D: Driver>(
+        &mut self,
+        d: &D,
+        cells: &impl Fn(usize) -> Option<ComputeCells<'a>>,
+    ) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut keep = VecDeque::with_capacity(self.pending.len());
+        let pending = std::mem::take(&mut self.pending);
+        d.relaxed(&mut || {
+            for p in &pending {
+                match d.query(p.end) {
+                    Query::Pending => keep.push_back(*p),
+                    Query::Done => {
+                        if let Some(ns) = d.elapsed_ns(p.start, p.end) {
+                            if let Some(c) = cells(p.dev) {
+                                debit(&c, ns);
+                            }
+                            let a = &mut self.avg_ns[p.dev];
+                            *a = if *a == 0 {
+                                ns.max(1)
+                            } else {
+                                (*a * 7 + ns) / 8
+                            }
+                            .max(1);
+                        }
+                        self.give_event(d, p.ctx, p.start);
+                        self.give_event(d, p.ctx, p.end);
+                    }
+                    Query::Failed => {
+                        d.destroy_event(p.start);
+                        d.destroy_event(p.end);
+                    }
+                }
+            }
+        });
+        self.pending = keep;
+    }
+
+    /// The oldest submission in flight on `dev`.
+    fn oldest(&self, dev: usize) -> Option<Pending> {
+        self.pending.iter().find(|p| p.dev == dev).copied()
+    }
+}
+
+/// The gate of one process (kept in its `ProcState`).
+#[derive(Default)]
+pub struct Gate {
+    meter: Mutex<Meter>,
+}
+
+/// Where a submission goes.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    /// Device ordinal (the current context's).
+    pub dev: usize,
+    /// The current context (events are created in it).
+    pub ctx: usize,
+    /// The stream (`CUstream`) as the application passed it.
+    pub stream: usize,
+    /// Whether the entry point is a per-thread-default-stream (`_ptsz`) variant.
+    pub ptsz: bool,
+    /// This thread's token for the container's submission lock (non-zero).
+    pub token: u64,
+}
+
+impl Gate {
+    fn meter(&self) -> std::sync::MutexGuard<'_, Meter> {
+        self.meter.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Debits what completed (at synchronisations).
+    pub fn harvest<'a, D: Driver>(&self, d: &D, cells: impl Fn(usize) -> Option<ComputeCells<'a>>) {
+        self.meter().harvest(d, &cells);
+    }
+
+    /// Submissions of this process in flight on `dev` (not yet debited).
+    pub fn in_flight(&self, dev: usize) -> usize {
+        self.meter().in_flight(dev)
+    }
+}
+
+/// Takes the container's advisory submission lock of a device: while one thread records a
+/// submission's events around its launch, no other process of the container submits in
+/// between (on a device that runs work in submission order, the other's kernel would land
+/// inside this pair and be counted twice). Waits yield, then sleep; a holder that keeps it
+/// past [`LOCK_STEAL_NS`] (stopped, dead) is taken over. The lock only sharpens the
+/// measurement: nothing depends on it for safety.
+pub fn lock_submissions<C: Clock>(lock: &AtomicU64, token: u64, clock: &C) {
+    let mut seen = (0u64, 0u64); // (holder, since)
+    let mut tries = 0u32;
+    loop {
+        match lock.compare_exchange(0, token, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => return,
+            Err(holder) => {
+                let now = clock.now_ns();
+                if holder != seen.0 {
+                    seen = (holder, now);
+                } else if now.saturating_sub(seen.1) >= LOCK_STEAL_NS
+                    && lock
+                        .compare_exchange(holder, token, Ordering::Acquire, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    return;
+                }
+                tries += 1;
+                if tries < 16 {
+                    std::thread::yield_now();
+                } else {
+                    clock.sleep_ns(MIN_SLEEP_NS);
+                }
+            }
+        }
+    }
+}
+
+/// Releases the submission lock if this thread still holds it.
+pub fn unlock_submissions(lock: &AtomicU64, token: u64) {
+    let _ = lock.compare_exchange(token, 0, Ordering::Release, Ordering::Relaxed);
+}
+
+/// A submission let through the gate and being metered: the process's meter (held until
+/// [`after`], so that the two events bracket exactly this submission) and the events, the
+/// start one already recorded.
+pub struct Ticket<'g> {
+    meter: std::sync::MutexGuard<'g, Meter>,
+    t: Target,
+    start: usize,
+    end: usize,
+    /// The container's submission lock, held until [`after`].
+    lock: &'g AtomicU64,
+}
+
+/// The gate before a submission at a share of `pct` % on `t.dev`: waits while the
+/// container's budget is in debt or too much of this process's work is in flight, then
+/// records the start event. `cells(dev)` gives a device's shared budget. `None`: submit
+/// unmetered (no share, a capturing stream, no event to be had).
+pub fn before<'g, D: Driver, C: Clock>(
+    gate: &'g Gate,
+    d: &D,
+    clock: &C,
+    cells: impl Fn(usize) -> Option<ComputeCells<'g>>,
+    pct: u32,
+    t: Target,
+) -> Option<Ticket<'g>> {
+    let own = cells(t.dev)?;
+    if pct == 0 || d.capturing(t.stream, t.ptsz) {
+        return None;
+    }
+    let mut waited = 0u64;
+    let mut inflight_since: Option<u64> = None;
+    loop {
+        let (count, avg, oldest) = {
+            let mut m = gate.meter();
+            m.harvest(d, &cells);
+            (m.in_flight(t.dev), m.avg_ns[t.dev], m.oldest(t.dev))
+        };
+        let now = clock.now_ns();
+        if count >= inflight_limit(pct, avg) && oldest.is_some() {
+            let since = *inflight_since.get_or_insert(now);
+            if now.saturating_sub(since) < INFLIGHT_WAIT_NS {
+                // About half the queue's expected drain time, then look again.
+                let step = (avg.saturating_mul(count as u64) / 2).clamp(MIN_SLEEP_NS, 1_000_000);
+                clock.sleep_ns(step);
+                waited += step;
+                continue;
+            }
+        }
+        match wait_needed(&own, pct, now) {
+            Some(ns) => {
+                clock.sleep_ns(ns);
+                waited += ns;
+            }
+            None => break,
+        }
+    }
+    if waited > 0 {
+        own.throttled.fetch_add(1, Ordering::Relaxed);
+        own.throttled_ns.fetch_add(waited, Ordering::Relaxed);
+    }
+    let mut m = gate.meter();
+    let start = m.take_event(d, t.ctx);
+    let end = m.take_event(d, t.ctx);
+    let (Some(start), Some(end)) = (start, end) else {
+        for ev in [start, end].into_iter().flatten() {
+            m.give_event(d, t.ctx, ev);
+        }
+        crate::debug!("launch gate: no timing event; this submission is not metered");
+        return None;
+    };
+    lock_submissions(own.submit_lock, t.token, clock);
+    if !d.record(start, t.stream, t.ptsz) {
+        // A stale pooled event (its context went): drop it, submit unmetered.
+        unlock_submissions(own.submit_lock, t.token);
+        d.destroy_event(start);
+        m.give_event(d, t.ctx, end);
+        return None;
+    }
+    Some(Ticket {
+        meter: m,
+        t,
+        start,
+        end,
+        lock: own.submit_lock,
+    })
+}
+
+/// The gate after the submission returned `r`: records the end event (a submission that
+/// failed is not metered) and returns `r`.
+pub fn after<D: Driver>(ticket: Option<Ticket<'_>>, d: &D, r: CUresult) -> CUresult {
+    let Some(Ticket {
+        mut meter,
+        t,
+        start,
+        end,
+        lock,
+    }) = ticket
+    else {
+        return r;
+    };
+    let recorded = r == CUDA_SUCCESS && d.record(end, t.stream, t.ptsz);
+    unlock_submissions(lock, t.token);
+    if recorded {
+        meter.pending.push_back(Pending {
+            dev: t.dev,
+            ctx: t.ctx,
+            start,
+            end,
+        });
+    } else {
+        meter.give_event(d, t.ctx, start);
+        meter.give_event(d, t.ctx, end);
+    }
+    r
+}
+
+/// Submits `real` through the gate: [`before`], `real`, [`after`].
+pub fn submit<'a, D: Driver, C: Clock>(
+    gate: &'a Gate,
+    d: &D,
+    clock: &C,
+    cells: impl Fn(usize) -> Option<ComputeCells<'a>>,
+    pct: u32,
+    t: Target,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let ticket = before(gate, d, clock, cells, pct, t);
+    let r = real();
+    after(ticket, d, r)
+}
+
+// ---- the process-wide switch: one atomic load on the launch path without a limit ----
+
+const ARM_UNKNOWN: u8 = 0;
+const ARM_OFF: u8 = 1;
+const ARM_ON: u8 = 2;
+static ARMED: AtomicU8 = AtomicU8::new(ARM_UNKNOWN);
+static SHARES: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+
+/// Whether any device has a compute share: the only check on the launch path without one.
+#[inline]
+pub fn armed() -> bool {
+    match ARMED.load(Ordering::Relaxed) {
+        ARM_OFF => false,
+        ARM_ON => true,
+        _ => arm(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn arm() -> bool {
+    let g = crate::state::global();
+    let mut any = false;
+    if let Ok(region) = &g.region {
+        for (d, s) in SHARES.iter().enumerate() {
+            let pct = effective_share(region.sm_limit(d), region.compute_policy(d));
+            s.store(pct, Ordering::Relaxed);
+            any |= pct != 0;
+        }
+    }
+    ARMED.store(if any { ARM_ON } else { ARM_OFF }, Ordering::Release);
+    any
+}
+
+/// The effective share of device `dev` (0 = none), once [`armed`].
+pub fn share(dev: usize) -> u32 {
+    SHARES.get(dev).map_or(0, |s| s.load(Ordering::Relaxed))
+}
+
+// ---- the FFI side ----
+
+/// The real driver's events and capture state.
+pub struct RealDriver;
+
+const CU_EVENT_DEFAULT: c_uint = 0;
+const CUDA_ERROR_NOT_READY: CUresult = 600;
+const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+
+impl Driver for RealDriver {
+    fn capturing(&self, stream: usize, ptsz: bool) -> bool {
+        let sym = if ptsz {
+            Cu::StreamIsCapturingPtsz
+        } else {
+            Cu::StreamIsCapturing
+        };
+        // SAFETY: documented type.
+        let Some(f) = (unsafe { symbols::cu::<FnStreamIsCapturing>(sym) }) else {
+            return false;
+        };
+        let mut status: c_int = 0;
+        // SAFETY: the application's stream; valid out pointer.
+        (unsafe { f(stream as CUstream, &mut status) }) == CUDA_SUCCESS && status != 0
+    }
+
+    fn create_event(&self) -> Option<usize> {
+        // SAFETY: documented type.
+        let f = unsafe { symbols::cu::<FnEventCreate>(Cu::EventCreate) }?;
+        let mut ev: CUevent = std::ptr::null_mut();
+        // SAFETY: valid out pointer.
+        (unsafe { f(&mut ev, CU_EVENT_DEFAULT) } == CUDA_SUCCESS && !ev.is_null())
+            .then_some(ev as usize)
+    }
+
+    fn destroy_event(&self, ev: usize) {
+        // SAFETY: documented type; an event this gate created.
+        if let Some(f) = unsafe { symbols::cu::<FnEventDestroy>(Cu::EventDestroyV2) } {
+            // SAFETY: as above.
+            unsafe { f(ev as CUevent) };
+        }
+    }
+
+    fn record(&self, ev: usize, stream: usize, ptsz: bool) -> bool {
+        let sym = if ptsz {
+            Cu::EventRecordPtsz
+        } else {
+            Cu::EventRecord
+        };
+        // SAFETY: documented type.
+        let Some(f) = (unsafe { symbols::cu::<FnEventRecord>(sym) }) else {
+            return false;
+        };
+        // SAFETY: an event this gate created; the application's stream.
+        unsafe { f(ev as CUevent, stream as CUstream) == CUDA_SUCCESS }
+    }
+
+    fn query(&self, ev: usize) -> Query {
+        // SAFETY: documented type.
+        let Some(f) = (unsafe { symbols::cu::<FnEventQuery>(Cu::EventQuery) }) else {
+            return Query::Failed;
+        };
+        // SAFETY: an event this gate created.
+        match unsafe { f(ev as CUevent) } {
+            CUDA_SUCCESS => Query::Done,
+            CUDA_ERROR_NOT_READY => Query::Pending,
+            _ => Query::Failed,
+        }
+    }
+
+    fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64> {
+        // SAFETY: documented type (both versions have it).
+        let f = unsafe { symbols::cu::<FnEventElapsedTime>(Cu::EventElapsedTimeV2) }
+            // SAFETY: as above.
+            .or_else(|| unsafe { symbols::cu::<FnEventElapsedTime>(Cu::EventElapsedTime) })?;
+        let mut ms: f32 = 0.0;
+        // SAFETY: events this gate created; valid out pointer.
+        if unsafe { f(&mut ms, start as CUevent, end as CUevent) } != CUDA_SUCCESS {
+            return None;
+        }
+        (ms.is_finite() && ms >= 0.0).then(|| (f64::from(ms) * 1e6) as u64)
+    }
+
+    fn relaxed(&self, f: &mut dyn FnMut()) {
+        // SAFETY: documented type.
+        let Some(x) = (unsafe {
+            symbols::cu::<FnThreadExchangeStreamCaptureMode>(Cu::ThreadExchangeStreamCaptureMode)
+        }) else {
+            return f();
+        };
+        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: valid in/out pointer.
+        let swapped = unsafe { x(&mut mode) } == CUDA_SUCCESS;
+        f();
+        if swapped {
+            // SAFETY: as above; restores the thread's previous mode.
+            unsafe { x(&mut mode) };
+        }
+    }
+}
+
+/// `CLOCK_MONOTONIC` and `nanosleep`.
+pub struct RealClock;
+
+impl Clock for RealClock {
+    fn now_ns(&self) -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: valid out pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+
+    fn sleep_ns(&self, ns: u64) {
+        std::thread::sleep(std::time::Duration::from_nanos(ns));
+    }
+}
+
+/// A kernel submission from a hook: through the gate when the current device has a share,
+/// otherwise `real` with one atomic load in front.
+#[inline]
+pub fn launch(stream: CUstream, ptsz: bool, real: impl FnOnce() -> CUresult) -> CUresult {
+    let ticket = enter(stream, ptsz);
+    let r = real();
+    leave(ticket, r)
+}
+
+/// The gate in front of a submission on `stream` (`ptsz`: of a per-thread-stream entry
+/// point): one atomic load without a share; with one, [`before`] on the current device.
+/// Pass what it returns to [`leave`] with the submission's result.
+#[inline]
+pub fn enter(stream: CUstream, ptsz: bool) -> Option<Ticket<'static>> {
+    if !armed() {
+        return None;
+    }
+    enter_gated(stream, ptsz)
+}
+
+#[inline(never)]
+fn enter_gated(stream: CUstream, ptsz: bool) -> Option<Ticket<'static>> {
+    let (dev, ctx) = crate::context::measure::current_dev_ctx().ok()?;
+    let pct = share(dev);
+    if pct == 0 {
+        return None;
+    }
+    let region = crate::state::global().region.as_ref().ok()?;
+    // SAFETY: gettid has no preconditions.
+    let token = unsafe { libc::gettid() } as u64 + 1;
+    let t = Target {
+        dev,
+        ctx,
+        stream: stream as usize,
+        ptsz,
+        token,
+    };
+    before(
+        &crate::state::proc_state().gate,
+        &RealDriver,
+        &RealClock,
+        |d| region.compute_cells(d),
+        pct,
+        t,
+    )
+}
+
+/// The gate after a submission that returned `r` (see [`enter`]).
+#[inline]
+pub fn leave(ticket: Option<Ticket<'static>>, r: CUresult) -> CUresult {
+    match ticket {
+        None => r,
+        Some(_) => after(ticket, &RealDriver, r),
+    }
+}
+
+/// At a synchronisation: debits this process's submissions that completed.
+pub fn on_sync() {
+    if !armed() {
+        return;
+    }
+    if let Ok(region) = &crate::state::global().region {
+        crate::state::proc_state()
+            .gate
+            .harvest(&RealDriver, |d| region.compute_cells(d));
+    }
+}
+
+#[cfg(test)]
+mod tests;

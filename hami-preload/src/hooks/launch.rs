@@ -1,0 +1,72 @@
+//! Hooks of the kernel submissions that neither load nor measure module memory: the
+//! cooperative launches and graph launches. Each goes through the launch gate
+//! ([`crate::gate::launch`]); `cuLaunchKernel(Ex)` do too, from `hooks/modules.rs`.
+#![allow(non_snake_case)]
+#![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
+
+use crate::cuda::*;
+use crate::gate;
+use crate::shim::hook;
+use std::ffi::{c_uint, c_void};
+
+hook! {
+    /// Hook of `cuLaunchCooperativeKernel`.
+    fn cuLaunchCooperativeKernel(
+        func: CUfunction,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        shared: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+    ) = Cu::LaunchCooperativeKernel as FnLaunchCooperativeKernel;
+    |f| {
+        // SAFETY: forwarded arguments.
+        gate::launch(stream, false, || unsafe {
+            f(func, gx, gy, gz, bx, by, bz, shared, stream, params)
+        })
+    }
+}
+
+hook! {
+    /// Hook of `cuLaunchCooperativeKernel_ptsz`.
+    fn cuLaunchCooperativeKernel_ptsz(
+        func: CUfunction,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        shared: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+    ) = Cu::LaunchCooperativeKernelPtsz as FnLaunchCooperativeKernel;
+    |f| {
+        // SAFETY: forwarded arguments.
+        gate::launch(stream, true, || unsafe {
+            f(func, gx, gy, gz, bx, by, bz, shared, stream, params)
+        })
+    }
+}
+
+hook! {
+    /// Hook of `cuGraphLaunch`: the whole graph is metered as one submission.
+    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) = Cu::GraphLaunch as FnGraphLaunch;
+    |f| {
+        // SAFETY: forwarded arguments.
+        gate::launch(stream, false, || unsafe { f(exec, stream) })
+    }
+}
+
+hook! {
+    /// Hook of `cuGraphLaunch_ptsz`.
+    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) = Cu::GraphLaunchPtsz as FnGraphLaunch;
+    |f| {
+        // SAFETY: forwarded arguments.
+        gate::launch(stream, true, || unsafe { f(exec, stream) })
+    }
+}

@@ -1,0 +1,390 @@
+//! The compute share (`docs/preload.md`, "Compute share"): the variables, and the launch
+//! gate against the fake driver's device clock, with `cudaprobe`.
+
+use hami_common::layout::{COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE};
+use hami_test_harness::{ProbeOutput, TestEnv, CUDA_ERROR_OUT_OF_MEMORY as OOM};
+
+/// A sandbox with the preload, contexts free of memory.
+fn env() -> TestEnv {
+    TestEnv::new()
+        .preload(true)
+        .env("FAKE_CUDA_CTX_OVERHEAD", "0")
+        .env("HAMI_CONTEXT_OVERHEAD", "0")
+}
+
+fn run(env: &TestEnv, args: &str) -> ProbeOutput {
+    env.run_probe(&args.split_ascii_whitespace().collect::<Vec<_>>())
+}
+
+/// `CUDA_DISABLE_CONTROL=true`: every call passes through unchanged (an allocation far over
+/// the memory limit succeeds) by every path, and no region is created.
+#[test]
+fn disable_control_passes_everything_through() {
+    for via in ["direct", "dlsym", "procaddr"] {
+        for value in ["true", "1", "TRUE"] {
+            let env = env()
+                .env("CUDA_DEVICE_MEMORY_LIMIT", "1M")
+                .env("CUDA_DEVICE_SM_LIMIT", "10")
+                .env("CUDA_DISABLE_CONTROL", value);
+            let out = run(
+                &env,
+                &format!("--via {via} init ctx alloc 64M meminfo free last"),
+            );
+            assert!(out.status.success(), "{}", out.dump());
+            assert_eq!(
+                out.rcs(),
+                vec![0, 0, 0, 0, 0],
+                "{via} {value}: {}",
+                out.dump()
+            );
+            assert!(
+                !env.region_path().exists(),
+                "{via}: no region is created: {}",
+                out.dump()
+            );
+        }
+    }
+    // `false`, and a malformed value (named in an error), keep control on.
+    for value in ["false", "yes"] {
+        let env = env()
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "1M")
+            .env("CUDA_DISABLE_CONTROL", value);
+        let out = run(&env, "init ctx alloc 64M");
+        assert_eq!(out.rcs(), vec![0, 0, OOM as i32], "{value}: {}", out.dump());
+        if value == "yes" {
+            assert!(
+                out.stderr.contains("ERROR") && out.stderr.contains("CUDA_DISABLE_CONTROL=\"yes\""),
+                "{}",
+                out.dump()
+            );
+        }
+    }
+}
+
+/// The creator's share and policy are written into the region; a later process with another
+/// configuration is told that the region's apply.
+#[test]
+fn the_share_and_policy_are_the_regions_and_differences_warn() {
+    let env = env()
+        .env("CUDA_DEVICE_SM_LIMIT", "30")
+        .env("CUDA_DEVICE_SM_LIMIT_1", "50")
+        .env("GPU_CORE_UTILIZATION_POLICY", "FORCE");
+    let out = run(&env, "init ctx");
+    assert!(out.all_ok(), "{}", out.dump());
+    let r = env.region();
+    assert_eq!((r.sm_limit(0), r.sm_limit(1), r.sm_limit(2)), (30, 50, 30));
+    assert_eq!(r.compute_policy(0), COMPUTE_POLICY_FORCE);
+    let later = env
+        .env("CUDA_DEVICE_SM_LIMIT", "70")
+        .env("GPU_CORE_UTILIZATION_POLICY", "default");
+    let out = run(&later, "init ctx");
+    assert!(out.all_ok(), "{}", out.dump());
+    assert!(
+        out.stderr.contains("WARN")
+            && out
+                .stderr
+                .contains("compute share (70 %, policy default) differs")
+            && out
+                .stderr
+                .contains("(30 %, policy force); the region's applies"),
+        "{}",
+        out.dump()
+    );
+    assert_eq!(later.region().sm_limit(0), 30);
+}
+
+/// A malformed share is an error naming the variable; the device gets the smallest share
+/// (1 %), never the whole device. A malformed policy is an error too; `default` applies.
+#[test]
+fn malformed_compute_settings_are_named_and_fall_back_safely() {
+    for bad in ["30%", "0.5", "-1", "101", ""] {
+        let env = env().env("CUDA_DEVICE_SM_LIMIT", bad);
+        let out = run(&env, "init ctx");
+        assert!(
+            out.all_ok(),
+            "{bad:?}: the application runs: {}",
+            out.dump()
+        );
+        assert!(
+            out.stderr.contains("ERROR")
+                && out
+                    .stderr
+                    .contains(&format!("CUDA_DEVICE_SM_LIMIT={bad:?}"))
+                && out.stderr.contains("compute share is 1 %"),
+            "{bad:?}: {}",
+            out.dump()
+        );
+        assert_eq!(env.region().sm_limit(0), 1, "{bad:?}");
+    }
+    let env = env()
+        .env("CUDA_DEVICE_SM_LIMIT", "40")
+        .env("GPU_CORE_UTILIZATION_POLICY", "strict");
+    let out = run(&env, "init ctx");
+    assert!(out.all_ok(), "{}", out.dump());
+    assert!(
+        out.stderr
+            .contains("GPU_CORE_UTILIZATION_POLICY=\"strict\"")
+            && out.stderr.contains("the `default` policy applies"),
+        "{}",
+        out.dump()
+    );
+    assert_eq!(env.region().compute_policy(0), COMPUTE_POLICY_DEFAULT);
+    assert_eq!(env.region().sm_limit(0), 40);
+    let env = self::env().env("GPU_CORE_UTILIZATION_POLICY", "disable");
+    run(&env, "init ctx");
+    assert_eq!(env.region().compute_policy(0), COMPUTE_POLICY_DISABLE);
+}
+
+/// `CUDA_TASK_PRIORITY` is ignored, and says so at the default log level.
+#[test]
+fn task_priority_is_reported_as_ignored() {
+    let env = env().env("CUDA_TASK_PRIORITY", "0");
+    let out = run(&env, "init ctx");
+    assert!(out.all_ok(), "{}", out.dump());
+    assert!(
+        out.stderr.contains("WARN") && out.stderr.contains("CUDA_TASK_PRIORITY=\"0\" is ignored"),
+        "{}",
+        out.dump()
+    );
+    let quiet = run(&self::env(), "init ctx");
+    assert!(
+        !quiet.stderr.contains("CUDA_TASK_PRIORITY"),
+        "{}",
+        quiet.dump()
+    );
+}
+
+// ---- the launch gate on the fake driver's device clock ----
+
+use hami_test_harness::{BusyWindow, OpLine};
+
+const MS: u64 = 1_000_000;
+/// Tolerance on a share, in fractions of the device: wide enough for a loaded 2-core CI
+/// machine (a descheduled launcher uses less, never more), far narrower than the gap between
+/// a held and an unheld share.
+const TOL: f64 = 0.06;
+
+fn num(o: &OpLine, key: &str) -> u64 {
+    o.get(key)
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("no {key}= in {}", o.raw))
+}
+
+/// The device's busy time from the fake driver's clock, per pid, over `[from, to)`.
+fn busy(env: &TestEnv, from: u64, to: u64) -> BusyWindow {
+    let w = env.device_busy(0, from, to);
+    assert!(w.covered_from <= from, "the ring covers the window: {w:?}");
+    w
+}
+
+/// The region's `consumed_ns` and `throttled` of device 0.
+fn counters(env: &TestEnv) -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let r = env.region();
+    let c = r.compute_cells(0).expect("device 0");
+    (c.consumed_ns.load(Relaxed), c.throttled.load(Relaxed))
+}
+
+fn busy_of(w: &BusyWindow, pid: u32) -> u64 {
+    w.per_pid.iter().find(|p| p.0 == pid).map_or(0, |p| p.1)
+}
+
+/// One process launching 1 ms kernels back to back for `secs`: its share of the device
+/// over its run (from the fake's clock), and its output.
+fn share_alone(env: &TestEnv, secs: f64) -> (f64, ProbeOutput) {
+    let out = run(env, &format!("init ctx kernel launch-for {secs} 1ms"));
+    assert!(out.all_ok(), "{}", out.dump());
+    let l = out.last("launch-for");
+    let (from, to) = (num(l, "start_ns"), num(l, "end_ns"));
+    let w = busy(env, from, to);
+    let pid = out.pid.expect("pid");
+    (busy_of(&w, pid) as f64 / (to - from) as f64, out)
+}
+
+#[test]
+fn one_process_alone_gets_its_share() {
+    for pct in [30u32, 50] {
+        let env = env().env("CUDA_DEVICE_SM_LIMIT", &pct.to_string());
+        let (got, out) = share_alone(&env, 3.0);
+        let want = f64::from(pct) / 100.0;
+        assert!(
+            (got - want).abs() < TOL,
+            "{pct} %: the device was busy {got:.3} of the run: {}",
+            out.dump()
+        );
+        // What was metered is in the region: the container's consumption.
+        let consumed = counters(&env).0;
+        let l = out.last("launch-for");
+        let ran = num(l, "kernels") * MS;
+        assert!(
+            consumed as f64 > ran as f64 * 0.9 && consumed <= ran + 100 * MS,
+            "consumed {consumed} ns for {ran} ns of kernels"
+        );
+    }
+}
+
+#[test]
+fn each_policy_value() {
+    for (policy, want) in [
+        ("default", Some(0.3)),
+        ("force", Some(0.3)),
+        ("disable", None),
+    ] {
+        let env = env()
+            .env("CUDA_DEVICE_SM_LIMIT", "30")
+            .env("GPU_CORE_UTILIZATION_POLICY", policy);
+        let (got, out) = share_alone(&env, 2.0);
+        match want {
+            Some(w) => assert!((got - w).abs() < TOL, "{policy}: {got:.3}: {}", out.dump()),
+            None => assert!(
+                got > 0.85,
+                "{policy}: not limited: {got:.3}: {}",
+                out.dump()
+            ),
+        }
+    }
+}
+
+/// Without a share nothing is metered (and nothing waits); with one, it is.
+#[test]
+fn no_limit_meters_nothing() {
+    for limit in [None, Some("0"), Some("100")] {
+        let mut env = env();
+        if let Some(l) = limit {
+            env = env.env("CUDA_DEVICE_SM_LIMIT", l);
+        }
+        let (got, out) = share_alone(&env, 1.0);
+        assert!(got > 0.85, "{limit:?}: {got:.3}: {}", out.dump());
+        let (consumed, throttled) = counters(&env);
+        assert_eq!(consumed, 0, "{limit:?}: nothing metered");
+        assert_eq!(throttled, 0, "{limit:?}");
+    }
+    let env = env().env("CUDA_DEVICE_SM_LIMIT", "90");
+    share_alone(&env, 1.0);
+    assert!(counters(&env).0 > 500 * MS, "with a share it is");
+}
+
+/// Two processes of one container at 50 % get 50 % together, not each.
+#[test]
+fn two_processes_of_one_container_share_its_budget() {
+    let env = env().env("CUDA_DEVICE_SM_LIMIT", "50");
+    let args = ["init", "ctx", "kernel", "launch-for", "4", "1ms"];
+    let a = env.spawn_probe(&args);
+    let b = env.spawn_probe(&args);
+    let (a, b) = (a.finish(), b.finish());
+    assert!(a.all_ok() && b.all_ok(), "{}\n{}", a.dump(), b.dump());
+    let (la, lb) = (a.last("launch-for"), b.last("launch-for"));
+    let from = num(la, "start_ns").max(num(lb, "start_ns"));
+    let to = num(la, "end_ns").min(num(lb, "end_ns"));
+    assert!(
+        to > from + 2_000 * MS,
+        "they overlapped: {}\n{}",
+        a.dump(),
+        b.dump()
+    );
+    let w = busy(&env, from, to);
+    let (ba, bb) = (busy_of(&w, a.pid.unwrap()), busy_of(&w, b.pid.unwrap()));
+    let together = (ba + bb) as f64 / (to - from) as f64;
+    assert!(
+        (together - 0.5).abs() < TOL,
+        "together {together:.3} ({ba} + {bb} ns over {} ns)",
+        to - from
+    );
+    assert!(ba > 0 && bb > 0, "both ran");
+}
+
+/// A graph launch is metered as the whole graph; the launches captured into it are not
+/// (they did not run).
+#[test]
+fn graphs_are_metered_at_launch() {
+    let env = env().env("CUDA_DEVICE_SM_LIMIT", "30");
+    let out = run(
+        &env,
+        "init ctx streamnew graph-capture 10ms 5 graph-launch 40 streamsync-t",
+    );
+    assert!(out.all_ok(), "{}", out.dump());
+    let launched = num(out.last("graph-launch"), "host_ns");
+    let synced = num(out.last("streamsync-t"), "wait_ns");
+    // 40 graphs of 50 ms = 2 s of device time at 30 %: at least (2000 - 30) / 0.3 ms.
+    let wall = launched + synced;
+    let share = 2_000.0 * MS as f64 / wall as f64;
+    assert!(
+        (share - 0.3).abs() < TOL,
+        "graphs got {share:.3}: {}",
+        out.dump()
+    );
+    let consumed = counters(&env).0;
+    assert!(
+        (1_900 * MS..=2_100 * MS).contains(&consumed),
+        "consumed {consumed}: 40 graph launches of 50 ms, not the captured launches"
+    );
+}
+
+/// A budget holder that is killed, or stopped, never starves the other process of the
+/// container: it keeps running at the container's share.
+#[test]
+fn a_killed_or_stopped_process_never_starves_the_other() {
+    for signal in [libc::SIGKILL, libc::SIGSTOP] {
+        let env = env().env("CUDA_DEVICE_SM_LIMIT", "50");
+        let mut holder = env.spawn_probe(&["init", "ctx", "kernel", "launch-for", "30", "1ms"]);
+        holder.wait_for("kernel");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let other = env.spawn_probe(&["init", "ctx", "kernel", "launch-for", "3", "1ms"]);
+        std::thread::sleep(std::time::Duration::from_millis(800));
+        holder.signal(signal);
+        let at = hami_test_harness::device_clock_now_ns();
+        let other = other.finish();
+        holder.kill();
+        assert!(other.all_ok(), "{}", other.dump());
+        let end = num(other.last("launch-for"), "end_ns");
+        // From shortly after the signal (the holder's queued kernels drain) to the end.
+        let from = at + 300 * MS;
+        assert!(end > from + 1_000 * MS, "{}", other.dump());
+        let w = busy(&env, from, end);
+        let got = busy_of(&w, other.pid.unwrap()) as f64 / (end - from) as f64;
+        assert!(
+            (got - 0.5).abs() < TOL,
+            "after signal {signal}: the other process got {got:.3}: {}",
+            other.dump()
+        );
+    }
+}
+
+/// The gate holds by every path to the driver (`dlsym`, `cuGetProcAddress`), and for
+/// cooperative launches too.
+#[test]
+fn every_path_and_cooperative_launches_are_gated() {
+    for via in ["dlsym", "procaddr"] {
+        let env = env().env("CUDA_DEVICE_SM_LIMIT", "30");
+        let out = run(
+            &env,
+            &format!("--via {via} init ctx kernel launch-for 2 1ms"),
+        );
+        assert!(out.all_ok(), "{via}: {}", out.dump());
+        let l = out.last("launch-for");
+        let (from, to) = (num(l, "start_ns"), num(l, "end_ns"));
+        let got = busy_of(&busy(&env, from, to), out.pid.unwrap()) as f64 / (to - from) as f64;
+        assert!((got - 0.3).abs() < TOL, "{via}: {got:.3}: {}", out.dump());
+    }
+    // 100 cooperative launches of 2 ms at 30 %: launching alone takes at least
+    // (200 ms - the 30 ms burst - the 16 allowed in flight) / 0.3; ungated, about the 200 ms
+    // of device time (the fake's queue runs a few ms ahead at most).
+    for (limit, gated) in [("30", true), ("0", false)] {
+        let env = env().env("CUDA_DEVICE_SM_LIMIT", limit);
+        let out = run(&env, "init ctx kernel coop-ns 2ms 100 streamsync");
+        assert!(out.all_ok(), "{}", out.dump());
+        let host = num(out.last("coop-ns"), "host_ns");
+        if gated {
+            assert!(
+                host > 400 * MS,
+                "coop launches were not held: {} ms",
+                host / MS
+            );
+            assert!(counters(&env).0 >= 190 * MS, "and they were metered");
+        } else {
+            assert!(host < 300 * MS, "{} ms", host / MS);
+            assert_eq!(counters(&env).0, 0);
+        }
+    }
+}
