@@ -438,6 +438,13 @@ fn nvml_utilisation_since_a_timestamp_is_the_share_of_that_window() {
         "wait",
     ]);
     p.wait_for("wait");
+    let realtime_us = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+    };
+    let t0 = realtime_us();
     p.resume();
     p.wait_for("launch-ns");
     std::thread::sleep(std::time::Duration::from_millis(400));
@@ -445,6 +452,17 @@ fn nvml_utilisation_since_a_timestamp_is_the_share_of_that_window() {
     let s = env.nvml();
     let sm = s.process_sm(0, p.pid).expect("a sample");
     assert!((15..=25).contains(&sm), "smUtil {sm}:\n{}", s.raw);
+    // Since just before the launch: 200 ms of a window of 400 ms and a little more.
+    let since = nvml_with(&env, Some(t0));
+    let sm = since.process_sm(0, p.pid).expect("a sample");
+    let window_ms = (realtime_us() - t0) / 1000;
+    let expect = (200 * 100 / window_ms) as u32;
+    assert!(
+        // (the window measured here ends after NVML's: `expect` is a little low)
+        sm + 2 >= expect && sm <= 52,
+        "smUtil {sm} over ~{window_ms} ms:\n{}",
+        since.raw
+    );
     // Since a timestamp after the kernel ended: nothing.
     let ts = s.device(0).process_util[0].2;
     let later = nvml_with(&env, Some(ts));
