@@ -267,8 +267,9 @@ fn a_full_launch_queue_blocks_the_launch_until_room_is_made() {
     let host = num(launches[0], "host_ns") + num(launches[1], "host_ns");
     assert!(host >= 70 * MS, "{}", out.dump());
     let wait = num(out.last("streamsync-t"), "wait_ns");
-    // (the time between the ops is not counted: a little under 100 ms)
-    assert!(wait >= 20 * MS && host + wait >= 95 * MS, "{}", out.dump());
+    // The device's 100 ms end after the first launch whenever the host woke up (the time
+    // between the ops is not counted: a little under 100 ms).
+    assert!(host + wait >= 95 * MS, "{}", out.dump());
     // FAKE_CUDA_QUEUE_DEPTH bounds the number of kernels queued: the 3rd, 4th and 5th wait
     // for the oldest (the 5th for the 3rd, which ends at 60 ms).
     let out = run(
@@ -292,7 +293,9 @@ fn busy_share(o: &OpLine) -> f64 {
 
 #[test]
 fn one_process_alone_keeps_the_device_busy() {
-    let env = env();
+    // A queue horizon well above the host's stalls on a loaded machine (the default 2 ms is
+    // about a time slice; a host descheduled longer than that lets the device idle).
+    let env = env().env("FAKE_CUDA_QUEUE_AHEAD", "50ms");
     let out = run(&env, "init ctx launch-for 1 1ms");
     assert!(out.all_ok(), "{}", out.dump());
     let o = out.last("launch-for");
@@ -321,7 +324,8 @@ fn nvml_with(env: &TestEnv, last_seen_us: Option<u64>) -> NvmlSnapshot {
 
 #[test]
 fn two_processes_share_the_device_and_nvml_reports_each_share() {
-    let env = env();
+    // (a horizon above the host's stalls under load, as above; both keep their queue full)
+    let env = env().env("FAKE_CUDA_QUEUE_AHEAD", "20ms");
     // Before any kernel ran: no sample (as the real NVML before its first sample).
     let before = env.nvml();
     assert_eq!(
