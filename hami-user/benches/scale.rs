@@ -87,6 +87,7 @@ fn fleet(regions: usize) -> (Vec<ProcView>, Vec<RegionView>) {
                 stale_lock_breaks: 0,
                 reserve_reclaims: 0,
                 slots,
+                compute: Default::default(),
                 consistent: true,
             },
             liveness,

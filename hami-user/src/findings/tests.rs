@@ -34,6 +34,7 @@ pub(crate) fn snapshot(limit0: u64, slots: Vec<SlotSnapshot>) -> RegionSnapshot 
         uuids: [[0; 16]; MAX_DEVICES],
         used,
         slots,
+        compute: Default::default(),
         consistent: true,
     }
 }
