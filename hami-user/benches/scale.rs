@@ -95,6 +95,7 @@ fn fleet(regions: usize) -> (Vec<ProcView>, Vec<RegionView>) {
             node_devices: None,
             file: None,
             nvml: None,
+            compute: Vec::new(),
         });
     }
     (procs, views)

@@ -9,8 +9,8 @@
 //! labels and cardinality bounds, is in `docs/agent.md`.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 
 use crate::findings::{Finding, FindingKind};
@@ -47,7 +47,7 @@ pub struct MetricsOptions {
 }
 
 /// One region on one device it covers, with the names of its container.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RegionSeries {
     /// Whose region it is.
     pub identity: Identity,
@@ -65,6 +65,28 @@ pub struct RegionSeries {
     pub accounted_data: u64,
     /// Observed live data bytes of the region's processes.
     pub observed: u64,
+    /// The compute share the container is held to on the device, in percent (0 = none).
+    pub compute_limit: u32,
+    /// The measured compute share in percent of the device (NVML, mean over the share
+    /// window); `None` when NVML gave no utilisation for the device.
+    pub compute_share: Option<f64>,
+    /// Device time (ns) the launch gate counted for the container (only grows).
+    pub compute_consumed_ns: u64,
+    /// Times the container's processes waited at the launch gate.
+    pub compute_throttled: u64,
+    /// Time (ns) they waited.
+    pub compute_throttled_ns: u64,
+}
+
+/// One GPU as NVML sees it, for `hami_gpu_utilization_percent`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuSeries {
+    /// NVML index.
+    pub index: u32,
+    /// UUID (`GPU-...`), empty when unknown.
+    pub uuid: String,
+    /// Device utilisation in percent (`nvmlDeviceGetUtilizationRates`).
+    pub utilization: u32,
 }
 
 /// One process for the opt-in per-process gauge.
@@ -90,6 +112,18 @@ pub struct Metrics {
     pub accounted_data: IntGaugeVec,
     /// `hami_container_observed_bytes`.
     pub observed: IntGaugeVec,
+    /// `hami_container_compute_limit_percent`.
+    pub compute_limit: IntGaugeVec,
+    /// `hami_container_compute_share_percent`.
+    pub compute_share: GaugeVec,
+    /// `hami_container_compute_seconds_total`.
+    pub compute_seconds: CounterVec,
+    /// `hami_container_compute_throttled_total`.
+    pub compute_throttled: CounterVec,
+    /// `hami_container_compute_throttled_seconds_total`.
+    pub compute_throttled_seconds: CounterVec,
+    /// `hami_gpu_utilization_percent{gpu_uuid,nvml_index}`.
+    pub gpu_utilization: IntGaugeVec,
     /// `hami_process_observed_bytes{pid,pod_namespace,pod_name,container_name}` (opt-in).
     pub process_observed: IntGaugeVec,
     /// `hami_findings_standing{kind}`: findings standing now.
@@ -209,6 +243,43 @@ impl Metrics {
             "hami_container_observed_bytes",
             "Live data bytes the probes observed for the region's processes per device",
             cl,
+        )?;
+        let compute_limit = gauge_vec(
+            &r,
+            "hami_container_compute_limit_percent",
+            "Compute share of the device the region holds the container to, in percent (CUDA_DEVICE_SM_LIMIT; 0 = no compute limit)",
+            cl,
+        )?;
+        let compute_share = GaugeVec::new(
+            Opts::new(
+                "hami_container_compute_share_percent",
+                "Measured compute share of the device, in percent: NVML's SM utilisation of the container's processes, summed, mean over the share window (10 s)",
+            ),
+            cl,
+        )?;
+        r.register(Box::new(compute_share.clone()))?;
+        let counter_vec = |name: &str, help: &str| -> prometheus::Result<CounterVec> {
+            let c = CounterVec::new(Opts::new(name, help), cl)?;
+            r.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let compute_seconds = counter_vec(
+            "hami_container_compute_seconds_total",
+            "Device time the container's metered work used, in seconds (the launch gate's count, from the region)",
+        )?;
+        let compute_throttled = counter_vec(
+            "hami_container_compute_throttled_total",
+            "Times a process of the container waited at the launch gate (over its compute share)",
+        )?;
+        let compute_throttled_seconds = counter_vec(
+            "hami_container_compute_throttled_seconds_total",
+            "Time the container's processes waited at the launch gate, in seconds",
+        )?;
+        let gpu_utilization = gauge_vec(
+            &r,
+            "hami_gpu_utilization_percent",
+            "Utilisation of the whole GPU in percent (NVML nvmlDeviceGetUtilizationRates)",
+            &["gpu_uuid", "nvml_index"],
         )?;
         let process_observed = gauge_vec(
             &r,
@@ -335,6 +406,12 @@ impl Metrics {
             accounted,
             accounted_data,
             observed,
+            compute_limit,
+            compute_share,
+            compute_seconds,
+            compute_throttled,
+            compute_throttled_seconds,
+            gpu_utilization,
             process_observed,
             findings,
             findings_total,
@@ -373,6 +450,16 @@ impl Metrics {
         for f in fams {
             f.reset();
         }
+        self.compute_limit.reset();
+        self.compute_share.reset();
+        for f in [
+            &self.compute_seconds,
+            &self.compute_throttled,
+            &self.compute_throttled_seconds,
+        ] {
+            // The totals live in the regions: each scan sets them afresh.
+            f.reset();
+        }
         let compat = [
             &self.hami_used,
             &self.hami_limit,
@@ -399,6 +486,21 @@ impl Metrics {
                 .with_label_values(&l)
                 .set(clamp(s.accounted_data));
             self.observed.with_label_values(&l).set(clamp(s.observed));
+            self.compute_limit
+                .with_label_values(&l)
+                .set(i64::from(s.compute_limit));
+            if let Some(share) = s.compute_share {
+                self.compute_share.with_label_values(&l).set(share);
+            }
+            self.compute_seconds
+                .with_label_values(&l)
+                .inc_by(s.compute_consumed_ns as f64 / 1e9);
+            self.compute_throttled
+                .with_label_values(&l)
+                .inc_by(s.compute_throttled as f64);
+            self.compute_throttled_seconds
+                .with_label_values(&l)
+                .inc_by(s.compute_throttled_ns as f64 / 1e9);
             let h = [
                 id.namespace.as_str(),
                 id.pod.as_str(),
@@ -416,6 +518,16 @@ impl Metrics {
                 u.with_label_values(&h).set(clamp(s.accounted));
                 lim.with_label_values(&h).set(clamp(s.limit));
             }
+        }
+    }
+
+    /// Replaces the per-GPU utilisation gauge.
+    pub fn set_gpus(&self, gpus: &[GpuSeries]) {
+        self.gpu_utilization.reset();
+        for g in gpus {
+            self.gpu_utilization
+                .with_label_values(&[g.uuid.as_str(), g.index.to_string().as_str()])
+                .set(i64::from(g.utilization));
         }
     }
 
@@ -489,6 +601,12 @@ impl Metrics {
             "hami_container_accounted_bytes",
             "hami_container_accounted_data_bytes",
             "hami_container_observed_bytes",
+            "hami_container_compute_limit_percent",
+            "hami_container_compute_share_percent",
+            "hami_container_compute_seconds_total",
+            "hami_container_compute_throttled_total",
+            "hami_container_compute_throttled_seconds_total",
+            "hami_gpu_utilization_percent",
             "hami_process_observed_bytes",
             "hami_events_total",
         ] {
@@ -554,6 +672,7 @@ mod tests {
             accounted: 50,
             accounted_data: 40,
             observed: 45,
+            ..Default::default()
         }
     }
 

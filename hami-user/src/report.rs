@@ -44,6 +44,8 @@ pub struct NvmlSummary {
     pub per_process: bool,
     /// Tolerance of the comparisons with NVML (`None` without NVML).
     pub tolerance: Option<Tolerance>,
+    /// How compute shares are smoothed and judged (`None` without NVML).
+    pub compute: Option<crate::compute::ComputeOptions>,
 }
 
 impl NvmlSummary {
@@ -153,7 +155,9 @@ impl AuditReport {
 
     /// The human table.
     pub fn table(&self) -> String {
-        let mut rows: Vec<[String; 10]> = vec![[
+        // The compute column only where some container has a compute limit.
+        let compute = self.processes.iter().any(|p| p.compute_limit.is_some());
+        let mut rows: Vec<Vec<String>> = vec![vec![
             "PID".into(),
             "CONTAINER".into(),
             "NSPID".into(),
@@ -165,13 +169,16 @@ impl AuditReport {
             "NVML".into(),
             "VERDICT".into(),
         ]];
+        if compute {
+            rows[0].insert(9, "COMPUTE".into());
+        }
         let opt = |v: Option<u64>| v.map_or("-".to_string(), human_bytes);
         for p in &self.processes {
             let mut verdict = p.verdict.clone();
             if p.baseline.is_some() {
                 verdict.push_str(" (baseline)");
             }
-            rows.push([
+            let mut row = vec![
                 p.pid.to_string(),
                 short_container(&p.container),
                 p.nspid.map_or("-".into(), |n| n.to_string()),
@@ -193,9 +200,13 @@ impl AuditReport {
                 ),
                 opt(p.nvml),
                 verdict,
-            ]);
+            ];
+            if compute {
+                row.insert(9, compute_cell(p.compute_share, p.compute_limit));
+            }
+            rows.push(row);
         }
-        let mut widths = [0usize; 10];
+        let mut widths = vec![0usize; rows[0].len()];
         for r in &rows {
             for (w, c) in widths.iter_mut().zip(r.iter()) {
                 *w = (*w).max(c.chars().count());
@@ -217,6 +228,15 @@ impl AuditReport {
             let _ = writeln!(
                 out,
                 "* some allocations could not be attributed to a device (context not seen): per-process totals only"
+            );
+        }
+        if compute {
+            let window = self.nvml.compute.map_or(String::new(), |c| {
+                format!(" over {} s", c.share_window.as_secs_f64())
+            });
+            let _ = writeln!(
+                out,
+                "COMPUTE = the container's share of device 0 (NVML SM utilisation of its processes, mean{window}) / the share it is held to"
             );
         }
         if self.processes.iter().any(|p| p.baseline.is_some()) {
@@ -265,6 +285,16 @@ impl AuditReport {
             self.nvml.line()
         );
         out
+    }
+}
+
+/// `45.2%/30%` (measured share / limit), `-/30%` when the share is unknown, `-` without
+/// a compute limit.
+fn compute_cell(share: Option<f64>, limit: Option<u32>) -> String {
+    match (share, limit) {
+        (_, None) => "-".into(),
+        (Some(s), Some(l)) => format!("{s:.1}%/{l}%"),
+        (None, Some(l)) => format!("-/{l}%"),
     }
 }
 

@@ -65,6 +65,7 @@ fn region(snap: RegionSnapshot, live: &[(usize, SlotLiveness)]) -> RegionView {
         node_devices: None,
         file: None,
         nvml: None,
+        compute: Vec::new(),
     }
 }
 
