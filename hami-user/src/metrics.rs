@@ -716,6 +716,69 @@ mod tests {
     }
 
     #[test]
+    fn compute_families_follow_the_regions_and_the_gpus() {
+        let m = Metrics::new(MetricsOptions::default()).unwrap();
+        let mut limited = series("main", 0);
+        limited.compute_limit = 30;
+        limited.compute_share = Some(42.5);
+        limited.compute_consumed_ns = 12_500_000_000;
+        limited.compute_throttled = 4;
+        limited.compute_throttled_ns = 1_250_000_000;
+        // Another container without a compute limit, whose share NVML did not give.
+        let unmeasured = series("side", 1);
+        m.set_regions(&[limited, unmeasured]);
+        m.set_gpus(&[GpuSeries {
+            index: 0,
+            uuid: "GPU-0a1b2c3d-0000-1111-2222-333344445555".into(),
+            utilization: 97,
+        }]);
+        let t = m.render();
+        let l = r#"{container_name="main",device="0",gpu_uuid="GPU-0a1b2c3d-0000-1111-2222-333344445555",pod_name="trainer-0",pod_namespace="ml",region="/tmp/r"}"#;
+        for (fam, v) in [
+            ("hami_container_compute_limit_percent", "30"),
+            ("hami_container_compute_share_percent", "42.5"),
+            ("hami_container_compute_seconds_total", "12.5"),
+            ("hami_container_compute_throttled_total", "4"),
+            ("hami_container_compute_throttled_seconds_total", "1.25"),
+        ] {
+            assert!(t.contains(&format!("{fam}{l} {v}\n")), "{fam}: {t}");
+        }
+        assert!(
+            t.contains("# TYPE hami_container_compute_seconds_total counter"),
+            "{t}"
+        );
+        assert!(
+            t.contains("# TYPE hami_container_compute_share_percent gauge"),
+            "{t}"
+        );
+        assert!(
+            t.contains(r#"hami_container_compute_limit_percent{container_name="side",device="1""#),
+            "{t}"
+        );
+        assert!(
+            !t.contains(r#"hami_container_compute_share_percent{container_name="side""#),
+            "no share without NVML's figure: {t}"
+        );
+        assert!(
+            t.contains(r#"hami_gpu_utilization_percent{gpu_uuid="GPU-0a1b2c3d-0000-1111-2222-333344445555",nvml_index="0"} 97"#),
+            "{t}"
+        );
+        // The next scan sets the totals afresh (they live in the region), and a region
+        // that left takes its series with it.
+        let mut later = series("main", 0);
+        later.compute_consumed_ns = 20_000_000_000;
+        m.set_regions(&[later]);
+        m.set_gpus(&[]);
+        let t = m.render();
+        assert!(
+            t.contains(&format!("hami_container_compute_seconds_total{l} 20\n")),
+            "{t}"
+        );
+        assert!(!t.contains("container_name=\"side\""), "{t}");
+        assert!(!t.contains("hami_gpu_utilization_percent{"), "{t}");
+    }
+
+    #[test]
     fn per_process_series_are_opt_in_and_have_no_hooked_label() {
         let p = [ProcessSample {
             pid: 42,

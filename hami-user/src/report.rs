@@ -362,6 +362,15 @@ pub fn inspect_json(path: &str, s: &RegionSnapshot) -> Value {
                 "reserved": s.reserved(d),
                 "admitted": s.used[d],
                 "accounted": s.accounted(d),
+                "compute": {
+                    "sm_limit": s.compute[d].sm_limit,
+                    "policy": s.compute[d].policy,
+                    "limit_percent": s.compute[d].limit_percent(),
+                    "budget_ns": s.compute[d].budget_ns,
+                    "consumed_ns": s.compute[d].consumed_ns,
+                    "throttled": s.compute[d].throttled,
+                    "throttled_ns": s.compute[d].throttled_ns,
+                },
             })
         })
         .collect();
@@ -547,6 +556,8 @@ mod tests {
         assert_eq!(mine["usage"][1]["pool"], 0);
         let other = slots.iter().find(|s| s["pid"] == ghost.pid).unwrap();
         assert_eq!(other["liveness"], "dead");
+        assert_eq!(v["devices"][0]["compute"]["sm_limit"], 0);
+        assert_eq!(v["devices"][0]["compute"]["limit_percent"], Value::Null);
         let text = inspect_text("r.cache", &ro.snapshot());
         assert!(text.contains("limit 1.0 GiB (1073741824 bytes)"), "{text}");
         assert!(text.contains("active slots: 2"));
@@ -604,6 +615,53 @@ mod tests {
         let j = serde_json::to_value(&on).unwrap();
         assert_eq!(j["tolerance"]["min_bytes"], 64u64 << 20);
         assert_eq!(j["samples"], 3);
+    }
+
+    #[test]
+    fn audit_table_shows_the_compute_share_where_a_limit_exists() {
+        let row = |pid: u32, limit: Option<u32>, share: Option<f64>| ProcessRow {
+            pid,
+            container: "c".into(),
+            hooked: Some(true),
+            compute_limit: limit,
+            compute_share: share,
+            verdict: "ok".into(),
+            ..Default::default()
+        };
+        let report = |rows| {
+            AuditReport::new(
+                1.0,
+                ProbeSummary::default(),
+                NvmlSummary {
+                    compute: Some(crate::compute::ComputeOptions::default()),
+                    ..Default::default()
+                },
+                rows,
+                vec![],
+                vec![],
+                &[],
+                vec![],
+            )
+        };
+        // No container with a compute limit: the table as before.
+        let plain = report(vec![row(1, None, None)]).table();
+        assert!(!plain.contains("COMPUTE"), "{plain}");
+        let t = report(vec![
+            row(1, Some(30), Some(45.25)),
+            row(2, Some(50), None),
+            row(3, None, None),
+        ])
+        .table();
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].contains("NVML  COMPUTE    VERDICT"), "{t}");
+        assert!(lines[1].contains("45.2%/30%"), "{t}");
+        assert!(lines[2].contains("-/50%"), "{t}");
+        assert!(t.contains("mean over 10 s"), "{t}");
+        let j = serde_json::to_value(report(vec![row(1, Some(30), Some(45.25))])).unwrap();
+        assert_eq!(j["processes"][0]["compute_limit"], 30);
+        assert_eq!(j["processes"][0]["compute_share"], 45.25);
+        assert_eq!(j["nvml"]["compute"]["window"], 30.0);
+        assert_eq!(j["nvml"]["compute"]["tolerance_points"], 10.0);
     }
 
     #[test]

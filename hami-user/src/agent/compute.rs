@@ -16,11 +16,16 @@ use super::Agent;
 /// finds the previous ones).
 const KEEP_SLACK: Duration = Duration::from_secs(5);
 
-/// Per region file (device, inode) and region device: the measured share over time, and
-/// the busy processes at the latest observation.
+/// A region file (device, inode) and one of its devices.
+type RegionDevice = ((u64, u64), usize);
+
+/// The measured share over time, and the busy processes (pid, SM %) at the latest sample.
+type Measured = (ShareHistory, Vec<(u32, u32)>);
+
+/// Per region file and region device: what was measured.
 #[derive(Debug, Default)]
 pub(super) struct ComputeRecord {
-    histories: HashMap<((u64, u64), usize), (ShareHistory, Vec<(u32, u32)>)>,
+    histories: HashMap<RegionDevice, Measured>,
     /// When the latest NVML sample was observed: the windows end there.
     at: Option<Instant>,
 }

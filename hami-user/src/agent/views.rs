@@ -251,7 +251,10 @@ impl Agent {
                 .filter(|f| {
                     f.pid == Some(p.pid)
                         || (f.pid.is_none()
-                            && f.kind == FindingKind::OverLimit
+                            && matches!(
+                                f.kind,
+                                FindingKind::OverLimit | FindingKind::ComputeOverLimit
+                            )
                             && region.is_some_and(|r| f.region.as_deref() == Some(&r.name)))
                 })
                 .map(|f| f.kind.name())
@@ -360,7 +363,7 @@ impl Agent {
 }
 
 /// One process in the audit table / JSON.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ProcessRow {
     /// Host pid.
     pub pid: u32,
