@@ -135,6 +135,15 @@ WEAK CUresult cuEventDestroy_v2(void *);
 WEAK CUresult cuStreamCreate(CUstream *, unsigned int);
 WEAK CUresult cuStreamBeginCapture_v2(CUstream, int);
 WEAK CUresult cuStreamEndCapture(CUstream, void **);
+/* The device clock's ops (launch-ns, launch-for, ev*, graph-*). */
+WEAK CUresult cuEventQuery(void *);
+WEAK CUresult cuEventElapsedTime(float *, void *, void *);
+WEAK CUresult cuStreamQuery(CUstream);
+WEAK CUresult cuLaunchCooperativeKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **);
+WEAK CUresult cuGraphInstantiateWithFlags(void **, void *, unsigned long long);
+WEAK CUresult cuGraphLaunch(void *, CUstream);
+WEAK CUresult cuGraphExecDestroy(void *);
+WEAK CUresult cuGraphDestroy(void *);
 
 /* The function table every operation goes through. */
 static struct {
@@ -207,6 +216,14 @@ static struct {
   CUresult (*StreamCreate)(CUstream *, unsigned int);
   CUresult (*StreamBeginCapture)(CUstream, int);
   CUresult (*StreamEndCapture)(CUstream, void **);
+  CUresult (*EventQuery)(void *);
+  CUresult (*EventElapsedTime)(float *, void *, void *);
+  CUresult (*StreamQuery)(CUstream);
+  CUresult (*LaunchCooperativeKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **);
+  CUresult (*GraphInstantiateWithFlags)(void **, void *, unsigned long long);
+  CUresult (*GraphLaunch)(void *, CUstream);
+  CUresult (*GraphExecDestroy)(void *);
+  CUresult (*GraphDestroy)(void *);
 } cu;
 
 enum { CTX_V2 = 2, CTX_V3 = 3, CTX_V4 = 4 };
@@ -217,15 +234,16 @@ static int device = 0;
 static int cuda_version = 12000;
 static void *libcuda;
 
-enum { K_LINEAR = 1, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_CTX, K_MIPMAP, K_MODULE, K_LIBRARY, K_FUNC, K_KERNEL };
+enum { K_LINEAR = 1, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_CTX, K_MIPMAP, K_MODULE, K_LIBRARY, K_FUNC, K_KERNEL, K_EVENT, K_GRAPH };
 static const char *kind_name[] = {"", "linear", "pitch", "managed", "async", "pool", "vmm", "array", "ctx",
-                                  "mipmap", "module", "library", "function", "kernel"};
+                                  "mipmap", "module", "library", "function", "kernel", "event", "graph"};
 typedef struct {
   int kind, live;
   CUdeviceptr ptr;
   size_t size;
   CUmemGenericAllocationHandle handle;
   void *obj; /* CUarray or CUcontext */
+  void *obj2; /* K_GRAPH: the graph of the executable graph in obj */
 } rec_t;
 static rec_t *recs;
 static size_t nrecs, caprecs;
@@ -335,6 +353,9 @@ static void resolve(void) {
     cu.LaunchKernelEx = cuLaunchKernelEx; cu.EventCreate = cuEventCreate; cu.EventRecord = cuEventRecord;
     cu.EventSynchronize = cuEventSynchronize; cu.EventDestroy = cuEventDestroy_v2; cu.StreamCreate = cuStreamCreate;
     cu.StreamBeginCapture = cuStreamBeginCapture_v2; cu.StreamEndCapture = cuStreamEndCapture;
+    cu.EventQuery = cuEventQuery; cu.EventElapsedTime = cuEventElapsedTime; cu.StreamQuery = cuStreamQuery;
+    cu.LaunchCooperativeKernel = cuLaunchCooperativeKernel; cu.GraphInstantiateWithFlags = cuGraphInstantiateWithFlags;
+    cu.GraphLaunch = cuGraphLaunch; cu.GraphExecDestroy = cuGraphExecDestroy; cu.GraphDestroy = cuGraphDestroy;
     libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     return;
   }
@@ -369,6 +390,9 @@ static void resolve(void) {
     O(LaunchKernelEx, cuLaunchKernelEx); O(EventCreate, cuEventCreate); O(EventRecord, cuEventRecord);
     O(EventSynchronize, cuEventSynchronize); O(EventDestroy, cuEventDestroy_v2); O(StreamCreate, cuStreamCreate);
     O(StreamBeginCapture, cuStreamBeginCapture_v2); O(StreamEndCapture, cuStreamEndCapture);
+    O(EventQuery, cuEventQuery); O(EventElapsedTime, cuEventElapsedTime); O(StreamQuery, cuStreamQuery);
+    O(LaunchCooperativeKernel, cuLaunchCooperativeKernel); O(GraphInstantiateWithFlags, cuGraphInstantiateWithFlags);
+    O(GraphLaunch, cuGraphLaunch); O(GraphExecDestroy, cuGraphExecDestroy); O(GraphDestroy, cuGraphDestroy);
 #undef O
     return;
   }
@@ -403,6 +427,9 @@ static void resolve(void) {
   Q(LaunchKernelEx, cuLaunchKernelEx); Q(EventCreate, cuEventCreate); Q(EventRecord, cuEventRecord);
   Q(EventSynchronize, cuEventSynchronize); Q(EventDestroy, cuEventDestroy); Q(StreamCreate, cuStreamCreate);
   Q(StreamBeginCapture, cuStreamBeginCapture); Q(StreamEndCapture, cuStreamEndCapture);
+  Q(EventQuery, cuEventQuery); Q(EventElapsedTime, cuEventElapsedTime); Q(StreamQuery, cuStreamQuery);
+  Q(LaunchCooperativeKernel, cuLaunchCooperativeKernel); Q(GraphInstantiateWithFlags, cuGraphInstantiateWithFlags);
+  Q(GraphLaunch, cuGraphLaunch); Q(GraphExecDestroy, cuGraphExecDestroy); Q(GraphDestroy, cuGraphDestroy);
 #undef Q
   ctx_create_variant = cuda_version >= 12050 ? CTX_V4 : cuda_version >= 11040 ? CTX_V3 : CTX_V2;
   ctx_v13 = cuda_version >= 13000;
@@ -476,6 +503,11 @@ static CUresult free_rec(size_t i) {
     case K_MODULE: rc = cu.ModuleUnload(r->obj); break;
     case K_LIBRARY: rc = cu.LibraryUnload(r->obj); break;
     case K_FUNC: case K_KERNEL: rc = 0; break;
+    case K_EVENT: rc = cu.EventDestroy(r->obj); break;
+    case K_GRAPH:
+      rc = cu.GraphExecDestroy(r->obj);
+      if (!rc) rc = cu.GraphDestroy(r->obj2);
+      break;
     default: rc = cu.MemFree(r->ptr);
   }
   if (!rc) r->live = 0;
@@ -489,6 +521,47 @@ static double now_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec * 1e9 + t.tv_nsec;
+}
+
+/* The timed kernel of the device-clock ops: on the fake driver a module "FAKECUBIN globals=0
+ * ns=param" (each launch takes its first parameter, a u64, in ns); on a real driver (which
+ * rejects that image with CUDA_ERROR_INVALID_IMAGE) a PTX kernel spinning on %globaltimer
+ * for that many ns, on SPIN_BLOCKS blocks. */
+#define SPIN_BLOCKS 132
+static const char spin_ptx[] =
+    ".version 7.0\n.target sm_75\n.address_size 64\n"
+    ".visible .entry spin(.param .u64 ns) {\n"
+    "  .reg .u64 %t0, %t1, %d, %n;\n  .reg .pred %p;\n"
+    "  ld.param.u64 %n, [ns];\n  mov.u64 %t0, %globaltimer;\n"
+    "LOOP:\n  mov.u64 %t1, %globaltimer;\n  sub.u64 %d, %t1, %t0;\n"
+    "  setp.lt.u64 %p, %d, %n;\n  @%p bra LOOP;\n  ret;\n}\n";
+static void *spin_fn;
+
+static CUresult spin_kernel(void) {
+  if (spin_fn) return 0;
+  if (!cu.ModuleLoadData || !cu.ModuleGetFunction) return -1;
+  void *m = NULL;
+  CUresult rc = cu.ModuleLoadData(&m, "FAKECUBIN globals=0 ns=param");
+  if (rc == 200 /* CUDA_ERROR_INVALID_IMAGE: a real driver */) rc = cu.ModuleLoadData(&m, spin_ptx);
+  if (!rc) rc = cu.ModuleGetFunction(&spin_fn, m, "spin");
+  return rc;
+}
+
+static CUresult spin_launch(unsigned long long ns, int coop) {
+  void *args[] = {&ns};
+  if (coop) return cu.LaunchCooperativeKernel(spin_fn, SPIN_BLOCKS, 1, 1, 32, 1, 1, 0, stream, args);
+  return cu.LaunchKernel(spin_fn, SPIN_BLOCKS, 1, 1, 32, 1, 1, 0, stream, args, NULL);
+}
+
+static unsigned long long parse_ns(const char *s) {
+  char *e;
+  double v = strtod(s, &e);
+  if (e == s || v < 0) die("bad duration '%s'", s);
+  if (!strcmp(e, "s")) v *= 1e9;
+  else if (!strcmp(e, "ms")) v *= 1e6;
+  else if (!strcmp(e, "us")) v *= 1e3;
+  else if (*e && strcmp(e, "ns")) die("bad duration '%s'", s);
+  return (unsigned long long)(v + 0.5);
 }
 
 static void usage(void) {
@@ -506,6 +579,9 @@ static void usage(void) {
        "  modload SIZE | modloadex SIZE | modloadfat SIZE | modloadfile SIZE | modunload IDX\n"
        "  getfunc [IDX] | launch [IDX] | launchex [IDX]\n"
        "  libload SIZE | libloadfile SIZE | libunload IDX | getkernel [IDX] | kernelfunc [IDX]\n"
+       "  kernel | launch-ns NS [COUNT] | coop-ns NS [COUNT] | launch-for SECONDS NS | streamquery\n"
+       "  evcreate [FLAGS] | evrecord [IDX] | evquery [IDX] | evsync [IDX] | elapsed IDX IDX | evdestroy IDX\n"
+       "  graph-capture NS COUNT | graph-launch N [IDX] | graphdestroy IDX | streamsync-t | ctxsync-t\n"
        "  sleep SECONDS | wait | exit CODE");
 }
 
@@ -670,6 +746,136 @@ int main(int argc, char **argv) {
       if (!rc) rc = cu.EventSynchronize(ev);
       if (ev) cu.EventDestroy(ev);
       end(rc);
+    } else if (!strcmp(op, "kernel")) {
+      printf("op=kernel");
+      rc = spin_kernel();
+      if (rc == -1) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      printf(" handle=%p", spin_fn); end(rc);
+    } else if (!strcmp(op, "launch-ns") || !strcmp(op, "coop-ns")) {
+      /* COUNT launches (default 1) of the timed kernel on the current stream; no sync. */
+      NEED(1); unsigned long long ns = parse_ns(argv[++a]);
+      long n = (a + 1 < argc && argv[a + 1][0] >= '0' && argv[a + 1][0] <= '9') ? atol(argv[++a]) : 1;
+      int coop = op[0] == 'c';
+      printf("op=%s ns=%llu count=%ld", op, ns, n);
+      rc = spin_kernel();
+      if (rc == -1 || !cu.LaunchKernel || (coop && !cu.LaunchCooperativeKernel)) {
+        printf(" error=missing-function\n"); fflush(stdout); continue;
+      }
+      double t0 = now_ns(); long k = 0;
+      for (; !rc && k < n; k++) rc = spin_launch(ns, coop);
+      printf(" launched=%ld host_ns=%.0f", rc ? k - 1 : k, now_ns() - t0); end(rc);
+    } else if (!strcmp(op, "launch-for")) {
+      /* Launches back to back on the current stream for SECONDS of wall time, each kernel
+       * between two events; then synchronises. busy_ns = the sum of the kernels' event-measured
+       * times, wall_ns = from the first launch to the end of the synchronisation. */
+      NEED(2); double sec = atof(argv[++a]); unsigned long long ns = parse_ns(argv[++a]);
+      printf("op=launch-for seconds=%g ns=%llu", sec, ns);
+      rc = spin_kernel();
+      if (rc == -1 || !cu.LaunchKernel || !cu.EventCreate || !cu.EventRecord || !cu.EventElapsedTime) {
+        printf(" error=missing-function\n"); fflush(stdout); continue;
+      }
+      enum { PAIRS = 64 };
+      void *ev[PAIRS][2]; memset(ev, 0, sizeof ev);
+      for (int k = 0; !rc && k < PAIRS; k++) {
+        rc = cu.EventCreate(&ev[k][0], 0);
+        if (!rc) rc = cu.EventCreate(&ev[k][1], 0);
+      }
+      double busy = 0, t0 = now_ns(), stop = t0 + sec * 1e9;
+      unsigned long long kernels = 0;
+      CUresult mrc = 0;
+      while (!rc && now_ns() < stop) {
+        int k = (int)(kernels % PAIRS);
+        if (kernels >= PAIRS) {
+          float ms = 0;
+          rc = cu.EventSynchronize(ev[k][1]);
+          if (!rc) mrc = cu.EventElapsedTime(&ms, ev[k][0], ev[k][1]);
+          busy += ms * 1e6;
+        }
+        if (!rc) rc = cu.EventRecord(ev[k][0], stream);
+        if (!rc) rc = spin_launch(ns, 0);
+        if (!rc) rc = cu.EventRecord(ev[k][1], stream);
+        if (!rc) kernels++;
+      }
+      if (!rc) rc = cu.StreamSynchronize(stream);
+      double t1 = now_ns();
+      for (unsigned long long j = kernels > PAIRS ? kernels - PAIRS : 0; !rc && j < kernels; j++) {
+        float ms = 0;
+        mrc = cu.EventElapsedTime(&ms, ev[j % PAIRS][0], ev[j % PAIRS][1]);
+        busy += ms * 1e6;
+      }
+      for (int k = 0; k < PAIRS; k++) { if (ev[k][0]) cu.EventDestroy(ev[k][0]); if (ev[k][1]) cu.EventDestroy(ev[k][1]); }
+      printf(" kernels=%llu busy_ns=%.0f wall_ns=%.0f nominal_ns=%llu start_ns=%.0f end_ns=%.0f elapsed_rc=%d", kernels,
+             busy, t1 - t0, kernels * ns, t0, t1, mrc);
+      end(rc);
+    } else if (!strcmp(op, "streamquery")) {
+      printf("op=streamquery");
+      if (!cu.StreamQuery) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      end(cu.StreamQuery(stream));
+    } else if (!strcmp(op, "streamsync-t") || !strcmp(op, "ctxsync-t")) {
+      double t0 = now_ns();
+      rc = op[0] == 's' ? cu.StreamSynchronize(stream) : ctx_sync();
+      printf("op=%s wait_ns=%.0f", op, now_ns() - t0); end(rc);
+    } else if (!strcmp(op, "evcreate")) {
+      unsigned fl = (a + 1 < argc && argv[a + 1][0] >= '0' && argv[a + 1][0] <= '9') ? (unsigned)strtoul(argv[++a], NULL, 0) : 0;
+      printf("op=evcreate flags=%u", fl);
+      if (!cu.EventCreate) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      void *e = NULL; rc = cu.EventCreate(&e, fl);
+      if (!rc) printf(" idx=%zu event=%p", add_rec((rec_t){.kind = K_EVENT, .obj = e}), e);
+      end(rc);
+    } else if (!strcmp(op, "evrecord") || !strcmp(op, "evquery") || !strcmp(op, "evsync") || !strcmp(op, "evdestroy")) {
+      const char *t = opt_idx(argc, argv, &a);
+      long i = pick(t, 1u << K_EVENT);
+      printf("op=%s", op);
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      if (!cu.EventQuery) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      double t0 = now_ns();
+      if (op[2] == 'r') rc = cu.EventRecord(recs[i].obj, stream);
+      else if (op[2] == 'q') rc = cu.EventQuery(recs[i].obj);
+      else if (op[2] == 's') rc = cu.EventSynchronize(recs[i].obj);
+      else rc = free_rec((size_t)i);
+      printf(" idx=%ld wait_ns=%.0f", i, now_ns() - t0); end(rc);
+    } else if (!strcmp(op, "elapsed")) {
+      NEED(2); long i = pick(argv[++a], 1u << K_EVENT), j = pick(argv[++a], 1u << K_EVENT);
+      printf("op=elapsed");
+      if (i < 0 || j < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      if (!cu.EventElapsedTime) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      float ms = -1; rc = cu.EventElapsedTime(&ms, recs[i].obj, recs[j].obj);
+      printf(" ms=%.4f ns=%.0f", ms, ms * 1e6); end(rc);
+    } else if (!strcmp(op, "graph-capture")) {
+      /* Captures COUNT launches of NS on the current (created) stream, instantiates the graph. */
+      NEED(2); unsigned long long ns = parse_ns(argv[++a]); long n = atol(argv[++a]);
+      printf("op=graph-capture ns=%llu count=%ld", ns, n);
+      rc = spin_kernel();
+      if (rc == -1 || !cu.StreamBeginCapture || !cu.StreamEndCapture || !cu.GraphInstantiateWithFlags || !cu.GraphLaunch) {
+        printf(" error=missing-function\n"); fflush(stdout); continue;
+      }
+      const char *stage = "begin";
+      void *graph = NULL, *exec = NULL;
+      if (!rc) rc = cu.StreamBeginCapture(stream, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */);
+      if (!rc) stage = "launch";
+      for (long k = 0; !rc && k < n; k++) rc = spin_launch(ns, 0);
+      if (!rc || stage[0] == 'l') {
+        CUresult r2 = cu.StreamEndCapture(stream, &graph);
+        if (!rc) { rc = r2; stage = "end"; }
+      }
+      if (!rc) { stage = "instantiate"; rc = cu.GraphInstantiateWithFlags(&exec, graph, 0); }
+      printf(" stage=%s", stage);
+      if (!rc) printf(" idx=%zu exec=%p", add_rec((rec_t){.kind = K_GRAPH, .obj = exec, .obj2 = graph}), exec);
+      end(rc);
+    } else if (!strcmp(op, "graph-launch")) {
+      NEED(1); long n = atol(argv[++a]);
+      const char *t = opt_idx(argc, argv, &a);
+      long i = pick(t, 1u << K_GRAPH);
+      printf("op=graph-launch count=%ld", n);
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      rc = 0; double t0 = now_ns();
+      for (long k = 0; !rc && k < n; k++) rc = cu.GraphLaunch(recs[i].obj, stream);
+      printf(" idx=%ld host_ns=%.0f", i, now_ns() - t0); end(rc);
+    } else if (!strcmp(op, "graphdestroy")) {
+      NEED(1); long i = pick(argv[++a], 1u << K_GRAPH);
+      printf("op=graphdestroy");
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      printf(" idx=%ld", i); end(free_rec((size_t)i));
     } else if (!strcmp(op, "mipmap")) {
       NEED(3); size_t w = parse_size(argv[++a]), h = parse_size(argv[++a]); unsigned lv = (unsigned)atoi(argv[++a]);
       printf("op=mipmap width=%zu height=%zu levels=%u", w, h, lv);

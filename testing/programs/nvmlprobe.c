@@ -9,9 +9,14 @@
  *     memory_v2 index=0 rc=0 version=0x2000028 total=... reserved=... used=... free=...
  *     process index=0 pid=1234 used=1048576
  *     processes index=0 rc=0 count=1
+ *     utilization index=0 rc=0 gpu=50 memory=0
+ *     putil index=0 pid=1234 sm=50 ts=1764640000000000
+ *     putils index=0 rc=0 count=1 last_seen=0
  *     shutdown rc=0
  *
- * Build: gcc -O2 -o nvmlprobe nvmlprobe.c -ldl. Usage: nvmlprobe [--index N]
+ * Build: gcc -O2 -o nvmlprobe nvmlprobe.c -ldl. Usage: nvmlprobe [--index N] [--last-seen US]
+ * (US: nvmlDeviceGetProcessUtilization's lastSeenTimeStamp, default 0; the utilisation lines
+ * are printed only when the library has those functions)
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -24,6 +29,8 @@ typedef void *nvmlDevice_t;
 typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
 typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
+typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil, encUtil, decUtil; } nvmlProcessUtilizationSample_t;
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
 #define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
 
 static void *lib;
@@ -35,7 +42,11 @@ static void *sym(const char *n) {
 
 int main(int argc, char **argv) {
   int only = -1;
-  if (argc > 2 && !strcmp(argv[1], "--index")) only = atoi(argv[2]);
+  unsigned long long last_seen = 0;
+  for (int a = 1; a + 1 < argc; a += 2) {
+    if (!strcmp(argv[a], "--index")) only = atoi(argv[a + 1]);
+    else if (!strcmp(argv[a], "--last-seen")) last_seen = strtoull(argv[a + 1], NULL, 0);
+  }
   setvbuf(stdout, NULL, _IOLBF, 0);
   lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
   if (!lib) { printf("dlopen error=%s\n", dlerror()); return 2; }
@@ -50,6 +61,10 @@ int main(int argc, char **argv) {
   nvmlReturn_t (*procs)(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *) = sym("nvmlDeviceGetComputeRunningProcesses_v3");
   nvmlReturn_t (*drv)(char *, unsigned) = sym("nvmlSystemGetDriverVersion");
   const char *(*errstr)(nvmlReturn_t) = sym("nvmlErrorString");
+  /* Optional: utilisation. */
+  nvmlReturn_t (*rates)(nvmlDevice_t, nvmlUtilization_t *) = dlsym(lib, "nvmlDeviceGetUtilizationRates");
+  nvmlReturn_t (*putil)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned *, unsigned long long) =
+      dlsym(lib, "nvmlDeviceGetProcessUtilization");
 
   nvmlReturn_t rc = init();
   printf("init rc=%d error=%s\n", rc, errstr(rc));
@@ -85,6 +100,22 @@ int main(int argc, char **argv) {
     for (unsigned k = 0; rc == 0 && k < cap; k++) printf("process index=%u pid=%u used=%llu\n", i, pi[k].pid, pi[k].usedGpuMemory);
     printf("processes index=%u rc=%d count=%u\n", i, rc, rc == 0 ? cap : 0);
     free(pi);
+    if (rates) {
+      nvmlUtilization_t u; memset(&u, 0, sizeof u);
+      rc = rates(h, &u);
+      printf("utilization index=%u rc=%d gpu=%u memory=%u\n", i, rc, u.gpu, u.memory);
+    }
+    if (putil) {
+      unsigned ns = 0;
+      rc = putil(h, NULL, &ns, last_seen);
+      unsigned cap2 = ns + 8;
+      nvmlProcessUtilizationSample_t *us = calloc(cap2, sizeof *us);
+      if (rc == 7 /* NVML_ERROR_INSUFFICIENT_SIZE */) rc = putil(h, us, &cap2, last_seen);
+      for (unsigned k = 0; rc == 0 && k < cap2; k++)
+        printf("putil index=%u pid=%u sm=%u mem=%u ts=%llu\n", i, us[k].pid, us[k].smUtil, us[k].memUtil, us[k].timeStamp);
+      printf("putils index=%u rc=%d count=%u last_seen=%llu\n", i, rc, rc == 0 ? cap2 : 0, last_seen);
+      free(us);
+    }
   }
   rc = shutdown();
   printf("shutdown rc=%d\n", rc);

@@ -223,8 +223,10 @@ pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     run(|| {
-        let mut g = inited()?;
-        g.current()?;
+        let g = inited()?;
+        let (c, _) = g.current()?;
+        let at = g.ctx_done_at(c);
+        let mut g = crate::driver::wait_until(g, Some(at))?;
         g.pools_release_at_sync();
         Ok(())
     })
@@ -233,12 +235,15 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     run(|| {
-        let mut g = inited()?;
-        if ctx.is_null() {
-            g.current()?;
+        let g = inited()?;
+        let c = if ctx.is_null() {
+            g.current()?.0
         } else {
             g.ctx(ctx as u64)?;
-        }
+            ctx as u64
+        };
+        let at = g.ctx_done_at(c);
+        let mut g = crate::driver::wait_until(g, Some(at))?;
         g.pools_release_at_sync();
         Ok(())
     })

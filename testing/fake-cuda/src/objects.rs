@@ -4,7 +4,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
-use crate::driver::{image_globals, inited, R};
+use crate::driver::{image_globals, image_kernel_time, inited, submit, wait_until, KernelTime, R};
 use crate::ffi::*;
 use crate::{nonnull, put, run};
 
@@ -192,11 +192,41 @@ fn globals_of_file(fname: *const c_char) -> R<u64> {
     image_globals(head).ok_or(CUDA_ERROR_INVALID_IMAGE)
 }
 
-fn load(out: *mut Handle, globals: impl FnOnce() -> R<u64>, library: bool) -> CUresult {
+/// Kernel duration declared by an in-memory image (its `ns=` key).
+///
+/// # Safety
+/// As [`image_prefix`].
+unsafe fn time_of_image(image: *const c_void) -> R<KernelTime> {
+    nonnull(image)?;
+    // SAFETY: forwarded contract.
+    image_kernel_time(&unsafe { image_prefix(image) }).ok_or(CUDA_ERROR_INVALID_IMAGE)
+}
+
+/// Kernel duration declared by an image file (its `ns=` key).
+fn time_of_file(fname: *const c_char) -> R<KernelTime> {
+    nonnull(fname)?;
+    // SAFETY: checked non-NULL; a NUL-terminated path (C contract).
+    let path = unsafe { CStr::from_ptr(fname) }
+        .to_string_lossy()
+        .into_owned();
+    let bytes = std::fs::read(&path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+    let head = &bytes[..bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len())];
+    image_kernel_time(head).ok_or(CUDA_ERROR_INVALID_IMAGE)
+}
+
+fn load(
+    out: *mut Handle,
+    globals: impl FnOnce() -> R<u64>,
+    time: impl FnOnce() -> R<KernelTime>,
+    library: bool,
+) -> CUresult {
     run(|| {
         let mut g = inited()?;
         nonnull(out)?;
-        let h = g.module_load(globals()?, library)?;
+        let globals = globals()?;
+        let time = time()?;
+        let h = g.module_load(globals, library)?;
+        g.set_module_time(h, time);
         // SAFETY: checked non-NULL; C contract.
         unsafe { put(out, h as Handle) };
         Ok(())
@@ -205,13 +235,24 @@ fn load(out: *mut Handle, globals: impl FnOnce() -> R<u64>, library: bool) -> CU
 
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoad(module: *mut Handle, fname: *const c_char) -> CUresult {
-    load(module, || globals_of_file(fname), false)
+    load(
+        module,
+        || globals_of_file(fname),
+        || time_of_file(fname),
+        false,
+    )
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuModuleLoadData(module: *mut Handle, image: *const c_void) -> CUresult {
     // SAFETY: C contract.
-    load(module, || unsafe { globals_of_image(image) }, false)
+    load(
+        module,
+        || unsafe { globals_of_image(image) },
+        // SAFETY: C contract.
+        || unsafe { time_of_image(image) },
+        false,
+    )
 }
 
 #[no_mangle]
@@ -229,7 +270,13 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
         });
     }
     // SAFETY: C contract.
-    load(module, || unsafe { globals_of_image(image) }, false)
+    load(
+        module,
+        || unsafe { globals_of_image(image) },
+        // SAFETY: C contract.
+        || unsafe { time_of_image(image) },
+        false,
+    )
 }
 
 #[no_mangle]
@@ -238,7 +285,13 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
     fat_cubin: *const c_void,
 ) -> CUresult {
     // SAFETY: C contract.
-    load(module, || unsafe { globals_of_image(fat_cubin) }, false)
+    load(
+        module,
+        || unsafe { globals_of_image(fat_cubin) },
+        // SAFETY: C contract.
+        || unsafe { time_of_image(fat_cubin) },
+        false,
+    )
 }
 
 #[no_mangle]
@@ -278,7 +331,13 @@ pub unsafe extern "C" fn cuLibraryLoadData(
     _num_lib: c_uint,
 ) -> CUresult {
     // SAFETY: C contract.
-    load(library, || unsafe { globals_of_image(code) }, true)
+    load(
+        library,
+        || unsafe { globals_of_image(code) },
+        // SAFETY: C contract.
+        || unsafe { time_of_image(code) },
+        true,
+    )
 }
 
 #[no_mangle]
@@ -292,7 +351,12 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
     _lib_values: *mut *mut c_void,
     _num_lib: c_uint,
 ) -> CUresult {
-    load(library, || globals_of_file(fname), true)
+    load(
+        library,
+        || globals_of_file(fname),
+        || time_of_file(fname),
+        true,
+    )
 }
 
 #[no_mangle]
@@ -332,11 +396,61 @@ pub unsafe extern "C" fn cuKernelGetFunction(func: *mut Handle, kernel: Handle) 
     })
 }
 
-fn launch(f: Handle, stream: CUstream) -> CUresult {
+/// `CU_LAUNCH_PARAM_BUFFER_POINTER` in a launch's `extra` list.
+const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+/// `CU_LAUNCH_PARAM_END`.
+const CU_LAUNCH_PARAM_END: usize = 0;
+
+/// The first kernel parameter of a launch read as a `u64`: `*params[0]`, or the first 8 bytes
+/// of the `CU_LAUNCH_PARAM_BUFFER_POINTER` buffer of `extra`. `None` if neither is given.
+///
+/// # Safety
+/// `params` and `extra` follow `cuLaunchKernel`'s contract: NULL, or `params[0]` points to
+/// the first argument (at least 8 readable bytes for an `ns=param` kernel), and `extra` is a
+/// `CU_LAUNCH_PARAM_END`-terminated list of (key, value) pointers.
+unsafe fn first_param_u64(params: *mut *mut c_void, extra: *mut *mut c_void) -> Option<u64> {
+    if !params.is_null() {
+        // SAFETY: per this function's contract.
+        let p0 = unsafe { *params };
+        // SAFETY: per this function's contract.
+        return (!p0.is_null()).then(|| unsafe { (p0 as *const u64).read_unaligned() });
+    }
+    if extra.is_null() {
+        return None;
+    }
+    for i in (0..64).step_by(2) {
+        // SAFETY: a terminated (key, value) list (contract); at most 32 pairs are read.
+        let key = unsafe { *extra.add(i) } as usize;
+        if key == CU_LAUNCH_PARAM_END {
+            return None;
+        }
+        if key == CU_LAUNCH_PARAM_BUFFER_POINTER {
+            // SAFETY: as above; the value is the argument buffer.
+            let buf = unsafe { *extra.add(i + 1) };
+            // SAFETY: the buffer holds the arguments (contract).
+            return (!buf.is_null()).then(|| unsafe { (buf as *const u64).read_unaligned() });
+        }
+    }
+    None
+}
+
+/// Every kernel launch: the function's module is loaded if needed, then the kernel takes its
+/// duration (`ns=` of its image, or `FAKE_CUDA_KERNEL_NS`) on the device clock, queued on
+/// `stream` (`ptsz`: reached through a `_ptsz` entry point).
+fn launch(
+    f: Handle,
+    stream: CUstream,
+    ptsz: bool,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
     run(|| {
         let mut g = inited()?;
         g.check_stream(stream as u64)?;
-        g.launch(f as u64)
+        g.launch(f as u64)?;
+        // SAFETY: the launch's C contract (see first_param_u64).
+        let ns = g.kernel_ns(f as u64, || unsafe { first_param_u64(params, extra) });
+        submit(g, stream as u64, ptsz, ns)
     })
 }
 
@@ -351,10 +465,10 @@ pub unsafe extern "C" fn cuLaunchKernel(
     _bz: c_uint,
     _shared: c_uint,
     stream: CUstream,
-    _params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
 ) -> CUresult {
-    launch(f, stream)
+    launch(f, stream, false, params, extra)
 }
 
 #[no_mangle]
@@ -368,10 +482,42 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
     _bz: c_uint,
     _shared: c_uint,
     stream: CUstream,
-    _params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
 ) -> CUresult {
-    launch(f, stream)
+    launch(f, stream, true, params, extra)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel(
+    f: Handle,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    launch(f, stream, false, params, std::ptr::null_mut())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchCooperativeKernel_ptsz(
+    f: Handle,
+    _gx: c_uint,
+    _gy: c_uint,
+    _gz: c_uint,
+    _bx: c_uint,
+    _by: c_uint,
+    _bz: c_uint,
+    _shared: c_uint,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> CUresult {
+    launch(f, stream, true, params, std::ptr::null_mut())
 }
 
 /// Leading fields of `CUlaunchConfig` (grid, block, shared memory, stream).
@@ -383,7 +529,13 @@ pub struct CUlaunchConfigHead {
     pub stream: CUstream,
 }
 
-fn launch_ex(config: *const CUlaunchConfigHead, f: Handle) -> CUresult {
+fn launch_ex(
+    config: *const CUlaunchConfigHead,
+    f: Handle,
+    ptsz: bool,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CUresult {
     if config.is_null() {
         return run(|| {
             drop(inited()?);
@@ -392,66 +544,178 @@ fn launch_ex(config: *const CUlaunchConfigHead, f: Handle) -> CUresult {
     }
     // SAFETY: checked non-NULL; C contract.
     let stream = unsafe { (*config).stream };
-    launch(f, stream)
+    launch(f, stream, ptsz, params, extra)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchKernelEx(
     config: *const CUlaunchConfigHead,
     f: Handle,
-    _params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
 ) -> CUresult {
-    launch_ex(config, f)
+    launch_ex(config, f, false, params, extra)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
     config: *const CUlaunchConfigHead,
     f: Handle,
-    _params: *mut *mut c_void,
-    _extra: *mut *mut c_void,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
 ) -> CUresult {
-    launch_ex(config, f)
+    launch_ex(config, f, true, params, extra)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graphs (captured launches; a launch of the executable graph takes their total time)
+
+fn graph_instantiate(exec: *mut Handle, graph: Handle) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(exec)?;
+        let h = g.graph_instantiate(graph as u64)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(exec, h as Handle) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    exec: *mut Handle,
+    graph: Handle,
+    _flags: u64,
+) -> CUresult {
+    graph_instantiate(exec, graph)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiate_v2(
+    exec: *mut Handle,
+    graph: Handle,
+    _error_node: *mut Handle,
+    _log: *mut c_char,
+    _log_size: usize,
+) -> CUresult {
+    graph_instantiate(exec, graph)
+}
+
+fn graph_launch(exec: Handle, stream: CUstream, ptsz: bool) -> CUresult {
+    run(|| {
+        let g = inited()?;
+        let ns = g.graph_exec_ns(exec as u64)?;
+        g.check_stream(stream as u64)?;
+        submit(g, stream as u64, ptsz, ns)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphLaunch(exec: Handle, stream: CUstream) -> CUresult {
+    graph_launch(exec, stream, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: Handle, stream: CUstream) -> CUresult {
+    graph_launch(exec, stream, true)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphExecDestroy(exec: Handle) -> CUresult {
+    run(|| inited()?.graph_exec_destroy(exec as u64))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphDestroy(graph: Handle) -> CUresult {
+    run(|| inited()?.graph_destroy(graph as u64))
 }
 
 // ---------------------------------------------------------------------------------------------
 // Events and capture
 
 #[no_mangle]
-pub unsafe extern "C" fn cuEventCreate(event: *mut Handle, _flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuEventCreate(event: *mut Handle, flags: c_uint) -> CUresult {
     run(|| {
         let mut g = inited()?;
         nonnull(event)?;
+        crate::driver::Inner::check_event_flags(flags)?;
         let h = g.event_create()?;
+        g.event_created(h, flags);
         // SAFETY: checked non-NULL; C contract.
         unsafe { put(event, h as Handle) };
         Ok(())
     })
 }
 
+fn event_record(event: Handle, stream: CUstream, ptsz: bool) -> CUresult {
+    run(|| inited()?.event_record(event as u64, stream as u64, ptsz))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuEventRecord(event: Handle, stream: CUstream) -> CUresult {
+    event_record(event, stream, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecord_ptsz(event: Handle, stream: CUstream) -> CUresult {
+    event_record(event, stream, true)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventQuery(event: Handle) -> CUresult {
     run(|| {
         let g = inited()?;
-        g.check_event(event as u64)?;
-        g.check_stream(stream as u64)
+        match g.event_done_at(event as u64)? {
+            Some(t) if t > fake_state::now_ns() => Err(CUDA_ERROR_NOT_READY),
+            _ => Ok(()),
+        }
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
     run(|| {
-        let mut g = inited()?;
-        g.check_event(event as u64)?;
+        let g = inited()?;
+        let at = g.event_done_at(event as u64)?;
+        let mut g = wait_until(g, at)?;
         g.pools_release_at_sync();
         Ok(())
     })
 }
 
+fn event_elapsed(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
+    run(|| {
+        let g = inited()?;
+        nonnull(ms)?;
+        let v = g.event_elapsed_ms(start as u64, end as u64)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(ms, v) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
+    event_elapsed(ms, start, end)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: Handle,
+    end: Handle,
+) -> CUresult {
+    event_elapsed(ms, start, end)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuEventDestroy_v2(event: Handle) -> CUresult {
-    run(|| inited()?.event_destroy(event as u64))
+    run(|| {
+        let mut g = inited()?;
+        g.event_destroy(event as u64)?;
+        g.clock_event_destroyed(event as u64);
+        Ok(())
+    })
 }
 
 fn is_capturing(stream: CUstream, status: *mut c_int) -> CUresult {
@@ -474,7 +738,9 @@ pub unsafe extern "C" fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_int) 
         if !(0..=2).contains(&mode) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        g.begin_capture(stream as u64)
+        g.begin_capture(stream as u64)?;
+        g.clock_capture_began(stream as u64);
+        Ok(())
     })
 }
 
@@ -484,6 +750,7 @@ pub unsafe extern "C" fn cuStreamEndCapture(stream: CUstream, graph: *mut Handle
         let mut g = inited()?;
         nonnull(graph)?;
         let h = g.end_capture(stream as u64)?;
+        g.clock_capture_ended(stream as u64, h);
         // SAFETY: checked non-NULL; C contract.
         unsafe { put(graph, h as Handle) };
         Ok(())

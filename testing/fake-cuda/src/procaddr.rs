@@ -203,8 +203,48 @@ fn table() -> &'static [Entry] {
                 (11060, f!(cuLaunchKernelEx_ptsz)),
             ),
             e("cuEventCreate", vec![(2000, f!(cuEventCreate))]),
-            e("cuEventRecord", vec![(2000, f!(cuEventRecord))]),
+            p(
+                "cuEventRecord",
+                vec![(2000, f!(cuEventRecord))],
+                (7000, f!(cuEventRecord_ptsz)),
+            ),
             e("cuEventSynchronize", vec![(2000, f!(cuEventSynchronize))]),
+            e("cuEventQuery", vec![(2000, f!(cuEventQuery))]),
+            e(
+                "cuEventElapsedTime",
+                vec![
+                    (2000, f!(cuEventElapsedTime)),
+                    (12080, f!(cuEventElapsedTime_v2)),
+                ],
+            ),
+            p(
+                "cuStreamQuery",
+                vec![(2000, f!(cuStreamQuery))],
+                (7000, f!(cuStreamQuery_ptsz)),
+            ),
+            p(
+                "cuLaunchCooperativeKernel",
+                vec![(9000, f!(cuLaunchCooperativeKernel))],
+                (9000, f!(cuLaunchCooperativeKernel_ptsz)),
+            ),
+            e(
+                "cuGraphInstantiate",
+                vec![
+                    (11000, f!(cuGraphInstantiate_v2)),
+                    (12000, f!(cuGraphInstantiateWithFlags)),
+                ],
+            ),
+            e(
+                "cuGraphInstantiateWithFlags",
+                vec![(11040, f!(cuGraphInstantiateWithFlags))],
+            ),
+            p(
+                "cuGraphLaunch",
+                vec![(10000, f!(cuGraphLaunch))],
+                (10000, f!(cuGraphLaunch_ptsz)),
+            ),
+            e("cuGraphExecDestroy", vec![(10000, f!(cuGraphExecDestroy))]),
+            e("cuGraphDestroy", vec![(10000, f!(cuGraphDestroy))]),
             e("cuEventDestroy", vec![(4000, f!(cuEventDestroy_v2))]),
             p(
                 "cuStreamIsCapturing",

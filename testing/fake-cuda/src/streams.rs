@@ -3,7 +3,7 @@
 
 use std::ffi::c_uint;
 
-use crate::driver::{inited, Kind, R};
+use crate::driver::{inited, wait_until, Kind, R};
 use crate::ffi::*;
 use crate::{nonnull, put, run};
 
@@ -171,32 +171,68 @@ pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUr
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamDestroy(h: CUstream) -> CUresult {
-    run(|| inited()?.stream_destroy(h as u64))
+    stream_destroy(h)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
-    run(|| inited()?.stream_destroy(h as u64))
+    stream_destroy(h)
+}
+
+fn stream_destroy(h: CUstream) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        g.stream_destroy(h as u64)?;
+        g.clock_stream_destroyed(h as u64);
+        Ok(())
+    })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
-    stream_sync(h)
+    stream_sync(h, false)
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
-    stream_sync(h)
+    stream_sync(h, true)
 }
 
-fn stream_sync(h: CUstream) -> CUresult {
+/// Sleeps until the stream's work has completed on the device clock.
+fn stream_sync(h: CUstream, ptsz: bool) -> CUresult {
     run(|| {
-        let mut g = inited()?;
+        let g = inited()?;
         g.check_stream(h as u64)?;
         if g.is_capturing(h as u64) {
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
+        let at = g.stream_done_at(h as u64, ptsz)?;
+        let mut g = wait_until(g, Some(at))?;
         g.pools_release_at_sync();
         Ok(())
     })
+}
+
+fn stream_query(h: CUstream, ptsz: bool) -> CUresult {
+    run(|| {
+        let g = inited()?;
+        g.check_stream(h as u64)?;
+        if g.is_capturing(h as u64) {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        if g.stream_done_at(h as u64, ptsz)? > fake_state::now_ns() {
+            return Err(CUDA_ERROR_NOT_READY);
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
+    stream_query(h, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamQuery_ptsz(h: CUstream) -> CUresult {
+    stream_query(h, true)
 }

@@ -18,6 +18,9 @@ use std::sync::OnceLock;
 
 use fake_state::Shared;
 
+mod utilization;
+pub use utilization::*;
+
 type NvmlReturn = c_int;
 const NVML_SUCCESS: NvmlReturn = 0;
 const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;

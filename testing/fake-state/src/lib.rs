@@ -18,10 +18,15 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+mod clock;
+pub use clock::{
+    now_ns, parse_duration_ns, realtime_offset_ns, BusyWindow, DeviceClock, Segment, RING,
+};
+
 /// First bytes of a state file.
 pub const MAGIC: [u8; 8] = *b"FAKECUDA";
 /// Layout version; bumped on any incompatible change (an old file is re-initialised).
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// Maximum number of fake devices.
 pub const MAX_DEVICES: usize = 16;
 /// Number of per-process slots.
@@ -92,6 +97,8 @@ pub struct DeviceState {
     pub uuid: [u8; 16],
     /// NUL-terminated name.
     pub name: [u8; NAME_LEN],
+    /// The device clock: its schedule tail and recent busy intervals (`clock.rs`).
+    pub clock: DeviceClock,
 }
 
 /// Per-process accounting slot.
@@ -106,6 +113,9 @@ pub struct ProcSlot {
     pub used: [AtomicU64; MAX_DEVICES],
     /// Live contexts of this process per device.
     pub contexts: [AtomicU32; MAX_DEVICES],
+    /// Device busy ns submitted by this process per device (kernels and graphs, queued
+    /// work included; the intervals themselves are in each device's clock ring).
+    pub busy_ns: [AtomicU64; MAX_DEVICES],
 }
 
 /// The whole file.
@@ -550,6 +560,9 @@ impl Shared {
             }
             for c in s.contexts.iter() {
                 c.store(0, Ordering::Release);
+            }
+            for b in s.busy_ns.iter() {
+                b.store(0, Ordering::Release);
             }
             s.start_time.store(0, Ordering::Release);
             s.pid.store(0, Ordering::Release);

@@ -22,6 +22,13 @@ pub struct NvmlDevice {
     pub used_v2: u64,
     /// Running compute processes: (pid, used bytes).
     pub processes: Vec<(u32, u64)>,
+    /// `nvmlDeviceGetUtilizationRates`: `(rc, gpu %)`, if the library has it.
+    pub gpu_util: Option<(i32, u32)>,
+    /// `nvmlDeviceGetProcessUtilization` result code (`None`: the library lacks it); 6 is
+    /// `NVML_ERROR_NOT_FOUND` (no sample).
+    pub process_util_rc: Option<i32>,
+    /// Its samples: (pid, smUtil %, timeStamp µs).
+    pub process_util: Vec<(u32, u32, u64)>,
 }
 
 /// What `nvmlprobe` printed.
@@ -75,6 +82,19 @@ impl NvmlSnapshot {
                     let d = dev(&mut s);
                     s.devices[d].used_v2 = n("used");
                 }
+                "utilization" => {
+                    let d = dev(&mut s);
+                    s.devices[d].gpu_util = Some((n("rc") as i32, n("gpu") as u32));
+                }
+                "putil" => {
+                    let d = dev(&mut s);
+                    let sample = (n("pid") as u32, n("sm") as u32, n("ts"));
+                    s.devices[d].process_util.push(sample);
+                }
+                "putils" => {
+                    let d = dev(&mut s);
+                    s.devices[d].process_util_rc = Some(n("rc") as i32);
+                }
                 "process" => {
                     let d = dev(&mut s);
                     s.devices[d].processes.push((n("pid") as u32, n("used")));
@@ -91,6 +111,15 @@ impl NvmlSnapshot {
             .iter()
             .find(|d| d.index == index)
             .unwrap_or_else(|| panic!("no NVML device {index} in:\n{}", self.raw))
+    }
+
+    /// The SM utilisation (%) NVML reports for `pid` on device `index` (`None`: no sample).
+    pub fn process_sm(&self, index: u32, pid: u32) -> Option<u32> {
+        self.device(index)
+            .process_util
+            .iter()
+            .find(|p| p.0 == pid)
+            .map(|p| p.1)
     }
 
     /// Bytes NVML attributes to `pid` on device `index` (0 if not listed).
@@ -119,5 +148,13 @@ mod tests {
         assert_eq!(s.device(0).used_v2, 4);
         assert_eq!(s.process_used(0, 7), 4);
         assert_eq!(s.process_used(0, 8), 0);
+        assert_eq!(s.device(0).process_util_rc, None);
+        let s = NvmlSnapshot::parse(
+            "device index=0 uuid=GPU-x name=N rc=0\nutilization index=0 rc=0 gpu=80 memory=0\nputil index=0 pid=7 sm=30 mem=0 ts=99\nputil index=0 pid=8 sm=50 mem=0 ts=99\nputils index=0 rc=0 count=2 last_seen=0\n",
+        );
+        assert_eq!(s.device(0).gpu_util, Some((0, 80)));
+        assert_eq!(s.device(0).process_util_rc, Some(0));
+        assert_eq!(s.process_sm(0, 8), Some(50));
+        assert_eq!(s.process_sm(0, 9), None);
     }
 }

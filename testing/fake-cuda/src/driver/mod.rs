@@ -5,6 +5,7 @@
 //! initialisation and the devices; the calls are grouped by concern in [`context`],
 //! [`memory`], [`pools`], [`streams`] and [`modules`], each an `impl Inner` block.
 
+mod clock;
 mod context;
 mod memory;
 mod modules;
@@ -17,6 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
 
 use fake_state::Shared;
+
+pub use clock::{image_kernel_time, submit, wait_until, KernelTime};
 
 use crate::ffi::*;
 
@@ -254,6 +257,8 @@ pub struct Inner {
     pub lib_resident: HashMap<(u64, u64), usize>,
     /// Streams being captured into a graph.
     pub capturing: std::collections::HashSet<u64>,
+    /// Simulated device time: stream tails, events, graphs (`clock.rs`).
+    pub clock: clock::Timeline,
     next_handle: u64,
     next_va: u64,
 }
@@ -288,6 +293,7 @@ static INNER: LazyLock<Mutex<Inner>> = LazyLock::new(|| {
         streams: HashMap::new(),
         modules: HashMap::new(),
         lib_resident: HashMap::new(),
+        clock: clock::Timeline::default(),
         next_handle: 0x5000_0000,
         next_va: 0,
     })

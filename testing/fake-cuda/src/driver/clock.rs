@@ -1,0 +1,413 @@
+//! Simulated device time: kernel durations, stream and context tails, events, graphs and
+//! the bounded launch queue. The device schedule itself is shared by every process
+//! (`fake_state::Shared::schedule`); this module keeps what is process-local.
+//!
+//! Model (see `docs/fake-driver.md`): a device runs one piece of work at a time, across all
+//! processes and streams, in submission order. A submission of `d` ns starts at
+//! `max(now, its stream's tail, the device's tail)`; an event recorded on a stream completes
+//! at `max(now, the stream's tail, the device's tail)`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{MutexGuard, OnceLock};
+
+use fake_state::{now_ns, parse_duration_ns};
+
+use super::{inited, Inner, Owner, R};
+use crate::ffi::*;
+
+/// `CU_EVENT_BLOCKING_SYNC`.
+pub const CU_EVENT_BLOCKING_SYNC: u32 = 1;
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const CU_EVENT_DISABLE_TIMING: u32 = 2;
+/// `CU_EVENT_INTERPROCESS` (valid only with `CU_EVENT_DISABLE_TIMING`).
+pub const CU_EVENT_INTERPROCESS: u32 = 4;
+
+/// How long the kernels of a module take (its image's `ns=` key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelTime {
+    /// No `ns=` key: `FAKE_CUDA_KERNEL_NS`.
+    Default,
+    /// `ns=<duration>`: every launch takes that long.
+    Fixed(u64),
+    /// `ns=param`: the launch's first kernel parameter, a `u64` of nanoseconds.
+    Param,
+}
+
+/// Parses the `ns=` key of a `FAKECUBIN` image (`FAKECUBIN globals=0 ns=2ms`, `ns=param`).
+/// `None`: the key is there but malformed (the load fails with `CUDA_ERROR_INVALID_IMAGE`).
+pub fn image_kernel_time(image: &[u8]) -> Option<KernelTime> {
+    let Some(rest) = image.strip_prefix(b"FAKECUBIN") else {
+        return Some(KernelTime::Default);
+    };
+    let text = std::str::from_utf8(rest).ok()?;
+    let mut t = KernelTime::Default;
+    for word in text.split_ascii_whitespace() {
+        if let Some(v) = word.strip_prefix("ns=") {
+            t = if v == "param" {
+                KernelTime::Param
+            } else {
+                KernelTime::Fixed(parse_duration_ns(v)?)
+            };
+        }
+    }
+    Some(t)
+}
+
+/// `FAKE_CUDA_KERNEL_NS`: the duration of a launch whose module has no `ns=` key (default 0:
+/// kernels complete at once).
+pub fn default_kernel_ns() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("FAKE_CUDA_KERNEL_NS")
+            .ok()
+            .and_then(|v| parse_duration_ns(&v))
+            .unwrap_or(0)
+    })
+}
+
+/// `FAKE_CUDA_QUEUE_DEPTH`: how many submissions of non-zero length a stream holds queued
+/// before a launch blocks until the oldest completes (default 1024, at least 1).
+pub fn queue_depth() -> usize {
+    static V: OnceLock<usize> = OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("FAKE_CUDA_QUEUE_DEPTH")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(1024)
+    })
+}
+
+/// Sleeps (never spins) until `CLOCK_MONOTONIC` reaches `t` ns.
+pub fn sleep_until(t: u64) {
+    loop {
+        let now = now_ns();
+        if now >= t {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_nanos(t - now));
+    }
+}
+
+/// A stream as the clock knows it: `(context, stream handle or 0 / CU_STREAM_PER_THREAD,
+/// thread for the per-thread stream)`.
+pub type StreamKey = (u64, u64, u64);
+
+/// A stream's queue.
+#[derive(Debug, Default)]
+struct StreamClock {
+    /// End of its last submission.
+    tail: u64,
+    /// End times of its submissions not yet seen completed (bounded by [`queue_depth`]).
+    pending: VecDeque<u64>,
+}
+
+/// An event's timing state.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EventClock {
+    /// `cuEventCreate` flags.
+    pub flags: u32,
+    /// When it completes (ns), once recorded.
+    pub at: Option<u64>,
+}
+
+/// The process-local part of the clock.
+#[derive(Debug, Default)]
+pub struct Timeline {
+    streams: HashMap<StreamKey, StreamClock>,
+    /// Per context: the end of its last submission on any stream.
+    ctx_tail: HashMap<u64, u64>,
+    /// Event handle -> timing.
+    events: HashMap<u64, EventClock>,
+    /// Module or library handle -> its kernels' duration.
+    modules: HashMap<u64, KernelTime>,
+    /// Stream being captured -> ns captured so far.
+    capture: HashMap<u64, u64>,
+    /// Graph -> total ns of its captured work.
+    graphs: HashMap<u64, u64>,
+    /// Executable graph -> total ns.
+    execs: HashMap<u64, u64>,
+}
+
+fn thread_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static ID: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    ID.with(|i| *i)
+}
+
+impl Inner {
+    /// The clock's key, context and physical device of stream `s` (`ptsz`: called through a
+    /// `_ptsz` entry point, where the NULL stream is the per-thread stream).
+    pub fn stream_key(&self, s: u64, ptsz: bool) -> R<(StreamKey, u64, usize)> {
+        self.check_stream(s)?;
+        let (ctx, key) = if s == CU_STREAM_PER_THREAD as u64 || (s == 0 && ptsz) {
+            let (c, _) = self.current()?;
+            (c, (c, CU_STREAM_PER_THREAD as u64, thread_id()))
+        } else if s == 0 || s == CU_STREAM_LEGACY as u64 {
+            let (c, _) = self.current()?;
+            (c, (c, 0, 0))
+        } else {
+            let c = *self.streams.get(&s).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            (c, (c, s, 0))
+        };
+        Ok((key, ctx, self.ctx(ctx)?.phys))
+    }
+
+    /// Records the kernel duration of a just-loaded module or library.
+    pub fn set_module_time(&mut self, module: u64, t: KernelTime) {
+        if t != KernelTime::Default {
+            self.clock.modules.insert(module, t);
+        }
+    }
+
+    /// Duration of one launch of function or kernel `f`; `first_param` reads the launch's
+    /// first kernel parameter (only called for `ns=param` modules; `None` = no parameters:
+    /// the default duration).
+    pub fn kernel_ns(&self, f: u64, first_param: impl FnOnce() -> Option<u64>) -> u64 {
+        let module = match self.functions.get(&f) {
+            Some(Owner::Function(m)) | Some(Owner::Kernel(m)) => *m,
+            None => return default_kernel_ns(),
+        };
+        match self.clock.modules.get(&module) {
+            Some(KernelTime::Fixed(n)) => *n,
+            Some(KernelTime::Param) => first_param().unwrap_or_else(default_kernel_ns),
+            _ => default_kernel_ns(),
+        }
+    }
+
+    /// Submits `dur` ns of work on stream `s` now, or says until when the stream's queue is
+    /// full (`Err(Ok(t))`). `Err(Err(code))`: a bad stream.
+    fn try_submit(&mut self, s: u64, ptsz: bool, dur: u64) -> Result<(u64, u64), R<u64>> {
+        if self.is_capturing(s) {
+            *self.clock.capture.entry(s).or_default() += dur;
+            return Ok((0, 0));
+        }
+        let (key, ctx, phys) = self.stream_key(s, ptsz).map_err(Err)?;
+        let now = now_ns();
+        let depth = queue_depth();
+        let st = self.clock.streams.entry(key).or_default();
+        while st.pending.front().is_some_and(|&e| e <= now) {
+            st.pending.pop_front();
+        }
+        if dur > 0 && st.pending.len() >= depth {
+            return Err(Ok(st.pending.front().copied().unwrap_or(now)));
+        }
+        let earliest = now.max(st.tail);
+        let (start, end) = self.shared().schedule(phys, self.slot, earliest, dur);
+        let st = self.clock.streams.entry(key).or_default();
+        st.tail = st.tail.max(end);
+        if dur > 0 {
+            st.pending.push_back(end);
+        }
+        let t = self.clock.ctx_tail.entry(ctx).or_default();
+        *t = (*t).max(end);
+        Ok((start, end))
+    }
+
+    /// The instant stream `s`'s work completes: its tail; the NULL (legacy) stream
+    /// synchronises with the whole context, as the legacy stream waits for every blocking
+    /// stream.
+    pub fn stream_done_at(&self, s: u64, ptsz: bool) -> R<u64> {
+        let (key, ctx, _) = self.stream_key(s, ptsz)?;
+        if key.1 == 0 {
+            return Ok(self.ctx_done_at(ctx));
+        }
+        Ok(self.clock.streams.get(&key).map(|c| c.tail).unwrap_or(0))
+    }
+
+    /// The instant every submission of context `ctx` completes.
+    pub fn ctx_done_at(&self, ctx: u64) -> u64 {
+        self.clock.ctx_tail.get(&ctx).copied().unwrap_or(0)
+    }
+
+    /// Forgets a destroyed stream's queue (its work still completes on the device).
+    pub fn clock_stream_destroyed(&mut self, s: u64) {
+        self.clock.streams.retain(|k, _| k.1 != s);
+        self.clock.capture.remove(&s);
+    }
+
+    /// `cuEventCreate` flags, checked: only `BLOCKING_SYNC`, `DISABLE_TIMING` and
+    /// `INTERPROCESS` (with `DISABLE_TIMING`) exist.
+    pub fn check_event_flags(flags: u32) -> R<()> {
+        let known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+        if flags & !known != 0
+            || (flags & CU_EVENT_INTERPROCESS != 0 && flags & CU_EVENT_DISABLE_TIMING == 0)
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(())
+    }
+
+    /// Remembers a new event's flags.
+    pub fn event_created(&mut self, h: u64, flags: u32) {
+        self.clock.events.insert(h, EventClock { flags, at: None });
+    }
+
+    /// Forgets a destroyed event.
+    pub fn clock_event_destroyed(&mut self, h: u64) {
+        self.clock.events.remove(&h);
+    }
+
+    /// `cuEventRecord(_ptsz)`: the event completes when the stream's work before it has
+    /// completed and the device has finished what was submitted before it. Recording into a
+    /// stream being captured records nothing.
+    pub fn event_record(&mut self, e: u64, s: u64, ptsz: bool) -> R<()> {
+        self.check_event(e)?;
+        let (key, _, phys) = self.stream_key(s, ptsz)?;
+        if self.is_capturing(s) {
+            return Ok(());
+        }
+        let tail = if key.1 == 0 {
+            self.ctx_done_at(key.0)
+        } else {
+            self.clock.streams.get(&key).map(|c| c.tail).unwrap_or(0)
+        };
+        let at = now_ns().max(tail).max(self.shared().device_tail(phys));
+        self.clock.events.entry(e).or_default().at = Some(at);
+        Ok(())
+    }
+
+    /// When event `e` completes (`None`: never recorded, complete).
+    pub fn event_done_at(&self, e: u64) -> R<Option<u64>> {
+        self.check_event(e)?;
+        Ok(self.clock.events.get(&e).and_then(|c| c.at))
+    }
+
+    /// `cuEventElapsedTime(_v2)`: milliseconds from `start` to `end`.
+    pub fn event_elapsed_ms(&self, start: u64, end: u64) -> R<f32> {
+        self.check_event(start)?;
+        self.check_event(end)?;
+        let get = |e: u64| self.clock.events.get(&e).copied().unwrap_or_default();
+        let (a, b) = (get(start), get(end));
+        if (a.flags | b.flags) & CU_EVENT_DISABLE_TIMING != 0 {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        let (Some(ta), Some(tb)) = (a.at, b.at) else {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        };
+        if now_ns() < ta.max(tb) {
+            return Err(CUDA_ERROR_NOT_READY);
+        }
+        Ok(((tb as i128 - ta as i128) as f64 / 1e6) as f32)
+    }
+
+    /// A capture began on `s`: nothing captured yet.
+    pub fn clock_capture_began(&mut self, s: u64) {
+        self.clock.capture.insert(s, 0);
+    }
+
+    /// A capture on `s` ended as graph `g`: the graph takes what was captured.
+    pub fn clock_capture_ended(&mut self, s: u64, g: u64) {
+        let ns = self.clock.capture.remove(&s).unwrap_or(0);
+        self.clock.graphs.insert(g, ns);
+    }
+
+    /// `cuGraphInstantiate*`: an executable graph of graph `g`.
+    pub fn graph_instantiate(&mut self, g: u64) -> R<u64> {
+        let ns = *self.clock.graphs.get(&g).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        self.current()?;
+        let h = self.handle(0x6b);
+        self.clock.execs.insert(h, ns);
+        Ok(h)
+    }
+
+    /// Total ns of executable graph `x`.
+    pub fn graph_exec_ns(&self, x: u64) -> R<u64> {
+        self.clock
+            .execs
+            .get(&x)
+            .copied()
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
+    }
+
+    /// `cuGraphDestroy`.
+    pub fn graph_destroy(&mut self, g: u64) -> R<()> {
+        self.clock
+            .graphs
+            .remove(&g)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
+    }
+
+    /// `cuGraphExecDestroy`.
+    pub fn graph_exec_destroy(&mut self, x: u64) -> R<()> {
+        self.clock
+            .execs
+            .remove(&x)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+/// Submits `dur` ns of work on stream `s` (a launch, a graph launch), sleeping with the lock
+/// released while the stream's queue is full ([`queue_depth`]).
+pub fn submit(mut g: MutexGuard<'static, Inner>, s: u64, ptsz: bool, dur: u64) -> R<()> {
+    loop {
+        match g.try_submit(s, ptsz, dur) {
+            Ok(_) => return Ok(()),
+            Err(Err(code)) => return Err(code),
+            Err(Ok(until)) => {
+                drop(g);
+                sleep_until(until);
+                g = inited()?;
+            }
+        }
+    }
+}
+
+/// Sleeps, with the driver unlocked, until `at` (if any), then re-locks.
+pub fn wait_until(g: MutexGuard<'static, Inner>, at: Option<u64>) -> R<MutexGuard<'static, Inner>> {
+    match at {
+        Some(t) if t > now_ns() => {
+            drop(g);
+            sleep_until(t);
+            inited()
+        }
+        _ => Ok(g),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_keys() {
+        assert_eq!(
+            image_kernel_time(b"FAKECUBIN globals=0 ns=2ms"),
+            Some(KernelTime::Fixed(2_000_000))
+        );
+        assert_eq!(
+            image_kernel_time(b"FAKECUBIN ns=param globals=1M"),
+            Some(KernelTime::Param)
+        );
+        assert_eq!(
+            image_kernel_time(b"FAKECUBIN globals=1M"),
+            Some(KernelTime::Default)
+        );
+        assert_eq!(image_kernel_time(b"\x7fELF..."), Some(KernelTime::Default));
+        assert_eq!(image_kernel_time(b"FAKECUBIN ns=soon"), None);
+    }
+
+    #[test]
+    fn event_flags() {
+        assert!(Inner::check_event_flags(0).is_ok());
+        assert!(Inner::check_event_flags(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING).is_ok());
+        assert!(Inner::check_event_flags(CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING).is_ok());
+        assert_eq!(
+            Inner::check_event_flags(CU_EVENT_INTERPROCESS),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(Inner::check_event_flags(8), Err(CUDA_ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn sleeping_reaches_the_deadline() {
+        let t = now_ns() + 2_000_000;
+        sleep_until(t);
+        assert!(now_ns() >= t);
+    }
+}

@@ -1,0 +1,390 @@
+//! The simulated device clock: every fake device executes kernels one at a time, on the real
+//! `CLOCK_MONOTONIC`, shared by every process through the state file.
+//!
+//! A submission of `d` ns that may start at `earliest` starts at `max(earliest, device tail)`
+//! and ends `d` later; the device tail moves to its end ([`Shared::schedule`]). Each busy
+//! interval is kept in a per-device ring of [`RING`] segments (merged with the previous one
+//! when the same process continues back to back), so that the busy time of each process over
+//! any recent window can be read ([`Shared::busy_between`]): that is what the fake NVML
+//! reports as per-process and device utilisation. See `docs/fake-driver.md`.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::{process_alive, Shared, MAX_DEVICES};
+
+/// Busy segments remembered per device (older ones are overwritten: a window reaching further
+/// back is clipped to what the ring still covers, see [`BusyWindow::covered_from`]).
+pub const RING: usize = 8192;
+/// Longest segment length (2^40 ns, about 18 minutes); a longer submission takes several.
+const LEN_MASK: u64 = (1 << 40) - 1;
+/// `DeviceClock::lock` holders older than this whose process is gone are taken over.
+const STALE_LOCK_NS: u64 = 5_000_000;
+
+/// Parses a duration: a number of nanoseconds, or a number with `ns`, `us`, `ms` or `s`
+/// (`2ms`, `500us`, `1.5ms`, `0`). `None` if malformed, negative or beyond `u64` ns.
+pub fn parse_duration_ns(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(end);
+    if num.is_empty() || num.starts_with('.') {
+        return None;
+    }
+    let scale: f64 = match unit.trim() {
+        "" | "ns" => 1.0,
+        "us" => 1e3,
+        "ms" => 1e6,
+        "s" => 1e9,
+        _ => return None,
+    };
+    if !num.contains('.') && scale == 1.0 {
+        return num.parse().ok();
+    }
+    let v = num.parse::<f64>().ok()? * scale;
+    (v.is_finite() && v >= 0.0 && v < u64::MAX as f64).then(|| v.round() as u64)
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the time base of every device clock.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `CLOCK_REALTIME` minus `CLOCK_MONOTONIC`, in nanoseconds: converts device-clock instants
+/// to the wall-clock microseconds NVML's timestamps are in.
+pub fn realtime_offset_ns() -> i128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    let real = ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128;
+    real - now_ns() as i128
+}
+
+/// One busy interval: `start` (ns, `CLOCK_MONOTONIC`) and `pid << 40 | length`.
+#[repr(C)]
+pub struct Segment {
+    /// Start of the interval.
+    pub start: AtomicU64,
+    /// Owning pid (bits 40..64) and length in ns (bits 0..40).
+    pub word: AtomicU64,
+}
+
+/// The clock of one device (inside [`crate::DeviceState`]).
+#[repr(C)]
+pub struct DeviceClock {
+    /// Pid holding the device's schedule lock (0 = free); held for a few instructions.
+    pub lock: AtomicU32,
+    _pad: u32,
+    /// When the holder took the lock (ns), to take over a lock of a process that died.
+    pub locked_at: AtomicU64,
+    /// The device is busy until then (ns): end of the last submitted work.
+    pub tail: AtomicU64,
+    /// Busy ns ever submitted (including work still queued).
+    pub busy_total: AtomicU64,
+    /// Segments ever written; segment `i` lives at `ring[i % RING]`.
+    pub head: AtomicU64,
+    /// The busy segments, in time order.
+    pub ring: [Segment; RING],
+}
+
+/// The busy time of a device over a window, per process.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct BusyWindow {
+    /// Window start (ns, `CLOCK_MONOTONIC`) as asked.
+    pub from: u64,
+    /// Window end (ns).
+    pub to: u64,
+    /// Earliest instant the ring still covers (`<= from` when the whole window is known).
+    pub covered_from: u64,
+    /// Busy ns inside the window per pid (pids with none are absent), sorted by pid.
+    pub per_pid: Vec<(u32, u64)>,
+    /// Busy ns of the device inside the window (the sum of `per_pid`).
+    pub device: u64,
+}
+
+struct ClockGuard<'a>(&'a DeviceClock);
+
+impl Drop for ClockGuard<'_> {
+    fn drop(&mut self) {
+        self.0.lock.store(0, Ordering::Release);
+    }
+}
+
+impl DeviceClock {
+    fn lock(&self) -> ClockGuard<'_> {
+        let me = std::process::id();
+        let mut spins = 0u32;
+        loop {
+            if self
+                .lock
+                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.locked_at.store(now_ns(), Ordering::Relaxed);
+                return ClockGuard(self);
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+                continue;
+            }
+            // The holder is preempted or gone: yield, then sleep a little; take over the
+            // lock of a process that died holding it.
+            let holder = self.lock.load(Ordering::Relaxed);
+            let since = self.locked_at.load(Ordering::Relaxed);
+            if holder != 0
+                && holder != me
+                && now_ns().saturating_sub(since) > STALE_LOCK_NS
+                && !process_alive(holder, 0)
+                && self
+                    .lock
+                    .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.locked_at.store(now_ns(), Ordering::Relaxed);
+                return ClockGuard(self);
+            }
+            if spins < 256 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+        }
+    }
+
+    fn push(&self, pid: u32, start: u64, len: u64) {
+        let head = self.head.load(Ordering::Relaxed);
+        if head > 0 {
+            let last = &self.ring[((head - 1) % RING as u64) as usize];
+            let ls = last.start.load(Ordering::Relaxed);
+            let lw = last.word.load(Ordering::Relaxed);
+            let (lpid, llen) = ((lw >> 40) as u32, lw & LEN_MASK);
+            if lpid == pid & 0xff_ffff && ls + llen == start && llen + len <= LEN_MASK {
+                last.word
+                    .store(((pid as u64) << 40) | (llen + len), Ordering::Relaxed);
+                return;
+            }
+        }
+        let seg = &self.ring[(head % RING as u64) as usize];
+        seg.start.store(start, Ordering::Relaxed);
+        seg.word
+            .store(((pid as u64 & 0xff_ffff) << 40) | len, Ordering::Relaxed);
+        self.head.store(head + 1, Ordering::Release);
+    }
+}
+
+impl Shared {
+    fn clock(&self, dev: usize) -> Option<&DeviceClock> {
+        self.device(dev).map(|d| &d.clock)
+    }
+
+    /// Schedules `dur` ns of work of this process on device `dev`, not starting before
+    /// `earliest`: it starts at `max(earliest, device tail)` and the tail moves to its end.
+    /// The interval is recorded for utilisation and added to `slot`'s busy total. Returns
+    /// `(start, end)`; an unknown device schedules nothing (`(earliest, earliest + dur)`).
+    /// Work of zero length takes no lock and records nothing.
+    pub fn schedule(&self, dev: usize, slot: Option<usize>, earliest: u64, dur: u64) -> (u64, u64) {
+        let Some(c) = self.clock(dev) else {
+            return (earliest, earliest.saturating_add(dur));
+        };
+        if dur == 0 {
+            let start = earliest.max(c.tail.load(Ordering::Acquire));
+            return (start, start);
+        }
+        let pid = std::process::id();
+        let (start, end) = {
+            let _g = c.lock();
+            let start = earliest.max(c.tail.load(Ordering::Relaxed));
+            let end = start.saturating_add(dur);
+            c.tail.store(end, Ordering::Release);
+            let mut at = start;
+            while at < end {
+                let len = (end - at).min(LEN_MASK);
+                c.push(pid, at, len);
+                at += len;
+            }
+            (start, end)
+        };
+        c.busy_total.fetch_add(dur, Ordering::AcqRel);
+        if let Some(s) = slot.filter(|&s| s < self.file().procs.len()) {
+            if dev < MAX_DEVICES {
+                self.file().procs[s].busy_ns[dev].fetch_add(dur, Ordering::AcqRel);
+            }
+        }
+        (start, end)
+    }
+
+    /// The instant device `dev` is busy until (ns, `CLOCK_MONOTONIC`); 0 if unknown.
+    pub fn device_tail(&self, dev: usize) -> u64 {
+        self.clock(dev)
+            .map(|c| c.tail.load(Ordering::Acquire))
+            .unwrap_or(0)
+    }
+
+    /// Busy ns ever submitted on device `dev` (including work still queued).
+    pub fn device_busy_total(&self, dev: usize) -> u64 {
+        self.clock(dev)
+            .map(|c| c.busy_total.load(Ordering::Acquire))
+            .unwrap_or(0)
+    }
+
+    /// Busy ns ever submitted by process slot `slot` on device `dev` (including queued work).
+    pub fn slot_busy_total(&self, slot: usize, dev: usize) -> u64 {
+        match (self.file().procs.get(slot), dev < MAX_DEVICES) {
+            (Some(s), true) => s.busy_ns[dev].load(Ordering::Acquire),
+            _ => 0,
+        }
+    }
+
+    /// The busy time of device `dev` inside `[from, to)` (ns, `CLOCK_MONOTONIC`), per process:
+    /// the recorded intervals clipped to the window (work queued beyond `to` does not count).
+    pub fn busy_between(&self, dev: usize, from: u64, to: u64) -> BusyWindow {
+        let mut w = BusyWindow {
+            from,
+            to,
+            covered_from: from,
+            ..Default::default()
+        };
+        let Some(c) = self.clock(dev) else {
+            return w;
+        };
+        if to <= from {
+            return w;
+        }
+        let mut acc: Vec<(u32, u64)> = Vec::new();
+        {
+            let _g = c.lock();
+            let head = c.head.load(Ordering::Relaxed);
+            let oldest = head.saturating_sub(RING as u64);
+            let mut i = head;
+            while i > oldest {
+                i -= 1;
+                let seg = &c.ring[(i % RING as u64) as usize];
+                let s = seg.start.load(Ordering::Relaxed);
+                let word = seg.word.load(Ordering::Relaxed);
+                let e = s + (word & LEN_MASK);
+                if e <= from {
+                    break;
+                }
+                if i == oldest && head > RING as u64 {
+                    w.covered_from = w.covered_from.max(s);
+                }
+                let (a, b) = (s.max(from), e.min(to));
+                if b > a {
+                    let pid = (word >> 40) as u32;
+                    match acc.iter_mut().find(|(p, _)| *p == pid) {
+                        Some(x) => x.1 += b - a,
+                        None => acc.push((pid, b - a)),
+                    }
+                }
+            }
+        }
+        acc.sort_unstable();
+        w.device = acc.iter().map(|x| x.1).sum();
+        w.per_pid = acc;
+        w
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Config, Shared};
+
+    fn open(name: &str) -> (Shared, std::path::PathBuf) {
+        let p = std::env::temp_dir().join(format!("fake-clock-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        let cfg = Config {
+            device_count: 2,
+            total_mem: vec![1 << 30],
+            ctx_overhead: 0,
+            names: vec!["X".into()],
+        };
+        (Shared::open(&p, || Ok(cfg)).unwrap(), p)
+    }
+
+    #[test]
+    fn durations_parse() {
+        use super::parse_duration_ns as p;
+        assert_eq!(p("0"), Some(0));
+        assert_eq!(p("1500"), Some(1500));
+        assert_eq!(p("2ms"), Some(2_000_000));
+        assert_eq!(p("1.5ms"), Some(1_500_000));
+        assert_eq!(p("500us"), Some(500_000));
+        assert_eq!(p("3s"), Some(3_000_000_000));
+        assert_eq!(p("7ns"), Some(7));
+        assert_eq!(p("ms"), None);
+        assert_eq!(p("-1"), None);
+        assert_eq!(p("2 parsecs"), None);
+        assert_eq!(p("1e3"), None);
+    }
+
+    #[test]
+    fn work_runs_one_at_a_time_and_is_counted_per_process() {
+        let (sh, p) = open("serial");
+        let slot = sh.slot_for(std::process::id());
+        let t = 1_000_000_000_000u64;
+        assert_eq!(sh.schedule(0, slot, t, 100), (t, t + 100));
+        // Queued behind the first: starts at the tail even though it may start earlier.
+        assert_eq!(sh.schedule(0, slot, t + 10, 50), (t + 100, t + 150));
+        // After a gap: starts when asked.
+        assert_eq!(sh.schedule(0, slot, t + 1000, 10), (t + 1000, t + 1010));
+        // Zero-length work occupies nothing.
+        assert_eq!(sh.schedule(0, slot, t + 1005, 0), (t + 1010, t + 1010));
+        assert_eq!(sh.device_tail(0), t + 1010);
+        assert_eq!(sh.device_tail(1), 0);
+        assert_eq!(sh.device_busy_total(0), 160);
+        assert_eq!(sh.slot_busy_total(slot.unwrap(), 0), 160);
+        let me = std::process::id();
+        let w = sh.busy_between(0, t, t + 2000);
+        assert_eq!(w.per_pid, vec![(me, 160)]);
+        assert_eq!(w.device, 160);
+        // Clipped to the window.
+        let w = sh.busy_between(0, t + 120, t + 1005);
+        assert_eq!(w.per_pid, vec![(me, 30 + 5)]);
+        assert_eq!(sh.busy_between(0, t + 1010, t + 5000).per_pid, vec![]);
+        assert_eq!(sh.busy_between(1, t, t + 2000).device, 0);
+        drop(sh);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn intervals_of_several_processes_are_told_apart() {
+        let (sh, p) = open("pids");
+        let c = &sh.file().devices[0].clock;
+        // Back-to-back work of one pid merges into one segment.
+        c.push(7, 100, 10);
+        c.push(7, 110, 10);
+        c.push(9, 120, 30);
+        c.push(7, 150, 5);
+        assert_eq!(c.head.load(std::sync::atomic::Ordering::Relaxed), 3);
+        let w = sh.busy_between(0, 0, 1000);
+        assert_eq!(w.per_pid, vec![(7, 25), (9, 30)]);
+        assert_eq!(w.device, 55);
+        assert_eq!(sh.busy_between(0, 115, 130).per_pid, vec![(7, 5), (9, 10)]);
+        drop(sh);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn a_full_ring_reports_how_far_back_it_covers() {
+        let (sh, p) = open("ring");
+        let c = &sh.file().devices[0].clock;
+        for i in 0..(super::RING as u64 + 10) {
+            c.push(if i % 2 == 0 { 1 } else { 2 }, i * 10, 5);
+        }
+        let w = sh.busy_between(0, 0, u64::MAX / 2);
+        assert_eq!(w.covered_from, 100);
+        assert_eq!(w.device, super::RING as u64 * 5);
+        drop(sh);
+        let _ = std::fs::remove_file(&p);
+    }
+}

@@ -1,0 +1,395 @@
+//! The fake driver's device clock: kernels take simulated device time on the real clock,
+//! events and synchronisation reflect it, several processes share one device (one kernel at a
+//! time) and the fake NVML's utilisation comes from the same clock. Timing bounds are wide
+//! below (the machine is shared): a lower bound is exact (nothing completes early), an upper
+//! bound allows for scheduling delays.
+
+use hami_test_harness::{NvmlSnapshot, OpLine, ProbeOutput, TestEnv};
+
+// CUresult codes.
+const SUCCESS: i32 = 0;
+const INVALID_VALUE: i32 = 1;
+const INVALID_HANDLE: i32 = 400;
+const NOT_READY: i32 = 600;
+// nvmlReturn_t.
+const NVML_ERROR_NOT_FOUND: i32 = 6;
+
+const MS: u64 = 1_000_000;
+
+fn env() -> TestEnv {
+    TestEnv::new().env("FAKE_CUDA_CTX_OVERHEAD", "0")
+}
+
+/// Runs `cudaprobe` with the whitespace-separated arguments `args`.
+fn run(env: &TestEnv, args: &str) -> ProbeOutput {
+    env.run_probe(&args.split_ascii_whitespace().collect::<Vec<_>>())
+}
+
+fn num(o: &OpLine, key: &str) -> u64 {
+    o.num(key)
+        .unwrap_or_else(|| panic!("no {key}= in {}", o.raw))
+}
+
+fn float(o: &OpLine, key: &str) -> f64 {
+    o.get(key)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in {}", o.raw))
+}
+
+fn rcs_of(out: &ProbeOutput, op: &str) -> Vec<i32> {
+    out.find(op).iter().map(|o| o.rc().unwrap_or(-1)).collect()
+}
+
+#[test]
+fn kernels_take_their_time_and_synchronisation_waits_for_the_tail() {
+    let env = env();
+    let out = run(&env, "init ctx kernel launch-ns 20ms 5 streamquery streamsync-t streamquery launch-ns 30ms 2 ctxsync-t streamquery");
+    assert!(out.status.success(), "{}", out.dump());
+    let launches = out.find("launch-ns");
+    assert!(launches.iter().all(|o| o.ok()), "{}", out.dump());
+    // Launches are asynchronous: five 20 ms kernels are queued in far less than 100 ms.
+    assert!(num(launches[0], "host_ns") < 60 * MS, "{}", out.dump());
+    assert_eq!(
+        rcs_of(&out, "streamquery"),
+        vec![NOT_READY, SUCCESS, SUCCESS],
+        "{}",
+        out.dump()
+    );
+    let host = num(launches[0], "host_ns");
+    let wait = num(out.last("streamsync-t"), "wait_ns");
+    assert!(
+        wait + host >= 100 * MS && wait < 100 * MS + 400 * MS,
+        "stream sync waited {wait} ns after {host} ns of launching: {}",
+        out.dump()
+    );
+    let wait = num(out.last("ctxsync-t"), "wait_ns");
+    assert!(
+        (40 * MS..460 * MS).contains(&wait),
+        "context sync waited {wait} ns for 60 ms of kernels: {}",
+        out.dump()
+    );
+}
+
+#[test]
+fn kernel_durations_come_from_the_environment_the_image_or_the_launch() {
+    // Default: FAKE_CUDA_KERNEL_NS unset, kernels are instantaneous (nothing existing changes).
+    let out = run(
+        &env(),
+        "init ctx modload 0 getfunc launch streamquery ctxsync-t",
+    );
+    assert!(out.all_ok(), "{}", out.dump());
+    assert!(
+        num(out.last("ctxsync-t"), "wait_ns") < 20 * MS,
+        "{}",
+        out.dump()
+    );
+    // FAKE_CUDA_KERNEL_NS applies to modules without an ns= key.
+    let out = run(
+        &env().env("FAKE_CUDA_KERNEL_NS", "50ms"),
+        "init ctx modload 0 getfunc launch streamquery ctxsync-t",
+    );
+    assert_eq!(
+        out.last("streamquery").rc(),
+        Some(NOT_READY),
+        "{}",
+        out.dump()
+    );
+    assert!(
+        num(out.last("ctxsync-t"), "wait_ns") >= 40 * MS,
+        "{}",
+        out.dump()
+    );
+    // The image's ns= key (here "FAKECUBIN globals=0 ns=40ms") overrides it.
+    let out = env().env("FAKE_CUDA_KERNEL_NS", "1s").run_probe(&[
+        "init",
+        "ctx",
+        "modload",
+        "0 ns=40ms",
+        "getfunc",
+        "launch",
+        "launch",
+        "ctxsync-t",
+    ]);
+    assert!(out.all_ok(), "{}", out.dump());
+    let wait = num(out.last("ctxsync-t"), "wait_ns");
+    assert!((60 * MS..500 * MS).contains(&wait), "{}", out.dump());
+    // A malformed ns= is an invalid image.
+    let out = env().run_probe(&["init", "ctx", "modload", "0 ns=soon"]);
+    assert_eq!(out.last("modload").rc(), Some(200), "{}", out.dump());
+}
+
+#[test]
+fn events_measure_the_kernels_between_them() {
+    let env = env();
+    let out = run(&env, "init ctx kernel evcreate evcreate evcreate 2 evcreate launch-ns 5ms 2 evrecord 0 launch-ns 10ms 3 evrecord 1 evquery 1 elapsed 0 1 evsync 1 evquery 1 elapsed 0 1 elapsed 1 0 evrecord 2 elapsed 0 2 elapsed 0 3 evquery 3 evsync 3 evcreate 8 evcreate 4");
+    let el = out.find("elapsed");
+    assert_eq!(
+        el.iter().map(|o| o.rc().unwrap()).collect::<Vec<_>>(),
+        vec![NOT_READY, SUCCESS, SUCCESS, INVALID_HANDLE, INVALID_HANDLE],
+        "{}",
+        out.dump()
+    );
+    // The three 10 ms kernels exactly (the device time, not the host's).
+    let ms = float(el[1], "ms");
+    assert!((ms - 30.0).abs() < 0.01, "{}", out.dump());
+    assert!((float(el[2], "ms") + 30.0).abs() < 0.01, "{}", out.dump());
+    assert_eq!(
+        rcs_of(&out, "evquery"),
+        vec![NOT_READY, SUCCESS, SUCCESS],
+        "{}",
+        out.dump()
+    );
+    let syncs = out.find("evsync");
+    assert!(syncs.iter().all(|o| o.ok()), "{}", out.dump());
+    // The first sync waited for the 40 ms queued (less what launching took).
+    assert!(num(syncs[0], "wait_ns") >= 20 * MS, "{}", out.dump());
+    assert!(num(syncs[1], "wait_ns") < 20 * MS, "{}", out.dump());
+    assert_eq!(
+        rcs_of(&out, "evcreate"),
+        vec![
+            SUCCESS,
+            SUCCESS,
+            SUCCESS,
+            SUCCESS,
+            INVALID_VALUE,
+            INVALID_VALUE
+        ],
+        "{}",
+        out.dump()
+    );
+}
+
+#[test]
+fn graphs_take_the_sum_of_their_captured_kernels() {
+    let env = env();
+    let out = run(&env, "init ctx kernel streamnew graph-capture 10ms 3 streamquery evcreate evcreate evrecord 1 graph-launch 2 evrecord 2 streamquery streamsync-t elapsed 1 2 graphdestroy last graph-launch 1 0");
+    assert_eq!(out.last("graph-capture").get("stage"), Some("instantiate"));
+    assert!(out.last("graph-capture").ok(), "{}", out.dump());
+    // Capturing ran nothing; launching twice queued 60 ms.
+    assert_eq!(
+        rcs_of(&out, "streamquery"),
+        vec![SUCCESS, NOT_READY],
+        "{}",
+        out.dump()
+    );
+    assert!(
+        num(out.last("streamsync-t"), "wait_ns") >= 40 * MS,
+        "{}",
+        out.dump()
+    );
+    // From the first event (recorded on an idle stream: at once) to the end of both graph
+    // launches: 60 ms plus the host's time between the record and the first launch.
+    let ms = float(out.last("elapsed"), "ms");
+    assert!((59.99..65.0).contains(&ms), "{}", out.dump());
+    assert!(out.last("graphdestroy").ok(), "{}", out.dump());
+    // A destroyed executable graph: CUDA_ERROR_INVALID_VALUE, as documented for cuGraphLaunch.
+    assert_eq!(
+        out.last("graph-launch").rc(),
+        Some(INVALID_VALUE),
+        "{}",
+        out.dump()
+    );
+}
+
+#[test]
+fn cooperative_launches_and_entry_points_through_get_proc_address() {
+    let env = env();
+    let out = run(&env, "--via procaddr --cuda-version 12080 init ctx coop-ns 15ms 2 streamquery ctxsync-t launch-for 0.1 1ms");
+    assert!(out.status.success(), "{}", out.dump());
+    assert!(out.last("coop-ns").ok(), "{}", out.dump());
+    assert!(out.last("launch-for").ok(), "{}", out.dump());
+    assert!(
+        num(out.last("ctxsync-t"), "wait_ns") >= 20 * MS,
+        "{}",
+        out.dump()
+    );
+    assert_eq!(out.last("streamquery").rc(), Some(NOT_READY));
+    let sym = |name: &str, ver: &str, flags: &str| {
+        let o = env.run_probe(&["getproc", name, ver, flags]);
+        o.last("getproc").get("sym").unwrap_or("").to_string()
+    };
+    assert_eq!(
+        sym("cuEventElapsedTime", "12000", "0"),
+        "cuEventElapsedTime"
+    );
+    assert_eq!(
+        sym("cuEventElapsedTime", "12080", "0"),
+        "cuEventElapsedTime_v2"
+    );
+    assert_eq!(sym("cuEventRecord", "12000", "2"), "cuEventRecord_ptsz");
+    assert_eq!(sym("cuEventQuery", "12000", "0"), "cuEventQuery");
+    assert_eq!(sym("cuStreamQuery", "12000", "2"), "cuStreamQuery_ptsz");
+    assert_eq!(
+        sym("cuLaunchCooperativeKernel", "12000", "2"),
+        "cuLaunchCooperativeKernel_ptsz"
+    );
+    assert_eq!(
+        sym("cuGraphInstantiate", "11000", "0"),
+        "cuGraphInstantiate_v2"
+    );
+    assert_eq!(
+        sym("cuGraphInstantiate", "12000", "0"),
+        "cuGraphInstantiateWithFlags"
+    );
+    assert_eq!(sym("cuGraphLaunch", "12000", "2"), "cuGraphLaunch_ptsz");
+    assert_eq!(
+        sym("cuGraphExecDestroy", "12000", "0"),
+        "cuGraphExecDestroy"
+    );
+    assert_eq!(sym("cuGraphDestroy", "12000", "0"), "cuGraphDestroy");
+}
+
+#[test]
+fn a_full_launch_queue_blocks_the_launch_until_room_is_made() {
+    let out = run(
+        &env().env("FAKE_CUDA_QUEUE_DEPTH", "2"),
+        "init ctx kernel launch-ns 20ms 5 streamsync-t",
+    );
+    assert!(out.all_ok(), "{}", out.dump());
+    // The 3rd, 4th and 5th launches each waited for the oldest queued kernel: the 5th for
+    // the 3rd, which ends 60 ms after the first started.
+    let host = num(out.last("launch-ns"), "host_ns");
+    assert!(host >= 55 * MS, "{}", out.dump());
+    let wait = num(out.last("streamsync-t"), "wait_ns");
+    assert!(host + wait >= 100 * MS, "{}", out.dump());
+}
+
+fn busy_share(o: &OpLine) -> f64 {
+    num(o, "busy_ns") as f64 / num(o, "wall_ns") as f64
+}
+
+#[test]
+fn one_process_alone_keeps_the_device_busy() {
+    let env = env();
+    let out = run(&env, "init ctx launch-for 1 1ms");
+    assert!(out.all_ok(), "{}", out.dump());
+    let o = out.last("launch-for");
+    let share = busy_share(o);
+    assert!(share > 0.9, "alone: busy share {share}: {}", out.dump());
+    // The events measured exactly the kernels' time.
+    let (busy, nominal) = (num(o, "busy_ns"), num(o, "nominal_ns"));
+    assert!(busy.abs_diff(nominal) < nominal / 100, "{}", out.dump());
+    assert!(num(o, "kernels") > 500, "{}", out.dump());
+}
+
+fn nvml_with(env: &TestEnv, last_seen_us: Option<u64>) -> NvmlSnapshot {
+    let mut c = env.nvmlprobe_cmd();
+    c.args(["--index", "0"]);
+    if let Some(t) = last_seen_us {
+        c.args(["--last-seen", &t.to_string()]);
+    }
+    let out = c.output().expect("spawn nvmlprobe");
+    NvmlSnapshot::parse(&String::from_utf8_lossy(&out.stdout))
+}
+
+#[test]
+fn two_processes_share_the_device_and_nvml_reports_each_share() {
+    let env = env();
+    // Before any kernel ran: no sample (as the real NVML before its first sample).
+    let before = env.nvml();
+    assert_eq!(
+        before.device(0).process_util_rc,
+        Some(NVML_ERROR_NOT_FOUND),
+        "{}",
+        before.raw
+    );
+    let args = [
+        "init",
+        "ctx",
+        "kernel",
+        "wait",
+        "launch-for",
+        "3",
+        "1ms",
+        "wait",
+    ];
+    let mut a = env.spawn_probe(&args);
+    let mut b = env.spawn_probe(&args);
+    a.wait_for("wait");
+    b.wait_for("wait");
+    a.resume();
+    b.resume();
+    std::thread::sleep(std::time::Duration::from_millis(1800));
+    let mid = env.nvml();
+    // Only a second's window, and in the future: no sample.
+    let future_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+        + 60_000_000;
+    let none = nvml_with(&env, Some(future_us));
+    let ra = a.wait_for("launch-for");
+    let rb = b.wait_for("launch-for");
+    // Both are still alive (blocked in their second `wait`) while NVML was read.
+    a.resume();
+    b.resume();
+    let (pa, pb) = (a.pid, b.pid);
+    let (oa, ob) = (a.finish(), b.finish());
+    assert!(ra.ok() && rb.ok(), "{}\n{}", oa.dump(), ob.dump());
+    let (sa, sb) = (busy_share(&ra), busy_share(&rb));
+    assert!(
+        (0.3..0.7).contains(&sa) && (0.3..0.7).contains(&sb) && (0.8..1.05).contains(&(sa + sb)),
+        "shares {sa} + {sb}:\n{}\n{}",
+        ra.raw,
+        rb.raw
+    );
+    // Each one's events measured its own kernels, not the other's in between (a pre-kernel
+    // event completes when the device reaches it).
+    for r in [&ra, &rb] {
+        let (busy, nominal) = (num(r, "busy_ns"), num(r, "nominal_ns"));
+        assert!(busy.abs_diff(nominal) < nominal / 20, "{}", r.raw);
+    }
+    let d = mid.device(0);
+    assert_eq!(d.process_util_rc, Some(SUCCESS), "{}", mid.raw);
+    let (ua, ub) = (
+        mid.process_sm(0, pa).unwrap_or(0),
+        mid.process_sm(0, pb).unwrap_or(0),
+    );
+    assert!(
+        (30..=70).contains(&ua) && (30..=70).contains(&ub) && (85..=101).contains(&(ua + ub)),
+        "NVML smUtil {ua} + {ub}:\n{}",
+        mid.raw
+    );
+    let (_, gpu) = d.gpu_util.expect("utilization line");
+    assert!(gpu >= 85, "{}", mid.raw);
+    assert_eq!(
+        none.device(0).process_util_rc,
+        Some(NVML_ERROR_NOT_FOUND),
+        "{}",
+        none.raw
+    );
+}
+
+#[test]
+fn nvml_utilisation_since_a_timestamp_is_the_share_of_that_window() {
+    let env = env();
+    let mut p = env.spawn_probe(&[
+        "init",
+        "ctx",
+        "kernel",
+        "wait",
+        "launch-ns",
+        "200ms",
+        "1",
+        "wait",
+    ]);
+    p.wait_for("wait");
+    p.resume();
+    p.wait_for("launch-ns");
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    // Over the last second: 200 ms of a 1 s window.
+    let s = env.nvml();
+    let sm = s.process_sm(0, p.pid).expect("a sample");
+    assert!((15..=25).contains(&sm), "smUtil {sm}:\n{}", s.raw);
+    // Since a timestamp after the kernel ended: nothing.
+    let ts = s.device(0).process_util[0].2;
+    let later = nvml_with(&env, Some(ts));
+    assert_eq!(
+        later.device(0).process_util_rc,
+        Some(NVML_ERROR_NOT_FOUND),
+        "{}",
+        later.raw
+    );
+    p.resume();
+    assert!(p.finish().all_ok());
+}
