@@ -456,7 +456,7 @@ fn alert_rules_pass_their_promtool_tests() {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("- alert: "))
         .collect();
-    assert_eq!(alerts.len(), 9, "{alerts:?}");
+    assert_eq!(alerts.len(), 10, "{alerts:?}");
     for a in alerts {
         let cases: Vec<&str> = tests_text
             .split("- eval_time:")
