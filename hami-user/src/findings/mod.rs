@@ -102,6 +102,9 @@ pub mod reason {
     pub const LIMIT_DIFFERS_FROM_ENV: &str = "limit_differs_from_env";
     /// Tamper: the environment's value is invalid but the region enforces a limit.
     pub const ENV_INVALID_REGION_VALID: &str = "env_invalid_region_valid";
+    /// Tamper: the region's compute share of a device differs from the one a live hooked
+    /// process's environment sets (`CUDA_DEVICE_SM_LIMIT(_<i>)`, the policy `disable`).
+    pub const COMPUTE_LIMIT_DIFFERS_FROM_ENV: &str = "compute_limit_differs_from_env";
     /// Locked out: the process's credentials do not allow it to open its region for reading
     /// and writing (file owner, group and mode), and it holds no slot there.
     pub const REGION_UNWRITABLE: &str = "region_unwritable";
@@ -405,6 +408,7 @@ impl Finding {
                 | reason::PID_REUSED
                 | reason::LIMIT_DIFFERS_FROM_ENV
                 | reason::ENV_INVALID_REGION_VALID
+                | reason::COMPUTE_LIMIT_DIFFERS_FROM_ENV
                 // Already held over the whole compute window.
                 | reason::SHARE_ABOVE_LIMIT
         )

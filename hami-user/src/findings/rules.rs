@@ -306,6 +306,47 @@ pub(super) fn region_findings(
             });
         }
     }
+    // Tamper, compute: the region's share against each live hooked user's environment,
+    // compared as the share the preload holds the device to (a malformed value, or control
+    // turned off, is not compared).
+    let mut tampered = std::collections::BTreeSet::new();
+    for p in users.iter().filter(|p| p.hooked) {
+        for d in 0..r.devices() {
+            let Some(want) = p.env_limits.compute.share_for(d as u32) else {
+                continue;
+            };
+            let rec = snap.compute[d];
+            if want == rec.limit_percent() || !tampered.insert(d) {
+                continue;
+            }
+            let pct =
+                |v: Option<u32>| v.map_or("no compute limit".to_string(), |v| format!("{v} %"));
+            out.push(Finding {
+                kind: FindingKind::Tamper,
+                reason: reason::COMPUTE_LIMIT_DIFFERS_FROM_ENV,
+                pid: Some(p.pid),
+                uid: p.creds.as_ref().map(|c| c.fsuid),
+                nspid: p.nspid,
+                container: p.container.clone(),
+                region: Some(r.name.clone()),
+                device: Some(d as u32),
+                slot: None,
+                bytes: 0,
+                observed: None,
+                accounted: None,
+                limit: Some(u64::from(rec.sm_limit)),
+                detail: format!(
+                    "device {d}: region compute share is {} (sm_limit {}, policy {}), but pid {}'s \
+                     environment sets {}",
+                    pct(rec.limit_percent()),
+                    rec.sm_limit,
+                    rec.policy,
+                    p.pid,
+                    pct(want)
+                ),
+            });
+        }
+    }
     // Over limit: observed data of the region's users per device.
     let single = r.single_device;
     for d in 0..r.devices() {

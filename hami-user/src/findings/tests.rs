@@ -753,3 +753,55 @@ fn hooked_process_using_sm_time_without_a_slot_or_region_is_a_bypass() {
     p.nvml_sm.clear();
     assert!(evaluate(&[p], &[r], Tolerance::default()).is_empty());
 }
+
+#[test]
+fn region_compute_share_differing_from_the_environment_is_tamper() {
+    let mut snap = snapshot(GIB, vec![slot(0, 10, 110, 300 * MIB, 0)]);
+    snap.compute[0].sm_limit = 90; // a tenant raised its share in the file
+    let r = region(snap, &[(0, SlotLiveness::Alive { host_pid: 10 })]);
+    let mut p = proc_(10, true, 0);
+    p.env_limits.compute.all = Some("30".into());
+    let f = evaluate(&[p.clone()], &[r.clone()], Tolerance::default());
+    assert_eq!(
+        kinds(&f),
+        vec![(FindingKind::Tamper, reason::COMPUTE_LIMIT_DIFFERS_FROM_ENV)]
+    );
+    assert_eq!(
+        (f[0].device, f[0].limit, f[0].pid),
+        (Some(0), Some(90), Some(10))
+    );
+    assert!(
+        f[0].detail.contains("90 %") && f[0].detail.contains("sets 30 %"),
+        "{}",
+        f[0].detail
+    );
+    assert!(!f[0].needs_settle());
+    // The same share: nothing. 100 in the region and no variable: both "no limit".
+    let mut same = r.clone();
+    same.snapshot.compute[0].sm_limit = 30;
+    assert!(evaluate(&[p.clone()], &[same.clone()], Tolerance::default()).is_empty());
+    let mut whole = r.clone();
+    whole.snapshot.compute[0].sm_limit = 100;
+    let unset = proc_(10, true, 0);
+    assert!(evaluate(&[unset], &[whole], Tolerance::default()).is_empty());
+    // A malformed value or control turned off is not compared; nor is an unhooked process.
+    let mut malformed = p.clone();
+    malformed.env_limits.compute.all = Some("30%".into());
+    assert!(evaluate(&[malformed], &[r.clone()], Tolerance::default()).is_empty());
+    let mut off = p.clone();
+    off.env_limits.compute.disable_control = Some("true".into());
+    assert!(evaluate(&[off], &[r.clone()], Tolerance::default()).is_empty());
+    let mut unhooked = p.clone();
+    unhooked.hooked = false;
+    assert!(evaluate(&[unhooked], &[r.clone()], Tolerance::default())
+        .iter()
+        .all(|f| f.kind != FindingKind::Tamper));
+    // Policy disable in the environment, a share in the region: tamper too.
+    let mut disabled = p;
+    disabled.env_limits.compute.policy = Some("disable".into());
+    let f = evaluate(&[disabled], &[same], Tolerance::default());
+    assert_eq!(
+        kinds(&f),
+        vec![(FindingKind::Tamper, reason::COMPUTE_LIMIT_DIFFERS_FROM_ENV)]
+    );
+}
