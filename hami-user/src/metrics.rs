@@ -161,6 +161,9 @@ pub struct Metrics {
     hami_legacy_used: Option<IntGaugeVec>,
     /// `vGPU_device_memory_limit_in_bytes` (HAMi, older names).
     hami_legacy_limit: Option<IntGaugeVec>,
+    /// `Device_utilization_desc_of_container` (HAMi's monitor: the container's SM
+    /// utilisation of the device, percent).
+    hami_legacy_util: Option<GaugeVec>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -395,6 +398,19 @@ impl Metrics {
         } else {
             (None, None, None, None)
         };
+        let hami_legacy_util = if opts.hami_compat {
+            let g = GaugeVec::new(
+                Opts::new(
+                    "Device_utilization_desc_of_container",
+                    "Container device utilization description (HAMi-compatible: the container's measured compute share of the device, percent)",
+                ),
+                &HAMI_LEGACY_LABELS,
+            )?;
+            r.register(Box::new(g.clone()))?;
+            Some(g)
+        } else {
+            None
+        };
         for k in FindingKind::ALL {
             findings.with_label_values(&[k.name()]).set(0);
             findings_total.with_label_values(&[k.name()]).inc_by(0);
@@ -430,6 +446,7 @@ impl Metrics {
             hami_limit,
             hami_legacy_used,
             hami_legacy_limit,
+            hami_legacy_util,
         })
     }
 
@@ -468,6 +485,9 @@ impl Metrics {
         ];
         for f in compat.into_iter().flatten() {
             f.reset();
+        }
+        if let Some(u) = &self.hami_legacy_util {
+            u.reset();
         }
         for s in series {
             let dev = s.device.to_string();
@@ -517,6 +537,9 @@ impl Metrics {
             if let (Some(u), Some(lim)) = (&self.hami_legacy_used, &self.hami_legacy_limit) {
                 u.with_label_values(&h).set(clamp(s.accounted));
                 lim.with_label_values(&h).set(clamp(s.limit));
+            }
+            if let (Some(u), Some(share)) = (&self.hami_legacy_util, s.compute_share) {
+                u.with_label_values(&h).set(share);
             }
         }
     }
@@ -618,6 +641,7 @@ impl Metrics {
                 "hami_vgpu_memory_limit_bytes",
                 "vGPU_device_memory_usage_in_bytes",
                 "vGPU_device_memory_limit_in_bytes",
+                "Device_utilization_desc_of_container",
             ] {
                 v.push(f.to_string());
             }
@@ -821,6 +845,13 @@ mod tests {
         assert!(t.contains(&format!(r#"hami_vgpu_memory_limit_bytes{{container="main",device_uuid="{u}",namespace="ml",pod="trainer-0",vdevice_index="1"}} 100"#)));
         assert!(t.contains(&format!(r#"vGPU_device_memory_usage_in_bytes{{ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1"}} 50"#)));
         assert!(t.contains(&format!(r#"vGPU_device_memory_limit_in_bytes{{ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1"}} 100"#)));
+        // The container's compute share under HAMi's monitor's name, only where measured.
+        assert!(!t.contains("Device_utilization_desc_of_container{"), "{t}");
+        let mut busy = series("main", 1);
+        busy.compute_share = Some(37.5);
+        m.set_regions(&[busy]);
+        let t = m.render();
+        assert!(t.contains(&format!(r#"Device_utilization_desc_of_container{{ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1"}} 37.5"#)), "{t}");
         m.set_regions(&[]);
         assert!(!m.render().contains("vGPU_device_memory_usage_in_bytes{"));
     }
