@@ -71,8 +71,18 @@ impl ShareHistory {
         }
     }
 
-    /// Adds an observation and forgets those older than `keep`.
+    /// Adds an observation and forgets those older than `keep`. After a gap longer than
+    /// `keep` (NVML gave no figure meanwhile) the container is watched afresh: a window is
+    /// only judged once it is covered by observations again.
     pub fn push(&mut self, at: Instant, share: f64, keep: Duration) {
+        if self
+            .samples
+            .back()
+            .is_some_and(|(t, _)| at.saturating_duration_since(*t) > keep)
+        {
+            self.samples.clear();
+            self.first = at;
+        }
         self.samples.push_back((at, share));
         while self
             .samples
@@ -220,19 +230,24 @@ mod tests {
         assert!((all - (90.0 + 20.0 * 30.0) / 21.0).abs() < 1e-9, "{all}");
         assert_eq!(h.watched(s(20)), Duration::from_secs(20));
         assert_eq!(h.latest(), Some(30.0));
-        // Forty seconds on, only what is younger than `keep` is left.
-        h.push(s(60), 50.0, Duration::from_secs(30));
-        assert_eq!(h.mean(s(60), Duration::from_secs(60)), Some(50.0));
+        // Twenty-five seconds on, only what is younger than `keep` (30 s) is left.
+        h.push(s(45), 50.0, Duration::from_secs(30));
+        let left = h.mean(s(45), Duration::from_secs(60)).unwrap();
+        assert!((left - (15.0 * 30.0 + 50.0) / 16.0).abs() < 1e-9, "{left}");
         assert_eq!(
             h.mean(s(100), Duration::from_secs(10)),
             None,
             "nothing recent"
         );
         assert_eq!(
-            h.watched(s(60)),
-            Duration::from_secs(60),
+            h.watched(s(45)),
+            Duration::from_secs(45),
             "watched since t0"
         );
+        // A gap longer than `keep` (no NVML figure for 40 s): watched afresh from then.
+        h.push(s(85), 70.0, Duration::from_secs(30));
+        assert_eq!(h.mean(s(85), Duration::from_secs(60)), Some(70.0));
+        assert_eq!(h.watched(s(85)), Duration::ZERO);
     }
 
     #[test]
