@@ -12,6 +12,8 @@
  *     utilization index=0 rc=0 gpu=50 memory=0
  *     putil index=0 pid=1234 sm=50 ts=1764640000000000
  *     putils index=0 rc=0 count=1 last_seen=0
+ *     putil2 index=0 pid=1234 sm=50 ts=1764640000000000      (nvmlDeviceGetProcessesUtilizationInfo)
+ *     putils2 index=0 rc=0 count=1
  *     shutdown rc=0
  *
  * Build: gcc -O2 -o nvmlprobe nvmlprobe.c -ldl. Usage: nvmlprobe [--index N] [--last-seen US]
@@ -31,6 +33,9 @@ typedef struct { unsigned int version; unsigned long long total, reserved, free,
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
 typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil, encUtil, decUtil; } nvmlProcessUtilizationSample_t;
 typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+typedef struct { unsigned long long timeStamp; unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil; } nvmlProcessUtilizationInfo_v1_t;
+typedef struct { unsigned int version, processSamplesCount; unsigned long long lastSeenTimeStamp; nvmlProcessUtilizationInfo_v1_t *procUtilArray; } nvmlProcessesUtilizationInfo_t;
+#define NVML_PROCESSES_UTILIZATION_INFO_V1 ((unsigned int)(sizeof(nvmlProcessesUtilizationInfo_t) | (1 << 24)))
 #define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
 
 static void *lib;
@@ -65,6 +70,7 @@ int main(int argc, char **argv) {
   nvmlReturn_t (*rates)(nvmlDevice_t, nvmlUtilization_t *) = dlsym(lib, "nvmlDeviceGetUtilizationRates");
   nvmlReturn_t (*putil)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned *, unsigned long long) =
       dlsym(lib, "nvmlDeviceGetProcessUtilization");
+  nvmlReturn_t (*putil2)(nvmlDevice_t, nvmlProcessesUtilizationInfo_t *) = dlsym(lib, "nvmlDeviceGetProcessesUtilizationInfo");
 
   nvmlReturn_t rc = init();
   printf("init rc=%d error=%s\n", rc, errstr(rc));
@@ -115,6 +121,21 @@ int main(int argc, char **argv) {
         printf("putil index=%u pid=%u sm=%u mem=%u ts=%llu\n", i, us[k].pid, us[k].smUtil, us[k].memUtil, us[k].timeStamp);
       printf("putils index=%u rc=%d count=%u last_seen=%llu\n", i, rc, rc == 0 ? cap2 : 0, last_seen);
       free(us);
+    }
+    if (putil2) {
+      nvmlProcessesUtilizationInfo_t info; memset(&info, 0, sizeof info);
+      info.version = NVML_PROCESSES_UTILIZATION_INFO_V1; info.lastSeenTimeStamp = last_seen;
+      rc = putil2(h, &info);
+      if (rc == 7 /* NVML_ERROR_INSUFFICIENT_SIZE */) {
+        info.processSamplesCount += 8;
+        info.procUtilArray = calloc(info.processSamplesCount, sizeof *info.procUtilArray);
+        rc = putil2(h, &info);
+      }
+      for (unsigned k = 0; rc == 0 && k < info.processSamplesCount; k++)
+        printf("putil2 index=%u pid=%u sm=%u ts=%llu\n", i, info.procUtilArray[k].pid, info.procUtilArray[k].smUtil,
+               info.procUtilArray[k].timeStamp);
+      printf("putils2 index=%u rc=%d count=%u\n", i, rc, rc == 0 ? info.processSamplesCount : 0);
+      free(info.procUtilArray);
     }
   }
   rc = shutdown();

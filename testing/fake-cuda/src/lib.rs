@@ -22,6 +22,8 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use driver::{inited, R};
 
+#[cfg(test)]
+mod clock_tests;
 mod contexts;
 mod memory;
 mod objects;

@@ -661,10 +661,72 @@ pub unsafe extern "C" fn cuEventRecord_ptsz(event: Handle, stream: CUstream) -> 
     event_record(event, stream, true)
 }
 
+/// `CU_EVENT_RECORD_EXTERNAL`, the one flag of `cuEventRecordWithFlags`.
+const CU_EVENT_RECORD_EXTERNAL: c_uint = 1;
+
+fn event_record_flags(event: Handle, stream: CUstream, flags: c_uint, ptsz: bool) -> CUresult {
+    if flags & !CU_EVENT_RECORD_EXTERNAL != 0 {
+        return run(|| {
+            drop(inited()?);
+            Err(CUDA_ERROR_INVALID_VALUE)
+        });
+    }
+    event_record(event, stream, ptsz)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecordWithFlags(
+    event: Handle,
+    stream: CUstream,
+    flags: c_uint,
+) -> CUresult {
+    event_record_flags(event, stream, flags, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuEventRecordWithFlags_ptsz(
+    event: Handle,
+    stream: CUstream,
+    flags: c_uint,
+) -> CUresult {
+    event_record_flags(event, stream, flags, true)
+}
+
+/// `CU_EVENT_WAIT_EXTERNAL`, the one flag of `cuStreamWaitEvent`.
+const CU_EVENT_WAIT_EXTERNAL: c_uint = 1;
+
+fn stream_wait_event(stream: CUstream, event: Handle, flags: c_uint, ptsz: bool) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        if flags & !CU_EVENT_WAIT_EXTERNAL != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        g.stream_wait_event(stream as u64, event as u64, ptsz)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWaitEvent(
+    stream: CUstream,
+    event: Handle,
+    flags: c_uint,
+) -> CUresult {
+    stream_wait_event(stream, event, flags, false)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamWaitEvent_ptsz(
+    stream: CUstream,
+    event: Handle,
+    flags: c_uint,
+) -> CUresult {
+    stream_wait_event(stream, event, flags, true)
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuEventQuery(event: Handle) -> CUresult {
     run(|| {
-        let g = inited()?;
+        let mut g = inited()?;
         match g.event_done_at(event as u64)? {
             Some(t) if t > fake_state::now_ns() => Err(CUDA_ERROR_NOT_READY),
             _ => Ok(()),
@@ -675,9 +737,14 @@ pub unsafe extern "C" fn cuEventQuery(event: Handle) -> CUresult {
 #[no_mangle]
 pub unsafe extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
     run(|| {
-        let g = inited()?;
-        let at = g.event_done_at(event as u64)?;
-        let mut g = wait_until(g, at)?;
+        let mut g = inited()?;
+        // An open event's instant can only move later while we sleep: wait until it holds.
+        while let Some(t) = g.event_done_at(event as u64)? {
+            if t <= fake_state::now_ns() {
+                break;
+            }
+            g = wait_until(g, Some(t))?;
+        }
         g.pools_release_at_sync();
         Ok(())
     })
@@ -685,7 +752,7 @@ pub unsafe extern "C" fn cuEventSynchronize(event: Handle) -> CUresult {
 
 fn event_elapsed(ms: *mut f32, start: Handle, end: Handle) -> CUresult {
     run(|| {
-        let g = inited()?;
+        let mut g = inited()?;
         nonnull(ms)?;
         let v = g.event_elapsed_ms(start as u64, end as u64)?;
         // SAFETY: checked non-NULL; C contract.

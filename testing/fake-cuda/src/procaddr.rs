@@ -210,6 +210,16 @@ fn table() -> &'static [Entry] {
             ),
             e("cuEventSynchronize", vec![(2000, f!(cuEventSynchronize))]),
             e("cuEventQuery", vec![(2000, f!(cuEventQuery))]),
+            p(
+                "cuEventRecordWithFlags",
+                vec![(11010, f!(cuEventRecordWithFlags))],
+                (11010, f!(cuEventRecordWithFlags_ptsz)),
+            ),
+            p(
+                "cuStreamWaitEvent",
+                vec![(3020, f!(cuStreamWaitEvent))],
+                (7000, f!(cuStreamWaitEvent_ptsz)),
+            ),
             e(
                 "cuEventElapsedTime",
                 vec![

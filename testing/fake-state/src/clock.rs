@@ -10,15 +10,16 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::{process_alive, Shared, MAX_DEVICES};
+use crate::{proc_stat, Shared, MAX_DEVICES};
 
 /// Busy segments remembered per device (older ones are overwritten: a window reaching further
 /// back is clipped to what the ring still covers, see [`BusyWindow::covered_from`]).
 pub const RING: usize = 8192;
 /// Longest segment length (2^40 ns, about 18 minutes); a longer submission takes several.
 const LEN_MASK: u64 = (1 << 40) - 1;
-/// `DeviceClock::lock` holders older than this whose process is gone are taken over.
-const STALE_LOCK_NS: u64 = 5_000_000;
+/// A `DeviceClock::lock` held longer than this by a process that is gone or stopped is
+/// taken over (the lock guards a few instructions).
+const STALE_LOCK_NS: u64 = 2_000_000;
 
 /// Parses a duration: a number of nanoseconds, or a number with `ns`, `us`, `ms` or `s`
 /// (`2ms`, `500us`, `1.5ms`, `0`). `None` if malformed, negative or beyond `u64` ns.
@@ -81,7 +82,7 @@ pub struct Segment {
 /// The clock of one device (inside [`crate::DeviceState`]).
 #[repr(C)]
 pub struct DeviceClock {
-    /// Pid holding the device's schedule lock (0 = free); held for a few instructions.
+    /// Pid holding the lock of the segment ring (0 = free); held for a few instructions.
     pub lock: AtomicU32,
     _pad: u32,
     /// When the holder took the lock (ns), to take over a lock of a process that died.
@@ -115,7 +116,21 @@ struct ClockGuard<'a>(&'a DeviceClock);
 
 impl Drop for ClockGuard<'_> {
     fn drop(&mut self) {
-        self.0.lock.store(0, Ordering::Release);
+        // Only our own hold is released: a holder whose lock was taken over (it was stopped
+        // past STALE_LOCK_NS) must not release the new holder's.
+        let me = std::process::id();
+        let _ = self
+            .0
+            .lock
+            .compare_exchange(me, 0, Ordering::Release, Ordering::Relaxed);
+    }
+}
+
+/// Whether `pid` runs: not gone, not a zombie, not stopped (`SIGSTOP`, a debugger).
+fn running(pid: u32) -> bool {
+    match proc_stat(pid) {
+        Some((state, _)) => !matches!(state, b'Z' | b'X' | b'T' | b't'),
+        None => false,
     }
 }
 
@@ -137,14 +152,14 @@ impl DeviceClock {
                 std::hint::spin_loop();
                 continue;
             }
-            // The holder is preempted or gone: yield, then sleep a little; take over the
-            // lock of a process that died holding it.
+            // The holder is preempted, stopped or gone: yield, then sleep a little; take over
+            // the lock of a process that died or was stopped holding it.
             let holder = self.lock.load(Ordering::Relaxed);
             let since = self.locked_at.load(Ordering::Relaxed);
             if holder != 0
                 && holder != me
                 && now_ns().saturating_sub(since) > STALE_LOCK_NS
-                && !process_alive(holder, 0)
+                && !running(holder)
                 && self
                     .lock
                     .compare_exchange(holder, me, Ordering::Acquire, Ordering::Relaxed)
@@ -201,19 +216,28 @@ impl Shared {
             return (start, start);
         }
         let pid = std::process::id();
-        let (start, end) = {
-            let _g = c.lock();
-            let start = earliest.max(c.tail.load(Ordering::Relaxed));
+        // The schedule itself is lock-free: a stopped or killed process never holds it.
+        let mut tail = c.tail.load(Ordering::Acquire);
+        let (start, end) = loop {
+            let start = earliest.max(tail);
             let end = start.saturating_add(dur);
-            c.tail.store(end, Ordering::Release);
+            match c
+                .tail
+                .compare_exchange_weak(tail, end, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => break (start, end),
+                Err(t) => tail = t,
+            }
+        };
+        {
+            let _g = c.lock();
             let mut at = start;
             while at < end {
                 let len = (end - at).min(LEN_MASK);
                 c.push(pid, at, len);
                 at += len;
             }
-            (start, end)
-        };
+        }
         c.busy_total.fetch_add(dur, Ordering::AcqRel);
         if let Some(s) = slot.filter(|&s| s < self.file().procs.len()) {
             if dev < MAX_DEVICES {
@@ -247,6 +271,8 @@ impl Shared {
 
     /// The busy time of device `dev` inside `[from, to)` (ns, `CLOCK_MONOTONIC`), per process:
     /// the recorded intervals clipped to the window (work queued beyond `to` does not count).
+    /// Processes record their intervals in the ring in about time order (not exactly: two
+    /// submissions racing may land in either order), so the whole ring is read.
     pub fn busy_between(&self, dev: usize, from: u64, to: u64) -> BusyWindow {
         let mut w = BusyWindow {
             from,
@@ -265,18 +291,15 @@ impl Shared {
             let _g = c.lock();
             let head = c.head.load(Ordering::Relaxed);
             let oldest = head.saturating_sub(RING as u64);
-            let mut i = head;
-            while i > oldest {
-                i -= 1;
+            let mut oldest_start = u64::MAX;
+            for i in oldest..head {
                 let seg = &c.ring[(i % RING as u64) as usize];
                 let s = seg.start.load(Ordering::Relaxed);
                 let word = seg.word.load(Ordering::Relaxed);
-                let e = s + (word & LEN_MASK);
-                if e <= from {
-                    break;
-                }
-                if i == oldest && head > RING as u64 {
-                    w.covered_from = w.covered_from.max(s);
+                let e = s.saturating_add(word & LEN_MASK);
+                oldest_start = oldest_start.min(s);
+                if e <= from || s >= to {
+                    continue;
                 }
                 let (a, b) = (s.max(from), e.min(to));
                 if b > a {
@@ -286,6 +309,9 @@ impl Shared {
                         None => acc.push((pid, b - a)),
                     }
                 }
+            }
+            if head > RING as u64 {
+                w.covered_from = w.covered_from.max(oldest_start);
             }
         }
         acc.sort_unstable();
@@ -370,6 +396,52 @@ mod tests {
         assert_eq!(w.per_pid, vec![(7, 25), (9, 30)]);
         assert_eq!(w.device, 55);
         assert_eq!(sh.busy_between(0, 115, 130).per_pid, vec![(7, 5), (9, 10)]);
+        drop(sh);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn a_lock_left_by_a_gone_process_is_taken_over() {
+        let (sh, p) = open("stale");
+        let c = &sh.file().devices[0].clock;
+        // A pid that does not exist holds the ring's lock since long ago.
+        c.lock
+            .store(999_999_999, std::sync::atomic::Ordering::Release);
+        c.locked_at.store(1, std::sync::atomic::Ordering::Release);
+        let t = super::now_ns();
+        assert_eq!(sh.schedule(0, None, t, 10), (t, t + 10));
+        assert_eq!(c.lock.load(std::sync::atomic::Ordering::Acquire), 0);
+        assert_eq!(sh.busy_between(0, t, t + 10).device, 10);
+        drop(sh);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn a_lock_held_by_a_stopped_process_is_taken_over() {
+        let (sh, p) = open("stopped");
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        // SAFETY: signalling the child we just spawned.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGSTOP) };
+        // Wait until /proc shows it stopped.
+        for _ in 0..200 {
+            if !super::running(child.id()) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let c = &sh.file().devices[0].clock;
+        c.lock
+            .store(child.id(), std::sync::atomic::Ordering::Release);
+        c.locked_at
+            .store(super::now_ns(), std::sync::atomic::Ordering::Release);
+        let t = super::now_ns();
+        assert_eq!(sh.schedule(0, None, t, 10), (t, t + 10));
+        assert_eq!(sh.busy_between(0, t, t + 10).device, 10);
+        let _ = child.kill();
+        let _ = child.wait();
         drop(sh);
         let _ = std::fs::remove_file(&p);
     }

@@ -8,7 +8,8 @@
 //!
 //! The file is created and initialised under an exclusive `flock`, by whichever process opens
 //! it first; its configuration (device count, memory, names, context overhead) comes from that
-//! process's environment. Afterwards every counter is an atomic updated lock-free.
+//! process's environment. Afterwards every counter is an atomic updated lock-free. Each device
+//! also has a clock (`clock.rs`): the simulated time its kernels take, shared by all processes.
 #![warn(missing_docs)]
 
 use std::ffi::CStr;

@@ -33,6 +33,7 @@ pub mod programs;
 pub mod sandbox;
 
 pub use artifacts::{workspace_root, Artifacts};
+pub use fake_state::{now_ns as device_clock_now_ns, BusyWindow};
 pub use hami_common::config::ENV_REGION;
 pub use lines::{field, parse_num, KvLine, KvOutput};
 pub use nvml::{NvmlDevice, NvmlSnapshot};

@@ -29,6 +29,10 @@ pub struct NvmlDevice {
     pub process_util_rc: Option<i32>,
     /// Its samples: (pid, smUtil %, timeStamp µs).
     pub process_util: Vec<(u32, u32, u64)>,
+    /// `nvmlDeviceGetProcessesUtilizationInfo` result code (`None`: the library lacks it).
+    pub processes_util_rc: Option<i32>,
+    /// Its samples: (pid, smUtil %, timeStamp µs).
+    pub processes_util: Vec<(u32, u32, u64)>,
 }
 
 /// What `nvmlprobe` printed.
@@ -94,6 +98,15 @@ impl NvmlSnapshot {
                 "putils" => {
                     let d = dev(&mut s);
                     s.devices[d].process_util_rc = Some(n("rc") as i32);
+                }
+                "putil2" => {
+                    let d = dev(&mut s);
+                    let sample = (n("pid") as u32, n("sm") as u32, n("ts"));
+                    s.devices[d].processes_util.push(sample);
+                }
+                "putils2" => {
+                    let d = dev(&mut s);
+                    s.devices[d].processes_util_rc = Some(n("rc") as i32);
                 }
                 "process" => {
                     let d = dev(&mut s);

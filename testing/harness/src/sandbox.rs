@@ -233,6 +233,24 @@ impl TestEnv {
         self.command(prog)
     }
 
+    /// The fake device clock's ground truth: the busy ns of physical device `dev` per pid
+    /// inside `[from, to)` (ns of `CLOCK_MONOTONIC`, as [`crate::device_clock_now_ns`] and
+    /// `cudaprobe launch-for`'s `start_ns=`/`end_ns=`), read from this sandbox's state file
+    /// (an empty window if no fake process created it yet).
+    pub fn device_busy(&self, dev: usize, from: u64, to: u64) -> fake_state::BusyWindow {
+        if !self.state_path.exists() {
+            return fake_state::BusyWindow {
+                from,
+                to,
+                covered_from: from,
+                ..Default::default()
+            };
+        }
+        let sh = fake_state::Shared::open(&self.state_path, fake_state::Config::from_env)
+            .unwrap_or_else(|e| panic!("open {}: {e}", self.state_path.display()));
+        sh.busy_between(dev, from, to)
+    }
+
     /// Runs `nvmlprobe` and parses what it reports.
     pub fn nvml(&self) -> NvmlSnapshot {
         let out = self.nvmlprobe_cmd().output().expect("spawn nvmlprobe");

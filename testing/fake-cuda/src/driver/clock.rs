@@ -66,8 +66,9 @@ pub fn default_kernel_ns() -> u64 {
     })
 }
 
-/// `FAKE_CUDA_QUEUE_DEPTH`: how many submissions of non-zero length a stream holds queued
-/// before a launch blocks until the oldest completes (default 1024, at least 1).
+/// `FAKE_CUDA_QUEUE_DEPTH`: how many submissions of non-zero length a process holds queued on
+/// a device (all its streams together) before a launch blocks until the oldest completes
+/// (default 1024, about the real driver's push buffer; at least 1).
 pub fn queue_depth() -> usize {
     static V: OnceLock<usize> = OnceLock::new();
     *V.get_or_init(|| {
@@ -76,6 +77,23 @@ pub fn queue_depth() -> usize {
             .and_then(|v| v.trim().parse::<usize>().ok())
             .filter(|&n| n > 0)
             .unwrap_or(1024)
+    })
+}
+
+/// `FAKE_CUDA_QUEUE_AHEAD`: how far ahead of now a process's queued work on a device may
+/// reach before its next launch blocks until it reaches only that far (default 2 ms, about
+/// a time slice of the real GPU; a
+/// duration as `FAKE_CUDA_KERNEL_NS`). The device is a FIFO: without this a back-to-back
+/// launcher would book it for seconds ahead and every other process's kernel would wait
+/// behind all of it, where the real GPU time-slices between processes. With it, a kernel of
+/// another process waits at most about this long per busy process.
+pub fn queue_ahead_ns() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("FAKE_CUDA_QUEUE_AHEAD")
+            .ok()
+            .and_then(|v| parse_duration_ns(&v))
+            .unwrap_or(2_000_000)
     })
 }
 
@@ -99,8 +117,8 @@ pub type StreamKey = (u64, u64, u64);
 struct StreamClock {
     /// End of its last submission.
     tail: u64,
-    /// End times of its submissions not yet seen completed (bounded by [`queue_depth`]).
-    pending: VecDeque<u64>,
+    /// Its last operation was a submission (not an event record).
+    after_submission: bool,
 }
 
 /// An event's timing state.
@@ -108,8 +126,14 @@ struct StreamClock {
 pub struct EventClock {
     /// `cuEventCreate` flags.
     pub flags: u32,
-    /// When it completes (ns), once recorded.
+    /// When it completes (ns), once known.
     pub at: Option<u64>,
+    /// Recorded behind queued work: the stream and the earliest instant it can complete. It
+    /// completes there, unless the stream's next submission is made before that instant (or
+    /// within [`queue_ahead_ns`] after it, or after waiting for room): then at that
+    /// submission's start (the device reaches the marker when it turns to this
+    /// stream's work, as a time-slicing GPU runs a marker and the kernel after it together).
+    pub open: Option<(StreamKey, u64)>,
 }
 
 /// The process-local part of the clock.
@@ -118,8 +142,13 @@ pub struct Timeline {
     streams: HashMap<StreamKey, StreamClock>,
     /// Per context: the end of its last submission on any stream.
     ctx_tail: HashMap<u64, u64>,
+    /// Per physical device: end times of this process's submissions not yet seen completed
+    /// (bounded by [`queue_depth`]).
+    pending: HashMap<usize, VecDeque<u64>>,
     /// Event handle -> timing.
     events: HashMap<u64, EventClock>,
+    /// Events recorded on a stream and still open (see [`EventClock::open`]).
+    markers: HashMap<StreamKey, Vec<u64>>,
     /// Module or library handle -> its kernels' duration.
     modules: HashMap<u64, KernelTime>,
     /// Stream being captured -> ns captured so far.
@@ -180,28 +209,66 @@ impl Inner {
 
     /// Submits `dur` ns of work on stream `s` now, or says until when the stream's queue is
     /// full (`Err(Ok(t))`). `Err(Err(code))`: a bad stream.
-    fn try_submit(&mut self, s: u64, ptsz: bool, dur: u64) -> Result<(u64, u64), R<u64>> {
+    ///
+    /// `waited`: this launch already slept for room until that instant. A real driver would
+    /// have queued it then (its queue is deep; the fake's is kept short for fairness), so it
+    /// is booked as from then, even if the host woke up later (the device would not have
+    /// idled for the host's lateness), and an event recorded just before it still marks its
+    /// start.
+    fn try_submit(
+        &mut self,
+        s: u64,
+        ptsz: bool,
+        dur: u64,
+        waited: Option<u64>,
+    ) -> Result<(u64, u64), R<u64>> {
         if self.is_capturing(s) {
             *self.clock.capture.entry(s).or_default() += dur;
+            return Ok((0, 0));
+        }
+        if dur == 0 {
+            // Work of no length would start and end at max(now, stream tail, device tail):
+            // never later than anything recorded or synchronised after it, so nothing moves.
             return Ok((0, 0));
         }
         let (key, ctx, phys) = self.stream_key(s, ptsz).map_err(Err)?;
         let now = now_ns();
         let depth = queue_depth();
-        let st = self.clock.streams.entry(key).or_default();
-        while st.pending.front().is_some_and(|&e| e <= now) {
-            st.pending.pop_front();
+        let q = self.clock.pending.entry(phys).or_default();
+        while q.front().is_some_and(|&e| e <= now) {
+            q.pop_front();
         }
-        if dur > 0 && st.pending.len() >= depth {
-            return Err(Ok(st.pending.front().copied().unwrap_or(now)));
+        if q.len() >= depth {
+            return Err(Ok(q.front().copied().unwrap_or(now)));
         }
-        let earliest = now.max(st.tail);
+        let ahead = queue_ahead_ns();
+        if let Some(&last) = q.back() {
+            if last > now.saturating_add(ahead) {
+                return Err(Ok(last - ahead));
+            }
+        }
+        let from = waited.map_or(now, |w| w.min(now));
+        let earliest = from.max(self.clock.streams.get(&key).map_or(0, |c| c.tail));
         let (start, end) = self.shared().schedule(phys, self.slot, earliest, dur);
+        self.clock.pending.entry(phys).or_default().push_back(end);
+        if let Some(list) = self.clock.markers.remove(&key) {
+            for e in list {
+                if let Some(ev) = self.clock.events.get_mut(&e) {
+                    if let Some((_, at_min)) = ev.open.filter(|o| o.0 == key) {
+                        // Within one queue horizon of the marker's instant: the host was
+                        // late by less than the work a real driver's deeper queue would
+                        // have held; the launch still follows the marker directly.
+                        let grace = queue_ahead_ns();
+                        let follows = waited.is_some() || now <= at_min.saturating_add(grace);
+                        ev.at = Some(if follows { start } else { at_min });
+                        ev.open = None;
+                    }
+                }
+            }
+        }
         let st = self.clock.streams.entry(key).or_default();
         st.tail = st.tail.max(end);
-        if dur > 0 {
-            st.pending.push_back(end);
-        }
+        st.after_submission = true;
         let t = self.clock.ctx_tail.entry(ctx).or_default();
         *t = (*t).max(end);
         Ok((start, end))
@@ -243,7 +310,13 @@ impl Inner {
 
     /// Remembers a new event's flags.
     pub fn event_created(&mut self, h: u64, flags: u32) {
-        self.clock.events.insert(h, EventClock { flags, at: None });
+        self.clock.events.insert(
+            h,
+            EventClock {
+                flags,
+                ..Default::default()
+            },
+        );
     }
 
     /// Forgets a destroyed event.
@@ -252,8 +325,9 @@ impl Inner {
     }
 
     /// `cuEventRecord(_ptsz)`: the event completes when the stream's work before it has
-    /// completed and the device has finished what was submitted before it. Recording into a
-    /// stream being captured records nothing.
+    /// completed and the device has finished what was submitted before it, or, if the
+    /// stream's next submission comes before then, when that submission starts
+    /// ([`EventClock::open`]). Recording into a stream being captured records nothing.
     pub fn event_record(&mut self, e: u64, s: u64, ptsz: bool) -> R<()> {
         self.check_event(e)?;
         let (key, _, phys) = self.stream_key(s, ptsz)?;
@@ -265,27 +339,105 @@ impl Inner {
         } else {
             self.clock.streams.get(&key).map(|c| c.tail).unwrap_or(0)
         };
-        let at = now_ns().max(tail).max(self.shared().device_tail(phys));
-        self.clock.events.entry(e).or_default().at = Some(at);
+        let st = self.clock.streams.entry(key).or_default();
+        let after_submission = std::mem::take(&mut st.after_submission);
+        let now = now_ns();
+        // Right after a kernel still queued: the marker completes with it. Otherwise (after
+        // another marker, or on an idle stream) it completes when the stream's work is done
+        // and the device reaches it, or when the next submission starts if that comes first.
+        let (fixed, at) = if tail > now && after_submission {
+            (true, tail)
+        } else if tail > now {
+            (false, tail)
+        } else {
+            let at = now.max(self.shared().device_tail(phys));
+            (at <= now, at)
+        };
+        let ev = self.clock.events.entry(e).or_default();
+        if fixed {
+            ev.at = Some(at);
+            ev.open = None;
+        } else {
+            ev.at = None;
+            ev.open = Some((key, at));
+            // Only the events still open on this stream stay listed (an event fixed since, or
+            // re-recorded elsewhere, drops out), so the list cannot grow without bound.
+            let events = &self.clock.events;
+            let list = self.clock.markers.entry(key).or_default();
+            list.retain(|x| {
+                *x != e
+                    && events
+                        .get(x)
+                        .is_some_and(|v| v.open.is_some_and(|o| o.0 == key))
+            });
+            list.push(e);
+        }
         Ok(())
     }
 
-    /// When event `e` completes (`None`: never recorded, complete).
-    pub fn event_done_at(&self, e: u64) -> R<Option<u64>> {
+    /// Events listed as open, all streams together (for tests).
+    #[cfg(test)]
+    pub fn open_marker_count(&self) -> usize {
+        self.clock.markers.values().map(Vec::len).sum()
+    }
+
+    /// `cuStreamWaitEvent(_ptsz)`: stream `s`'s later work starts after event `e` completes
+    /// (an event still open: after its earliest instant; the device is serial anyway).
+    /// Waiting on a never-recorded event, or in a stream being captured, changes nothing.
+    pub fn stream_wait_event(&mut self, s: u64, e: u64, ptsz: bool) -> R<()> {
         self.check_event(e)?;
-        Ok(self.clock.events.get(&e).and_then(|c| c.at))
+        let (key, ctx, _) = self.stream_key(s, ptsz)?;
+        if self.is_capturing(s) {
+            return Ok(());
+        }
+        let at = match self.clock.events.get(&e) {
+            Some(EventClock { at: Some(t), .. }) => *t,
+            Some(EventClock {
+                open: Some((_, t)), ..
+            }) => *t,
+            _ => return Ok(()),
+        };
+        let st = self.clock.streams.entry(key).or_default();
+        st.tail = st.tail.max(at);
+        st.after_submission = false;
+        let t = self.clock.ctx_tail.entry(ctx).or_default();
+        *t = (*t).max(at);
+        Ok(())
+    }
+
+    /// When event `e` completes (`None`: never recorded, complete). An open event (recorded
+    /// behind queued work, its stream's next submission not yet made) is fixed once its
+    /// earliest instant has passed; before, that instant is returned (a lower bound: a
+    /// submission may still move it later, never earlier than now).
+    pub fn event_done_at(&mut self, e: u64) -> R<Option<u64>> {
+        self.check_event(e)?;
+        let Some(ev) = self.clock.events.get_mut(&e) else {
+            return Ok(None);
+        };
+        if let Some((_, at_min)) = ev.open {
+            if now_ns() >= at_min {
+                ev.at = Some(at_min);
+                ev.open = None;
+            }
+            return Ok(Some(at_min));
+        }
+        Ok(ev.at)
     }
 
     /// `cuEventElapsedTime(_v2)`: milliseconds from `start` to `end`.
-    pub fn event_elapsed_ms(&self, start: u64, end: u64) -> R<f32> {
+    pub fn event_elapsed_ms(&mut self, start: u64, end: u64) -> R<f32> {
         self.check_event(start)?;
         self.check_event(end)?;
-        let get = |e: u64| self.clock.events.get(&e).copied().unwrap_or_default();
-        let (a, b) = (get(start), get(end));
+        let get = |t: &Timeline, e: u64| t.events.get(&e).copied().unwrap_or_default();
+        let (a, b) = (get(&self.clock, start), get(&self.clock, end));
         if (a.flags | b.flags) & CU_EVENT_DISABLE_TIMING != 0 {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
-        let (Some(ta), Some(tb)) = (a.at, b.at) else {
+        let recorded = |e: &EventClock| e.at.is_some() || e.open.is_some();
+        if !recorded(&a) || !recorded(&b) {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        let (Some(ta), Some(tb)) = (self.event_done_at(start)?, self.event_done_at(end)?) else {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         };
         if now_ns() < ta.max(tb) {
@@ -343,15 +495,18 @@ impl Inner {
 }
 
 /// Submits `dur` ns of work on stream `s` (a launch, a graph launch), sleeping with the lock
-/// released while the stream's queue is full ([`queue_depth`]).
+/// released while the process's queue on the device is full ([`queue_depth`],
+/// [`queue_ahead_ns`]).
 pub fn submit(mut g: MutexGuard<'static, Inner>, s: u64, ptsz: bool, dur: u64) -> R<()> {
+    let mut waited = None;
     loop {
-        match g.try_submit(s, ptsz, dur) {
+        match g.try_submit(s, ptsz, dur, waited) {
             Ok(_) => return Ok(()),
             Err(Err(code)) => return Err(code),
             Err(Ok(until)) => {
                 drop(g);
                 sleep_until(until);
+                waited = Some(until);
                 g = inited()?;
             }
         }
