@@ -233,7 +233,7 @@ mod tests {
         // Twenty-five seconds on, only what is younger than `keep` (30 s) is left.
         h.push(s(45), 50.0, Duration::from_secs(30));
         let left = h.mean(s(45), Duration::from_secs(60)).unwrap();
-        assert!((left - (15.0 * 30.0 + 50.0) / 16.0).abs() < 1e-9, "{left}");
+        assert!((left - (6.0 * 30.0 + 50.0) / 7.0).abs() < 1e-9, "{left}");
         assert_eq!(
             h.mean(s(100), Duration::from_secs(10)),
             None,
