@@ -767,19 +767,13 @@ fn set_sm_limit(region: &Path, percent: u32) {
     std::os::unix::fs::FileExt::write_all_at(&f, &percent.to_le_bytes(), off).unwrap();
 }
 
-/// A `launch-for` result as the fraction of its wall time the device spent on its kernels:
-/// kernels x their simulated duration (each takes exactly that much of the serial device;
-/// the events' `busy_ns` would also count a wait at the launch gate between an event pair).
-fn busy_fraction(l: &hami_test_harness::OpLine) -> f64 {
-    l.num("nominal_ns").expect("nominal_ns") as f64 / l.num("wall_ns").expect("wall_ns") as f64
-}
-
 /// Issue 18, item 3, end to end: three processes share one fake device whose kernels take
 /// simulated time (1 ms each, back to back). Container region A holds two of them, one
 /// hooked (held to 30 %) and one without the preload; region B the third. The agent's share
-/// of each region (NVML's per-process utilisation from the same device clock, summed) agrees
-/// with the busy time the processes' own events measured, A is `compute_over_limit` (about
-/// 2/3 of the device against 30 %), and the process without the preload is a bypass.
+/// of each region (NVML's per-process utilisation from the same device clock, summed, mean
+/// over its 3 s window) agrees with the device clock's own busy time of those processes
+/// over the last 3 s, A is `compute_over_limit` (half the device or more against 30 %), and
+/// the process without the preload is a bypass.
 #[test]
 fn compute_share_follows_the_device_clock_and_over_limit_is_found() {
     let _g = serial();
@@ -820,6 +814,19 @@ fn compute_share_follows_the_device_clock_and_over_limit_is_found() {
         p.resume();
     }
     let (st, out, log) = agent.finish();
+    // The device clock's ground truth over the agent's share window, as it ended.
+    let to = hami_test_harness::device_clock_now_ns();
+    let truth = env.device_busy(0, to - 3_000_000_000, to);
+    assert!(truth.covered_from <= truth.from, "{truth:?}");
+    let busy = |pids: &[u32]| -> f64 {
+        let ns: u64 = truth
+            .per_pid
+            .iter()
+            .filter(|(p, _)| pids.contains(p))
+            .map(|(_, n)| n)
+            .sum();
+        100.0 * ns as f64 / (truth.to - truth.from) as f64
+    };
     let runs: Vec<_> = [&mut p1, &mut p2, &mut p3]
         .into_iter()
         .map(|p| p.wait_for("launch-for"))
@@ -841,8 +848,8 @@ fn compute_share_follows_the_device_clock_and_over_limit_is_found() {
     };
     let (ca, cb) = (compute(&region_a), compute(&region_b));
     let share = |c: &Value| c["share"].as_f64().unwrap_or_else(|| panic!("{c:#}"));
-    let sim_a = 100.0 * (busy_fraction(&runs[0]) + busy_fraction(&runs[1]));
-    let sim_b = 100.0 * busy_fraction(&runs[2]);
+    let sim_a = busy(&[p1.pid, p2.pid]);
+    let sim_b = busy(&[p3.pid]);
     eprintln!(
         "agent: A {:.1} % B {:.1} %; device clock: A {sim_a:.1} % B {sim_b:.1} %",
         share(&ca),
