@@ -88,6 +88,7 @@ fn fleet(regions: usize) -> (Vec<ProcView>, Vec<RegionView>) {
                 reserve_reclaims: 0,
                 context_footprint: [0; MAX_DEVICES],
                 slots,
+                compute: Default::default(),
                 consistent: true,
             },
             liveness,
@@ -95,6 +96,7 @@ fn fleet(regions: usize) -> (Vec<ProcView>, Vec<RegionView>) {
             node_devices: None,
             file: None,
             nvml: None,
+            compute: Vec::new(),
         });
     }
     (procs, views)

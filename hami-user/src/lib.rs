@@ -5,6 +5,7 @@
 //! * [`procinfo`]: what `/proc` says about a process (container, `NSpid`, preload, region, env limits);
 //! * [`state`]: per-process live allocations built from [`hami_common::event::CudaEvent`]s;
 //! * [`access`]: whether a process may write its region file, from metadata only;
+//! * [`compute`]: compute shares measured from NVML's per-process SM utilisation;
 //! * [`findings`]: the pure rules that turn processes and region snapshots into findings;
 //! * [`nvml`]: optional NVML queries (runs without NVML);
 //! * [`identity`]: namespace, pod and container names from cgroup paths and kubelet logs;
@@ -18,6 +19,7 @@
 
 pub mod access;
 pub mod agent;
+pub mod compute;
 pub mod findings;
 pub mod http;
 pub mod identity;

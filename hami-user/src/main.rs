@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use std::io::Write as _;
 
 use hami_user::agent::AgentOptions;
+use hami_user::compute::ComputeOptions;
 use hami_user::findings::Tolerance;
 use hami_user::http::parse_listen_addr;
 use hami_user::metrics::{MetricsOptions, DEFAULT_METRICS_ADDR};
@@ -111,6 +112,16 @@ struct Common {
     /// Relative tolerance between NVML's figures and the region's, in percent.
     #[arg(long, default_value_t = 2.0)]
     nvml_tolerance_pct: f64,
+    /// Window of the exported compute share, in seconds: the mean of the NVML samples in it.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    compute_share_window_secs: u64,
+    /// Window of the `compute_over_limit` finding, in seconds: the container's mean share
+    /// over it is compared with its limit, once it has been measured that long.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    compute_window_secs: u64,
+    /// How many percentage points of the device the mean share may exceed the limit by.
+    #[arg(long, default_value_t = 10.0, value_parser = parse_points)]
+    compute_tolerance_points: f64,
     /// Where /proc is.
     #[arg(long, default_value = "/proc", hide = true)]
     proc_root: PathBuf,
@@ -156,6 +167,11 @@ impl Common {
                 reclaim: self.reclaim,
                 regions: self.regions.clone(),
                 log_root: self.kubelet_log_dir.clone(),
+                compute: ComputeOptions {
+                    share_window: Duration::from_secs(self.compute_share_window_secs),
+                    window: Duration::from_secs(self.compute_window_secs),
+                    tolerance_points: self.compute_tolerance_points,
+                },
             },
             libcuda: self.libcuda.clone(),
             interval: Duration::from_millis(self.interval.max(10)),
@@ -187,6 +203,16 @@ fn init_logging(format: LogFormat) {
     match format {
         LogFormat::Json => b.json().with_ansi(false).init(),
         LogFormat::Text => b.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
+/// A tolerance in percentage points of a device: a number from 0 to 100.
+fn parse_points(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=100.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a number of percentage points from 0 to 100"
+        )),
     }
 }
 

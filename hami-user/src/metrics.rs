@@ -9,8 +9,8 @@
 //! labels and cardinality bounds, is in `docs/agent.md`.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
 };
 
 use crate::findings::{Finding, FindingKind};
@@ -47,7 +47,7 @@ pub struct MetricsOptions {
 }
 
 /// One region on one device it covers, with the names of its container.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RegionSeries {
     /// Whose region it is.
     pub identity: Identity,
@@ -65,6 +65,28 @@ pub struct RegionSeries {
     pub accounted_data: u64,
     /// Observed live data bytes of the region's processes.
     pub observed: u64,
+    /// The compute share the container is held to on the device, in percent (0 = none).
+    pub compute_limit: u32,
+    /// The measured compute share in percent of the device (NVML, mean over the share
+    /// window); `None` when NVML gave no utilisation for the device.
+    pub compute_share: Option<f64>,
+    /// Device time (ns) the launch gate counted for the container (only grows).
+    pub compute_consumed_ns: u64,
+    /// Times the container's processes waited at the launch gate.
+    pub compute_throttled: u64,
+    /// Time (ns) they waited.
+    pub compute_throttled_ns: u64,
+}
+
+/// One GPU as NVML sees it, for `hami_gpu_utilization_percent`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GpuSeries {
+    /// NVML index.
+    pub index: u32,
+    /// UUID (`GPU-...`), empty when unknown.
+    pub uuid: String,
+    /// Device utilisation in percent (`nvmlDeviceGetUtilizationRates`).
+    pub utilization: u32,
 }
 
 /// One process for the opt-in per-process gauge.
@@ -90,6 +112,18 @@ pub struct Metrics {
     pub accounted_data: IntGaugeVec,
     /// `hami_container_observed_bytes`.
     pub observed: IntGaugeVec,
+    /// `hami_container_compute_limit_percent`.
+    pub compute_limit: IntGaugeVec,
+    /// `hami_container_compute_share_percent`.
+    pub compute_share: GaugeVec,
+    /// `hami_container_compute_seconds_total`.
+    pub compute_seconds: CounterVec,
+    /// `hami_container_compute_throttled_total`.
+    pub compute_throttled: CounterVec,
+    /// `hami_container_compute_throttled_seconds_total`.
+    pub compute_throttled_seconds: CounterVec,
+    /// `hami_gpu_utilization_percent{gpu_uuid,nvml_index}`.
+    pub gpu_utilization: IntGaugeVec,
     /// `hami_process_observed_bytes{pid,pod_namespace,pod_name,container_name}` (opt-in).
     pub process_observed: IntGaugeVec,
     /// `hami_findings_standing{kind}`: findings standing now.
@@ -127,6 +161,9 @@ pub struct Metrics {
     hami_legacy_used: Option<IntGaugeVec>,
     /// `vGPU_device_memory_limit_in_bytes` (HAMi, older names).
     hami_legacy_limit: Option<IntGaugeVec>,
+    /// `Device_utilization_desc_of_container` (HAMi's monitor: the container's SM
+    /// utilisation of the device, percent).
+    hami_legacy_util: Option<GaugeVec>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -209,6 +246,43 @@ impl Metrics {
             "hami_container_observed_bytes",
             "Live data bytes the probes observed for the region's processes per device",
             cl,
+        )?;
+        let compute_limit = gauge_vec(
+            &r,
+            "hami_container_compute_limit_percent",
+            "Compute share of the device the region holds the container to, in percent (CUDA_DEVICE_SM_LIMIT; 0 = no compute limit)",
+            cl,
+        )?;
+        let compute_share = GaugeVec::new(
+            Opts::new(
+                "hami_container_compute_share_percent",
+                "Measured compute share of the device, in percent: NVML's SM utilisation of the container's processes, summed, mean over the share window (10 s)",
+            ),
+            cl,
+        )?;
+        r.register(Box::new(compute_share.clone()))?;
+        let counter_vec = |name: &str, help: &str| -> prometheus::Result<CounterVec> {
+            let c = CounterVec::new(Opts::new(name, help), cl)?;
+            r.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let compute_seconds = counter_vec(
+            "hami_container_compute_seconds_total",
+            "Device time the container's metered work used, in seconds (the launch gate's count, from the region)",
+        )?;
+        let compute_throttled = counter_vec(
+            "hami_container_compute_throttled_total",
+            "Times a process of the container waited at the launch gate (over its compute share)",
+        )?;
+        let compute_throttled_seconds = counter_vec(
+            "hami_container_compute_throttled_seconds_total",
+            "Time the container's processes waited at the launch gate, in seconds",
+        )?;
+        let gpu_utilization = gauge_vec(
+            &r,
+            "hami_gpu_utilization_percent",
+            "Utilisation of the whole GPU in percent (NVML nvmlDeviceGetUtilizationRates)",
+            &["gpu_uuid", "nvml_index"],
         )?;
         let process_observed = gauge_vec(
             &r,
@@ -324,6 +398,19 @@ impl Metrics {
         } else {
             (None, None, None, None)
         };
+        let hami_legacy_util = if opts.hami_compat {
+            let g = GaugeVec::new(
+                Opts::new(
+                    "Device_utilization_desc_of_container",
+                    "Container device utilization description (HAMi-compatible: the container's measured compute share of the device, percent)",
+                ),
+                &HAMI_LEGACY_LABELS,
+            )?;
+            r.register(Box::new(g.clone()))?;
+            Some(g)
+        } else {
+            None
+        };
         for k in FindingKind::ALL {
             findings.with_label_values(&[k.name()]).set(0);
             findings_total.with_label_values(&[k.name()]).inc_by(0);
@@ -335,6 +422,12 @@ impl Metrics {
             accounted,
             accounted_data,
             observed,
+            compute_limit,
+            compute_share,
+            compute_seconds,
+            compute_throttled,
+            compute_throttled_seconds,
+            gpu_utilization,
             process_observed,
             findings,
             findings_total,
@@ -353,6 +446,7 @@ impl Metrics {
             hami_limit,
             hami_legacy_used,
             hami_legacy_limit,
+            hami_legacy_util,
         })
     }
 
@@ -373,6 +467,16 @@ impl Metrics {
         for f in fams {
             f.reset();
         }
+        self.compute_limit.reset();
+        self.compute_share.reset();
+        for f in [
+            &self.compute_seconds,
+            &self.compute_throttled,
+            &self.compute_throttled_seconds,
+        ] {
+            // The totals live in the regions: each scan sets them afresh.
+            f.reset();
+        }
         let compat = [
             &self.hami_used,
             &self.hami_limit,
@@ -381,6 +485,9 @@ impl Metrics {
         ];
         for f in compat.into_iter().flatten() {
             f.reset();
+        }
+        if let Some(u) = &self.hami_legacy_util {
+            u.reset();
         }
         for s in series {
             let dev = s.device.to_string();
@@ -399,6 +506,21 @@ impl Metrics {
                 .with_label_values(&l)
                 .set(clamp(s.accounted_data));
             self.observed.with_label_values(&l).set(clamp(s.observed));
+            self.compute_limit
+                .with_label_values(&l)
+                .set(i64::from(s.compute_limit));
+            if let Some(share) = s.compute_share {
+                self.compute_share.with_label_values(&l).set(share);
+            }
+            self.compute_seconds
+                .with_label_values(&l)
+                .inc_by(s.compute_consumed_ns as f64 / 1e9);
+            self.compute_throttled
+                .with_label_values(&l)
+                .inc_by(s.compute_throttled as f64);
+            self.compute_throttled_seconds
+                .with_label_values(&l)
+                .inc_by(s.compute_throttled_ns as f64 / 1e9);
             let h = [
                 id.namespace.as_str(),
                 id.pod.as_str(),
@@ -416,6 +538,19 @@ impl Metrics {
                 u.with_label_values(&h).set(clamp(s.accounted));
                 lim.with_label_values(&h).set(clamp(s.limit));
             }
+            if let (Some(u), Some(share)) = (&self.hami_legacy_util, s.compute_share) {
+                u.with_label_values(&h).set(share);
+            }
+        }
+    }
+
+    /// Replaces the per-GPU utilisation gauge.
+    pub fn set_gpus(&self, gpus: &[GpuSeries]) {
+        self.gpu_utilization.reset();
+        for g in gpus {
+            self.gpu_utilization
+                .with_label_values(&[g.uuid.as_str(), g.index.to_string().as_str()])
+                .set(i64::from(g.utilization));
         }
     }
 
@@ -489,6 +624,12 @@ impl Metrics {
             "hami_container_accounted_bytes",
             "hami_container_accounted_data_bytes",
             "hami_container_observed_bytes",
+            "hami_container_compute_limit_percent",
+            "hami_container_compute_share_percent",
+            "hami_container_compute_seconds_total",
+            "hami_container_compute_throttled_total",
+            "hami_container_compute_throttled_seconds_total",
+            "hami_gpu_utilization_percent",
             "hami_process_observed_bytes",
             "hami_events_total",
         ] {
@@ -500,6 +641,7 @@ impl Metrics {
                 "hami_vgpu_memory_limit_bytes",
                 "vGPU_device_memory_usage_in_bytes",
                 "vGPU_device_memory_limit_in_bytes",
+                "Device_utilization_desc_of_container",
             ] {
                 v.push(f.to_string());
             }
@@ -554,6 +696,7 @@ mod tests {
             accounted: 50,
             accounted_data: 40,
             observed: 45,
+            ..Default::default()
         }
     }
 
@@ -594,6 +737,69 @@ mod tests {
         // A region that went away disappears from the gauges.
         m.set_regions(&[]);
         assert!(!m.render().contains("hami_container_limit_bytes{"));
+    }
+
+    #[test]
+    fn compute_families_follow_the_regions_and_the_gpus() {
+        let m = Metrics::new(MetricsOptions::default()).unwrap();
+        let mut limited = series("main", 0);
+        limited.compute_limit = 30;
+        limited.compute_share = Some(42.5);
+        limited.compute_consumed_ns = 12_500_000_000;
+        limited.compute_throttled = 4;
+        limited.compute_throttled_ns = 1_250_000_000;
+        // Another container without a compute limit, whose share NVML did not give.
+        let unmeasured = series("side", 1);
+        m.set_regions(&[limited, unmeasured]);
+        m.set_gpus(&[GpuSeries {
+            index: 0,
+            uuid: "GPU-0a1b2c3d-0000-1111-2222-333344445555".into(),
+            utilization: 97,
+        }]);
+        let t = m.render();
+        let l = r#"{container_name="main",device="0",gpu_uuid="GPU-0a1b2c3d-0000-1111-2222-333344445555",pod_name="trainer-0",pod_namespace="ml",region="/tmp/r"}"#;
+        for (fam, v) in [
+            ("hami_container_compute_limit_percent", "30"),
+            ("hami_container_compute_share_percent", "42.5"),
+            ("hami_container_compute_seconds_total", "12.5"),
+            ("hami_container_compute_throttled_total", "4"),
+            ("hami_container_compute_throttled_seconds_total", "1.25"),
+        ] {
+            assert!(t.contains(&format!("{fam}{l} {v}\n")), "{fam}: {t}");
+        }
+        assert!(
+            t.contains("# TYPE hami_container_compute_seconds_total counter"),
+            "{t}"
+        );
+        assert!(
+            t.contains("# TYPE hami_container_compute_share_percent gauge"),
+            "{t}"
+        );
+        assert!(
+            t.contains(r#"hami_container_compute_limit_percent{container_name="side",device="1""#),
+            "{t}"
+        );
+        assert!(
+            !t.contains(r#"hami_container_compute_share_percent{container_name="side""#),
+            "no share without NVML's figure: {t}"
+        );
+        assert!(
+            t.contains(r#"hami_gpu_utilization_percent{gpu_uuid="GPU-0a1b2c3d-0000-1111-2222-333344445555",nvml_index="0"} 97"#),
+            "{t}"
+        );
+        // The next scan sets the totals afresh (they live in the region), and a region
+        // that left takes its series with it.
+        let mut later = series("main", 0);
+        later.compute_consumed_ns = 20_000_000_000;
+        m.set_regions(&[later]);
+        m.set_gpus(&[]);
+        let t = m.render();
+        assert!(
+            t.contains(&format!("hami_container_compute_seconds_total{l} 20\n")),
+            "{t}"
+        );
+        assert!(!t.contains("container_name=\"side\""), "{t}");
+        assert!(!t.contains("hami_gpu_utilization_percent{"), "{t}");
     }
 
     #[test]
@@ -639,6 +845,13 @@ mod tests {
         assert!(t.contains(&format!(r#"hami_vgpu_memory_limit_bytes{{container="main",device_uuid="{u}",namespace="ml",pod="trainer-0",vdevice_index="1"}} 100"#)));
         assert!(t.contains(&format!(r#"vGPU_device_memory_usage_in_bytes{{ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1"}} 50"#)));
         assert!(t.contains(&format!(r#"vGPU_device_memory_limit_in_bytes{{ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1"}} 100"#)));
+        // The container's compute share under HAMi's monitor's name, only where measured.
+        assert!(!t.contains("Device_utilization_desc_of_container{"), "{t}");
+        let mut busy = series("main", 1);
+        busy.compute_share = Some(37.5);
+        m.set_regions(&[busy]);
+        let t = m.render();
+        assert!(t.contains(&format!(r#"Device_utilization_desc_of_container{{ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1"}} 37.5"#)), "{t}");
         m.set_regions(&[]);
         assert!(!m.render().contains("vGPU_device_memory_usage_in_bytes{"));
     }

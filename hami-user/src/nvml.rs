@@ -1,11 +1,13 @@
-//! Optional NVML queries (device count, UUIDs, memory totals, per-process used memory).
+//! Optional NVML queries (device count, UUIDs, memory totals, per-process used memory,
+//! per-process SM utilisation).
 //!
 //! NVML is loaded at run time from `libnvidia-ml.so.1` (the driver's soname; the unversioned
 //! `libnvidia-ml.so` only exists with development packages). When it cannot be loaded the
 //! agent runs without it and says so.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::ffi::OsStr;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ffi::{c_uint, c_ulonglong, c_void, OsStr};
+use std::sync::Mutex;
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use serde::Serialize;
@@ -51,6 +53,16 @@ pub struct NvmlSnapshot {
     /// Pid -> devices where it is listed without a used-memory figure (NVML says
     /// "not available", e.g. without the privilege to read it): unknown there.
     pub unreported: BTreeMap<u32, BTreeSet<u32>>,
+    /// Devices whose per-process utilisation was read at this sample
+    /// (`nvmlDeviceGetProcessUtilization` answered, `NVML_ERROR_NOT_FOUND` included: no
+    /// process used the device since the previous sample). On the others it is unknown.
+    pub util_queried: BTreeSet<u32>,
+    /// Pid -> NVML device -> SM utilisation in percent of the device (0..=100) over the
+    /// time since the previous sample (the mean of NVML's samples for that pid).
+    pub sm_util: BTreeMap<u32, BTreeMap<u32, u32>>,
+    /// NVML device -> utilisation of the whole device in percent
+    /// (`nvmlDeviceGetUtilizationRates`, `gpu`), when NVML gave it.
+    pub gpu_util: BTreeMap<u32, u32>,
 }
 
 impl NvmlSnapshot {
@@ -123,6 +135,48 @@ impl NvmlSnapshot {
         self.used_by(pid).map(|m| saturating_sum(m.values()))
     }
 
+    /// Records what `nvmlDeviceGetProcessUtilization` returned for `device`: the device
+    /// becomes known (a pid without a sample used none of its SMs), and each pid's SM
+    /// utilisation is the mean of its samples (NVML may return several per pid, one per
+    /// sample period since the last one seen), capped at 100.
+    pub fn add_utilization(&mut self, device: u32, samples: &[ProcessUtilizationSample]) {
+        self.util_queried.insert(device);
+        let mut per_pid: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+        for s in samples {
+            let e = per_pid.entry(s.pid).or_default();
+            e.0 += u64::from(s.sm_util.min(100));
+            e.1 += 1;
+        }
+        for (pid, (sum, n)) in per_pid {
+            let mean = (sum as f64 / n as f64).round() as u32;
+            self.sm_util.entry(pid).or_default().insert(device, mean);
+        }
+    }
+
+    /// SM utilisation of `pid` on NVML device `index` since the previous sample: `None`
+    /// when the device's utilisation was not read, `Some(0)` when it was and NVML has no
+    /// sample for the pid.
+    pub fn sm_on(&self, pid: u32, index: u32) -> Option<u32> {
+        if !self.util_queried.contains(&index) {
+            return None;
+        }
+        Some(
+            self.sm_util
+                .get(&pid)
+                .and_then(|d| d.get(&index))
+                .copied()
+                .unwrap_or(0),
+        )
+    }
+
+    /// SM utilisation of `pid` on every device whose utilisation was read (zeros included).
+    pub fn sm_by(&self, pid: u32) -> BTreeMap<u32, u32> {
+        self.util_queried
+            .iter()
+            .filter_map(|&d| self.sm_on(pid, d).map(|u| (d, u)))
+            .collect()
+    }
+
     /// The NVML index of the GPU with this raw CUDA UUID (as the region records it), if
     /// NVML lists it. All-zero (unknown) UUIDs match nothing.
     pub fn index_of_uuid(&self, raw: &[u8; 16]) -> Option<u32> {
@@ -161,9 +215,123 @@ pub fn uuid_string(u: &[u8; 16]) -> Option<String> {
     ))
 }
 
+/// `nvmlProcessUtilizationSample_t` (nvml.h): one process's utilisation of a device over
+/// one of NVML's sample periods.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessUtilizationSample {
+    /// Host pid.
+    pub pid: u32,
+    /// CPU timestamp of the sample, in microseconds.
+    pub time_stamp: u64,
+    /// SM (3D/compute) utilisation, percent.
+    pub sm_util: u32,
+    /// Frame buffer memory utilisation, percent.
+    pub mem_util: u32,
+    /// Encoder utilisation, percent.
+    pub enc_util: u32,
+    /// Decoder utilisation, percent.
+    pub dec_util: u32,
+}
+
+// nvml.h: `unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil,
+// encUtil, decUtil;` (x86_64 and aarch64: 4 bytes of padding after `pid`).
+const _: () = assert!(core::mem::size_of::<ProcessUtilizationSample>() == 32);
+const _: () = assert!(core::mem::offset_of!(ProcessUtilizationSample, time_stamp) == 8);
+const _: () = assert!(core::mem::offset_of!(ProcessUtilizationSample, sm_util) == 16);
+const _: () = assert!(core::mem::offset_of!(ProcessUtilizationSample, dec_util) == 28);
+
+/// `NVML_SUCCESS`.
+const NVML_SUCCESS: u32 = 0;
+/// `NVML_ERROR_NOT_FOUND`: no sample newer than `lastSeenTimeStamp`.
+const NVML_ERROR_NOT_FOUND: u32 = 6;
+/// `NVML_ERROR_INSUFFICIENT_SIZE`: the buffer is too small (`count` says how many).
+const NVML_ERROR_INSUFFICIENT_SIZE: u32 = 7;
+
+/// Buffer sizes tried before giving up on a process list that keeps growing between calls.
+const UTIL_ATTEMPTS: usize = 4;
+
+/// Errors reading per-process utilisation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UtilizationError {
+    /// NVML returned another error code (e.g. `NVML_ERROR_NOT_SUPPORTED` = 3).
+    #[error("nvmlDeviceGetProcessUtilization returned {0}")]
+    Nvml(u32),
+    /// The number of samples grew at every attempt.
+    #[error("nvmlDeviceGetProcessUtilization: the sample count kept growing ({0} last)")]
+    KeepsGrowing(u32),
+}
+
+/// The buffer negotiation of `nvmlDeviceGetProcessUtilization` (nvml.h): `call(buffer,
+/// &mut count)` is one call with the caller's `lastSeenTimeStamp`. First with a null buffer
+/// to learn the count (NVML answers `NVML_ERROR_INSUFFICIENT_SIZE` or `NVML_SUCCESS` with
+/// the count set), then with a buffer of that size plus room for a few more; a list that
+/// grew in between (`NVML_ERROR_INSUFFICIENT_SIZE` again) is read again with a larger one.
+/// `NVML_ERROR_NOT_FOUND` (no sample since `lastSeenTimeStamp`, or none yet) is an empty
+/// list, not an error.
+pub fn read_process_utilization(
+    mut call: impl FnMut(*mut ProcessUtilizationSample, &mut u32) -> u32,
+) -> Result<Vec<ProcessUtilizationSample>, UtilizationError> {
+    let mut count = 0u32;
+    match call(std::ptr::null_mut(), &mut count) {
+        NVML_ERROR_NOT_FOUND => return Ok(Vec::new()),
+        NVML_SUCCESS | NVML_ERROR_INSUFFICIENT_SIZE => {}
+        e => return Err(UtilizationError::Nvml(e)),
+    }
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    for _ in 0..UTIL_ATTEMPTS {
+        let cap = count.saturating_add(8).min(1 << 20);
+        let mut buf = vec![ProcessUtilizationSample::default(); cap as usize];
+        let mut n = cap;
+        match call(buf.as_mut_ptr(), &mut n) {
+            NVML_SUCCESS => {
+                buf.truncate(n.min(cap) as usize);
+                return Ok(buf);
+            }
+            NVML_ERROR_NOT_FOUND => return Ok(Vec::new()),
+            NVML_ERROR_INSUFFICIENT_SIZE => count = n.max(cap.saturating_mul(2)),
+            e => return Err(UtilizationError::Nvml(e)),
+        }
+    }
+    Err(UtilizationError::KeepsGrowing(count))
+}
+
+/// `nvmlDeviceGetProcessUtilization(device, utilization, processSamplesCount,
+/// lastSeenTimeStamp)`.
+type ProcessUtilizationFn = unsafe extern "C" fn(
+    *mut c_void,
+    *mut ProcessUtilizationSample,
+    *mut c_uint,
+    c_ulonglong,
+) -> u32;
+
+/// `nvmlDeviceGetProcessUtilization` from the NVML that nvml-wrapper loaded, if it has it.
+fn process_utilization_fn() -> Option<ProcessUtilizationFn> {
+    let lib = std::ffi::CString::new(NVML_LIB).ok()?;
+    // SAFETY: RTLD_NOLOAD only returns a handle to a library already loaded (nvml-wrapper's
+    // NVML: no initialiser runs); the reference it takes is kept for the process's life.
+    let h = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if h.is_null() {
+        return None;
+    }
+    // SAFETY: a symbol lookup in a valid handle with a NUL-terminated name.
+    let sym = unsafe { libc::dlsym(h, c"nvmlDeviceGetProcessUtilization".as_ptr()) };
+    if sym.is_null() {
+        return None;
+    }
+    // SAFETY: the symbol is NVML's function with nvml.h's signature (ProcessUtilizationFn).
+    Some(unsafe { std::mem::transmute::<*mut c_void, ProcessUtilizationFn>(sym) })
+}
+
 /// A loaded NVML.
 pub struct Nvml {
     inner: nvml_wrapper::Nvml,
+    /// `nvmlDeviceGetProcessUtilization`, when the library has it.
+    process_utilization: Option<ProcessUtilizationFn>,
+    /// NVML device -> newest sample timestamp seen (`lastSeenTimeStamp` of the next call).
+    last_seen: Mutex<HashMap<u32, u64>>,
 }
 
 impl std::fmt::Debug for Nvml {
@@ -179,7 +347,17 @@ impl Nvml {
         let inner = nvml_wrapper::Nvml::builder()
             .lib_path(OsStr::new(NVML_LIB))
             .init()?;
-        Ok(Nvml { inner })
+        let process_utilization = process_utilization_fn();
+        if process_utilization.is_none() {
+            tracing::info!(
+                "NVML has no nvmlDeviceGetProcessUtilization: no compute shares measured"
+            );
+        }
+        Ok(Nvml {
+            inner,
+            process_utilization,
+            last_seen: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The driver version, if NVML reports it.
@@ -208,6 +386,10 @@ impl Nvml {
                 total: mem.as_ref().map(|m| m.total),
                 used: mem.as_ref().map(|m| m.used),
             });
+            if let Ok(u) = dev.utilization_rates() {
+                snap.gpu_util.insert(index, u.gpu.min(100));
+            }
+            self.sample_utilization(&mut snap, index, &dev);
             // Without the compute list nothing is known about this device's processes.
             let Ok(compute) = dev.running_compute_processes() else {
                 continue;
@@ -227,6 +409,34 @@ impl Nvml {
         }
         snap.finish();
         snap
+    }
+
+    /// Per-process SM utilisation of one device since the previous call (with
+    /// `lastSeenTimeStamp` = the newest sample seen then), into `snap`.
+    fn sample_utilization(&self, snap: &mut NvmlSnapshot, index: u32, dev: &nvml_wrapper::Device) {
+        let Some(f) = self.process_utilization else {
+            return;
+        };
+        let mut last_seen = self.last_seen.lock().unwrap_or_else(|e| e.into_inner());
+        let last = last_seen.get(&index).copied().unwrap_or(0);
+        // SAFETY: the raw handle of a device of this initialised NVML, used for this call.
+        let handle = unsafe { dev.handle() } as *mut c_void;
+        let got = read_process_utilization(|buf, count| {
+            // SAFETY: `buf` is null or holds `*count` samples (read_process_utilization's
+            // contract); `count` is a valid pointer for the call.
+            unsafe { f(handle, buf, count, last) }
+        });
+        match got {
+            Ok(samples) => {
+                if let Some(newest) = samples.iter().map(|s| s.time_stamp).max() {
+                    if newest > last {
+                        last_seen.insert(index, newest);
+                    }
+                }
+                snap.add_utilization(index, &samples);
+            }
+            Err(e) => tracing::debug!(device = index, error = %e, "no per-process utilisation"),
+        }
     }
 }
 
@@ -285,6 +495,105 @@ mod tests {
         assert_eq!(s.index_of_uuid(&[0; 16]), None);
         raw[1] = 1;
         assert_eq!(s.index_of_uuid(&raw), None);
+    }
+
+    /// A stand-in for NVML's side of the buffer protocol: `samples` is what it holds; it
+    /// answers like nvml.h documents (count on a null buffer, INSUFFICIENT_SIZE when the
+    /// buffer is too small).
+    fn nvml_like(
+        samples: &[ProcessUtilizationSample],
+        null_answer: u32,
+    ) -> impl FnMut(*mut ProcessUtilizationSample, &mut u32) -> u32 + '_ {
+        move |buf, count| {
+            let n = samples.len() as u32;
+            if n == 0 {
+                return NVML_ERROR_NOT_FOUND;
+            }
+            if buf.is_null() {
+                *count = n;
+                return null_answer;
+            }
+            if *count < n {
+                *count = n;
+                return NVML_ERROR_INSUFFICIENT_SIZE;
+            }
+            for (i, s) in samples.iter().enumerate() {
+                // SAFETY: the caller's buffer holds *count >= n samples.
+                unsafe { buf.add(i).write(*s) };
+            }
+            *count = n;
+            NVML_SUCCESS
+        }
+    }
+
+    fn sample(pid: u32, ts: u64, sm: u32) -> ProcessUtilizationSample {
+        ProcessUtilizationSample {
+            pid,
+            time_stamp: ts,
+            sm_util: sm,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn process_utilization_buffer_protocol() {
+        let two = [sample(10, 5, 40), sample(11, 6, 60)];
+        // Null buffer answered with INSUFFICIENT_SIZE (as drivers do) or SUCCESS.
+        for null_answer in [NVML_ERROR_INSUFFICIENT_SIZE, NVML_SUCCESS] {
+            assert_eq!(
+                read_process_utilization(nvml_like(&two, null_answer)).unwrap(),
+                two.to_vec()
+            );
+        }
+        // No sample yet / none since lastSeenTimeStamp: empty, not an error.
+        assert_eq!(
+            read_process_utilization(nvml_like(&[], NVML_SUCCESS)),
+            Ok(vec![])
+        );
+        // Another error is reported with its code.
+        assert_eq!(
+            read_process_utilization(|_, _| 3),
+            Err(UtilizationError::Nvml(3))
+        );
+        // The list grows between the two calls: read again with a larger buffer.
+        let many: Vec<_> = (0..40).map(|i| sample(100 + i, 9, 1)).collect();
+        let mut calls = 0;
+        let mut grows = nvml_like(&many, NVML_ERROR_INSUFFICIENT_SIZE);
+        let got = read_process_utilization(|buf, count| {
+            calls += 1;
+            if buf.is_null() {
+                *count = 2; // two processes when asked...
+                return NVML_ERROR_INSUFFICIENT_SIZE;
+            }
+            grows(buf, count) // ...forty by the time the buffer comes
+        })
+        .unwrap();
+        assert_eq!(got, many);
+        assert_eq!(calls, 3, "null, too small, large enough");
+        // A count that keeps growing ends with an error, not a loop.
+        let mut n = 1u32;
+        let e = read_process_utilization(|_, count| {
+            n = n.saturating_mul(16);
+            *count = n;
+            NVML_ERROR_INSUFFICIENT_SIZE
+        });
+        assert!(matches!(e, Err(UtilizationError::KeepsGrowing(_))), "{e:?}");
+    }
+
+    #[test]
+    fn utilization_per_pid_is_the_mean_of_its_samples_and_unknown_devices_stay_unknown() {
+        let mut s = NvmlSnapshot::default();
+        s.add_utilization(
+            0,
+            &[sample(10, 1, 30), sample(10, 2, 50), sample(11, 1, 250)],
+        );
+        s.add_utilization(2, &[]); // read: nobody busy
+        assert_eq!(s.sm_on(10, 0), Some(40), "mean of its two samples");
+        assert_eq!(s.sm_on(11, 0), Some(100), "capped at the whole device");
+        assert_eq!(s.sm_on(12, 0), Some(0), "no sample on a read device: idle");
+        assert_eq!(s.sm_on(10, 2), Some(0));
+        assert_eq!(s.sm_on(10, 1), None, "device not read: unknown");
+        assert_eq!(s.sm_by(10), [(0, 40), (2, 0)].into_iter().collect());
     }
 
     #[test]

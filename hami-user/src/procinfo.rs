@@ -56,6 +56,65 @@ pub struct EnvLimits {
     pub per_device: BTreeMap<u32, EnvLimit>,
     /// Variables that were set but could not be parsed (name=value).
     pub invalid: Vec<String>,
+    /// The compute share variables (`CUDA_DEVICE_SM_LIMIT(_<i>)`,
+    /// `GPU_CORE_UTILIZATION_POLICY`, `CUDA_DISABLE_CONTROL`).
+    pub compute: EnvCompute,
+}
+
+/// `CUDA_DEVICE_SM_LIMIT`, the variable HAMi's device plugin sets from `nvidia.com/gpucores`.
+pub const SM_LIMIT_ENV: &str = "CUDA_DEVICE_SM_LIMIT";
+/// `GPU_CORE_UTILIZATION_POLICY` (`default`, `force`, `disable`).
+pub const CORE_POLICY_ENV: &str = "GPU_CORE_UTILIZATION_POLICY";
+/// `CUDA_DISABLE_CONTROL`: the preload passes everything through (no region, no gate).
+pub const DISABLE_CONTROL_ENV: &str = "CUDA_DISABLE_CONTROL";
+
+/// The compute share a process's environment asks for, as the values are set (parsed on
+/// use, the way the preload parses them: `docs/preload.md`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EnvCompute {
+    /// `CUDA_DEVICE_SM_LIMIT`, if set.
+    pub all: Option<String>,
+    /// `CUDA_DEVICE_SM_LIMIT_<i>`, per device ordinal.
+    pub per_device: BTreeMap<u32, String>,
+    /// `GPU_CORE_UTILIZATION_POLICY`, if set.
+    pub policy: Option<String>,
+    /// `CUDA_DISABLE_CONTROL`, if set.
+    pub disable_control: Option<String>,
+}
+
+impl EnvCompute {
+    /// The share the preload holds `device` to by this environment, in percent:
+    /// `Some(Some(1..=99))` a limit, `Some(None)` none (unset, `0`, `100`, policy `disable`),
+    /// `None` when it cannot be said exactly (a malformed share, or control turned off, when
+    /// the preload does not use the region at all).
+    pub fn share_for(&self, device: u32) -> Option<Option<u32>> {
+        let truthy = |v: &str| {
+            let v = v.trim();
+            ["1", "t", "true"].iter().any(|t| v.eq_ignore_ascii_case(t))
+        };
+        if self.disable_control.as_deref().is_some_and(truthy) {
+            return None;
+        }
+        if self
+            .policy
+            .as_deref()
+            .is_some_and(|p| p.trim().eq_ignore_ascii_case("disable"))
+        {
+            return Some(None);
+        }
+        let Some(v) = self.per_device.get(&device).or(self.all.as_ref()) else {
+            return Some(None);
+        };
+        let v = v.trim();
+        if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        match v.parse::<u32>() {
+            Ok(n @ 1..=99) => Some(Some(n)),
+            Ok(0 | 100) => Some(None),
+            _ => None,
+        }
+    }
 }
 
 impl EnvLimits {
@@ -133,7 +192,21 @@ pub fn parse_environ(raw: &[u8]) -> BTreeMap<String, String> {
 /// Extract the limits from an environment.
 pub fn env_limits(env: &BTreeMap<String, String>) -> EnvLimits {
     let mut out = EnvLimits::default();
+    out.compute.policy = env.get(CORE_POLICY_ENV).cloned();
+    out.compute.disable_control = env.get(DISABLE_CONTROL_ENV).cloned();
     for (k, v) in env {
+        if let Some(rest) = k.strip_prefix(SM_LIMIT_ENV) {
+            if rest.is_empty() {
+                out.compute.all = Some(v.clone());
+            } else if let Some(d) = rest
+                .strip_prefix('_')
+                .and_then(|i| i.parse::<u32>().ok())
+                .filter(|&d| (d as usize) < hami_common::layout::MAX_DEVICES)
+            {
+                out.compute.per_device.insert(d, v.clone());
+            }
+            continue;
+        }
         let Some(rest) = k.strip_prefix(LIMIT_ENV) else {
             continue;
         };
@@ -589,6 +662,42 @@ pub(crate) mod tests {
         assert_eq!(parse_size("1.5g"), None);
         assert_eq!(parse_size("99999999999999999999"), None);
         assert_eq!(parse_size("17179869184t"), None); // overflow
+    }
+
+    #[test]
+    fn env_compute_share_parsed_like_the_preload() {
+        let share = |raw: &[u8], dev: u32| env_limits(&parse_environ(raw)).compute.share_for(dev);
+        let env = b"CUDA_DEVICE_SM_LIMIT=30\0CUDA_DEVICE_SM_LIMIT_1= 50 \0\
+                    CUDA_DEVICE_SM_LIMIT_2=100\0CUDA_DEVICE_SM_LIMIT_3=0\0\
+                    CUDA_DEVICE_SM_LIMIT_4=30%\0CUDA_DEVICE_SM_LIMIT_5=101\0\
+                    CUDA_DEVICE_SM_LIMIT_X=7\0";
+        assert_eq!(share(env, 0), Some(Some(30)), "the global share");
+        assert_eq!(share(env, 1), Some(Some(50)), "per device, trimmed");
+        assert_eq!(share(env, 2), Some(None), "100: the whole device");
+        assert_eq!(share(env, 3), Some(None), "0: no limit");
+        assert_eq!(share(env, 4), None, "malformed: not known exactly");
+        assert_eq!(share(env, 5), None, "out of range");
+        assert_eq!(share(b"PATH=/bin\0", 0), Some(None), "unset");
+        assert_eq!(
+            share(
+                b"CUDA_DEVICE_SM_LIMIT=30\0GPU_CORE_UTILIZATION_POLICY=Disable\0",
+                0
+            ),
+            Some(None),
+            "policy disable"
+        );
+        assert_eq!(
+            share(
+                b"CUDA_DEVICE_SM_LIMIT=30\0GPU_CORE_UTILIZATION_POLICY=force\0",
+                0
+            ),
+            Some(Some(30))
+        );
+        assert_eq!(
+            share(b"CUDA_DEVICE_SM_LIMIT=30\0CUDA_DISABLE_CONTROL=true\0", 0),
+            None,
+            "control off: the preload does not use the region"
+        );
     }
 
     #[test]

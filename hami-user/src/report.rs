@@ -44,6 +44,8 @@ pub struct NvmlSummary {
     pub per_process: bool,
     /// Tolerance of the comparisons with NVML (`None` without NVML).
     pub tolerance: Option<Tolerance>,
+    /// How compute shares are smoothed and judged (`None` without NVML).
+    pub compute: Option<crate::compute::ComputeOptions>,
 }
 
 impl NvmlSummary {
@@ -153,7 +155,9 @@ impl AuditReport {
 
     /// The human table.
     pub fn table(&self) -> String {
-        let mut rows: Vec<[String; 10]> = vec![[
+        // The compute column only where some container has a compute limit.
+        let compute = self.processes.iter().any(|p| p.compute_limit.is_some());
+        let mut rows: Vec<Vec<String>> = vec![vec![
             "PID".into(),
             "CONTAINER".into(),
             "NSPID".into(),
@@ -165,13 +169,16 @@ impl AuditReport {
             "NVML".into(),
             "VERDICT".into(),
         ]];
+        if compute {
+            rows[0].insert(9, "COMPUTE".into());
+        }
         let opt = |v: Option<u64>| v.map_or("-".to_string(), human_bytes);
         for p in &self.processes {
             let mut verdict = p.verdict.clone();
             if p.baseline.is_some() {
                 verdict.push_str(" (baseline)");
             }
-            rows.push([
+            let mut row = vec![
                 p.pid.to_string(),
                 short_container(&p.container),
                 p.nspid.map_or("-".into(), |n| n.to_string()),
@@ -193,9 +200,13 @@ impl AuditReport {
                 ),
                 opt(p.nvml),
                 verdict,
-            ]);
+            ];
+            if compute {
+                row.insert(9, compute_cell(p.compute_share, p.compute_limit));
+            }
+            rows.push(row);
         }
-        let mut widths = [0usize; 10];
+        let mut widths = vec![0usize; rows[0].len()];
         for r in &rows {
             for (w, c) in widths.iter_mut().zip(r.iter()) {
                 *w = (*w).max(c.chars().count());
@@ -217,6 +228,15 @@ impl AuditReport {
             let _ = writeln!(
                 out,
                 "* some allocations could not be attributed to a device (context not seen): per-process totals only"
+            );
+        }
+        if compute {
+            let window = self.nvml.compute.map_or(String::new(), |c| {
+                format!(" over {} s", c.share_window.as_secs_f64())
+            });
+            let _ = writeln!(
+                out,
+                "COMPUTE = the container's share of device 0 (NVML SM utilisation of its processes, mean{window}) / the share it is held to"
             );
         }
         if self.processes.iter().any(|p| p.baseline.is_some()) {
@@ -265,6 +285,16 @@ impl AuditReport {
             self.nvml.line()
         );
         out
+    }
+}
+
+/// `45.2%/30%` (measured share / limit), `-/30%` when the share is unknown, `-` without
+/// a compute limit.
+fn compute_cell(share: Option<f64>, limit: Option<u32>) -> String {
+    match (share, limit) {
+        (_, None) => "-".into(),
+        (Some(s), Some(l)) => format!("{s:.1}%/{l}%"),
+        (None, Some(l)) => format!("-/{l}%"),
     }
 }
 
@@ -333,6 +363,15 @@ pub fn inspect_json(path: &str, s: &RegionSnapshot) -> Value {
                 "admitted": s.used[d],
                 "accounted": s.accounted(d),
                 "context_footprint": s.context_footprint[d],
+                "compute": {
+                    "sm_limit": s.compute[d].sm_limit,
+                    "policy": s.compute[d].policy,
+                    "limit_percent": s.compute[d].limit_percent(),
+                    "budget_ns": s.compute[d].budget_ns,
+                    "consumed_ns": s.compute[d].consumed_ns,
+                    "throttled": s.compute[d].throttled,
+                    "throttled_ns": s.compute[d].throttled_ns,
+                },
             })
         })
         .collect();
@@ -526,6 +565,8 @@ mod tests {
         assert_eq!(mine["usage"][1]["pool"], 0);
         let other = slots.iter().find(|s| s["pid"] == ghost.pid).unwrap();
         assert_eq!(other["liveness"], "dead");
+        assert_eq!(v["devices"][0]["compute"]["sm_limit"], 0);
+        assert_eq!(v["devices"][0]["compute"]["limit_percent"], Value::Null);
         let text = inspect_text("r.cache", &ro.snapshot());
         assert!(text.contains("limit 1.0 GiB (1073741824 bytes)"), "{text}");
         assert!(text.contains("active slots: 2"));
@@ -609,6 +650,53 @@ mod tests {
         let j = serde_json::to_value(&on).unwrap();
         assert_eq!(j["tolerance"]["min_bytes"], 64u64 << 20);
         assert_eq!(j["samples"], 3);
+    }
+
+    #[test]
+    fn audit_table_shows_the_compute_share_where_a_limit_exists() {
+        let row = |pid: u32, limit: Option<u32>, share: Option<f64>| ProcessRow {
+            pid,
+            container: "c".into(),
+            hooked: Some(true),
+            compute_limit: limit,
+            compute_share: share,
+            verdict: "ok".into(),
+            ..Default::default()
+        };
+        let report = |rows| {
+            AuditReport::new(
+                1.0,
+                ProbeSummary::default(),
+                NvmlSummary {
+                    compute: Some(crate::compute::ComputeOptions::default()),
+                    ..Default::default()
+                },
+                rows,
+                vec![],
+                vec![],
+                &[],
+                vec![],
+            )
+        };
+        // No container with a compute limit: the table as before.
+        let plain = report(vec![row(1, None, None)]).table();
+        assert!(!plain.contains("COMPUTE"), "{plain}");
+        let t = report(vec![
+            row(1, Some(30), Some(45.25)),
+            row(2, Some(50), None),
+            row(3, None, None),
+        ])
+        .table();
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines[0].contains("NVML  COMPUTE    VERDICT"), "{t}");
+        assert!(lines[1].contains("45.2%/30%"), "{t}");
+        assert!(lines[2].contains("-/50%"), "{t}");
+        assert!(t.contains("mean over 10 s"), "{t}");
+        let j = serde_json::to_value(report(vec![row(1, Some(30), Some(45.25))])).unwrap();
+        assert_eq!(j["processes"][0]["compute_limit"], 30);
+        assert_eq!(j["processes"][0]["compute_share"], 45.25);
+        assert_eq!(j["nvml"]["compute"]["window"], 30.0);
+        assert_eq!(j["nvml"]["compute"]["tolerance_points"], 10.0);
     }
 
     #[test]

@@ -204,6 +204,7 @@ impl Running {
     fn update_metrics(&self) {
         let m = &self.metrics;
         m.set_regions(&self.agent.region_series());
+        m.set_gpus(&self.agent.gpu_series());
         m.set_processes(&self.agent.process_samples());
         m.regions.set(self.agent.region_count() as i64);
         let released = self.agent.released_regions();
@@ -324,6 +325,7 @@ impl Running {
                     .nvml
                     .as_ref()
                     .map(|_| self.agent.options().nvml_tolerance),
+                compute: self.nvml.as_ref().map(|_| self.agent.options().compute),
                 devices: self
                     .agent
                     .nvml()

@@ -82,6 +82,19 @@ fn usage_errors_exit_64_not_the_findings_status() {
         String::from_utf8_lossy(&bad.stderr).contains("HOST:PORT"),
         "{bad:?}"
     );
+    // The compute share's knobs: a window of 0 s or a tolerance outside 0-100 points.
+    for args in [
+        &["audit", "--compute-window-secs", "0"][..],
+        &["audit", "--compute-share-window-secs", "soon"],
+        &["run", "--compute-tolerance-points=-5"],
+        &["run", "--compute-tolerance-points", "NaN"],
+    ] {
+        let out = agent(args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let flag = args[1].split('=').next().unwrap_or_default();
+        assert!(err.contains(flag), "{args:?}: the flag is not named: {err}");
+    }
     assert_eq!(agent(&["--help"]).status.code(), Some(0));
     assert_eq!(agent(&["--version"]).status.code(), Some(0));
     // An internal error (unreadable region) is 1.

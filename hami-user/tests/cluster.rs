@@ -339,6 +339,20 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
         .len(),
         1
     );
+    // Its compute share (idle here: 0 %, but measured), in the agent's family and in HAMi's.
+    let share = prom_query(
+        prom_addr,
+        r#"hami_container_compute_share_percent{pod_namespace="ml-team",pod_name="trainer-0",container_name="cuda-main",device="0"}"#,
+    );
+    assert_eq!(share.len(), 1, "{share:?}");
+    assert_eq!(
+        prom_query(
+            prom_addr,
+            r#"Device_utilization_desc_of_container{podnamespace="ml-team",podname="trainer-0",ctrname="cuda-main",vdeviceid="0"}"#
+        )
+        .len(),
+        1
+    );
 
     // The exposition itself: promtool's linter and an OpenMetrics-model parser.
     let (st, text) = http_get(agent_addr, "/metrics").unwrap();
@@ -356,12 +370,17 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
         .write_all(text.as_bytes())
         .unwrap();
     let out = lint.wait_with_output().unwrap();
-    // Clean but for HAMi's older names (`vGPU_device_memory_*`), which are HAMi's, kept
-    // exactly as HAMi spells them for its dashboards (`--hami-compat` only).
+    // Clean but for HAMi's older names (`vGPU_device_memory_*`,
+    // `Device_utilization_desc_of_container`), which are HAMi's, kept exactly as HAMi spells
+    // them for its dashboards (`--hami-compat` only).
     let complaints: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .chain(String::from_utf8_lossy(&out.stderr).lines())
-        .filter(|l| !(l.starts_with("vGPU_device_memory_") && l.ends_with("not 'camelCase'")))
+        .filter(|l| {
+            !((l.starts_with("vGPU_device_memory_")
+                || l.starts_with("Device_utilization_desc_of_container"))
+                && l.ends_with("not 'camelCase'"))
+        })
         .map(String::from)
         .collect();
     assert!(
@@ -456,7 +475,7 @@ fn alert_rules_pass_their_promtool_tests() {
         .lines()
         .filter_map(|l| l.trim().strip_prefix("- alert: "))
         .collect();
-    assert_eq!(alerts.len(), 9, "{alerts:?}");
+    assert_eq!(alerts.len(), 10, "{alerts:?}");
     for a in alerts {
         let cases: Vec<&str> = tests_text
             .split("- eval_time:")

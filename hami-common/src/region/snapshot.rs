@@ -8,9 +8,40 @@ use std::path::Path;
 use super::file::*;
 use super::*;
 use crate::layout::{
-    self, RegionHeader, LIMIT_FLAG_INVALID, MAX_DEVICES, MAX_SLOTS, REGION_SIZE, SLOT_ACTIVE,
-    USAGE_KINDS,
+    self, DeviceCompute, RegionHeader, COMPUTE_POLICY_DISABLE, LIMIT_FLAG_INVALID, MAX_DEVICES,
+    MAX_SLOTS, REGION_SIZE, SLOT_ACTIVE, USAGE_KINDS,
 };
+
+/// One device's compute record ([`DeviceCompute`]) in a [`RegionSnapshot`]. The launch gate
+/// changes these fields lock-free (atomics, outside the seqlock), so a copy is a set of
+/// individually atomic reads, not one instant: each counter is exact, their relation is not.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ComputeSnapshot {
+    /// Share of the device in percent (1..=100); 0 = no compute limit.
+    pub sm_limit: u32,
+    /// `COMPUTE_POLICY_*` as the region's creator configured it.
+    pub policy: u32,
+    /// The launch gate's budget (ns of device time; negative = debt).
+    pub budget_ns: i64,
+    /// `CLOCK_MONOTONIC` time (ns) up to which the budget has been refilled.
+    pub refilled_at_ns: u64,
+    /// Device time (ns) the container's metered work has used in total (only grows).
+    pub consumed_ns: u64,
+    /// Times a process of the container waited at the gate.
+    pub throttled: u64,
+    /// Total time (ns) the container's processes waited at the gate.
+    pub throttled_ns: u64,
+}
+
+impl ComputeSnapshot {
+    /// The share the container is held to on this device, in percent: `Some(1..=99)` when a
+    /// limit applies; `None` without one (`sm_limit` 0 or 100, an out-of-range value, or
+    /// the policy `disable`).
+    pub fn limit_percent(&self) -> Option<u32> {
+        (self.policy != COMPUTE_POLICY_DISABLE && (1..100).contains(&self.sm_limit))
+            .then_some(self.sm_limit)
+    }
+}
 
 /// One active slot in a [`RegionSnapshot`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,6 +124,8 @@ pub struct RegionSnapshot {
     pub context_footprint: [u64; MAX_DEVICES],
     /// Active slots, by index.
     pub slots: Vec<SlotSnapshot>,
+    /// Per-device compute records (share limit, policy, the gate's budget and consumption).
+    pub compute: [ComputeSnapshot; MAX_DEVICES],
     /// Whether the copy is from one instant (no writer was mid-update). When writers are
     /// very busy, a copy after several retries may not be; then `used` and the slots may
     /// disagree by in-flight updates.
@@ -215,6 +248,22 @@ impl Region {
                 reserve,
             });
         }
+        let mut compute = [ComputeSnapshot::default(); MAX_DEVICES];
+        for (d, c) in compute.iter_mut().enumerate() {
+            // SAFETY: in-bounds projection of the live mapping (d < MAX_DEVICES); every field
+            // of a DeviceCompute is an atomic, so a shared reference to it is sound.
+            let rec: &DeviceCompute =
+                unsafe { &*core::ptr::addr_of!((*self.map.as_ptr()).compute[d]) };
+            *c = ComputeSnapshot {
+                sm_limit: rec.sm_limit.load(Ordering::Relaxed),
+                policy: rec.policy.load(Ordering::Relaxed),
+                budget_ns: rec.budget_ns.load(Ordering::Relaxed),
+                refilled_at_ns: rec.refilled_at_ns.load(Ordering::Relaxed),
+                consumed_ns: rec.consumed_ns.load(Ordering::Relaxed),
+                throttled: rec.throttled.load(Ordering::Relaxed),
+                throttled_ns: rec.throttled_ns.load(Ordering::Relaxed),
+            };
+        }
         let (version, header_size, total_size, creator_pid, created_unix, boot_id) =
             self.header_constants();
         RegionSnapshot {
@@ -237,6 +286,7 @@ impl Region {
             uuids,
             used,
             slots,
+            compute,
             consistent: false,
         }
     }
@@ -282,6 +332,7 @@ pub fn read_snapshot(file: &std::fs::File, path: &Path) -> Result<RegionSnapshot
     let slot_size = core::mem::size_of::<layout::Slot>();
     let slots_off = core::mem::offset_of!(layout::Region, slots);
     let hw_off = core::mem::offset_of!(RegionHeader, slot_high_water);
+    let compute_off = core::mem::offset_of!(layout::Region, compute);
     let mut filled = REGION_SIZE.min(slots_off);
     let mut last = None;
     for attempt in 0..READ_ATTEMPTS {
@@ -295,6 +346,9 @@ pub fn read_snapshot(file: &std::fs::File, path: &Path) -> Result<RegionSnapshot
         }
         filled = end;
         file.read_exact_at(&mut buf[slots_off..end], slots_off as u64)
+            .map_err(|e| short_read(file, path, "read", e))?;
+        // The compute records (1 KiB after the slot table).
+        file.read_exact_at(&mut buf[compute_off..], compute_off as u64)
             .map_err(|e| short_read(file, path, "read", e))?;
         let g2 = read_gen()?;
         let mut snap = parse_snapshot(&buf);
@@ -367,6 +421,20 @@ pub(super) fn parse_snapshot(buf: &[u8]) -> RegionSnapshot {
             reserve,
         });
     }
+    let compute_off = offset_of!(layout::Region, compute);
+    let mut compute = [ComputeSnapshot::default(); MAX_DEVICES];
+    for (d, c) in compute.iter_mut().enumerate() {
+        let base = compute_off + d * size_of::<DeviceCompute>();
+        *c = ComputeSnapshot {
+            sm_limit: r32(base + offset_of!(DeviceCompute, sm_limit)),
+            policy: r32(base + offset_of!(DeviceCompute, policy)),
+            budget_ns: r64(base + offset_of!(DeviceCompute, budget_ns)) as i64,
+            refilled_at_ns: r64(base + offset_of!(DeviceCompute, refilled_at_ns)),
+            consumed_ns: r64(base + offset_of!(DeviceCompute, consumed_ns)),
+            throttled: r64(base + offset_of!(DeviceCompute, throttled)),
+            throttled_ns: r64(base + offset_of!(DeviceCompute, throttled_ns)),
+        };
+    }
     let boot = offset_of!(RegionHeader, boot_id);
     let mut boot_id = [0u8; 16];
     boot_id.copy_from_slice(&buf[boot..boot + 16]);
@@ -392,6 +460,7 @@ pub(super) fn parse_snapshot(buf: &[u8]) -> RegionSnapshot {
         uuids,
         used,
         slots,
+        compute,
         consistent: false,
     }
 }

@@ -1346,6 +1346,73 @@ fn read_snapshot_copies_what_the_mapping_shows() {
 }
 
 #[test]
+fn snapshots_copy_the_compute_records() {
+    use crate::layout::DeviceCompute as C;
+    let d = TempDir::new("pread-compute");
+    let r = create(&d.file(), 1 << 30);
+    r.register(fake(41, 7)).unwrap();
+    // What the launch gate keeps for device 2, written into the file.
+    let base = (offset_of!(crate::layout::Region, compute) + 2 * size_of::<C>()) as u64;
+    patch(
+        &d.file(),
+        base + offset_of!(C, sm_limit) as u64,
+        &30u32.to_le_bytes(),
+    );
+    patch(
+        &d.file(),
+        base + offset_of!(C, policy) as u64,
+        &1u32.to_le_bytes(),
+    );
+    patch(
+        &d.file(),
+        base + offset_of!(C, budget_ns) as u64,
+        &(-5i64).to_le_bytes(),
+    );
+    patch(
+        &d.file(),
+        base + offset_of!(C, consumed_ns) as u64,
+        &7_000_000_000u64.to_le_bytes(),
+    );
+    patch(
+        &d.file(),
+        base + offset_of!(C, throttled) as u64,
+        &12u64.to_le_bytes(),
+    );
+    patch(
+        &d.file(),
+        base + offset_of!(C, throttled_ns) as u64,
+        &1_500_000_000u64.to_le_bytes(),
+    );
+    let f = std::fs::File::open(d.file()).unwrap();
+    let copy = read_snapshot(&f, &d.file()).unwrap();
+    assert_eq!(copy, r.snapshot(), "the pread copy and the mapping's agree");
+    let c = copy.compute[2];
+    assert_eq!(
+        (
+            c.sm_limit,
+            c.policy,
+            c.budget_ns,
+            c.consumed_ns,
+            c.throttled,
+            c.throttled_ns
+        ),
+        (30, 1, -5, 7_000_000_000, 12, 1_500_000_000)
+    );
+    assert_eq!(c.limit_percent(), Some(30));
+    assert_eq!(copy.compute[0], ComputeSnapshot::default());
+    assert_eq!(copy.compute[0].limit_percent(), None, "0: no compute limit");
+    let whole = ComputeSnapshot { sm_limit: 100, ..c };
+    assert_eq!(whole.limit_percent(), None, "100: the whole device");
+    let disabled = ComputeSnapshot {
+        policy: crate::layout::COMPUTE_POLICY_DISABLE,
+        ..c
+    };
+    assert_eq!(disabled.limit_percent(), None, "policy disable: no limit");
+    let corrupt = ComputeSnapshot { sm_limit: 250, ..c };
+    assert_eq!(corrupt.limit_percent(), None, "out of range");
+}
+
+#[test]
 fn the_creator_maps_the_region_by_its_own_name() {
     let d = TempDir::new("mapsname");
     let r = create(&d.file(), 1 << 30);

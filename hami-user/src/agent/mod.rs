@@ -5,6 +5,7 @@
 //! Nothing here needs root or eBPF: tests drive it with synthetic events, a fake `/proc` tree
 //! and real region files.
 
+mod compute;
 mod pidfds;
 mod processes;
 mod regions;
@@ -24,6 +25,7 @@ use hami_common::region::RegionSnapshot;
 use serde::Serialize;
 
 use crate::access::FileMeta;
+use crate::compute::ComputeOptions;
 use crate::findings::{self, Finding, FindingKey, SlotLiveness, Tolerance};
 use crate::identity::{self, Identity, Resolver};
 use crate::nvml::NvmlSnapshot;
@@ -59,6 +61,8 @@ pub struct AgentOptions {
     /// Where the kubelet's logs are (`/var/log`): names of pods and containers, see
     /// [`crate::identity`].
     pub log_root: PathBuf,
+    /// How compute shares are smoothed and judged.
+    pub compute: ComputeOptions,
 }
 
 impl Default for AgentOptions {
@@ -72,6 +76,7 @@ impl Default for AgentOptions {
             reclaim: false,
             regions: Vec::new(),
             log_root: PathBuf::from(identity::DEFAULT_LOG_ROOT),
+            compute: ComputeOptions::default(),
         }
     }
 }
@@ -158,6 +163,8 @@ pub struct Agent {
     nvml_seq: u64,
     /// Each open region (by index) as read right after the latest NVML sample.
     nvml_regions: HashMap<usize, RegionSnapshot>,
+    /// Compute shares measured at the NVML samples.
+    compute: compute::ComputeRecord,
     pending: HashMap<FindingKey, Instant>,
     /// For findings that need NVML confirmation: the NVML sample they were first seen in.
     pending_nvml: HashMap<FindingKey, u64>,
@@ -245,6 +252,7 @@ impl Agent {
             nvml: None,
             nvml_seq: 0,
             nvml_regions: HashMap::new(),
+            compute: compute::ComputeRecord::default(),
             pending: HashMap::new(),
             pending_nvml: HashMap::new(),
             standing: BTreeMap::new(),
@@ -374,11 +382,12 @@ impl Agent {
         self.release_idle_regions();
         self.rebuild_lost();
         let (procs, regions) = self.views();
-        let mut found = findings::evaluate_with_nvml(
+        let mut found = findings::evaluate_all(
             &procs,
             &regions,
             self.opts.tolerance,
             self.opts.nvml_tolerance,
+            &self.opts.compute,
         );
         for f in &mut found {
             if f.pid

@@ -85,6 +85,12 @@ impl Agent {
     /// the probes did not see them allocate), then every open region is read, so that the
     /// comparison pairs NVML and the regions at the same moment. `None`: NVML unavailable.
     pub fn set_nvml(&mut self, snap: Option<NvmlSnapshot>) {
+        self.set_nvml_at(snap, std::time::Instant::now());
+    }
+
+    /// [`Agent::set_nvml`] for a sample taken at `now`: besides, each region's compute share
+    /// of each device is observed (see [`crate::compute`]).
+    pub fn set_nvml_at(&mut self, snap: Option<NvmlSnapshot>, now: std::time::Instant) {
         self.nvml = snap;
         let Some(n) = &self.nvml else {
             self.nvml_regions.clear();
@@ -92,11 +98,14 @@ impl Agent {
         };
         self.nvml_seq += 1;
         let me = std::process::id();
-        let new: Vec<(u32, Option<u64>)> = n
-            .compute
-            .iter()
-            .filter(|&&pid| pid != me && self.procs.get(pid).is_none())
-            .map(|&pid| (pid, n.total_of(pid)))
+        // Compute processes, and any process NVML says used SM time.
+        let mut listed: Vec<u32> = n.compute.iter().chain(n.sm_util.keys()).copied().collect();
+        listed.sort_unstable();
+        listed.dedup();
+        let new: Vec<(u32, Option<u64>)> = listed
+            .into_iter()
+            .filter(|&pid| pid != me && self.procs.get(pid).is_none())
+            .map(|pid| (pid, n.total_of(pid)))
             .collect();
         for (pid, nvml_bytes) in new {
             // Only a process that has a libcuda mapped is taken for the one NVML names: a
@@ -129,6 +138,7 @@ impl Agent {
             .enumerate()
             .filter_map(|(i, r)| read_region(&r.fd, &r.name, &r.busy).ok().map(|s| (i, s)))
             .collect();
+        self.observe_compute(now);
     }
 
     /// NVML samples taken so far.

@@ -50,6 +50,7 @@ impl Agent {
                 Some((i, r, snapshot))
             })
             .map(|(i, r, snapshot)| RegionView {
+                compute: self.compute_views(r.file_id, &snapshot),
                 name: r.name.clone(),
                 container: r.container.clone(),
                 single_device: real_devices(&snapshot) == Some(1)
@@ -94,6 +95,11 @@ impl Agent {
                         .nvml
                         .as_ref()
                         .and_then(|n| n.used_by(p.pid))
+                        .unwrap_or_default(),
+                    nvml_sm: self
+                        .nvml
+                        .as_ref()
+                        .map(|n| n.sm_by(p.pid))
                         .unwrap_or_default(),
                     seen_by_events: p.first_ns != 0 || p.alloc_events + p.free_events > 0,
                     env_limits: info.env_limits.clone(),
@@ -174,6 +180,11 @@ impl Agent {
                     }
                 })
                 .unwrap_or_default();
+            let compute = self
+                .compute_views(r.file_id, snap)
+                .into_iter()
+                .find(|c| c.device == u.device)
+                .unwrap_or_default();
             out.push(RegionSeries {
                 identity: r.identity.clone(),
                 region: u.region,
@@ -183,6 +194,11 @@ impl Agent {
                 accounted: u.accounted,
                 accounted_data: u.accounted_data,
                 observed: u.observed,
+                compute_limit: compute.limit.unwrap_or(0),
+                compute_share: compute.share,
+                compute_consumed_ns: compute.consumed_ns,
+                compute_throttled: compute.throttled,
+                compute_throttled_ns: compute.throttled_ns,
             });
         }
         out
@@ -235,7 +251,10 @@ impl Agent {
                 .filter(|f| {
                     f.pid == Some(p.pid)
                         || (f.pid.is_none()
-                            && f.kind == FindingKind::OverLimit
+                            && matches!(
+                                f.kind,
+                                FindingKind::OverLimit | FindingKind::ComputeOverLimit
+                            )
                             && region.is_some_and(|r| f.region.as_deref() == Some(&r.name)))
                 })
                 .map(|f| f.kind.name())
@@ -280,6 +299,16 @@ impl Agent {
                 free_events: p.free_events,
                 unmatched_frees: p.unmatched_frees,
                 nvml: self.nvml.as_ref().and_then(|n| n.total_of(p.pid)),
+                sm_util: self
+                    .nvml
+                    .as_ref()
+                    .map(|n| n.sm_by(p.pid))
+                    .filter(|m| !m.is_empty())
+                    .map(|m| m.values().fold(0u32, |a, &b| a.saturating_add(b))),
+                compute_limit: region.and_then(|r| r.compute.first()).and_then(|c| c.limit),
+                compute_share: region
+                    .and_then(|r| r.compute.first())
+                    .and_then(|c| c.limit.and(c.share)),
                 baseline,
                 baseline_nvml: p.baseline.nvml_bytes(),
                 events_lost: p.events_lost.then(|| EVENTS_LOST_NOTE.to_string()),
@@ -315,6 +344,7 @@ impl Agent {
                     used: Vec::new(),
                     active_slots: 0,
                     reclaimed_slots: 0,
+                    compute: Vec::new(),
                     error: r.error.clone(),
                 };
                 if let Some(s) = &r.snapshot {
@@ -324,6 +354,7 @@ impl Agent {
                     row.used = s.used[..n].to_vec();
                     row.active_slots = s.slots.len();
                     row.reclaimed_slots = s.reclaimed_slots;
+                    row.compute = self.compute_views(r.file_id, s);
                 }
                 row
             })
@@ -332,7 +363,7 @@ impl Agent {
 }
 
 /// One process in the audit table / JSON.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ProcessRow {
     /// Host pid.
     pub pid: u32,
@@ -370,6 +401,14 @@ pub struct ProcessRow {
     pub unmatched_frees: u64,
     /// NVML used memory.
     pub nvml: Option<u64>,
+    /// NVML SM utilisation at the latest sample, percent of a device, summed over the
+    /// devices whose utilisation was read (`None`: unknown).
+    pub sm_util: Option<u32>,
+    /// The compute share its container is held to on device 0, percent (`None`: no limit).
+    pub compute_limit: Option<u32>,
+    /// Its container's measured share of device 0 (percent, mean over the share window),
+    /// shown where a compute limit exists.
+    pub compute_share: Option<f64>,
     /// `pre-existing, not observed from start` for baselined processes.
     pub baseline: Option<String>,
     /// NVML used memory at baseline time.
@@ -382,7 +421,7 @@ pub struct ProcessRow {
 }
 
 /// One region in the audit JSON.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RegionRow {
     /// Path as its processes name it.
     pub name: String,
@@ -402,6 +441,8 @@ pub struct RegionRow {
     pub active_slots: usize,
     /// Slots reclaimed so far (header counter).
     pub reclaimed_slots: u64,
+    /// Per device: its compute limit, the launch gate's counters and the measured share.
+    pub compute: Vec<crate::compute::ComputeView>,
     /// Why the region could not be read at the last tick (truncated, replaced, too slow);
     /// its figures are then empty.
     pub error: Option<String>,

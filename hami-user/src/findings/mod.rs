@@ -2,6 +2,7 @@
 //! findings. Nothing here reads files or clocks; see `docs/agent.md` for the rules in prose.
 
 mod against_nvml;
+mod compute;
 mod rules;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -13,9 +14,11 @@ use hami_common::region::{RegionSnapshot, SlotSnapshot};
 use serde::Serialize;
 
 use crate::access::{Creds, FileMeta};
+use crate::compute::{ComputeOptions, ComputeView};
 use crate::procinfo::EnvLimits;
 
 use against_nvml::{nvml_process_findings, nvml_region_findings};
+use compute::compute_region_findings;
 use rules::{process_findings, region_findings};
 
 /// Stable, machine-readable kinds of finding.
@@ -35,21 +38,25 @@ pub enum FindingKind {
     /// A hooked process that cannot write its container's region: every allocation it makes
     /// is refused (fail closed).
     LockedOut,
+    /// A container's measured compute share of a device (NVML) above the share its region
+    /// holds it to, beyond the tolerance, over the whole window.
+    ComputeOverLimit,
 }
 
 impl FindingKind {
     /// All kinds, in a fixed order.
-    pub const ALL: [FindingKind; 6] = [
+    pub const ALL: [FindingKind; 7] = [
         FindingKind::Bypass,
         FindingKind::LeakedSlot,
         FindingKind::OverLimit,
         FindingKind::Tamper,
         FindingKind::Drift,
         FindingKind::LockedOut,
+        FindingKind::ComputeOverLimit,
     ];
 
     /// The stable name (`bypass`, `leaked_slot`, `over_limit`, `tamper`, `drift`,
-    /// `locked_out`).
+    /// `locked_out`, `compute_over_limit`).
     pub const fn name(self) -> &'static str {
         match self {
             FindingKind::Bypass => "bypass",
@@ -58,12 +65,17 @@ impl FindingKind {
             FindingKind::Tamper => "tamper",
             FindingKind::Drift => "drift",
             FindingKind::LockedOut => "locked_out",
+            FindingKind::ComputeOverLimit => "compute_over_limit",
         }
     }
 
-    /// Whether `audit` exits non-zero for this kind.
+    /// Whether `audit` exits non-zero for this kind (the container's memory or compute
+    /// share does not hold).
     pub const fn is_failure(self) -> bool {
-        matches!(self, FindingKind::Bypass | FindingKind::OverLimit)
+        matches!(
+            self,
+            FindingKind::Bypass | FindingKind::OverLimit | FindingKind::ComputeOverLimit
+        )
     }
 }
 
@@ -90,6 +102,9 @@ pub mod reason {
     pub const LIMIT_DIFFERS_FROM_ENV: &str = "limit_differs_from_env";
     /// Tamper: the environment's value is invalid but the region enforces a limit.
     pub const ENV_INVALID_REGION_VALID: &str = "env_invalid_region_valid";
+    /// Tamper: the region's compute share of a device differs from the one a live hooked
+    /// process's environment sets (`CUDA_DEVICE_SM_LIMIT(_<i>)`, the policy `disable`).
+    pub const COMPUTE_LIMIT_DIFFERS_FROM_ENV: &str = "compute_limit_differs_from_env";
     /// Locked out: the process's credentials do not allow it to open its region for reading
     /// and writing (file owner, group and mode), and it holds no slot there.
     pub const REGION_UNWRITABLE: &str = "region_unwritable";
@@ -103,6 +118,10 @@ pub mod reason {
     pub const NVML_ABOVE_ACCOUNTED: &str = "nvml_above_accounted";
     /// Drift: a hooked process's slot accounts more on a device than NVML says it holds.
     pub const ACCOUNTED_ABOVE_NVML: &str = "accounted_above_nvml";
+    /// Compute over limit: the container's mean SM share of a device over the window
+    /// (NVML's per-process utilisation, summed) above its region's `sm_limit` by more than
+    /// the tolerance.
+    pub const SHARE_ABOVE_LIMIT: &str = "share_above_limit";
 }
 
 /// How far observed and accounted may differ before it is a finding:
@@ -204,6 +223,9 @@ pub struct ProcView {
     /// absent from the map is unknown, `0` means NVML read the device and does not list the
     /// process.
     pub nvml_devices: BTreeMap<u32, u64>,
+    /// NVML SM utilisation in percent by NVML device index at the latest sample, on the
+    /// devices whose utilisation was read (`0`: read, the process used none).
+    pub nvml_sm: BTreeMap<u32, u32>,
     /// Whether any event of this process was seen.
     pub seen_by_events: bool,
     /// Limits from its environment.
@@ -221,6 +243,13 @@ impl ProcView {
     /// The pid its slot would carry (pid inside its namespace).
     pub fn slot_pid(&self) -> u32 {
         self.nspid.unwrap_or(self.pid)
+    }
+
+    /// Its SM utilisation summed over the devices NVML read (percent of one device).
+    pub fn sm_total(&self) -> u32 {
+        self.nvml_sm
+            .values()
+            .fold(0u32, |a, &b| a.saturating_add(b))
     }
 }
 
@@ -245,6 +274,8 @@ pub struct RegionView {
     /// What the comparison with NVML uses (`None`: NVML unavailable, or the region was
     /// opened after the latest NVML sample).
     pub nvml: Option<RegionNvml>,
+    /// Per device the region covers: its compute limit and measured share.
+    pub compute: Vec<ComputeView>,
 }
 
 /// A region as it was when NVML was sampled, and where its devices are in NVML.
@@ -377,6 +408,9 @@ impl Finding {
                 | reason::PID_REUSED
                 | reason::LIMIT_DIFFERS_FROM_ENV
                 | reason::ENV_INVALID_REGION_VALID
+                | reason::COMPUTE_LIMIT_DIFFERS_FROM_ENV
+                // Already held over the whole compute window.
+                | reason::SHARE_ABOVE_LIMIT
         )
     }
 }
@@ -415,14 +449,26 @@ pub fn evaluate(procs: &[ProcView], regions: &[RegionView], tol: Tolerance) -> V
     evaluate_with_nvml(procs, regions, tol, Tolerance::NVML_DEFAULT)
 }
 
-/// Computes every finding. `procs[i].region` indexes `regions`. `tol` is the tolerance
-/// between the probes' figures and the region's, `nvml_tol` the one between NVML's and the
-/// region's (or the limit).
+/// Computes every finding, judging compute shares with [`ComputeOptions::default`]. See
+/// [`evaluate_all`].
 pub fn evaluate_with_nvml(
     procs: &[ProcView],
     regions: &[RegionView],
     tol: Tolerance,
     nvml_tol: Tolerance,
+) -> Vec<Finding> {
+    evaluate_all(procs, regions, tol, nvml_tol, &ComputeOptions::default())
+}
+
+/// Computes every finding. `procs[i].region` indexes `regions`. `tol` is the tolerance
+/// between the probes' figures and the region's, `nvml_tol` the one between NVML's and the
+/// region's (or the limit), `compute` how compute shares are judged.
+pub fn evaluate_all(
+    procs: &[ProcView],
+    regions: &[RegionView],
+    tol: Tolerance,
+    nvml_tol: Tolerance,
+    compute: &ComputeOptions,
 ) -> Vec<Finding> {
     let mut out = Vec::new();
     // Each region's processes, grouped once (regions x processes was the tick's cost at
@@ -438,6 +484,7 @@ pub fn evaluate_with_nvml(
     for (r, users) in regions.iter().zip(&users) {
         region_findings(r, users, tol, &mut out);
         nvml_region_findings(r, users, nvml_tol, &mut out);
+        compute_region_findings(r, compute, &mut out);
     }
     out
 }

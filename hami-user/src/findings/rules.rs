@@ -37,6 +37,8 @@ pub(super) fn process_findings(
         limit: None,
         detail,
     };
+    // SM time NVML says it used at the latest sample (percent of a device, summed).
+    let sm = p.sm_total();
     if !p.hooked {
         let nvml = p.nvml_bytes.unwrap_or(0);
         if p.alloc_events > 0 {
@@ -52,7 +54,7 @@ pub(super) fn process_findings(
                     nvml_note(p)
                 ),
             ));
-        } else if nvml > 0 && !p.attached_late {
+        } else if (nvml > 0 || sm > 0) && !p.attached_late {
             // NVML is the physical truth: an unhooked process holding device memory is a
             // bypass whenever it started. When it started is context, not an excuse.
             let context = if p.pre_existing {
@@ -69,8 +71,15 @@ pub(super) fn process_findings(
                 reason::NO_PRELOAD,
                 nvml.max(observed),
                 format!(
-                    "holds {} of device memory according to NVML without libhami_preload.so; {context}",
-                    human_bytes(nvml),
+                    "{} according to NVML without libhami_preload.so; {context}",
+                    match (nvml > 0, sm > 0) {
+                        (true, false) => format!("holds {} of device memory", human_bytes(nvml)),
+                        (true, true) => format!(
+                            "holds {} of device memory and uses {sm} % of a GPU's SM time",
+                            human_bytes(nvml)
+                        ),
+                        _ => format!("uses {sm} % of a GPU's SM time (no compute share meters it)"),
+                    },
                 ),
             ));
         } else if p.attached_late {
@@ -92,14 +101,21 @@ pub(super) fn process_findings(
         }
         return;
     }
+    // A hooked process without a slot is neither accounted nor metered by its container's
+    // launch gate: its SM time is a bypass of the compute share as its memory is of the quota.
+    let sm_note = if sm > 0 {
+        format!("; it uses {sm} % of a GPU's SM time according to NVML, unmetered")
+    } else {
+        String::new()
+    };
     let Some(r) = region else {
-        if p.alloc_events > 0 && observed > 0 {
+        if (p.alloc_events > 0 && observed > 0) || sm > 0 {
             out.push(base(
                 FindingKind::Bypass,
                 reason::NO_REGION,
                 observed,
                 format!(
-                    "preload mapped but no usable region ({}): {} unaccounted",
+                    "preload mapped but no usable region ({}): {} unaccounted{sm_note}",
                     p.region_error.as_deref().unwrap_or("not found"),
                     human_bytes(observed)
                 ),
@@ -125,13 +141,13 @@ pub(super) fn process_findings(
                 ),
             ));
         }
-        if p.alloc_events > 0 && observed > 0 {
+        if (p.alloc_events > 0 && observed > 0) || sm > 0 {
             out.push(base(
                 FindingKind::Bypass,
                 reason::NO_SLOT,
                 observed,
                 format!(
-                    "preload mapped but no slot for pid {} in {}: {} unaccounted",
+                    "preload mapped but no slot for pid {} in {}: {} unaccounted{sm_note}",
                     p.slot_pid(),
                     r.name,
                     human_bytes(observed)
@@ -286,6 +302,47 @@ pub(super) fn region_findings(
                     human_or_unlimited(region_limit),
                     if invalid { " (flagged invalid)" } else { "" },
                     p.pid
+                ),
+            });
+        }
+    }
+    // Tamper, compute: the region's share against each live hooked user's environment,
+    // compared as the share the preload holds the device to (a malformed value, or control
+    // turned off, is not compared).
+    let mut tampered = std::collections::BTreeSet::new();
+    for p in users.iter().filter(|p| p.hooked) {
+        for d in 0..r.devices() {
+            let Some(want) = p.env_limits.compute.share_for(d as u32) else {
+                continue;
+            };
+            let rec = snap.compute[d];
+            if want == rec.limit_percent() || !tampered.insert(d) {
+                continue;
+            }
+            let pct =
+                |v: Option<u32>| v.map_or("no compute limit".to_string(), |v| format!("{v} %"));
+            out.push(Finding {
+                kind: FindingKind::Tamper,
+                reason: reason::COMPUTE_LIMIT_DIFFERS_FROM_ENV,
+                pid: Some(p.pid),
+                uid: p.creds.as_ref().map(|c| c.fsuid),
+                nspid: p.nspid,
+                container: p.container.clone(),
+                region: Some(r.name.clone()),
+                device: Some(d as u32),
+                slot: None,
+                bytes: 0,
+                observed: None,
+                accounted: None,
+                limit: Some(u64::from(rec.sm_limit)),
+                detail: format!(
+                    "device {d}: region compute share is {} (sm_limit {}, policy {}), but pid {}'s \
+                     environment sets {}",
+                    pct(rec.limit_percent()),
+                    rec.sm_limit,
+                    rec.policy,
+                    p.pid,
+                    pct(want)
                 ),
             });
         }

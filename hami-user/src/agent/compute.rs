@@ -1,0 +1,137 @@
+//! The agent's record of compute shares: at each NVML sample, every open region's share of
+//! each device it covers (its processes' SM utilisation, summed; see [`crate::compute`]),
+//! kept per region file and device for the windows the metrics and the findings use.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use hami_common::region::RegionSnapshot;
+
+use crate::compute::{container_share, ComputeView, ShareHistory};
+
+use super::views::shown_devices;
+use super::Agent;
+
+/// Observations kept beyond the longest window (a sample late by up to this much still
+/// finds the previous ones).
+const KEEP_SLACK: Duration = Duration::from_secs(5);
+
+/// A region file (device, inode) and one of its devices.
+type RegionDevice = ((u64, u64), usize);
+
+/// The measured share over time, and the busy processes (pid, SM %) at the latest sample.
+type Measured = (ShareHistory, Vec<(u32, u32)>);
+
+/// Per region file and region device: what was measured.
+#[derive(Debug, Default)]
+pub(super) struct ComputeRecord {
+    histories: HashMap<RegionDevice, Measured>,
+    /// When the latest NVML sample was observed: the windows end there.
+    at: Option<Instant>,
+}
+
+impl Agent {
+    /// Observes the latest NVML sample's compute shares (called by
+    /// [`Agent::set_nvml_at`], after the regions were read again).
+    pub(super) fn observe_compute(&mut self, now: Instant) {
+        let Some(n) = self.nvml.as_ref() else {
+            return;
+        };
+        // Each region's processes, hooked or not (the pids NVML names are host pids).
+        let mut users: HashMap<usize, Vec<u32>> = HashMap::new();
+        for (&pid, e) in &self.entries {
+            if let Some(i) = e.region {
+                users.entry(i).or_default().push(pid);
+            }
+        }
+        let mut seen = Vec::new();
+        for (i, r) in self.regions.iter().enumerate() {
+            let Some(rn) = self.region_nvml(i, r) else {
+                continue;
+            };
+            let covered = shown_devices(r.snapshot.as_ref().unwrap_or(&rn.snapshot));
+            for (d, idx) in rn.device_index.iter().enumerate().take(covered) {
+                let Some(idx) = *idx else { continue };
+                let pids = users.get(&i).map(Vec::as_slice).unwrap_or(&[]);
+                if let Some((share, parts)) = container_share(n, idx, pids.iter().copied()) {
+                    seen.push(((r.file_id, d), share, parts));
+                }
+            }
+        }
+        let o = &self.opts.compute;
+        let keep = o.window.max(o.share_window) + KEEP_SLACK;
+        for (key, share, parts) in seen {
+            match self.compute.histories.get_mut(&key) {
+                Some((h, p)) => {
+                    h.push(now, share, keep);
+                    *p = parts;
+                }
+                None => {
+                    self.compute
+                        .histories
+                        .insert(key, (ShareHistory::new(now, share), parts));
+                }
+            }
+        }
+        // Regions released since: their histories go with them.
+        let open = &self.region_ids;
+        self.compute
+            .histories
+            .retain(|(file, _), _| open.contains_key(file));
+        self.compute.at = Some(now);
+    }
+
+    /// Each GPU's utilisation at the latest NVML sample (where NVML gave it).
+    pub fn gpu_series(&self) -> Vec<crate::metrics::GpuSeries> {
+        let Some(n) = &self.nvml else {
+            return Vec::new();
+        };
+        n.devices
+            .iter()
+            .filter_map(|d| {
+                n.gpu_util
+                    .get(&d.index)
+                    .map(|&u| crate::metrics::GpuSeries {
+                        index: d.index,
+                        uuid: d.uuid.clone().unwrap_or_default(),
+                        utilization: u,
+                    })
+            })
+            .collect()
+    }
+
+    /// The compute views of an open region (its file id and current snapshot): per device it
+    /// covers, the limit and counters it records and the share measured, the windows ending
+    /// at the latest NVML sample.
+    pub(super) fn compute_views(
+        &self,
+        file: (u64, u64),
+        snap: &RegionSnapshot,
+    ) -> Vec<ComputeView> {
+        let o = &self.opts.compute;
+        (0..shown_devices(snap))
+            .map(|d| {
+                let rec = snap.compute[d];
+                let mut v = ComputeView {
+                    device: d as u32,
+                    limit: rec.limit_percent(),
+                    sm_limit: rec.sm_limit,
+                    policy: rec.policy,
+                    consumed_ns: rec.consumed_ns,
+                    throttled: rec.throttled,
+                    throttled_ns: rec.throttled_ns,
+                    ..ComputeView::default()
+                };
+                if let (Some((h, parts)), Some(at)) =
+                    (self.compute.histories.get(&(file, d)), self.compute.at)
+                {
+                    v.share = h.mean(at, o.share_window);
+                    v.window_share = h.mean(at, o.window);
+                    v.watched_secs = h.watched(at).as_secs_f64();
+                    v.by_pid = parts.clone();
+                }
+                v
+            })
+            .collect()
+    }
+}
