@@ -489,7 +489,8 @@ fn chart_renders_and_every_manifest_validates() {
         .arg(root.join("deploy/helm/hami-agent"))
         .arg(out_dir.path())
         .arg("{}")
-        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"perProcessMetrics":true},"runtimeClassName":"nvidia","seccompProfile":"RuntimeDefault"}"#)
+        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"perProcessMetrics":true},"runtimeClassName":"nvidia","seccompProfile":"RuntimeDefault","hamiSwap":{"enabled":true}}"#)
+        .arg(r#"{"hamiSwap":{"enabled":true,"mode":"rollback","vgpuDir":"/opt/hami/vgpu"}}"#)
         .output()
         .unwrap();
     let log = format!(
@@ -510,6 +511,20 @@ fn chart_renders_and_every_manifest_validates() {
         std::fs::read_to_string(out_dir.path().join("1-hami-agent_templates_daemonset.yaml"))
             .unwrap();
     assert!(ds_reclaim.contains("- DAC_OVERRIDE"), "{ds_reclaim}");
+    // hamiSwap: the second container watches HAMi's host folder (read-write, no capability);
+    // off by default; rollback mode holds after putting HAMi's files back.
+    assert!(!ds.contains("hami-swap"), "hamiSwap is opt-in");
+    assert!(ds_reclaim.contains("- name: hami-swap"), "{ds_reclaim}");
+    assert!(ds_reclaim.contains("/usr/lib/hami/hami-swap.sh"));
+    assert!(ds_reclaim.contains("- watch\n"), "{ds_reclaim}");
+    assert!(ds_reclaim.contains("- --interval=10\n"));
+    assert!(ds_reclaim.contains("path: /usr/local/vgpu\n"));
+    let ds_rollback =
+        std::fs::read_to_string(out_dir.path().join("2-hami-agent_templates_daemonset.yaml"))
+            .unwrap();
+    assert!(ds_rollback.contains("- rollback\n"), "{ds_rollback}");
+    assert!(ds_rollback.contains("- --hold\n"));
+    assert!(ds_rollback.contains("path: /opt/hami/vgpu\n"));
     let sm = std::fs::read_to_string(
         out_dir
             .path()
