@@ -40,6 +40,20 @@ pub const ENV_ADMISSION_RESERVE: &str = "HAMI_ADMISSION_RESERVE";
 /// Default of [`ENV_ADMISSION_RESERVE`].
 pub const DEFAULT_ADMISSION_RESERVE: u64 = 64 << 20;
 
+/// HAMi's device plugin sets it to `true` when its `deviceMemoryScaling` is above 1 (device
+/// memory beyond the physical, backed by host memory). hami-preload does not implement that:
+/// a value other than an explicit off is refused with a warning at the first CUDA call, and
+/// every quota stays what `CUDA_DEVICE_MEMORY_LIMIT[_<i>]` says, within the GPU's physical
+/// memory (`docs/hami.md`).
+pub const ENV_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
+
+/// Whether a [`ENV_OVERSUBSCRIBE`] value asks for oversubscription: anything but an empty
+/// value, `false`, `0`, `no` or `off` (any case).
+pub fn oversubscribe_requested(value: &str) -> bool {
+    let v = value.trim().to_ascii_lowercase();
+    !matches!(v.as_str(), "" | "false" | "0" | "no" | "off")
+}
+
 /// A configuration error for one variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {var}={value:?}: {reason}")]
@@ -80,6 +94,8 @@ pub struct Config {
     pub lock_timeout_invalid: Option<String>,
     /// Admission reserve per device in bytes ([`ENV_ADMISSION_RESERVE`]).
     pub admission_reserve: u64,
+    /// The [`ENV_OVERSUBSCRIBE`] value when it asks for oversubscription (refused).
+    pub oversubscribe_refused: Option<String>,
 }
 
 impl Config {
@@ -171,7 +187,9 @@ impl Config {
                 }
             },
         };
+        let oversubscribe_refused = get(ENV_OVERSUBSCRIBE).filter(|v| oversubscribe_requested(v));
         Config {
+            oversubscribe_refused,
             limits,
             limit_flags,
             errors,
@@ -350,6 +368,25 @@ mod tests {
             .errors
             .iter()
             .any(|e| e.var == "HAMI_ADMISSION_RESERVE" && e.to_string().contains("lots")));
+    }
+
+    #[test]
+    fn oversubscription_is_recognised_to_be_refused() {
+        assert_eq!(cfg(&[]).oversubscribe_refused, None);
+        for v in ["true", "TRUE", "1", "yes", "on", "2"] {
+            let c = cfg(&[
+                ("CUDA_OVERSUBSCRIBE", v),
+                ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ]);
+            assert_eq!(c.oversubscribe_refused.as_deref(), Some(v), "{v}");
+            // The quota is untouched.
+            assert_eq!(c.limits[0], 1 << 30);
+            assert!(c.errors.is_empty());
+        }
+        for v in ["", "false", "False", "0", "no", "off", " false "] {
+            let c = cfg(&[("CUDA_OVERSUBSCRIBE", v)]);
+            assert_eq!(c.oversubscribe_refused, None, "{v:?}");
+        }
     }
 
     #[test]
