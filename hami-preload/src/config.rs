@@ -6,9 +6,9 @@
 use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
 
 pub use hami_common::config::{
-    parse_region_group, parse_region_mode, parse_size, PermError, SizeError, DEFAULT_REGION_MODE,
-    DEFAULT_REGION_PATH, ENV_CONTEXT_OVERHEAD, ENV_LIMIT, ENV_LOG_LEVEL, ENV_REGION,
-    ENV_REGION_GROUP, ENV_REGION_MODE,
+    oversubscribe_requested, parse_region_group, parse_region_mode, parse_size, PermError,
+    SizeError, DEFAULT_REGION_MODE, DEFAULT_REGION_PATH, ENV_CONTEXT_OVERHEAD, ENV_LIMIT,
+    ENV_LOG_LEVEL, ENV_OVERSUBSCRIBE, ENV_REGION, ENV_REGION_GROUP, ENV_REGION_MODE,
 };
 
 /// Why a variable's value was rejected.
@@ -39,20 +39,6 @@ pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 2000;
 pub const ENV_ADMISSION_RESERVE: &str = "HAMI_ADMISSION_RESERVE";
 /// Default of [`ENV_ADMISSION_RESERVE`].
 pub const DEFAULT_ADMISSION_RESERVE: u64 = 64 << 20;
-
-/// HAMi's device plugin sets it to `true` when its `deviceMemoryScaling` is above 1 (device
-/// memory beyond the physical, backed by host memory). hami-preload does not implement that:
-/// a value other than an explicit off is refused with a warning at the first CUDA call, and
-/// every quota stays what `CUDA_DEVICE_MEMORY_LIMIT[_<i>]` says, within the GPU's physical
-/// memory (`docs/hami.md`).
-pub const ENV_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
-
-/// Whether a [`ENV_OVERSUBSCRIBE`] value asks for oversubscription: anything but an empty
-/// value, `false`, `0`, `no` or `off` (any case).
-pub fn oversubscribe_requested(value: &str) -> bool {
-    let v = value.trim().to_ascii_lowercase();
-    !matches!(v.as_str(), "" | "false" | "0" | "no" | "off")
-}
 
 /// A configuration error for one variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -205,6 +205,7 @@ impl Running {
         let m = &self.metrics;
         m.set_regions(&self.agent.region_series());
         m.set_processes(&self.agent.process_samples());
+        m.set_hooks(self.agent.hook_counts());
         m.regions.set(self.agent.region_count() as i64);
         let released = self.agent.released_regions();
         if released > m.regions_released.get() {

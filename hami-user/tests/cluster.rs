@@ -489,7 +489,7 @@ fn chart_renders_and_every_manifest_validates() {
         .arg(root.join("deploy/helm/hami-agent"))
         .arg(out_dir.path())
         .arg("{}")
-        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"perProcessMetrics":true},"runtimeClassName":"nvidia","seccompProfile":"RuntimeDefault","hamiSwap":{"enabled":true}}"#)
+        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"perProcessMetrics":true,"allowUnhookedNamespaces":["gpu-raw"]},"runtimeClassName":"nvidia","seccompProfile":"RuntimeDefault","hamiSwap":{"enabled":true}}"#)
         .arg(r#"{"hamiSwap":{"enabled":true,"mode":"rollback","vgpuDir":"/opt/hami/vgpu"}}"#)
         .output()
         .unwrap();
@@ -515,6 +515,7 @@ fn chart_renders_and_every_manifest_validates() {
     // off by default; rollback mode holds after putting HAMi's files back.
     assert!(!ds.contains("hami-swap"), "hamiSwap is opt-in");
     assert!(ds_reclaim.contains("- name: hami-swap"), "{ds_reclaim}");
+    assert!(ds_reclaim.contains("- --allow-unhooked-namespace=gpu-raw\n"));
     assert!(ds_reclaim.contains("/usr/lib/hami/hami-swap.sh"));
     assert!(ds_reclaim.contains("- watch\n"), "{ds_reclaim}");
     assert!(ds_reclaim.contains("- --interval=10\n"));

@@ -59,6 +59,9 @@ pub struct AgentOptions {
     /// Where the kubelet's logs are (`/var/log`): names of pods and containers, see
     /// [`crate::identity`].
     pub log_root: PathBuf,
+    /// Namespaces whose GPU processes run without the preload on purpose: reported as
+    /// `unhooked`, not `bypass` (`--allow-unhooked-namespace`).
+    pub allow_unhooked_namespaces: Vec<String>,
 }
 
 impl Default for AgentOptions {
@@ -72,6 +75,7 @@ impl Default for AgentOptions {
             reclaim: false,
             regions: Vec::new(),
             log_root: PathBuf::from(identity::DEFAULT_LOG_ROOT),
+            allow_unhooked_namespaces: Vec::new(),
         }
     }
 }
