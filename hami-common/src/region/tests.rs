@@ -223,10 +223,7 @@ fn layout_matches_documentation() {
     assert_eq!(size_of::<Slot>(), 1024);
     assert_eq!(offset_of!(crate::layout::Region, slots), 1024);
     use crate::layout::DeviceCompute as C;
-    assert_eq!(
-        offset_of!(crate::layout::Region, compute),
-        1024 + 1024 * 1024
-    );
+    assert_eq!(offset_of!(crate::layout::Region, compute), 1024 + 1024 * 1024);
     assert_eq!(offset_of!(C, sm_limit), 0);
     assert_eq!(offset_of!(C, policy), 4);
     assert_eq!(offset_of!(C, budget_ns), 8);
