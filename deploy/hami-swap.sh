@@ -17,7 +17,7 @@
 # (the newest HAMi-core library seen under each name), and `rollback` puts them back.
 # Every replacement is a rename: running containers keep the file they mapped.
 #
-# usage: hami-swap.sh install|rollback|status|watch [options]
+# usage: hami-swap.sh install|rollback|status|watch|gc [options]  (gc: one --pod-logs pass)
 #   --vgpu-dir DIR        the host folder HAMi copies its library to, as this script sees it
 #                         (default /usr/local/vgpu)
 #   --lib FILE            the libhami_preload.so to install (default /usr/lib/hami/libhami_preload.so)
@@ -25,6 +25,13 @@
 #                         (default /usr/local/vgpu/libvgpu.so, HAMi's hook path /usr/local)
 #   --interval SECONDS    watch: seconds between two checks (default 10)
 #   --hold                rollback: stay running afterwards (a DaemonSet container)
+#   --pod-logs DIR        watch: also remove <vgpu>/containers/<pod uid>_<container>/ folders
+#                         of pods that left the node (what HAMi's vGPU monitor does, for when
+#                         it is turned off): a folder goes when no DIR/<ns>_<name>_<pod uid>
+#                         exists (the kubelet's /var/log/pods) and it is older than
+#                         --stale-minutes (default 10)
+#   --self-uid UID        with --pod-logs: this pod's own uid; nothing is removed unless its
+#                         log folder is seen (a wrong or empty DIR never removes anything)
 # Exit status: 0 done (or nothing to do), 1 bad usage or a failed step, 2 (status only)
 # not installed.
 set -u
@@ -34,6 +41,9 @@ LIB=/usr/lib/hami/libhami_preload.so
 LINE=/usr/local/vgpu/libvgpu.so
 INTERVAL=10
 HOLD=0
+POD_LOGS=""
+SELF_UID=""
+STALE_MIN=10
 MARKER=hami_preload_marker
 
 say() { echo "hami-swap: $*"; }
@@ -53,10 +63,14 @@ while [ $# -gt 0 ]; do
         --preload-line) [ $# -ge 2 ] || die "--preload-line needs a value"; LINE=$2; shift 2 ;;
         --interval) [ $# -ge 2 ] || die "--interval needs a value"; INTERVAL=$2; shift 2 ;;
         --hold) HOLD=1; shift ;;
+        --pod-logs) [ $# -ge 2 ] || die "--pod-logs needs a value"; POD_LOGS=$2; shift 2 ;;
+        --self-uid) [ $# -ge 2 ] || die "--self-uid needs a value"; SELF_UID=$2; shift 2 ;;
+        --stale-minutes) [ $# -ge 2 ] || die "--stale-minutes needs a value"; STALE_MIN=$2; shift 2 ;;
         *) die "unknown argument '$1'" ;;
     esac
 done
 case "$INTERVAL" in ''|*[!0-9]*|0) die "--interval must be a positive number of seconds, not '$INTERVAL'" ;; esac
+case "$STALE_MIN" in ''|*[!0-9]*) die "--stale-minutes must be a number of minutes, not '$STALE_MIN'" ;; esac
 ORIG="$VGPU/hami-rs-orig"
 
 # A hami-rs build (any version) names its marker symbol; HAMi-core's library does not.
@@ -131,6 +145,31 @@ do_install() {
     return 0
 }
 
+# Removes the per-container folders of pods that left the node (see --pod-logs).
+do_gc() {
+    [ -n "$POD_LOGS" ] || return 0
+    [ -d "$VGPU/containers" ] || return 0
+    if [ -n "$SELF_UID" ]; then
+        if ! ls -d "$POD_LOGS"/*_"$SELF_UID" >/dev/null 2>&1; then
+            say "not removing folders: this pod's own log folder (*_$SELF_UID) is not in $POD_LOGS"
+            return 0
+        fi
+    elif [ -z "$(ls -A "$POD_LOGS" 2>/dev/null)" ]; then
+        say "not removing folders: $POD_LOGS is empty or missing"
+        return 0
+    fi
+    for d in "$VGPU"/containers/*_*; do
+        [ -d "$d" ] || continue
+        name=$(basename "$d")
+        uid=${name%%_*}
+        [ -n "$uid" ] || continue
+        ls -d "$POD_LOGS"/*_"$uid" >/dev/null 2>&1 && continue
+        # Old enough: a folder is created at allocation, before the pod's log folder.
+        [ -n "$(find "$d" -maxdepth 0 -mmin +"$STALE_MIN" 2>/dev/null)" ] || continue
+        rm -rf "$d" && say "removed $d: pod $uid left the node"
+    done
+}
+
 do_rollback() {
     [ -d "$VGPU" ] || die "$VGPU is not a folder (--vgpu-dir)"
     if [ ! -d "$ORIG" ]; then
@@ -195,14 +234,19 @@ case "$MODE" in
         fi
         ;;
     status) do_status; exit $? ;;
+    gc)
+        [ -n "$POD_LOGS" ] || die "gc needs --pod-logs"
+        do_gc
+        ;;
     watch)
         trap 'exit 0' TERM INT
         say "watching $VGPU every ${INTERVAL}s"
         while :; do
             # A failed pass (the folder not there yet) is retried, never fatal.
             (do_install) || true
+            (do_gc) || true
             sleep "$INTERVAL" & wait $!
         done
         ;;
-    *) die "unknown mode '$MODE' (install, rollback, status, watch)" ;;
+    *) die "unknown mode '$MODE' (install, rollback, status, watch, gc)" ;;
 esac

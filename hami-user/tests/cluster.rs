@@ -491,6 +491,7 @@ fn chart_renders_and_every_manifest_validates() {
         .arg("{}")
         .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"perProcessMetrics":true,"allowUnhookedNamespaces":["gpu-raw"]},"runtimeClassName":"nvidia","seccompProfile":"RuntimeDefault","hamiSwap":{"enabled":true}}"#)
         .arg(r#"{"hamiSwap":{"enabled":true,"mode":"rollback","vgpuDir":"/opt/hami/vgpu"}}"#)
+        .arg(r#"{"hamiSwap":{"enabled":true,"removeStaleFolders":true}}"#)
         .output()
         .unwrap();
     let log = format!(
@@ -526,6 +527,19 @@ fn chart_renders_and_every_manifest_validates() {
     assert!(ds_rollback.contains("- rollback\n"), "{ds_rollback}");
     assert!(ds_rollback.contains("- --hold\n"));
     assert!(ds_rollback.contains("path: /opt/hami/vgpu\n"));
+    assert!(
+        !ds_reclaim.contains("--pod-logs"),
+        "removeStaleFolders is opt-in"
+    );
+    let ds_gc =
+        std::fs::read_to_string(out_dir.path().join("3-hami-agent_templates_daemonset.yaml"))
+            .unwrap();
+    assert!(
+        ds_gc.contains("- --pod-logs=/host/var/log/pods\n"),
+        "{ds_gc}"
+    );
+    assert!(ds_gc.contains("- --self-uid=$(POD_UID)\n"));
+    assert!(ds_gc.contains("fieldPath: metadata.uid"));
     let sm = std::fs::read_to_string(
         out_dir
             .path()

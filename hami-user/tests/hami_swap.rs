@@ -363,3 +363,61 @@ fn watch_puts_hami_preload_back_after_a_device_plugin_restart() {
     let st = child.wait().unwrap();
     assert!(st.success(), "{st:?}");
 }
+
+/// With HAMi's monitor turned off, `--pod-logs` does its folder cleanup: the per-container
+/// folder of a pod that left the node (no `<ns>_<name>_<uid>` under the kubelet's
+/// `/var/log/pods`) goes once it is old enough; the folders of pods still there, recent
+/// ones, and everything when the log folder does not show this pod itself, stay.
+#[test]
+fn gc_removes_the_folders_of_pods_that_left_and_nothing_when_unsure() {
+    let h = Hami::v29();
+    let n = Node::new(&h);
+    let logs = n._dir.path().join("var-log-pods");
+    fs::create_dir_all(logs.join("hami-system_hami-agent-x1_self-uid")).unwrap();
+    fs::create_dir_all(logs.join("ml_trainer-0_uid-live")).unwrap();
+    let c = n.vgpu.join("containers");
+    for d in [
+        "uid-live_main",
+        "uid-gone_main",
+        "uid-gone_side",
+        "uid-new_main",
+    ] {
+        fs::create_dir_all(c.join(d)).unwrap();
+        fs::write(c.join(d).join("r.cache"), b"region").unwrap();
+    }
+    // Old: an hour ago (the folder's own mtime).
+    for d in ["uid-live_main", "uid-gone_main", "uid-gone_side"] {
+        let st = Command::new("touch")
+            .args(["-d", "1 hour ago"])
+            .arg(c.join(d))
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    let gc = |self_uid: &str, logs: &Path| {
+        let out = n.swap_args(&[
+            "gc",
+            "--pod-logs",
+            logs.to_str().unwrap(),
+            "--self-uid",
+            self_uid,
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // This pod's own log folder is not there: a wrong mount; nothing goes.
+    let log = gc("other-uid", &logs);
+    assert!(log.contains("not removing"), "{log}");
+    let log = gc("self-uid", &n._dir.path().join("nonexistent"));
+    assert!(log.contains("not removing"), "{log}");
+    assert!(c.join("uid-gone_main").exists());
+
+    let log = gc("self-uid", &logs);
+    assert!(!c.join("uid-gone_main").exists(), "{log}");
+    assert!(!c.join("uid-gone_side").exists(), "{log}");
+    assert!(c.join("uid-live_main/r.cache").exists(), "{log}");
+    assert!(c.join("uid-new_main/r.cache").exists(), "too recent: {log}");
+    assert!(log.contains("uid-gone"), "{log}");
+    // The library and its backups are not touched by it.
+    assert_eq!(read(&h.mounted(&n.vgpu)), HAMI_CORE_V29);
+}
