@@ -340,6 +340,27 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
         1
     );
 
+    // HAMi's breakdown families: the 256 MiB are the container's buffer, its context is
+    // context, and the total with its parts as labels.
+    let b = prom_query(
+        prom_addr,
+        r#"hami_vgpu_memory_buffer_bytes{exported_pod="trainer-0",vdevice_index="0"} == 256 * 1024 * 1024"#,
+    );
+    assert_eq!(b.len(), 1, "{b:?}");
+    let c = prom_query(
+        prom_addr,
+        r#"hami_vgpu_memory_context_bytes{exported_pod="trainer-0"} > 0"#,
+    );
+    assert_eq!(c.len(), 1, "{c:?}");
+    let d = prom_query(
+        prom_addr,
+        r#"hami_container_device_memory_bytes{exported_pod="trainer-0",buffer_size="268435456"}"#,
+    );
+    assert_eq!(d.len(), 1, "{d:?}");
+    // The hooked workload counts under hami_rs.
+    let hooks = prom_query(prom_addr, r#"hami_processes_by_hook{hook="hami_rs"} >= 1"#);
+    assert_eq!(hooks.len(), 1, "{hooks:?}");
+
     // The exposition itself: promtool's linter and an OpenMetrics-model parser.
     let (st, text) = http_get(agent_addr, "/metrics").unwrap();
     assert_eq!(st, 200);
