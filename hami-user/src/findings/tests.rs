@@ -200,6 +200,54 @@ fn bypass_without_preload_with_pid_and_bytes() {
     assert!(evaluate(&[idle], &[], Tolerance::default()).is_empty());
 }
 
+/// Issue 19: HAMi-core mapped, or unhooked on purpose: the same facts as a bypass give the
+/// migration kind or `unhooked`, on every path (events seen, NVML only), with the bytes.
+#[test]
+fn hami_core_and_unhooked_by_request_take_the_place_of_bypass() {
+    let cases: [(fn(&mut ProcView), FindingKind, &str); 3] = [
+        (
+            |p| p.hami_core = true,
+            FindingKind::HamiCore,
+            reason::HAMI_CORE_MAPPED,
+        ),
+        (
+            |p| p.unhooked_by_request = Some(reason::DISABLE_CONTROL),
+            FindingKind::Unhooked,
+            reason::DISABLE_CONTROL,
+        ),
+        (
+            |p| p.unhooked_by_request = Some(reason::NAMESPACE_ALLOWLISTED),
+            FindingKind::Unhooked,
+            reason::NAMESPACE_ALLOWLISTED,
+        ),
+    ];
+    for (set, kind, why) in cases {
+        // Allocations seen.
+        let mut p = proc_(11, false, 64 * MIB);
+        set(&mut p);
+        let f = evaluate(&[p], &[], Tolerance::default());
+        assert_eq!(kinds(&f), vec![(kind, why)], "{f:?}");
+        assert_eq!(f[0].bytes, 64 * MIB);
+        assert!(!kind.is_failure());
+        // Pre-existing, known from NVML only.
+        let mut p = proc_(12, false, 0);
+        p.alloc_events = 0;
+        p.pre_existing = true;
+        p.nvml_bytes = Some(512 * MIB);
+        set(&mut p);
+        let f = evaluate(&[p], &[], Tolerance::default());
+        assert_eq!(kinds(&f), vec![(kind, why)], "{f:?}");
+        assert_eq!(f[0].bytes, 512 * MIB);
+    }
+    // A hooked process is judged as before even when it asked to be unhooked.
+    let mut p = proc_(13, true, 0);
+    p.unhooked_by_request = Some(reason::DISABLE_CONTROL);
+    let r = region(snapshot(1 << 30, vec![]), &[]);
+    assert!(kinds(&evaluate(&[p], &[r], Tolerance::default()))
+        .iter()
+        .all(|(k, _)| *k != FindingKind::Unhooked));
+}
+
 /// Regression (H200, torch `backend:cudaMallocAsync` under the preload): async
 /// allocations are charged to the slot's pool, not its data; the probes' live bytes were
 /// compared with data alone and a preloaded process was reported as a bypass.
