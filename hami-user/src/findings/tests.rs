@@ -204,7 +204,8 @@ fn bypass_without_preload_with_pid_and_bytes() {
 /// migration kind or `unhooked`, on every path (events seen, NVML only), with the bytes.
 #[test]
 fn hami_core_and_unhooked_by_request_take_the_place_of_bypass() {
-    let cases: [(fn(&mut ProcView), FindingKind, &str); 3] = [
+    type Case = (fn(&mut ProcView), FindingKind, &'static str);
+    let cases: [Case; 3] = [
         (
             |p| p.hami_core = true,
             FindingKind::HamiCore,
