@@ -421,3 +421,44 @@ fn gc_removes_the_folders_of_pods_that_left_and_nothing_when_unsure() {
     // The library and its backups are not touched by it.
     assert_eq!(read(&h.mounted(&n.vgpu)), HAMI_CORE_V29);
 }
+
+/// A node upgraded from 2.4 to 2.5: HAMi 2.4's `libvgpu.so` is still there beside 2.5's
+/// `libvgpu.so.v2.5.0` (2.5 never removes it). Both go aside, hami-preload is what 2.5
+/// mounts, and the rollback gives both back: 2.5 mounts its versioned file again.
+#[test]
+fn a_node_upgraded_from_24_to_25_keeps_both_originals() {
+    let old = Hami::v24();
+    let n = Node::new(&old);
+    let h = Hami {
+        version: Some("v2.5.0"),
+        lib: b"\x7fELF fake HAMi-core libvgpu.so built for v2.5.0\n",
+    };
+    h.start(&n.vgpu);
+    assert_eq!(h.mounted(&n.vgpu), n.vgpu.join("libvgpu.so.v2.5.0"));
+    let log = n.ok("install");
+    assert!(log.contains("layout 2.5+"), "{log}");
+    assert_eq!(h.mounted(&n.vgpu), n.vgpu.join("libvgpu.so"));
+    assert_eq!(read(&h.mounted(&n.vgpu)), OURS);
+    assert_eq!(read(&n.vgpu.join("hami-rs-orig/libvgpu.so")), HAMI_CORE_V24);
+    assert_eq!(read(&n.vgpu.join("hami-rs-orig/libvgpu.so.v2.5.0")), h.lib);
+    n.ok("rollback");
+    assert_eq!(h.mounted(&n.vgpu), n.vgpu.join("libvgpu.so.v2.5.0"));
+    assert_eq!(read(&h.mounted(&n.vgpu)), h.lib);
+    assert_eq!(read(&n.vgpu.join("libvgpu.so")), HAMI_CORE_V24);
+}
+
+/// The real `libhami_preload.so` is recognised as hami-rs by the script (its marker symbol)
+/// and is what HAMi 2.9 mounts afterwards, byte for byte.
+#[test]
+fn the_real_preload_is_installed_and_recognised() {
+    let a = hami_test_harness::Artifacts::get();
+    let h = Hami::v29();
+    let n = Node::new(&h);
+    fs::copy(&a.preload_so, &n.lib).unwrap();
+    n.ok("install");
+    assert_eq!(read(&h.mounted(&n.vgpu)), read(&a.preload_so));
+    assert_eq!(n.swap("status").status.code(), Some(0));
+    // Installed once more: nothing to do (it is recognised as hami-rs, not kept as HAMi's).
+    assert_eq!(n.ok("install"), "");
+    assert!(!n.vgpu.join("hami-rs-orig/libvgpu.so").exists());
+}
