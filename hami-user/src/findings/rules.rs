@@ -37,7 +37,12 @@ pub(super) fn process_findings(
         limit: None,
         detail,
     };
-    if !p.hooked {
+    // `CUDA_DISABLE_CONTROL=true` turns hami-preload itself off (it forwards every call and
+    // opens no region): mapped but holding no slot, it is unhooked by request.
+    let turned_off = p.hooked
+        && p.unhooked_by_request == Some(reason::DISABLE_CONTROL)
+        && region.and_then(|r| r.slot_of(p)).is_none();
+    if !p.hooked || turned_off {
         // A node being migrated (HAMi-core still mapped) and processes unhooked on purpose
         // are reported under their own kinds, never as a bypass.
         let (kind, why, note) = if p.hami_core {

@@ -240,13 +240,38 @@ fn hami_core_and_unhooked_by_request_take_the_place_of_bypass() {
         assert_eq!(kinds(&f), vec![(kind, why)], "{f:?}");
         assert_eq!(f[0].bytes, 512 * MIB);
     }
-    // A hooked process is judged as before even when it asked to be unhooked.
-    let mut p = proc_(13, true, 0);
+    // hami-preload mapped but turned off by CUDA_DISABLE_CONTROL (no region, no slot): the
+    // same, not a `no_region` / `no_slot` bypass.
+    let mut p = proc_(13, true, 64 * MIB);
+    p.region = None;
     p.unhooked_by_request = Some(reason::DISABLE_CONTROL);
-    let r = region(snapshot(1 << 30, vec![]), &[]);
-    assert!(kinds(&evaluate(&[p], &[r], Tolerance::default()))
-        .iter()
-        .all(|(k, _)| *k != FindingKind::Unhooked));
+    let f = evaluate(&[p.clone()], &[], Tolerance::default());
+    assert_eq!(
+        kinds(&f),
+        vec![(FindingKind::Unhooked, reason::DISABLE_CONTROL)],
+        "{f:?}"
+    );
+    // Without the variable that is a bypass.
+    p.unhooked_by_request = None;
+    let f = evaluate(&[p], &[], Tolerance::default());
+    assert_eq!(kinds(&f), vec![(FindingKind::Bypass, reason::NO_REGION)]);
+    // A hooked process that holds a slot is judged as before even when it asked to be
+    // unhooked (an allowlisted namespace, or a preload that ignores the variable).
+    for why in [reason::DISABLE_CONTROL, reason::NAMESPACE_ALLOWLISTED] {
+        let s = slot(0, 14, 114, 0, 0);
+        let r = region(
+            snapshot(1 << 30, vec![s]),
+            &[(0, SlotLiveness::Alive { host_pid: 14 })],
+        );
+        let mut p = proc_(14, true, 64 * MIB);
+        p.unhooked_by_request = Some(why);
+        let f = evaluate(&[p], &[r], Tolerance::default());
+        assert_eq!(
+            kinds(&f),
+            vec![(FindingKind::Bypass, reason::OBSERVED_ABOVE_ACCOUNTED)],
+            "{why}: {f:?}"
+        );
+    }
 }
 
 /// Regression (H200, torch `backend:cudaMallocAsync` under the preload): async
