@@ -6,10 +6,12 @@
 use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
 
 pub use hami_common::config::{
-    oversubscribe_requested, parse_region_group, parse_region_mode, parse_size, PermError,
-    SizeError, DEFAULT_REGION_MODE, DEFAULT_REGION_PATH, ENV_CONTEXT_OVERHEAD, ENV_LIMIT,
-    ENV_LOG_LEVEL, ENV_OVERSUBSCRIBE, ENV_REGION, ENV_REGION_GROUP, ENV_REGION_MODE,
+    parse_region_group, parse_region_mode, parse_size, PermError, SizeError, DEFAULT_REGION_MODE,
+    DEFAULT_REGION_PATH, ENV_CONTEXT_OVERHEAD, ENV_LIMIT, ENV_LOG_LEVEL, ENV_REGION,
+    ENV_REGION_GROUP, ENV_REGION_MODE,
 };
+// HAMi's oversubscription switch, refused (docs/hami.md).
+pub use hami_common::config::{oversubscribe_requested, ENV_OVERSUBSCRIBE};
 
 /// Why a variable's value was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
