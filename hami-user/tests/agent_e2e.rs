@@ -814,10 +814,17 @@ fn hami_core_process_gets_the_migration_reason_and_an_opted_out_one_is_unhooked(
         vec![("bypass".to_string(), "no_preload".to_string())],
         "{audit:#}"
     );
-    // All three are in the audit's process table, none of the first two hooked.
-    for pid in [core.pid, opted_out.pid, plain.pid] {
+    // All three are in the audit's process table, none hooked, each with its hook.
+    for (pid, hook) in [
+        (core.pid, "hami_core"),
+        (opted_out.pid, "none"),
+        (plain.pid, "none"),
+    ] {
         assert_eq!(process(&audit, pid)["hooked"], false, "{audit:#}");
+        assert_eq!(process(&audit, pid)["hook"], hook, "{audit:#}");
     }
+    assert_eq!(process(&audit, core.pid)["verdict"], "hami_core");
+    assert_eq!(process(&audit, opted_out.pid)["verdict"], "unhooked");
     core.resume();
     opted_out.resume();
     plain.resume();

@@ -308,6 +308,15 @@ impl Agent {
                 container: info.map(|i| i.container.clone()).unwrap_or_default(),
                 nspid: info.and_then(|i| i.nspid),
                 hooked: info.map(|i| i.hooked),
+                hook: info.map(|i| {
+                    if i.hooked {
+                        "hami_rs"
+                    } else if i.hami_core {
+                        "hami_core"
+                    } else {
+                        "none"
+                    }
+                }),
                 region: region
                     .map(|r| r.name.clone())
                     .or_else(|| e.and_then(|e| e.region_error.clone())),
@@ -390,6 +399,9 @@ pub struct ProcessRow {
     pub nspid: Option<u32>,
     /// Preload mapped (`None`: unknown, the process was gone before it could be read).
     pub hooked: Option<bool>,
+    /// Which library hooks it: `hami_rs`, `hami_core` (HAMi-core's `libvgpu.so`) or `none`
+    /// (`None`: unknown), as `hami_processes_by_hook` counts it.
+    pub hook: Option<&'static str>,
     /// Region name (or why none).
     pub region: Option<String>,
     /// Region limit on device 0 (0 = unlimited).
