@@ -9,6 +9,23 @@ use core::fmt;
 pub const ENV_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 /// Region file path.
 pub const ENV_REGION: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
+/// HAMi's device plugin sets it to `true` when its `deviceMemoryScaling` is above 1 (device
+/// memory beyond the physical, backed by host memory). hami-preload does not implement that:
+/// a value that asks for it ([`oversubscribe_requested`]) is refused with a warning at the
+/// first CUDA call, and every quota stays what `CUDA_DEVICE_MEMORY_LIMIT[_<i>]` says, within
+/// the GPU's physical memory (`docs/hami.md`). The agent reports such processes.
+pub const ENV_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
+
+/// Whether a [`ENV_OVERSUBSCRIBE`] value asks for oversubscription: anything but an empty
+/// value, `false`, `0`, `no` or `off` (any case).
+pub fn oversubscribe_requested(value: &str) -> bool {
+    let v = value.trim();
+    !(v.is_empty()
+        || ["false", "0", "no", "off"]
+            .iter()
+            .any(|o| v.eq_ignore_ascii_case(o)))
+}
+
 /// Log level of the preload.
 pub const ENV_LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
 /// Fixed context overhead in bytes (skips the measurement).

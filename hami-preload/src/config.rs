@@ -14,6 +14,8 @@ pub use hami_common::config::{
     DEFAULT_REGION_PATH, ENV_CONTEXT_OVERHEAD, ENV_LIMIT, ENV_LOG_LEVEL, ENV_REGION,
     ENV_REGION_GROUP, ENV_REGION_MODE,
 };
+// HAMi's oversubscription switch, refused (docs/hami.md).
+pub use hami_common::config::{oversubscribe_requested, ENV_OVERSUBSCRIBE};
 
 /// Why a variable's value was rejected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -231,6 +233,8 @@ pub struct Config {
     pub compute_policy: u32,
     /// [`ENV_TASK_PRIORITY`] as set (ignored; reported).
     pub task_priority: Option<String>,
+    /// The [`ENV_OVERSUBSCRIBE`] value when it asks for oversubscription (refused).
+    pub oversubscribe_refused: Option<String>,
 }
 
 impl Config {
@@ -322,6 +326,7 @@ impl Config {
                 }
             },
         };
+        let oversubscribe_refused = get(ENV_OVERSUBSCRIBE).filter(|v| oversubscribe_requested(v));
         let mut compute = |var: String| -> Option<Result<u32, ()>> {
             let value = get(&var)?;
             Some(parse_sm_limit(&value).map_err(|reason| {
@@ -356,6 +361,7 @@ impl Config {
             sm_limits,
             compute_policy,
             task_priority: get(ENV_TASK_PRIORITY),
+            oversubscribe_refused,
             limits,
             limit_flags,
             errors,
@@ -534,6 +540,25 @@ mod tests {
             .errors
             .iter()
             .any(|e| e.var == "HAMI_ADMISSION_RESERVE" && e.to_string().contains("lots")));
+    }
+
+    #[test]
+    fn oversubscription_is_recognised_to_be_refused() {
+        assert_eq!(cfg(&[]).oversubscribe_refused, None);
+        for v in ["true", "TRUE", "1", "yes", "on", "2"] {
+            let c = cfg(&[
+                ("CUDA_OVERSUBSCRIBE", v),
+                ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ]);
+            assert_eq!(c.oversubscribe_refused.as_deref(), Some(v), "{v}");
+            // The quota is untouched.
+            assert_eq!(c.limits[0], 1 << 30);
+            assert!(c.errors.is_empty());
+        }
+        for v in ["", "false", "False", "0", "no", "off", " false "] {
+            let c = cfg(&[("CUDA_OVERSUBSCRIBE", v)]);
+            assert_eq!(c.oversubscribe_refused, None, "{v:?}");
+        }
     }
 
     #[test]

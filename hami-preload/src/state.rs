@@ -111,6 +111,15 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
             ),
         ));
     }
+    if let Some(v) = &config.oversubscribe_refused {
+        messages.push((
+            Level::Warn,
+            format!(
+                "{}={v:?} refused: hami-preload does not oversubscribe device memory into host memory; each device's quota stays its CUDA_DEVICE_MEMORY_LIMIT, within the GPU's physical memory",
+                crate::config::ENV_OVERSUBSCRIBE
+            ),
+        ));
+    }
     if let Some(v) = &config.backstop_invalid {
         messages.push((
             Level::Warn,

@@ -132,3 +132,31 @@ fn non_cuda_programs_are_untouched_and_create_nothing() {
         assert!(!env.region_path().exists(), "{prog:?} created the region");
     }
 }
+
+/// HAMi's device plugin sets `CUDA_OVERSUBSCRIBE=true` when its memory scaling is above 1;
+/// hami-preload refuses it visibly at the default log level and keeps the quota.
+#[test]
+fn oversubscription_is_refused_with_a_warning_and_the_quota_stays() {
+    let env = Env::new()
+        .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
+        .set("HAMI_CONTEXT_OVERHEAD", "0")
+        .set("CUDA_OVERSUBSCRIBE", "true");
+    let p = env.probe(&["info", "alloc", "768M", "alloc", "512M"]);
+    assert!(p.ok(), "{}", p.dump());
+    assert_eq!(p.field(0, "total"), GB.to_string(), "{}", p.dump());
+    assert_eq!(p.rcs(), vec![0, 0, OOM], "{}", p.dump());
+    let err = p.stderr();
+    let warned: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("CUDA_OVERSUBSCRIBE=\"true\""))
+        .collect();
+    assert_eq!(
+        warned.len(),
+        1,
+        "one warning, at the first CUDA call: {err}"
+    );
+    // Off: not a word.
+    let env = env.set("CUDA_OVERSUBSCRIBE", "false");
+    let p = env.probe(&["info"]);
+    assert!(!p.stderr().contains("CUDA_OVERSUBSCRIBE"), "{}", p.stderr());
+}

@@ -129,6 +129,11 @@ struct Common {
     /// `<dir>/containers` and `<dir>/pods`).
     #[arg(long, default_value = hami_user::identity::DEFAULT_LOG_ROOT)]
     kubelet_log_dir: PathBuf,
+    /// A namespace whose GPU processes run without hami-preload on purpose (repeatable):
+    /// they are reported as `unhooked`, not `bypass`. Processes with
+    /// `CUDA_DISABLE_CONTROL=true` (HAMi's opt-out) are `unhooked` without it.
+    #[arg(long = "allow-unhooked-namespace", value_name = "NAMESPACE")]
+    allow_unhooked_namespaces: Vec<String>,
     /// Log format on stderr: `text` (no colour unless stderr is a terminal) or `json`.
     /// `RUST_LOG` (or `HAMI_AGENT_LOG`) sets the filter, default `info`.
     #[arg(long, value_enum)]
@@ -172,6 +177,7 @@ impl Common {
                     window: Duration::from_secs(self.compute_window_secs),
                     tolerance_points: self.compute_tolerance_points,
                 },
+                allow_unhooked_namespaces: self.allow_unhooked_namespaces.clone(),
             },
             libcuda: self.libcuda.clone(),
             interval: Duration::from_millis(self.interval.max(10)),

@@ -76,6 +76,12 @@ pub struct RegionSeries {
     pub compute_throttled: u64,
     /// Time (ns) they waited.
     pub compute_throttled_ns: u64,
+    /// Accounted context bytes (HAMi's `context`).
+    pub context: u64,
+    /// Accounted module bytes (HAMi's `module`).
+    pub module: u64,
+    /// Accounted data and pool bytes (HAMi's `buffer`: what the application allocated).
+    pub buffer: u64,
 }
 
 /// One GPU as NVML sees it, for `hami_gpu_utilization_percent`.
@@ -98,6 +104,19 @@ pub struct ProcessSample {
     pub identity: Identity,
     /// Observed live bytes.
     pub observed: u64,
+}
+
+/// Tracked GPU processes by hook (`hami_processes_by_hook`), for watching a migration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HookCounts {
+    /// hami-preload mapped (under its own name or as HAMi's `libvgpu.so`).
+    pub hami_rs: u64,
+    /// HAMi-core's `libvgpu.so` mapped.
+    pub hami_core: u64,
+    /// Neither.
+    pub none: u64,
+    /// `CUDA_OVERSUBSCRIBE` set, refused by hami-preload (`hami_processes_oversubscribe_refused`).
+    pub oversubscribe: u64,
 }
 
 /// Every metric the agent exports.
@@ -150,6 +169,11 @@ pub struct Metrics {
     pub nvml_available: IntGauge,
     /// `hami_nvml_errors_total`: NVML device queries that failed.
     pub nvml_errors: IntCounter,
+    /// `hami_processes_by_hook{hook}`: GPU processes by hook (`hami_rs`, `hami_core`, `none`).
+    pub by_hook: IntGaugeVec,
+    /// `hami_processes_oversubscribe_refused`: GPU processes whose `CUDA_OVERSUBSCRIBE` is
+    /// refused (the quota stays physical).
+    pub oversubscribe_refused: IntGauge,
     /// `hami_tick_duration_seconds`: how long each periodic scan (regions, `/proc`, findings,
     /// metrics) took.
     pub tick_duration: Histogram,
@@ -164,6 +188,100 @@ pub struct Metrics {
     /// `Device_utilization_desc_of_container` (HAMi's monitor: the container's SM
     /// utilisation of the device, percent).
     hami_legacy_util: Option<GaugeVec>,
+    /// HAMi's breakdown families (with `hami_compat`).
+    hami_breakdown: Option<HamiBreakdown>,
+}
+
+/// HAMi's memory breakdown families, as its vGPU monitor serves them (v2.9.0; the older
+/// name `Device_memory_desc_of_container` as in v2.4.0-v2.5.x and with `--legacy-metrics`).
+struct HamiBreakdown {
+    /// `hami_vgpu_memory_context_bytes`.
+    context: IntGaugeVec,
+    /// `hami_vgpu_memory_module_bytes`.
+    module: IntGaugeVec,
+    /// `hami_vgpu_memory_buffer_bytes`.
+    buffer: IntGaugeVec,
+    /// `hami_container_device_memory_bytes` (the total; the parts as labels).
+    desc: IntGaugeVec,
+    /// `Device_memory_desc_of_container` (older name and labels).
+    legacy_desc: IntGaugeVec,
+}
+
+impl HamiBreakdown {
+    fn new(r: &Registry) -> prometheus::Result<HamiBreakdown> {
+        let mut desc_labels = HAMI_LABELS.to_vec();
+        desc_labels.extend(["context_size", "module_size", "buffer_size", "offset"]);
+        let mut legacy_labels = HAMI_LEGACY_LABELS.to_vec();
+        legacy_labels.extend(["context", "module", "data", "offset"]);
+        Ok(HamiBreakdown {
+            context: gauge_vec(
+                r,
+                "hami_vgpu_memory_context_bytes",
+                "vGPU device context memory in bytes (HAMi-compatible; from hami-preload's region)",
+                &HAMI_LABELS,
+            )?,
+            module: gauge_vec(
+                r,
+                "hami_vgpu_memory_module_bytes",
+                "vGPU device module memory in bytes (HAMi-compatible; from hami-preload's region)",
+                &HAMI_LABELS,
+            )?,
+            buffer: gauge_vec(
+                r,
+                "hami_vgpu_memory_buffer_bytes",
+                "vGPU device buffer (data and pool) memory in bytes (HAMi-compatible; from hami-preload's region)",
+                &HAMI_LABELS,
+            )?,
+            desc: gauge_vec(
+                r,
+                "hami_container_device_memory_bytes",
+                "Container device memory in bytes with its breakdown as labels (HAMi-compatible)",
+                &desc_labels,
+            )?,
+            legacy_desc: gauge_vec(
+                r,
+                "Device_memory_desc_of_container",
+                "Container device memory description (HAMi-compatible, older name)",
+                &legacy_labels,
+            )?,
+        })
+    }
+
+    fn reset(&self) {
+        for f in [
+            &self.context,
+            &self.module,
+            &self.buffer,
+            &self.desc,
+            &self.legacy_desc,
+        ] {
+            f.reset();
+        }
+    }
+
+    fn set(&self, h: &[&str; 5], s: &RegionSeries) {
+        self.context.with_label_values(h).set(clamp(s.context));
+        self.module.with_label_values(h).set(clamp(s.module));
+        self.buffer.with_label_values(h).set(clamp(s.buffer));
+        // HAMi's offset: the total less its three parts (here: backstop and other memory).
+        let offset = s
+            .accounted
+            .saturating_sub(s.context)
+            .saturating_sub(s.module)
+            .saturating_sub(s.buffer);
+        let parts = [
+            s.context.to_string(),
+            s.module.to_string(),
+            s.buffer.to_string(),
+            offset.to_string(),
+        ];
+        let mut l: Vec<&str> = h.to_vec();
+        l.extend(parts.iter().map(String::as_str));
+        self.desc.with_label_values(&l).set(clamp(s.accounted));
+        self.legacy_desc
+            .with_label_values(&l)
+            .set(clamp(s.accounted));
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -342,6 +460,20 @@ impl Metrics {
             "hami_nvml_errors_total",
             "NVML device queries that failed (device handle, UUID or memory info)",
         )?;
+        let by_hook = gauge_vec(
+            &r,
+            "hami_processes_by_hook",
+            "GPU processes tracked, by the library that hooks them: hami_rs (hami-preload), hami_core (HAMi-core), none",
+            &["hook"],
+        )?;
+        for h in ["hami_rs", "hami_core", "none"] {
+            by_hook.with_label_values(&[h]).set(0);
+        }
+        let oversubscribe_refused = gauge(
+            &r,
+            "hami_processes_oversubscribe_refused",
+            "GPU processes whose CUDA_OVERSUBSCRIBE hami-preload refuses (their quota stays within physical memory)",
+        )?;
         let tick_duration = Histogram::with_opts(
             HistogramOpts::new(
                 "hami_tick_duration_seconds",
@@ -411,6 +543,11 @@ impl Metrics {
         } else {
             None
         };
+        let hami_breakdown = if opts.hami_compat {
+            Some(HamiBreakdown::new(&r)?)
+        } else {
+            None
+        };
         for k in FindingKind::ALL {
             findings.with_label_values(&[k.name()]).set(0);
             findings_total.with_label_values(&[k.name()]).inc_by(0);
@@ -441,12 +578,15 @@ impl Metrics {
             reclaimed,
             nvml_available,
             nvml_errors,
+            by_hook,
+            oversubscribe_refused,
             tick_duration,
             hami_used,
             hami_limit,
             hami_legacy_used,
             hami_legacy_limit,
             hami_legacy_util,
+            hami_breakdown,
         })
     }
 
@@ -488,6 +628,9 @@ impl Metrics {
         }
         if let Some(u) = &self.hami_legacy_util {
             u.reset();
+        }
+        if let Some(b) = &self.hami_breakdown {
+            b.reset();
         }
         for s in series {
             let dev = s.device.to_string();
@@ -541,6 +684,9 @@ impl Metrics {
             if let (Some(u), Some(share)) = (&self.hami_legacy_util, s.compute_share) {
                 u.with_label_values(&h).set(share);
             }
+            if let Some(b) = &self.hami_breakdown {
+                b.set(&h, s);
+            }
         }
     }
 
@@ -572,6 +718,18 @@ impl Metrics {
             }
         }
         self.processes.set(procs.len() as i64);
+    }
+
+    /// Sets the per-hook process counts.
+    pub fn set_hooks(&self, c: HookCounts) {
+        for (h, n) in [
+            ("hami_rs", c.hami_rs),
+            ("hami_core", c.hami_core),
+            ("none", c.none),
+        ] {
+            self.by_hook.with_label_values(&[h]).set(clamp(n));
+        }
+        self.oversubscribe_refused.set(clamp(c.oversubscribe));
     }
 
     /// Sets the standing-findings gauge from the current findings.
@@ -642,6 +800,11 @@ impl Metrics {
                 "vGPU_device_memory_usage_in_bytes",
                 "vGPU_device_memory_limit_in_bytes",
                 "Device_utilization_desc_of_container",
+                "hami_vgpu_memory_context_bytes",
+                "hami_vgpu_memory_module_bytes",
+                "hami_vgpu_memory_buffer_bytes",
+                "hami_container_device_memory_bytes",
+                "Device_memory_desc_of_container",
             ] {
                 v.push(f.to_string());
             }
@@ -696,6 +859,9 @@ mod tests {
             accounted: 50,
             accounted_data: 40,
             observed: 45,
+            context: 6,
+            module: 3,
+            buffer: 40,
             ..Default::default()
         }
     }
@@ -825,7 +991,8 @@ mod tests {
             t.contains(r#"hami_process_observed_bytes{container_name="c",pid="42",pod_name="p",pod_namespace="ml"} 9"#),
             "{t}"
         );
-        assert!(!t.contains("hooked"));
+        // No `hooked` label (the `unhooked` finding kind is another family).
+        assert!(!t.contains("hooked="));
     }
 
     #[test]
@@ -854,6 +1021,137 @@ mod tests {
         assert!(t.contains(&format!(r#"Device_utilization_desc_of_container{{ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1"}} 37.5"#)), "{t}");
         m.set_regions(&[]);
         assert!(!m.render().contains("vGPU_device_memory_usage_in_bytes{"));
+    }
+
+    /// The label sets of a family in the exposition (sorted label names per sample).
+    fn label_names(text: &str, family: &str) -> Vec<Vec<String>> {
+        text.lines()
+            .filter_map(|l| l.strip_prefix(family)?.strip_prefix('{'))
+            .map(|rest| {
+                let inner = &rest[..rest.rfind('}').unwrap()];
+                let mut v: Vec<String> = inner
+                    .split("\",")
+                    .map(|kv| kv.split('=').next().unwrap().to_string())
+                    .collect();
+                v.sort();
+                v
+            })
+            .collect()
+    }
+
+    /// Every per-container memory family HAMi's vGPU monitor serves, with its labels, from
+    /// its source (cmd/vGPUmonitor/metrics.go, v2.9.0; the older names as in v2.4.0-v2.5.x,
+    /// which v2.9.0 keeps behind --legacy-metrics): each one is served with exactly those
+    /// labels.
+    #[test]
+    fn hami_compat_matches_hamis_monitor_families_and_labels() {
+        const CURRENT: [&str; 5] = [
+            "namespace",
+            "pod",
+            "container",
+            "vdevice_index",
+            "device_uuid",
+        ];
+        const LEGACY: [&str; 5] = [
+            "podnamespace",
+            "podname",
+            "ctrname",
+            "vdeviceid",
+            "deviceuuid",
+        ];
+        let hami: Vec<(&str, Vec<&str>)> = vec![
+            ("hami_vgpu_memory_used_bytes", CURRENT.to_vec()),
+            ("hami_vgpu_memory_limit_bytes", CURRENT.to_vec()),
+            ("hami_vgpu_memory_context_bytes", CURRENT.to_vec()),
+            ("hami_vgpu_memory_module_bytes", CURRENT.to_vec()),
+            ("hami_vgpu_memory_buffer_bytes", CURRENT.to_vec()),
+            (
+                "hami_container_device_memory_bytes",
+                [
+                    &CURRENT[..],
+                    &["context_size", "module_size", "buffer_size", "offset"],
+                ]
+                .concat(),
+            ),
+            ("vGPU_device_memory_usage_in_bytes", LEGACY.to_vec()),
+            ("vGPU_device_memory_limit_in_bytes", LEGACY.to_vec()),
+            (
+                "Device_memory_desc_of_container",
+                [&LEGACY[..], &["context", "module", "data", "offset"]].concat(),
+            ),
+        ];
+        let m = Metrics::new(MetricsOptions {
+            hami_compat: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let mut s = series("main", 0);
+        s.accounted = 60;
+        m.set_regions(&[s]);
+        let t = m.render();
+        for (fam, labels) in &hami {
+            let mut want: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+            want.sort();
+            assert_eq!(label_names(&t, fam), vec![want], "{fam}:\n{t}");
+            assert!(m.family_names().contains(&fam.to_string()), "{fam}");
+        }
+        let u = "GPU-0a1b2c3d-0000-1111-2222-333344445555";
+        let h = format!(
+            r#"container="main",device_uuid="{u}",namespace="ml",pod="trainer-0",vdevice_index="0""#
+        );
+        assert!(
+            t.contains(&format!("hami_vgpu_memory_context_bytes{{{h}}} 6")),
+            "{t}"
+        );
+        assert!(t.contains(&format!("hami_vgpu_memory_module_bytes{{{h}}} 3")));
+        assert!(t.contains(&format!("hami_vgpu_memory_buffer_bytes{{{h}}} 40")));
+        // HAMi's offset: the total less the three parts (60 - 6 - 3 - 40).
+        assert!(
+            t.contains(&format!(r#"hami_container_device_memory_bytes{{buffer_size="40",container="main",context_size="6",device_uuid="{u}",module_size="3",namespace="ml",offset="11",pod="trainer-0",vdevice_index="0"}} 60"#)),
+            "{t}"
+        );
+        assert!(
+            t.contains(r#"Device_memory_desc_of_container{context="6",ctrname="main",data="40","#)
+        );
+        // Off: none of them.
+        let off = Metrics::new(MetricsOptions::default()).unwrap();
+        off.set_regions(&[series("main", 0)]);
+        let t = off.render();
+        for (fam, _) in &hami {
+            assert!(!t.contains(&format!("{fam}{{")), "{fam}");
+        }
+        // Gone with the region.
+        m.set_regions(&[]);
+        assert!(!m.render().contains("hami_vgpu_memory_buffer_bytes{"));
+    }
+
+    #[test]
+    fn processes_are_counted_by_hook_for_a_migration() {
+        let m = Metrics::new(MetricsOptions::default()).unwrap();
+        let t = m.render();
+        for h in ["hami_rs", "hami_core", "none"] {
+            assert!(
+                t.contains(&format!("hami_processes_by_hook{{hook=\"{h}\"}} 0")),
+                "{t}"
+            );
+        }
+        assert!(t.contains("hami_processes_oversubscribe_refused 0"));
+        m.set_hooks(HookCounts {
+            hami_rs: 3,
+            hami_core: 2,
+            none: 1,
+            oversubscribe: 1,
+        });
+        let t = m.render();
+        assert!(
+            t.contains(r#"hami_processes_by_hook{hook="hami_rs"} 3"#),
+            "{t}"
+        );
+        assert!(t.contains(r#"hami_processes_by_hook{hook="hami_core"} 2"#));
+        assert!(t.contains(r#"hami_processes_by_hook{hook="none"} 1"#));
+        assert!(t.contains("hami_processes_oversubscribe_refused 1"));
+        assert!(t.contains(r#"hami_findings_standing{kind="hami_core"} 0"#));
+        assert!(t.contains(r#"hami_findings_standing{kind="unhooked"} 0"#));
     }
 
     #[test]

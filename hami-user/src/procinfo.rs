@@ -159,6 +159,14 @@ pub struct ProcInfo {
     pub hooked: bool,
     /// Whether a `libcuda.so*` file is mapped.
     pub uses_libcuda: bool,
+    /// Whether HAMi-core's `libvgpu.so*` is mapped (a file of that name without
+    /// hami-preload's marker; filled in by the agent, which reads the file).
+    pub hami_core: bool,
+    /// `CUDA_DISABLE_CONTROL` is true in the environment (HAMi's opt-out: its device plugin
+    /// then mounts no `ld.so.preload`).
+    pub disable_control: bool,
+    /// `CUDA_OVERSUBSCRIBE` asks for oversubscription, which hami-preload refuses.
+    pub oversubscribe: bool,
     /// Region path as the process sees it (env or default).
     pub region_path: String,
     /// Whether the region path came from the environment (false: default path).
@@ -187,6 +195,12 @@ pub fn parse_environ(raw: &[u8]) -> BTreeMap<String, String> {
             Some((k.to_string(), v.to_string()))
         })
         .collect()
+}
+
+/// Whether `v` is true as HAMi's device plugin reads `CUDA_DISABLE_CONTROL` (Go's
+/// `strconv.ParseBool`: `1`, `t`, `T`, `TRUE`, `true`, `True`).
+pub fn go_bool_true(v: &str) -> bool {
+    matches!(v, "1" | "t" | "T" | "TRUE" | "true" | "True")
 }
 
 /// Extract the limits from an environment.
@@ -526,6 +540,13 @@ pub fn read_proc(proc_root: &Path, pid: u32) -> Result<ProcInfo, ProcError> {
         cgroup,
         hooked: maps_has_preload(&maps),
         uses_libcuda: maps_has_libcuda(&maps),
+        hami_core: false,
+        disable_control: env
+            .get("CUDA_DISABLE_CONTROL")
+            .is_some_and(|v| go_bool_true(v)),
+        oversubscribe: env
+            .get("CUDA_OVERSUBSCRIBE")
+            .is_some_and(|v| hami_common::config::oversubscribe_requested(v)),
         region_host_path: host_path(proc_root, pid, &region_path),
         region_path,
         region_from_env,

@@ -206,6 +206,7 @@ impl Running {
         m.set_regions(&self.agent.region_series());
         m.set_gpus(&self.agent.gpu_series());
         m.set_processes(&self.agent.process_samples());
+        m.set_hooks(self.agent.hook_counts());
         m.regions.set(self.agent.region_count() as i64);
         let released = self.agent.released_regions();
         if released > m.regions_released.get() {

@@ -895,3 +895,79 @@ fn compute_share_follows_the_device_clock_and_over_limit_is_found() {
     assert!(row["sm_util"].as_u64().is_some_and(|u| u > 0), "{row:#}");
     assert_eq!(row["compute_limit"], 30, "{row:#}");
 }
+
+/// Issue 19, a node being migrated from HAMi-core: a process that maps a HAMi-core-like
+/// `libvgpu.so` (a shared object of that name without `hami_preload_marker`) gets the
+/// migration finding, one run with `CUDA_DISABLE_CONTROL=true` (HAMi's opt-out) is
+/// `unhooked`; neither is a `bypass`, both stay in the audit; a plain unhooked process still
+/// is a bypass.
+#[test]
+fn hami_core_process_gets_the_migration_reason_and_an_opted_out_one_is_unhooked() {
+    let _g = serial();
+    let a = Artifacts::get();
+    let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
+    let dir = env.dir().join("usr-local-vgpu");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("hami_core_like.c");
+    std::fs::write(&src, "int hami_core_like_init(void) { return 19920718; }\n").unwrap();
+    let lib = dir.join("libvgpu.so");
+    hami_test_harness::cc(&src, &lib, &["-shared", "-fPIC"]);
+
+    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "3"]);
+    let start = |extra: &[(&str, &std::ffi::OsStr)]| {
+        let mut c = env.command(&a.cudaprobe);
+        c.args(["init", "ctx", "alloc", "16M", "wait"]);
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        c.stdin(Stdio::piped());
+        let mut p = RunningProbe::start(c);
+        p.wait_for("wait");
+        p
+    };
+    let mut core = start(&[("LD_PRELOAD", lib.as_os_str())]);
+    let mut opted_out = start(&[("CUDA_DISABLE_CONTROL", "true".as_ref())]);
+    let mut plain = start(&[]);
+    let (_, out, log) = agent.finish();
+    let audit = parse_audit(&out, &log);
+    let kinds = |pid: u32| -> Vec<(String, String)> {
+        findings_for(&audit, pid)
+            .iter()
+            .map(|f| {
+                (
+                    f["kind"].as_str().unwrap_or("").to_string(),
+                    f["reason"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        kinds(core.pid),
+        vec![("hami_core".to_string(), "hami_core_mapped".to_string())],
+        "{audit:#}"
+    );
+    assert_eq!(
+        kinds(opted_out.pid),
+        vec![("unhooked".to_string(), "disable_control".to_string())],
+        "{audit:#}"
+    );
+    assert_eq!(
+        kinds(plain.pid),
+        vec![("bypass".to_string(), "no_preload".to_string())],
+        "{audit:#}"
+    );
+    // All three are in the audit's process table, none hooked, each with its hook.
+    for (pid, hook) in [
+        (core.pid, "hami_core"),
+        (opted_out.pid, "none"),
+        (plain.pid, "none"),
+    ] {
+        assert_eq!(process(&audit, pid)["hooked"], false, "{audit:#}");
+        assert_eq!(process(&audit, pid)["hook"], hook, "{audit:#}");
+    }
+    assert_eq!(process(&audit, core.pid)["verdict"], "hami_core");
+    assert_eq!(process(&audit, opted_out.pid)["verdict"], "unhooked");
+    core.resume();
+    opted_out.resume();
+    plain.resume();
+}

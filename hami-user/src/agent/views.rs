@@ -78,6 +78,19 @@ impl Agent {
                     nspid: info.nspid,
                     container: info.container.clone(),
                     hooked: info.hooked,
+                    hami_core: info.hami_core,
+                    unhooked_by_request: if info.disable_control {
+                        Some(crate::findings::reason::DISABLE_CONTROL)
+                    } else if !e.identity.namespace.is_empty()
+                        && self
+                            .opts
+                            .allow_unhooked_namespaces
+                            .contains(&e.identity.namespace)
+                    {
+                        Some(crate::findings::reason::NAMESPACE_ALLOWLISTED)
+                    } else {
+                        None
+                    },
                     region: e.region.and_then(|i| index.get(i).copied().flatten()),
                     region_error: e.region_error.clone().or_else(|| {
                         let r = self.regions.get(e.region?)?;
@@ -185,7 +198,18 @@ impl Agent {
                 .into_iter()
                 .find(|c| c.device == u.device)
                 .unwrap_or_default();
+            let kind = |k: &[hami_common::layout::UsageKind]| -> u64 {
+                snap.slots
+                    .iter()
+                    .filter_map(|s| s.usage.get(d))
+                    .map(|row| k.iter().map(|k| row[k.index()]).sum::<u64>())
+                    .fold(0u64, u64::saturating_add)
+            };
+            use hami_common::layout::UsageKind as K;
             out.push(RegionSeries {
+                context: kind(&[K::Context]),
+                module: kind(&[K::Module]),
+                buffer: kind(&[K::Data, K::Pool]),
                 identity: r.identity.clone(),
                 region: u.region,
                 device: u.device,
@@ -202,6 +226,28 @@ impl Agent {
             });
         }
         out
+    }
+
+    /// Tracked GPU processes by the library that hooks them (hami-preload, HAMi-core's
+    /// `libvgpu.so`, none), and those whose `CUDA_OVERSUBSCRIBE` is refused.
+    pub fn hook_counts(&self) -> crate::metrics::HookCounts {
+        let mut c = crate::metrics::HookCounts::default();
+        for p in self.procs.iter() {
+            let Some(info) = self.entries.get(&p.pid).and_then(|e| e.info.as_ref()) else {
+                continue;
+            };
+            if info.hooked {
+                c.hami_rs += 1;
+            } else if info.hami_core {
+                c.hami_core += 1;
+            } else {
+                c.none += 1;
+            }
+            if info.oversubscribe {
+                c.oversubscribe += 1;
+            }
+        }
+        c
     }
 
     /// Observed bytes per tracked process, with its container's names (a process whose
@@ -281,6 +327,15 @@ impl Agent {
                 container: info.map(|i| i.container.clone()).unwrap_or_default(),
                 nspid: info.and_then(|i| i.nspid),
                 hooked: info.map(|i| i.hooked),
+                hook: info.map(|i| {
+                    if i.hooked {
+                        "hami_rs"
+                    } else if i.hami_core {
+                        "hami_core"
+                    } else {
+                        "none"
+                    }
+                }),
                 region: region
                     .map(|r| r.name.clone())
                     .or_else(|| e.and_then(|e| e.region_error.clone())),
@@ -375,6 +430,9 @@ pub struct ProcessRow {
     pub nspid: Option<u32>,
     /// Preload mapped (`None`: unknown, the process was gone before it could be read).
     pub hooked: Option<bool>,
+    /// Which library hooks it: `hami_rs`, `hami_core` (HAMi-core's `libvgpu.so`) or `none`
+    /// (`None`: unknown), as `hami_processes_by_hook` counts it.
+    pub hook: Option<&'static str>,
     /// Region name (or why none).
     pub region: Option<String>,
     /// Region limit on device 0 (0 = unlimited).

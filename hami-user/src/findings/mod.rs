@@ -41,11 +41,17 @@ pub enum FindingKind {
     /// A container's measured compute share of a device (NVML) above the share its region
     /// holds it to, beyond the tolerance, over the whole window.
     ComputeOverLimit,
+    /// A GPU process on HAMi-core's `libvgpu.so` (mapped, without hami-preload's marker):
+    /// limited by HAMi-core, not accounted in a hami-rs region; a node not migrated yet.
+    HamiCore,
+    /// A GPU process without the preload by request: `CUDA_DISABLE_CONTROL=true` in its
+    /// environment (HAMi's opt-out) or its namespace allowlisted (`--allow-unhooked-namespace`).
+    Unhooked,
 }
 
 impl FindingKind {
     /// All kinds, in a fixed order.
-    pub const ALL: [FindingKind; 7] = [
+    pub const ALL: [FindingKind; 9] = [
         FindingKind::Bypass,
         FindingKind::LeakedSlot,
         FindingKind::OverLimit,
@@ -53,10 +59,12 @@ impl FindingKind {
         FindingKind::Drift,
         FindingKind::LockedOut,
         FindingKind::ComputeOverLimit,
+        FindingKind::HamiCore,
+        FindingKind::Unhooked,
     ];
 
     /// The stable name (`bypass`, `leaked_slot`, `over_limit`, `tamper`, `drift`,
-    /// `locked_out`, `compute_over_limit`).
+    /// `locked_out`, `compute_over_limit`, `hami_core`, `unhooked`).
     pub const fn name(self) -> &'static str {
         match self {
             FindingKind::Bypass => "bypass",
@@ -66,6 +74,8 @@ impl FindingKind {
             FindingKind::Drift => "drift",
             FindingKind::LockedOut => "locked_out",
             FindingKind::ComputeOverLimit => "compute_over_limit",
+            FindingKind::HamiCore => "hami_core",
+            FindingKind::Unhooked => "unhooked",
         }
     }
 
@@ -83,6 +93,12 @@ impl FindingKind {
 pub mod reason {
     /// Bypass: allocating through libcuda with no preload mapped.
     pub const NO_PRELOAD: &str = "no_preload";
+    /// HAMi-core: HAMi-core's `libvgpu.so` is mapped instead of hami-preload.
+    pub const HAMI_CORE_MAPPED: &str = "hami_core_mapped";
+    /// Unhooked: `CUDA_DISABLE_CONTROL=true` in the process's environment.
+    pub const DISABLE_CONTROL: &str = "disable_control";
+    /// Unhooked: the container's namespace is allowlisted (`--allow-unhooked-namespace`).
+    pub const NAMESPACE_ALLOWLISTED: &str = "namespace_allowlisted";
     /// Bypass: preload mapped, allocating, but no region file could be opened.
     pub const NO_REGION: &str = "no_region";
     /// Bypass: preload mapped, allocating, but no slot for the process in its region.
@@ -201,6 +217,11 @@ pub struct ProcView {
     pub container: String,
     /// Whether the preload is mapped.
     pub hooked: bool,
+    /// Whether HAMi-core's `libvgpu.so` is mapped (and hami-preload is not).
+    pub hami_core: bool,
+    /// Why it runs without the preload on purpose ([`reason::DISABLE_CONTROL`],
+    /// [`reason::NAMESPACE_ALLOWLISTED`]), if it does.
+    pub unhooked_by_request: Option<&'static str>,
     /// Index of its region in the regions slice, if one is open.
     pub region: Option<usize>,
     /// Why its region could not be opened, if it could not.

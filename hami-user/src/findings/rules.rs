@@ -39,12 +39,38 @@ pub(super) fn process_findings(
     };
     // SM time NVML says it used at the latest sample (percent of a device, summed).
     let sm = p.sm_total();
-    if !p.hooked {
+    // `CUDA_DISABLE_CONTROL=true` turns hami-preload itself off (it forwards every call and
+    // opens no region): mapped but holding no slot, it is unhooked by request.
+    let turned_off = p.hooked
+        && p.unhooked_by_request == Some(reason::DISABLE_CONTROL)
+        && region.and_then(|r| r.slot_of(p)).is_none();
+    if !p.hooked || turned_off {
+        // A node being migrated (HAMi-core still mapped) and processes unhooked on purpose
+        // are reported under their own kinds, never as a bypass.
+        let (kind, why, note) = if p.hami_core {
+            (
+                FindingKind::HamiCore,
+                reason::HAMI_CORE_MAPPED,
+                " (HAMi-core's libvgpu.so is mapped: not migrated yet)".to_string(),
+            )
+        } else if let Some(r) = p.unhooked_by_request {
+            let what = if r == reason::DISABLE_CONTROL {
+                "CUDA_DISABLE_CONTROL=true in its environment"
+            } else {
+                "its namespace is allowlisted"
+            };
+            (
+                FindingKind::Unhooked,
+                r,
+                format!(" (unhooked by request: {what})"),
+            )
+        } else {
+            (FindingKind::Bypass, reason::NO_PRELOAD, String::new())
+        };
+        let unhooked = |bytes, detail: String| base(kind, why, bytes, format!("{detail}{note}"));
         let nvml = p.nvml_bytes.unwrap_or(0);
         if p.alloc_events > 0 {
-            out.push(base(
-                FindingKind::Bypass,
-                reason::NO_PRELOAD,
+            out.push(unhooked(
                 observed,
                 format!(
                     "allocating through libcuda without libhami_preload.so: {} live (peak {}, {} allocations seen){}",
@@ -66,9 +92,7 @@ pub(super) fn process_findings(
             } else {
                 "the probes saw none of its calls"
             };
-            out.push(base(
-                FindingKind::Bypass,
-                reason::NO_PRELOAD,
+            out.push(unhooked(
                 nvml.max(observed),
                 format!(
                     "{} according to NVML without libhami_preload.so; {context}",
@@ -87,9 +111,7 @@ pub(super) fn process_findings(
             // an unhooked CUDA process whose first allocations could not be seen. Report it
             // (it is not a process that was running before the agent).
             let bytes = observed.max(p.nvml_bytes.unwrap_or(0));
-            out.push(base(
-                FindingKind::Bypass,
-                reason::NO_PRELOAD,
+            out.push(unhooked(
                 bytes,
                 format!(
                     "uses libcuda without libhami_preload.so; its libcuda was probed only after it \

@@ -203,6 +203,80 @@ fn bypass_without_preload_with_pid_and_bytes() {
     assert!(evaluate(&[idle], &[], Tolerance::default()).is_empty());
 }
 
+/// Issue 19: HAMi-core mapped, or unhooked on purpose: the same facts as a bypass give the
+/// migration kind or `unhooked`, on every path (events seen, NVML only), with the bytes.
+#[test]
+fn hami_core_and_unhooked_by_request_take_the_place_of_bypass() {
+    type Case = (fn(&mut ProcView), FindingKind, &'static str);
+    let cases: [Case; 3] = [
+        (
+            |p| p.hami_core = true,
+            FindingKind::HamiCore,
+            reason::HAMI_CORE_MAPPED,
+        ),
+        (
+            |p| p.unhooked_by_request = Some(reason::DISABLE_CONTROL),
+            FindingKind::Unhooked,
+            reason::DISABLE_CONTROL,
+        ),
+        (
+            |p| p.unhooked_by_request = Some(reason::NAMESPACE_ALLOWLISTED),
+            FindingKind::Unhooked,
+            reason::NAMESPACE_ALLOWLISTED,
+        ),
+    ];
+    for (set, kind, why) in cases {
+        // Allocations seen.
+        let mut p = proc_(11, false, 64 * MIB);
+        set(&mut p);
+        let f = evaluate(&[p], &[], Tolerance::default());
+        assert_eq!(kinds(&f), vec![(kind, why)], "{f:?}");
+        assert_eq!(f[0].bytes, 64 * MIB);
+        assert!(!kind.is_failure());
+        // Pre-existing, known from NVML only.
+        let mut p = proc_(12, false, 0);
+        p.alloc_events = 0;
+        p.pre_existing = true;
+        p.nvml_bytes = Some(512 * MIB);
+        set(&mut p);
+        let f = evaluate(&[p], &[], Tolerance::default());
+        assert_eq!(kinds(&f), vec![(kind, why)], "{f:?}");
+        assert_eq!(f[0].bytes, 512 * MIB);
+    }
+    // hami-preload mapped but turned off by CUDA_DISABLE_CONTROL (no region, no slot): the
+    // same, not a `no_region` / `no_slot` bypass.
+    let mut p = proc_(13, true, 64 * MIB);
+    p.region = None;
+    p.unhooked_by_request = Some(reason::DISABLE_CONTROL);
+    let f = evaluate(&[p.clone()], &[], Tolerance::default());
+    assert_eq!(
+        kinds(&f),
+        vec![(FindingKind::Unhooked, reason::DISABLE_CONTROL)],
+        "{f:?}"
+    );
+    // Without the variable that is a bypass.
+    p.unhooked_by_request = None;
+    let f = evaluate(&[p], &[], Tolerance::default());
+    assert_eq!(kinds(&f), vec![(FindingKind::Bypass, reason::NO_REGION)]);
+    // A hooked process that holds a slot is judged as before even when it asked to be
+    // unhooked (an allowlisted namespace, or a preload that ignores the variable).
+    for why in [reason::DISABLE_CONTROL, reason::NAMESPACE_ALLOWLISTED] {
+        let s = slot(0, 14, 114, 0, 0);
+        let r = region(
+            snapshot(1 << 30, vec![s]),
+            &[(0, SlotLiveness::Alive { host_pid: 14 })],
+        );
+        let mut p = proc_(14, true, 64 * MIB);
+        p.unhooked_by_request = Some(why);
+        let f = evaluate(&[p], &[r], Tolerance::default());
+        assert_eq!(
+            kinds(&f),
+            vec![(FindingKind::Bypass, reason::OBSERVED_ABOVE_ACCOUNTED)],
+            "{why}: {f:?}"
+        );
+    }
+}
+
 /// Regression (H200, torch `backend:cudaMallocAsync` under the preload): async
 /// allocations are charged to the slot's pool, not its data; the probes' live bytes were
 /// compared with data alone and a preloaded process was reported as a bypass.

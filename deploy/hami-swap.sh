@@ -1,0 +1,252 @@
+#!/bin/sh
+# hami-swap.sh: puts libhami_preload.so where HAMi's device plugin takes the library it
+# mounts into every vGPU container, keeps ld.so.preload right, and undoes it.
+#
+# What HAMi does (read from its sources, v2.4.0, v2.5.0 and v2.9.0; docs/deploy.md):
+#   * v2.4.x mounts the host's <vgpu>/libvgpu.so at <hook>/vgpu/libvgpu.so; its postStart
+#     hook copies the image's /k8s-vgpu/lib/nvidia/* over <vgpu>/ at every device-plugin
+#     start (cp -f: in place, into the existing file).
+#   * v2.5.0 and later mount <vgpu>/libvgpu.so.<version> when that file exists, else
+#     <vgpu>/libvgpu.so; the image ships only libvgpu.so.<version> (and ld.so.preload), and
+#     vgpu-init.sh copies each of its files whose content differs from the host's.
+#
+# So this script installs hami-preload as <vgpu>/libvgpu.so and moves every
+# <vgpu>/libvgpu.so.<version> aside: HAMi >= 2.5 then falls back to libvgpu.so, and a
+# device-plugin restart recreates libvgpu.so.<version> as a new file (never writing into
+# the one containers map); `watch` moves it aside again. Originals go to <vgpu>/hami-rs-orig/
+# (the newest HAMi-core library seen under each name), and `rollback` puts them back.
+# Every replacement is a rename: running containers keep the file they mapped.
+#
+# usage: hami-swap.sh install|rollback|status|watch|gc [options]  (gc: one --pod-logs pass)
+#   --vgpu-dir DIR        the host folder HAMi copies its library to, as this script sees it
+#                         (default /usr/local/vgpu)
+#   --lib FILE            the libhami_preload.so to install (default /usr/lib/hami/libhami_preload.so)
+#   --preload-line PATH   what ld.so.preload must name: the library's path inside containers
+#                         (default /usr/local/vgpu/libvgpu.so, HAMi's hook path /usr/local)
+#   --interval SECONDS    watch: seconds between two checks (default 10)
+#   --hold                rollback: stay running afterwards (a DaemonSet container)
+#   --pod-logs DIR        watch: also remove <vgpu>/containers/<pod uid>_<container>/ folders
+#                         of pods that left the node (what HAMi's vGPU monitor does, for when
+#                         it is turned off): a folder goes when no DIR/<ns>_<name>_<pod uid>
+#                         exists (the kubelet's /var/log/pods) and it is older than
+#                         --stale-minutes (default 10)
+#   --self-uid UID        with --pod-logs: this pod's own uid; nothing is removed unless its
+#                         log folder is seen (a wrong or empty DIR never removes anything)
+# Exit status: 0 done (or nothing to do), 1 bad usage or a failed step, 2 (status only)
+# not installed.
+set -u
+
+VGPU=/usr/local/vgpu
+LIB=/usr/lib/hami/libhami_preload.so
+LINE=/usr/local/vgpu/libvgpu.so
+INTERVAL=10
+HOLD=0
+POD_LOGS=""
+SELF_UID=""
+STALE_MIN=10
+MARKER=hami_preload_marker
+
+say() { echo "hami-swap: $*"; }
+die() { echo "hami-swap: error: $*" >&2; exit 1; }
+
+[ $# -ge 1 ] || die "usage: hami-swap.sh install|rollback|status|watch [--vgpu-dir DIR] [--lib FILE] [--preload-line PATH] [--interval S] [--hold]"
+MODE=$1
+shift
+while [ $# -gt 0 ]; do
+    # --opt=value is --opt value.
+    case "$1" in
+        --*=*) opt=${1%%=*}; val=${1#*=}; shift; set -- "$opt" "$val" "$@" ;;
+    esac
+    case "$1" in
+        --vgpu-dir) [ $# -ge 2 ] || die "--vgpu-dir needs a value"; VGPU=$2; shift 2 ;;
+        --lib) [ $# -ge 2 ] || die "--lib needs a value"; LIB=$2; shift 2 ;;
+        --preload-line) [ $# -ge 2 ] || die "--preload-line needs a value"; LINE=$2; shift 2 ;;
+        --interval) [ $# -ge 2 ] || die "--interval needs a value"; INTERVAL=$2; shift 2 ;;
+        --hold) HOLD=1; shift ;;
+        --pod-logs) [ $# -ge 2 ] || die "--pod-logs needs a value"; POD_LOGS=$2; shift 2 ;;
+        --self-uid) [ $# -ge 2 ] || die "--self-uid needs a value"; SELF_UID=$2; shift 2 ;;
+        --stale-minutes) [ $# -ge 2 ] || die "--stale-minutes needs a value"; STALE_MIN=$2; shift 2 ;;
+        *) die "unknown argument '$1'" ;;
+    esac
+done
+case "$INTERVAL" in ''|*[!0-9]*|0) die "--interval must be a positive number of seconds, not '$INTERVAL'" ;; esac
+case "$STALE_MIN" in ''|*[!0-9]*) die "--stale-minutes must be a number of minutes, not '$STALE_MIN'" ;; esac
+ORIG="$VGPU/hami-rs-orig"
+
+# A hami-rs build (any version) names its marker symbol; HAMi-core's library does not.
+is_ours() { [ -f "$1" ] && grep -q "$MARKER" "$1" 2>/dev/null; }
+
+# HAMi's versioned libraries in the folder (libvgpu.so.<version>), one a line.
+versioned() {
+    for f in "$VGPU"/libvgpu.so.*; do
+        [ -f "$f" ] || continue
+        case "$f" in *.hami-tmp) continue ;; esac
+        echo "$f"
+    done
+}
+
+# Which layout the folder shows: 2.5+ when a libvgpu.so.<version> is there or was moved
+# aside by us, else 2.4.
+layout() {
+    if [ -n "$(versioned)" ] || ls "$ORIG"/libvgpu.so.* >/dev/null 2>&1; then
+        echo "2.5+ (libvgpu.so.<version>)"
+    else
+        echo "2.4 (libvgpu.so)"
+    fi
+}
+
+# Moves FILE (HAMi's) into the backup folder under its name, replacing an older backup.
+keep_original() {
+    mkdir -p "$ORIG" || die "cannot create $ORIG"
+    mv -f "$1" "$ORIG/$(basename "$1")" || die "cannot move $1 to $ORIG"
+    say "kept HAMi's $(basename "$1") in $ORIG"
+}
+
+do_install() {
+    [ -d "$VGPU" ] || die "$VGPU is not a folder (HAMi's device plugin creates it; --vgpu-dir)"
+    is_ours "$LIB" || die "$LIB is not libhami_preload.so (it does not define $MARKER)"
+    changed=0
+    # HAMi >= 2.5: every libvgpu.so.<version> it would pick goes aside.
+    for f in $(versioned); do
+        if is_ours "$f"; then
+            rm -f "$f" || die "cannot remove $f"
+        else
+            keep_original "$f"
+        fi
+        changed=1
+    done
+    # libvgpu.so itself: HAMi 2.4's name and the fallback of 2.5+.
+    dst="$VGPU/libvgpu.so"
+    if [ -f "$dst" ] && ! is_ours "$dst"; then
+        keep_original "$dst"
+    elif [ ! -e "$dst" ] && [ ! -e "$ORIG/libvgpu.so" ] && [ ! -e "$ORIG/libvgpu.so.absent" ]; then
+        mkdir -p "$ORIG" && : > "$ORIG/libvgpu.so.absent" || die "cannot write $ORIG"
+    fi
+    if ! cmp -s "$LIB" "$dst" 2>/dev/null; then
+        cp "$LIB" "$dst.hami-tmp" && chmod 0755 "$dst.hami-tmp" && mv -f "$dst.hami-tmp" "$dst" \
+            || { rm -f "$dst.hami-tmp"; die "cannot install $dst"; }
+        say "installed $LIB as $dst"
+        changed=1
+    fi
+    # ld.so.preload: one line naming the library's path inside containers.
+    pre="$VGPU/ld.so.preload"
+    if [ "$(cat "$pre" 2>/dev/null)" != "$LINE" ]; then
+        # HAMi's own (when there is one) is kept; a missing one is written (HAMi writes the
+        # same line) and stays after a rollback.
+        if [ -f "$pre" ] && [ ! -e "$ORIG/ld.so.preload" ]; then
+            mkdir -p "$ORIG" && cp "$pre" "$ORIG/ld.so.preload" || die "cannot keep $pre"
+        fi
+        printf '%s\n' "$LINE" > "$pre.hami-tmp" && mv -f "$pre.hami-tmp" "$pre" \
+            || die "cannot write $pre"
+        say "wrote $pre: $LINE"
+        changed=1
+    fi
+    [ "$changed" = 1 ] && say "layout $(layout): containers allocated from now on get hami-preload"
+    return 0
+}
+
+# Removes the per-container folders of pods that left the node (see --pod-logs).
+do_gc() {
+    [ -n "$POD_LOGS" ] || return 0
+    [ -d "$VGPU/containers" ] || return 0
+    if [ -n "$SELF_UID" ]; then
+        if ! ls -d "$POD_LOGS"/*_"$SELF_UID" >/dev/null 2>&1; then
+            say "not removing folders: this pod's own log folder (*_$SELF_UID) is not in $POD_LOGS"
+            return 0
+        fi
+    elif [ -z "$(ls -A "$POD_LOGS" 2>/dev/null)" ]; then
+        say "not removing folders: $POD_LOGS is empty or missing"
+        return 0
+    fi
+    for d in "$VGPU"/containers/*_*; do
+        [ -d "$d" ] || continue
+        name=$(basename "$d")
+        uid=${name%%_*}
+        [ -n "$uid" ] || continue
+        ls -d "$POD_LOGS"/*_"$uid" >/dev/null 2>&1 && continue
+        # Old enough: a folder is created at allocation, before the pod's log folder.
+        [ -n "$(find "$d" -maxdepth 0 -mmin +"$STALE_MIN" 2>/dev/null)" ] || continue
+        rm -rf "$d" && say "removed $d: pod $uid left the node"
+    done
+}
+
+do_rollback() {
+    [ -d "$VGPU" ] || die "$VGPU is not a folder (--vgpu-dir)"
+    if [ ! -d "$ORIG" ]; then
+        say "nothing to roll back in $VGPU"
+        return 0
+    fi
+    for f in "$ORIG"/*; do
+        [ -e "$f" ] || continue
+        name=$(basename "$f")
+        case "$name" in
+            *.absent)
+                base=${name%.absent}
+                if [ "$base" = libvgpu.so ] && is_ours "$VGPU/$base"; then rm -f "$VGPU/$base"; fi
+                rm -f "$f"
+                ;;
+            libvgpu.so*)
+                # A newer HAMi-core copied since (a device-plugin restart) stays.
+                if [ -f "$VGPU/$name" ] && ! is_ours "$VGPU/$name"; then
+                    rm -f "$f"
+                else
+                    mv -f "$f" "$VGPU/$name" || die "cannot restore $name"
+                fi
+                ;;
+            *) mv -f "$f" "$VGPU/$name" || die "cannot restore $name" ;;
+        esac
+        say "restored $name"
+    done
+    # Versioned names of ours (none are installed, but older runs may have) and libvgpu.so
+    # when HAMi had none.
+    for f in $(versioned); do is_ours "$f" && rm -f "$f"; done
+    rmdir "$ORIG" 2>/dev/null || die "$ORIG is not empty after the rollback"
+    say "rolled back: containers allocated from now on get HAMi-core"
+}
+
+do_status() {
+    [ -d "$VGPU" ] || die "$VGPU is not a folder (--vgpu-dir)"
+    say "layout $(layout)"
+    mounted=""
+    for f in $(versioned); do mounted=$f; done
+    [ -n "$mounted" ] || mounted="$VGPU/libvgpu.so"
+    if is_ours "$mounted"; then
+        say "HAMi mounts $mounted: hami-preload"
+        st=0
+    elif [ -f "$mounted" ]; then
+        say "HAMi mounts $mounted: HAMi-core"
+        st=2
+    else
+        say "HAMi mounts $mounted: missing"
+        st=2
+    fi
+    say "ld.so.preload: $(cat "$VGPU/ld.so.preload" 2>/dev/null || echo missing)"
+    return $st
+}
+
+case "$MODE" in
+    install) do_install ;;
+    rollback)
+        do_rollback
+        if [ "$HOLD" = 1 ]; then
+            trap 'exit 0' TERM INT
+            while :; do sleep 3600 & wait $!; done
+        fi
+        ;;
+    status) do_status; exit $? ;;
+    gc)
+        [ -n "$POD_LOGS" ] || die "gc needs --pod-logs"
+        do_gc
+        ;;
+    watch)
+        trap 'exit 0' TERM INT
+        say "watching $VGPU every ${INTERVAL}s"
+        while :; do
+            # A failed pass (the folder not there yet) is retried, never fatal.
+            (do_install) || true
+            (do_gc) || true
+            sleep "$INTERVAL" & wait $!
+        done
+        ;;
+    *) die "unknown mode '$MODE' (install, rollback, status, watch, gc)" ;;
+esac
