@@ -173,7 +173,7 @@ class CommandLine(unittest.TestCase):
                            timeout=30)
         self.assertEqual(r.returncode, 2)
         self.assertIn("--only: unknown name(s) lockstop (known: torch-default", r.stderr)
-        self.assertIn("physical, lock-stop)", r.stderr)
+        self.assertIn("physical, lock-stop, physical2, compute)", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(tempfile.gettempdir(), "hami-acc-never")))
 
 
