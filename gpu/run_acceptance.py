@@ -27,8 +27,8 @@ try:
     from acceptance.lockstop import LOCK_STOP_S
     from acceptance.report import render_markdown
     from acceptance.spec import (BYPASS_LATENCY_S, CHECKS, COMPUTE_CELLS, MIB,
-                                 PHYS_AGENT_SETTLE_S, PHYS_ROWS, P2_ROWS, SHARE_SECONDS,
-                                 TOL_FRACTION, TOL_MIN_BYTES, WORKLOADS)
+                                 P2_AGENT_HOLD_S, P2_ROWS, PHYS_AGENT_SETTLE_S, PHYS_ROWS,
+                                 SHARE_SECONDS, TOL_FRACTION, TOL_MIN_BYTES, WORKLOADS)
     from runner.agent import Agent
     from runner.compute import ComputePhases
     from runner.lockstop import LockStopPhase
@@ -443,6 +443,8 @@ def main(argv=None):
                          "2000 ms, is checked)")
     ap.add_argument("--p2-rows", nargs="*", choices=P2_ROWS,
                     help="rows of the physical2 group (issue 17) to run (default: all)")
+    ap.add_argument("--p2-hold-s", type=float, default=P2_AGENT_HOLD_S,
+                    help="physical2: seconds a preloaded run holds under the audit")
     ap.add_argument("--compute-cells", nargs="*", choices=COMPUTE_CELLS,
                     help="cells of the compute group (issue 18) to run (default: all)")
     ap.add_argument("--share-seconds", type=float, default=SHARE_SECONDS,

@@ -137,6 +137,9 @@ P2_SECOND_GRAB_MB = 64      # ctx-second: B's first allocation
 # 3 GiB quota the cap is quota + 2 GiB, so that only a refusal stops it.
 P2_FILL_NATIVE_MB = {"ctx-second": 2560, "ctx-race": 1536}
 P2_AUDIT_MAX_S = 300
+# A preloaded run holds this long after its nvidia-smi reading, so that the audit alongside
+# (evaluation every 250 ms, findings settle 300 ms) could flag it if it were over the quota.
+P2_AGENT_HOLD_S = 1.5
 
 # Empty-kernel launch cost, native against preloaded in the same run: the preloaded median may
 # exceed the native median by at most max(LAUNCH_TOL_US, LAUNCH_TOL_FRACTION of it).

@@ -74,6 +74,11 @@ class Physical2Phases:
             P2_CTX_QUOTA_MB if row.startswith("ctx") else P2_QUOTA_MB)
         return self.phys_env(self.preload, f"p2-{row}-{mode}", quota, extra)
 
+    def p2_hold(self, mode):
+        """Preloaded runs hold a while under the audit's eyes (P2_AGENT_HOLD_S)."""
+        if mode == "preload" and self.p2_audit_on:
+            time.sleep(min(self.args.p2_hold_s, max(0.0, self.deadline.left() - 30)))
+
     # ---- the C rows ----
 
     def p2_c_row(self, row, mode):
@@ -105,6 +110,7 @@ class Physical2Phases:
             apps = self.smi_apps(f"p2 {row} [{mode}]: nvidia-smi compute apps")
             rec["smi_mib"] = apps.get(p.wpid) if apps is not None else None
             rec["smi_ok"] = apps is not None
+            self.p2_hold(mode)
         finally:
             p.send("release")
             p.expect(["DONE"], 15)
@@ -143,7 +149,8 @@ class Physical2Phases:
         quota = P2_CTX_QUOTA_MB
         cap = P2_FILL_NATIVE_MB[row] if mode != "preload" else quota + 2048
         env = self.p2_env(mode, row, {"WL_FILL_MAX_MB": str(cap), "WL_CHUNK_MB": str(P2_CHUNK_MB),
-                                      "WL_GRAB_MB": str(P2_SECOND_GRAB_MB)})
+                                      "WL_GRAB_MB": str(P2_SECOND_GRAB_MB),
+                                      "WL_HOLD_ON_ERROR": "1"})
         if mode != "native":
             rec["region"] = env["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
         script = os.path.join(WORKLOADS_DIR, "torch_alloc.py")
@@ -173,21 +180,22 @@ class Physical2Phases:
                     sampler.sample("A holds")
                     b = start("b")
                     if b is not None:
-                        tag, kv, _ = b.expect(["READY", "DONE"], 90)
+                        tag, kv, _ = b.expect(["READY", "HOLDING", "DONE"], 90)
                         if tag == "READY":
                             b.send("go")
                             tag, kv, _ = b.expect(["HOLDING", "DONE"], 60)
                         time.sleep(0.5)
                         sampler.sample("B tried")
+                        self.p2_hold(mode)
             else:
                 for role in ("a", "b"):
                     start(role)
                 ready = []
                 for role, p in procs.items():
-                    tag, kv, _ = p.expect(["READY", "DONE"], 90)
+                    tag, kv, _ = p.expect(["READY", "HOLDING", "DONE"], 90)
                     if tag == "READY":
                         ready.append(p)
-                    else:
+                    elif tag != "HOLDING":  # HOLDING here: its init failed (evaluated)
                         rec["notes"].append(f"{role.upper()}: no READY ({kv})")
                 for p in ready:
                     p.send("go")
@@ -195,6 +203,7 @@ class Physical2Phases:
                     p.expect(["HOLDING", "DONE"], 60)
                 time.sleep(0.5)
                 sampler.sample("both hold")
+                self.p2_hold(mode)
         finally:
             sampler.stop()
             for p in procs.values():
@@ -259,6 +268,7 @@ class Physical2Phases:
         rows = [r for r in P2_ROWS if not self.args.p2_rows or r in self.args.p2_rows]
         ph["rows"] = rows
         self.p2_records = {}
+        self.p2_audit_on = False
         if not self.preload:
             self.note("libhami_preload.so not found: the physical2 preload cells will fail")
         self.step("build physical2 workloads", self.p2_build, rows)
@@ -275,6 +285,7 @@ class Physical2Phases:
         else:
             aerr = "hami-agent not found"
         parsed = None
+        self.p2_audit_on = audit is not None
         try:
             for row in rows:
                 self.step(f"physical2 {row} [preload]", self.p2_cell, row, "preload")
