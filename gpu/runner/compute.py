@@ -230,7 +230,8 @@ class ComputePhases:
             env["CUDACXX"] = nvcc
             env["PATH"] = os.path.dirname(nvcc) + os.pathsep + env.get("PATH", "")
         r = run_cmd([cmake, "-S", src, "-B", build, "-DCMAKE_BUILD_TYPE=Debug",
-                     "-DCMAKE_POLICY_VERSION_MINIMUM=3.5"], self.deadline.cap(120), env=env,
+                     "-DCMAKE_POLICY_VERSION_MINIMUM=3.5", f"-DCUDA_TOOLKIT_ROOT_DIR={cuda_root}"],
+                    self.deadline.cap(120), env=env,
                     log=self.log, title="HAMi-core cmake configure")
         if r["rc"] != 0:
             rec["error"] = "cmake configure failed: " + tail(r["stderr"] or r["stdout"], 600)
