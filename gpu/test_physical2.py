@@ -272,6 +272,18 @@ class Agent(unittest.TestCase):
         self.assertEqual(physical2.eval_no_finding(None, [100], REGION)[0], "error")
 
 
+class NativePremise(unittest.TestCase):
+    def test_native_escaped(self):
+        self.assertEqual(physical2.native_escaped(limits()), (True, ""))
+        self.assertFalse(physical2.native_escaped(limits(INIT=OOM))[0])
+        self.assertFalse(physical2.native_escaped(limits()[:5])[0])  # never held
+        a = ["FILL granted=2684354560 oom=0 kind=none"]
+        self.assertTrue(physical2.native_escaped({"a": a, "b": B_GRANTED_CTX})[0])
+        ok, why = physical2.native_escaped({"a": a, "b": B_GRAB_OOM})
+        self.assertFalse(ok)
+        self.assertIn("only ['a']", why)
+
+
 class Table(unittest.TestCase):
     def test_render(self):
         cells = [
@@ -282,6 +294,8 @@ class Table(unittest.TestCase):
                                                           "outcome": "nothing refused"}},
             {"workload": "heap", "check": "agent", "status": "pass", "reason": "",
              "figures": {"findings": []}},
+            {"workload": "heap", "check": "agent-none", "status": "pass", "reason": "",
+             "figures": {}},
         ]
         res = {"physical2": {"cells": cells, "rows": ["heap"], "summary": {"total": 3, "pass": 2,
                                                                            "fail": 1},
@@ -291,8 +305,8 @@ class Table(unittest.TestCase):
         text = report.render_markdown(res)
         self.assertIn("## Limits, local memory, module statics, contexts", text)
         self.assertIn("| heap: cudaDeviceSetLimit(MallocHeapSize, 2 GiB)", text)
-        self.assertIn("PASS (2708 MiB) | FAIL (nothing refused; smi 2708 MiB) | PASS (no finding)"
-                      " | - |", text)
+        self.assertIn("PASS (2708 MiB) | PASS (bypass) | FAIL (nothing refused; smi 2708 MiB) | "
+                      "PASS (no finding) | - |", text)
         self.assertIn("3.9 vs 4.0 us per launch", text)
         self.assertNotIn("| workload |", text)  # the standard table is left out
 

@@ -256,6 +256,19 @@ def eval_ctx_preload(row, lines_by_proc, samples, pids, quota_mib):
     return ("pass" if not problems else "fail"), "; ".join(problems), figs
 
 
+def native_escaped(rec_lines):
+    """Whether a native run really held device memory (the premise of its agent-none cell):
+    (True, "") or (False, why). `rec_lines`: a C program's lines, or {role: lines} of a torch
+    row."""
+    if isinstance(rec_lines, dict):
+        got = [r for r, lines in rec_lines.items() if torch_outcome(lines)["granted"]]
+        ok = bool(got) and len(got) == len(rec_lines)
+        return ok, ("" if ok else f"not every process got memory (only {got or 'none'})")
+    if stage(rec_lines, "INIT")[0] != 0 or find_tag(rec_lines, "HOLDING") is None:
+        return False, "the program did not get its context and hold"
+    return True, ""
+
+
 def eval_no_finding(audit, pids, region_path):
     """The agent watched the preloaded runs: no finding (and no verdict other than ok) for
     the cell's pids or region. `audit` None (not run, unparsable) is an error."""

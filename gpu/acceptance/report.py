@@ -122,6 +122,8 @@ def p2_short_figure(c):
     if ch == "agent":
         kinds = sorted({x.get("kind") for x in f.get("findings", []) if x.get("kind")})
         return ",".join(kinds) if kinds else "no finding"
+    if ch == "agent-none":
+        return "bypass" if c["status"] == "pass" else ""
     return ""
 
 

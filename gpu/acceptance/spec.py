@@ -101,9 +101,10 @@ P2_ROW_TITLES = {
     "ctx-second": "2 torch processes, 3 GiB: A fills, then B initialises CUDA",
     "ctx-race": "2 torch processes filling one 3 GiB container at once",
 }
-P2_CHECKS = ["native", "preload", "agent", "within"]
+P2_CHECKS = ["native", "agent-none", "preload", "agent", "within"]
 P2_CHECK_TITLES = {
     "native": "native (driver's MiB)",
+    "agent-none": "agent flags the native run (bypass)",
     "preload": "preload: refused, driver within quota",
     "agent": "no agent finding (preloaded)",
     "within": "within a large quota: same results",

@@ -12,9 +12,10 @@ import time
 
 from acceptance.evaluate import cell
 from acceptance.parse import parse_compute_apps
+from acceptance.physical import eval_agent_flag
 from acceptance.physical2 import (eval_ctx_native, eval_ctx_preload, eval_limit_native,
                                   eval_limit_preload, eval_no_finding, eval_same_results,
-                                  outcome_signature, torch_signature)
+                                  native_escaped, outcome_signature, torch_signature)
 from acceptance.spec import (P2_AUDIT_MAX_S, P2_C_ROWS, P2_CHECKS, P2_CHUNK_MB,
                              P2_CTX_QUOTA_MB, P2_FILL_NATIVE_MB, P2_QUOTA_MB, P2_ROWS,
                              P2_SECOND_GRAB_MB, P2_STAGES, P2_WITHIN_QUOTA_MB)
@@ -75,8 +76,8 @@ class Physical2Phases:
         return self.phys_env(self.preload, f"p2-{row}-{mode}", quota, extra)
 
     def p2_hold(self, mode):
-        """Preloaded runs hold a while under the audit's eyes (P2_AGENT_HOLD_S)."""
-        if mode == "preload" and self.p2_audit_on:
+        """Native and preloaded runs hold a while under the audit's eyes (P2_AGENT_HOLD_S)."""
+        if mode in ("native", "preload") and self.p2_audit_on:
             time.sleep(min(self.args.p2_hold_s, max(0.0, self.deadline.left() - 30)))
 
     # ---- the C rows ----
@@ -251,16 +252,25 @@ class Physical2Phases:
         self.add_p2_cell(cell(row, mode, st, why, figs, rec.get("stderr", "")))
 
     def p2_agent_cells(self, audit, aerr, rows):
-        """The agent column: no finding for any preloaded run of the rows."""
+        """The agent columns: a bypass finding for every native run's pids (agent-none), no
+        finding for any preloaded run (agent)."""
         for row in rows:
-            rec = self.p2_records.get((row, "preload"))
-            if rec is None:
-                continue
-            pids = rec["pids"] if "pids" in rec else ([rec["pid"]] if rec.get("pid") else [])
-            st, why, figs = eval_no_finding(audit, pids, rec.get("region"))
-            if aerr:
-                why = (why + "; " if why else "") + aerr
-            self.add_p2_cell(cell(row, "agent", st, why, figs))
+            for mode, check in (("native", "agent-none"), ("preload", "agent")):
+                rec = self.p2_records.get((row, mode))
+                if rec is None:
+                    continue
+                pids = rec["pids"] if "pids" in rec else (
+                    [rec["pid"]] if rec.get("pid") else [])
+                if mode == "native":
+                    st, why, figs = eval_agent_flag(audit, "none", pids, None,
+                                                    native_escaped(rec["lines"]))
+                    figs["findings"] = [f for f in figs.get("findings", [])
+                                        if f.get("pid") in pids]
+                else:
+                    st, why, figs = eval_no_finding(audit, pids, rec.get("region"))
+                if aerr:
+                    why = (why + "; " if why else "") + aerr
+                self.add_p2_cell(cell(row, check, st, why, figs))
 
     def physical2(self):
         """The whole group; every cell bounded, the run's deadline skips what is left."""
@@ -272,11 +282,10 @@ class Physical2Phases:
         if not self.preload:
             self.note("libhami_preload.so not found: the physical2 preload cells will fail")
         self.step("build physical2 workloads", self.p2_build, rows)
-        # 1. Natively, nothing of ours running.
-        for row in rows:
-            self.step(f"physical2 {row} [native]", self.p2_cell, row, "native")
+        # 1. The launch cost, nothing else running.
         self.step("physical2 launch cost", self.p2_launch_cost)
-        # 2. Under the preload, the agent's audit watching every preloaded run.
+        # 2. One audit watches every run that follows: native (it must flag them as bypass),
+        # preloaded at the row's quota (no finding), preloaded at 16 GiB (not judged).
         audit, aerr = None, None
         if self.agent_path:
             audit = self.step("physical2 audit start", self.p2_audit_start)
@@ -287,6 +296,8 @@ class Physical2Phases:
         parsed = None
         self.p2_audit_on = audit is not None
         try:
+            for row in rows:
+                self.step(f"physical2 {row} [native]", self.p2_cell, row, "native")
             for row in rows:
                 self.step(f"physical2 {row} [preload]", self.p2_cell, row, "preload")
             for row in rows:
