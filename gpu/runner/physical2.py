@@ -86,8 +86,8 @@ class Physical2Phases:
         """One C program (limits_probe heap/stack/local, module_global lazy/eager): run to
         HOLDING, read nvidia-smi, release. Returns the record the cells are evaluated from."""
         spec = P2_C_ROWS[row]
-        rec = {"row": row, "mode": mode, "lines": [], "smi_mib": None, "pid": None,
-               "notes": [], "stderr": "", "region": None}
+        rec = {"row": row, "mode": mode, "lines": [], "smi_mib": None, "smi_hold_mib": None,
+               "pid": None, "notes": [], "stderr": "", "region": None}
         exe = self.bins.get(spec["prog"])
         if not exe:
             rec["notes"].append(f"{spec['prog']} was not built")
@@ -99,6 +99,9 @@ class Physical2Phases:
         if p is None:
             rec["notes"].append(err)
             return rec
+        # nvidia-smi all along (every ~0.25 s) as well as once while it holds: the most the
+        # driver held for the process is what is judged.
+        sampler = SmiSampler(self.base_env()).start()
         try:
             tag, kv, _ = p.expect(["READY"], 45)
             if tag == "READY":
@@ -109,13 +112,19 @@ class Physical2Phases:
             else:
                 rec["notes"].append(f"no READY ({kv})")
             apps = self.smi_apps(f"p2 {row} [{mode}]: nvidia-smi compute apps")
-            rec["smi_mib"] = apps.get(p.wpid) if apps is not None else None
-            rec["smi_ok"] = apps is not None
+            rec["smi_hold_mib"] = apps.get(p.wpid) if apps is not None else None
             self.p2_hold(mode)
         finally:
+            sampler.stop()
             p.send("release")
             p.expect(["DONE"], 15)
             p.finish(10)
+        seen = [s["apps"][p.wpid] for s in sampler.samples
+                if s.get("apps") is not None and p.wpid in s["apps"]]
+        if rec["smi_hold_mib"] is not None:
+            seen.append(rec["smi_hold_mib"])
+        rec["smi_mib"] = max(seen) if seen else None
+        rec["smi_samples"] = len(sampler.samples)
         rec.update({"lines": list(p.lines), "pid": p.wpid, "stderr": p.stderr_tail()})
         return rec
 
@@ -135,6 +144,8 @@ class Physical2Phases:
                 outcome_signature(lines, stages) if lines else None)
             figs["smi_mib"] = rec["smi_mib"]
         figs["pid"] = rec["pid"]
+        figs["smi_hold_mib"] = rec.get("smi_hold_mib")
+        figs["smi_samples"] = rec.get("smi_samples")
         if not lines:
             st = "error"
         return st, why, figs
