@@ -98,7 +98,7 @@ class Integration(IntegrationBase):
             extra_args=["--wl-timeout", "3", "--no-bench"])
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
         cells = {(c["workload"], c["check"]): c for c in res["cells"]}
-        self.assertEqual(len(cells), 10)
+        self.assertEqual(len(cells), 11)
         for wl in ("nvcc-static", "nvcc-shared"):
             self.assertEqual(cells[(wl, "native")]["status"], "fail")
             self.assertIn("timed out", cells[(wl, "native")]["reason"])
@@ -181,7 +181,8 @@ class Physical2Integration(IntegrationBase):
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
         self.assertEqual(res["cells"], [])
         cells = {(c["workload"], c["check"]): c for c in res["physical2"]["cells"]}
-        self.assertEqual(set(cells), {(row, ch) for row in spec.P2_ROWS for ch in spec.P2_CHECKS})
+        self.assertEqual(set(cells), {(row, ch) for row in spec.P2_ROWS for ch in spec.P2_CHECKS}
+                         | {("launch", "cost")})
         expect_fail = {("module-lazy", "preload"), ("module-eager", "preload")}
         for row in spec.P2_ROWS:  # the native runs are watched too: each is a bypass
             self.assertEqual(cells[(row, "agent-none")]["figures"]["pids"],
@@ -216,7 +217,7 @@ class Physical2Integration(IntegrationBase):
                                                 "0.5"])
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
         cells = {(c["workload"], c["check"]): c for c in res["physical2"]["cells"]}
-        self.assertEqual(len(cells), 10)
+        self.assertEqual(len(cells), 11)
         self.assertIn("nothing was refused", cells[("heap", "preload")]["reason"])
         self.assertIn("B was granted 64 MiB", cells[("ctx-second", "preload")]["reason"])
         self.assertEqual(cells[("heap", "agent")]["status"], "fail")

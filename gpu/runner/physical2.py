@@ -320,8 +320,8 @@ class Physical2Phases:
                 ph["audit_rc"] = arc
                 aerr = err
         self.step("physical2 agent column", self.p2_agent_cells, parsed, aerr, rows)
-        for row in rows:
-            for ch in P2_CHECKS:
+        for row, checks in [(r, P2_CHECKS) for r in rows] + [("launch", ["cost"])]:
+            for ch in checks:
                 if not any(c["workload"] == row and c["check"] == ch for c in ph["cells"]):
                     self.add_p2_cell(cell(row, ch, "skipped",
                                           "not reached (deadline or earlier error)"))
@@ -345,6 +345,6 @@ class Physical2Phases:
         """Empty-kernel launch cost, native against the preload at the 16 GiB quota."""
         env = self.phys_env(self.preload, "p2-launch", P2_WITHIN_QUOTA_MB)
         st, why, figs = self.launch_cost(env, "p2")
-        self.results["physical2"]["launch"] = cell("launch", "cost", st, why, figs)
-        self.log.say(f"PHYS2 launch cost {st.upper()} {why}")
-        self.save()
+        c = cell("launch", "cost", st, why, figs)
+        self.results["physical2"]["launch"] = c  # the same record as in cells
+        self.add_p2_cell(c)
