@@ -162,6 +162,8 @@ class HamiCore(unittest.TestCase):
     def test_loaded(self):
         self.assertTrue(compute.hami_loaded("[HAMI-core Msg(1:2:libvgpu.c:836)]: Initializing",
                                             150 << 30, 16 << 30)[0])
+        self.assertTrue(compute.hami_loaded("[softmig Msg(1:2:libvgpu.c:9)]: init", 0,
+                                            16 << 30)[0])
         ok, how = compute.hami_loaded("", 16 << 30, 16 << 30)
         self.assertEqual((ok, how), (True, "cudaMemGetInfo total = limit"))
         ok, why = compute.hami_loaded("", 150109880320, 16 << 30)

@@ -205,8 +205,10 @@ def eval_agent_share(runner_share, agent_values, metric, tol=SHARE_TOL_POINTS):
 
 def hami_loaded(stderr_text, meminfo_total, limit_bytes):
     """Whether HAMi-core really loaded into a process: (bool, why). Evidence: its log lines
-    ("HAMI-core" on stderr) or cudaMemGetInfo's total equal to its memory limit."""
-    logs = "hami-core" in str(stderr_text or "").lower()
+    ("HAMI-core" on stderr; "softmig" in its forks) or cudaMemGetInfo's total equal to its
+    memory limit."""
+    low = str(stderr_text or "").lower()
+    logs = "hami-core" in low or "[softmig" in low
     total = meminfo_total == limit_bytes
     if logs or total:
         return True, ("log lines" if logs else "") + (" + " if logs and total else "") + (

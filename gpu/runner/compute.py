@@ -257,7 +257,7 @@ class ComputePhases:
         env.update({"LD_PRELOAD": lib, "CUDA_DEVICE_SM_LIMIT": str(limit),
                     "CUDA_DEVICE_MEMORY_LIMIT": HAMI_MEM_LIMIT,
                     "CUDA_DEVICE_MEMORY_SHARED_CACHE": self.region_path(f"hami-{limit}"),
-                    "LIBCUDA_LOG_LEVEL": "3", "WL_SECONDS": str(self.args.share_seconds)})
+                    "LIBCUDA_LOG_LEVEL": "2", "WL_SECONDS": str(self.args.share_seconds)})
         got = self.run_together([(f"compute {name}", "spin", env)], self.args.share_seconds)
         res, p, note = got[0]
         lines = p.lines if p is not None else []
