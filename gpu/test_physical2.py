@@ -78,6 +78,11 @@ class CRows(unittest.TestCase):
         # What a driver-side limit (MPS) does: the set call passes, the launch fails with 701.
         st, why, _ = pre(limits(LAUNCH="rc=701 name=cudaErrorLaunchOutOfResources"), 520, HEAP)
         self.assertIn("cudaErrorLaunchOutOfResources", why)
+        # The growth is admitted at the set call: a refusal only at the launch is too late.
+        st, why, _ = pre(limits(LAUNCH=OOM), 520, HEAP)
+        self.assertEqual(st, "fail")
+        self.assertIn("LAUNCH failed with cudaErrorMemoryAllocation, expected success there and "
+                      "an out-of-memory at SETLIMIT", why)
 
     def test_refused_but_driver_over_quota_fails(self):
         st, why, _ = pre(limits(SETLIMIT=OOM), 2708, HEAP)
