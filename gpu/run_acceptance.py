@@ -395,6 +395,13 @@ def absolute_paths(args, cwd=None):
     return args
 
 
+def default_deadline(only):
+    """The whole run's budget when --deadline is not given: 330 s for the physical group alone
+    (or with the short lock-stop cell), else 450 s."""
+    phys_only = bool(only) and set(only) <= {"physical", "lock-stop"}
+    return 330.0 if phys_only and "physical" in only else 450.0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output folder (results.json, results.md, logs.txt)")
@@ -466,8 +473,7 @@ def main(argv=None):
     if unknown:
         ap.error(f"--only: unknown name(s) {', '.join(unknown)} (known: {', '.join(known)})")
     if args.deadline is None:
-        phys_only = bool(args.only) and not any(w["name"] in args.only for w in WORKLOADS)
-        args.deadline = 330.0 if phys_only and "physical" in args.only else 450.0
+        args.deadline = default_deadline(args.only)
     runner = Runner(args)
     try:
         return runner.run()

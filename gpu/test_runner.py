@@ -331,6 +331,18 @@ class LockStopIntegration(IntegrationBase):
             self.assertGreater(w["max_call_ms"], 1400)  # the whole stop
 
 
+class Deadline(unittest.TestCase):
+    def test_default_deadline(self):
+        import run_acceptance
+        self.assertEqual(run_acceptance.default_deadline(["physical"]), 330.0)
+        self.assertEqual(run_acceptance.default_deadline(["physical", "lock-stop"]), 330.0)
+        # The physical group with the issue 17/18 groups used to get 330 s too.
+        self.assertEqual(run_acceptance.default_deadline(["physical", "physical2", "compute"]),
+                         450.0)
+        self.assertEqual(run_acceptance.default_deadline(None), 450.0)
+        self.assertEqual(run_acceptance.default_deadline(["nvcc-static", "physical"]), 450.0)
+
+
 class PathOptions(unittest.TestCase):
     def test_relative_library_paths_become_absolute(self):
         import argparse
