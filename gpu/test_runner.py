@@ -98,7 +98,7 @@ class Integration(IntegrationBase):
             extra_args=["--wl-timeout", "3", "--no-bench"])
         self.assertEqual(r.returncode, 0, r.stderr[-2000:])
         cells = {(c["workload"], c["check"]): c for c in res["cells"]}
-        self.assertEqual(len(cells), 11)
+        self.assertEqual(len(cells), 10)
         for wl in ("nvcc-static", "nvcc-shared"):
             self.assertEqual(cells[(wl, "native")]["status"], "fail")
             self.assertIn("timed out", cells[(wl, "native")]["reason"])
