@@ -275,6 +275,9 @@ class Agent(unittest.TestCase):
         a = audit([], [{"pid": 100, "verdict": "drift"}])
         self.assertIn("drift", physical2.eval_no_finding(a, [100], REGION)[1])
         self.assertEqual(physical2.eval_no_finding(None, [100], REGION)[0], "error")
+        st, why, _ = physical2.eval_no_finding(audit(), [], REGION)
+        self.assertEqual(st, "error")
+        self.assertIn("no preloaded process ran", why)
 
 
 class NativePremise(unittest.TestCase):

@@ -273,6 +273,8 @@ def eval_no_finding(audit, pids, region_path):
     """The agent watched the preloaded runs: no finding (and no verdict other than ok) for
     the cell's pids or region. `audit` None (not run, unparsable) is an error."""
     figs = {"pids": list(pids), "region": region_path}
+    if not pids:
+        return "error", "no preloaded process ran: nothing to watch", figs
     if audit is None:
         return "error", "no audit report", figs
     hits = []

@@ -61,7 +61,7 @@ class ComputePhases:
         for label, mode, env in specs:
             argv = self.spin_argv(mode)
             if argv is None:
-                procs.append((None, "compute_spin was not built"))
+                procs.append((None, self.not_built("compute_spin")))
                 continue
             p, err = self.phys_proc(label, argv, env, budget=seconds + 120)
             procs.append((p, err))
@@ -125,7 +125,7 @@ class ComputePhases:
         preload, native, preload), WL_ROUNDS rounds each; evaluated by eval_launch_cost."""
         exe = self.bins.get("compute_spin")
         if not exe:
-            return "error", "compute_spin was not built", {}
+            return "error", self.not_built("compute_spin"), {}
         rounds = {"native": [], "preload": []}
         errors = []
         for i in range(2):

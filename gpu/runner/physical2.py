@@ -52,6 +52,11 @@ class Physical2Phases:
         b[key] = {"ok": False, "error": err}
         return False
 
+    def not_built(self, key):
+        """Why a workload is missing: its build error's last words."""
+        err = (self.results["builds"].get(key) or {}).get("error") or "not attempted"
+        return f"{key} was not built: {' '.join(err.split()[-40:])}"
+
     def smi_apps(self, title):
         """One unpreloaded `nvidia-smi --query-compute-apps` reading: {pid: MiB} or None."""
         r = run_cmd(SMI_APPS_ARGV, 15, env=self.base_env(), log=self.log, title=title)
@@ -90,7 +95,7 @@ class Physical2Phases:
                "pid": None, "notes": [], "stderr": "", "region": None}
         exe = self.bins.get(spec["prog"])
         if not exe:
-            rec["notes"].append(f"{spec['prog']} was not built")
+            rec["notes"].append(self.not_built(spec["prog"]))
             return rec
         env = self.p2_env(mode, row, dict(spec["env"], WL_PROBE_MB="256"))
         if mode != "native":
@@ -183,10 +188,11 @@ class Physical2Phases:
             if row == "ctx-second":
                 a = start("a")
                 if a is not None:
-                    tag, kv, _ = a.expect(["READY"], 90)
+                    # HOLDING before READY: its init failed (WL_HOLD_ON_ERROR), evaluated.
+                    tag, kv, _ = a.expect(["READY", "HOLDING", "DONE"], 90)
                     if tag == "READY":
                         a.send("go")
-                        tag, kv, _ = a.expect(["HOLDING"], 60)
+                        tag, kv, _ = a.expect(["HOLDING", "DONE"], 60)
                     if tag != "HOLDING":
                         rec["notes"].append(f"A: no HOLDING ({kv})")
                     sampler.sample("A holds")
@@ -257,7 +263,11 @@ class Physical2Phases:
         else:
             rec = self.p2_c_row(row, mode)
             st, why, figs = self.p2_eval_c(row, mode, rec)
+        if mode == "within" and self.p2_status.get((row, "native")) != "pass" and st != "error":
+            st, why = "error", (f"the native run was {self.p2_status.get((row, 'native'))}: "
+                                "nothing to compare with")
         self.p2_records[(row, mode)] = rec
+        self.p2_status[(row, mode)] = st
         if rec["notes"]:
             why = (why + "; " if why else "") + "; ".join(rec["notes"])
         self.add_p2_cell(cell(row, mode, st, why, figs, rec.get("stderr", "")))
@@ -289,6 +299,7 @@ class Physical2Phases:
         rows = [r for r in P2_ROWS if not self.args.p2_rows or r in self.args.p2_rows]
         ph["rows"] = rows
         self.p2_records = {}
+        self.p2_status = {}
         self.p2_audit_on = False
         if not self.preload:
             self.note("libhami_preload.so not found: the physical2 preload cells will fail")
