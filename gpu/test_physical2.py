@@ -280,6 +280,21 @@ class Agent(unittest.TestCase):
         self.assertIn("no preloaded process ran", why)
 
 
+class Spec(unittest.TestCase):
+    def test_rows_name_stages_their_program_prints(self):
+        """Each C row's refusal and going-on stages are lines its program prints (a typo here
+        would make a row unpassable)."""
+        for row, r in spec.P2_C_ROWS.items():
+            stages = spec.P2_STAGES[r["prog"]]
+            for st in r["refuse_at"] + [r["goes_on"]]:
+                self.assertIn(st, stages, (row, st))
+            with open(os.path.join(HERE, "workloads", r["prog"] + ".cu")) as f:
+                src = f.read()
+            for st in stages:
+                self.assertTrue(f'report("{st}"' in src or f'"{st} rc=' in src, (r["prog"], st))
+        self.assertEqual(set(spec.P2_C_ROWS) | {"ctx-second", "ctx-race"}, set(spec.P2_ROWS))
+
+
 class NativePremise(unittest.TestCase):
     def test_native_escaped(self):
         self.assertEqual(physical2.native_escaped(limits()), (True, ""))
