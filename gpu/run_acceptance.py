@@ -26,11 +26,14 @@ try:
     from acceptance.evaluate import cell, summarize
     from acceptance.lockstop import LOCK_STOP_S
     from acceptance.report import render_markdown
-    from acceptance.spec import (BYPASS_LATENCY_S, CHECKS, MIB, PHYS_AGENT_SETTLE_S, PHYS_ROWS,
-                                 TOL_FRACTION, TOL_MIN_BYTES, WORKLOADS)
+    from acceptance.spec import (BYPASS_LATENCY_S, CHECKS, COMPUTE_CELLS, MIB,
+                                 P2_AGENT_HOLD_S, P2_ROWS, PHYS_AGENT_SETTLE_S, PHYS_ROWS,
+                                 SHARE_SECONDS, TOL_FRACTION, TOL_MIN_BYTES, WORKLOADS)
     from runner.agent import Agent
+    from runner.compute import ComputePhases
     from runner.lockstop import LockStopPhase
     from runner.physical import PhysicalPhases
+    from runner.physical2 import Physical2Phases
     from runner.procs import (WORKLOADS_DIR, Deadline, Log, Proc, find_first, find_libcuda,
                               libcuda_candidates, run_cmd, tail)
     from runner.standard import StandardPhases
@@ -39,7 +42,7 @@ except ImportError as e:  # a bundle made without the two packages next to this 
              f"gpu/runner/ must sit next to {os.path.basename(__file__)} in {HERE}")
 
 # `--only` names that select a group or cell rather than a workload.
-GROUPS = ("physical", "lock-stop")
+GROUPS = ("physical", "lock-stop", "physical2", "compute")
 # Variables that must not leak from the caller into the runs (they change what is measured).
 SCRUB_ENV = [
     "LD_PRELOAD",
@@ -48,11 +51,14 @@ SCRUB_ENV = [
     "PYTORCH_CUDA_ALLOC_CONF",
     "CUDA_VISIBLE_DEVICES",
     "CUDA_MODULE_LOADING",
+    "CUDA_DEVICE_SM_LIMIT",
+    "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_DISABLE_CONTROL",
 ]
 
 
 
-class Runner(StandardPhases, PhysicalPhases, LockStopPhase):
+class Runner(StandardPhases, PhysicalPhases, LockStopPhase, Physical2Phases, ComputePhases):
     """One acceptance run: environment, builds, the selected groups, results after each step."""
 
     def __init__(self, args):
@@ -95,6 +101,8 @@ class Runner(StandardPhases, PhysicalPhases, LockStopPhase):
             "two_process": None,
             "bench": {"pair": {}, "train": {}},
             "physical": None,
+            "physical2": None,
+            "compute": None,
             "notes": [],
         }
         self.phys_control = False
@@ -140,9 +148,10 @@ class Runner(StandardPhases, PhysicalPhases, LockStopPhase):
     def save(self):
         self.results["meta"]["elapsed_s"] = round(time.monotonic() - self.t0, 1)
         self.results["summary"] = summarize(self.results["cells"])
-        if self.results.get("physical"):
-            ph = self.results["physical"]
-            ph["summary"] = summarize(ph["cells"])
+        for group in ("physical", "physical2", "compute"):
+            if self.results.get(group):
+                ph = self.results[group]
+                ph["summary"] = summarize(ph["cells"])
         for name, text in (("results.json", json.dumps(self.results, indent=1, default=str)),
                            ("results.md", render_markdown(self.results))):
             tmp = os.path.join(self.out, name + ".tmp")
@@ -295,6 +304,13 @@ class Runner(StandardPhases, PhysicalPhases, LockStopPhase):
         standard = bool(selected)
         phys = bool(a.only) and "physical" in a.only
         lock = bool(a.only) and "lock-stop" in a.only
+        phys2 = bool(a.only) and "physical2" in a.only
+        comp = bool(a.only) and "compute" in a.only
+        if phys2:
+            self.results["physical2"] = {"cells": [], "smi": {}, "summary": {}, "launch": None}
+        if comp:
+            self.results["compute"] = {"cells": [], "native": {}, "summary": {},
+                                       "hami_core": {}}
         if phys:
             self.results["physical"] = {"blind_preload": a.blind_preload, "cells": [],
                                         "smi": {}, "summary": {}}
@@ -337,6 +353,10 @@ class Runner(StandardPhases, PhysicalPhases, LockStopPhase):
         # The physical group runs with no background agent: its cells start their own audits.
         if phys:
             self.step("physical group", self.physical)
+        if phys2:
+            self.step("physical2 group", self.physical2)
+        if comp:
+            self.step("compute group", self.compute)
         if lock:
             self.step("stopped lock holder", self.lock_stop)
             if not self.results.get("lock_stop"):
@@ -353,6 +373,10 @@ class Runner(StandardPhases, PhysicalPhases, LockStopPhase):
         self.log.say(f"done in {self.results['meta']['elapsed_s']}s: {s}")
         if phys:
             self.log.say(f"physical group: {self.results['physical']['summary']}")
+        if phys2:
+            self.log.say(f"physical2 group: {self.results['physical2']['summary']}")
+        if comp:
+            self.log.say(f"compute group: {self.results['compute']['summary']}")
         if lock:
             self.log.say(f"stopped lock holder: {self.results['lock_stop']['status']}")
         print(render_markdown(self.results))
@@ -364,11 +388,18 @@ def absolute_paths(args, cwd=None):
     library path would not load (LD_PRELOAD of a relative path is resolved against each
     process's own folder). A bare command name (`python3`) is left to PATH."""
     cwd = cwd or os.getcwd()
-    for attr in ("preload", "agent", "blind_preload", "python"):
+    for attr in ("preload", "agent", "blind_preload", "python", "hami_core_src", "hami_core_lib"):
         v = getattr(args, attr, None)
         if v and os.sep in v and not os.path.isabs(v):
             setattr(args, attr, os.path.normpath(os.path.join(cwd, v)))
     return args
+
+
+def default_deadline(only):
+    """The whole run's budget when --deadline is not given: 330 s for the physical group alone
+    (or with the short lock-stop cell), else 450 s."""
+    phys_only = bool(only) and set(only) <= {"physical", "lock-stop"}
+    return 330.0 if phys_only and "physical" in only else 450.0
 
 
 def main(argv=None):
@@ -395,8 +426,10 @@ def main(argv=None):
     ap.add_argument("--python", help="python for the workloads (default: this one)")
     ap.add_argument("--only", nargs="*",
                     help="workload names to run (default: all); `physical` adds the physical "
-                         "group (issue 8), `lock-stop` the stopped-lock-holder cell; alone "
-                         "they run only those")
+                         "group (issue 8), `lock-stop` the stopped-lock-holder cell, "
+                         "`physical2` the limits/local/module/context group (issue 17), "
+                         "`compute` the compute-share group (issue 18); alone they run only "
+                         "those")
     ap.add_argument("--phys-rows", nargs="*", choices=PHYS_ROWS,
                     help="rows of the physical group to run (default: all)")
     ap.add_argument("--phys-settle-s", type=float, default=PHYS_AGENT_SETTLE_S,
@@ -415,6 +448,20 @@ def main(argv=None):
                     help="lock-stop: HAMI_LOCK_TIMEOUT_MS given to the processes (default: "
                          "as in this environment; unset there, the preload's default bound, "
                          "2000 ms, is checked)")
+    ap.add_argument("--p2-rows", nargs="*", choices=P2_ROWS,
+                    help="rows of the physical2 group (issue 17) to run (default: all)")
+    ap.add_argument("--p2-hold-s", type=float, default=P2_AGENT_HOLD_S,
+                    help="physical2: seconds a preloaded run holds under the audit")
+    ap.add_argument("--compute-cells", nargs="*", choices=COMPUTE_CELLS,
+                    help="cells of the compute group (issue 18) to run (default: all)")
+    ap.add_argument("--share-seconds", type=float, default=SHARE_SECONDS,
+                    help="compute: seconds of each throughput measurement")
+    ap.add_argument("--hami-core-src",
+                    help="compute: HAMi-core's source folder; it is built there with CMake "
+                         "(Debug) and its 30 %% and 50 %% alone cells run side by side")
+    ap.add_argument("--hami-core-lib",
+                    help="compute: an already built HAMi-core libvgpu.so (instead of "
+                         "--hami-core-src)")
     ap.add_argument("--no-bench", action="store_true")
     ap.add_argument("--keep-work", action="store_true", help="keep the scratch folder")
     ap.add_argument("--no-libcuda-hint", action="store_true",
@@ -426,8 +473,7 @@ def main(argv=None):
     if unknown:
         ap.error(f"--only: unknown name(s) {', '.join(unknown)} (known: {', '.join(known)})")
     if args.deadline is None:
-        phys_only = bool(args.only) and not any(w["name"] in args.only for w in WORKLOADS)
-        args.deadline = 330.0 if phys_only and "physical" in args.only else 450.0
+        args.deadline = default_deadline(args.only)
     runner = Runner(args)
     try:
         return runner.run()

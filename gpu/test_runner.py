@@ -23,7 +23,8 @@ sys.dont_write_bytecode = True  # no __pycache__ next to what the GPU bundle cop
 
 from acceptance import spec  # noqa: E402
 
-UNIT_MODULES = ("test_acceptance", "test_physical", "test_lockstop")
+UNIT_MODULES = ("test_acceptance", "test_physical", "test_lockstop", "test_physical2",
+                "test_compute")
 QUOTA = 4 << 30
 
 
@@ -164,6 +165,113 @@ class PhysicalIntegration(IntegrationBase):
         with open(os.path.join(self.tmp, "out", "results.md")) as f:
             self.assertIn("FAIL (B granted", f.read())
 
+class Physical2Integration(IntegrationBase):
+    """`--only physical2` against the stand-ins: the stub runtime sizes limits and local memory
+    as the H200's driver does and refuses them past the quota under the fake preload (module
+    statics are still charged after loading, as the preload at 7df65b0 did), fake torch
+    processes of one region file admit under one lock, the fake nvidia-smi reports virtual
+    sizes (torch: reservations) and the fake agent finds nothing for hooked processes."""
+
+    ENV = {"PYTHONPATH": os.path.join(FAKES, "fake_torch")}
+
+    def test_all_cells_with_fakes(self):
+        r, res, elapsed = self.run_runner(
+            extra_env=self.ENV, only=("physical2",),
+            extra_args=["--phys-settle-s", "0.3", "--p2-hold-s", "0.5"])
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        self.assertEqual(res["cells"], [])
+        cells = {(c["workload"], c["check"]): c for c in res["physical2"]["cells"]}
+        self.assertEqual(set(cells), {(row, ch) for row in spec.P2_ROWS for ch in spec.P2_CHECKS}
+                         | {("launch", "cost")})
+        expect_fail = {("module-lazy", "preload"), ("module-eager", "preload")}
+        for row in spec.P2_ROWS:  # the native runs are watched too: each is a bypass
+            self.assertEqual(cells[(row, "agent-none")]["figures"]["pids"],
+                             cells[(row, "native")]["figures"].get("pids")
+                             or [cells[(row, "native")]["figures"]["pid"]])
+        for k, c in cells.items():
+            want = "fail" if k in expect_fail else "pass"
+            self.assertEqual(c["status"], want, f"{k}: {c['reason']}")
+        # Charged after loading is no longer enough: the next allocation was refused.
+        self.assertIn("NEXT failed with cudaErrorMemoryAllocation",
+                      cells[("module-lazy", "preload")]["reason"])
+        self.assertEqual(cells[("heap", "preload")]["figures"]["outcome"], "refused at SETLIMIT")
+        self.assertEqual(cells[("local", "preload")]["figures"]["outcome"], "refused at LAUNCH")
+        self.assertGreater(cells[("local", "native")]["figures"]["smi_mib"], 6000)
+        self.assertEqual(cells[("ctx-second", "preload")]["figures"]["b_refused_at"], "grab")
+        self.assertLessEqual(cells[("ctx-race", "preload")]["figures"]["smi_max_sum_mib"], 3072)
+        self.assertEqual(res["physical2"]["launch"]["status"], "pass")
+        with open(os.path.join(self.tmp, "out", "results.md")) as f:
+            text = f.read()
+        self.assertIn("## Limits, local memory, module statics, contexts", text)
+        left = subprocess.run(["pgrep", "-f", "hami-acc-.*/limits_probe"], capture_output=True,
+                              text=True).stdout.split()
+        self.assertEqual(left, [])
+        self.assertLess(elapsed, 120)
+
+    def test_preload_blind_to_the_paths_fails(self):
+        """The preload under test lets everything through (the fake does not enforce it)."""
+        r, res, _ = self.run_runner(extra_env=self.ENV, only=("physical2",),
+                                    preload_name="libhami_preload_blind.so",
+                                    extra_args=["--p2-rows", "heap", "ctx-second",
+                                                "--phys-settle-s", "0.3", "--p2-hold-s",
+                                                "0.5"])
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        cells = {(c["workload"], c["check"]): c for c in res["physical2"]["cells"]}
+        self.assertEqual(len(cells), 11)
+        self.assertIn("nothing was refused", cells[("heap", "preload")]["reason"])
+        self.assertIn("B was granted 64 MiB", cells[("ctx-second", "preload")]["reason"])
+        self.assertEqual(cells[("heap", "agent")]["status"], "fail")
+        self.assertIn("over_limit", cells[("heap", "agent")]["reason"])
+        self.assertEqual(cells[("heap", "within")]["status"], "pass")
+
+
+class ComputeIntegration(IntegrationBase):
+    """`--only compute` against the stub runtime, whose kernels sleep their spin time (100/p
+    times as long under the fake preload with CUDA_DEVICE_SM_LIMIT=p, per process: no shared
+    budget), a fake cmake that builds a fake HAMi-core, and the fake agent's share metric."""
+
+    def test_all_cells_with_fakes(self):
+        src = tempfile.mkdtemp(prefix="hami-core-src-")
+        self.addCleanup(shutil.rmtree, src, True)
+        with open(os.path.join(src, "fake_vgpu.c"), "w") as f:
+            f.write('#include <stdio.h>\n__attribute__((constructor)) static void init(void) '
+                    '{ fprintf(stderr, "[HAMI-core Msg(fake)]: Initializing\\n"); }\n')
+        r, res, elapsed = self.run_runner(
+            extra_env={"PYTHONPATH": os.path.join(FAKES, "fake_torch")}, only=("compute",),
+            extra_args=["--share-seconds", "0.8", "--hami-core-src", src])
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        cg = res["compute"]
+        cells = {c["workload"]: c for c in cg["cells"]}
+        self.assertEqual(set(cells), set(spec.COMPUTE_CELLS))
+        self.assertGreater(cg["native"]["spin"]["rate"], 100)
+        for name, limit in (("alone-30", 30), ("alone-50", 50), ("alone-70", 70),
+                            ("nolimit", 100), ("graph-50", 50)):
+            share = cells[name]["figures"]["share_pct"]
+            self.assertLess(abs(share - limit), 15, (name, share))
+        self.assertEqual(len(cells["pair-30-70"]["figures"]["shares_pct"]), 2)
+        # The stub holds each process at its limit separately: one container's two 50 %
+        # processes take 100 % together, and the cell says so.
+        self.assertEqual(cells["two-of-50"]["status"], "fail")
+        self.assertIn("together", cells["two-of-50"]["reason"])
+        self.assertEqual(cells["torch-50"]["status"], "error")  # fake torch has no torch.nn
+        self.assertIn("native train run failed", cells["torch-50"]["reason"])
+        self.assertIn(cells["launch-nolimit"]["status"], ("pass", "fail"))
+        self.assertGreaterEqual(len(cells["launch-nolimit"]["figures"]["native_us"]), 10)
+        a = cells["agent-share"]["figures"]
+        self.assertEqual(a["metric"], spec.AGENT_SHARE_METRICS[0])
+        self.assertTrue(a["agent_values"] and all(v == 50 for v in a["agent_values"]))
+        for name in ("hami-30", "hami-50"):
+            self.assertEqual(cells[name]["status"], "info", cells[name]["reason"])
+            self.assertEqual(cells[name]["figures"]["loaded"], "log lines")
+        self.assertTrue(cg["hami_core"]["lib"].endswith("libvgpu.so"))
+        with open(os.path.join(self.tmp, "out", "results.md")) as f:
+            self.assertIn("## Compute shares (compute group, issue 18)", f.read())
+        left = subprocess.run(["pgrep", "-f", "hami-acc-.*/compute_spin"], capture_output=True,
+                              text=True).stdout.split()
+        self.assertEqual(left, [])
+        self.assertLess(elapsed, 120)
+
+
 class CommandLine(unittest.TestCase):
     def test_unknown_only_name_is_refused(self):
         """A misspelt --only name used to select nothing and run an empty acceptance."""
@@ -173,7 +281,7 @@ class CommandLine(unittest.TestCase):
                            timeout=30)
         self.assertEqual(r.returncode, 2)
         self.assertIn("--only: unknown name(s) lockstop (known: torch-default", r.stderr)
-        self.assertIn("physical, lock-stop)", r.stderr)
+        self.assertIn("physical, lock-stop, physical2, compute)", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(tempfile.gettempdir(), "hami-acc-never")))
 
 
@@ -221,6 +329,18 @@ class LockStopIntegration(IntegrationBase):
         self.assertIn("a call blocked", c["reason"])
         for w in c["figures"]["workers"]:
             self.assertGreater(w["max_call_ms"], 1400)  # the whole stop
+
+
+class Deadline(unittest.TestCase):
+    def test_default_deadline(self):
+        import run_acceptance
+        self.assertEqual(run_acceptance.default_deadline(["physical"]), 330.0)
+        self.assertEqual(run_acceptance.default_deadline(["physical", "lock-stop"]), 330.0)
+        # The physical group with the issue 17/18 groups used to get 330 s too.
+        self.assertEqual(run_acceptance.default_deadline(["physical", "physical2", "compute"]),
+                         450.0)
+        self.assertEqual(run_acceptance.default_deadline(None), 450.0)
+        self.assertEqual(run_acceptance.default_deadline(["nvcc-static", "physical"]), 450.0)
 
 
 class PathOptions(unittest.TestCase):

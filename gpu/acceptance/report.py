@@ -7,8 +7,9 @@ results.json gives its results.md; gpu/test_acceptance.py checks that on gpu/res
 
 import json
 
-from .spec import (CHECK_TITLES, CHECKS, GIB, MIB, PHYS_CHECK_TITLES, PHYS_CHECKS,
-                   PHYS_ROW_TITLES, PHYS_ROWS, WORKLOADS)
+from .spec import (CHECK_TITLES, CHECKS, COMPUTE_CELLS, COMPUTE_TITLES, GIB, MIB,
+                   P2_CHECK_TITLES, P2_CHECKS, P2_ROW_TITLES, P2_ROWS, PHYS_CHECK_TITLES,
+                   PHYS_CHECKS, PHYS_ROW_TITLES, PHYS_ROWS, WORKLOADS)
 
 
 def md(text, n=300):
@@ -98,6 +99,107 @@ def render_physical(ph):
     return out
 
 
+def _counts(s):
+    """The summary line of a group."""
+    extra = f", {s['info']} info" if s.get("info") else ""
+    return (f"- cells: {s.get('pass', 0)} pass, {s.get('fail', 0)} fail, {s.get('error', 0)} "
+            f"error, {s.get('skipped', 0)} skipped{extra} (of {s.get('total', 0)})")
+
+
+def p2_short_figure(c):
+    """A few words of evidence for a physical2 cell."""
+    f = c.get("figures", {}) or {}
+    ch = c["check"]
+    if c["status"] == "skipped":
+        return ""
+    smi = f.get("smi_max_sum_mib", f.get("smi_mib"))
+    if ch == "native":
+        return f"{smi if smi is not None else '?'} MiB"
+    if ch == "preload":
+        out = f.get("outcome") or ("B at " + str(f.get("b_refused_at")) if f.get("b_refused_at")
+                                   else "")
+        return f"{out + '; ' if out else ''}smi {smi if smi is not None else '?'} MiB"
+    if ch == "agent":
+        kinds = sorted({x.get("kind") for x in f.get("findings", []) if x.get("kind")})
+        return ",".join(kinds) if kinds else "no finding"
+    if ch == "agent-none":
+        return "bypass" if c["status"] == "pass" else ""
+    return ""
+
+
+def render_physical2(ph):
+    """The physical2 group's table (issue 17) and its launch cost."""
+    out = ["", "## Limits, local memory, module statics, contexts (physical2 group, issue 17)",
+           ""]
+    out.append(_counts(ph.get("summary", {})))
+    out.append("")
+    out.append("| row | " + " | ".join(P2_CHECK_TITLES[c] for c in P2_CHECKS) + " |")
+    out.append("|---" * (len(P2_CHECKS) + 1) + "|")
+    by = {(c["workload"], c["check"]): c for c in ph.get("cells", [])}
+    for row in ph.get("rows") or P2_ROWS:
+        cols = [f"{row}: {P2_ROW_TITLES.get(row, row)}"]
+        for ch in P2_CHECKS:
+            c = by.get((row, ch))
+            if c is None:
+                cols.append("-")
+            else:
+                fig = md(p2_short_figure(c), 80)
+                cols.append(c["status"].upper() + (f" ({fig})" if fig else ""))
+        out.append("| " + " | ".join(cols) + " |")
+    lc = ph.get("launch")
+    if lc:
+        f = lc.get("figures", {}) or {}
+        out += ["", f"- empty-kernel launch, native vs preloaded (16 GiB quota): "
+                f"{lc['status'].upper()}, {f.get('native_median_us', '?')} vs "
+                f"{f.get('preload_median_us', '?')} us per launch {md(lc.get('reason', ''), 300)}"]
+    bad = [c for c in ph.get("cells", []) if c["status"] != "pass"]
+    if bad:
+        out += ["", "Cells not green:", ""]
+        for c in bad:
+            out.append(f"- {c['workload']} / {c['check']}: {c['status']}: {md(c['reason'], 500)}")
+    return out
+
+
+def compute_short_figure(c):
+    """A few words of evidence for a compute cell."""
+    f = c.get("figures", {}) or {}
+    if c["status"] == "skipped":
+        return ""
+    if "shares_pct" in f:
+        s = " + ".join(str(x) for x in f["shares_pct"])
+        return f"{s} %" + (f" = {f['sum_pct']} %" if "sum_pct" in f else "")
+    if "share_pct" in f:
+        return f"{f['share_pct']} % ({f.get('rate')} vs {f.get('native_rate')}/s)"
+    if "native_median_us" in f:
+        return f"{f['native_median_us']} vs {f['preload_median_us']} us"
+    if "agent_share_pct" in f:
+        return f"agent {f['agent_share_pct']} %, runner {f.get('runner_share_pct')} %"
+    return ""
+
+
+def render_compute(cg):
+    """The compute group's table (issue 18)."""
+    out = ["", "## Compute shares (compute group, issue 18)", ""]
+    out.append(_counts(cg.get("summary", {})))
+    nat = cg.get("native", {}) or {}
+    spin = nat.get("spin") or {}
+    out.append(f"- native alone: {spin.get('rate', '?')} kernels/s ({cg.get('seconds', '?')} s "
+               f"each); drift by the end: {nat.get('drift_pct', '?')} %; tolerance "
+               f"+-{cg.get('tolerance_points', '?')} points")
+    hc = cg.get("hami_core") or {}
+    if hc:
+        out.append(f"- HAMi-core: {md(hc.get('lib') or hc.get('error') or hc.get('src'), 300)}")
+    out += ["", "| cell | status | figures | reason |", "|---|---|---|---|"]
+    by = {c["workload"]: c for c in cg.get("cells", [])}
+    for name in cg.get("selected") or COMPUTE_CELLS:
+        c = by.get(name)
+        if c is None:
+            continue
+        out.append(f"| {name}: {COMPUTE_TITLES.get(name, name)} | {c['status'].upper()} | "
+                   f"{md(compute_short_figure(c), 80)} | {md(c.get('reason', ''), 200)} |")
+    return out
+
+
 def render_lock_stop(c):
     """The stopped-lock-holder cell: status, reason, the stop and each process's figures."""
     f = c.get("figures", {}) or {}
@@ -158,7 +260,9 @@ def render_markdown(results):
             out.append(f"- {k}: {env[k]}")
     s = results.get("summary", {})
     standard = bool(results.get("cells")) or not (results.get("physical")
-                                                  or results.get("lock_stop"))
+                                                  or results.get("lock_stop")
+                                                  or results.get("physical2")
+                                                  or results.get("compute"))
     if standard:
         out += _render_standard(results, s)
     tp = results.get("two_process")
@@ -193,6 +297,10 @@ def render_markdown(results):
                            f"{v.get('loss_last', '?')} | {md(v.get('error', ''), 120)} |")
     if results.get("physical"):
         out += render_physical(results["physical"])
+    if results.get("physical2"):
+        out += render_physical2(results["physical2"])
+    if results.get("compute"):
+        out += render_compute(results["compute"])
     if results.get("lock_stop"):
         out += render_lock_stop(results["lock_stop"])
     notes = results.get("notes", [])

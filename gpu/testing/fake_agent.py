@@ -37,8 +37,9 @@ def workloads():
         except OSError:
             continue
         args = cmd.split(b"\0")
-        phys = any(x in cmd for x in (b"mipmap_alloc", b"module_global")) or (
-            b"torch_alloc.py" in cmd and (b"drop" in args or b"grab" in args))
+        phys = any(x in cmd for x in (b"mipmap_alloc", b"module_global", b"limits_probe")) or (
+            b"torch_alloc.py" in cmd and (b"drop" in args or b"grab" in args
+                                          or b"fill" in args))
         if b"WL_HOLD_MB" not in env or (b"hold" not in args and not phys):
             continue
         # "Seeing the allocation": the stub runtime mallocs device memory, so the process's
@@ -50,7 +51,8 @@ def workloads():
             continue
         hooked = b"hami" in env.get(b"LD_PRELOAD", b"")
         if phys:
-            if vm < 200 * MIB:
+            # Python with fake torch starts at ~16 MiB of virtual size; the C programs higher.
+            if vm < (48 if b"torch_alloc.py" in cmd else 200) * MIB:
                 continue
             out.append({"pid": int(d), "comm": "wl", "container": "host", "hooked": hooked,
                         "observed": vm, "accounted": None, "verdict": "ok",
@@ -65,6 +67,30 @@ def workloads():
                     "observed": int(env[b"WL_HOLD_MB"]) * MIB,
                     "accounted": int(env[b"WL_HOLD_MB"]) * MIB if hooked else None,
                     "verdict": "ok" if hooked else "bypass"})
+    return out
+
+
+def compute_shares():
+    """The container compute share of every compute_spin process under a (fake) hami preload
+    with CUDA_DEVICE_SM_LIMIT: the limit itself (the stub runtime holds it there exactly)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"compute_spin" not in cmd or b"hami" not in env.get(b"LD_PRELOAD", b""):
+            continue
+        limit = env.get(b"CUDA_DEVICE_SM_LIMIT", b"").decode()
+        region = env.get(b"CUDA_DEVICE_MEMORY_SHARED_CACHE", b"").decode()
+        if limit.isdigit():
+            out.append(f'hami_container_compute_share_percent{{device="0",region="{region}"}} '
+                       f'{limit}')
     return out
 
 
@@ -85,6 +111,7 @@ def main():
                 lines = ["# TYPE hami_findings_total counter",
                          f'hami_findings_total{{kind="bypass"}} {len(raised)}',
                          f'hami_findings{{kind="bypass"}} {standing}']
+                lines += compute_shares()
                 for p in procs:
                     lines.append(f'hami_process_observed_bytes{{container="host",hooked='
                                  f'"{str(p["hooked"]).lower()}",pid="{p["pid"]}"}} {p["observed"]}')

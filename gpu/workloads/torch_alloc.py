@@ -9,6 +9,11 @@ One step of its own (the "physical" group, issue 8), `drop`: READY step=drop, wa
 WL_GRAB_MB, prints `ALLOC ok=1 bytes=..` (or `ALLOC ok=0 kind=..`), drops the tensor WITHOUT
 emptying the cache (a stream-ordered pool keeps the memory reserved), synchronises, prints
 `DROPPED reserved=.. allocated=..` and `HOLDING bytes=<reserved>`; waits; RELEASED.
+
+One more (the "physical2" group, issue 17), `fill`: READY step=fill, waits; allocates WL_CHUNK_MB
+(128) chunks until refused or WL_FILL_MAX_MB (2560) is reached, prints `FILL granted=<bytes>
+oom=0|1 kind=<exception name or none>` and `HOLDING bytes=<granted>`; waits; then goes on with
+what it has: frees it, runs the small matmul (`COMPUTE_OK` / `COMPUTE_FAIL err=..`); RELEASED.
 """
 
 import sys
@@ -91,7 +96,37 @@ def step_drop(b):
     wlproto.emit("RELEASED")
 
 
+def step_fill(b):
+    """Fill until refused (or the cap), hold, then go on computing (see the module docstring)."""
+    cap = wlproto.env_mb("WL_FILL_MAX_MB", 2560)
+    chunk = wlproto.env_mb("WL_CHUNK_MB", 128)
+    wlproto.wait_signal("fill")
+    wlproto.emit("ALLOC_T0", t=f"{time.time():.6f}")
+    held, granted, oom = [], 0, None
+    while granted + chunk <= cap:
+        try:
+            held.append(b.alloc(chunk))
+            granted += chunk
+        except Exception as e:  # noqa: BLE001 - the framework decides what it raises
+            if not b.is_oom(e):
+                raise
+            oom = type(e).__name__
+            break
+    b.torch.cuda.synchronize()
+    wlproto.emit("FILL", granted=granted, oom=1 if oom else 0, kind=oom or "none")
+    wlproto.emit("HOLDING", bytes=granted, requested=cap, t=f"{time.time():.6f}")
+    sys.stdin.readline()
+    b.free(held)
+    try:
+        ok = b.compute()
+        wlproto.emit("COMPUTE_OK" if ok else "COMPUTE_FAIL", err="" if ok else "wrong_result")
+    except Exception as e:  # noqa: BLE001
+        wlproto.emit("COMPUTE_FAIL", err=wlproto.one_line(e))
+    wlproto.emit("RELEASED")
+
+
 wlproto.STEPS["drop"] = step_drop
+wlproto.STEPS["fill"] = step_fill
 
 if __name__ == "__main__":
     sys.exit(wlproto.main(TorchBackend))

@@ -15,7 +15,9 @@ A workload is started with a list of steps as arguments and runs them in order:
             HOLDING bytes=..; waits; RELEASED
 Every step that raises prints STEP_ERROR step=<name> err=<one line>. The last line is DONE.
 Sizes come from the environment: WL_HOLD_MB (1024), WL_QUOTA_MB (4096), WL_GRAB_MB (3072),
-WL_CHUNK_MB (256).
+WL_CHUNK_MB (256). With WL_HOLD_ON_ERROR=1, a process whose init or a step failed prints
+`HOLDING bytes=0 error=1` and waits for a stdin line before DONE, so that what it still holds
+(a context) can be measured before it exits.
 """
 
 import os
@@ -184,6 +186,13 @@ STEPS = {
 }
 
 
+def hold_on_error():
+    """WL_HOLD_ON_ERROR=1: after a failure, hold until the runner has looked (see above)."""
+    if os.environ.get("WL_HOLD_ON_ERROR") == "1":
+        emit("HOLDING", bytes=0, error=1, t=f"{time.time():.6f}")
+        sys.stdin.readline()
+
+
 def main(make_backend):
     """Run the steps named in argv with the backend `make_backend()` returns."""
     emit("PID", pid=os.getpid())
@@ -192,6 +201,7 @@ def main(make_backend):
         b = make_backend()
     except Exception as e:  # noqa: BLE001
         emit("STEP_ERROR", step="init", err=one_line(e))
+        hold_on_error()
         emit("DONE", rc=2)
         return 2
     emit("INIT_OK", seconds=f"{time.time() - t0:.2f}")
@@ -209,5 +219,7 @@ def main(make_backend):
         except Exception as e:  # noqa: BLE001
             emit("STEP_ERROR", step=name, err=one_line(e))
             rc = 1
+    if rc:
+        hold_on_error()
     emit("DONE", rc=rc)
     return rc

@@ -1,6 +1,7 @@
 """A stand-in for PyTorch, for testing run_acceptance.py's torch cells without a GPU.
 
-Only what gpu/workloads/torch_alloc.py's hold, grab and drop steps call. "Device" memory is an
+Only what gpu/workloads/torch_alloc.py's hold, grab, drop and fill steps call (fill's small
+matmul check included: `ones`, `full`, `@`, `==`, `.all().item()` on a constant "matrix"). "Device" memory is an
 untouched anonymous mapping (the process's virtual size grows, which the fake nvidia-smi
 reports). A dropped tensor stays reserved (a caching allocator's pool) until empty_cache().
 Under a (fake) hami preload that is not "blind", allocations are refused with OutOfMemoryError
@@ -8,6 +9,7 @@ past CUDA_DEVICE_MEMORY_LIMIT, counting what the other fake-torch processes of t
 CUDA_DEVICE_MEMORY_SHARED_CACHE reserve (each writes its figure next to the region file).
 Not a model of PyTorch.
 """
+import fcntl
 import glob
 import mmap
 import os
@@ -70,8 +72,9 @@ class _Allocator:
 
     def publish(self):
         if _mine():
-            with open(_mine(), "w") as f:
+            with open(_mine() + ".tmp", "w") as f:
                 f.write(str(self.reserved))
+            os.replace(_mine() + ".tmp", _mine())
 
 
 _alloc = _Allocator()
@@ -90,9 +93,48 @@ class Tensor:
 
 
 def empty(n, dtype=None, device=None):
-    if _others() + _alloc.reserved + n > _limit():
-        raise OutOfMemoryError(f"fake: {n} bytes over the limit")
-    return Tensor(n)
+    region = os.environ.get("CUDA_DEVICE_MEMORY_SHARED_CACHE")
+    lock = open(region + ".faketorch-lock", "a") if region else None
+    try:  # processes of one region file admit one at a time, like the region's lock
+        if lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if _others() + _alloc.reserved + n > _limit():
+            raise OutOfMemoryError(f"fake: {n} bytes over the limit")
+        return Tensor(n)
+    finally:
+        if lock:
+            lock.close()
+
+
+def manual_seed(seed):
+    pass
+
+
+class _Const:
+    """A square matrix with every element equal to v (enough for the matmul check)."""
+
+    def __init__(self, shape, v):
+        self.shape, self.v = shape, v
+
+    def __matmul__(self, other):
+        return _Const((self.shape[0], other.shape[1]), self.v * other.v * self.shape[1])
+
+    def __eq__(self, x):
+        return _Const(self.shape, self.v == x)
+
+    def all(self):
+        return self
+
+    def item(self):
+        return self.v
+
+
+def ones(shape, device=None, dtype=None):
+    return _Const(shape, 1.0)
+
+
+def full(shape, v, device=None, dtype=None):
+    return _Const(shape, float(v))
 
 
 class _Cuda:
