@@ -15,8 +15,11 @@
 //! * **Waiting sleeps**: a submission that finds the budget negative sleeps for the deficit
 //!   at the refill rate (at most [`MAX_SLEEP_NS`] at a time) and checks again.
 //! * **Bounded queue**: at most [`inflight_limit`] metered submissions per device and
-//!   process are in flight (not yet debited); past it the submission polls the oldest with
-//!   `cuEventQuery` and short sleeps.
+//!   process are in flight (not yet debited): about [`QUEUE_AHEAD_NS`] of device time, one
+//!   kernel when kernels are long, so that a kernel is never preempted half done by the
+//!   GPU's time slicing between processes (its event pair would then count the other
+//!   process's slice); past it the submission polls the oldest with `cuEventQuery` and short
+//!   sleeps.
 //! * **Nothing is held**: the budget is only ever debited for work that completed, so a
 //!   process that dies or is stopped holds nothing; one stopped between advancing
 //!   `refilled_at_ns` and adding the refill loses at most one burst of the container's
@@ -50,8 +53,12 @@ pub const MAX_SLEEP_NS: u64 = 50_000_000;
 pub const MIN_SLEEP_NS: u64 = 20_000;
 /// Most metered submissions one process keeps in flight per device.
 pub const MAX_INFLIGHT: usize = 16;
-/// Fewest (so that the device is never starved by the bound itself).
-pub const MIN_INFLIGHT: usize = 2;
+/// Fewest: one, so that a kernel of its own is the only work a process has queued when the
+/// device switches to another process's time slice (see [`inflight_limit`]).
+pub const MIN_INFLIGHT: usize = 1;
+/// Device time (ns) of metered work one process may keep queued per device beyond the
+/// submission running: [`inflight_limit`].
+pub const QUEUE_AHEAD_NS: u64 = 250_000;
 /// Longest wait for the oldest submission in flight; past it the submission goes ahead
 /// (a kernel that never finishes must not hang the gate forever).
 pub const INFLIGHT_WAIT_NS: u64 = 2_000_000_000;
@@ -129,14 +136,23 @@ pub fn wait_needed(c: &ComputeCells<'_>, pct: u32, now_ns: u64) -> Option<u64> {
 }
 
 /// Metered submissions a process may keep in flight on a device, from the average measured
-/// duration of its submissions there: about a quarter of the bucket's burst, within
-/// [`MIN_INFLIGHT`]..=[`MAX_INFLIGHT`] ([`MAX_INFLIGHT`] before anything was measured).
-pub fn inflight_limit(pct: u32, avg_ns: u64) -> usize {
+/// duration of its submissions there: about [`QUEUE_AHEAD_NS`] (250 us) of device time, within
+/// [`MIN_INFLIGHT`]..=[`MAX_INFLIGHT`] ([`MIN_INFLIGHT`] before anything was measured).
+///
+/// Why so short a queue: the GPU time-slices between processes (contexts), and a process
+/// whose queue never runs dry is preempted at the end of each of its slices with a kernel
+/// half done, so that kernel's event pair spans the other process's slice and its time is
+/// debited too. On the H200 a queue of 12 one-millisecond kernels per process debited
+/// 1.2 times the device time really used (a 30 % container against a 70 % one got 24 %;
+/// two processes of one 50 % container 41 %). With one long kernel in flight the process's
+/// channel is idle when its kernel ends, the device switches to the other process then, and
+/// each kernel runs whole inside one slice (measured exactly: two processes of 1 ms kernels
+/// each measured 44 % of the wall time through their events, and got 44 %).
+pub fn inflight_limit(avg_ns: u64) -> usize {
     if avg_ns == 0 {
-        return MAX_INFLIGHT;
+        return MIN_INFLIGHT;
     }
-    let n = burst_ns(pct) as u64 / 4 / avg_ns;
-    (n as usize).clamp(MIN_INFLIGHT, MAX_INFLIGHT)
+    ((QUEUE_AHEAD_NS / avg_ns) as usize).clamp(MIN_INFLIGHT, MAX_INFLIGHT)
 }
 
 /// The effective share of a device from the region's record: `1..=99` with any policy but
@@ -389,11 +405,12 @@ pub fn before<'g, D: Driver, C: Clock>(
             (m.in_flight(t.dev), m.avg_ns[t.dev], m.oldest(t.dev))
         };
         let now = clock.now_ns();
-        if count >= inflight_limit(pct, avg) && oldest.is_some() {
+        if count >= inflight_limit(avg) && oldest.is_some() {
             let since = *inflight_since.get_or_insert(now);
             if now.saturating_sub(since) < INFLIGHT_WAIT_NS {
-                // About half the queue's expected drain time, then look again.
-                let step = (avg.saturating_mul(count as u64) / 2).clamp(MIN_SLEEP_NS, 1_000_000);
+                // An eighth of the queue's expected drain time (at most 100 us), then look
+                // again: the device waits at most that long for the next submission.
+                let step = (avg.saturating_mul(count as u64) / 8).clamp(MIN_SLEEP_NS, 100_000);
                 clock.sleep_ns(step);
                 waited += step;
                 continue;

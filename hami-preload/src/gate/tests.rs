@@ -369,7 +369,7 @@ fn the_work_in_flight_is_bounded() {
         );
         most = most.max(gate.in_flight(0));
     }
-    let limit = inflight_limit(90, MS);
+    let limit = inflight_limit(MS);
     assert!(most <= limit, "{most} in flight, limit {limit}");
     assert!(most >= limit - 1, "{most} in flight, limit {limit}");
     // A kernel that never completes holds the gate at most INFLIGHT_WAIT_NS.
@@ -518,10 +518,15 @@ fn shares_and_limits() {
     assert_eq!(effective_share(30, COMPUTE_POLICY_DISABLE), 0);
     assert_eq!(effective_share(0, COMPUTE_POLICY_FORCE), 0);
     assert_eq!(effective_share(100, COMPUTE_POLICY_FORCE), 0);
-    assert_eq!(inflight_limit(30, 0), MAX_INFLIGHT);
-    assert_eq!(inflight_limit(30, MS), 7);
-    assert_eq!(inflight_limit(30, 100 * MS), MIN_INFLIGHT);
-    assert_eq!(inflight_limit(90, 1_000), MAX_INFLIGHT);
+    assert_eq!(
+        inflight_limit(0),
+        MIN_INFLIGHT,
+        "one until a duration is known"
+    );
+    assert_eq!(inflight_limit(MS), 1, "long kernels: one in flight");
+    assert_eq!(inflight_limit(100 * MS), MIN_INFLIGHT);
+    assert_eq!(inflight_limit(50_000), 5, "250 us of short kernels");
+    assert_eq!(inflight_limit(1_000), MAX_INFLIGHT);
 }
 
 /// The split form the launch hook uses: the waits and the start event in `before`, the
@@ -548,7 +553,9 @@ fn before_and_after_bracket_one_submission() {
         after(t, &sim, CUDA_ERROR_INVALID_VALUE),
         CUDA_ERROR_INVALID_VALUE
     );
-    assert_eq!(gate.in_flight(0), 1, "a failed submission is not metered");
+    // One in flight before a duration is known: the second waited for the first (harvested
+    // meanwhile), and a failed submission is not metered.
+    assert_eq!(gate.in_flight(0), 0, "a failed submission is not metered");
     sim.sleep_ns(2 * MS);
     gate.harvest(&sim, |_| Some(cells.cells()));
     assert_eq!(gate.in_flight(0), 0);
@@ -571,6 +578,9 @@ fn the_submission_lock_brackets_the_pair_and_a_stale_one_is_taken_over() {
     sim.kernel(MS);
     after(t, &sim, CUDA_SUCCESS);
     assert_eq!(cells.lock.load(Ordering::Relaxed), 0, "released");
+    // Let the kernel complete, so that the next submission waits only for the lock.
+    sim.sleep_ns(2 * MS);
+    gate.harvest(&sim, |_| Some(cells.cells()));
     cells.lock.store(99, Ordering::Relaxed); // a holder that never comes back
     let at = sim.now.get();
     let t = before(&gate, &sim, &sim, |_| Some(cells.cells()), 30, target());

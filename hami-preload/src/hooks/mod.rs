@@ -18,8 +18,8 @@
 
 pub mod alloc;
 pub mod context;
-pub mod limits;
 pub mod launch;
+pub mod limits;
 pub mod modules;
 pub mod pools;
 pub mod procaddr;
@@ -27,8 +27,8 @@ pub mod views;
 
 pub use alloc::*;
 pub use context::*;
-pub use limits::*;
 pub use launch::*;
+pub use limits::*;
 pub use modules::*;
 pub use pools::*;
 pub use procaddr::*;
