@@ -135,24 +135,35 @@ pub fn wait_needed(c: &ComputeCells<'_>, pct: u32, now_ns: u64) -> Option<u64> {
     Some((repay.min(u128::from(MAX_SLEEP_NS)) as u64).max(MIN_SLEEP_NS))
 }
 
-/// Metered submissions a process may keep in flight on a device, from the average measured
-/// duration of its submissions there: about [`QUEUE_AHEAD_NS`] (250 us) of device time, within
-/// [`MIN_INFLIGHT`]..=[`MAX_INFLIGHT`] ([`MIN_INFLIGHT`] before anything was measured).
+/// Metered submissions a process may keep in flight on a device, from its share and the
+/// average measured duration of its submissions there ([`MIN_INFLIGHT`] before anything was
+/// measured):
+/// * a share of at most 50 %: about [`QUEUE_AHEAD_NS`] (250 us) of device time, one kernel
+///   when kernels are long;
+/// * above 50 %: about a quarter of the bucket's burst (a 70 % share and 4 ms kernels: 4),
+///   within [`MIN_INFLIGHT`]..=[`MAX_INFLIGHT`].
 ///
-/// Why so short a queue: the GPU time-slices between processes (contexts), and a process
-/// whose queue never runs dry is preempted at the end of each of its slices with a kernel
-/// half done, so that kernel's event pair spans the other process's slice and its time is
-/// debited too. On the H200 a queue of 12 one-millisecond kernels per process debited
-/// 1.2 times the device time really used (a 30 % container against a 70 % one got 24 %;
-/// two processes of one 50 % container 41 %). With one long kernel in flight the process's
-/// channel is idle when its kernel ends, the device switches to the other process then, and
-/// each kernel runs whole inside one slice (measured exactly: two processes of 1 ms kernels
-/// each measured 44 % of the wall time through their events, and got 44 %).
-pub fn inflight_limit(avg_ns: u64) -> usize {
+/// Why: the GPU time-slices between processes (contexts), and a process whose queue never
+/// runs dry is preempted at the end of each of its slices with a kernel half done, so that
+/// kernel's event pair spans the other process's slice and its time is debited too. On the
+/// H200 a queue of 12 one-millisecond kernels debited a 30 % container beside a 70 % one for
+/// more than it ran (it got 24 %), and two processes of one 50 % container got 41 %. With one
+/// long kernel in flight the process's channel is idle when its kernel ends, the device
+/// switches to the other process then, and each kernel runs whole inside one slice (30 %
+/// beside 70 %: 31 %; two of one 50 % container: 52 %). But every kernel then costs a switch
+/// between the processes, about 100 us on the H200, so that a share above one half cannot be
+/// reached beside another busy process (70 % beside 30 %: 59 %): those keep a queue, and pay
+/// for it only the other process's slices that land inside their pairs.
+pub fn inflight_limit(pct: u32, avg_ns: u64) -> usize {
     if avg_ns == 0 {
         return MIN_INFLIGHT;
     }
-    ((QUEUE_AHEAD_NS / avg_ns) as usize).clamp(MIN_INFLIGHT, MAX_INFLIGHT)
+    let n = if pct > 50 {
+        burst_ns(pct) as u64 / 4 / avg_ns
+    } else {
+        QUEUE_AHEAD_NS / avg_ns
+    };
+    (n as usize).clamp(MIN_INFLIGHT, MAX_INFLIGHT)
 }
 
 /// The effective share of a device from the region's record: `1..=99` with any policy but
@@ -405,7 +416,7 @@ pub fn before<'g, D: Driver, C: Clock>(
             (m.in_flight(t.dev), m.avg_ns[t.dev], m.oldest(t.dev))
         };
         let now = clock.now_ns();
-        if count >= inflight_limit(avg) && oldest.is_some() {
+        if count >= inflight_limit(pct, avg) && oldest.is_some() {
             let since = *inflight_since.get_or_insert(now);
             if now.saturating_sub(since) < INFLIGHT_WAIT_NS {
                 // A 32nd of the queue's expected drain time (20 to 50 us), then look again:

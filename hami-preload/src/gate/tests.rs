@@ -369,7 +369,7 @@ fn the_work_in_flight_is_bounded() {
         );
         most = most.max(gate.in_flight(0));
     }
-    let limit = inflight_limit(MS);
+    let limit = inflight_limit(90, MS);
     assert!(most <= limit, "{most} in flight, limit {limit}");
     assert!(most >= limit - 1, "{most} in flight, limit {limit}");
     // A kernel that never completes holds the gate at most INFLIGHT_WAIT_NS.
@@ -519,14 +519,24 @@ fn shares_and_limits() {
     assert_eq!(effective_share(0, COMPUTE_POLICY_FORCE), 0);
     assert_eq!(effective_share(100, COMPUTE_POLICY_FORCE), 0);
     assert_eq!(
-        inflight_limit(0),
+        inflight_limit(30, 0),
         MIN_INFLIGHT,
         "one until a duration is known"
     );
-    assert_eq!(inflight_limit(MS), 1, "long kernels: one in flight");
-    assert_eq!(inflight_limit(100 * MS), MIN_INFLIGHT);
-    assert_eq!(inflight_limit(50_000), 5, "250 us of short kernels");
-    assert_eq!(inflight_limit(1_000), MAX_INFLIGHT);
+    assert_eq!(
+        inflight_limit(30, MS),
+        1,
+        "long kernels at a small share: one in flight"
+    );
+    assert_eq!(inflight_limit(50, 100 * MS), MIN_INFLIGHT);
+    assert_eq!(inflight_limit(50, 50_000), 5, "250 us of short kernels");
+    assert_eq!(inflight_limit(30, 1_000), MAX_INFLIGHT);
+    assert_eq!(
+        inflight_limit(70, 4 * MS),
+        4,
+        "above half: a quarter of the burst"
+    );
+    assert_eq!(inflight_limit(90, 100 * MS), MIN_INFLIGHT);
 }
 
 /// The split form the launch hook uses: the waits and the start event in `before`, the
