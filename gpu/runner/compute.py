@@ -15,8 +15,8 @@ from acceptance.compute import (agent_share_values, eval_agent_share, eval_hami,
                                 native_reference, parse_launch, parse_result, share_pct)
 from acceptance.evaluate import cell
 from acceptance.parse import find_tag, parse_prometheus, to_int
-from acceptance.spec import (AGENT_SHARE_SECONDS, COMPUTE_CELLS, COMPUTE_MEM_LIMIT_MB,
-                             SHARE_TOL_POINTS)
+from acceptance.spec import (AGENT_SHARE_SECONDS, AGENT_SHARE_WINDOW_SECONDS, COMPUTE_CELLS,
+                             COMPUTE_MEM_LIMIT_MB, SHARE_TOL_POINTS)
 
 from .procs import WORKLOADS_DIR, find_libcuda, run_cmd, tail
 
@@ -151,7 +151,7 @@ class ComputePhases:
 
     def agent_share_cell(self, native):
         """The 50 % cell again while `hami-agent run` watches; its container share read from
-        /metrics during the second half of the run."""
+        /metrics once the agent's share window lies wholly inside the run."""
         name = "agent-share"
         secs = max(AGENT_SHARE_SECONDS, self.args.share_seconds)
         started = self.agent.start(self.base_env())
@@ -183,7 +183,8 @@ class ComputePhases:
         res = got[0][0]
         runner = share_pct(res.get("rate"), native) if res and not res.get("error") else None
         metric, values = None, []
-        t_start = t_go + secs / 2.0
+        # Polls whose agent window lies wholly inside the run (or its second half, if shorter).
+        t_start = t_go + max(secs / 2.0, min(AGENT_SHARE_WINDOW_SECONDS + 0.5, secs - 1.5))
         for t, samples in polls:
             m, v = agent_share_values(samples, region)
             if m:
