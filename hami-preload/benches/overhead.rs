@@ -107,7 +107,7 @@ fn run(
                 .env("FAKE_CUDA_TOTAL_MEM", "1T")
                 .env("CUDA_DEVICE_MEMORY_LIMIT", "512G")
                 .env("HAMI_CONTEXT_OVERHEAD", "0")
-                .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.join("region"))
+                .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region_for(dir, preload))
                 .env_remove("LD_PRELOAD")
                 .stdin(gate_r.try_clone().unwrap())
                 .stdout(Stdio::piped());
@@ -204,7 +204,7 @@ fn launch_ns(
     .env("FAKE_CUDA_TOTAL_MEM", "1T")
     .env("CUDA_DEVICE_MEMORY_LIMIT", "512G")
     .env("HAMI_CONTEXT_OVERHEAD", "0")
-    .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", dir.join("region"))
+    .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", region_for(dir, preload))
     .env_remove("LD_PRELOAD")
     .stdin(Stdio::null());
     if let Some(p) = preload {
@@ -569,4 +569,14 @@ fn launch_costs(
             added(&based)
         );
     }
+}
+
+/// The region file of the runs of `preload`: one per build, so that a baseline built with
+/// another layout version (`HAMI_BENCH_BASELINE`) never opens this build's region (it would
+/// refuse it and fail closed).
+fn region_for(dir: &Path, preload: Option<&Path>) -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    preload.hash(&mut h);
+    dir.join(format!("region-{:016x}", h.finish()))
 }
