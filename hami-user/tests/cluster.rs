@@ -529,7 +529,7 @@ fn chart_renders_and_every_manifest_validates() {
         .arg(root.join("deploy/helm/hami-agent"))
         .arg(out_dir.path())
         .arg("{}")
-        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"perProcessMetrics":true,"allowUnhookedNamespaces":["gpu-raw"]},"runtimeClassName":"nvidia","seccompProfile":"RuntimeDefault","hamiSwap":{"enabled":true}}"#)
+        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"perProcessMetrics":true,"allowUnhookedNamespaces":["gpu-raw"]},"runtimeClassName":"nvidia","seccompProfile":"Unconfined","hamiSwap":{"enabled":true},"serviceMonitor":{"enabled":true},"prometheusRule":{"enabled":true}}"#)
         .arg(r#"{"hamiSwap":{"enabled":true,"mode":"rollback","vgpuDir":"/opt/hami/vgpu"}}"#)
         .arg(r#"{"hamiSwap":{"enabled":true,"removeStaleFolders":true}}"#)
         .output()
@@ -580,13 +580,36 @@ fn chart_renders_and_every_manifest_validates() {
     );
     assert!(ds_gc.contains("- --self-uid=$(POD_UID)\n"));
     assert!(ds_gc.contains("fieldPath: metadata.uid"));
+    // The prometheus-operator kinds: by default (auto) only where the API is served, which
+    // Helm's default capabilities do not; forced on with `enabled: true`.
+    for kind in ["servicemonitor", "prometheusrule"] {
+        assert!(
+            !out_dir
+                .path()
+                .join(format!("0-hami-agent_templates_{kind}.yaml"))
+                .exists(),
+            "{kind} rendered without monitoring.coreos.com/v1"
+        );
+    }
+    assert!(out_dir
+        .path()
+        .join("1-hami-agent_templates_prometheusrule.yaml")
+        .exists());
     let sm = std::fs::read_to_string(
         out_dir
             .path()
-            .join("0-hami-agent_templates_servicemonitor.yaml"),
+            .join("1-hami-agent_templates_servicemonitor.yaml"),
     )
     .unwrap();
     assert!(sm.contains("honorLabels: false"), "{sm}");
+    // The defaults: GPU nodes only, system-node-critical, RuntimeDefault seccomp.
+    assert!(
+        ds.contains("priorityClassName: system-node-critical\n"),
+        "{ds}"
+    );
+    assert!(ds.contains("type: RuntimeDefault\n"), "{ds}");
+    assert!(ds.contains("key: nvidia.com/gpu.present\n"), "{ds}");
+    assert!(ds_reclaim.contains("type: Unconfined\n"), "{ds_reclaim}");
 }
 
 /// The agent recognises hami-preload installed as HAMi's `libvgpu.so` by this symbol: the
@@ -685,4 +708,183 @@ fn real_helm_lints_strict_and_renders_the_hami_swap_option() {
         err.contains("hamiSwap.mode must be install or rollback") && err.contains("sideways"),
         "{err}"
     );
+}
+
+fn helm_template(args: &[&str]) -> std::process::Output {
+    let mut c = Command::new(helm_bin());
+    c.args(["template", "hami", "-n", "hami-system"])
+        .arg(workspace_root().join("deploy/helm/hami-agent"))
+        .args(args);
+    c.output().unwrap()
+}
+
+/// The `kind:` lines of a render that must succeed.
+fn rendered_kinds(args: &[&str]) -> Vec<String> {
+    let out = helm_template(args);
+    assert!(
+        out.status.success(),
+        "helm template {args:?}:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("kind: "))
+        .map(|k| k.trim().to_string())
+        .collect()
+}
+
+/// ServiceMonitor and PrometheusRule need prometheus-operator's CRDs: rendered by default only
+/// when the cluster serves monitoring.coreos.com/v1, so the chart installs on a cluster
+/// without them; `true` and `false` force them either way.
+#[test]
+fn real_helm_renders_the_prometheus_operator_kinds_only_where_the_api_exists() {
+    let api = ["--api-versions", "monitoring.coreos.com/v1"];
+    let without = rendered_kinds(&[]);
+    assert!(without.contains(&"DaemonSet".to_string()), "{without:?}");
+    assert!(
+        !without
+            .iter()
+            .any(|k| k == "ServiceMonitor" || k == "PrometheusRule"),
+        "rendered without the monitoring API: {without:?}"
+    );
+    let with = rendered_kinds(&api);
+    assert!(with.contains(&"ServiceMonitor".to_string()), "{with:?}");
+    assert!(with.contains(&"PrometheusRule".to_string()), "{with:?}");
+    let forced = rendered_kinds(&[
+        "--set",
+        "serviceMonitor.enabled=true",
+        "--set",
+        "prometheusRule.enabled=true",
+    ]);
+    assert!(forced.contains(&"ServiceMonitor".to_string()), "{forced:?}");
+    assert!(forced.contains(&"PrometheusRule".to_string()), "{forced:?}");
+    let off = rendered_kinds(&[
+        api[0],
+        api[1],
+        "--set",
+        "serviceMonitor.enabled=false",
+        "--set",
+        "prometheusRule.enabled=auto",
+    ]);
+    assert!(!off.contains(&"ServiceMonitor".to_string()), "{off:?}");
+    assert!(off.contains(&"PrometheusRule".to_string()), "{off:?}");
+    // Lint passes both ways (`helm lint` has no --api-versions: forced on instead).
+    for set in [
+        &[][..],
+        &[
+            "--set",
+            "serviceMonitor.enabled=true",
+            "--set",
+            "prometheusRule.enabled=true",
+        ][..],
+    ] {
+        let out = Command::new(helm_bin())
+            .args(["lint", "--strict"])
+            .arg(workspace_root().join("deploy/helm/hami-agent"))
+            .args(set)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "helm lint --strict {set:?}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The DaemonSet's defaults: only on GPU nodes (NVIDIA's feature-discovery label or HAMi's
+/// `gpu=on`, either one), `system-node-critical`, seccomp `RuntimeDefault`; each a value.
+#[test]
+fn real_helm_renders_gpu_node_affinity_priority_and_seccomp_by_default() {
+    let out = helm_template(&["--show-only", "templates/daemonset.yaml"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ds = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        ds.contains("      priorityClassName: system-node-critical\n"),
+        "{ds}"
+    );
+    assert!(
+        ds.contains("        seccompProfile:\n          type: RuntimeDefault\n"),
+        "{ds}"
+    );
+    assert!(!ds.contains("Unconfined"), "{ds}");
+    // Two nodeSelectorTerms (ORed), one label each.
+    let terms = "      affinity:\n        nodeAffinity:\n          requiredDuringSchedulingIgnoredDuringExecution:\n            nodeSelectorTerms:\n            - matchExpressions:\n              - key: nvidia.com/gpu.present\n                operator: In\n                values:\n                - \"true\"\n            - matchExpressions:\n              - key: gpu\n                operator: In\n                values:\n                - \"on\"\n";
+    assert!(ds.contains(terms), "{ds}");
+    // Each is a value: off, another class, Unconfined for older runtimes.
+    let out = helm_template(&[
+        "--show-only",
+        "templates/daemonset.yaml",
+        "--set",
+        "gpuNodeAffinity.enabled=false",
+        "--set",
+        "priorityClassName=",
+        "--set",
+        "seccompProfile=Unconfined",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ds = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!ds.contains("affinity:"), "{ds}");
+    assert!(!ds.contains("priorityClassName"), "{ds}");
+    assert!(ds.contains("type: Unconfined\n"), "{ds}");
+    // An affinity of the user's own replaces the GPU default's nodeAffinity.
+    let out = helm_template(&[
+        "--show-only",
+        "templates/daemonset.yaml",
+        "--set-json",
+        r#"affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"pool","operator":"In","values":["gpu-a"]}]}]}}}"#,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ds = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(ds.contains("- key: pool\n"), "{ds}");
+    assert!(!ds.contains("nvidia.com/gpu.present"), "{ds}");
+}
+
+/// values.schema.json refuses at install what the agent would refuse at start (a log format
+/// it does not know) and keys the chart does not have, top-level and nested.
+#[test]
+fn real_helm_refuses_values_the_schema_does_not_allow() {
+    for (set, names) in [
+        ("agent.logFormat=yaml", "/agent/logFormat"),
+        ("logFormat=yaml", "logFormat"),
+        ("serviceMonitr.enabled=true", "serviceMonitr"),
+        ("agent.perProccessMetrics=true", "perProccessMetrics"),
+        ("serviceMonitor.enabled=maybe", "/serviceMonitor/enabled"),
+        ("seccompProfile=Unconfind", "/seccompProfile"),
+    ] {
+        let out = helm_template(&["--set", set]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--set {set} accepted");
+        assert!(err.contains(names), "--set {set}: {err}");
+        let lint = Command::new(helm_bin())
+            .args(["lint", "--strict"])
+            .arg(workspace_root().join("deploy/helm/hami-agent"))
+            .args(["--set", set])
+            .output()
+            .unwrap();
+        assert!(!lint.status.success(), "helm lint --set {set} passed");
+    }
+    // The two formats the agent's --log-format takes are accepted, and reach its flag.
+    for f in ["text", "json"] {
+        let out = helm_template(&["--set", &format!("agent.logFormat={f}")]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("- --log-format={f}\n")));
+    }
 }
