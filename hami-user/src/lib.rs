@@ -13,12 +13,14 @@
 //! * [`http`]: the `/metrics` and `/healthz` endpoint (axum);
 //! * [`agent`]: the event-fed core that ties them together;
 //! * [`report`]: audit table / JSON and `inspect` output;
+//! * [`cli`]: parsers of the command line's sizes and durations;
 //! * [`tenantfs`]: opening and reading files that tenants name or control, safely;
 //! * `probes` (eBPF loading, attaching, libcuda discovery, event stream).
 #![warn(missing_docs)]
 
 pub mod access;
 pub mod agent;
+pub mod cli;
 pub mod compute;
 pub mod findings;
 pub mod http;

@@ -15,6 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use std::io::Write as _;
 
 use hami_user::agent::AgentOptions;
+use hami_user::cli;
 use hami_user::compute::ComputeOptions;
 use hami_user::findings::Tolerance;
 use hami_user::http::parse_listen_addr;
@@ -56,12 +57,23 @@ enum Cmd {
     },
     /// Watch for N seconds, print a table (or JSON); exit 2 on bypass or over-limit.
     Audit {
-        /// Seconds to watch (Ctrl-C ends earlier).
-        #[arg(long, default_value_t = 5.0)]
-        seconds: f64,
-        /// Print JSON instead of the table.
-        #[arg(long)]
+        /// Seconds to watch, 0 to one week (Ctrl-C ends earlier).
+        #[arg(long, default_value = "5", value_parser = cli::parse_seconds, allow_negative_numbers = true)]
+        seconds: Duration,
+        /// Output: `table`, `wide` (the table with namespace, pod, uid, command, NVML GPU
+        /// and finding reasons) or `json`.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table)]
+        output: Output,
+        /// Print JSON instead of the table (same as `-o json`).
+        #[arg(long, conflicts_with = "output")]
         json: bool,
+        /// Only the processes, regions and findings of this Kubernetes namespace.
+        #[arg(long, value_name = "NS")]
+        namespace: Option<String>,
+        /// Only the processes, regions and findings of this pod (its name; with
+        /// `--namespace` to tell apart pods of the same name).
+        #[arg(long, value_name = "POD")]
+        pod: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -87,37 +99,39 @@ struct Common {
     /// taken to be in the agent's pid namespace).
     #[arg(long = "region", value_name = "PATH")]
     regions: Vec<PathBuf>,
-    /// Evaluation period in milliseconds.
-    #[arg(long, default_value_t = 250)]
+    /// Evaluation period in milliseconds (at most one hour).
+    #[arg(long, default_value_t = 250, value_parser = cli::parse_millis, allow_negative_numbers = true)]
     interval: u64,
-    /// How long a finding that can be a transient race must persist, in milliseconds.
-    #[arg(long, default_value_t = 300)]
+    /// How long a finding that can be a transient race must persist, in milliseconds (at
+    /// most one hour).
+    #[arg(long, default_value_t = 300, value_parser = cli::parse_millis, allow_negative_numbers = true)]
     settle_ms: u64,
-    /// Minimum tolerated difference between observed and accounted, in bytes.
-    #[arg(long, default_value_t = 2 << 20)]
+    /// Minimum tolerated difference between observed and accounted: bytes or K/M/G/T
+    /// (powers of 1024, as the preload's limits).
+    #[arg(long, default_value = "2M", value_parser = cli::parse_size_flag, allow_negative_numbers = true)]
     tolerance_bytes: u64,
     /// Relative tolerated difference, in percent of the larger figure.
     #[arg(long, default_value_t = 1.0)]
     tolerance_pct: f64,
-    /// NVML sampling period in milliseconds (the physical check).
-    #[arg(long, default_value_t = 1000)]
+    /// NVML sampling period in milliseconds (the physical check; at most one hour).
+    #[arg(long, default_value_t = 1000, value_parser = cli::parse_millis, allow_negative_numbers = true)]
     nvml_interval: u64,
     /// How long a finding against NVML must persist, in milliseconds (it must also hold in
-    /// two NVML samples).
-    #[arg(long, default_value_t = 1000)]
+    /// two NVML samples; at most one hour).
+    #[arg(long, default_value_t = 1000, value_parser = cli::parse_millis, allow_negative_numbers = true)]
     nvml_settle_ms: u64,
-    /// Absolute tolerance between NVML's figures and the region's, in bytes.
-    #[arg(long, default_value_t = 64 << 20)]
+    /// Absolute tolerance between NVML's figures and the region's: bytes or K/M/G/T.
+    #[arg(long, default_value = "64M", value_parser = cli::parse_size_flag, allow_negative_numbers = true)]
     nvml_tolerance_bytes: u64,
     /// Relative tolerance between NVML's figures and the region's, in percent.
     #[arg(long, default_value_t = 2.0)]
     nvml_tolerance_pct: f64,
     /// Window of the exported compute share, in seconds: the mean of the NVML samples in it.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600), allow_negative_numbers = true)]
     compute_share_window_secs: u64,
     /// Window of the `compute_over_limit` finding, in seconds: the container's mean share
     /// over it is compared with its limit, once it has been measured that long.
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600), allow_negative_numbers = true)]
     compute_window_secs: u64,
     /// How many percentage points of the device the mean share may exceed the limit by.
     #[arg(long, default_value_t = 10.0, value_parser = parse_points)]
@@ -138,6 +152,17 @@ struct Common {
     /// `RUST_LOG` (or `HAMI_AGENT_LOG`) sets the filter, default `info`.
     #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
+}
+
+/// `audit`'s output (`-o`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    /// The table.
+    Table,
+    /// The table with more columns.
+    Wide,
+    /// The report as one JSON document.
+    Json,
 }
 
 /// Log line format.
@@ -316,30 +341,34 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
         }
         Cmd::Audit {
             seconds,
+            output,
             json,
+            namespace,
+            pod,
             common,
         } => {
+            let output = if json { Output::Json } else { output };
+            let json = output == Output::Json;
+            let filter = report::Filter { namespace, pod };
             // With --json, stdout is the report only and stderr is JSON lines too.
             init_logging(common.log_format.unwrap_or(if json {
                 LogFormat::Json
             } else {
                 LogFormat::Text
             }));
-            let secs = if seconds.is_finite() && seconds >= 0.0 {
-                seconds
-            } else {
-                0.0
-            };
-            let opts = common.options(None, Some(Duration::from_secs_f64(secs)), !json);
+            let opts = common.options(None, Some(seconds), !json);
             let rep = runtime()?
                 .block_on(runner::run(opts))
-                .context("hami-agent audit")?;
-            if json {
-                let mut text = serde_json::to_string_pretty(&rep)?;
-                text.push('\n');
-                print_out(&text)?;
-            } else {
-                print_out(&rep.table())?;
+                .context("hami-agent audit")?
+                .filtered(&filter);
+            match output {
+                Output::Json => {
+                    let mut text = serde_json::to_string_pretty(&rep)?;
+                    text.push('\n');
+                    print_out(&text)?;
+                }
+                Output::Wide => print_out(&rep.table_wide())?,
+                Output::Table => print_out(&rep.table())?,
             }
             Ok(ExitCode::from(rep.exit_code() as u8))
         }

@@ -130,6 +130,21 @@ impl NvmlSnapshot {
         (!known.is_empty()).then_some(known)
     }
 
+    /// NVML indexes of the devices whose process list names `pid` (with a used-memory figure
+    /// or without one), sorted: where it holds a context. Empty when it is listed nowhere.
+    pub fn devices_of(&self, pid: u32) -> Vec<u32> {
+        let mut d: Vec<u32> = self
+            .per_device
+            .get(&pid)
+            .into_iter()
+            .flat_map(|m| m.keys().copied())
+            .chain(self.unreported.get(&pid).into_iter().flatten().copied())
+            .collect();
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+
     /// Total of `pid` over the devices whose figure is known; `None` when nothing is known.
     pub fn total_of(&self, pid: u32) -> Option<u64> {
         self.used_by(pid).map(|m| saturating_sum(m.values()))
@@ -443,6 +458,19 @@ impl Nvml {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn devices_of_lists_where_nvml_names_the_pid_with_or_without_a_figure() {
+        let mut n = NvmlSnapshot::default();
+        n.queried.extend([0, 1, 2]);
+        n.add_process(2, 10, Some(5), true);
+        n.add_process(0, 10, None, true);
+        n.add_process(1, 11, Some(0), true);
+        n.finish();
+        assert_eq!(n.devices_of(10), vec![0, 2]);
+        assert_eq!(n.devices_of(11), vec![1]);
+        assert!(n.devices_of(12).is_empty());
+    }
 
     #[test]
     fn per_device_figures_distinguish_nothing_from_unknown() {

@@ -84,6 +84,29 @@ pub struct ReportFinding {
     pub standing: bool,
 }
 
+/// Which rows `audit` keeps: `--namespace` and `--pod`, matched exactly against the pod
+/// identity the agent resolves for each process and region (see [`crate::identity`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Filter {
+    /// Kubernetes namespace to keep (`None`: any).
+    pub namespace: Option<String>,
+    /// Pod name to keep (`None`: any).
+    pub pod: Option<String>,
+}
+
+impl Filter {
+    /// Whether the filter keeps everything.
+    pub fn is_empty(&self) -> bool {
+        self.namespace.is_none() && self.pod.is_none()
+    }
+
+    /// Whether a process or region of this namespace and pod is kept.
+    pub fn matches(&self, namespace: &str, pod: &str) -> bool {
+        self.namespace.as_deref().is_none_or(|n| n == namespace)
+            && self.pod.as_deref().is_none_or(|p| p == pod)
+    }
+}
+
 /// The `audit` report.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct AuditReport {
@@ -105,6 +128,9 @@ pub struct AuditReport {
     pub reclaimed: Vec<Reclaimed>,
     /// Whether any bypass or over-limit was found (the exit status is then non-zero).
     pub failed: bool,
+    /// The `--namespace` / `--pod` filter applied (`None`: the whole node).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filter: Option<Filter>,
 }
 
 impl AuditReport {
@@ -141,7 +167,40 @@ impl AuditReport {
             findings,
             reclaimed,
             failed,
+            filter: None,
         }
+    }
+
+    /// Keeps only the processes and regions of the filter's namespace and pod, the findings
+    /// about them (by pid; a finding without a pid by its region and container) and the
+    /// slots reclaimed in kept regions. `failed` (and so the exit status) then reflects the
+    /// kept findings only. An empty filter keeps everything.
+    pub fn filtered(mut self, filter: &Filter) -> AuditReport {
+        if filter.is_empty() {
+            return self;
+        }
+        self.processes
+            .retain(|p| filter.matches(&p.namespace, &p.pod));
+        self.regions
+            .retain(|r| filter.matches(&r.namespace, &r.pod));
+        let pids: Vec<u32> = self.processes.iter().map(|p| p.pid).collect();
+        let regions = &self.regions;
+        let in_region = |name: Option<&str>, container: &str| {
+            name.is_some_and(|n| {
+                regions
+                    .iter()
+                    .any(|r| r.name == n && r.container == container)
+            })
+        };
+        self.findings.retain(|f| match f.finding.pid {
+            Some(pid) => pids.contains(&pid),
+            None => in_region(f.finding.region.as_deref(), &f.finding.container),
+        });
+        self.reclaimed
+            .retain(|r| in_region(Some(&r.region), &r.container));
+        self.failed = self.findings.iter().any(|f| f.finding.kind.is_failure());
+        self.filter = Some(filter.clone());
+        self
     }
 
     /// The process exit status for this report.
@@ -155,38 +214,78 @@ impl AuditReport {
 
     /// The human table.
     pub fn table(&self) -> String {
+        self.render(false)
+    }
+
+    /// The human table with more columns (`-o wide`): namespace, pod, uid and command
+    /// after the container, the NVML GPU indexes after the device, and the reasons of the
+    /// process's standing findings at the end.
+    pub fn table_wide(&self) -> String {
+        self.render(true)
+    }
+
+    fn render(&self, wide: bool) -> String {
         // The compute column only where some container has a compute limit.
         let compute = self.processes.iter().any(|p| p.compute_limit.is_some());
-        let mut rows: Vec<Vec<String>> = vec![vec![
-            "PID".into(),
-            "CONTAINER".into(),
-            "NSPID".into(),
-            "HOOKED".into(),
-            "REGION".into(),
-            "LIMIT".into(),
-            "ACCOUNTED".into(),
-            "OBSERVED".into(),
-            "NVML".into(),
-            "VERDICT".into(),
-        ]];
-        if compute {
-            rows[0].insert(9, "COMPUTE".into());
+        let mut header: Vec<&str> = vec!["PID", "CONTAINER"];
+        if wide {
+            header.extend(["NAMESPACE", "POD", "UID", "COMMAND"]);
         }
+        header.extend(["NSPID", "HOOKED", "DEVICE"]);
+        if wide {
+            header.push("NVML_GPU");
+        }
+        header.extend(["REGION", "LIMIT", "ACCOUNTED", "OBSERVED", "NVML"]);
+        if compute {
+            header.push("COMPUTE");
+        }
+        header.push("VERDICT");
+        if wide {
+            header.push("REASONS");
+        }
+        let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+        let list = |v: &[u32]| {
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            }
+        };
+        let text = |s: &str| {
+            if s.is_empty() {
+                "-".to_string()
+            } else {
+                s.to_string()
+            }
+        };
         let opt = |v: Option<u64>| v.map_or("-".to_string(), human_bytes);
         for p in &self.processes {
             let mut verdict = p.verdict.clone();
             if p.baseline.is_some() {
                 verdict.push_str(" (baseline)");
             }
-            let mut row = vec![
-                p.pid.to_string(),
-                short_container(&p.container),
+            let mut row = vec![p.pid.to_string(), short_container(&p.container)];
+            if wide {
+                row.extend([
+                    text(&p.namespace),
+                    text(&p.pod),
+                    p.uid.map_or("-".into(), |u| u.to_string()),
+                    text(&p.comm),
+                ]);
+            }
+            row.extend([
                 p.nspid.map_or("-".into(), |n| n.to_string()),
                 match p.hooked {
                     Some(true) => "yes".into(),
                     Some(false) => "no".into(),
                     None => "?".into(),
                 },
+                list(&p.devices),
+            ]);
+            if wide {
+                row.push(list(&p.nvml_devices));
+            }
+            row.extend([
                 p.region.clone().unwrap_or_else(|| "-".into()),
                 match p.limit {
                     Some(0) => "unlimited".into(),
@@ -199,10 +298,25 @@ impl AuditReport {
                     if p.unknown_device { "*" } else { "" }
                 ),
                 opt(p.nvml),
-                verdict,
-            ];
+            ]);
             if compute {
-                row.insert(9, compute_cell(p.compute_share, p.compute_limit));
+                row.push(compute_cell(p.compute_share, p.compute_limit));
+            }
+            row.push(verdict);
+            if wide {
+                let mut reasons: Vec<&str> = self
+                    .findings
+                    .iter()
+                    .filter(|f| f.standing && f.finding.pid == Some(p.pid))
+                    .map(|f| f.finding.reason)
+                    .collect();
+                reasons.sort_unstable();
+                reasons.dedup();
+                row.push(if reasons.is_empty() {
+                    "-".into()
+                } else {
+                    reasons.join(",")
+                });
             }
             rows.push(row);
         }
@@ -222,7 +336,25 @@ impl AuditReport {
             let _ = writeln!(out, "{}", line.join("  ").trim_end());
         }
         if self.processes.is_empty() {
-            let _ = writeln!(out, "(no GPU process seen)");
+            match &self.filter {
+                Some(f) => {
+                    let _ = writeln!(
+                        out,
+                        "(no GPU process seen in namespace {} pod {})",
+                        f.namespace.as_deref().unwrap_or("*"),
+                        f.pod.as_deref().unwrap_or("*")
+                    );
+                }
+                None => {
+                    let _ = writeln!(out, "(no GPU process seen)");
+                }
+            }
+        }
+        if !self.processes.is_empty() {
+            let _ = writeln!(
+            out,
+            "DEVICE = the CUDA ordinals (as the process numbers its devices) its memory is on, from the probes and its region slot"
+        );
         }
         if self.processes.iter().any(|p| p.unknown_device) {
             let _ = writeln!(
@@ -697,6 +829,210 @@ mod tests {
         assert_eq!(j["processes"][0]["compute_share"], 45.25);
         assert_eq!(j["nvml"]["compute"]["window"], 30.0);
         assert_eq!(j["nvml"]["compute"]["tolerance_points"], 10.0);
+    }
+
+    fn finding(
+        kind: crate::findings::FindingKind,
+        pid: Option<u32>,
+        region: Option<&str>,
+        container: &str,
+    ) -> Finding {
+        Finding {
+            kind,
+            reason: crate::findings::reason::NO_PRELOAD,
+            pid,
+            uid: None,
+            nspid: None,
+            container: container.into(),
+            region: region.map(str::to_string),
+            device: None,
+            slot: None,
+            bytes: 1 << 20,
+            observed: None,
+            accounted: None,
+            limit: None,
+            detail: "x".into(),
+        }
+    }
+
+    fn pod_row(pid: u32, ns: &str, pod: &str, devices: Vec<u32>) -> ProcessRow {
+        ProcessRow {
+            pid,
+            comm: "python".into(),
+            container: format!("{pod}-main"),
+            namespace: ns.into(),
+            pod: pod.into(),
+            uid: Some(1000 + pid),
+            hooked: Some(true),
+            region: Some("/tmp/cudevshr.cache".into()),
+            devices,
+            nvml_devices: vec![3],
+            verdict: "ok".into(),
+            ..Default::default()
+        }
+    }
+
+    fn region_row(ns: &str, pod: &str) -> RegionRow {
+        RegionRow {
+            name: "/tmp/cudevshr.cache".into(),
+            host_path: format!("/run/{pod}/cudevshr.cache"),
+            container: format!("{pod}-main"),
+            namespace: ns.into(),
+            pod: pod.into(),
+            file_id: "1:2".into(),
+            device_count: 1,
+            limits: vec![1 << 30],
+            used: vec![0],
+            active_slots: 1,
+            reclaimed_slots: 0,
+            compute: vec![],
+            error: None,
+        }
+    }
+
+    #[test]
+    fn audit_table_shows_the_devices_and_wide_adds_identity_columns() {
+        use crate::findings::FindingKind::Bypass;
+        let f = finding(Bypass, Some(7), None, "b-main");
+        let rep = AuditReport::new(
+            1.0,
+            ProbeSummary::default(),
+            NvmlSummary::default(),
+            vec![
+                pod_row(5, "team-a", "a", vec![0, 1]),
+                pod_row(7, "team-b", "b", vec![]),
+            ],
+            vec![],
+            vec![f.clone()],
+            &[f],
+            vec![],
+        );
+        let t = rep.table();
+        let lines: Vec<&str> = t.lines().collect();
+        let cols: Vec<&str> = lines[0].split_whitespace().collect();
+        let dev = cols
+            .iter()
+            .position(|c| *c == "DEVICE")
+            .expect("DEVICE column");
+        assert_eq!(lines[1].split_whitespace().nth(dev), Some("0,1"), "{t}");
+        assert_eq!(lines[2].split_whitespace().nth(dev), Some("-"), "{t}");
+        assert!(!t.contains("NAMESPACE"), "{t}");
+        let w = rep.table_wide();
+        let lines: Vec<&str> = w.lines().collect();
+        let cols: Vec<&str> = lines[0].split_whitespace().collect();
+        for c in [
+            "NAMESPACE",
+            "POD",
+            "UID",
+            "COMMAND",
+            "DEVICE",
+            "NVML_GPU",
+            "REASONS",
+        ] {
+            assert!(cols.contains(&c), "{c} missing: {w}");
+        }
+        let cell = |line: &str, name: &str| {
+            let i = cols.iter().position(|c| *c == name).unwrap();
+            line.split_whitespace().nth(i).unwrap().to_string()
+        };
+        assert_eq!(cell(lines[1], "NAMESPACE"), "team-a");
+        assert_eq!(cell(lines[1], "POD"), "a");
+        assert_eq!(cell(lines[1], "UID"), "1005");
+        assert_eq!(cell(lines[1], "DEVICE"), "0,1");
+        assert_eq!(cell(lines[1], "NVML_GPU"), "3");
+        // REASONS is last (OBSERVED holds a space: the last word, not the column index).
+        assert_eq!(cols.last(), Some(&"REASONS"));
+        assert_eq!(lines[1].split_whitespace().last(), Some("-"), "{w}");
+        assert_eq!(
+            lines[2].split_whitespace().last(),
+            Some(crate::findings::reason::NO_PRELOAD),
+            "{w}"
+        );
+        let j = serde_json::to_value(&rep).unwrap();
+        assert_eq!(j["processes"][0]["devices"], json!([0, 1]));
+        assert_eq!(j["processes"][0]["nvml_devices"], json!([3]));
+        assert_eq!(j["processes"][0]["namespace"], "team-a");
+        assert_eq!(j["processes"][0]["pod"], "a");
+        assert!(j.get("filter").is_none());
+    }
+
+    #[test]
+    fn audit_filters_rows_and_findings_by_namespace_and_pod() {
+        use crate::findings::FindingKind::{Bypass, OverLimit};
+        let history = vec![
+            finding(Bypass, Some(7), None, "b-main"),
+            // A region finding without a pid: kept by region name and container.
+            finding(OverLimit, None, Some("/tmp/cudevshr.cache"), "a-main"),
+            finding(OverLimit, None, Some("/tmp/cudevshr.cache"), "b-main"),
+        ];
+        let rep = AuditReport::new(
+            1.0,
+            ProbeSummary::default(),
+            NvmlSummary::default(),
+            vec![
+                pod_row(5, "team-a", "a", vec![0]),
+                pod_row(6, "team-a", "a2", vec![0]),
+                pod_row(7, "team-b", "b", vec![1]),
+            ],
+            vec![region_row("team-a", "a"), region_row("team-b", "b")],
+            history,
+            &[],
+            vec![Reclaimed {
+                region: "/tmp/cudevshr.cache".into(),
+                container: "b-main".into(),
+                slot: 0,
+                pid: 9,
+                start_time: 1,
+                bytes: 1,
+            }],
+        );
+        assert!(rep.failed);
+        let same = rep.clone().filtered(&Filter::default());
+        assert_eq!(same, rep);
+
+        let a = rep.clone().filtered(&Filter {
+            namespace: Some("team-a".into()),
+            pod: None,
+        });
+        assert_eq!(
+            a.processes.iter().map(|p| p.pid).collect::<Vec<_>>(),
+            [5, 6]
+        );
+        assert_eq!(a.regions.len(), 1);
+        assert_eq!(a.findings.len(), 1);
+        assert_eq!(a.findings[0].finding.container, "a-main");
+        assert!(a.reclaimed.is_empty());
+        // Over-limit is a failure too: the exit status follows the kept findings.
+        assert!(a.failed);
+
+        let a2 = rep.clone().filtered(&Filter {
+            namespace: Some("team-a".into()),
+            pod: Some("a2".into()),
+        });
+        assert_eq!(a2.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [6]);
+        assert!(a2.findings.is_empty());
+        assert!(!a2.failed);
+        assert_eq!(a2.exit_code(), 0);
+
+        let b = rep.clone().filtered(&Filter {
+            namespace: None,
+            pod: Some("b".into()),
+        });
+        assert_eq!(b.processes.iter().map(|p| p.pid).collect::<Vec<_>>(), [7]);
+        assert_eq!(b.findings.len(), 2);
+        assert_eq!(b.reclaimed.len(), 1);
+        let j = serde_json::to_value(&b).unwrap();
+        assert_eq!(j["filter"]["pod"], "b");
+        assert_eq!(j["processes"][0]["devices"], json!([1]));
+
+        let none = rep.filtered(&Filter {
+            namespace: Some("nowhere".into()),
+            pod: None,
+        });
+        assert!(none.processes.is_empty() && none.findings.is_empty());
+        assert!(none
+            .table()
+            .contains("(no GPU process seen in namespace nowhere pod *)"));
     }
 
     #[test]

@@ -139,3 +139,87 @@ fn logs_are_plain_off_a_terminal_and_json_with_audit_json() {
     }
     wait_for_detach();
 }
+
+/// Issue 20: `--seconds -1` became 0 and huge values were taken; every duration flag is
+/// refused out of range with its name; size flags take the preload's syntax.
+#[test]
+fn durations_out_of_range_and_bad_sizes_are_usage_errors_naming_the_flag() {
+    for (args, says) in [
+        (&["audit", "--seconds", "-1"][..], "negative"),
+        (&["audit", "--seconds=-1"], "negative"),
+        (&["audit", "--seconds", "1e12"], "too long"),
+        (&["audit", "--seconds", "inf"], "finite"),
+        (&["audit", "--interval", "-5"], "negative"),
+        (&["run", "--settle-ms", "99999999999"], "too long"),
+        (&["run", "--nvml-interval", "-1"], "negative"),
+        (&["audit", "--nvml-settle-ms", "4000000"], "too long"),
+        (&["audit", "--compute-window-secs", "-3"], ""),
+        (&["audit", "--tolerance-bytes", "2X"], "K/M/G/T"),
+        (&["audit", "--tolerance-bytes", "-1"], "negative"),
+        (&["run", "--nvml-tolerance-bytes", "1.5G"], "K/M/G/T"),
+        (&["audit", "-o", "yaml"], "wide"),
+    ] {
+        let out = agent(args);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let flag = args[1].split('=').next().unwrap_or_default();
+        let flag = if flag == "-o" { "--output" } else { flag };
+        assert!(err.contains(flag), "{args:?}: the flag is not named: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+/// Issue 20: size suffixes, `-o json|wide`, the DEVICE column and the pod filters, through
+/// the real binary.
+#[test]
+fn sizes_with_suffixes_output_formats_and_filters() {
+    require_root();
+    let a = Artifacts::get();
+    let lib = a.fake_libcuda.display().to_string();
+    let base = ["audit", "--seconds", "0.2", "--libcuda", &lib];
+    let run = |extra: &[&str]| {
+        let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
+        let out = agent(&args);
+        // 0, or 2 when another process on this machine uses a libcuda without the preload.
+        assert!(
+            matches!(out.status.code(), Some(0 | 2)),
+            "{args:?}: {out:?}"
+        );
+        out
+    };
+    let table = run(&["--tolerance-bytes", "2M", "--nvml-tolerance-bytes", "64m"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.lines().next().is_some_and(|l| l.contains("DEVICE")),
+        "{text}"
+    );
+    let json = run(&["-o", "json", "--tolerance-bytes", "1G"]);
+    let report: serde_json::Value =
+        serde_json::from_slice(&json.stdout).expect("-o json: stdout is one JSON document");
+    assert!(report["processes"].is_array(), "{report}");
+    // --json stays an alias.
+    let alias = run(&["--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&alias.stdout).expect("--json");
+    assert!(v["processes"].is_array());
+    let wide = run(&["-o", "wide"]);
+    let text = String::from_utf8_lossy(&wide.stdout);
+    let header = text.lines().next().unwrap_or_default();
+    for c in ["NAMESPACE", "POD", "UID", "DEVICE", "REASONS"] {
+        assert!(header.contains(c), "{c}: {text}");
+    }
+    // A namespace no process is in: nothing is left, and so no finding fails the audit.
+    let out = agent(
+        &base
+            .iter()
+            .copied()
+            .chain(["-o", "json", "--namespace", "no-such-ns", "--pod", "p"])
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("filtered JSON");
+    assert_eq!(v["processes"], serde_json::json!([]));
+    assert_eq!(v["findings"], serde_json::json!([]));
+    assert_eq!(v["filter"]["namespace"], "no-such-ns");
+    assert_eq!(v["failed"], false);
+    wait_for_detach();
+}

@@ -1360,3 +1360,25 @@ fn unhooked_process_nvml_sees_using_sm_time_is_learned_and_a_bypass() {
     );
     assert!(out.raised[0].detail.contains("40 % of a GPU's SM time"));
 }
+
+/// Issue 20: `audit` shows the devices a process's memory is on (its slot's usage by
+/// device, CUDA ordinals), each once, sorted.
+#[test]
+fn process_rows_list_the_devices_the_memory_is_on() {
+    let w = World::new();
+    w.spawn(100, 7, true, "1g");
+    let r = w.region(100, 1 << 30, &[]);
+    let s = register(&r, 100, 7, 64 * MIB);
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+    a.tick(Instant::now());
+    assert_eq!(a.process_rows()[0].devices, vec![0]);
+    r.force_charge(s, 2, UsageKind::Data, 8 * MIB);
+    a.tick(Instant::now());
+    let row = &a.process_rows()[0];
+    assert_eq!(row.devices, vec![0, 2]);
+    // No NVML here: no NVML device either.
+    assert!(row.nvml_devices.is_empty());
+    let j = serde_json::to_value(row).unwrap();
+    assert_eq!(j["devices"], serde_json::json!([0, 2]));
+}

@@ -321,10 +321,25 @@ impl Agent {
             let rebuilt = p.events_lost.then_some(view).flatten();
             let by_device = rebuilt.map_or_else(|| p.by_device(), |v| v.observed.clone());
             let unknown_device = by_device.contains_key(&None);
+            // CUDA ordinals (as the process numbers its devices): where the probes saw
+            // allocations and where its region slot holds usage.
+            let mut devices: Vec<u32> = by_device.keys().filter_map(|d| *d).collect();
+            if let Some(s) = slot {
+                devices.extend(
+                    (0..hami_common::layout::MAX_DEVICES)
+                        .filter(|&i| s.device_total(i) != 0 || s.charged[i] != 0)
+                        .map(|i| i as u32),
+                );
+            }
+            devices.sort_unstable();
+            devices.dedup();
             rows.push(ProcessRow {
                 pid: p.pid,
                 comm: info.map(|i| i.comm.clone()).unwrap_or_default(),
                 container: info.map(|i| i.container.clone()).unwrap_or_default(),
+                namespace: e.map(|e| e.identity.namespace.clone()).unwrap_or_default(),
+                pod: e.map(|e| e.identity.pod.clone()).unwrap_or_default(),
+                uid: view.and_then(|v| v.creds.as_ref()).map(|c| c.fsuid),
                 nspid: info.and_then(|i| i.nspid),
                 hooked: info.map(|i| i.hooked),
                 hook: info.map(|i| {
@@ -347,6 +362,12 @@ impl Agent {
                     .into_iter()
                     .map(|(d, b)| (d.map_or("unknown".to_string(), |d| d.to_string()), b))
                     .collect(),
+                devices,
+                nvml_devices: self
+                    .nvml
+                    .as_ref()
+                    .map(|n| n.devices_of(p.pid))
+                    .unwrap_or_default(),
                 unknown_device,
                 peak_observed: p.peak_bytes,
                 live_allocations: p.live_count(),
@@ -393,6 +414,8 @@ impl Agent {
                     name: r.name.clone(),
                     host_path: r.host_path.display().to_string(),
                     container: r.container.clone(),
+                    namespace: r.identity.namespace.clone(),
+                    pod: r.identity.pod.clone(),
                     file_id: format!("{}:{}", r.file_id.0, r.file_id.1),
                     device_count: 0,
                     limits: Vec::new(),
@@ -426,6 +449,12 @@ pub struct ProcessRow {
     pub comm: String,
     /// Container.
     pub container: String,
+    /// Kubernetes namespace (empty outside Kubernetes or when unknown).
+    pub namespace: String,
+    /// Pod name (empty outside Kubernetes or when unknown).
+    pub pod: String,
+    /// Filesystem uid of the process, when known.
+    pub uid: Option<u32>,
     /// Pid inside the container.
     pub nspid: Option<u32>,
     /// Preload mapped (`None`: unknown, the process was gone before it could be read).
@@ -445,6 +474,11 @@ pub struct ProcessRow {
     pub observed: u64,
     /// Observed by device (`unknown` when the context's device was not seen).
     pub observed_by_device: BTreeMap<String, u64>,
+    /// CUDA device ordinals (as the process numbers them) its memory is on: where the probes
+    /// saw its allocations and where its region slot holds usage; sorted, no duplicates.
+    pub devices: Vec<u32>,
+    /// NVML device indexes (the node's numbering) where NVML reports memory used by it.
+    pub nvml_devices: Vec<u32>,
     /// Whether some bytes could not be attributed to a device.
     pub unknown_device: bool,
     /// Peak observed.
@@ -487,6 +521,10 @@ pub struct RegionRow {
     pub host_path: String,
     /// Container.
     pub container: String,
+    /// Kubernetes namespace of the region's container (empty when unknown).
+    pub namespace: String,
+    /// Pod of the region's container (empty when unknown).
+    pub pod: String,
     /// `dev:inode`.
     pub file_id: String,
     /// Devices.
