@@ -212,8 +212,10 @@ pub struct DeviceCompute {
     /// processes do not submit in between. Taken over when held longer than a few
     /// milliseconds (its holder is stopped or dead); see `docs/preload.md`.
     pub submit_lock: AtomicU64,
-    /// Reserved; zero.
-    pub _reserved: u64,
+    /// Number of memory requests the preload refused on this device for the container
+    /// (`CUDA_ERROR_OUT_OF_MEMORY` returned without the driver's say: over the quota, or
+    /// failing closed); only grows, incremented lock-free at each refusal (issue 20).
+    pub refusals: AtomicU64,
 }
 
 /// The whole region file.

@@ -34,6 +34,7 @@ pub mod modules;
 pub mod policy;
 pub mod pools;
 pub mod real;
+pub mod refusals;
 pub mod shim;
 pub mod spin;
 pub mod state;

@@ -103,6 +103,28 @@ impl Region {
         }
     }
 
+    fn c_refusals(&self, d: usize) -> &AtomicU64 {
+        // SAFETY: as c_sm_limit.
+        unsafe { &*addr_of!((*self.map.as_ptr()).compute[d].refusals) }
+    }
+
+    /// Counts one memory request refused on device `dev` (`DeviceCompute::refusals`):
+    /// one lock-free increment; nothing for an ordinal the region does not describe.
+    pub fn count_refusal(&self, dev: usize) {
+        if dev < MAX_DEVICES {
+            self.c_refusals(dev).fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Memory requests refused on device `dev` so far (0 for an ordinal the region does
+    /// not describe).
+    pub fn refusals(&self, dev: usize) -> u64 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        self.c_refusals(dev).load(Ordering::Relaxed)
+    }
+
     /// Devices whose compute share or policy in `cfg` differs from the region's.
     pub fn compute_differences(&self, cfg: &RegionConfig) -> Vec<ComputeDifference> {
         (0..MAX_DEVICES)

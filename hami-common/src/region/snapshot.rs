@@ -31,6 +31,8 @@ pub struct ComputeSnapshot {
     pub throttled: u64,
     /// Total time (ns) the container's processes waited at the gate.
     pub throttled_ns: u64,
+    /// Memory requests the preload refused on this device (`DeviceCompute::refusals`).
+    pub refusals: u64,
 }
 
 impl ComputeSnapshot {
@@ -262,6 +264,7 @@ impl Region {
                 consumed_ns: rec.consumed_ns.load(Ordering::Relaxed),
                 throttled: rec.throttled.load(Ordering::Relaxed),
                 throttled_ns: rec.throttled_ns.load(Ordering::Relaxed),
+                refusals: rec.refusals.load(Ordering::Relaxed),
             };
         }
         let (version, header_size, total_size, creator_pid, created_unix, boot_id) =
@@ -433,6 +436,7 @@ pub(super) fn parse_snapshot(buf: &[u8]) -> RegionSnapshot {
             consumed_ns: r64(base + offset_of!(DeviceCompute, consumed_ns)),
             throttled: r64(base + offset_of!(DeviceCompute, throttled)),
             throttled_ns: r64(base + offset_of!(DeviceCompute, throttled_ns)),
+            refusals: r64(base + offset_of!(DeviceCompute, refusals)),
         };
     }
     let boot = offset_of!(RegionHeader, boot_id);

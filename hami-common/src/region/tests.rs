@@ -234,6 +234,8 @@ fn layout_matches_documentation() {
     assert_eq!(offset_of!(C, consumed_ns), 24);
     assert_eq!(offset_of!(C, throttled), 32);
     assert_eq!(offset_of!(C, throttled_ns), 40);
+    assert_eq!(offset_of!(C, submit_lock), 48);
+    assert_eq!(offset_of!(C, refusals), 56);
     assert_eq!(size_of::<C>(), 64);
     assert_eq!(REGION_SIZE, 1024 + 1024 * 1024 + 16 * 64);
     assert_eq!(REGION_SIZE, 1_050_624);
@@ -1383,6 +1385,11 @@ fn snapshots_copy_the_compute_records() {
         base + offset_of!(C, throttled_ns) as u64,
         &1_500_000_000u64.to_le_bytes(),
     );
+    patch(
+        &d.file(),
+        base + offset_of!(C, refusals) as u64,
+        &9u64.to_le_bytes(),
+    );
     let f = std::fs::File::open(d.file()).unwrap();
     let copy = read_snapshot(&f, &d.file()).unwrap();
     assert_eq!(copy, r.snapshot(), "the pread copy and the mapping's agree");
@@ -1398,6 +1405,8 @@ fn snapshots_copy_the_compute_records() {
         ),
         (30, 1, -5, 7_000_000_000, 12, 1_500_000_000)
     );
+    assert_eq!(c.refusals, 9, "the refusal counter is copied");
+    assert_eq!(r.refusals(2), 9);
     assert_eq!(c.limit_percent(), Some(30));
     assert_eq!(copy.compute[0], ComputeSnapshot::default());
     assert_eq!(copy.compute[0].limit_percent(), None, "0: no compute limit");
@@ -1824,4 +1833,19 @@ fn compute_share_is_set_at_creation_and_differences_are_reported() {
     assert_eq!(b.consumed_ns.load(Ordering::Relaxed), 7);
     let other = r2.compute_cells(1).unwrap();
     assert_eq!(other.budget_ns.load(Ordering::Relaxed), 0, "per device");
+}
+
+#[test]
+fn refusals_count_per_device_lock_free() {
+    let d = TempDir::new("refusals");
+    let r = create(&d.file(), 1 << 30);
+    assert_eq!(r.refusals(1), 0, "a new region has refused nothing");
+    r.count_refusal(1);
+    r.count_refusal(1);
+    r.count_refusal(3);
+    r.count_refusal(MAX_DEVICES); // beyond the region: ignored, no panic
+    assert_eq!((r.refusals(0), r.refusals(1), r.refusals(3)), (0, 2, 1));
+    assert_eq!(r.refusals(MAX_DEVICES), 0);
+    let s = r.snapshot();
+    assert_eq!((s.compute[1].refusals, s.compute[3].refusals), (2, 1));
 }

@@ -43,9 +43,28 @@ use crate::cuda::*;
 use crate::state::{self, ProcLedger, ProcState};
 use hami_common::layout::{UsageKind, MAX_DEVICES};
 
+/// Logs and counts a refused memory request (`CUDA_ERROR_OUT_OF_MEMORY` without the
+/// driver's say). Every refusal adds one to the region's per-device counter
+/// (`DeviceCompute::refusals`, what the agent exports). An over-quota refusal is a warning,
+/// rate-limited per device ([`crate::refusals`]): the first at once, then at most one line
+/// per interval saying how many were refused since the last; a fail-closed refusal is an
+/// error the first time, debug after.
 pub(crate) fn report_denial(what: &str, p: &ProcState, dev: usize, d: &Deny) {
+    if let Ok(region) = &state::global().region {
+        region.count_refusal(dev);
+    }
     if d.is_over_limit() {
-        crate::info!("{what}: CUDA_ERROR_OUT_OF_MEMORY: {d}");
+        match crate::refusals::REFUSAL_LOG.on_refusal(dev, backstop::now_ms()) {
+            Some(r) if r.first => crate::warn!(
+                "{what}: CUDA_ERROR_OUT_OF_MEMORY: {d} (further refusals on device {dev} are reported at most every {} s)",
+                crate::refusals::REPORT_INTERVAL_MS / 1000
+            ),
+            Some(r) => crate::warn!(
+                "{what}: CUDA_ERROR_OUT_OF_MEMORY: {d} ({} requests refused on device {dev} since the last report)",
+                r.refused
+            ),
+            None => crate::debug!("{what}: CUDA_ERROR_OUT_OF_MEMORY: {d}"),
+        }
     } else if p.first_denial(dev) {
         crate::error!("{what}: CUDA_ERROR_OUT_OF_MEMORY: {d}");
     } else {
