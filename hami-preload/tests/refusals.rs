@@ -107,3 +107,18 @@ fn refusals_of_processes_add_up_in_the_region() {
     assert_eq!(refusals(&env, 0), 6);
     assert_eq!(refusals(&env, 1), 0, "another device refused nothing");
 }
+
+#[test]
+fn a_context_refused_by_the_quota_is_counted() {
+    let env = env()
+        .env("FAKE_CUDA_CTX_OVERHEAD", "518M")
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "256M");
+    let p = run_default_level(&env, &["init", "ctx", "exit", "0"]);
+    assert_eq!(p.last("ctx").rc(), Some(OOM), "{}", p.dump());
+    assert_eq!(refusal_lines(&p).len(), 1, "{}", p.stderr);
+    assert_eq!(
+        refusals(&env, 0),
+        1,
+        "the region counts the refused context"
+    );
+}

@@ -160,6 +160,8 @@ pub struct ComputeView {
     pub throttled: u64,
     /// Time (ns) they waited.
     pub throttled_ns: u64,
+    /// Memory requests the preload refused on the device (the region's refusal counter).
+    pub refusals: u64,
 }
 
 impl ComputeView {

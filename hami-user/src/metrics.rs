@@ -76,6 +76,9 @@ pub struct RegionSeries {
     pub compute_throttled: u64,
     /// Time (ns) they waited.
     pub compute_throttled_ns: u64,
+    /// Memory requests the preload refused on the device for the container (the region's
+    /// `DeviceCompute::refusals`; only grows).
+    pub quota_refusals: u64,
     /// Accounted context bytes (HAMi's `context`).
     pub context: u64,
     /// Accounted module bytes (HAMi's `module`).
@@ -141,6 +144,8 @@ pub struct Metrics {
     pub compute_throttled: CounterVec,
     /// `hami_container_compute_throttled_seconds_total`.
     pub compute_throttled_seconds: CounterVec,
+    /// `hami_container_quota_refusals_total`.
+    pub quota_refusals: CounterVec,
     /// `hami_gpu_utilization_percent{gpu_uuid,nvml_index}`.
     pub gpu_utilization: IntGaugeVec,
     /// `hami_process_observed_bytes{pid,pod_namespace,pod_name,container_name}` (opt-in).
@@ -396,6 +401,10 @@ impl Metrics {
             "hami_container_compute_throttled_seconds_total",
             "Time the container's processes waited at the launch gate, in seconds",
         )?;
+        let quota_refusals = counter_vec(
+            "hami_container_quota_refusals_total",
+            "Memory requests the preload refused with CUDA_ERROR_OUT_OF_MEMORY on the device (over the container's quota or failing closed), from the region",
+        )?;
         let gpu_utilization = gauge_vec(
             &r,
             "hami_gpu_utilization_percent",
@@ -564,6 +573,7 @@ impl Metrics {
             compute_seconds,
             compute_throttled,
             compute_throttled_seconds,
+            quota_refusals,
             gpu_utilization,
             process_observed,
             findings,
@@ -613,6 +623,7 @@ impl Metrics {
             &self.compute_seconds,
             &self.compute_throttled,
             &self.compute_throttled_seconds,
+            &self.quota_refusals,
         ] {
             // The totals live in the regions: each scan sets them afresh.
             f.reset();
@@ -664,6 +675,9 @@ impl Metrics {
             self.compute_throttled_seconds
                 .with_label_values(&l)
                 .inc_by(s.compute_throttled_ns as f64 / 1e9);
+            self.quota_refusals
+                .with_label_values(&l)
+                .inc_by(s.quota_refusals as f64);
             let h = [
                 id.namespace.as_str(),
                 id.pod.as_str(),
@@ -787,6 +801,7 @@ impl Metrics {
             "hami_container_compute_seconds_total",
             "hami_container_compute_throttled_total",
             "hami_container_compute_throttled_seconds_total",
+            "hami_container_quota_refusals_total",
             "hami_gpu_utilization_percent",
             "hami_process_observed_bytes",
             "hami_events_total",
@@ -914,6 +929,7 @@ mod tests {
         limited.compute_consumed_ns = 12_500_000_000;
         limited.compute_throttled = 4;
         limited.compute_throttled_ns = 1_250_000_000;
+        limited.quota_refusals = 17;
         // Another container without a compute limit, whose share NVML did not give.
         let unmeasured = series("side", 1);
         m.set_regions(&[limited, unmeasured]);
@@ -930,9 +946,14 @@ mod tests {
             ("hami_container_compute_seconds_total", "12.5"),
             ("hami_container_compute_throttled_total", "4"),
             ("hami_container_compute_throttled_seconds_total", "1.25"),
+            ("hami_container_quota_refusals_total", "17"),
         ] {
             assert!(t.contains(&format!("{fam}{l} {v}\n")), "{fam}: {t}");
         }
+        assert!(
+            t.contains("# TYPE hami_container_quota_refusals_total counter"),
+            "{t}"
+        );
         assert!(
             t.contains("# TYPE hami_container_compute_seconds_total counter"),
             "{t}"

@@ -504,6 +504,7 @@ pub fn inspect_json(path: &str, s: &RegionSnapshot) -> Value {
                     "throttled": s.compute[d].throttled,
                     "throttled_ns": s.compute[d].throttled_ns,
                 },
+                "refusals": s.compute[d].refusals,
             })
         })
         .collect();
@@ -611,11 +612,12 @@ pub fn inspect_text(path: &str, s: &RegionSnapshot) -> String {
         );
         let _ = writeln!(
             o,
-            "       context footprint {}",
+            "       context footprint {}, {} memory request(s) refused",
             match s.context_footprint[d] {
                 0 => "not measured yet".to_string(),
                 f => format!("{} ({f} bytes)", human_bytes(f)),
-            }
+            },
+            s.compute[d].refusals
         );
     }
     let _ = writeln!(o, "  active slots: {}", s.slots.len());
@@ -729,6 +731,25 @@ mod tests {
             text.contains("context footprint 518.0 MiB (543162368 bytes)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn inspect_shows_the_refusals_per_device() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("r.cache");
+        let mut cfg = RegionConfig::default();
+        cfg.limits[0] = 1 << 30;
+        cfg.device_count = 2;
+        let (r, _) = Region::open_or_create(&path, &cfg).unwrap();
+        for _ in 0..3 {
+            r.count_refusal(1);
+        }
+        let ro = Region::open_existing(&path, false).unwrap();
+        let v = inspect_json("r.cache", &ro.snapshot());
+        assert_eq!(v["devices"][0]["refusals"], 0);
+        assert_eq!(v["devices"][1]["refusals"], 3);
+        let text = inspect_text("r.cache", &ro.snapshot());
+        assert!(text.contains("3 memory request(s) refused"), "{text}");
     }
 
     #[test]

@@ -190,9 +190,15 @@ pub(crate) fn meter() -> Meter<'static> {
 }
 
 /// Logs a context creation: a refusal (at warning level, shown by default: the application
-/// sees a failed `cudaSetDevice` / first call), or what was admitted and charged.
+/// sees a failed `cudaSetDevice` / first call; also counted in the region's refusal counter),
+/// or what was admitted and charged.
 pub(crate) fn log_context_outcome(what: &str, dev: usize, outcome: Option<ContextOutcome>) {
     let Some(o) = outcome else { return };
+    if matches!(o, ContextOutcome::Refused { .. }) {
+        if let Ok(region) = &crate::state::global().region {
+            region.count_refusal(dev);
+        }
+    }
     match o {
         ContextOutcome::Refused {
             footprint,

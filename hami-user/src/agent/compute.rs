@@ -120,6 +120,7 @@ impl Agent {
                     consumed_ns: rec.consumed_ns,
                     throttled: rec.throttled,
                     throttled_ns: rec.throttled_ns,
+                    refusals: rec.refusals,
                     ..ComputeView::default()
                 };
                 if let (Some((h, parts)), Some(at)) =

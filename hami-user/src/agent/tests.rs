@@ -1211,6 +1211,8 @@ fn set_compute(path: &Path, dev: usize, sm_limit: u32, consumed_ns: u64, throttl
         base + offset_of!(C, throttled_ns) as u64,
     )
     .unwrap();
+    f.write_all_at(&5u64.to_le_bytes(), base + offset_of!(C, refusals) as u64)
+        .unwrap();
 }
 
 /// [`nvml_sample`] with per-process SM utilisation on GPU 0 since the previous sample.
@@ -1292,6 +1294,7 @@ fn a_containers_compute_share_is_its_processes_sum_and_over_limit_after_a_whole_
         ),
         (9_000_000_000, 7, 2_500_000_000)
     );
+    assert_eq!(sa.quota_refusals, 5, "the region's refusal counter");
     let sb = series.iter().find(|s| s.compute_limit == 0).unwrap();
     assert_eq!(sb.compute_share, Some(50.0), "B's own processes only");
     assert_eq!(a.gpu_series()[0].utilization, 95);

@@ -223,6 +223,7 @@ impl Agent {
                 compute_consumed_ns: compute.consumed_ns,
                 compute_throttled: compute.throttled,
                 compute_throttled_ns: compute.throttled_ns,
+                quota_refusals: compute.refusals,
             });
         }
         out
