@@ -3,10 +3,14 @@
 //!
 //! NVML is loaded at run time from `libnvidia-ml.so.1` (the driver's soname; the unversioned
 //! `libnvidia-ml.so` only exists with development packages). When it cannot be loaded the
-//! agent runs without it and says so.
+//! agent runs without it, says so, and tries again with a backoff ([`retry`]).
+
+pub mod retry;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ffi::{c_uint, c_ulonglong, c_void, OsStr};
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use nvml_wrapper::enums::device::UsedGpuMemory;
@@ -340,9 +344,43 @@ fn process_utilization_fn() -> Option<ProcessUtilizationFn> {
     Some(unsafe { std::mem::transmute::<*mut c_void, ProcessUtilizationFn>(sym) })
 }
 
+/// The file the loaded `libnvidia-ml.so.1` came from (as the dynamic loader found it), if
+/// the loader says.
+fn loaded_library_path() -> Option<PathBuf> {
+    let lib = std::ffi::CString::new(NVML_LIB).ok()?;
+    // SAFETY: RTLD_NOLOAD only returns a handle to a library already loaded (no initialiser
+    // runs); the reference it takes is released below.
+    let h = unsafe { libc::dlopen(lib.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
+    if h.is_null() {
+        return None;
+    }
+    // SAFETY: a symbol lookup in a valid handle with a NUL-terminated name.
+    let sym = unsafe { libc::dlsym(h, c"nvmlInit_v2".as_ptr()) };
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: `info` is valid for writes of one Dl_info; dladdr only reads the address.
+    let found = !sym.is_null() && unsafe { libc::dladdr(sym, info.as_mut_ptr()) } != 0;
+    let path = if found {
+        // SAFETY: dladdr succeeded, so it filled `info` (zeroed before: null fields stay null).
+        let info = unsafe { info.assume_init() };
+        (!info.dli_fname.is_null()).then(|| {
+            // SAFETY: dli_fname is a NUL-terminated string owned by the loader, valid while
+            // the library stays loaded (it does: `h` and nvml-wrapper hold it).
+            let name = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) };
+            PathBuf::from(std::ffi::OsStr::from_bytes(name.to_bytes()))
+        })
+    } else {
+        None
+    };
+    // SAFETY: releases the reference RTLD_NOLOAD took; nvml-wrapper keeps its own.
+    unsafe { libc::dlclose(h) };
+    path
+}
+
 /// A loaded NVML.
 pub struct Nvml {
     inner: nvml_wrapper::Nvml,
+    /// The file it was loaded from.
+    path: Option<PathBuf>,
     /// `nvmlDeviceGetProcessUtilization`, when the library has it.
     process_utilization: Option<ProcessUtilizationFn>,
     /// NVML device -> newest sample timestamp seen (`lastSeenTimeStamp` of the next call).
@@ -370,9 +408,15 @@ impl Nvml {
         }
         Ok(Nvml {
             inner,
+            path: loaded_library_path(),
             process_utilization,
             last_seen: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The file NVML was loaded from (the dynamic loader's name for it), if known.
+    pub fn library_path(&self) -> Option<&std::path::Path> {
+        self.path.as_deref()
     }
 
     /// The driver version, if NVML reports it.

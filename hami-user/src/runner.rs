@@ -14,7 +14,8 @@ use crate::agent::{Agent, AgentOptions, TickOutcome};
 use crate::findings::Finding;
 use crate::http::Health;
 use crate::metrics::{Metrics, MetricsOptions};
-use crate::nvml::Nvml;
+use crate::nvml::retry::{Backoff, Poll, Retry, FIRST_RETRY, MAX_RETRY};
+use crate::nvml::{Nvml, NvmlError, NVML_LIB};
 use crate::probes::{DiscoveryOptions, ProbeError, ProbeHandle, ProbeOptions, Probes};
 use crate::report::{AuditReport, NvmlSummary, ProbeSummary};
 
@@ -69,6 +70,10 @@ struct Running {
     /// Set while an NVML query is outstanding on a helper thread.
     nvml_busy: Arc<std::sync::atomic::AtomicBool>,
     nvml_error: Option<String>,
+    /// While NVML is not loaded: the attempts to load it again.
+    nvml_retry: Option<Retry<Nvml, NvmlError>>,
+    /// NVML was just loaded by a retry: sample it at this tick, whatever the period.
+    nvml_fresh: bool,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     attached: usize,
@@ -84,19 +89,28 @@ struct Running {
 const EARLY_TICK_GAP: Duration = Duration::from_millis(100);
 
 fn start(opts: &RunOptions) -> Result<Running, RunError> {
-    let (nvml, nvml_error) = match Nvml::load() {
+    let (nvml, nvml_error, nvml_retry) = match Nvml::load() {
         Ok(n) => {
-            tracing::info!(driver = ?n.driver_version(), "NVML loaded");
-            (Some(Arc::new(n)), None)
+            tracing::info!(
+                driver = ?n.driver_version(),
+                path = ?n.library_path(),
+                "NVML loaded"
+            );
+            (Some(Arc::new(n)), None, None)
         }
         Err(e) => {
             tracing::warn!(
                 error = %e,
                 "running without NVML: no physical check (over_limit and drift against NVML, \
                  unhooked processes that were running before the agent); findings come from \
-                 the probes only"
+                 the probes only until it loads: retrying in {FIRST_RETRY:?}, the delay \
+                 doubling up to {MAX_RETRY:?}"
             );
-            (None, Some(e.to_string()))
+            let retry = Retry::new(
+                Arc::new(Nvml::load),
+                Backoff::after_failure(FIRST_RETRY, MAX_RETRY, Instant::now()),
+            );
+            (None, Some(e.to_string()), Some(retry))
         }
     };
     // One pidfd per tracked process, one descriptor per open region.
@@ -154,6 +168,8 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
         nvml,
         nvml_busy: Arc::default(),
         nvml_error,
+        nvml_retry,
+        nvml_fresh: false,
         metrics,
         health: Arc::new(Health::new()),
         attached: attached.len(),
@@ -226,8 +242,9 @@ impl Running {
         self.last_tick = t0;
         self.check_new_libraries();
         self.attached = self.handle.attached_cached().len();
+        self.retry_nvml();
         if let Some(n) = &self.nvml {
-            if last_nvml.elapsed() >= nvml_interval {
+            if self.nvml_fresh || last_nvml.elapsed() >= nvml_interval {
                 // Bounded: a driver that stops answering keeps the last figures.
                 let n = Arc::clone(n);
                 match crate::tenantfs::bounded(
@@ -245,6 +262,13 @@ impl Running {
                             .count();
                         self.metrics.nvml_errors.inc_by(failed as u64);
                         self.agent.set_nvml(Some(snap));
+                        if std::mem::take(&mut self.nvml_fresh) && !self.agent.nvml_per_process() {
+                            tracing::warn!(
+                                "NVML gives no per-process used memory (process lists \
+                                 unreadable): no physical check until it does; findings come \
+                                 from the probes only"
+                            );
+                        }
                     }
                     Err(e) => {
                         // A query that did not answer in time (or one still outstanding).
@@ -268,6 +292,41 @@ impl Running {
             .tick_duration
             .observe(t0.elapsed().as_secs_f64());
         self.health.beat();
+    }
+
+    /// While NVML is not loaded: collects a finished load attempt, or starts one when the
+    /// backoff says (on a thread of its own: the tick never waits for it). Once loaded, NVML
+    /// is used from this tick on as if it had loaded at start.
+    fn retry_nvml(&mut self) {
+        let Some(retry) = self.nvml_retry.as_mut() else {
+            return;
+        };
+        match retry.poll(Instant::now()) {
+            Poll::Waiting => {}
+            Poll::Failed {
+                error,
+                attempts,
+                next_in,
+            } => {
+                tracing::debug!(error = %error, attempts, next_in = ?next_in, "NVML still unavailable");
+                self.nvml_error = Some(error);
+            }
+            Poll::Loaded { value, attempts } => {
+                let path = value
+                    .library_path()
+                    .map_or_else(|| NVML_LIB.to_string(), |p| p.display().to_string());
+                tracing::info!(
+                    driver = ?value.driver_version(),
+                    attempts,
+                    "NVML loaded from {path} after {attempts} attempts"
+                );
+                self.nvml = Some(Arc::new(value));
+                self.nvml_error = None;
+                self.nvml_retry = None;
+                self.nvml_fresh = true;
+                self.metrics.nvml_available.set(1);
+            }
+        }
     }
 
     /// A libcuda file is being attached (or its attach just finished): the processes that

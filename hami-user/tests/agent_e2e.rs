@@ -652,6 +652,79 @@ fn without_nvml_the_agent_says_so_and_falls_back_to_the_probes() {
     after.resume();
 }
 
+/// Issue 20 (chart): an agent started before the NVIDIA toolkit is ready says it runs
+/// without NVML and will retry, retries from its tick, and once `libnvidia-ml.so.1` appears
+/// in its library path says where it loaded it from and uses it as if loaded at start: a
+/// process that allocated without the preload before the agent started, "unverified" without
+/// NVML, is a bypass by NVML's figures. On the base commit NVML is never loaded again.
+#[test]
+fn nvml_appearing_after_start_is_loaded_by_a_retry_and_used() {
+    let _g = serial();
+    let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
+    let mut before = spawn_waiting(&env, &["init", "ctx", "alloc", "32M", "wait"]);
+    let libs = tempfile::tempdir().unwrap();
+    let mut agent = Agent::start_with_libs(
+        &env,
+        &[
+            "audit",
+            "--json",
+            "--seconds",
+            "6",
+            "--nvml-interval",
+            "200",
+        ],
+        libs.path(),
+    );
+    let joined = agent.log.join("\n");
+    assert!(joined.contains("running without NVML"), "{joined}");
+    assert!(joined.contains("retrying in 1s"), "{joined}");
+    // The toolkit arrives: the library appears at once (renamed into place).
+    let lib = libs.path().join("libnvidia-ml.so.1");
+    let tmp = libs.path().join(".libnvidia-ml.so.1.tmp");
+    std::fs::copy(
+        Artifacts::get().fake_lib_dir.join("libnvidia-ml.so.1"),
+        &tmp,
+    )
+    .unwrap();
+    std::fs::rename(&tmp, &lib).unwrap();
+    let t0 = Instant::now();
+    let line = agent.wait_line(Duration::from_secs(4), |l| l.contains("NVML loaded from"));
+    eprintln!(
+        "NVML loaded {:?} after the library appeared: {line}",
+        t0.elapsed()
+    );
+    assert!(
+        line.contains(&format!("NVML loaded from {} after ", lib.display())),
+        "{line}"
+    );
+    let attempts: u32 = line
+        .split(" after ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no attempt count: {line}"));
+    assert!(attempts >= 2, "{line}");
+    let (st, out, log) = agent.finish();
+    let audit = parse_audit(&out, &log);
+    assert_eq!(audit["nvml"]["available"], true, "{audit:#}");
+    assert!(audit["nvml"]["error"].is_null(), "{audit:#}");
+    assert!(audit["nvml"]["samples"].as_u64().unwrap() >= 2, "{audit:#}");
+    assert_eq!(
+        audit["nvml"]["devices"].as_array().unwrap().len(),
+        1,
+        "{audit:#}"
+    );
+    let bypass = audit["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "bypass" && f["pid"] == before.pid)
+        .unwrap_or_else(|| panic!("no bypass of pid {}: {audit:#}", before.pid));
+    assert_eq!(bypass["reason"], "no_preload", "{bypass:#}");
+    assert_eq!(st.code(), Some(2));
+    before.resume();
+}
+
 /// The eBPF program ids process `pid` holds (`prog_id:` in `/proc/<pid>/fdinfo/*`: program
 /// and link descriptors).
 fn bpf_prog_ids(pid: u32) -> Vec<u32> {
