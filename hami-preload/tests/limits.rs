@@ -147,7 +147,7 @@ fn a_stack_raise_is_charged_and_lowering_it_gives_it_back() {
 
 #[test]
 fn a_launch_needing_local_memory_beyond_the_quota_is_refused() {
-    for launch in ["launch", "launchex"] {
+    for launch in ["launch", "launchex", "launchcoop"] {
         let env = env("4G");
         let p = run_within(
             &env,

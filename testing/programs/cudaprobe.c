@@ -600,7 +600,7 @@ static void usage(void) {
        "  modloadimg[ex|fat|wrap|file|static] PATH | libloadimg[wrap|file|static] PATH   (a real image file)\n"
        "  getglobal [IDX] | libgetglobal [IDX] | libgetmodule [IDX]\n"
        "  setlimit stack|printf|heap|syncdepth|pending|N SIZE | getlimit NAME | funcattr ATTR [IDX]\n"
-       "  bench-launch N [IDX]\n"
+       "  bench-launch N [IDX] | launchcoop [IDX]\n"
        "  kernel | launch-ns NS [COUNT] | launch-cost N | coop-ns NS [COUNT] | launch-for SECONDS NS | streamquery\n"
        "  evcreate [FLAGS] | evrecord [IDX] | evquery [IDX] | evsync [IDX] | elapsed IDX IDX | evdestroy IDX\n"
        "  graph-capture NS COUNT | graph-launch N [IDX] | graphdestroy IDX | streamsync-t | ctxsync-t\n"
@@ -1060,6 +1060,15 @@ int main(int argc, char **argv) {
       if (!cu.FuncGetAttribute) { printf(" error=missing-function\n"); fflush(stdout); continue; }
       int v = -1; rc = cu.FuncGetAttribute(&v, attr, recs[i].obj);
       printf(" idx=%ld value=%d", i, v); end(rc);
+    } else if (!strcmp(op, "launchcoop")) {
+      /* cuLaunchCooperativeKernel of a function (getfunc/kernelfunc), 1 x 1, NULL stream. */
+      const char *t = opt_idx(argc, argv, &a);
+      long i = pick(t, 1u << K_FUNC | 1u << K_KERNEL);
+      printf("op=launchcoop");
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      if (!cu.LaunchCooperativeKernel) { printf(" error=missing-function\n"); fflush(stdout); continue; }
+      rc = cu.LaunchCooperativeKernel(recs[i].obj, 1, 1, 1, 1, 1, 1, 0, NULL, NULL);
+      printf(" idx=%ld", i); end(rc);
     } else if (!strcmp(op, "bench-launch")) {
       /* N launches of a function or kernel (1 block of 1 thread, NULL stream): ns per launch. */
       NEED(1); long n = atol(argv[++a]); long fails = 0; CUresult last = 0;

@@ -1,6 +1,8 @@
-//! Hooks of the kernel submissions that neither load nor measure module memory: the
-//! cooperative launches and graph launches. Each goes through the launch gate
-//! ([`crate::gate::launch`]); `cuLaunchKernel(Ex)` do too, from `hooks/modules.rs`.
+//! Hooks of the cooperative launches and graph launches. A cooperative launch is a launch of a
+//! module's function like `cuLaunchKernel`: it takes the same path
+//! ([`super::modules::launch`]: local memory admitted, the module's first launch admitted and
+//! measured, the gate). A graph launch goes through the launch gate only
+//! ([`crate::gate::launch`]).
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
@@ -25,7 +27,7 @@ hook! {
     ) = Cu::LaunchCooperativeKernel as FnLaunchCooperativeKernel;
     |f| {
         // SAFETY: forwarded arguments.
-        gate::launch(stream, false, || unsafe {
+        super::modules::launch("cuLaunchCooperativeKernel", func, stream, false, || unsafe {
             f(func, gx, gy, gz, bx, by, bz, shared, stream, params)
         })
     }
@@ -47,7 +49,7 @@ hook! {
     ) = Cu::LaunchCooperativeKernelPtsz as FnLaunchCooperativeKernel;
     |f| {
         // SAFETY: forwarded arguments.
-        gate::launch(stream, true, || unsafe {
+        super::modules::launch("cuLaunchCooperativeKernel_ptsz", func, stream, true, || unsafe {
             f(func, gx, gy, gz, bx, by, bz, shared, stream, params)
         })
     }

@@ -537,7 +537,7 @@ hook! {
 /// happen); then the launch gate ([`crate::gate::enter`] / [`crate::gate::leave`]: one atomic
 /// load without a compute share; its waits happen before any measurement starts) around the
 /// first-launch measurement of each module's kernels ([`launch_measured`]).
-fn launch(
+pub(crate) fn launch(
     what: &str,
     func: CUfunction,
     stream: CUstream,
