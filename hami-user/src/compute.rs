@@ -154,6 +154,9 @@ pub struct ComputeView {
     pub watched_secs: f64,
     /// Busy processes at the latest observation: host pid and SM utilisation (percent).
     pub by_pid: Vec<(u32, u32)>,
+    /// When the latest observation was made, in ns of `CLOCK_MONOTONIC`: the windows end
+    /// there (`None`: never measured).
+    pub sampled_at_ns: Option<u64>,
     /// Device time (ns) the container's metered work used (the launch gate's count).
     pub consumed_ns: u64,
     /// Times the container's processes waited at the gate.

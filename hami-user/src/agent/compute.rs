@@ -28,6 +28,9 @@ pub(super) struct ComputeRecord {
     histories: HashMap<RegionDevice, Measured>,
     /// When the latest NVML sample was observed: the windows end there.
     at: Option<Instant>,
+    /// The same instant in ns of `CLOCK_MONOTONIC` (shown, so that others can measure the
+    /// same window).
+    at_ns: Option<u64>,
 }
 
 impl Agent {
@@ -79,6 +82,7 @@ impl Agent {
             .histories
             .retain(|(file, _), _| open.contains_key(file));
         self.compute.at = Some(now);
+        self.compute.at_ns = Some(super::regions::monotonic_ns());
     }
 
     /// Each GPU's utilisation at the latest NVML sample (where NVML gave it).
@@ -129,6 +133,7 @@ impl Agent {
                     v.window_share = h.mean(at, o.window);
                     v.watched_secs = h.watched(at).as_secs_f64();
                     v.by_pid = parts.clone();
+                    v.sampled_at_ns = self.compute.at_ns;
                 }
                 v
             })
