@@ -256,7 +256,7 @@ impl Metrics {
         let compute_share = GaugeVec::new(
             Opts::new(
                 "hami_container_compute_share_percent",
-                "Measured compute share of the device, in percent: NVML's SM utilisation of the container's processes, summed, mean over the share window (10 s)",
+                "Measured compute share of the device, in percent: NVML's SM utilisation of the container's processes, summed, mean over the share window (5 s)",
             ),
             cl,
         )?;

@@ -695,7 +695,7 @@ mod tests {
         assert!(lines[0].contains("NVML  COMPUTE    VERDICT"), "{t}");
         assert!(lines[1].contains("45.2%/30%"), "{t}");
         assert!(lines[2].contains("-/50%"), "{t}");
-        assert!(t.contains("mean over 10 s"), "{t}");
+        assert!(t.contains("mean over 5 s"), "{t}");
         let j = serde_json::to_value(report(vec![row(1, Some(30), Some(45.25))])).unwrap();
         assert_eq!(j["processes"][0]["compute_limit"], 30);
         assert_eq!(j["processes"][0]["compute_share"], 45.25);
