@@ -98,6 +98,9 @@ pub struct ProcessSample {
     pub identity: Identity,
     /// Observed live bytes.
     pub observed: u64,
+    /// NVML SM utilisation at the latest sample, percent of a device summed over the GPUs
+    /// whose utilisation was read (`None`: unknown).
+    pub sm_util: Option<u32>,
 }
 
 /// Every metric the agent exports.
@@ -126,6 +129,9 @@ pub struct Metrics {
     pub gpu_utilization: IntGaugeVec,
     /// `hami_process_observed_bytes{pid,pod_namespace,pod_name,container_name}` (opt-in).
     pub process_observed: IntGaugeVec,
+    /// `hami_process_sm_utilization_percent{pid,pod_namespace,pod_name,container_name}`
+    /// (opt-in).
+    pub process_sm: IntGaugeVec,
     /// `hami_findings_standing{kind}`: findings standing now.
     pub findings: IntGaugeVec,
     /// `hami_findings_total{kind}`: findings raised since start.
@@ -284,6 +290,12 @@ impl Metrics {
             "Utilisation of the whole GPU in percent (NVML nvmlDeviceGetUtilizationRates)",
             &["gpu_uuid", "nvml_index"],
         )?;
+        let process_sm = gauge_vec(
+            &r,
+            "hami_process_sm_utilization_percent",
+            "NVML SM utilisation per process at the latest sample, percent of a device (only with --per-process-metrics)",
+            &["pid", "pod_namespace", "pod_name", "container_name"],
+        )?;
         let process_observed = gauge_vec(
             &r,
             "hami_process_observed_bytes",
@@ -429,6 +441,7 @@ impl Metrics {
             compute_throttled_seconds,
             gpu_utilization,
             process_observed,
+            process_sm,
             findings,
             findings_total,
             events,
@@ -557,18 +570,23 @@ impl Metrics {
     /// Replaces the per-process gauge (only filled with `per_process`) and the process count.
     pub fn set_processes(&self, procs: &[ProcessSample]) {
         self.process_observed.reset();
+        self.process_sm.reset();
         if self.opts.per_process {
             for p in procs {
                 let pid = p.pid.to_string();
                 let id = &p.identity;
+                let l = [
+                    pid.as_str(),
+                    id.namespace.as_str(),
+                    id.pod.as_str(),
+                    id.container.as_str(),
+                ];
                 self.process_observed
-                    .with_label_values(&[
-                        pid.as_str(),
-                        id.namespace.as_str(),
-                        id.pod.as_str(),
-                        id.container.as_str(),
-                    ])
+                    .with_label_values(&l)
                     .set(clamp(p.observed));
+                if let Some(u) = p.sm_util {
+                    self.process_sm.with_label_values(&l).set(i64::from(u));
+                }
             }
         }
         self.processes.set(procs.len() as i64);
@@ -631,6 +649,7 @@ impl Metrics {
             "hami_container_compute_throttled_seconds_total",
             "hami_gpu_utilization_percent",
             "hami_process_observed_bytes",
+            "hami_process_sm_utilization_percent",
             "hami_events_total",
         ] {
             v.push(f.to_string());
@@ -804,16 +823,26 @@ mod tests {
 
     #[test]
     fn per_process_series_are_opt_in_and_have_no_hooked_label() {
-        let p = [ProcessSample {
-            pid: 42,
-            identity: ident("ml", "p", "c"),
-            observed: 9,
-        }];
+        let p = [
+            ProcessSample {
+                pid: 42,
+                identity: ident("ml", "p", "c"),
+                observed: 9,
+                sm_util: Some(35),
+            },
+            ProcessSample {
+                pid: 43,
+                identity: ident("ml", "p", "c"),
+                observed: 0,
+                sm_util: None,
+            },
+        ];
         let off = Metrics::new(MetricsOptions::default()).unwrap();
         off.set_processes(&p);
         let t = off.render();
         assert!(!t.contains("hami_process_observed_bytes{"), "{t}");
-        assert!(t.contains("hami_processes_tracked 1"));
+        assert!(!t.contains("hami_process_sm_utilization_percent{"), "{t}");
+        assert!(t.contains("hami_processes_tracked 2"));
         let on = Metrics::new(MetricsOptions {
             per_process: true,
             ..Default::default()
@@ -824,6 +853,14 @@ mod tests {
         assert!(
             t.contains(r#"hami_process_observed_bytes{container_name="c",pid="42",pod_name="p",pod_namespace="ml"} 9"#),
             "{t}"
+        );
+        assert!(
+            t.contains(r#"hami_process_sm_utilization_percent{container_name="c",pid="42",pod_name="p",pod_namespace="ml"} 35"#),
+            "{t}"
+        );
+        assert!(
+            !t.contains(r#"hami_process_sm_utilization_percent{container_name="c",pid="43""#),
+            "no figure, no series: {t}"
         );
         assert!(!t.contains("hooked"));
     }

@@ -1169,6 +1169,12 @@ fn a_containers_compute_share_is_its_processes_sum_and_over_limit_after_a_whole_
         (Some(45.0), Some(30))
     );
     assert_eq!(row.sm_util, Some(20));
+    let sample = a
+        .process_samples()
+        .into_iter()
+        .find(|p| p.pid == 100)
+        .unwrap();
+    assert_eq!(sample.sm_util, Some(25), "the opt-in per-process series");
     let b_row = a.process_rows().into_iter().find(|r| r.pid == 200).unwrap();
     assert_eq!((b_row.compute_share, b_row.compute_limit), (None, None));
     let series = a.region_series();
