@@ -4,8 +4,9 @@
 //! At every NVML sample (`--nvml-interval`, 1 s by default) a container's share of a device
 //! is the sum of the SM utilisation NVML reports for the container's processes on that
 //! device since the previous sample (a process NVML has no sample for used none). The
-//! agent keeps these observations per region and device; the exported share is their mean
-//! over the last [`ComputeOptions::share_window`] (10 s), the `compute_over_limit` finding
+//! agent keeps these observations per region and device from the container's first busy
+//! one; the exported share is their mean
+//! over the last [`ComputeOptions::share_window`] (5 s), the `compute_over_limit` finding
 //! compares their mean over the last [`ComputeOptions::window`] (30 s) with the limit. Pure:
 //! no clock is read here (callers pass the instants).
 
@@ -32,10 +33,10 @@ pub struct ComputeOptions {
 }
 
 impl Default for ComputeOptions {
-    /// 10 s for the exported share; over 30 s, more than 10 points above the limit.
+    /// 5 s for the exported share; over 30 s, more than 10 points above the limit.
     fn default() -> Self {
         ComputeOptions {
-            share_window: Duration::from_secs(10),
+            share_window: Duration::from_secs(5),
             window: Duration::from_secs(30),
             tolerance_points: 10.0,
         }
@@ -154,6 +155,9 @@ pub struct ComputeView {
     pub watched_secs: f64,
     /// Busy processes at the latest observation: host pid and SM utilisation (percent).
     pub by_pid: Vec<(u32, u32)>,
+    /// When the latest observation was made, in ns of `CLOCK_MONOTONIC`: the windows end
+    /// there (`None`: never measured).
+    pub sampled_at_ns: Option<u64>,
     /// Device time (ns) the container's metered work used (the launch gate's count).
     pub consumed_ns: u64,
     /// Times the container's processes waited at the gate.

@@ -127,7 +127,7 @@ struct Common {
     #[arg(long, default_value_t = 2.0)]
     nvml_tolerance_pct: f64,
     /// Window of the exported compute share, in seconds: the mean of the NVML samples in it.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600), allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600), allow_negative_numbers = true)]
     compute_share_window_secs: u64,
     /// Window of the `compute_over_limit` finding, in seconds: the container's mean share
     /// over it is compared with its limit, once it has been measured that long.

@@ -107,6 +107,9 @@ pub struct ProcessSample {
     pub identity: Identity,
     /// Observed live bytes.
     pub observed: u64,
+    /// NVML SM utilisation at the latest sample, percent of a device summed over the GPUs
+    /// whose utilisation was read (`None`: unknown).
+    pub sm_util: Option<u32>,
 }
 
 /// Tracked GPU processes by hook (`hami_processes_by_hook`), for watching a migration.
@@ -150,6 +153,9 @@ pub struct Metrics {
     pub gpu_utilization: IntGaugeVec,
     /// `hami_process_observed_bytes{pid,pod_namespace,pod_name,container_name}` (opt-in).
     pub process_observed: IntGaugeVec,
+    /// `hami_process_sm_utilization_percent{pid,pod_namespace,pod_name,container_name}`
+    /// (opt-in).
+    pub process_sm: IntGaugeVec,
     /// `hami_findings_standing{kind}`: findings standing now.
     pub findings: IntGaugeVec,
     /// `hami_findings_total{kind}`: findings raised since start.
@@ -379,7 +385,7 @@ impl Metrics {
         let compute_share = GaugeVec::new(
             Opts::new(
                 "hami_container_compute_share_percent",
-                "Measured compute share of the device, in percent: NVML's SM utilisation of the container's processes, summed, mean over the share window (10 s)",
+                "Measured compute share of the device, in percent: NVML's SM utilisation of the container's processes, summed, mean over the share window (5 s)",
             ),
             cl,
         )?;
@@ -410,6 +416,12 @@ impl Metrics {
             "hami_gpu_utilization_percent",
             "Utilisation of the whole GPU in percent (NVML nvmlDeviceGetUtilizationRates)",
             &["gpu_uuid", "nvml_index"],
+        )?;
+        let process_sm = gauge_vec(
+            &r,
+            "hami_process_sm_utilization_percent",
+            "NVML SM utilisation per process at the latest sample, percent of a device (only with --per-process-metrics)",
+            &["pid", "pod_namespace", "pod_name", "container_name"],
         )?;
         let process_observed = gauge_vec(
             &r,
@@ -576,6 +588,7 @@ impl Metrics {
             quota_refusals,
             gpu_utilization,
             process_observed,
+            process_sm,
             findings,
             findings_total,
             events,
@@ -717,18 +730,23 @@ impl Metrics {
     /// Replaces the per-process gauge (only filled with `per_process`) and the process count.
     pub fn set_processes(&self, procs: &[ProcessSample]) {
         self.process_observed.reset();
+        self.process_sm.reset();
         if self.opts.per_process {
             for p in procs {
                 let pid = p.pid.to_string();
                 let id = &p.identity;
+                let l = [
+                    pid.as_str(),
+                    id.namespace.as_str(),
+                    id.pod.as_str(),
+                    id.container.as_str(),
+                ];
                 self.process_observed
-                    .with_label_values(&[
-                        pid.as_str(),
-                        id.namespace.as_str(),
-                        id.pod.as_str(),
-                        id.container.as_str(),
-                    ])
+                    .with_label_values(&l)
                     .set(clamp(p.observed));
+                if let Some(u) = p.sm_util {
+                    self.process_sm.with_label_values(&l).set(i64::from(u));
+                }
             }
         }
         self.processes.set(procs.len() as i64);
@@ -804,6 +822,7 @@ impl Metrics {
             "hami_container_quota_refusals_total",
             "hami_gpu_utilization_percent",
             "hami_process_observed_bytes",
+            "hami_process_sm_utilization_percent",
             "hami_events_total",
         ] {
             v.push(f.to_string());
@@ -991,16 +1010,26 @@ mod tests {
 
     #[test]
     fn per_process_series_are_opt_in_and_have_no_hooked_label() {
-        let p = [ProcessSample {
-            pid: 42,
-            identity: ident("ml", "p", "c"),
-            observed: 9,
-        }];
+        let p = [
+            ProcessSample {
+                pid: 42,
+                identity: ident("ml", "p", "c"),
+                observed: 9,
+                sm_util: Some(35),
+            },
+            ProcessSample {
+                pid: 43,
+                identity: ident("ml", "p", "c"),
+                observed: 0,
+                sm_util: None,
+            },
+        ];
         let off = Metrics::new(MetricsOptions::default()).unwrap();
         off.set_processes(&p);
         let t = off.render();
         assert!(!t.contains("hami_process_observed_bytes{"), "{t}");
-        assert!(t.contains("hami_processes_tracked 1"));
+        assert!(!t.contains("hami_process_sm_utilization_percent{"), "{t}");
+        assert!(t.contains("hami_processes_tracked 2"));
         let on = Metrics::new(MetricsOptions {
             per_process: true,
             ..Default::default()
@@ -1012,7 +1041,14 @@ mod tests {
             t.contains(r#"hami_process_observed_bytes{container_name="c",pid="42",pod_name="p",pod_namespace="ml"} 9"#),
             "{t}"
         );
-        // No `hooked` label (the `unhooked` finding kind is another family).
+        assert!(
+            t.contains(r#"hami_process_sm_utilization_percent{container_name="c",pid="42",pod_name="p",pod_namespace="ml"} 35"#),
+            "{t}"
+        );
+        assert!(
+            !t.contains(r#"hami_process_sm_utilization_percent{container_name="c",pid="43""#),
+            "no figure, no series: {t}"
+        );
         assert!(!t.contains("hooked="));
     }
 

@@ -619,6 +619,27 @@ pub fn inspect_text(path: &str, s: &RegionSnapshot) -> String {
             },
             s.compute[d].refusals
         );
+        let c = &s.compute[d];
+        if c.sm_limit != 0 || c.policy != 0 || c.consumed_ns != 0 || c.throttled != 0 {
+            let _ = writeln!(
+                o,
+                "       compute: share {} (sm_limit {}, policy {}), {:.3} s of device time used, \
+                 {} waits at the gate ({:.3} s), budget {} ns",
+                c.limit_percent()
+                    .map_or("none".to_string(), |l| format!("{l} %")),
+                c.sm_limit,
+                match c.policy {
+                    hami_common::layout::COMPUTE_POLICY_DEFAULT => "default",
+                    hami_common::layout::COMPUTE_POLICY_FORCE => "force",
+                    hami_common::layout::COMPUTE_POLICY_DISABLE => "disable",
+                    _ => "unknown",
+                },
+                c.consumed_ns as f64 / 1e9,
+                c.throttled,
+                c.throttled_ns as f64 / 1e9,
+                c.budget_ns
+            );
+        }
     }
     let _ = writeln!(o, "  active slots: {}", s.slots.len());
     for sl in &s.slots {
@@ -703,6 +724,24 @@ mod tests {
         assert_eq!(v["devices"][0]["compute"]["limit_percent"], Value::Null);
         let text = inspect_text("r.cache", &ro.snapshot());
         assert!(text.contains("limit 1.0 GiB (1073741824 bytes)"), "{text}");
+        assert!(
+            !text.contains("compute:"),
+            "no compute record in use: {text}"
+        );
+        // Device 1's compute record as the launch gate keeps it.
+        let mut snap = ro.snapshot();
+        snap.compute[1].sm_limit = 30;
+        snap.compute[1].consumed_ns = 2_500_000_000;
+        snap.compute[1].throttled = 3;
+        let text = inspect_text("r.cache", &snap);
+        assert!(
+            text.contains("compute: share 30 % (sm_limit 30, policy default), 2.500 s of device time used, 3 waits"),
+            "{text}"
+        );
+        assert_eq!(
+            inspect_json("r.cache", &snap)["devices"][1]["compute"]["limit_percent"],
+            30
+        );
         assert!(text.contains("active slots: 2"));
         assert!(text.contains("dead here"));
         assert_eq!(v["devices"][0]["context_footprint"], 0);
@@ -844,7 +883,7 @@ mod tests {
         assert!(lines[0].contains("NVML  COMPUTE    VERDICT"), "{t}");
         assert!(lines[1].contains("45.2%/30%"), "{t}");
         assert!(lines[2].contains("-/50%"), "{t}");
-        assert!(t.contains("mean over 10 s"), "{t}");
+        assert!(t.contains("mean over 5 s"), "{t}");
         let j = serde_json::to_value(report(vec![row(1, Some(30), Some(45.25))])).unwrap();
         assert_eq!(j["processes"][0]["compute_limit"], 30);
         assert_eq!(j["processes"][0]["compute_share"], 45.25);

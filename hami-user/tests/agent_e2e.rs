@@ -887,8 +887,15 @@ fn compute_share_follows_the_device_clock_and_over_limit_is_found() {
         p.resume();
     }
     let (st, out, log) = agent.finish();
-    // The device clock's ground truth over the agent's share window, as it ended.
-    let to = hami_test_harness::device_clock_now_ns();
+    let audit = parse_audit(&out, &log);
+    // The device clock's ground truth over the agent's share window: the 3 s before its
+    // latest NVML sample (CLOCK_MONOTONIC, the clock's own time base).
+    let to = audit["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|r| r["compute"][0]["sampled_at_ns"].as_u64())
+        .unwrap_or_else(|| panic!("no sample time:\n{audit:#}"));
     let truth = env.device_busy(0, to - 3_000_000_000, to);
     assert!(truth.covered_from <= truth.from, "{truth:?}");
     let busy = |pids: &[u32]| -> f64 {
@@ -907,7 +914,6 @@ fn compute_share_follows_the_device_clock_and_over_limit_is_found() {
     for (p, r) in [&p1, &p2, &p3].iter().zip(&runs) {
         assert!(r.ok(), "pid {}: {r:?}", p.pid);
     }
-    let audit = parse_audit(&out, &log);
     let region_a = env.region_path().display().to_string();
     let region_b = region_b.display().to_string();
     let compute = |name: &str| -> Value {

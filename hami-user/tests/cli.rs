@@ -94,6 +94,10 @@ fn usage_errors_exit_64_not_the_findings_status() {
         let err = String::from_utf8_lossy(&out.stderr);
         let flag = args[1].split('=').next().unwrap_or_default();
         assert!(err.contains(flag), "{args:?}: the flag is not named: {err}");
+        assert!(
+            !err.contains("unexpected argument"),
+            "{args:?}: the flag is unknown: {err}"
+        );
     }
     assert_eq!(agent(&["--help"]).status.code(), Some(0));
     assert_eq!(agent(&["--version"]).status.code(), Some(0));

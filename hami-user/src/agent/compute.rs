@@ -19,8 +19,10 @@ const KEEP_SLACK: Duration = Duration::from_secs(5);
 /// A region file (device, inode) and one of its devices.
 type RegionDevice = ((u64, u64), usize);
 
-/// The measured share over time, and the busy processes (pid, SM %) at the latest sample.
-type Measured = (ShareHistory, Vec<(u32, u32)>);
+/// The measured share over time (from the container's first busy sample: the idle time
+/// before its first kernel, context creation and loading, is not averaged in), and the
+/// busy processes (pid, SM %) at the latest sample.
+type Measured = (Option<ShareHistory>, Vec<(u32, u32)>);
 
 /// Per region file and region device: what was measured.
 #[derive(Debug, Default)]
@@ -28,6 +30,9 @@ pub(super) struct ComputeRecord {
     histories: HashMap<RegionDevice, Measured>,
     /// When the latest NVML sample was observed: the windows end there.
     at: Option<Instant>,
+    /// The same instant in ns of `CLOCK_MONOTONIC` (shown, so that others can measure the
+    /// same window).
+    at_ns: Option<u64>,
 }
 
 impl Agent {
@@ -61,17 +66,13 @@ impl Agent {
         let o = &self.opts.compute;
         let keep = o.window.max(o.share_window) + KEEP_SLACK;
         for (key, share, parts) in seen {
-            match self.compute.histories.get_mut(&key) {
-                Some((h, p)) => {
-                    h.push(now, share, keep);
-                    *p = parts;
-                }
-                None => {
-                    self.compute
-                        .histories
-                        .insert(key, (ShareHistory::new(now, share), parts));
-                }
+            let (h, p) = self.compute.histories.entry(key).or_default();
+            match h {
+                Some(h) => h.push(now, share, keep),
+                None if share > 0.0 => *h = Some(ShareHistory::new(now, share)),
+                None => {}
             }
+            *p = parts;
         }
         // Regions released since: their histories go with them.
         let open = &self.region_ids;
@@ -79,6 +80,7 @@ impl Agent {
             .histories
             .retain(|(file, _), _| open.contains_key(file));
         self.compute.at = Some(now);
+        self.compute.at_ns = Some(super::regions::monotonic_ns());
     }
 
     /// Each GPU's utilisation at the latest NVML sample (where NVML gave it).
@@ -126,10 +128,20 @@ impl Agent {
                 if let (Some((h, parts)), Some(at)) =
                     (self.compute.histories.get(&(file, d)), self.compute.at)
                 {
-                    v.share = h.mean(at, o.share_window);
-                    v.window_share = h.mean(at, o.window);
-                    v.watched_secs = h.watched(at).as_secs_f64();
+                    match h {
+                        Some(h) => {
+                            v.share = h.mean(at, o.share_window);
+                            v.window_share = h.mean(at, o.window);
+                            v.watched_secs = h.watched(at).as_secs_f64();
+                        }
+                        // Measured, never busy yet.
+                        None => {
+                            v.share = Some(0.0);
+                            v.window_share = Some(0.0);
+                        }
+                    }
                     v.by_pid = parts.clone();
+                    v.sampled_at_ns = self.compute.at_ns;
                 }
                 v
             })

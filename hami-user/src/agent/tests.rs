@@ -1259,6 +1259,17 @@ fn a_containers_compute_share_is_its_processes_sum_and_over_limit_after_a_whole_
     let mem = [(100, 10 * MIB), (101, 10 * MIB), (200, 10 * MIB)];
     let t0 = Instant::now();
     let at = |s: u64| t0 + Duration::from_secs(s);
+    // Before their first kernels (contexts, loading): idle, shown as 0 and not averaged in.
+    for s in (1..=3u64).rev() {
+        let before = t0 - Duration::from_secs(s);
+        a.set_nvml_at(Some(util_sample(&mem, &[(200, 50)])), before);
+        assert_eq!(compute_kinds(&a.tick(before).raised), vec![]);
+    }
+    let row = a.process_rows().into_iter().find(|r| r.pid == 100).unwrap();
+    assert_eq!(
+        (row.compute_share, row.compute_limit),
+        (Some(0.0), Some(30))
+    );
     // 25 % + 20 % for A (45 %, 15 points over its share), 50 % for B.
     let busy = [(100, 25), (101, 20), (200, 50)];
     for s in 0..30 {
@@ -1278,6 +1289,12 @@ fn a_containers_compute_share_is_its_processes_sum_and_over_limit_after_a_whole_
         (Some(45.0), Some(30))
     );
     assert_eq!(row.sm_util, Some(20));
+    let sample = a
+        .process_samples()
+        .into_iter()
+        .find(|p| p.pid == 100)
+        .unwrap();
+    assert_eq!(sample.sm_util, Some(25), "the opt-in per-process series");
     let b_row = a.process_rows().into_iter().find(|r| r.pid == 200).unwrap();
     assert_eq!((b_row.compute_share, b_row.compute_limit), (None, None));
     let series = a.region_series();

@@ -275,6 +275,10 @@ impl Agent {
                     Some(v) if p.events_lost => v.observed.values().sum(),
                     _ => p.by_device().values().sum(),
                 },
+                sm_util: views
+                    .get(&p.pid)
+                    .filter(|v| !v.nvml_sm.is_empty())
+                    .map(|v| v.sm_total()),
             })
             .collect()
     }
