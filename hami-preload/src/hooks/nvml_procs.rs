@@ -92,10 +92,11 @@ pub(crate) fn driver_host_pids(device: nvmlDevice_t) -> Option<Vec<u32>> {
     for sym in [Nv::ProcsV3, Nv::ProcsV2] {
         // SAFETY: `_v3` and `_v2` both take `nvmlProcessInfo_v2_t` entries.
         if let Some(f) = unsafe { symbols::nv::<FnNvmlProcsV2>(sym) } {
-            // SAFETY: a handle from NVML; `buf` holds `*n` entries.
-            if let Ok(l) =
-                driver_list(|n, buf: *mut nvmlProcessInfo_v2_t| unsafe { f(device, n, buf) })
-            {
+            let call = |n: *mut c_uint, buf: *mut nvmlProcessInfo_v2_t| {
+                // SAFETY: a handle from NVML; `buf` holds `*n` entries.
+                unsafe { f(device, n, buf) }
+            };
+            if let Ok(l) = driver_list(call) {
                 return Some(l.iter().map(|e| e.pid).collect());
             }
         }
