@@ -178,6 +178,7 @@ pub const INTERCEPTS: &[Intercept] = &[
     nvml_hook("nvmlDeviceGetMPSComputeRunningProcesses"),
     nvml_hook("nvmlDeviceGetMPSComputeRunningProcesses_v2"),
     nvml_hook("nvmlDeviceGetMPSComputeRunningProcesses_v3"),
+    nvml_hook("nvmlDeviceGetRunningProcessDetailList"),
 ];
 
 /// `a == b`, usable in constants.
@@ -362,7 +363,7 @@ mod tests {
         // Probed only.
         assert!(!is_hooked(Library::Cuda, b"cuCtxSetCurrent"));
         assert!(!is_hooked(Library::Cuda, b"cuMemAlloc"));
-        assert_eq!(hooked_count(Library::Nvml), 11);
+        assert_eq!(hooked_count(Library::Nvml), 12);
         assert_eq!(
             hooked_count(Library::Cuda) + hooked_count(Library::Nvml),
             INTERCEPTS.iter().filter(|r| r.hooked).count()

@@ -1,4 +1,5 @@
-//! What NVML's process lists show inside a container (plain Rust, no driver): the driver's
+//! What NVML's process lists (and `nvmlDeviceGetRunningProcessDetailList`) show inside a
+//! container (plain Rust, no driver): the driver's
 //! entries (host pids, the driver's usage) narrowed to the container's own processes (the
 //! region's slots), each with its pid as the container sees it and its usage from the region;
 //! the `*infoCount` protocol of `nvmlDeviceGet*RunningProcesses*`; and how a process finds
@@ -24,6 +25,9 @@ pub struct ProcEntry {
     pub gpu_instance: u32,
     /// `computeInstanceId` (v2 entries; [`NO_INSTANCE`] outside MIG and for v1).
     pub compute_instance: u32,
+    /// `usedGpuCcProtectedMemory` (`nvmlProcessDetail_v1_t` only; 0 otherwise): the
+    /// driver's, which the region does not count.
+    pub cc_protected: u64,
 }
 
 /// One process of the container on the device: a region slot.
@@ -100,6 +104,7 @@ pub fn container_view(
                     used: m.used,
                     gpu_instance: NO_INSTANCE,
                     compute_instance: NO_INSTANCE,
+                    cc_protected: 0,
                 });
             }
         }
@@ -192,6 +197,7 @@ mod tests {
             used,
             gpu_instance: NO_INSTANCE,
             compute_instance: NO_INSTANCE,
+            cc_protected: 0,
         }
     }
 

@@ -192,6 +192,7 @@ symbol_table! {
         MpsV1 => nvmlDeviceGetMPSComputeRunningProcesses,
         MpsV2 => nvmlDeviceGetMPSComputeRunningProcesses_v2,
         MpsV3 => nvmlDeviceGetMPSComputeRunningProcesses_v3,
+        DetailList => nvmlDeviceGetRunningProcessDetailList,
     }
     helpers {
         InitV2 = c"nvmlInit_v2",

@@ -1,5 +1,6 @@
 //! NVML's process lists inside a container (issue 20, HAMi issues #235, #1339-#1341): under
-//! container A's preload, every version of the compute, graphics and MPS lists shows A's
+//! container A's preload, every version of the compute, graphics and MPS lists (and
+//! `nvmlDeviceGetRunningProcessDetailList` in each mode) shows A's
 //! processes only, with their pids as A sees them and their usage from A's region, never
 //! container B's; with `nvml.h`'s `*infoCount` protocol and each version's struct size.
 //! Two "containers" are two regions on one fake GPU; the pid-namespace case runs A inside
@@ -26,7 +27,7 @@ fn nvmlprocs() -> &'static PathBuf {
 }
 
 /// Every list function `nvmlprocs` calls.
-const FNS: [&str; 9] = [
+const FNS: [&str; 12] = [
     "compute_v1",
     "compute_v2",
     "compute_v3",
@@ -36,6 +37,9 @@ const FNS: [&str; 9] = [
     "mps_v1",
     "mps_v2",
     "mps_v3",
+    "detail_compute",
+    "detail_graphics",
+    "detail_mps",
 ];
 
 /// Every list reports the device's processes in the fake NVML.
@@ -125,7 +129,7 @@ impl Lists {
         assert_eq!(l["rc"], "0", "{func}: {d}");
         assert_eq!(l["count"], n.to_string(), "{func}: {d}");
         assert_eq!(l["guard"], "1", "{func} wrote past its entries: {d}");
-        if func.ends_with("_v2") || func.ends_with("_v3") {
+        if !func.ends_with("_v1") {
             for (_, f) in self
                 .0
                 .lines

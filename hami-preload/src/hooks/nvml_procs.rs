@@ -31,6 +31,7 @@ impl Entry for nvmlProcessInfo_v1_t {
             used: self.used_gpu_memory,
             gpu_instance: NO_INSTANCE,
             compute_instance: NO_INSTANCE,
+            cc_protected: 0,
         }
     }
     fn put(e: ProcEntry) -> Self {
@@ -48,6 +49,7 @@ impl Entry for nvmlProcessInfo_v2_t {
             used: self.used_gpu_memory,
             gpu_instance: self.gpu_instance_id,
             compute_instance: self.compute_instance_id,
+            cc_protected: 0,
         }
     }
     fn put(e: ProcEntry) -> Self {
@@ -56,6 +58,65 @@ impl Entry for nvmlProcessInfo_v2_t {
             used_gpu_memory: e.used,
             gpu_instance_id: e.gpu_instance,
             compute_instance_id: e.compute_instance,
+        }
+    }
+}
+
+/// `nvmlProcessDetail_v1_t` (entries of `nvmlDeviceGetRunningProcessDetailList`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlProcessDetail_v1_t {
+    /// Process id (the host's pid namespace).
+    pub pid: c_uint,
+    /// Device memory the process uses, or [`NVML_VALUE_NOT_AVAILABLE`].
+    pub used_gpu_memory: u64,
+    /// GPU instance (MIG), `0xFFFFFFFF` if none.
+    pub gpu_instance_id: c_uint,
+    /// Compute instance (MIG), `0xFFFFFFFF` if none.
+    pub compute_instance_id: c_uint,
+    /// Confidential-computing protected memory the process uses.
+    pub used_gpu_cc_protected_memory: u64,
+}
+
+/// `nvmlProcessDetailList_v1_t`, the argument of `nvmlDeviceGetRunningProcessDetailList`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct nvmlProcessDetailList_v1_t {
+    /// Must be [`NVML_PROCESS_DETAIL_LIST_V1`].
+    pub version: c_uint,
+    /// `nvmlProcessMode_t`: 0 compute, 1 graphics, 2 MPS compute.
+    pub mode: c_uint,
+    /// In: entries `proc_array` holds; out: entries written (or needed).
+    pub num_proc_array_entries: c_uint,
+    /// The caller's array.
+    pub proc_array: *mut nvmlProcessDetail_v1_t,
+}
+
+/// `nvmlProcessDetailList_v1`: `sizeof(nvmlProcessDetailList_v1_t) | 1 << 24`.
+pub const NVML_PROCESS_DETAIL_LIST_V1: c_uint =
+    (std::mem::size_of::<nvmlProcessDetailList_v1_t>() as c_uint) | (1 << 24);
+
+/// `nvmlDeviceGetRunningProcessDetailList`.
+pub type FnNvmlDetailList =
+    unsafe extern "C" fn(nvmlDevice_t, *mut nvmlProcessDetailList_v1_t) -> nvmlReturn_t;
+
+impl Entry for nvmlProcessDetail_v1_t {
+    fn get(&self) -> ProcEntry {
+        ProcEntry {
+            pid: self.pid,
+            used: self.used_gpu_memory,
+            gpu_instance: self.gpu_instance_id,
+            compute_instance: self.compute_instance_id,
+            cc_protected: self.used_gpu_cc_protected_memory,
+        }
+    }
+    fn put(e: ProcEntry) -> Self {
+        nvmlProcessDetail_v1_t {
+            pid: e.pid,
+            used_gpu_memory: e.used,
+            gpu_instance_id: e.gpu_instance,
+            compute_instance_id: e.compute_instance,
+            used_gpu_cc_protected_memory: e.cc_protected,
         }
     }
 }
@@ -140,6 +201,38 @@ fn container_of(device: nvmlDevice_t) -> Option<(Vec<Member>, bool)> {
     Some((members, hostpid::in_host_pid_ns()))
 }
 
+/// What a hooked list answers before it is written back.
+enum Narrowed {
+    /// Not the container's business (or the driver's list would not settle): call the
+    /// driver with the caller's arguments.
+    PassThrough,
+    /// The driver's error.
+    Failed(nvmlReturn_t),
+    /// The container's entries.
+    View(Vec<ProcEntry>),
+}
+
+/// The container's view of `device`'s `kind` list, read through `call(count, buffer)`.
+fn narrowed<T: Entry>(
+    kind: ListKind,
+    device: nvmlDevice_t,
+    call: impl Fn(*mut c_uint, *mut T) -> nvmlReturn_t,
+) -> Narrowed {
+    let Some((members, pids_are_host)) = container_of(device) else {
+        return Narrowed::PassThrough;
+    };
+    match driver_list(call) {
+        Ok(driver) => Narrowed::View(proclist::container_view(
+            kind,
+            &driver,
+            &members,
+            pids_are_host,
+        )),
+        Err(ListError::Driver(e)) => Narrowed::Failed(e),
+        Err(ListError::Unsettled) => Narrowed::PassThrough,
+    }
+}
+
 /// One hooked list: `real(device, count, infos)` is NVML's function.
 fn list<T: Entry>(
     kind: ListKind,
@@ -151,19 +244,25 @@ fn list<T: Entry>(
     if count.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    let Some((members, pids_are_host)) = container_of(device) else {
-        // SAFETY: forwarded arguments.
-        return unsafe { real(device, count, infos) };
+    let call = |n: *mut c_uint, buf: *mut T| {
+        // SAFETY: a device handle the caller got from NVML; `buf` holds `*n` entries.
+        unsafe { real(device, n, buf) }
     };
-    // SAFETY: a device handle the caller got from NVML; `buf` holds `*n` entries.
-    let driver = match driver_list(|n, buf| unsafe { real(device, n, buf) }) {
-        Ok(l) => l,
-        Err(ListError::Driver(e)) => return e,
+    match narrowed(kind, device, call) {
         // SAFETY: forwarded arguments.
-        Err(ListError::Unsettled) => return unsafe { real(device, count, infos) },
-    };
-    let view = proclist::container_view(kind, &driver, &members, pids_are_host);
-    // SAFETY: checked non-null; the caller's capacity.
+        Narrowed::PassThrough => unsafe { real(device, count, infos) },
+        Narrowed::Failed(e) => e,
+        // SAFETY: `count` is non-null; `infos` holds `*count` entries (the C contract).
+        Narrowed::View(view) => unsafe { answer(&view, count, infos) },
+    }
+}
+
+/// Writes `view` back with `nvml.h`'s protocol ([`proclist::reply`]).
+///
+/// # Safety
+/// `count` is valid; `infos` is NULL or holds `*count` entries.
+unsafe fn answer<T: Entry>(view: &[ProcEntry], count: *mut c_uint, infos: *mut T) -> nvmlReturn_t {
+    // SAFETY: valid (the caller's contract); the caller's capacity.
     let cap = unsafe { count.read() };
     match proclist::reply(cap, infos.is_null(), view.len()) {
         Reply::Fill(n) => {
@@ -182,6 +281,58 @@ fn list<T: Entry>(
             NVML_ERROR_INSUFFICIENT_SIZE
         }
         Reply::Error(e) => e,
+    }
+}
+
+hook! {
+    /// Hook of `nvmlDeviceGetRunningProcessDetailList` (`nvmlProcessDetailList_v1`): the
+    /// container's processes of the list's mode, like the lists above. Another struct
+    /// version or mode is the driver's to answer.
+    fn nvmlDeviceGetRunningProcessDetailList(
+        device: nvmlDevice_t,
+        plist: *mut nvmlProcessDetailList_v1_t,
+    ) = Nv::DetailList as FnNvmlDetailList;
+    |f| {
+        if plist.is_null() {
+            return NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: non-null, the caller's struct.
+        let (version, mode) = unsafe { ((*plist).version, (*plist).mode) };
+        let kind = match mode {
+            0 => ListKind::Compute,
+            1 => ListKind::Graphics,
+            2 => ListKind::Mps,
+            // SAFETY: forwarded arguments.
+            _ => return unsafe { f(device, plist) },
+        };
+        if version != NVML_PROCESS_DETAIL_LIST_V1 {
+            // SAFETY: forwarded arguments.
+            return unsafe { f(device, plist) };
+        }
+        let call = |n: *mut c_uint, buf: *mut nvmlProcessDetail_v1_t| {
+            let mut l = nvmlProcessDetailList_v1_t {
+                version,
+                mode,
+                // SAFETY: `n` is driver_list's own counter.
+                num_proc_array_entries: unsafe { *n },
+                proc_array: buf,
+            };
+            // SAFETY: a handle from the caller; `buf` holds `*n` entries.
+            let r = unsafe { f(device, &mut l) };
+            // SAFETY: as above.
+            unsafe { *n = l.num_proc_array_entries };
+            r
+        };
+        match narrowed(kind, device, call) {
+            // SAFETY: forwarded arguments.
+            Narrowed::PassThrough => unsafe { f(device, plist) },
+            Narrowed::Failed(e) => e,
+            // SAFETY: the caller's struct (non-null); its array holds
+            // `numProcArrayEntries` entries (the C contract).
+            Narrowed::View(view) => unsafe {
+                answer(&view, &raw mut (*plist).num_proc_array_entries, (*plist).proc_array)
+            },
+        }
     }
 }
 

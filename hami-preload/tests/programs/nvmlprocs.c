@@ -12,7 +12,11 @@
  * `guard=1`: every byte after the `count` entries of the array (one more entry than the
  * capacity was allocated, all bytes 0xAB) is untouched: the library wrote entries of this
  * version's size (16 bytes for the v1 names, 24 for _v2/_v3) and no more than it said.
- * `gi`/`ci` only for _v2/_v3. A symbol the library lacks prints `missing fn=...`.
+ * `gi`/`ci` only for _v2/_v3 and the detail list. `detail_compute`, `detail_graphics`,
+ * `detail_mps`: nvmlDeviceGetRunningProcessDetailList (nvmlProcessDetailList_v1, 32-byte
+ * entries, `cc=` their usedGpuCcProtectedMemory) with mode 0 / 1 / 2, its
+ * numProcArrayEntries / procArray taking the place of *infoCount / infos (a NULL plist for
+ * the NULL infoCount). A symbol the library lacks prints `missing fn=...`.
  *
  * Build: gcc -O2 -o nvmlprocs nvmlprocs.c -ldl. Usage: nvmlprocs [--index N] [--fn NAME]
  */
@@ -26,7 +30,23 @@ typedef int nvmlReturn_t;
 typedef void *nvmlDevice_t;
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } info_v1;
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } info_v2;
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId;
+                 unsigned long long usedGpuCcProtectedMemory; } detail_v1;
+typedef struct { unsigned int version, mode, numProcArrayEntries; detail_v1 *procArray; } detail_list_v1;
+#define DETAIL_LIST_V1 ((unsigned int)(sizeof(detail_list_v1) | (1 << 24)))
 typedef nvmlReturn_t (*list_fn)(nvmlDevice_t, unsigned int *, void *);
+
+/* nvmlDeviceGetRunningProcessDetailList seen as a list function of one mode: infoCount is
+ * numProcArrayEntries, infos is procArray (a NULL infoCount: a NULL plist). */
+static nvmlReturn_t (*detail_fn)(nvmlDevice_t, detail_list_v1 *);
+static unsigned detail_mode;
+static nvmlReturn_t detail_as_list(nvmlDevice_t h, unsigned *n, void *buf) {
+  if (!n) return detail_fn(h, NULL);
+  detail_list_v1 l = {DETAIL_LIST_V1, detail_mode, *n, buf};
+  nvmlReturn_t rc = detail_fn(h, &l);
+  *n = l.numProcArrayEntries;
+  return rc;
+}
 
 static const struct { const char *sym, *name; int v1; } FNS[] = {
   {"nvmlDeviceGetComputeRunningProcesses", "compute_v1", 1},
@@ -38,10 +58,14 @@ static const struct { const char *sym, *name; int v1; } FNS[] = {
   {"nvmlDeviceGetMPSComputeRunningProcesses", "mps_v1", 1},
   {"nvmlDeviceGetMPSComputeRunningProcesses_v2", "mps_v2", 0},
   {"nvmlDeviceGetMPSComputeRunningProcesses_v3", "mps_v3", 0},
+  /* v1 = 2: nvmlDeviceGetRunningProcessDetailList, mode 0 / 1 / 2. */
+  {"nvmlDeviceGetRunningProcessDetailList", "detail_compute", 2},
+  {"nvmlDeviceGetRunningProcessDetailList", "detail_graphics", 2},
+  {"nvmlDeviceGetRunningProcessDetailList", "detail_mps", 2},
 };
 
 static void probe(list_fn f, const char *name, int v1, unsigned idx, nvmlDevice_t h) {
-  size_t esz = v1 ? sizeof(info_v1) : sizeof(info_v2);
+  size_t esz = v1 == 2 ? sizeof(detail_v1) : v1 ? sizeof(info_v1) : sizeof(info_v2);
   unsigned n = 0;
   nvmlReturn_t rc = f(h, &n, NULL);
   printf("query fn=%s index=%u rc=%d count=%u\n", name, idx, rc, n);
@@ -66,7 +90,11 @@ static void probe(list_fn f, const char *name, int v1, unsigned idx, nvmlDevice_
   for (size_t b = (size_t)count * esz; b < bytes; b++) if (buf[b] != 0xAB) guard = 0;
   printf("list fn=%s index=%u rc=%d count=%u guard=%d\n", name, idx, rc, count, guard);
   for (unsigned k = 0; k < count; k++) {
-    if (v1) {
+    if (v1 == 2) {
+      detail_v1 *e = (detail_v1 *)buf + k;
+      printf("proc fn=%s index=%u pid=%u used=%llu gi=%u ci=%u cc=%llu\n", name, idx, e->pid, e->usedGpuMemory,
+             e->gpuInstanceId, e->computeInstanceId, e->usedGpuCcProtectedMemory);
+    } else if (v1) {
       info_v1 *e = (info_v1 *)buf + k;
       printf("proc fn=%s index=%u pid=%u used=%llu\n", name, idx, e->pid, e->usedGpuMemory);
     } else {
@@ -106,6 +134,11 @@ int main(int argc, char **argv) {
       if (only_fn && strcmp(only_fn, FNS[k].name)) continue;
       list_fn f = (list_fn)dlsym(lib, FNS[k].sym);
       if (!f) { printf("missing fn=%s\n", FNS[k].name); continue; }
+      if (FNS[k].v1 == 2) {
+        detail_fn = (nvmlReturn_t (*)(nvmlDevice_t, detail_list_v1 *))(void *)f;
+        detail_mode = (unsigned)(k - 9);
+        f = detail_as_list;
+      }
       probe(f, FNS[k].name, FNS[k].v1, i, h);
     }
   }

@@ -531,3 +531,69 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
 ) -> NvmlReturn {
     processes_v2(ProcessList::Mps, device, count, infos)
 }
+
+/// `nvmlProcessDetail_v1_t`.
+#[repr(C)]
+pub struct ProcessDetailV1 {
+    pid: c_uint,
+    used_gpu_memory: u64,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+    used_gpu_cc_protected_memory: u64,
+}
+
+/// `nvmlProcessDetailList_v1_t`.
+#[repr(C)]
+pub struct ProcessDetailListV1 {
+    version: c_uint,
+    mode: c_uint,
+    num_proc_array_entries: c_uint,
+    proc_array: *mut ProcessDetailV1,
+}
+
+/// `nvmlProcessDetailList_v1`: `sizeof(nvmlProcessDetailList_v1_t) | 1 << 24` (0x1000018).
+pub const NVML_PROCESS_DETAIL_LIST_V1: c_uint =
+    (std::mem::size_of::<ProcessDetailListV1>() as c_uint) | (1 << 24);
+
+/// The three lists in one call: `mode` 0 compute, 1 graphics, 2 MPS compute; another
+/// `version` is `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`, another mode
+/// `NVML_ERROR_INVALID_ARGUMENT`; `numProcArrayEntries` follows the `*infoCount` protocol.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
+    device: *mut c_void,
+    plist: *mut ProcessDetailListV1,
+) -> NvmlReturn {
+    if plist.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null; C contract.
+    let l = unsafe { &mut *plist };
+    if l.version != NVML_PROCESS_DETAIL_LIST_V1 {
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
+    let which = match l.mode {
+        0 => ProcessList::Compute,
+        1 => ProcessList::Graphics,
+        2 => ProcessList::Mps,
+        _ => return NVML_ERROR_INVALID_ARGUMENT,
+    };
+    let infos = l.proc_array;
+    running_processes(
+        which,
+        device,
+        &mut l.num_proc_array_entries,
+        infos.is_null(),
+        |k, pid, used| {
+            // SAFETY: `procArray` holds at least numProcArrayEntries (>= k + 1) entries.
+            unsafe {
+                infos.add(k).write(ProcessDetailV1 {
+                    pid,
+                    used_gpu_memory: used,
+                    gpu_instance_id: u32::MAX,
+                    compute_instance_id: u32::MAX,
+                    used_gpu_cc_protected_memory: 0,
+                })
+            }
+        },
+    )
+}
