@@ -168,6 +168,17 @@ pub const INTERCEPTS: &[Intercept] = &[
     hook("cuGraphLaunch_ptsz"),
     nvml_hook("nvmlDeviceGetMemoryInfo"),
     nvml_hook("nvmlDeviceGetMemoryInfo_v2"),
+    // NVML's process lists: the container's own processes (issue 20).
+    nvml_hook("nvmlDeviceGetComputeRunningProcesses"),
+    nvml_hook("nvmlDeviceGetComputeRunningProcesses_v2"),
+    nvml_hook("nvmlDeviceGetComputeRunningProcesses_v3"),
+    nvml_hook("nvmlDeviceGetGraphicsRunningProcesses"),
+    nvml_hook("nvmlDeviceGetGraphicsRunningProcesses_v2"),
+    nvml_hook("nvmlDeviceGetGraphicsRunningProcesses_v3"),
+    nvml_hook("nvmlDeviceGetMPSComputeRunningProcesses"),
+    nvml_hook("nvmlDeviceGetMPSComputeRunningProcesses_v2"),
+    nvml_hook("nvmlDeviceGetMPSComputeRunningProcesses_v3"),
+    nvml_hook("nvmlDeviceGetRunningProcessDetailList"),
 ];
 
 /// `a == b`, usable in constants.
@@ -352,7 +363,7 @@ mod tests {
         // Probed only.
         assert!(!is_hooked(Library::Cuda, b"cuCtxSetCurrent"));
         assert!(!is_hooked(Library::Cuda, b"cuMemAlloc"));
-        assert_eq!(hooked_count(Library::Nvml), 2);
+        assert_eq!(hooked_count(Library::Nvml), 12);
         assert_eq!(
             hooked_count(Library::Cuda) + hooked_count(Library::Nvml),
             INTERCEPTS.iter().filter(|r| r.hooked).count()

@@ -175,8 +175,15 @@ pub struct Slot {
     /// back; it is refilled under the lock; when a device is full, the admission that needs
     /// room takes other slots' reserves back (swap to 0, under the lock).
     pub reserve: [AtomicU64; MAX_DEVICES],
+    /// The process's pid in the host's (initial) pid namespace, the pid NVML's process lists
+    /// report; 0 = not known (yet). Written by the slot's own process under the lock once it
+    /// has found it, cleared when the slot is freed or claimed. Taken from `_pad` (issue 20):
+    /// older files read 0.
+    pub host_pid: AtomicU32,
+    /// Padding.
+    pub _pad_host: u32,
     /// Padding to 1024 bytes: one slot never shares a cache line with the next.
-    pub _pad: [u64; 14],
+    pub _pad: [u64; 13],
 }
 
 /// [`DeviceCompute::policy`]: HAMi's `GPU_CORE_UTILIZATION_POLICY=default`.

@@ -15,7 +15,8 @@
 //! ([`shim`]); the decisions live in plain Rust: [`accounting`] (charge / call / record),
 //! [`context`] (contexts, and measuring their memory), [`pools`] (stream-ordered pools),
 //! [`modules`] (module memory), [`backstop`] (what no hook saw), [`gate`] (the compute
-//! share), [`policy`] (views and estimates), [`config`].
+//! share), [`policy`] (views and estimates), [`proclist`] (NVML's process lists inside the
+//! container) with [`hostpid`] (this process's host pid), [`config`].
 
 pub mod accounting;
 pub mod backstop;
@@ -25,6 +26,7 @@ pub mod cuda;
 pub mod dlsym;
 pub mod gate;
 pub mod hooks;
+pub mod hostpid;
 pub mod images;
 pub(crate) mod keymap;
 pub mod lmem;
@@ -33,6 +35,7 @@ pub mod log;
 pub mod modules;
 pub mod policy;
 pub mod pools;
+pub mod proclist;
 pub mod real;
 pub mod refusals;
 pub mod shim;

@@ -302,6 +302,7 @@ impl ProcState {
             }
         }
         record_uuids(region);
+        crate::hostpid::on_registered(region, s);
         g.current = Some(s);
         let boxed: &'static SlotId = match g.published {
             Some(b) if *b == s => b,

@@ -182,6 +182,17 @@ symbol_table! {
     hooked {
         MemInfo => nvmlDeviceGetMemoryInfo,
         MemInfoV2 => nvmlDeviceGetMemoryInfo_v2,
+        // Process lists (hooks/nvml_procs.rs); the compute ones are also read for measurement.
+        ProcsV1 => nvmlDeviceGetComputeRunningProcesses,
+        ProcsV2 => nvmlDeviceGetComputeRunningProcesses_v2,
+        ProcsV3 => nvmlDeviceGetComputeRunningProcesses_v3,
+        GraphicsV1 => nvmlDeviceGetGraphicsRunningProcesses,
+        GraphicsV2 => nvmlDeviceGetGraphicsRunningProcesses_v2,
+        GraphicsV3 => nvmlDeviceGetGraphicsRunningProcesses_v3,
+        MpsV1 => nvmlDeviceGetMPSComputeRunningProcesses,
+        MpsV2 => nvmlDeviceGetMPSComputeRunningProcesses_v2,
+        MpsV3 => nvmlDeviceGetMPSComputeRunningProcesses_v3,
+        DetailList => nvmlDeviceGetRunningProcessDetailList,
     }
     helpers {
         InitV2 = c"nvmlInit_v2",
@@ -189,9 +200,6 @@ symbol_table! {
         HandleByUuid = c"nvmlDeviceGetHandleByUUID",
         GetCountV2 = c"nvmlDeviceGetCount_v2",
         HandleByIndexV2 = c"nvmlDeviceGetHandleByIndex_v2",
-        ProcsV3 = c"nvmlDeviceGetComputeRunningProcesses_v3",
-        ProcsV2 = c"nvmlDeviceGetComputeRunningProcesses_v2",
-        ProcsV1 = c"nvmlDeviceGetComputeRunningProcesses",
     }
 }
 

@@ -298,6 +298,7 @@ impl Region {
             }
         }
         self.s_status(i).store(SLOT_FREE, Ordering::Relaxed);
+        self.s_host_pid(i).store(0, Ordering::Relaxed);
         self.s_pid(i).store(0, Ordering::Relaxed);
         self.s_start(i).store(0, Ordering::Relaxed);
         freed
@@ -316,6 +317,7 @@ impl Region {
         for p in &self.pending {
             p.store(0, Ordering::Relaxed);
         }
+        self.s_host_pid(i).store(0, Ordering::Relaxed);
         self.s_pid(i).store(who.pid, Ordering::Relaxed);
         self.s_start(i).store(who.start_time, Ordering::Relaxed);
         self.s_status(i).store(SLOT_ACTIVE, Ordering::Relaxed);

@@ -471,6 +471,11 @@ impl Region {
         unsafe { &*addr_of!((*self.map.as_ptr()).slots[i].charged[d]) }
     }
 
+    fn s_host_pid(&self, i: usize) -> &AtomicU32 {
+        // SAFETY: as s_pid.
+        unsafe { &*addr_of!((*self.map.as_ptr()).slots[i].host_pid) }
+    }
+
     fn s_reserve(&self, i: usize, d: usize) -> &AtomicU64 {
         // SAFETY: as s_pid; d < MAX_DEVICES.
         unsafe { &*addr_of!((*self.map.as_ptr()).slots[i].reserve[d]) }

@@ -76,6 +76,33 @@ impl Region {
         }
     }
 
+    /// Records the host pid of `slot`'s process (its pid in the initial pid namespace, as
+    /// NVML's process lists report it), under the lock and only while the slot still holds
+    /// its owner, so that a slot reclaimed and reused meanwhile is never given another
+    /// process's host pid. Nothing on a read-only mapping.
+    pub fn set_host_pid(&self, slot: SlotId, host_pid: u32) -> Result<(), RegionError> {
+        if !self.writable {
+            return Err(RegionError::ReadOnly {
+                path: self.path.clone(),
+                reason: "set_host_pid on a read-only mapping".into(),
+            });
+        }
+        let _g = self.lock()?;
+        if self.holds(slot) {
+            self.s_host_pid(slot.index())
+                .store(host_pid, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// The host pid recorded in slot `index` (0: not known, or free). One load, no lock.
+    pub fn host_pid(&self, index: usize) -> u32 {
+        if index >= MAX_SLOTS {
+            return 0;
+        }
+        self.s_host_pid(index).load(Ordering::Relaxed)
+    }
+
     /// Whether `slot` still belongs to its owner (it may have been reclaimed).
     pub fn is_registered(&self, slot: SlotId) -> bool {
         self.holds(slot)

@@ -220,6 +220,7 @@ fn layout_matches_documentation() {
     assert_eq!(offset_of!(Slot, usage), 16);
     assert_eq!(offset_of!(Slot, charged), 656);
     assert_eq!(offset_of!(Slot, reserve), 784);
+    assert_eq!(offset_of!(Slot, host_pid), 912);
     assert_eq!(size_of::<Slot>(), 1024);
     assert_eq!(offset_of!(crate::layout::Region, slots), 1024);
     use crate::layout::DeviceCompute as C;
@@ -1848,4 +1849,29 @@ fn refusals_count_per_device_lock_free() {
     assert_eq!(r.refusals(MAX_DEVICES), 0);
     let s = r.snapshot();
     assert_eq!((s.compute[1].refusals, s.compute[3].refusals), (2, 1));
+}
+
+#[test]
+fn a_slot_keeps_its_host_pid_until_it_is_freed() {
+    let d = TempDir::new("hostpid");
+    let r = create(&d.file(), 0);
+    let s = r.register(fake(200, 7)).unwrap();
+    assert_eq!(r.host_pid(s.index()), 0, "unknown at registration");
+    r.set_host_pid(s, 4242).unwrap();
+    assert_eq!(r.host_pid(s.index()), 4242);
+    // Another identity naming the same slot (reclaimed and reused) records nothing.
+    let stale = SlotId::new(s.index(), fake(201, 7));
+    r.set_host_pid(stale, 9).unwrap();
+    assert_eq!(r.host_pid(s.index()), 4242);
+    r.unregister(s);
+    assert_eq!(r.host_pid(s.index()), 0, "cleared when freed");
+    let s2 = r.register(fake(202, 8)).unwrap();
+    assert_eq!(s2.index(), s.index());
+    assert_eq!(r.host_pid(s2.index()), 0, "a new owner starts unknown");
+    assert_eq!(r.host_pid(MAX_SLOTS), 0);
+    let ro = Region::open_existing(&d.file(), false).unwrap();
+    assert!(matches!(
+        ro.set_host_pid(s2, 1),
+        Err(RegionError::ReadOnly { .. })
+    ));
 }

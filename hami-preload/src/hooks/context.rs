@@ -45,7 +45,7 @@ fn primary_retain(
         &l,
         dev as usize,
         &m,
-        || match real() {
+        || match crate::hostpid::around_context_creation(dev as usize, real) {
             // SAFETY: the driver wrote *pctx (checked non-null above) on success.
             CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
             e => Err(e),
@@ -188,7 +188,7 @@ fn ctx_create(
         &l,
         dev as usize,
         &m,
-        || match real() {
+        || match crate::hostpid::around_context_creation(dev as usize, real) {
             // SAFETY: *pctx written on success.
             CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
             e => Err(e),

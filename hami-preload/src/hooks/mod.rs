@@ -13,6 +13,7 @@
 //! * [`launch`] — cooperative and graph launches (the launch gate);
 //! * [`context`] — context creation and destruction;
 //! * [`views`] — memory queries answered with the quota;
+//! * [`nvml_procs`] — NVML's process lists narrowed to the container's processes;
 //! * [`procaddr`] — `cuGetProcAddress(_v2)`.
 #![allow(non_snake_case)]
 
@@ -21,6 +22,7 @@ pub mod context;
 pub mod launch;
 pub mod limits;
 pub mod modules;
+pub mod nvml_procs;
 pub mod pools;
 pub mod procaddr;
 pub mod views;
@@ -30,6 +32,7 @@ pub use context::*;
 pub use launch::*;
 pub use limits::*;
 pub use modules::*;
+pub use nvml_procs::*;
 pub use pools::*;
 pub use procaddr::*;
 pub use views::*;

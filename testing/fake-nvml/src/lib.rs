@@ -347,8 +347,39 @@ fn hide_processes() -> bool {
     *V.get_or_init(|| std::env::var("FAKE_NVML_HIDE_PROCESSES").is_ok_and(|v| v == "1"))
 }
 
-/// Shared body of the `GetComputeRunningProcesses` family; `write(k, pid, used)` fills entry k.
+/// Which process lists report the device's processes: `FAKE_NVML_PROCESS_LISTS`, a comma
+/// list of `compute`, `graphics`, `mps` (default `compute`). The fake has no graphics
+/// contexts and no MPS server: naming `graphics` models processes that also hold a graphics
+/// context (nvidia-smi's type `C+G`), `mps` processes that are MPS clients; a list not named
+/// is empty.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ProcessList {
+    Compute,
+    Graphics,
+    Mps,
+}
+
+fn lists_processes(list: ProcessList) -> bool {
+    static V: OnceLock<(bool, bool, bool)> = OnceLock::new();
+    let (c, g, m) = *V.get_or_init(|| match std::env::var("FAKE_NVML_PROCESS_LISTS") {
+        Ok(v) => {
+            let has = |n: &str| v.split(',').any(|x| x.trim() == n);
+            (has("compute"), has("graphics"), has("mps"))
+        }
+        Err(_) => (true, false, false),
+    });
+    match list {
+        ProcessList::Compute => c,
+        ProcessList::Graphics => g,
+        ProcessList::Mps => m,
+    }
+}
+
+/// Shared body of the `Get*RunningProcesses` families; `write(k, pid, used)` fills entry k.
+/// Pids are the host's ([`fake_state::host_pid`] of each process, as the real driver reports
+/// them whatever pid namespace the caller is in).
 fn running_processes(
+    which: ProcessList,
     device: *mut c_void,
     count: *mut c_uint,
     infos_null: bool,
@@ -357,7 +388,11 @@ fn running_processes(
     run(|| {
         let (sh, i) = device_of(device)?;
         nonnull(count)?;
-        let mut list = sh.processes_on(i);
+        let mut list = if lists_processes(which) {
+            sh.processes_on(i)
+        } else {
+            Vec::new()
+        };
         if hide_processes() {
             for (pid, _) in &mut list {
                 *pid = pid.wrapping_add(HIDDEN_PID_OFFSET);
@@ -386,7 +421,16 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     count: *mut c_uint,
     infos: *mut ProcessInfoV1,
 ) -> NvmlReturn {
-    running_processes(device, count, infos.is_null(), |k, pid, used| {
+    processes_v1(ProcessList::Compute, device, count, infos)
+}
+
+fn processes_v1(
+    which: ProcessList,
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfoV1,
+) -> NvmlReturn {
+    running_processes(which, device, count, infos.is_null(), |k, pid, used| {
         // SAFETY: `infos` holds at least *count (checked >= k + 1) entries (C contract).
         unsafe {
             infos.add(k).write(ProcessInfoV1 {
@@ -397,8 +441,13 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     })
 }
 
-fn processes_v2(device: *mut c_void, count: *mut c_uint, infos: *mut ProcessInfoV2) -> NvmlReturn {
-    running_processes(device, count, infos.is_null(), |k, pid, used| {
+fn processes_v2(
+    which: ProcessList,
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfoV2,
+) -> NvmlReturn {
+    running_processes(which, device, count, infos.is_null(), |k, pid, used| {
         // SAFETY: `infos` holds at least *count (checked >= k + 1) entries (C contract).
         unsafe {
             infos.add(k).write(ProcessInfoV2 {
@@ -417,7 +466,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     count: *mut c_uint,
     infos: *mut ProcessInfoV2,
 ) -> NvmlReturn {
-    processes_v2(device, count, infos)
+    processes_v2(ProcessList::Compute, device, count, infos)
 }
 
 #[no_mangle]
@@ -426,5 +475,125 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     count: *mut c_uint,
     infos: *mut ProcessInfoV2,
 ) -> NvmlReturn {
-    processes_v2(device, count, infos)
+    processes_v2(ProcessList::Compute, device, count, infos)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfoV1,
+) -> NvmlReturn {
+    processes_v1(ProcessList::Graphics, device, count, infos)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfoV2,
+) -> NvmlReturn {
+    processes_v2(ProcessList::Graphics, device, count, infos)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfoV2,
+) -> NvmlReturn {
+    processes_v2(ProcessList::Graphics, device, count, infos)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfoV1,
+) -> NvmlReturn {
+    processes_v1(ProcessList::Mps, device, count, infos)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v2(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfoV2,
+) -> NvmlReturn {
+    processes_v2(ProcessList::Mps, device, count, infos)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    device: *mut c_void,
+    count: *mut c_uint,
+    infos: *mut ProcessInfoV2,
+) -> NvmlReturn {
+    processes_v2(ProcessList::Mps, device, count, infos)
+}
+
+/// `nvmlProcessDetail_v1_t`.
+#[repr(C)]
+pub struct ProcessDetailV1 {
+    pid: c_uint,
+    used_gpu_memory: u64,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+    used_gpu_cc_protected_memory: u64,
+}
+
+/// `nvmlProcessDetailList_v1_t`.
+#[repr(C)]
+pub struct ProcessDetailListV1 {
+    version: c_uint,
+    mode: c_uint,
+    num_proc_array_entries: c_uint,
+    proc_array: *mut ProcessDetailV1,
+}
+
+/// `nvmlProcessDetailList_v1`: `sizeof(nvmlProcessDetailList_v1_t) | 1 << 24` (0x1000018).
+pub const NVML_PROCESS_DETAIL_LIST_V1: c_uint =
+    (std::mem::size_of::<ProcessDetailListV1>() as c_uint) | (1 << 24);
+
+/// The three lists in one call: `mode` 0 compute, 1 graphics, 2 MPS compute; another
+/// `version` is `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`, another mode
+/// `NVML_ERROR_INVALID_ARGUMENT`; `numProcArrayEntries` follows the `*infoCount` protocol.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
+    device: *mut c_void,
+    plist: *mut ProcessDetailListV1,
+) -> NvmlReturn {
+    if plist.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null; C contract.
+    let l = unsafe { &mut *plist };
+    if l.version != NVML_PROCESS_DETAIL_LIST_V1 {
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
+    let which = match l.mode {
+        0 => ProcessList::Compute,
+        1 => ProcessList::Graphics,
+        2 => ProcessList::Mps,
+        _ => return NVML_ERROR_INVALID_ARGUMENT,
+    };
+    let infos = l.proc_array;
+    running_processes(
+        which,
+        device,
+        &mut l.num_proc_array_entries,
+        infos.is_null(),
+        |k, pid, used| {
+            // SAFETY: `procArray` holds at least numProcArrayEntries (>= k + 1) entries.
+            unsafe {
+                infos.add(k).write(ProcessDetailV1 {
+                    pid,
+                    used_gpu_memory: used,
+                    gpu_instance_id: u32::MAX,
+                    compute_instance_id: u32::MAX,
+                    used_gpu_cc_protected_memory: 0,
+                })
+            }
+        },
+    )
 }

@@ -537,7 +537,7 @@ impl Shared {
     /// freeing, zombies). Returns how many slots were reclaimed.
     pub fn reap_dead(&self) -> usize {
         let mut n = 0;
-        let me = std::process::id();
+        let me = host_pid();
         for s in self.file().procs.iter() {
             let pid = s.pid.load(Ordering::Acquire);
             if pid == 0 || pid == RECLAIMING || pid == me {
@@ -591,9 +591,39 @@ fn sub_saturating(a: &AtomicU64, bytes: u64) {
     });
 }
 
-/// `(state, start_time)` of a process from `/proc/<pid>/stat`.
+/// Test knob: a `/proc` of the host's pid namespace visible inside a pid namespace (a bind
+/// mount made before mounting the namespace's own `/proc`). Unset: `/proc`.
+pub const ENV_HOST_PROC: &str = "FAKE_CUDA_HOST_PROC";
+
+/// The `/proc` whose pids the fake records and reports: `$FAKE_CUDA_HOST_PROC`, else `/proc`.
+/// The real driver reports pids of the host's pid namespace whatever namespace the caller
+/// runs in; a process in a container with its own pid namespace and `/proc` cannot learn
+/// them, so the tests that model that give the fake the host's `/proc` this way.
+fn host_proc() -> Option<PathBuf> {
+    std::env::var_os(ENV_HOST_PROC)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+/// The calling process's pid as the host's pid namespace numbers it (`<host proc>/self`),
+/// what the fake records in its slot and NVML lists: `getpid()` unless
+/// [`ENV_HOST_PROC`] names another `/proc`.
+pub fn host_pid() -> u32 {
+    let own = std::process::id();
+    let Some(dir) = host_proc() else { return own };
+    std::fs::read_link(dir.join("self"))
+        .ok()
+        .and_then(|l| l.to_str().and_then(|s| s.parse().ok()))
+        .unwrap_or(own)
+}
+
+/// `(state, start_time)` of a process from `/proc/<pid>/stat` (the host's `/proc`, see
+/// [`host_pid`]).
 fn proc_stat(pid: u32) -> Option<(u8, u64)> {
-    let s = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let s = match host_proc() {
+        Some(dir) => std::fs::read(dir.join(pid.to_string()).join("stat")).ok()?,
+        None => std::fs::read(format!("/proc/{pid}/stat")).ok()?,
+    };
     let close = s.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(&s[close + 1..]).ok()?;
     let mut fields = rest.split_ascii_whitespace();
@@ -611,6 +641,9 @@ pub fn process_start_time(pid: u32) -> Option<u64> {
 /// Whether `pid` runs (not a zombie) and, if `start` is known, is the same process.
 pub fn process_alive(pid: u32, start: u64) -> bool {
     match proc_stat(pid) {
+        // The host's /proc given and the pid absent from it: gone (kill(2) would look the
+        // pid up in the caller's namespace, where host pids mean other processes).
+        None if host_proc().is_some() => false,
         None => {
             // No /proc entry: fall back to kill(0) (e.g. /proc not mounted).
             // SAFETY: signal 0 only checks for existence.

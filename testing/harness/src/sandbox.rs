@@ -251,9 +251,14 @@ impl TestEnv {
         sh.busy_between(dev, from, to)
     }
 
-    /// Runs `nvmlprobe` and parses what it reports.
+    /// Runs `nvmlprobe` and parses what it reports: the driver's own figures, as the agent
+    /// sees them, always without the preload (whose NVML hooks show the container's view:
+    /// its quota and its processes with their region usage; run [`TestEnv::nvmlprobe_cmd`]
+    /// for that).
     pub fn nvml(&self) -> NvmlSnapshot {
-        let out = self.nvmlprobe_cmd().output().expect("spawn nvmlprobe");
+        let mut c = self.nvmlprobe_cmd();
+        c.env_remove("LD_PRELOAD");
+        let out = c.output().expect("spawn nvmlprobe");
         NvmlSnapshot::parse(&String::from_utf8_lossy(&out.stdout))
     }
 }

@@ -434,7 +434,7 @@ pub fn init(flags: u32) -> R<()> {
     if visible.is_empty() {
         return Err(CUDA_ERROR_NO_DEVICE);
     }
-    g.slot = shared.slot_for(std::process::id());
+    g.slot = shared.slot_for(fake_state::host_pid());
     g.shared = Some(shared);
     // SAFETY: registers a handler that only stores to an atomic (async-signal-safe).
     unsafe { libc::pthread_atfork(None, None, Some(after_fork_in_child)) };
