@@ -82,11 +82,13 @@ pub fn gpu_bundle_with(root: &Path, opts: &BundleOptions) -> Result<PathBuf> {
         &out.join("gpu/run_acceptance.py"),
     )?;
     copy_file(&gpu.join("README.md"), &out.join("gpu/README.md"))?;
-    // The library checks (two contexts on one GPU; two GPUs) and the multi-GPU check.
+    // The library checks (two contexts on one GPU; two GPUs), the multi-GPU check and
+    // nvidia-smi inside a container.
     for name in [
         "multi_gpu_check.py",
         "library_two_devices.sh",
         "library_two_contexts.sh",
+        "nvsmi_container.sh",
     ] {
         copy_file(&gpu.join(name), &out.join("gpu").join(name))?;
     }
