@@ -39,6 +39,7 @@ pub mod shim;
 pub mod spin;
 pub mod state;
 pub mod symbols;
+pub mod unwind;
 
 /// Exported marker: lets `hami-agent` recognise this library by content whatever its file
 /// name, e.g. when installed as HAMi-core's `/usr/local/vgpu/libvgpu.so` so that HAMi's device
