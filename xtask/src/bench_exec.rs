@@ -15,8 +15,10 @@
 //!
 //! Rounds alternate the variants (the order rotates every round); each figure is the median
 //! over the rounds of the wall time and of the children's CPU time (`getrusage
-//! (RUSAGE_CHILDREN)`, user + system) per exec. The load average (`/proc/loadavg`) is printed
-//! before and after: the figures are only comparable on a quiet host.
+//! (RUSAGE_CHILDREN)`, user + system) per exec, with the lowest round's CPU time and the
+//! minor page faults per exec (`ru_minflt`, independent of the load). The load average
+//! (`/proc/loadavg`) is printed before and after: the figures are only comparable on a
+//! quiet host.
 //! `HAMI_BENCH_EXECS` (default 300) and `HAMI_BENCH_ROUNDS` (default 9) tune it.
 
 use std::fmt::Write as _;
@@ -55,6 +57,11 @@ pub struct Cost {
     pub wall_ms: f64,
     /// The child's CPU time (user + system) per exec.
     pub cpu_ms: f64,
+    /// The lowest CPU time per exec of any round (the least disturbed one: on a loaded host
+    /// the median drifts with the load, the minimum much less).
+    pub cpu_min_ms: f64,
+    /// Minor page faults per exec (`ru_minflt`): independent of the load.
+    pub faults: f64,
 }
 
 /// What the bench measured.
@@ -186,7 +193,7 @@ fn measure(v: &Variant, n: usize) -> Result<Cost> {
         Some(p) => cmd.env("LD_PRELOAD", p),
         None => cmd.env_remove("LD_PRELOAD"),
     };
-    let cpu0 = children_cpu_ms();
+    let (cpu0, faults0) = children();
     let t0 = Instant::now();
     for _ in 0..n {
         let st = cmd
@@ -195,28 +202,33 @@ fn measure(v: &Variant, n: usize) -> Result<Cost> {
         ensure!(st.success(), "{PROGRAM} with {} failed: {st}", v.label);
     }
     let wall = t0.elapsed().as_secs_f64() * 1000.0;
-    let cpu = children_cpu_ms() - cpu0;
+    let (cpu1, faults1) = children();
+    let cpu = (cpu1 - cpu0) / n as f64;
     Ok(Cost {
         wall_ms: wall / n as f64,
-        cpu_ms: cpu / n as f64,
+        cpu_ms: cpu,
+        cpu_min_ms: cpu,
+        faults: (faults1 - faults0) as f64 / n as f64,
     })
 }
 
-/// CPU time (user + system) of every reaped child so far, ms.
-fn children_cpu_ms() -> f64 {
+/// CPU time (user + system, ms) and minor page faults of every reaped child so far.
+fn children() -> (f64, i64) {
     // SAFETY: an all-zero rusage is a valid value of the plain C struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: valid out pointer; RUSAGE_CHILDREN is a valid `who`.
     unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
     let ms = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
-    ms(ru.ru_utime) + ms(ru.ru_stime)
+    (ms(ru.ru_utime) + ms(ru.ru_stime), ru.ru_minflt)
 }
 
-/// The median of each field separately.
+/// The median of each field separately, and the lowest CPU time.
 fn median_cost(s: &[Cost]) -> Cost {
     Cost {
         wall_ms: median(s.iter().map(|c| c.wall_ms).collect()),
         cpu_ms: median(s.iter().map(|c| c.cpu_ms).collect()),
+        cpu_min_ms: s.iter().map(|c| c.cpu_min_ms).fold(f64::NAN, f64::min),
+        faults: median(s.iter().map(|c| c.faults).collect()),
     }
 }
 
@@ -264,8 +276,15 @@ impl ExecFigures {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "{:<40} {:>9} {:>9} {:>14} {:>14}",
-            "ms per exec (median)", "wall", "cpu", "wall vs empty", "cpu vs empty"
+            "{:<40} {:>8} {:>8} {:>8} {:>7} {:>14} {:>13} {:>13}",
+            "per exec (median; ms, faults)",
+            "wall",
+            "cpu",
+            "cpu min",
+            "faults",
+            "wall vs empty",
+            "cpu vs empty",
+            "min vs empty"
         );
         for (v, c) in &self.rows {
             let vs = |base: Option<Cost>, f: fn(&Cost) -> f64| {
@@ -273,12 +292,15 @@ impl ExecFigures {
             };
             let _ = writeln!(
                 s,
-                "{:<40} {:>9.3} {:>9.3} {:>14} {:>14}",
+                "{:<40} {:>8.3} {:>8.3} {:>8.3} {:>7.1} {:>14} {:>13} {:>13}",
                 v.label,
                 c.wall_ms,
                 c.cpu_ms,
+                c.cpu_min_ms,
+                c.faults,
                 vs(empty, |c| c.wall_ms),
                 vs(empty, |c| c.cpu_ms),
+                vs(empty, |c| c.cpu_min_ms),
             );
         }
         if let (Some(n), Some(e)) = (none, empty) {
@@ -304,7 +326,7 @@ impl ExecFigures {
         let g = self.cost("empty preload + libgcc_s")?;
         let h = self.cost("libhami_preload.so")?;
         Some(format!(
-            "| exec of `{PROGRAM}` with `LD_PRELOAD`, ms per exec (median of {} rounds x {}, alternated; load {} / {}), wall / CPU: no preload {:.3} / {:.3}, empty preload {:.3} / {:.3}, empty + `libgcc_s` {:.3} / {:.3}, `libhami_preload.so` {:.3} / {:.3}; **added vs empty** | **{:+.3} / {:+.3} ms** | within +0.05 ms of an empty preload |\n",
+            "| exec of `{PROGRAM}` with `LD_PRELOAD`, ms per exec (median of {} rounds x {}, alternated; load {} / {}), wall / CPU: no preload {:.3} / {:.3}, empty preload {:.3} / {:.3}, empty + `libgcc_s` {:.3} / {:.3}, `libhami_preload.so` {:.3} / {:.3}; **added vs empty** (lowest round's CPU; page faults) | **{:+.3} / {:+.3} ms** ({:+.3} ms; {:+.1} faults) | within +0.05 ms of an empty preload |\n",
             self.rounds,
             self.execs,
             self.load_before,
@@ -318,7 +340,9 @@ impl ExecFigures {
             h.wall_ms,
             h.cpu_ms,
             h.wall_ms - e.wall_ms,
-            h.cpu_ms - e.cpu_ms
+            h.cpu_ms - e.cpu_ms,
+            h.cpu_min_ms - e.cpu_min_ms,
+            h.faults - e.faults
         ))
     }
 }
@@ -363,6 +387,8 @@ mod tests {
                         Cost {
                             wall_ms: w,
                             cpu_ms: c,
+                            cpu_min_ms: c - 0.1,
+                            faults: w * 100.0,
                         },
                     )
                 })
@@ -398,11 +424,33 @@ mod tests {
         assert!(t.contains("+0.200"), "{t}"); // the comparison's wall
         assert!(t.contains("0.10 0.20 0.30 before"), "{t}");
         let row = f.summary_row().unwrap();
-        assert!(row.contains("**+0.030 / +0.020 ms**"), "{row}");
+        assert!(
+            row.contains("**+0.030 / +0.020 ms** (+0.020 ms; +3.0 faults)"),
+            "{row}"
+        );
         assert!(row.contains("empty + `libgcc_s` 0.600 / 0.500"), "{row}");
         let mut missing = f.clone();
         missing.rows.retain(|(v, _)| v.label != "empty preload");
         assert_eq!(missing.summary_row(), None);
+    }
+
+    #[test]
+    fn rounds_combine_into_medians_and_the_lowest_cpu() {
+        let c = |w: f64, cpu: f64, f: f64| Cost {
+            wall_ms: w,
+            cpu_ms: cpu,
+            cpu_min_ms: cpu,
+            faults: f,
+        };
+        let m = median_cost(&[c(1.0, 0.5, 60.0), c(3.0, 0.3, 62.0), c(2.0, 0.9, 61.0)]);
+        assert_eq!(m, c(2.0, 0.5, 61.0).with_min(0.3));
+    }
+
+    impl Cost {
+        fn with_min(mut self, m: f64) -> Cost {
+            self.cpu_min_ms = m;
+            self
+        }
     }
 
     #[test]
@@ -414,12 +462,14 @@ mod tests {
 
     #[test]
     fn children_cpu_time_grows_with_a_child() {
-        let before = children_cpu_ms();
+        let (before, faults) = children();
         let st = Command::new("/bin/sh")
             .args(["-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"])
             .status()
             .unwrap();
         assert!(st.success());
-        assert!(children_cpu_ms() > before);
+        let (after, faults_after) = children();
+        assert!(after > before);
+        assert!(faults_after > faults);
     }
 }
