@@ -15,7 +15,8 @@
 //! ([`shim`]); the decisions live in plain Rust: [`accounting`] (charge / call / record),
 //! [`context`] (contexts, and measuring their memory), [`pools`] (stream-ordered pools),
 //! [`modules`] (module memory), [`backstop`] (what no hook saw), [`gate`] (the compute
-//! share), [`policy`] (views and estimates), [`config`].
+//! share), [`policy`] (views and estimates), [`config`]. [`unwind`]: the panic guard's
+//! unwinder, linked in so that no exec pays for `libgcc_s` (`docs/preload.md`, "At load").
 
 pub mod accounting;
 pub mod backstop;
