@@ -1,6 +1,6 @@
 //! The unwinder the panic guard needs, without `libgcc_s`.
 //!
-//! Every hook runs inside [`crate::shim::guard`]: a panic becomes an error code, never an
+//! Every hook runs inside the panic guard (`shim::guard`): a panic becomes an error code, never an
 //! unwind across FFI and never an abort of the application. That takes an unwinder. Rust's std
 //! on `*-linux-gnu` links the shared `libgcc_s.so.1` for it, and with the preload in
 //! `/etc/ld.so.preload` every exec of the container (shells, `ls`, probes) would map it and
