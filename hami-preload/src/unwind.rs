@@ -1,11 +1,12 @@
 //! The unwinder the panic guard needs, without `libgcc_s`.
 //!
-//! Every hook runs inside the panic guard (`shim::guard`): a panic becomes an error code, never an
-//! unwind across FFI and never an abort of the application. That takes an unwinder. Rust's std
-//! on `*-linux-gnu` links the shared `libgcc_s.so.1` for it, and with the preload in
-//! `/etc/ld.so.preload` every exec of the container (shells, `ls`, probes) would map it and
-//! run its constructor (`__cpu_indicator_init`: CPUID, which traps on a virtual machine): about
-//! as much as all the rest of the preload costs an exec (`docs/benchmarks.md`, "Exec cost").
+//! Every hook runs inside the panic guard (`shim::guard`): a panic becomes an error code,
+//! never an unwind across FFI and never an abort of the application. That takes an unwinder.
+//! Rust's std on `*-linux-gnu` links the shared `libgcc_s.so.1` for it, and with the preload
+//! in `/etc/ld.so.preload` every exec of the container (shells, `ls`, probes) would map it
+//! and run its constructor (`__cpu_indicator_init`: CPUID, which traps on a virtual machine):
+//! about as much as all the rest of the preload costs an exec (`docs/benchmarks.md`, "Exec
+//! cost of the preload").
 //!
 //! On x86_64 `build.rs` therefore links GCC's static unwinder (`libgcc_eh.a`, the same code as
 //! `libgcc_s`, GCC runtime library exception) into the library; `-lgcc_s` is then unneeded and
