@@ -17,6 +17,7 @@ fn main() {
     static_unwinder();
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=CC");
+    println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
 }
 
 /// Links `libgcc_eh.a` (whole: std's `-lgcc_s` comes first on the command line, and is then
