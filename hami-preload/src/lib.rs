@@ -16,7 +16,8 @@
 //! [`context`] (contexts, and measuring their memory), [`pools`] (stream-ordered pools),
 //! [`modules`] (module memory), [`backstop`] (what no hook saw), [`gate`] (the compute
 //! share), [`policy`] (views and estimates), [`proclist`] (NVML's process lists inside the
-//! container) with [`hostpid`] (this process's host pid), [`config`].
+//! container) with [`hostpid`] (this process's host pid), [`config`]. [`unwind`]: the panic guard's
+//! unwinder, linked in so that no exec pays for `libgcc_s` (`docs/preload.md`, "At load").
 
 pub mod accounting;
 pub mod backstop;
@@ -42,6 +43,7 @@ pub mod shim;
 pub mod spin;
 pub mod state;
 pub mod symbols;
+pub mod unwind;
 
 /// Exported marker: lets `hami-agent` recognise this library by content whatever its file
 /// name, e.g. when installed as HAMi-core's `/usr/local/vgpu/libvgpu.so` so that HAMi's device

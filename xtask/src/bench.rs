@@ -9,7 +9,9 @@
 //! 3. `cargo bench -p hami-user --bench probes` (root): the same pair with the eBPF probes
 //!    attached and not, events/s with the drop counters;
 //! 4. the real `hami-agent run` (release) under load: one `cudaprobe bench-pair` per CPU
-//!    against the fake driver; events/s it consumed, drops, and its RSS (idle, peak).
+//!    against the fake driver; events/s it consumed, drops, and its RSS (idle, peak);
+//! 5. the preload's cost per exec of `/bin/true` against an empty preload
+//!    ([`crate::bench_exec`]; alone: `cargo xtask bench exec`, no root needed).
 //!
 //! The benchmarks' own output is shown as it comes; the summary is printed at the end and
 //! saved to `<target dir>/bench-summary.md`. It is a benchmark, not a test: figures are
@@ -30,8 +32,22 @@ use crate::util::{cargo, project_root, run_checked};
 /// Pairs per process in the agent load test.
 const LOAD_PAIRS: u64 = 200_000;
 
-/// Run every benchmark and print the summary.
-pub fn bench() -> Result<()> {
+/// A benchmark `cargo xtask bench` can run alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Only {
+    /// The preload's cost per exec ([`crate::bench_exec`]).
+    Exec,
+}
+
+/// Run every benchmark (or only `only`) and print the summary; `compare`: other preloads for
+/// the exec bench.
+pub fn bench(only: Option<Only>, compare: &[PathBuf]) -> Result<()> {
+    if only == Some(Only::Exec) {
+        let root = project_root();
+        let target = target_dir(&root)?;
+        crate::bench_exec::bench_exec(&root, &target, compare)?;
+        return Ok(());
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the eBPF benchmarks load programs into the kernel: run as root");
@@ -59,8 +75,11 @@ pub fn bench() -> Result<()> {
     let probes = run_bench(&root, &["-p", "hami-user", "--bench", "probes"])?;
     step("hami-agent run under load");
     let load = agent_load(&root, &target)?;
+    step("cost per exec (preload vs empty preload)");
+    let exec = crate::bench_exec::bench_exec(&root, &target, compare)?;
+    let exec_row = need(exec.summary_row(), "exec cost (exec bench)")?;
 
-    let summary = summarize(&context, &region, &preload, &probes, &load)?;
+    let summary = summarize(&context, &region, &preload, &probes, &load, &exec_row)?;
     let path = target.join("bench-summary.md");
     std::fs::write(&path, &summary).with_context(|| format!("writing {}", path.display()))?;
     println!("\n{summary}");
@@ -428,6 +447,7 @@ fn summarize(
     preload: &str,
     probes: &str,
     load: &AgentLoad,
+    exec_row: &str,
 ) -> Result<String> {
     let mut s = String::from("# hami-rs benchmark summary\n\n");
     writeln!(s, "{context}.\n")?;
@@ -588,10 +608,11 @@ fn summarize(
             after / 1024.0
         )?;
     }
+    s.push_str(exec_row);
     writeln!(
         s,
         "\nSources: `cargo bench -p hami-preload --bench overhead`, `cargo bench -p hami-common --features std --bench region`, \
-         `cargo bench -p hami-user --bench probes`, and `hami-agent run` measured by `cargo xtask bench`. \
+         `cargo bench -p hami-user --bench probes`, `hami-agent run` and the exec cost (`cargo xtask bench exec`) measured by `cargo xtask bench`. \
          Preload figures: processes released together by a barrier and stopped at a common deadline; CPU time (user+sys) per pair \
          over all processes, so time spent descheduled with more processes than CPUs is not counted (median of several rounds). \
          Region contention figures are wall-clock means per process and do include it."
@@ -707,7 +728,7 @@ rss_kib_with_probes=9000
             rss_peak_kib: 20480,
             cpu_ms: 100.0,
         };
-        let s = summarize("ctx", REGION, PRELOAD, PROBES, &load).unwrap();
+        let s = summarize("ctx", REGION, PRELOAD, PROBES, &load, "| exec row |\n").unwrap();
         for want in [
             "**+50.5 ns**",
             "**+500.0 ns** (0.22 / 0.21 M/s)",
@@ -725,10 +746,11 @@ rss_kib_with_probes=9000
             "**1200000 events/s**",
             "**80 events/s**, 40 events, 0 dropped",
             "10.0 / **20.0 MiB**",
+            "| exec row |\n",
         ] {
             assert!(s.contains(want), "{want:?} missing in:\n{s}");
         }
-        let e = summarize("ctx", REGION, "", PROBES, &load).unwrap_err();
+        let e = summarize("ctx", REGION, "", PROBES, &load, "").unwrap_err();
         assert!(e.to_string().contains("preload bench"), "{e}");
     }
 

@@ -2,7 +2,7 @@
 //!
 //! * `setup`: make a bare machine ready (nightly rust-src, bpf-linker, Debian packages).
 //! * `test`: setup + build everything + every test (eBPF tests included; needs root).
-//! * `bench`: benchmarks that print figures.
+//! * `bench`: benchmarks that print figures (`bench exec`: only the per-exec cost of the preload).
 //! * `demo`: the end-to-end story on the fake (or real) driver.
 //! * `gpu-bundle`: binaries + acceptance scripts for the GPU machine.
 //! * `dist`: release agent, preload, dashboards, rules, chart, systemd unit, Dockerfile.
@@ -10,6 +10,7 @@
 //! * `fuzz`: the cargo-fuzz targets of `fuzz/`, each for a bounded time.
 
 mod bench;
+mod bench_exec;
 mod bundle;
 mod demo;
 mod dist;
@@ -44,8 +45,16 @@ enum Task {
         #[arg(last = true)]
         cargo_args: Vec<String>,
     },
-    /// Benchmarks (prints figures; root).
-    Bench,
+    /// Benchmarks (prints figures; root, except `bench exec`).
+    Bench {
+        /// Run only this benchmark.
+        #[arg(value_enum)]
+        only: Option<bench::Only>,
+        /// Another preload library to exec with in the same rounds as the release one (e.g.
+        /// an older build), repeatable.
+        #[arg(long, value_name = "SO")]
+        compare: Vec<std::path::PathBuf>,
+    },
     /// The whole story on the fake (or real) driver (root).
     Demo,
     /// Build the folder to carry to the GPU machine (`gpu-bundle/`).
@@ -88,7 +97,7 @@ fn run(task: Task) -> Result<()> {
             no_lint,
             cargo_args,
         }),
-        Task::Bench => bench::bench(),
+        Task::Bench { only, compare } => bench::bench(only, &compare),
         Task::Demo => demo::demo(),
         Task::Torture { long, only } => torture::torture(&torture::TortureOptions { long, only }),
         Task::Fuzz { seconds } => fuzz::fuzz(seconds).map(|_| ()),
@@ -100,6 +109,7 @@ fn run(task: Task) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn parse(args: &[&str]) -> Result<Task, clap::Error> {
         Cli::try_parse_from(std::iter::once("xtask").chain(args.iter().copied())).map(|c| c.task)
@@ -108,7 +118,17 @@ mod tests {
     #[test]
     fn every_task_and_flag_parses() {
         assert!(matches!(parse(&["setup"]), Ok(Task::Setup)));
-        assert!(matches!(parse(&["bench"]), Ok(Task::Bench)));
+        assert!(matches!(
+            parse(&["bench"]),
+            Ok(Task::Bench { only: None, ref compare }) if compare.is_empty()
+        ));
+        match parse(&["bench", "exec", "--compare", "/a.so", "--compare", "/b.so"]) {
+            Ok(Task::Bench { only, compare }) => {
+                assert_eq!(only, Some(bench::Only::Exec));
+                assert_eq!(compare, [Path::new("/a.so"), Path::new("/b.so")]);
+            }
+            other => panic!("{other:?}"),
+        }
         assert!(matches!(parse(&["demo"]), Ok(Task::Demo)));
         assert!(matches!(parse(&["gpu-bundle"]), Ok(Task::GpuBundle)));
         assert!(matches!(parse(&["dist"]), Ok(Task::Dist)));
@@ -152,6 +172,8 @@ mod tests {
             &["torture", "--only", "everything"],
             &["fuzz", "--seconds", "0"],
             &["fuzz", "--seconds", "x"],
+            &["bench", "everything"],
+            &["bench", "--compare"],
         ] {
             assert!(parse(args).is_err(), "{args:?} was accepted");
         }

@@ -1,0 +1,162 @@
+//! What the built `libhami_preload.so` costs every exec that loads it (HAMi puts it in
+//! `/etc/ld.so.preload`: every program of the container, CUDA or not): the libraries it pulls
+//! in, the symbols the loader must look up, and the code that runs at load
+//! (`docs/preload.md`, "At load"). The figures themselves: `cargo xtask bench exec`.
+
+mod support;
+
+use hami_test_harness::programs::compile_c;
+use object::read::elf::{Dyn as _, ElfFile64};
+use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
+use std::process::Command;
+use support::Artifacts;
+
+fn library() -> Vec<u8> {
+    let p = &Artifacts::get().preload_so;
+    std::fs::read(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+}
+
+/// `DT_NEEDED` entries of the library.
+fn needed(data: &[u8]) -> Vec<String> {
+    let elf = ElfFile64::<object::Endianness>::parse(data).unwrap();
+    let endian = elf.endian();
+    let dynamic = elf
+        .elf_section_table()
+        .dynamic(endian, data)
+        .unwrap()
+        .expect("a dynamic section");
+    let (entries, strings_index) = dynamic;
+    let strings = elf
+        .elf_section_table()
+        .strings(endian, data, strings_index)
+        .unwrap();
+    entries
+        .iter()
+        .filter(|d| d.d_tag(endian) == object::elf::DT_NEEDED)
+        .map(|d| String::from_utf8_lossy(d.string(endian, strings).unwrap()).into_owned())
+        .collect()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_library_needs_only_libc_and_the_loader() {
+    // On the base commit: libgcc_s.so.1 too (std's shared unwinder), whose constructor
+    // (`__cpu_indicator_init`, CPUID) ran in every exec.
+    let needed = needed(&library());
+    for n in &needed {
+        assert!(
+            n == "libc.so.6" || n.starts_with("ld-linux"),
+            "DT_NEEDED {n} (all: {needed:?})"
+        );
+    }
+    assert!(needed.iter().any(|n| n == "libc.so.6"), "{needed:?}");
+}
+
+#[test]
+fn the_library_binds_its_own_exports_at_link_time() {
+    // On the base commit: the hook table's 68 entries and the cuGetProcAddress hooks were
+    // symbol relocations, looked up by name in every exec.
+    let data = library();
+    let elf = object::File::parse(&*data).unwrap();
+    let defined: std::collections::HashMap<_, String> = elf
+        .dynamic_symbols()
+        .filter(|s| s.is_definition())
+        .map(|s| (s.index(), s.name().unwrap_or("?").to_string()))
+        .collect();
+    let mut own = Vec::new();
+    for (off, r) in elf.dynamic_relocations().expect("dynamic relocations") {
+        if let RelocationTarget::Symbol(i) = r.target() {
+            if let Some(name) = defined.get(&i) {
+                own.push(format!("{off:#x} {name}"));
+            }
+        }
+    }
+    assert!(
+        own.is_empty(),
+        "relocations against our own exports: {own:?}"
+    );
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn nothing_of_ours_runs_at_load() {
+    // `.init_array` holds only the toolchain's entries: the C runtime's `frame_dummy` and
+    // std's argv capture (two stores). A constructor of ours (or of a dependency) would show
+    // here; everything the preload does waits for the first CUDA or NVML call.
+    let data = library();
+    let elf = object::File::parse(&*data).unwrap();
+    let init = elf.section_by_name(".init_array").expect(".init_array");
+    let (lo, hi) = (init.address(), init.address() + init.size());
+    let by_addr: std::collections::HashMap<u64, String> = elf
+        .symbols()
+        .filter_map(|s| Some((s.address(), s.name().ok()?.to_string())))
+        .collect();
+    let mut entries = Vec::new();
+    for (off, r) in elf.dynamic_relocations().expect("dynamic relocations") {
+        if (lo..hi).contains(&off) {
+            let target = r.addend() as u64;
+            entries.push(
+                by_addr
+                    .get(&target)
+                    .cloned()
+                    .unwrap_or(format!("{target:#x}")),
+            );
+        }
+    }
+    assert_eq!(entries.len() as u64, init.size() / 8, "{entries:?}");
+    for e in &entries {
+        assert!(
+            e == "frame_dummy" || (e.contains("ARGV_INIT_ARRAY") && e.contains("init_wrapper")),
+            "a constructor runs at load: {e} (all: {entries:?})"
+        );
+    }
+}
+
+/// A program that execs with the preload (`LD_PRELOAD`, as in a container), calls its
+/// self-check (a deliberate panic inside the library, caught by the hooks' panic guard) and
+/// reports which objects are loaded.
+const CHECK: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <stdio.h>
+#include <string.h>
+static int cb(struct dl_phdr_info *i, size_t n, void *d) {
+    (void)n;
+    if (strstr(i->dlpi_name, "libgcc_s")) *(int *)d = 1;
+    return 0;
+}
+int main(void) {
+    int (*check)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "hami_preload_check_unwind");
+    if (!check) { printf("no self-check\n"); return 2; }
+    int caught = check();
+    int gcc_s = 0;
+    dl_iterate_phdr(cb, &gcc_s);
+    printf("caught=%d libgcc_s=%d\n", caught, gcc_s);
+    return 0;
+}
+"#;
+
+#[test]
+fn a_panic_inside_the_loaded_library_is_caught_by_its_own_unwinder() {
+    let a = Artifacts::get();
+    let prog = a.programs_dir.join("load_check_unwind");
+    compile_c(CHECK, &prog, &[]);
+    let o = Command::new(&prog)
+        .env("LD_PRELOAD", &a.preload_so)
+        .env("LIBCUDA_LOG_LEVEL", "0")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{}: {out}{err}", o.status);
+    // The application keeps running (no abort), and the unwinder that caught the panic is
+    // the library's own: libgcc_s was never loaded.
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(out.trim(), "caught=1 libgcc_s=0", "{err}");
+    #[cfg(not(target_arch = "x86_64"))]
+    assert!(out.starts_with("caught=1 "), "{out}{err}");
+    assert!(err.contains("deliberate panic"), "{err}");
+    assert!(err.contains("internal error (panic)"), "{err}");
+}
