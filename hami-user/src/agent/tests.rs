@@ -1314,7 +1314,7 @@ fn a_containers_compute_share_is_its_processes_sum_and_over_limit_after_a_whole_
     assert_eq!(sa.quota_refusals, 5, "the region's refusal counter");
     let sb = series.iter().find(|s| s.compute_limit == 0).unwrap();
     assert_eq!(sb.compute_share, Some(50.0), "B's own processes only");
-    assert_eq!(a.gpu_series()[0].utilization, 95);
+    assert_eq!(a.gpu_series()[0].utilization, Some(95));
     // 30 s watched: the finding, for A's region and device 0 only.
     a.set_nvml_at(Some(util_sample(&mem, &busy)), at(30));
     let out = a.tick(at(30));
