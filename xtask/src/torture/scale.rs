@@ -398,23 +398,6 @@ fn tick_stats(text: &str) -> (f64, u64, f64) {
     (sum, count, max_bucket)
 }
 
-#[cfg(test)]
-mod tick_stats_tests {
-    /// The agent's exposition: every sample labelled with its node, the buckets' `le` last.
-    #[test]
-    fn reads_labelled_histogram_samples() {
-        let m = "hami_tick_duration_seconds_bucket{node=\"n1\",le=\"0.001\"} 1\n\
-                 hami_tick_duration_seconds_bucket{node=\"n1\",le=\"0.0025\"} 3\n\
-                 hami_tick_duration_seconds_bucket{node=\"n1\",le=\"+Inf\"} 3\n\
-                 hami_tick_duration_seconds_sum{node=\"n1\"} 0.004\n\
-                 hami_tick_duration_seconds_count{node=\"n1\"} 3\n";
-        assert_eq!(super::tick_stats(m), (0.004, 3, 0.0025));
-        let bare = "hami_tick_duration_seconds_bucket{le=\"0.5\"} 2\n\
-                    hami_tick_duration_seconds_sum 0.6\nhami_tick_duration_seconds_count 2\n";
-        assert_eq!(super::tick_stats(bare), (0.6, 2, 0.5));
-    }
-}
-
 /// `hami-agent run` over the fleet for `window`, measured.
 fn run_agent(
     bin: &Path,
@@ -684,4 +667,21 @@ pub(super) fn scale(p: &Profile, r: &mut Report) -> Result<()> {
         format!("fleet processes left after the scenario: {left:?}")
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tick_stats_tests {
+    /// The agent's exposition: every sample labelled with its node, the buckets' `le` last.
+    #[test]
+    fn reads_labelled_histogram_samples() {
+        let m = "hami_tick_duration_seconds_bucket{node=\"n1\",le=\"0.001\"} 1\n\
+                 hami_tick_duration_seconds_bucket{node=\"n1\",le=\"0.0025\"} 3\n\
+                 hami_tick_duration_seconds_bucket{node=\"n1\",le=\"+Inf\"} 3\n\
+                 hami_tick_duration_seconds_sum{node=\"n1\"} 0.004\n\
+                 hami_tick_duration_seconds_count{node=\"n1\"} 3\n";
+        assert_eq!(super::tick_stats(m), (0.004, 3, 0.0025));
+        let bare = "hami_tick_duration_seconds_bucket{le=\"0.5\"} 2\n\
+                    hami_tick_duration_seconds_sum 0.6\nhami_tick_duration_seconds_count 2\n";
+        assert_eq!(super::tick_stats(bare), (0.6, 2, 0.5));
+    }
 }
