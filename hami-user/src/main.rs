@@ -333,12 +333,18 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
             } else {
                 common.log_format.unwrap_or(LogFormat::Text)
             });
-            let node = cli::node_name(
+            // A bad NODE_NAME is a usage error like a bad --node-name (exit 64).
+            let node = match cli::node_name(
                 node_name,
                 std::env::var(cli::NODE_NAME_ENV).ok(),
                 cli::host_name,
-            )
-            .map_err(|e| anyhow::anyhow!(e))?;
+            ) {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = writeln!(std::io::stderr(), "hami-agent: error: {e}");
+                    return Ok(ExitCode::from(EXIT_USAGE));
+                }
+            };
             let mut opts = common.options(Some(metrics_addr), None, true);
             opts.metrics = MetricsOptions {
                 per_process: per_process_metrics,

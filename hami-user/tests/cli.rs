@@ -63,6 +63,32 @@ fn wait_for_detach() {
     }
 }
 
+/// The node's name labels every metric: an empty or odd `--node-name`, or `NODE_NAME`, is a
+/// usage error naming where it came from, refused before anything is loaded.
+#[test]
+fn a_bad_node_name_is_a_usage_error_naming_its_source() {
+    for (name, why) in [("", "empty"), ("gpu node", "whitespace")] {
+        let out = agent(&["run", "--node-name", name]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{name:?}: {out:?}");
+        assert!(
+            err.contains("--node-name") && err.contains(why),
+            "{name:?}: {err}"
+        );
+    }
+    let out = agent_env(
+        &["run", "--metrics-addr", "127.0.0.1:0"],
+        &[("NODE_NAME", "gpu\tnode")],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(
+        err.contains("NODE_NAME") && err.contains("whitespace"),
+        "{err}"
+    );
+    assert!(!err.contains("ready"), "started anyway: {err}");
+}
+
 /// Issue 11: clap's usage errors exited 2, the status `audit` uses for findings.
 #[test]
 fn usage_errors_exit_64_not_the_findings_status() {
