@@ -43,8 +43,10 @@ def check_crd_kinds(doc, name):
         groups = spec.get("groups") or fail(f"{name}: PrometheusRule without groups")
         for g in groups:
             for r in g["rules"]:
-                if not r.get("alert") or not r.get("expr"):
-                    fail(f"{name}: rule without alert/expr: {r}")
+                if bool(r.get("alert")) == bool(r.get("record")) or not r.get("expr"):
+                    fail(f"{name}: rule without one of alert/record, or without expr: {r}")
+                if r.get("alert") and not (r.get("annotations") or {}).get("runbook_url"):
+                    fail(f"{name}: alert {r['alert']} without a runbook_url")
     else:
         return False
     return True

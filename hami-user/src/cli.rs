@@ -1,5 +1,6 @@
-//! Parsers for `hami-agent`'s flag values: sizes in the preload's syntax and bounded
-//! durations. clap prefixes each error with the flag and the value it was given.
+//! Parsers for `hami-agent`'s flag values: sizes in the preload's syntax, bounded
+//! durations and the node's name. clap prefixes each error with the flag and the value it
+//! was given.
 
 use std::time::Duration;
 
@@ -61,6 +62,60 @@ pub fn parse_millis(s: &str) -> Result<u64, String> {
     Ok(v)
 }
 
+/// The environment variable the node's name is read from when `--node-name` is not given
+/// (the chart sets it from the pod's `spec.nodeName`).
+pub const NODE_NAME_ENV: &str = "NODE_NAME";
+
+/// The longest node name accepted: a Kubernetes node name is a DNS subdomain (253).
+pub const MAX_NODE_NAME: usize = 253;
+
+/// `--node-name` (and `NODE_NAME`): the `node` label of the agent's metrics. Not empty, at
+/// most [`MAX_NODE_NAME`] bytes, no whitespace or control character.
+pub fn parse_node_name(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("empty: the node's name labels every metric".into());
+    }
+    if s.len() > MAX_NODE_NAME {
+        return Err(format!(
+            "too long: at most {MAX_NODE_NAME} bytes (a Kubernetes node name)"
+        ));
+    }
+    if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("contains whitespace or a control character".into());
+    }
+    Ok(s.to_string())
+}
+
+/// The node's name: `flag` (`--node-name`, already checked), else `env` (the value of
+/// [`NODE_NAME_ENV`], checked here; empty counts as unset), else `host` (the host name).
+pub fn node_name(
+    flag: Option<String>,
+    env: Option<String>,
+    host: impl FnOnce() -> Option<String>,
+) -> Result<String, String> {
+    if let Some(f) = flag {
+        return Ok(f);
+    }
+    if let Some(e) = env.filter(|e| !e.is_empty()) {
+        return parse_node_name(&e).map_err(|why| format!("{NODE_NAME_ENV}={e:?}: {why}"));
+    }
+    host()
+        .map(|h| h.trim().to_string())
+        .filter(|h| parse_node_name(h).is_ok())
+        .ok_or_else(|| {
+            format!(
+                "no node name: give --node-name or {NODE_NAME_ENV} (the host name is unreadable)"
+            )
+        })
+}
+
+/// The host name (`/proc/sys/kernel/hostname`: the UTS namespace's), if readable.
+pub fn host_name() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +166,43 @@ mod tests {
             .contains("too long"));
         assert!(parse_millis("1.5").is_err());
         assert!(parse_millis("").is_err());
+    }
+
+    #[test]
+    fn node_name_comes_from_the_flag_then_the_environment_then_the_host() {
+        let host = || Some("host-a\n".to_string());
+        assert_eq!(
+            node_name(Some("gpu-1".into()), Some("gpu-2".into()), host),
+            Ok("gpu-1".into())
+        );
+        assert_eq!(
+            node_name(None, Some("gpu-2".into()), host),
+            Ok("gpu-2".into())
+        );
+        assert_eq!(node_name(None, None, host), Ok("host-a".into()));
+        assert_eq!(
+            node_name(None, Some(String::new()), host),
+            Ok("host-a".into())
+        );
+        let e = node_name(None, Some("gpu 2".into()), host).unwrap_err();
+        assert!(e.contains("NODE_NAME") && e.contains("whitespace"), "{e}");
+        let e = node_name(None, None, || None).unwrap_err();
+        assert!(e.contains("--node-name"), "{e}");
+        assert!(node_name(None, None, || Some("  ".into())).is_err());
+    }
+
+    #[test]
+    fn node_names_are_refused_when_empty_or_odd() {
+        assert_eq!(
+            parse_node_name("ip-10-0-1-7.ec2.internal"),
+            Ok("ip-10-0-1-7.ec2.internal".into())
+        );
+        assert!(parse_node_name("").unwrap_err().contains("empty"));
+        assert!(parse_node_name("a b").unwrap_err().contains("whitespace"));
+        assert!(parse_node_name("a\u{7}").unwrap_err().contains("control"));
+        assert!(parse_node_name(&"n".repeat(254))
+            .unwrap_err()
+            .contains("too long"));
+        assert!(parse_node_name(&"n".repeat(253)).is_ok());
     }
 }

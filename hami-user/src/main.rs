@@ -52,6 +52,10 @@ enum Cmd {
         /// `vGPU_device_memory_*`) for containers that use hami-preload.
         #[arg(long)]
         hami_compat: bool,
+        /// The node's name, the `node` label of every metric (default: `NODE_NAME` from the
+        /// environment, else the host name).
+        #[arg(long, value_name = "NAME", value_parser = cli::parse_node_name)]
+        node_name: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -321,6 +325,7 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
             json_log,
             per_process_metrics,
             hami_compat,
+            node_name,
             common,
         } => {
             init_logging(if json_log {
@@ -328,10 +333,23 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
             } else {
                 common.log_format.unwrap_or(LogFormat::Text)
             });
+            // A bad NODE_NAME is a usage error like a bad --node-name (exit 64).
+            let node = match cli::node_name(
+                node_name,
+                std::env::var(cli::NODE_NAME_ENV).ok(),
+                cli::host_name,
+            ) {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = writeln!(std::io::stderr(), "hami-agent: error: {e}");
+                    return Ok(ExitCode::from(EXIT_USAGE));
+                }
+            };
             let mut opts = common.options(Some(metrics_addr), None, true);
             opts.metrics = MetricsOptions {
                 per_process: per_process_metrics,
                 hami_compat,
+                node,
             };
             let rep = runtime()?
                 .block_on(runner::run(opts))

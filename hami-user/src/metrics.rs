@@ -1,33 +1,55 @@
 //! The Prometheus registry: every metric the agent exports, their labels and how a scan
 //! replaces them. Served by [`crate::http`].
 //!
-//! Labels never use the names a Kubernetes scrape attaches to its target (`namespace`, `pod`,
-//! `container`, `instance`, `job`, `node`): the workload's names are `pod_namespace`,
-//! `pod_name` and `container_name`, so they keep their meaning whatever `honor_labels` is.
-//! The HAMi-compatible families (opt-in) use HAMi's own label names, collisions included, so
-//! that HAMi's dashboards see what they always saw. The whole list, with types, units,
-//! labels and cardinality bounds, is in `docs/agent.md`.
+//! Labels are the names dcgm-exporter and HAMi use, so that joins need no `label_replace`:
+//! the workload is `namespace`, `pod` and `container`, the GPU is `UUID` (dcgm-exporter's
+//! spelling) and, on the per-GPU families, `gpu` (the NVML index, as dcgm-exporter's); the
+//! agent sets `node` on every family of its own (`--node-name`). They are meant to be scraped
+//! with `honor_labels: true` (the chart's ServiceMonitor), so that they win over the target's
+//! labels of the same names. The HAMi-compatible families (opt-in, [`hami_compat`]) use
+//! HAMi's own label names and carry no `node`, so that HAMi's dashboards see what they always
+//! saw. The whole list, with types, units, labels and cardinality bounds, is in
+//! `docs/agent.md`.
+
+mod hami_compat;
+
+use std::collections::{BTreeMap, HashMap};
 
 use prometheus::{
     CounterVec, Encoder, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry,
 };
 
-use crate::findings::{Finding, FindingKind};
+use crate::findings::FindingKind;
 use crate::identity::Identity;
+use hami_compat::HamiCompat;
 
 /// Default listen address of `/metrics`.
 pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9494";
 
-/// Labels of the per-container, per-device families.
+/// Labels of the per-container, per-device families. `cuda_device` is the device ordinal
+/// inside the container (CUDA's numbering there, HAMi's `vdevice_index`), not
+/// dcgm-exporter's `device` (`nvidia0`) nor its `gpu` (the node's NVML index).
 pub const CONTAINER_LABELS: [&str; 6] = [
-    "pod_namespace",
-    "pod_name",
-    "container_name",
+    "namespace",
+    "pod",
+    "container",
     "region",
-    "device",
-    "gpu_uuid",
+    "cuda_device",
+    "UUID",
 ];
+
+/// Labels of the per-process families (opt-in).
+pub const PROCESS_LABELS: [&str; 4] = ["pid", "namespace", "pod", "container"];
+
+/// Labels of the per-GPU families: dcgm-exporter's `UUID` and `gpu` (the NVML index).
+pub const GPU_LABELS: [&str; 2] = ["UUID", "gpu"];
+
+/// Labels of `hami_finding`: the kind, its reason and the finding's workload.
+pub const FINDING_LABELS: [&str; 5] = ["kind", "reason", "namespace", "pod", "container"];
+
+/// The label the agent sets on every family of its own: the node's name.
+pub const NODE_LABEL: &str = "node";
 
 /// Errors building the registry.
 #[derive(Debug, thiserror::Error)]
@@ -37,13 +59,16 @@ pub enum MetricsError {
     Registry(#[from] prometheus::Error),
 }
 
-/// What to export beyond the always-on families.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What to export beyond the always-on families, and the node's name.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MetricsOptions {
     /// `hami_process_observed_bytes` per pid (one series per GPU process: opt-in).
     pub per_process: bool,
     /// HAMi's vGPU monitor families (`hami_vgpu_memory_*`, `vGPU_device_memory_*`).
     pub hami_compat: bool,
+    /// The node's name, the `node` label of every family but HAMi's (`run` always sets
+    /// one: `--node-name`, `NODE_NAME`, the host name); empty: no `node` label.
+    pub node: String,
 }
 
 /// One region on one device it covers, with the names of its container.
@@ -87,15 +112,19 @@ pub struct RegionSeries {
     pub buffer: u64,
 }
 
-/// One GPU as NVML sees it, for `hami_gpu_utilization_percent`.
+/// One GPU as NVML sees it, for the `hami_gpu_*` families.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GpuSeries {
     /// NVML index.
     pub index: u32,
     /// UUID (`GPU-...`), empty when unknown.
     pub uuid: String,
-    /// Device utilisation in percent (`nvmlDeviceGetUtilizationRates`).
-    pub utilization: u32,
+    /// Device utilisation in percent (`nvmlDeviceGetUtilizationRates`), when NVML gave it.
+    pub utilization: Option<u32>,
+    /// Total memory in bytes (`nvmlDeviceGetMemoryInfo`), when NVML gave it.
+    pub memory_total: Option<u64>,
+    /// Used memory in bytes (`nvmlDeviceGetMemoryInfo`), when NVML gave it.
+    pub memory_used: Option<u64>,
 }
 
 /// One process for the opt-in per-process gauge.
@@ -110,6 +139,17 @@ pub struct ProcessSample {
     /// NVML SM utilisation at the latest sample, percent of a device summed over the GPUs
     /// whose utilisation was read (`None`: unknown).
     pub sm_util: Option<u32>,
+}
+
+/// One standing finding with the workload it is about, for `hami_finding`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FindingSeries {
+    /// Its kind.
+    pub kind: FindingKind,
+    /// Its stable reason ([`crate::findings::reason`]: a fixed set).
+    pub reason: &'static str,
+    /// The container it is about (its process's, or its region's).
+    pub identity: Identity,
 }
 
 /// Tracked GPU processes by hook (`hami_processes_by_hook`), for watching a migration.
@@ -149,15 +189,21 @@ pub struct Metrics {
     pub compute_throttled_seconds: CounterVec,
     /// `hami_container_quota_refusals_total`.
     pub quota_refusals: CounterVec,
-    /// `hami_gpu_utilization_percent{gpu_uuid,nvml_index}`.
+    /// `hami_gpu_utilization_percent{UUID,gpu}`.
     pub gpu_utilization: IntGaugeVec,
-    /// `hami_process_observed_bytes{pid,pod_namespace,pod_name,container_name}` (opt-in).
+    /// `hami_gpu_memory_total_bytes{UUID,gpu}`.
+    pub gpu_memory_total: IntGaugeVec,
+    /// `hami_gpu_memory_used_bytes{UUID,gpu}`.
+    pub gpu_memory_used: IntGaugeVec,
+    /// `hami_process_observed_bytes{pid,namespace,pod,container}` (opt-in).
     pub process_observed: IntGaugeVec,
-    /// `hami_process_sm_utilization_percent{pid,pod_namespace,pod_name,container_name}`
-    /// (opt-in).
+    /// `hami_process_sm_utilization_percent{pid,namespace,pod,container}` (opt-in).
     pub process_sm: IntGaugeVec,
     /// `hami_findings_standing{kind}`: findings standing now.
     pub findings: IntGaugeVec,
+    /// `hami_finding{kind,reason,namespace,pod,container}`: findings standing now, by
+    /// workload (only label sets that stand).
+    pub finding: IntGaugeVec,
     /// `hami_findings_total{kind}`: findings raised since start.
     pub findings_total: IntCounterVec,
     /// `hami_events_total{kind}`: events consumed from the ring buffer.
@@ -188,111 +234,8 @@ pub struct Metrics {
     /// `hami_tick_duration_seconds`: how long each periodic scan (regions, `/proc`, findings,
     /// metrics) took.
     pub tick_duration: Histogram,
-    /// `hami_vgpu_memory_used_bytes` (HAMi, current names).
-    hami_used: Option<IntGaugeVec>,
-    /// `hami_vgpu_memory_limit_bytes` (HAMi, current names).
-    hami_limit: Option<IntGaugeVec>,
-    /// `vGPU_device_memory_usage_in_bytes` (HAMi, older names).
-    hami_legacy_used: Option<IntGaugeVec>,
-    /// `vGPU_device_memory_limit_in_bytes` (HAMi, older names).
-    hami_legacy_limit: Option<IntGaugeVec>,
-    /// `Device_utilization_desc_of_container` (HAMi's monitor: the container's SM
-    /// utilisation of the device, percent).
-    hami_legacy_util: Option<GaugeVec>,
-    /// HAMi's breakdown families (with `hami_compat`).
-    hami_breakdown: Option<HamiBreakdown>,
-}
-
-/// HAMi's memory breakdown families, as its vGPU monitor serves them (v2.9.0; the older
-/// name `Device_memory_desc_of_container` as in v2.4.0-v2.5.x and with `--legacy-metrics`).
-struct HamiBreakdown {
-    /// `hami_vgpu_memory_context_bytes`.
-    context: IntGaugeVec,
-    /// `hami_vgpu_memory_module_bytes`.
-    module: IntGaugeVec,
-    /// `hami_vgpu_memory_buffer_bytes`.
-    buffer: IntGaugeVec,
-    /// `hami_container_device_memory_bytes` (the total; the parts as labels).
-    desc: IntGaugeVec,
-    /// `Device_memory_desc_of_container` (older name and labels).
-    legacy_desc: IntGaugeVec,
-}
-
-impl HamiBreakdown {
-    fn new(r: &Registry) -> prometheus::Result<HamiBreakdown> {
-        let mut desc_labels = HAMI_LABELS.to_vec();
-        desc_labels.extend(["context_size", "module_size", "buffer_size", "offset"]);
-        let mut legacy_labels = HAMI_LEGACY_LABELS.to_vec();
-        legacy_labels.extend(["context", "module", "data", "offset"]);
-        Ok(HamiBreakdown {
-            context: gauge_vec(
-                r,
-                "hami_vgpu_memory_context_bytes",
-                "vGPU device context memory in bytes (HAMi-compatible; from hami-preload's region)",
-                &HAMI_LABELS,
-            )?,
-            module: gauge_vec(
-                r,
-                "hami_vgpu_memory_module_bytes",
-                "vGPU device module memory in bytes (HAMi-compatible; from hami-preload's region)",
-                &HAMI_LABELS,
-            )?,
-            buffer: gauge_vec(
-                r,
-                "hami_vgpu_memory_buffer_bytes",
-                "vGPU device buffer (data and pool) memory in bytes (HAMi-compatible; from hami-preload's region)",
-                &HAMI_LABELS,
-            )?,
-            desc: gauge_vec(
-                r,
-                "hami_container_device_memory_bytes",
-                "Container device memory in bytes with its breakdown as labels (HAMi-compatible)",
-                &desc_labels,
-            )?,
-            legacy_desc: gauge_vec(
-                r,
-                "Device_memory_desc_of_container",
-                "Container device memory description (HAMi-compatible, older name)",
-                &legacy_labels,
-            )?,
-        })
-    }
-
-    fn reset(&self) {
-        for f in [
-            &self.context,
-            &self.module,
-            &self.buffer,
-            &self.desc,
-            &self.legacy_desc,
-        ] {
-            f.reset();
-        }
-    }
-
-    fn set(&self, h: &[&str; 5], s: &RegionSeries) {
-        self.context.with_label_values(h).set(clamp(s.context));
-        self.module.with_label_values(h).set(clamp(s.module));
-        self.buffer.with_label_values(h).set(clamp(s.buffer));
-        // HAMi's offset: the total less its three parts (here: backstop and other memory).
-        let offset = s
-            .accounted
-            .saturating_sub(s.context)
-            .saturating_sub(s.module)
-            .saturating_sub(s.buffer);
-        let parts = [
-            s.context.to_string(),
-            s.module.to_string(),
-            s.buffer.to_string(),
-            offset.to_string(),
-        ];
-        let mut l: Vec<&str> = h.to_vec();
-        l.extend(parts.iter().map(String::as_str));
-        self.desc.with_label_values(&l).set(clamp(s.accounted));
-        self.legacy_desc
-            .with_label_values(&l)
-            .set(clamp(s.accounted));
-    }
+    /// HAMi's families (with `hami_compat`), in their own registry.
+    hami: Option<HamiCompat>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -330,27 +273,12 @@ pub const TICK_BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
 ];
 
-/// HAMi's current label names.
-const HAMI_LABELS: [&str; 5] = [
-    "namespace",
-    "pod",
-    "container",
-    "vdevice_index",
-    "device_uuid",
-];
-/// HAMi's older label names.
-const HAMI_LEGACY_LABELS: [&str; 5] = [
-    "podnamespace",
-    "podname",
-    "ctrname",
-    "vdeviceid",
-    "deviceuuid",
-];
-
 impl Metrics {
     /// Creates and registers every metric.
     pub fn new(opts: MetricsOptions) -> Result<Metrics, MetricsError> {
-        let r = Registry::new();
+        let node = (!opts.node.is_empty())
+            .then(|| HashMap::from([(NODE_LABEL.to_string(), opts.node.clone())]));
+        let r = Registry::new_custom(None, node)?;
         let cl = &CONTAINER_LABELS;
         let limit = gauge_vec(
             &r,
@@ -415,25 +343,43 @@ impl Metrics {
             &r,
             "hami_gpu_utilization_percent",
             "Utilisation of the whole GPU in percent (NVML nvmlDeviceGetUtilizationRates)",
-            &["gpu_uuid", "nvml_index"],
+            &GPU_LABELS,
+        )?;
+        let gpu_memory_total = gauge_vec(
+            &r,
+            "hami_gpu_memory_total_bytes",
+            "Memory of the whole GPU in bytes (NVML nvmlDeviceGetMemoryInfo total)",
+            &GPU_LABELS,
+        )?;
+        let gpu_memory_used = gauge_vec(
+            &r,
+            "hami_gpu_memory_used_bytes",
+            "Memory used on the whole GPU in bytes, every process and the driver's own (NVML nvmlDeviceGetMemoryInfo used)",
+            &GPU_LABELS,
         )?;
         let process_sm = gauge_vec(
             &r,
             "hami_process_sm_utilization_percent",
             "NVML SM utilisation per process at the latest sample, percent of a device (only with --per-process-metrics)",
-            &["pid", "pod_namespace", "pod_name", "container_name"],
+            &PROCESS_LABELS,
         )?;
         let process_observed = gauge_vec(
             &r,
             "hami_process_observed_bytes",
             "Live data bytes observed per process (only with --per-process-metrics)",
-            &["pid", "pod_namespace", "pod_name", "container_name"],
+            &PROCESS_LABELS,
         )?;
         let findings = gauge_vec(
             &r,
             "hami_findings_standing",
             "Findings standing now, by kind",
             &["kind"],
+        )?;
+        let finding = gauge_vec(
+            &r,
+            "hami_finding",
+            "Findings standing now, by kind, reason and workload (only those standing: a finding that clears takes its series with it)",
+            &FINDING_LABELS,
         )?;
         let findings_total = IntCounterVec::new(
             Opts::new(
@@ -503,14 +449,13 @@ impl Metrics {
             .buckets(TICK_BUCKETS.to_vec()),
         )?;
         r.register(Box::new(tick_duration.clone()))?;
-        let build = IntGaugeVec::new(
-            Opts::new(
-                "hami_build_info",
-                "Always 1; the agent's version and the layout version it reads",
-            ),
+        // `hami_build_info` is one of HAMi's own families: this one is the agent's.
+        let build = gauge_vec(
+            &r,
+            "hami_agent_build_info",
+            "Always 1; the agent's version and the layout version it reads",
             &["version", "region_layout"],
         )?;
-        r.register(Box::new(build.clone()))?;
         build
             .with_label_values(&[
                 env!("CARGO_PKG_VERSION"),
@@ -521,51 +466,8 @@ impl Metrics {
         r.register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
         ))?;
-        let (hami_used, hami_limit, hami_legacy_used, hami_legacy_limit) = if opts.hami_compat {
-            (
-                Some(gauge_vec(
-                    &r,
-                    "hami_vgpu_memory_used_bytes",
-                    "vGPU device memory usage in bytes (HAMi-compatible; from hami-preload's region)",
-                    &HAMI_LABELS,
-                )?),
-                Some(gauge_vec(
-                    &r,
-                    "hami_vgpu_memory_limit_bytes",
-                    "vGPU device memory limit in bytes (HAMi-compatible; from hami-preload's region)",
-                    &HAMI_LABELS,
-                )?),
-                Some(gauge_vec(
-                    &r,
-                    "vGPU_device_memory_usage_in_bytes",
-                    "vGPU device usage (HAMi-compatible, older name)",
-                    &HAMI_LEGACY_LABELS,
-                )?),
-                Some(gauge_vec(
-                    &r,
-                    "vGPU_device_memory_limit_in_bytes",
-                    "vGPU device limit (HAMi-compatible, older name)",
-                    &HAMI_LEGACY_LABELS,
-                )?),
-            )
-        } else {
-            (None, None, None, None)
-        };
-        let hami_legacy_util = if opts.hami_compat {
-            let g = GaugeVec::new(
-                Opts::new(
-                    "Device_utilization_desc_of_container",
-                    "Container device utilization description (HAMi-compatible: the container's measured compute share of the device, percent)",
-                ),
-                &HAMI_LEGACY_LABELS,
-            )?;
-            r.register(Box::new(g.clone()))?;
-            Some(g)
-        } else {
-            None
-        };
-        let hami_breakdown = if opts.hami_compat {
-            Some(HamiBreakdown::new(&r)?)
+        let hami = if opts.hami_compat {
+            Some(HamiCompat::new()?)
         } else {
             None
         };
@@ -587,9 +489,12 @@ impl Metrics {
             compute_throttled_seconds,
             quota_refusals,
             gpu_utilization,
+            gpu_memory_total,
+            gpu_memory_used,
             process_observed,
             process_sm,
             findings,
+            finding,
             findings_total,
             events,
             dropped,
@@ -604,33 +509,27 @@ impl Metrics {
             by_hook,
             oversubscribe_refused,
             tick_duration,
-            hami_used,
-            hami_limit,
-            hami_legacy_used,
-            hami_legacy_limit,
-            hami_legacy_util,
-            hami_breakdown,
+            hami,
         })
     }
 
     /// The options it was built with.
-    pub fn options(&self) -> MetricsOptions {
-        self.opts
+    pub fn options(&self) -> &MetricsOptions {
+        &self.opts
     }
 
     /// Replaces the per-region gauges with `series`: a region or device not in it leaves
     /// `/metrics` now.
     pub fn set_regions(&self, series: &[RegionSeries]) {
-        let fams = [
+        for f in [
             &self.limit,
             &self.accounted,
             &self.accounted_data,
             &self.observed,
-        ];
-        for f in fams {
+            &self.compute_limit,
+        ] {
             f.reset();
         }
-        self.compute_limit.reset();
         self.compute_share.reset();
         for f in [
             &self.compute_seconds,
@@ -641,20 +540,8 @@ impl Metrics {
             // The totals live in the regions: each scan sets them afresh.
             f.reset();
         }
-        let compat = [
-            &self.hami_used,
-            &self.hami_limit,
-            &self.hami_legacy_used,
-            &self.hami_legacy_limit,
-        ];
-        for f in compat.into_iter().flatten() {
-            f.reset();
-        }
-        if let Some(u) = &self.hami_legacy_util {
-            u.reset();
-        }
-        if let Some(b) = &self.hami_breakdown {
-            b.reset();
+        if let Some(h) = &self.hami {
+            h.reset();
         }
         for s in series {
             let dev = s.device.to_string();
@@ -691,39 +578,35 @@ impl Metrics {
             self.quota_refusals
                 .with_label_values(&l)
                 .inc_by(s.quota_refusals as f64);
-            let h = [
-                id.namespace.as_str(),
-                id.pod.as_str(),
-                id.container.as_str(),
-                dev.as_str(),
-                s.uuid.as_str(),
-            ];
-            // HAMi's monitor reports "used" as everything the container holds on the
-            // device (context, modules, data, pools, other): the region's accounted total.
-            if let (Some(u), Some(lim)) = (&self.hami_used, &self.hami_limit) {
-                u.with_label_values(&h).set(clamp(s.accounted));
-                lim.with_label_values(&h).set(clamp(s.limit));
-            }
-            if let (Some(u), Some(lim)) = (&self.hami_legacy_used, &self.hami_legacy_limit) {
-                u.with_label_values(&h).set(clamp(s.accounted));
-                lim.with_label_values(&h).set(clamp(s.limit));
-            }
-            if let (Some(u), Some(share)) = (&self.hami_legacy_util, s.compute_share) {
-                u.with_label_values(&h).set(share);
-            }
-            if let Some(b) = &self.hami_breakdown {
-                b.set(&h, s);
+            if let Some(h) = &self.hami {
+                h.set(s);
             }
         }
     }
 
-    /// Replaces the per-GPU utilisation gauge.
+    /// Replaces the per-GPU gauges (each where NVML gave its figure).
     pub fn set_gpus(&self, gpus: &[GpuSeries]) {
-        self.gpu_utilization.reset();
+        let fams = [
+            &self.gpu_utilization,
+            &self.gpu_memory_total,
+            &self.gpu_memory_used,
+        ];
+        for f in fams {
+            f.reset();
+        }
         for g in gpus {
-            self.gpu_utilization
-                .with_label_values(&[g.uuid.as_str(), g.index.to_string().as_str()])
-                .set(i64::from(g.utilization));
+            let index = g.index.to_string();
+            let l = [g.uuid.as_str(), index.as_str()];
+            let values = [
+                g.utilization.map(i64::from),
+                g.memory_total.map(clamp),
+                g.memory_used.map(clamp),
+            ];
+            for (f, v) in fams.iter().zip(values) {
+                if let Some(v) = v {
+                    f.with_label_values(&l).set(v);
+                }
+            }
         }
     }
 
@@ -764,16 +647,34 @@ impl Metrics {
         self.oversubscribe_refused.set(clamp(c.oversubscribe));
     }
 
-    /// Sets the standing-findings gauge from the current findings.
-    pub fn set_findings(&self, standing: &[Finding]) {
+    /// Sets the standing-findings gauges from the findings standing now: the count per kind
+    /// and, per kind, reason and workload, the number standing (a label set no finding
+    /// stands for any more leaves `/metrics`).
+    pub fn set_findings(&self, standing: &[FindingSeries]) {
         for k in FindingKind::ALL {
             let n = standing.iter().filter(|f| f.kind == k).count();
             self.findings.with_label_values(&[k.name()]).set(n as i64);
         }
+        let mut by_labels: BTreeMap<[&str; 5], i64> = BTreeMap::new();
+        for f in standing {
+            let id = &f.identity;
+            let l = [
+                f.kind.name(),
+                f.reason,
+                id.namespace.as_str(),
+                id.pod.as_str(),
+                id.container.as_str(),
+            ];
+            *by_labels.entry(l).or_default() += 1;
+        }
+        self.finding.reset();
+        for (l, n) in by_labels {
+            self.finding.with_label_values(&l).set(n);
+        }
     }
 
     /// Counts newly raised findings.
-    pub fn count_new_findings(&self, new: &[Finding]) {
+    pub fn count_new_findings(&self, new: &[crate::findings::Finding]) {
         for f in new {
             self.findings_total
                 .with_label_values(&[f.kind.name()])
@@ -789,12 +690,21 @@ impl Metrics {
         }
     }
 
+    /// Every family gathered: the agent's, then HAMi's (with `hami_compat`).
+    fn gather(&self) -> Vec<prometheus::proto::MetricFamily> {
+        let mut v = self.registry.gather();
+        if let Some(h) = &self.hami {
+            v.extend(h.registry.gather());
+        }
+        v
+    }
+
     /// The text exposition format (version 0.0.4).
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         let enc = prometheus::TextEncoder::new();
         // Encoding fixed, valid metric families into a Vec cannot fail.
-        if enc.encode(&self.registry.gather(), &mut buf).is_err() {
+        if enc.encode(&self.gather(), &mut buf).is_err() {
             return String::new();
         }
         String::from_utf8_lossy(&buf).into_owned()
@@ -802,12 +712,7 @@ impl Metrics {
 
     /// Names of every family registered (those with labels appear in `render` once set).
     pub fn family_names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .registry
-            .gather()
-            .iter()
-            .map(|f| f.name().to_string())
-            .collect();
+        let mut v: Vec<String> = self.gather().iter().map(|f| f.name().to_string()).collect();
         // Labelled families without samples are not gathered.
         for f in [
             "hami_container_limit_bytes",
@@ -821,27 +726,17 @@ impl Metrics {
             "hami_container_compute_throttled_seconds_total",
             "hami_container_quota_refusals_total",
             "hami_gpu_utilization_percent",
+            "hami_gpu_memory_total_bytes",
+            "hami_gpu_memory_used_bytes",
             "hami_process_observed_bytes",
             "hami_process_sm_utilization_percent",
+            "hami_finding",
             "hami_events_total",
         ] {
             v.push(f.to_string());
         }
         if self.opts.hami_compat {
-            for f in [
-                "hami_vgpu_memory_used_bytes",
-                "hami_vgpu_memory_limit_bytes",
-                "vGPU_device_memory_usage_in_bytes",
-                "vGPU_device_memory_limit_in_bytes",
-                "Device_utilization_desc_of_container",
-                "hami_vgpu_memory_context_bytes",
-                "hami_vgpu_memory_module_bytes",
-                "hami_vgpu_memory_buffer_bytes",
-                "hami_container_device_memory_bytes",
-                "Device_memory_desc_of_container",
-            ] {
-                v.push(f.to_string());
-            }
+            v.extend(hami_compat::FAMILIES.iter().map(|f| f.to_string()));
         }
         v.sort();
         v.dedup();
@@ -902,41 +797,141 @@ mod tests {
 
     #[test]
     fn usage_and_findings_render_with_workload_labels() {
-        let m = Metrics::new(MetricsOptions::default()).unwrap();
+        let m = Metrics::new(MetricsOptions {
+            node: "gpu-node-1".into(),
+            ..Default::default()
+        })
+        .unwrap();
         m.set_regions(&[series("main", 0)]);
         m.events.with_label_values(&["mem_alloc"]).inc_by(3);
         m.set_dropped_total(7);
         m.set_dropped_total(5); // never goes back
         let text = m.render();
+        // dcgm-exporter's and HAMi's names: namespace, pod, container, UUID; the node last.
         assert!(
-            text.contains(r#"hami_container_limit_bytes{container_name="main",device="0",gpu_uuid="GPU-0a1b2c3d-0000-1111-2222-333344445555",pod_name="trainer-0",pod_namespace="ml",region="/tmp/r"} 100"#),
+            text.contains(r#"hami_container_limit_bytes{UUID="GPU-0a1b2c3d-0000-1111-2222-333344445555",container="main",cuda_device="0",namespace="ml",pod="trainer-0",region="/tmp/r",node="gpu-node-1"} 100"#),
             "{text}"
         );
-        assert!(text.contains(r#"hami_events_total{kind="mem_alloc"} 3"#));
-        assert!(text.contains("hami_events_dropped_total 7"));
-        assert!(text.contains(r#"hami_findings_standing{kind="bypass"} 0"#));
-        assert!(text.contains(r#"hami_findings_total{kind="bypass"} 0"#));
-        assert!(text.contains("hami_build_info{"), "{text}");
-        assert!(text.contains("process_resident_memory_bytes "), "{text}");
-        // No family named like another's counter (OpenMetrics strips `_total`).
+        assert!(text.contains(r#"hami_events_total{kind="mem_alloc",node="gpu-node-1"} 3"#));
+        assert!(text.contains(r#"hami_events_dropped_total{node="gpu-node-1"} 7"#));
+        assert!(text.contains(r#"hami_findings_standing{kind="bypass",node="gpu-node-1"} 0"#));
+        assert!(text.contains(r#"hami_findings_total{kind="bypass",node="gpu-node-1"} 0"#));
+        // The build info under a name of our own (HAMi serves `hami_build_info`).
+        assert!(text.contains("hami_agent_build_info{"), "{text}");
+        assert!(!text.contains("hami_build_info"), "{text}");
+        assert!(
+            text.contains(r#"process_resident_memory_bytes{node="gpu-node-1"} "#),
+            "{text}"
+        );
+        // Every sample of the agent's own families names the node.
+        for l in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(l.contains(r#"node="gpu-node-1""#), "{l}");
+        }
+        // No family named like another's counter (OpenMetrics strips `_total`), and none of
+        // the old label names.
         assert!(!text.contains("hami_findings{"));
-        // No label a Kubernetes scrape sets on its target.
         for l in [
-            "container=",
-            "namespace=",
-            "pod=",
-            "instance=",
-            "job=",
-            "node=",
+            "pod_namespace=",
+            "pod_name=",
+            "container_name=",
+            "gpu_uuid=",
+            "nvml_index=",
         ] {
-            assert!(
-                !text.contains(&format!("{{{l}")) && !text.contains(&format!(",{l}")),
-                "{l}"
-            );
+            assert!(!text.contains(l), "{l}: {text}");
         }
         // A region that went away disappears from the gauges.
         m.set_regions(&[]);
         assert!(!m.render().contains("hami_container_limit_bytes{"));
+        // Without a node name (tests, tools), no node label.
+        let bare = Metrics::new(MetricsOptions::default()).unwrap();
+        assert!(!bare.render().contains("node="));
+    }
+
+    /// A workload outside Kubernetes still carries `namespace=""` and `pod=""`: scraped with
+    /// `honor_labels: true` the explicit empty label keeps the target's `namespace`/`pod`
+    /// (the agent's own pod) off its series (docs/deploy.md).
+    #[test]
+    fn empty_workload_names_are_exported_as_empty_labels() {
+        let m = Metrics::new(MetricsOptions::default()).unwrap();
+        let mut s = series("host", 0);
+        s.identity = ident("", "", "host");
+        m.set_regions(&[s]);
+        let t = m.render();
+        assert!(
+            t.contains(r#"hami_container_limit_bytes{UUID="GPU-0a1b2c3d-0000-1111-2222-333344445555",container="host",cuda_device="0",namespace="",pod="",region="/tmp/r"} 100"#),
+            "{t}"
+        );
+    }
+
+    /// Only standing findings have a `hami_finding` series, with their workload's names and
+    /// reason; several of one workload and reason count in one series; a finding that
+    /// clears takes its series with it.
+    #[test]
+    fn standing_findings_are_exported_with_their_workload() {
+        let m = Metrics::new(MetricsOptions::default()).unwrap();
+        let f = |kind, reason, ns: &str, pod: &str, ctr: &str| FindingSeries {
+            kind,
+            reason,
+            identity: ident(ns, pod, ctr),
+        };
+        use crate::findings::reason as r;
+        m.set_findings(&[
+            f(
+                FindingKind::Bypass,
+                r::NO_PRELOAD,
+                "ml",
+                "trainer-0",
+                "main",
+            ),
+            f(
+                FindingKind::Bypass,
+                r::NO_PRELOAD,
+                "ml",
+                "trainer-0",
+                "main",
+            ),
+            f(FindingKind::Bypass, r::NO_SLOT, "ml", "trainer-1", "main"),
+            f(
+                FindingKind::LeakedSlot,
+                r::PROCESS_DEAD,
+                "web",
+                "infer-7",
+                "srv",
+            ),
+        ]);
+        let t = m.render();
+        assert!(
+            t.contains(r#"hami_finding{container="main",kind="bypass",namespace="ml",pod="trainer-0",reason="no_preload"} 2"#),
+            "{t}"
+        );
+        assert!(
+            t.contains(r#"hami_finding{container="main",kind="bypass",namespace="ml",pod="trainer-1",reason="no_slot"} 1"#),
+            "{t}"
+        );
+        assert!(
+            t.contains(r#"hami_finding{container="srv",kind="leaked_slot",namespace="web",pod="infer-7",reason="process_dead"} 1"#),
+            "{t}"
+        );
+        assert_eq!(t.matches("hami_finding{").count(), 3, "{t}");
+        assert!(
+            t.contains(r#"hami_findings_standing{kind="bypass"} 3"#),
+            "{t}"
+        );
+        assert!(t.contains(r#"hami_findings_standing{kind="leaked_slot"} 1"#));
+        // The leak is reclaimed, one bypass clears.
+        m.set_findings(&[f(
+            FindingKind::Bypass,
+            r::NO_SLOT,
+            "ml",
+            "trainer-1",
+            "main",
+        )]);
+        let t = m.render();
+        assert_eq!(t.matches("hami_finding{").count(), 1, "{t}");
+        assert!(t.contains(r#"pod="trainer-1",reason="no_slot"} 1"#), "{t}");
+        assert!(t.contains(r#"hami_findings_standing{kind="leaked_slot"} 0"#));
+        m.set_findings(&[]);
+        assert!(!m.render().contains("hami_finding{"));
     }
 
     #[test]
@@ -952,13 +947,25 @@ mod tests {
         // Another container without a compute limit, whose share NVML did not give.
         let unmeasured = series("side", 1);
         m.set_regions(&[limited, unmeasured]);
-        m.set_gpus(&[GpuSeries {
-            index: 0,
-            uuid: "GPU-0a1b2c3d-0000-1111-2222-333344445555".into(),
-            utilization: 97,
-        }]);
+        m.set_gpus(&[
+            GpuSeries {
+                index: 0,
+                uuid: "GPU-0a1b2c3d-0000-1111-2222-333344445555".into(),
+                utilization: Some(97),
+                memory_total: Some(80 << 30),
+                memory_used: Some(3 << 30),
+            },
+            // A GPU whose utilisation NVML did not give: its memory still shows.
+            GpuSeries {
+                index: 1,
+                uuid: "GPU-1".into(),
+                utilization: None,
+                memory_total: Some(1 << 30),
+                memory_used: None,
+            },
+        ]);
         let t = m.render();
-        let l = r#"{container_name="main",device="0",gpu_uuid="GPU-0a1b2c3d-0000-1111-2222-333344445555",pod_name="trainer-0",pod_namespace="ml",region="/tmp/r"}"#;
+        let l = r#"{UUID="GPU-0a1b2c3d-0000-1111-2222-333344445555",container="main",cuda_device="0",namespace="ml",pod="trainer-0",region="/tmp/r"}"#;
         for (fam, v) in [
             ("hami_container_compute_limit_percent", "30"),
             ("hami_container_compute_share_percent", "42.5"),
@@ -982,15 +989,29 @@ mod tests {
             "{t}"
         );
         assert!(
-            t.contains(r#"hami_container_compute_limit_percent{container_name="side",device="1""#),
+            t.contains(r#"hami_container_compute_limit_percent{UUID="GPU-0a1b2c3d-0000-1111-2222-333344445555",container="side",cuda_device="1""#),
             "{t}"
         );
         assert!(
-            !t.contains(r#"hami_container_compute_share_percent{container_name="side""#),
+            !t.contains(r#"hami_container_compute_share_percent{UUID="GPU-0a1b2c3d-0000-1111-2222-333344445555",container="side""#),
             "no share without NVML's figure: {t}"
         );
         assert!(
-            t.contains(r#"hami_gpu_utilization_percent{gpu_uuid="GPU-0a1b2c3d-0000-1111-2222-333344445555",nvml_index="0"} 97"#),
+            t.contains(r#"hami_gpu_utilization_percent{UUID="GPU-0a1b2c3d-0000-1111-2222-333344445555",gpu="0"} 97"#),
+            "{t}"
+        );
+        assert!(
+            t.contains(r#"hami_gpu_memory_total_bytes{UUID="GPU-0a1b2c3d-0000-1111-2222-333344445555",gpu="0"} 85899345920"#),
+            "{t}"
+        );
+        assert!(t.contains(r#"hami_gpu_memory_used_bytes{UUID="GPU-0a1b2c3d-0000-1111-2222-333344445555",gpu="0"} 3221225472"#));
+        assert!(t.contains(r#"hami_gpu_memory_total_bytes{UUID="GPU-1",gpu="1"} 1073741824"#));
+        assert!(
+            !t.contains(r#"hami_gpu_utilization_percent{UUID="GPU-1""#),
+            "{t}"
+        );
+        assert!(
+            !t.contains(r#"hami_gpu_memory_used_bytes{UUID="GPU-1""#),
             "{t}"
         );
         // The next scan sets the totals afresh (they live in the region), and a region
@@ -1004,8 +1025,9 @@ mod tests {
             t.contains(&format!("hami_container_compute_seconds_total{l} 20\n")),
             "{t}"
         );
-        assert!(!t.contains("container_name=\"side\""), "{t}");
+        assert!(!t.contains("container=\"side\""), "{t}");
         assert!(!t.contains("hami_gpu_utilization_percent{"), "{t}");
+        assert!(!t.contains("hami_gpu_memory_total_bytes{"), "{t}");
     }
 
     #[test]
@@ -1038,15 +1060,19 @@ mod tests {
         on.set_processes(&p);
         let t = on.render();
         assert!(
-            t.contains(r#"hami_process_observed_bytes{container_name="c",pid="42",pod_name="p",pod_namespace="ml"} 9"#),
+            t.contains(
+                r#"hami_process_observed_bytes{container="c",namespace="ml",pid="42",pod="p"} 9"#
+            ),
             "{t}"
         );
         assert!(
-            t.contains(r#"hami_process_sm_utilization_percent{container_name="c",pid="42",pod_name="p",pod_namespace="ml"} 35"#),
+            t.contains(r#"hami_process_sm_utilization_percent{container="c",namespace="ml",pid="42",pod="p"} 35"#),
             "{t}"
         );
         assert!(
-            !t.contains(r#"hami_process_sm_utilization_percent{container_name="c",pid="43""#),
+            !t.contains(
+                r#"hami_process_sm_utilization_percent{container="c",namespace="ml",pid="43""#
+            ),
             "no figure, no series: {t}"
         );
         assert!(!t.contains("hooked="));
@@ -1059,11 +1085,24 @@ mod tests {
         assert!(!off.render().contains("vgpu"));
         let m = Metrics::new(MetricsOptions {
             hami_compat: true,
+            node: "gpu-node-1".into(),
             ..Default::default()
         })
         .unwrap();
         m.set_regions(&[series("main", 1)]);
         let t = m.render();
+        // HAMi's families carry HAMi's labels only (no `node`); the agent's carry it.
+        for l in t.lines().filter(|l| !l.starts_with('#')) {
+            let hamis = [
+                "hami_vgpu_",
+                "vGPU_",
+                "Device_",
+                "hami_container_device_memory_bytes",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p));
+            assert_eq!(!hamis, l.contains(r#"node="gpu-node-1""#), "{l}");
+        }
         let u = "GPU-0a1b2c3d-0000-1111-2222-333344445555";
         assert!(t.contains(&format!(r#"hami_vgpu_memory_used_bytes{{container="main",device_uuid="{u}",namespace="ml",pod="trainer-0",vdevice_index="1"}} 50"#)), "{t}");
         assert!(t.contains(&format!(r#"hami_vgpu_memory_limit_bytes{{container="main",device_uuid="{u}",namespace="ml",pod="trainer-0",vdevice_index="1"}} 100"#)));
@@ -1229,6 +1268,7 @@ mod tests {
         let m = Metrics::new(MetricsOptions {
             per_process: true,
             hami_compat: true,
+            ..Default::default()
         })
         .unwrap();
         let dash = std::fs::read_to_string(
@@ -1252,11 +1292,16 @@ mod tests {
         for n in &used {
             assert!(exported.contains(n), "dashboard uses unknown metric {n}");
         }
-        // Old label names the dashboard must no longer filter on.
-        assert!(
-            !dash.contains("container=~"),
-            "dashboard filters on `container`"
-        );
+        // The label names of before dcgm-exporter's and HAMi's were adopted.
+        for old in [
+            "pod_namespace",
+            "pod_name",
+            "container_name",
+            "gpu_uuid",
+            "nvml_index",
+        ] {
+            assert!(!dash.contains(old), "dashboard uses the old label {old}");
+        }
         assert!(
             !dash.contains("hami_findings{"),
             "dashboard uses the old gauge name"

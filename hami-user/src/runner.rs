@@ -158,7 +158,7 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
     if !baselined.is_empty() {
         tracing::info!(pids = ?baselined, "processes running before attach: baselined (pre-existing, not observed from start)");
     }
-    let metrics = Arc::new(Metrics::new(opts.metrics)?);
+    let metrics = Arc::new(Metrics::new(opts.metrics.clone())?);
     metrics.nvml_available.set(i64::from(nvml.is_some()));
     metrics.libcuda_attached.set(attached.len() as i64);
     Ok(Running {
@@ -230,7 +230,7 @@ impl Running {
                 .inc_by(released - m.regions_released.get());
         }
         m.region_errors.set(self.agent.region_error_count() as i64);
-        m.set_findings(&self.agent.standing());
+        m.set_findings(&self.agent.finding_series());
         let c = self.handle.counters();
         m.set_dropped_total(c.dropped);
         m.libcuda_attached

@@ -63,6 +63,49 @@ fn wait_for_detach() {
     }
 }
 
+/// The node's name labels every metric: an empty or odd `--node-name`, or `NODE_NAME`, is a
+/// usage error naming where it came from, refused before anything is loaded.
+#[test]
+fn a_bad_node_name_is_a_usage_error_naming_its_source() {
+    for (name, why) in [("", "empty"), ("gpu node", "whitespace")] {
+        let out = agent(&["run", "--node-name", name]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{name:?}: {out:?}");
+        assert!(
+            err.contains("--node-name") && err.contains(why),
+            "{name:?}: {err}"
+        );
+    }
+    // `run` that accepted it would run until stopped: bounded here.
+    let a = Artifacts::get();
+    let mut c = Command::new(env!("CARGO_BIN_EXE_hami-agent"));
+    c.args(["run", "--metrics-addr", "127.0.0.1:0"])
+        .env("LD_LIBRARY_PATH", &a.fake_lib_dir)
+        .env("NODE_NAME", "gpu\tnode")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = c.spawn().expect("run hami-agent");
+    AGENT_GROUPS.lock().unwrap().push(child.id() as i32);
+    let end = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if child.try_wait().unwrap().is_none() {
+        // SAFETY: kill(2) on the process group of a child we spawned.
+        unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGTERM) };
+    }
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(
+        err.contains("NODE_NAME") && err.contains("whitespace"),
+        "{err}"
+    );
+    assert!(!err.contains("ready"), "started anyway: {err}");
+}
+
 /// Issue 11: clap's usage errors exited 2, the status `audit` uses for findings.
 #[test]
 fn usage_errors_exit_64_not_the_findings_status() {

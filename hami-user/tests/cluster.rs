@@ -1,6 +1,8 @@
 //! On a cluster: the real agent scraped by a real Prometheus (Debian's package) the way the
-//! chart's ServiceMonitor scrapes it, the dashboard's every query, `promtool`, an OpenMetrics
-//! model parser, the alert rules' unit tests, and the Helm chart rendered and validated.
+//! chart's ServiceMonitor scrapes it, next to a dcgm-exporter-shaped target, with the chart's
+//! rules loaded: the dashboard's every query, the join with dcgm-exporter, the alerts' labels,
+//! `promtool`, an OpenMetrics model parser, the rules' unit tests, and the Helm chart rendered
+//! and validated.
 //!
 //! The tools come from `cargo xtask setup`: `prometheus` and `promtool` on PATH (apt), and
 //! `<root>/.tools/venv` with `prometheus-client`, `kubernetes-validate` and `helm-python-sdk`
@@ -105,6 +107,51 @@ fn urlencode(s: &str) -> String {
         .collect()
 }
 
+/// Serves `body` as a Prometheus exposition to every request, on a port of its own, from a
+/// thread (until the test process ends): a stand-in for dcgm-exporter.
+fn serve_exposition(body: String) -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut s in l.incoming().flatten() {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+            let mut req = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    addr
+}
+
+/// The value of the first sample of `family` in an exposition whose line contains every
+/// one of `having`, with that line.
+fn sample<'a>(text: &'a str, family: &str, having: &[&str]) -> Option<(&'a str, f64)> {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{family}{{")))
+        .find(|l| having.iter().all(|h| l.contains(h)))
+        .and_then(|l| Some((l, l.rsplit(' ').next()?.parse().ok()?)))
+}
+
+/// The value of a label in an exposition line.
+fn label_of<'a>(line: &'a str, label: &str) -> Option<&'a str> {
+    let at = [format!("{{{label}=\""), format!(",{label}=\"")]
+        .iter()
+        .find_map(|p| line.find(p.as_str()))?;
+    let start = at + label.len() + 3;
+    let len = line[start..].find('"')?;
+    Some(&line[start..start + len])
+}
+
 struct Killed(Child);
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -170,7 +217,7 @@ fn dashboard_queries() -> Vec<(String, String)> {
             let q = t["expr"]
                 .as_str()
                 .unwrap()
-                .replace("$instance", ".*")
+                .replace("$node", ".*")
                 .replace("$namespace", ".*")
                 .replace("$container", ".*");
             out.push((p["title"].as_str().unwrap_or("").to_string(), q));
@@ -229,6 +276,8 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
         .env("LD_LIBRARY_PATH", &a.fake_lib_dir)
         .env("FAKE_CUDA_STATE", env.state_path())
         .env("FAKE_CUDA_DEVICE_COUNT", "1")
+        // What the chart passes from the pod's spec.nodeName (the downward API).
+        .env("NODE_NAME", "gpu-node-1")
         .env_remove("LD_PRELOAD")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -256,19 +305,64 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     sh.stdin(Stdio::piped());
     let mut probe = RunningProbe::start(sh);
     probe.wait_for("wait");
+    // And a process of the same pod without the preload: a standing bypass.
+    let mut raw = env.command(Path::new("/bin/sh"));
+    raw.env_remove("LD_PRELOAD")
+        .arg("-c")
+        .arg(r#"echo $$ > "$0" && exec "$@""#)
+        .arg(cg.procs())
+        .arg(&a.cudaprobe)
+        .args(["init", "ctx", "alloc", "64M", "wait"]);
+    raw.stdin(Stdio::piped());
+    let mut bypass = RunningProbe::start(raw);
+    bypass.wait_for("wait");
 
-    // Prometheus, scraping like the chart's ServiceMonitor: honor_labels false and the
-    // target labels a Kubernetes endpoint gets.
+    // The GPU as the agent's NVML names it, and the agent's own `node` label.
+    let t0 = Instant::now();
+    let (uuid, gpu_total) = loop {
+        let (_, t) = http_get(agent_addr, "/metrics").unwrap();
+        if let Some((l, v)) = sample(&t, "hami_gpu_memory_total_bytes", &[]) {
+            assert!(l.contains(r#"node="gpu-node-1""#), "{l}");
+            break (label_of(l, "UUID").unwrap().to_string(), v);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no GPU memory series:\n{t}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        uuid.starts_with("GPU-") && gpu_total > 0.0,
+        "{uuid} {gpu_total}"
+    );
+    // dcgm-exporter's framebuffer family for that GPU (MiB), as it labels it.
+    const DCGM_USED_MIB: u64 = 2048;
+    let dcgm = serve_exposition(format!(
+        "# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).\n\
+         # TYPE DCGM_FI_DEV_FB_USED gauge\n\
+         DCGM_FI_DEV_FB_USED{{gpu=\"0\",UUID=\"{uuid}\",device=\"nvidia0\",modelName=\"NVIDIA H200\",Hostname=\"node1\"}} {DCGM_USED_MIB}\n"
+    ));
+
+    // Prometheus with the chart's rules, scraping the agent like the chart's ServiceMonitor
+    // (honor_labels: true, the target labels a Kubernetes endpoint gets, `node` by the
+    // ServiceMonitor's relabelling) and dcgm-exporter like its own ServiceMonitor does
+    // (honor_labels: false).
     let prom_port = free_port();
     let prom_addr: SocketAddr = format!("127.0.0.1:{prom_port}").parse().unwrap();
     let cfg = env.dir().join("prometheus.yml");
+    let rules = workspace_root().join("deploy/helm/hami-agent/files/hami-agent.rules.yml");
     std::fs::write(
         &cfg,
         format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             scrape_configs:\n  - job_name: hami-system/hami-agent\n    honor_labels: false\n\
+             rule_files: ['{}']\n\
+             scrape_configs:\n  - job_name: hami-system/hami-agent\n    honor_labels: true\n\
              \x20   static_configs:\n      - targets: ['127.0.0.1:{agent_port}']\n\
-             \x20       labels: {{namespace: hami-system, pod: hami-agent-x7k2p, container: agent, node: gpu-node-1, service: hami-agent}}\n"
+             \x20       labels: {{namespace: hami-system, pod: hami-agent-x7k2p, container: agent, node: gpu-node-1, service: hami-agent}}\n\
+             \x20 - job_name: gpu-operator/nvidia-dcgm-exporter\n    honor_labels: false\n\
+             \x20   static_configs:\n      - targets: ['{dcgm}']\n\
+             \x20       labels: {{namespace: gpu-operator, pod: nvidia-dcgm-exporter-5xq9z, container: nvidia-dcgm-exporter, node: gpu-node-1}}\n",
+            rules.display()
         ),
     )
     .unwrap();
@@ -308,27 +402,135 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
         missing.join("\n")
     );
 
-    // The workload's names survived the scrape in their own labels; the target's own
-    // labels are the agent's.
+    // The workload's names survived the scrape in the labels dcgm-exporter and HAMi use
+    // (the agent's win over the target's, honor_labels), with the node and the GPU's UUID;
+    // nothing was moved aside as exported_*.
     let r = prom_query(
         prom_addr,
-        r#"hami_container_limit_bytes{pod_namespace="ml-team",pod_name="trainer-0",container_name="cuda-main",namespace="hami-system",pod="hami-agent-x7k2p",device="0"}"#,
+        &format!(
+            r#"hami_container_limit_bytes{{namespace="ml-team",pod="trainer-0",container="cuda-main",node="gpu-node-1",cuda_device="0",UUID="{uuid}",job="hami-system/hami-agent"}}"#
+        ),
     );
     assert_eq!(r.len(), 1, "{r:?}");
     assert_eq!(r[0]["value"][1], "1073741824");
-    // One region on one GPU: one series per family, not one per possible device index,
-    // and it names the GPU.
-    let devs = prom_query(
+    let moved = prom_query(
         prom_addr,
-        r#"hami_container_limit_bytes{pod_name="trainer-0"}"#,
+        r#"{__name__=~"hami_.*", exported_namespace=~".+"} or {__name__=~"hami_.*", exported_pod=~".+"} or {__name__=~"hami_.*", exported_node=~".+"}"#,
     );
+    assert!(moved.is_empty(), "labels moved aside: {moved:?}");
+    // The agent's own series (no workload) carry the target's labels, and its node.
+    let own = prom_query(
+        prom_addr,
+        r#"hami_agent_build_info{namespace="hami-system",pod="hami-agent-x7k2p",node="gpu-node-1"}"#,
+    );
+    assert_eq!(own.len(), 1, "{own:?}");
+    // One region on one GPU: one series per family, not one per possible device index.
+    let devs = prom_query(prom_addr, r#"hami_container_limit_bytes{pod="trainer-0"}"#);
     assert_eq!(devs.len(), 1, "{devs:?}");
-    let uuid = devs[0]["metric"]["gpu_uuid"].as_str().unwrap_or("");
-    assert!(uuid.starts_with("GPU-"), "{devs:?}");
-    // HAMi's families keep HAMi's labels (moved aside by honor_labels: false, as HAMi's own).
+    // The bypass stands with its pod's names and reason, in Prometheus as on /metrics.
+    let f = prom_query(
+        prom_addr,
+        r#"hami_finding{kind="bypass",reason="no_preload",namespace="ml-team",pod="trainer-0",container="cuda-main",node="gpu-node-1"} == 1"#,
+    );
+    assert_eq!(f.len(), 1, "{f:?}");
+    // The alert on it (pending: `for: 1m`) names the node and the pod, and its runbook.
+    let alert = (0..40)
+        .find_map(|_| {
+            let (_, body) = http_get(prom_addr, "/api/v1/alerts").ok()?;
+            let v: Value = serde_json::from_str(&body).ok()?;
+            let a = v["data"]["alerts"]
+                .as_array()?
+                .iter()
+                // (Other workloads on this machine may bypass too: this pod's.)
+                .find(|a| {
+                    a["labels"]["alertname"] == "HamiGpuMemoryBypass"
+                        && a["labels"]["pod"] == "trainer-0"
+                })
+                .cloned();
+            if a.is_none() {
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            a
+        })
+        .expect("HamiGpuMemoryBypass neither pending nor firing");
+    assert_eq!(alert["labels"]["node"], "gpu-node-1", "{alert:#}");
+    assert_eq!(alert["labels"]["namespace"], "ml-team", "{alert:#}");
+    let summary = alert["annotations"]["summary"].as_str().unwrap_or("");
+    assert!(
+        summary.contains("ml-team/trainer-0") && summary.contains("node gpu-node-1"),
+        "{alert:#}"
+    );
+    assert!(
+        !summary.contains("127.0.0.1"),
+        "names the agent's address: {summary}"
+    );
+    assert_eq!(
+        alert["annotations"]["runbook_url"], "docs/runbooks.md#hamigpumemorybypass",
+        "{alert:#}"
+    );
+
+    // The join with dcgm-exporter by UUID: what dcgm-exporter says is used on the GPU less
+    // what the containers' regions account there, labelled with the agent's node. (Other
+    // workloads on this machine may use the fake GPU too: each rule is compared with its
+    // definition computed from the raw series at the same moment, until both agree.)
+    let value = |q: &str| -> Option<f64> {
+        prom_query(prom_addr, q)
+            .first()
+            .and_then(|s| s["value"][1].as_str()?.parse().ok())
+    };
+    let settled = |rule: &str, raw: &str| -> (Option<f64>, Option<f64>) {
+        let t0 = Instant::now();
+        loop {
+            let (r, w) = (value(rule), value(raw));
+            if (r.is_some() && r == w) || t0.elapsed() > Duration::from_secs(10) {
+                return (r, w);
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+    let sel = format!(r#"{{node="gpu-node-1",UUID="{uuid}"}}"#);
+    let mine = format!(r#"{{UUID="{uuid}"}}"#);
+    let (unattributed, want) = settled(
+        &format!("hami:gpu_memory_unattributed_bytes:dcgm{sel}"),
+        &format!("{DCGM_USED_MIB} * 1048576 - sum(hami_container_accounted_bytes{mine})"),
+    );
+    assert_eq!(
+        unattributed, want,
+        "{DCGM_USED_MIB} MiB less the containers'"
+    );
+    // This pod's container alone accounts its context and 256 MiB.
+    let unattributed = unattributed.unwrap();
+    assert!(
+        unattributed <= ((DCGM_USED_MIB - 256) << 20) as f64,
+        "{unattributed}"
+    );
+    let joined = prom_query(
+        prom_addr,
+        &format!("hami:gpu_memory_unattributed_bytes:dcgm{sel}"),
+    );
+    assert_eq!(joined.len(), 1, "{joined:?}");
+    let (used, want) = settled(
+        &format!("hami:container_memory_used_bytes:by_gpu{sel}"),
+        &format!("sum(hami_container_accounted_bytes{mine})"),
+    );
+    assert_eq!(used, want);
+    assert!(used.unwrap() >= (256u64 << 20) as f64, "{used:?}");
+    let (allocated, want) = settled(
+        &format!("hami:container_memory_limit_bytes:by_gpu{sel}"),
+        &format!("sum(hami_container_limit_bytes{mine})"),
+    );
+    assert_eq!(allocated, want);
+    assert!(allocated.unwrap() >= (1u64 << 30) as f64, "{allocated:?}");
+    let (dcgm_used, _) = settled(
+        &format!("hami:gpu_memory_used_bytes:dcgm{sel}"),
+        &format!("vector({DCGM_USED_MIB} * 1048576)"),
+    );
+    assert_eq!(dcgm_used, Some((DCGM_USED_MIB << 20) as f64));
+    // HAMi's families keep HAMi's labels, not moved aside (honor_labels); they carry no
+    // `node` of their own (their `node` is the target's).
     let h = prom_query(
         prom_addr,
-        r#"hami_vgpu_memory_used_bytes{exported_namespace="ml-team",exported_pod="trainer-0",exported_container="cuda-main",vdevice_index="0"} > 256 * 1024 * 1024"#,
+        r#"hami_vgpu_memory_used_bytes{namespace="ml-team",pod="trainer-0",container="cuda-main",vdevice_index="0"} > 256 * 1024 * 1024"#,
     );
     assert_eq!(h.len(), 1, "{h:?}");
     assert_eq!(
@@ -342,7 +544,7 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     // Its compute share (idle here: 0 %, but measured), in the agent's family and in HAMi's.
     let share = prom_query(
         prom_addr,
-        r#"hami_container_compute_share_percent{pod_namespace="ml-team",pod_name="trainer-0",container_name="cuda-main",device="0"}"#,
+        r#"hami_container_compute_share_percent{namespace="ml-team",pod="trainer-0",container="cuda-main",cuda_device="0"}"#,
     );
     assert_eq!(share.len(), 1, "{share:?}");
     assert_eq!(
@@ -358,17 +560,17 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     // context, and the total with its parts as labels.
     let b = prom_query(
         prom_addr,
-        r#"hami_vgpu_memory_buffer_bytes{exported_pod="trainer-0",vdevice_index="0"} == 256 * 1024 * 1024"#,
+        r#"hami_vgpu_memory_buffer_bytes{pod="trainer-0",vdevice_index="0"} == 256 * 1024 * 1024"#,
     );
     assert_eq!(b.len(), 1, "{b:?}");
     let c = prom_query(
         prom_addr,
-        r#"hami_vgpu_memory_context_bytes{exported_pod="trainer-0"} > 0"#,
+        r#"hami_vgpu_memory_context_bytes{pod="trainer-0"} > 0"#,
     );
     assert_eq!(c.len(), 1, "{c:?}");
     let d = prom_query(
         prom_addr,
-        r#"hami_container_device_memory_bytes{exported_pod="trainer-0",buffer_size="268435456"}"#,
+        r#"hami_container_device_memory_bytes{pod="trainer-0",buffer_size="268435456"}"#,
     );
     assert_eq!(d.len(), 1, "{d:?}");
     // The hooked workload counts under hami_rs.
@@ -436,6 +638,9 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     // The last process exits: its region's series leave /metrics within one scan.
     let region = env.region_path().display().to_string();
     assert!(text.contains(&format!("region=\"{region}\"")), "{text}");
+    // (The unhooked process names the region in its environment: it goes first.)
+    bypass.resume();
+    let _ = bypass.finish();
     probe.resume();
     let _ = probe.finish();
     let t0 = Instant::now();
@@ -454,12 +659,9 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     assert!(gone < Duration::from_millis(600), "took {gone:?}");
     // Counted as released (other agents' workloads on this machine may add to it).
     let (_, t) = http_get(agent_addr, "/metrics").unwrap();
-    let released: u64 = t
-        .lines()
-        .find_map(|l| l.strip_prefix("hami_regions_released_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    assert!(released >= 1, "{t}");
+    let released = sample(&t, "hami_regions_released_total", &[r#"node="gpu-node-1""#])
+        .map_or(0.0, |(_, v)| v);
+    assert!(released >= 1.0, "{t}");
 }
 
 #[test]
@@ -497,6 +699,43 @@ fn alert_rules_pass_their_promtool_tests() {
         .filter_map(|l| l.trim().strip_prefix("- alert: "))
         .collect();
     assert_eq!(alerts.len(), 10, "{alerts:?}");
+    // Every alert links its runbook: a section of docs/runbooks.md that exists (GitHub's
+    // anchors: the heading lowercased).
+    let runbooks = std::fs::read_to_string(root.join("docs/runbooks.md")).unwrap();
+    let anchors: Vec<String> = runbooks
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .map(|h| h.trim().to_lowercase())
+        .collect();
+    let urls: Vec<&str> = rules_text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("runbook_url: "))
+        .map(|u| u.trim_matches('"'))
+        .collect();
+    assert_eq!(urls.len(), alerts.len(), "{urls:?}");
+    for (a, u) in alerts.iter().zip(&urls) {
+        assert_eq!(
+            *u,
+            format!("docs/runbooks.md#{}", a.to_lowercase()),
+            "{a}: runbook_url"
+        );
+        assert!(
+            anchors.contains(&a.to_lowercase()),
+            "docs/runbooks.md has no section {a}"
+        );
+    }
+    // The recording rules, each with its promtool case.
+    let records: Vec<&str> = rules_text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("- record: "))
+        .collect();
+    assert_eq!(records.len(), 4, "{records:?}");
+    for r in records {
+        assert!(
+            tests_text.contains(&format!("- expr: {r}\n")),
+            "{r}: no promql_expr_test"
+        );
+    }
     for a in alerts {
         let cases: Vec<&str> = tests_text
             .split("- eval_time:")
@@ -601,7 +840,13 @@ fn chart_renders_and_every_manifest_validates() {
             .join("1-hami-agent_templates_servicemonitor.yaml"),
     )
     .unwrap();
-    assert!(sm.contains("honorLabels: false"), "{sm}");
+    // The agent's namespace/pod/container/node labels win over the target's.
+    assert!(sm.contains("honorLabels: true"), "{sm}");
+    // The agent's `node` label: the pod's node, through the downward API.
+    assert!(
+        ds.contains("- name: NODE_NAME\n              valueFrom:\n                fieldRef:\n                  fieldPath: spec.nodeName\n"),
+        "{ds}"
+    );
     // The defaults: GPU nodes only, system-node-critical, RuntimeDefault seccomp.
     assert!(
         ds.contains("priorityClassName: system-node-critical\n"),
@@ -887,4 +1132,56 @@ fn real_helm_refuses_values_the_schema_does_not_allow() {
         );
         assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("- --log-format={f}\n")));
     }
+}
+
+/// The PrometheusRule's runbook links point where the operator serves docs/runbooks.md
+/// (`prometheusRule.runbookBaseUrl`), each at its alert's section; without it they stay the
+/// repository's relative `docs/runbooks.md#...`; anything but an http(s) URL is refused.
+#[test]
+fn real_helm_points_the_runbook_links_at_the_configured_base() {
+    let base = "https://wiki.example/gpu/hami-runbooks";
+    let render = |extra: &[&str]| {
+        let mut args = vec![
+            "--show-only",
+            "templates/prometheusrule.yaml",
+            "--api-versions",
+            "monitoring.coreos.com/v1",
+        ];
+        args.extend_from_slice(extra);
+        let out = helm_template(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let set = format!("prometheusRule.runbookBaseUrl={base}");
+    let y = render(&["--set", &set]);
+    let links: Vec<&str> = y
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("runbook_url: "))
+        .collect();
+    assert_eq!(links.len(), 10, "{y}");
+    assert!(
+        links.contains(&format!("\"{base}#hamigpumemorybypass\"").as_str()),
+        "{links:?}"
+    );
+    assert!(
+        links.iter().all(|l| l.starts_with(&format!("\"{base}#"))),
+        "{links:?}"
+    );
+    assert!(!y.contains("\"docs/runbooks.md#"), "{y}");
+    let plain = render(&[]);
+    assert!(
+        plain.contains("runbook_url: \"docs/runbooks.md#hamiagentdown\""),
+        "{plain}"
+    );
+    let out = helm_template(&["--set", "prometheusRule.runbookBaseUrl=javascript:alert(1)"]);
+    assert!(!out.status.success(), "a non-URL base accepted");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/prometheusRule/runbookBaseUrl"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

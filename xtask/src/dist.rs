@@ -6,7 +6,8 @@
 //!   bin/hami-agent                     (release, eBPF embedded, stripped)
 //!   lib/libhami_preload.so             (release, stripped)
 //!   dashboards/hami.json               (Grafana)
-//!   rules/hami-agent.rules.yml         (Prometheus alert rules)
+//!   rules/hami-agent.rules.yml         (Prometheus recording and alert rules)
+//!   docs/runbooks.md                   (the alerts' runbooks)
 //!   helm/hami-agent/                   (the chart)
 //!   systemd/hami-agent.service
 //!   Dockerfile                         (`docker build .` in this folder: the agent image)
@@ -67,6 +68,8 @@ pub fn dist(root: &Path) -> Result<PathBuf> {
         ),
         (root.join("deploy/Dockerfile"), "Dockerfile", false),
         (root.join("deploy/hami-swap.sh"), "hami-swap.sh", false),
+        // The alerts' runbook_url names its sections (docs/runbooks.md#<alert>).
+        (root.join("docs/runbooks.md"), "docs/runbooks.md", false),
     ];
     let mut manifest = format!("hami-rs {version}, commit {}\n", git_describe(root));
     for (src, rel, is_binary) in &files {

@@ -83,21 +83,19 @@ impl Agent {
         self.compute.at_ns = Some(super::regions::monotonic_ns());
     }
 
-    /// Each GPU's utilisation at the latest NVML sample (where NVML gave it).
+    /// Each GPU at the latest NVML sample: its utilisation and memory, where NVML gave them.
     pub fn gpu_series(&self) -> Vec<crate::metrics::GpuSeries> {
         let Some(n) = &self.nvml else {
             return Vec::new();
         };
         n.devices
             .iter()
-            .filter_map(|d| {
-                n.gpu_util
-                    .get(&d.index)
-                    .map(|&u| crate::metrics::GpuSeries {
-                        index: d.index,
-                        uuid: d.uuid.clone().unwrap_or_default(),
-                        utilization: u,
-                    })
+            .map(|d| crate::metrics::GpuSeries {
+                index: d.index,
+                uuid: d.uuid.clone().unwrap_or_default(),
+                utilization: n.gpu_util.get(&d.index).copied(),
+                memory_total: d.total,
+                memory_used: d.used,
             })
             .collect()
     }

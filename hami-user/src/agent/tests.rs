@@ -416,6 +416,74 @@ fn killed_process_leaks_its_slot_and_reclaim_frees_it() {
     assert_eq!(a.reclaimed().len(), 1);
 }
 
+/// Each standing finding carries its workload's names (for `hami_finding`): a process's from
+/// its container (the kubelet's log link), a leaked slot's (its process is gone) from its
+/// region's; a finding that clears leaves the list.
+#[test]
+fn standing_findings_carry_their_workloads_names() {
+    let w = World::new();
+    let logs = w._tmp.path().join("var-log/containers");
+    std::fs::create_dir_all(&logs).unwrap();
+    std::fs::write(logs.join(format!("trainer-0_ml_main-{CID}.log")), "").unwrap();
+    w.spawn(100, 7, true, "1g");
+    w.spawn(101, 8, false, "1g");
+    let r = w.region(100, 1 << 30, &[101]);
+    register(&r, 100, 7, 64 * MIB);
+    let mut a = Agent::new(AgentOptions {
+        proc_root: w.root.clone(),
+        settle: Duration::from_millis(0),
+        log_root: w._tmp.path().join("var-log"),
+        ..Default::default()
+    });
+    a.on_event(&ev(EventKind::MemAlloc, 100, 64 * MIB, 0x7000, 0));
+    a.on_event(&ev(EventKind::MemAlloc, 101, 16 * MIB, 0x9000, 0));
+    a.tick(Instant::now());
+    // SIGKILL: the slot leaks; its finding has no live process, only the region.
+    w.kill(100);
+    let out = a.tick(Instant::now());
+    let leak = out
+        .raised
+        .iter()
+        .find(|f| f.kind == FindingKind::LeakedSlot)
+        .expect("leaked slot");
+    assert_eq!(leak.pid, None);
+    let names = |a: &Agent| {
+        let mut v: Vec<_> = a
+            .finding_series()
+            .into_iter()
+            .map(|f| {
+                let i = f.identity;
+                (f.kind, f.reason, i.namespace, i.pod, i.container)
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let ml = |k, r: &'static str| {
+        (
+            k,
+            r,
+            "ml".to_string(),
+            "trainer-0".to_string(),
+            "main".to_string(),
+        )
+    };
+    assert_eq!(
+        names(&a),
+        vec![
+            ml(FindingKind::Bypass, findings::reason::NO_PRELOAD),
+            ml(FindingKind::LeakedSlot, findings::reason::PROCESS_DEAD),
+        ]
+    );
+    // The bypass exits: only the leak stands.
+    a.on_event(&ev(EventKind::ProcessExit, 101, 0, 0, 0));
+    a.tick(Instant::now());
+    assert_eq!(
+        names(&a),
+        vec![ml(FindingKind::LeakedSlot, findings::reason::PROCESS_DEAD)]
+    );
+}
+
 #[test]
 fn reclaim_never_touches_a_live_process() {
     let w = World::new();
@@ -1314,7 +1382,7 @@ fn a_containers_compute_share_is_its_processes_sum_and_over_limit_after_a_whole_
     assert_eq!(sa.quota_refusals, 5, "the region's refusal counter");
     let sb = series.iter().find(|s| s.compute_limit == 0).unwrap();
     assert_eq!(sb.compute_share, Some(50.0), "B's own processes only");
-    assert_eq!(a.gpu_series()[0].utilization, 95);
+    assert_eq!(a.gpu_series()[0].utilization, Some(95));
     // 30 s watched: the finding, for A's region and device 0 only.
     a.set_nvml_at(Some(util_sample(&mem, &busy)), at(30));
     let out = a.tick(at(30));

@@ -7,9 +7,9 @@ use hami_common::layout::MAX_DEVICES;
 use hami_common::region::RegionSnapshot;
 use serde::Serialize;
 
-use crate::findings::{self, FindingKind, ProcView, RegionNvml, RegionView};
+use crate::findings::{self, Finding, FindingKind, ProcView, RegionNvml, RegionView};
 use crate::identity::Identity;
-use crate::metrics::{ProcessSample, RegionSeries};
+use crate::metrics::{FindingSeries, ProcessSample, RegionSeries};
 use crate::state::Baseline;
 
 use super::{Agent, RegionEntry, EVENTS_LOST_NOTE};
@@ -227,6 +227,43 @@ impl Agent {
             });
         }
         out
+    }
+
+    /// The findings standing now, each with the workload it is about (for `hami_finding`).
+    pub fn finding_series(&self) -> Vec<FindingSeries> {
+        self.standing
+            .values()
+            .map(|f| FindingSeries {
+                kind: f.kind,
+                reason: f.reason,
+                identity: self.finding_identity(f),
+            })
+            .collect()
+    }
+
+    /// Whose a finding is: its process's container (named as its region's when it has one,
+    /// as the container series are), else its region's, else its container name alone.
+    fn finding_identity(&self, f: &Finding) -> Identity {
+        if let Some(e) = f.pid.and_then(|pid| self.entries.get(&pid)) {
+            return match e.region.and_then(|i| self.regions.get(i)) {
+                Some(r) => r.identity.clone(),
+                None => e.identity.clone(),
+            };
+        }
+        // Every container's region may have the same path (`/tmp/cudevshr.cache`): the
+        // container tells them apart.
+        let region = f.region.as_deref().and_then(|name| {
+            self.regions
+                .iter()
+                .find(|r| r.name == name && r.container == f.container)
+        });
+        match region {
+            Some(r) => r.identity.clone(),
+            None => Identity {
+                container: f.container.clone(),
+                ..Identity::default()
+            },
+        }
     }
 
     /// Tracked GPU processes by the library that hooks them (hami-preload, HAMi-core's

@@ -337,7 +337,7 @@ mod tests {
                     hami_findings_total{kind=\"bypass\"} 2\n\
                     hami_findings_total{kind=\"leaked_slot\"} 1\n\
                     hami_events_dropped_total 0\n\
-                    hami_container_observed_bytes{container=\"host\",device=\"0\",region=\"/r\"} 536870912\n";
+                    hami_container_observed_bytes{container=\"host\",cuda_device=\"0\",region=\"/r\",node=\"n1\"} 536870912\n";
         assert_eq!(
             metric(text, "hami_findings_total", &["kind=\"leaked_slot\""]),
             Some(1)
@@ -347,7 +347,7 @@ mod tests {
             metric(
                 text,
                 "hami_container_observed_bytes",
-                &["region=\"/r\"", "device=\"0\""]
+                &["region=\"/r\"", "cuda_device=\"0\""]
             ),
             Some(536870912)
         );

@@ -374,23 +374,24 @@ fn proc_cpu(pid: u32) -> f64 {
 }
 
 /// `sum` and `count` of `hami_tick_duration_seconds`, and the smallest bucket holding
-/// every tick.
+/// every tick. Samples carry labels (the agent's `node`, the buckets' `le`).
 fn tick_stats(text: &str) -> (f64, u64, f64) {
-    let val = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+    // (family, labels, value) of each sample line.
+    let samples = || {
+        text.lines().filter_map(|l| {
+            let (series, v) = l.rsplit_once(' ')?;
+            let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+            Some((name, labels, v.parse::<f64>().ok()?))
+        })
     };
+    let val = |name: &str| samples().find_map(|(n, _, v)| (n == name).then_some(v));
     let sum = val("hami_tick_duration_seconds_sum").unwrap_or(0.0);
     let count = val("hami_tick_duration_seconds_count").unwrap_or(0.0) as u64;
-    let max_bucket = text
-        .lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix("hami_tick_duration_seconds_bucket{le=\"")?;
-            let (le, n) = rest.split_once("\"} ")?;
-            Some((
-                le.parse::<f64>().unwrap_or(f64::INFINITY),
-                n.parse::<f64>().ok()? as u64,
-            ))
+    let max_bucket = samples()
+        .filter(|(n, _, _)| *n == "hami_tick_duration_seconds_bucket")
+        .filter_map(|(_, labels, v)| {
+            let le = labels.split("le=\"").nth(1)?.split('"').next()?;
+            Some((le.parse::<f64>().unwrap_or(f64::INFINITY), v as u64))
         })
         .find(|&(_, n)| n >= count)
         .map_or(f64::INFINITY, |(le, _)| le);
@@ -666,4 +667,21 @@ pub(super) fn scale(p: &Profile, r: &mut Report) -> Result<()> {
         format!("fleet processes left after the scenario: {left:?}")
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tick_stats_tests {
+    /// The agent's exposition: every sample labelled with its node, the buckets' `le` last.
+    #[test]
+    fn reads_labelled_histogram_samples() {
+        let m = "hami_tick_duration_seconds_bucket{node=\"n1\",le=\"0.001\"} 1\n\
+                 hami_tick_duration_seconds_bucket{node=\"n1\",le=\"0.0025\"} 3\n\
+                 hami_tick_duration_seconds_bucket{node=\"n1\",le=\"+Inf\"} 3\n\
+                 hami_tick_duration_seconds_sum{node=\"n1\"} 0.004\n\
+                 hami_tick_duration_seconds_count{node=\"n1\"} 3\n";
+        assert_eq!(super::tick_stats(m), (0.004, 3, 0.0025));
+        let bare = "hami_tick_duration_seconds_bucket{le=\"0.5\"} 2\n\
+                    hami_tick_duration_seconds_sum 0.6\nhami_tick_duration_seconds_count 2\n";
+        assert_eq!(super::tick_stats(bare), (0.6, 2, 0.5));
+    }
 }
