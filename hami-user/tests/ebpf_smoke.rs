@@ -12,7 +12,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use hami_common::array::array_footprint;
-use hami_common::event::{CudaEvent, EventKind};
+use hami_common::event::{Event, EventKind};
+use hami_common::intercept::{self, PROBED_NAMES};
 use hami_user::probes::{DiscoveryOptions, ProbeError, ProbeOptions, Probes};
 
 mod common;
@@ -182,7 +183,7 @@ fn parse_kv(stdout: &str) -> HashMap<String, u64> {
 }
 
 /// Receive events until the process `pid` exits (its ProcessExit event), or panic after 10 s.
-async fn events_of(rx: &mut tokio::sync::mpsc::Receiver<CudaEvent>, pid: u32) -> Vec<CudaEvent> {
+async fn events_of(rx: &mut tokio::sync::mpsc::Receiver<Event>, pid: u32) -> Vec<Event> {
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -193,7 +194,7 @@ async fn events_of(rx: &mut tokio::sync::mpsc::Receiver<CudaEvent>, pid: u32) ->
         if ev.tgid != pid {
             continue;
         }
-        let done = ev.kind == EventKind::ProcessExit as u32;
+        let done = ev.kind == EventKind::ProcessExit;
         out.push(ev);
         if done {
             return out;
@@ -201,8 +202,29 @@ async fn events_of(rx: &mut tokio::sync::mpsc::Receiver<CudaEvent>, pid: u32) ->
     }
 }
 
-fn kind(ev: &CudaEvent) -> EventKind {
-    EventKind::from_u32(ev.kind).unwrap_or_else(|| panic!("unknown kind in {ev:?}"))
+fn kind(ev: &Event) -> EventKind {
+    ev.kind
+}
+
+/// The functions a C source defines (`CUresult name(` at the start of a line).
+fn defined_functions(c: &str) -> Vec<&str> {
+    c.lines()
+        .filter_map(|l| l.strip_prefix("CUresult "))
+        .filter_map(|l| l.split_once('(').map(|(name, _)| name.trim()))
+        .collect()
+}
+
+#[test]
+fn the_mini_driver_defines_probed_functions_only_once() {
+    let defined = defined_functions(MINI_DRIVER);
+    assert!(defined.len() >= 10, "{defined:?}");
+    for (i, f) in defined.iter().enumerate() {
+        assert!(
+            intercept::find(f).is_some_and(|r| r.is_probed()),
+            "{f} is not a probed row of INTERCEPTS"
+        );
+        assert!(!defined[i + 1..].contains(f), "{f} defined twice");
+    }
 }
 
 #[tokio::test]
@@ -216,31 +238,23 @@ async fn mini_driver_every_probe() {
         .attach_libcuda(&lib)
         .expect("attaching to the mini libcuda");
     assert!(!outcome.already_attached);
-    for s in [
-        "cuMemAlloc_v2",
-        "cuMemFree_v2",
-        "cuMemAllocPitch_v2",
-        "cuArrayCreate_v2",
-        "cuMemCreate",
-        "cuCtxSetCurrent",
-        "cuDevicePrimaryCtxRetain",
-    ] {
-        assert!(
-            outcome.attached.contains(&s),
-            "{s} not attached: {outcome:?}"
-        );
+    // Every probed row of the table the mini driver defines is attached; the others are
+    // absent from it: tolerated and listed as missing.
+    let defined = defined_functions(MINI_DRIVER);
+    for s in PROBED_NAMES {
+        if defined.contains(&s) {
+            assert!(
+                outcome.attached.contains(&s),
+                "{s} not attached: {outcome:?}"
+            );
+        } else {
+            assert!(
+                outcome.missing.contains(&s),
+                "{s} not listed as missing: {outcome:?}"
+            );
+        }
     }
-    // Absent from the mini driver: tolerated and listed.
-    for s in [
-        "cuMemAllocFromPoolAsync",
-        "cuCtxCreate_v4",
-        "cuDevicePrimaryCtxRelease",
-    ] {
-        assert!(
-            outcome.missing.contains(&s),
-            "{s} not listed as missing: {outcome:?}"
-        );
-    }
+    assert!(outcome.missing.contains(&"cuCtxCreate_v4"), "{outcome:?}");
     // Same file through another path (a symlink): deduped by device and inode.
     let link = tmp.path().join("libcuda-link.so");
     std::os::unix::fs::symlink(&lib, &link).unwrap();
@@ -307,6 +321,11 @@ async fn mini_driver_every_probe() {
         ],
         "events: {evs:#?}"
     );
+    // Every probe of the mini driver's functions sent its row's kind.
+    for f in &defined {
+        let k = intercept::probe_kind(f);
+        assert!(kinds.contains(&k), "no {k:?} event from {f}: {evs:#?}");
+    }
     let pctx = v["pctx"];
     let ctx2 = v["ctx2"];
     let e = |i: usize| evs[i];
