@@ -54,6 +54,9 @@ event_kinds! {
     ArrayCreate = 7 => "array_create",
     /// `cuArray3DCreate_v2`.
     Array3DCreate = 8 => "array_3d_create",
+    /// `cuMipmappedArrayCreate`; `addr` = the `CUmipmappedArray`, `size` = estimated
+    /// footprint of all levels ([`crate::array::mipmap_footprint`]).
+    MipmappedArrayCreate = 9 => "mipmapped_array_create",
     /// `cuMemFree_v2` succeeded; `addr` = pointer.
     MemFree = 16 => "mem_free",
     /// `cuMemFreeAsync` / `_ptsz` succeeded.
@@ -62,6 +65,8 @@ event_kinds! {
     MemRelease = 18 => "mem_release",
     /// `cuArrayDestroy` succeeded; `addr` = array.
     ArrayDestroy = 19 => "array_destroy",
+    /// `cuMipmappedArrayDestroy` succeeded; `addr` = the mipmapped array.
+    MipmappedArrayDestroy = 20 => "mipmapped_array_destroy",
     /// `cuCtxCreate_v2/v3/v4` succeeded; `addr` = `ctx` = new context (it becomes the
     /// thread's current one), `extra` = device ordinal.
     CtxCreate = 32 => "ctx_create",
@@ -211,7 +216,7 @@ mod tests {
             }
         }
         assert_eq!(EventKind::from_u32(0), None);
-        assert_eq!(EventKind::ALL.len(), 18);
+        assert_eq!(EventKind::ALL.len(), 20);
         assert_eq!(EventKind::MemAlloc.name(), "mem_alloc");
         assert_eq!(EventKind::Array3DCreate.name(), "array_3d_create");
     }
@@ -236,7 +241,7 @@ mod tests {
             (7, 8, 9, 10, 11, 12, 13)
         );
         assert_eq!(ev.key_space(), Some(crate::intercept::KeySpace::Handle));
-        for bad in [0, 9, 15, 37, 63, 65, u32::MAX] {
+        for bad in [0, 10, 15, 21, 37, 63, 65, u32::MAX] {
             let raw = CudaEvent { kind: bad, ..raw };
             assert_eq!(Event::decode(&raw), None, "kind {bad}");
         }

@@ -14,7 +14,7 @@
 
 use crate::event::EventKind;
 use KeySpace::{Array, Handle, Mipmap, Pointer};
-use Shape::{Array2d, Array3d, CtxOut, MemCreate, OutSize, Pitch, Value};
+use Shape::{Array2d, Array3d, CtxOut, MemCreate, Mipmapped, OutSize, Pitch, Value};
 
 /// The library that exports an intercepted function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +81,10 @@ pub enum Shape {
     /// `(CUarray *out, const CUDA_ARRAY3D_DESCRIPTOR *desc)`: as [`Shape::Array2d`] with
     /// the 3D descriptor.
     Array3d,
+    /// `cuMipmappedArrayCreate(CUmipmappedArray *out, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+    /// unsigned levels)`: the mipmapped array and the footprint estimate of all its levels
+    /// ([`crate::array::mipmap_footprint`]).
+    Mipmapped,
     /// `(value, ...)`: argument 0 by value (the pointer, handle or array released, the
     /// context destroyed or made current, the device whose primary context is released).
     Value,
@@ -218,12 +222,24 @@ pub const INTERCEPTS: &[Intercept] = &[
     both("cuMemCreate", EventKind::MemCreate, MemCreate).allocates(Handle),
     both("cuArrayCreate_v2", EventKind::ArrayCreate, Array2d).allocates(Array),
     both("cuArray3DCreate_v2", EventKind::Array3DCreate, Array3d).allocates(Array),
+    both(
+        "cuMipmappedArrayCreate",
+        EventKind::MipmappedArrayCreate,
+        Mipmapped,
+    )
+    .allocates(Mipmap),
     // Releases.
     both("cuMemFree_v2", EventKind::MemFree, Value).releases(Pointer),
     both("cuMemFreeAsync", EventKind::MemFreeAsync, Value).releases(Pointer),
     both("cuMemFreeAsync_ptsz", EventKind::MemFreeAsync, Value).releases(Pointer),
     both("cuMemRelease", EventKind::MemRelease, Value).releases(Handle),
     both("cuArrayDestroy", EventKind::ArrayDestroy, Value).releases(Array),
+    both(
+        "cuMipmappedArrayDestroy",
+        EventKind::MipmappedArrayDestroy,
+        Value,
+    )
+    .releases(Mipmap),
     // Contexts. `CtxOut`'s argument is the position of the `CUdevice` parameter:
     // cuCtxCreate_v2(CUcontext*, unsigned flags, CUdevice),
     // cuCtxCreate_v3(CUcontext*, CUexecAffinityParam*, int n, unsigned flags, CUdevice),
@@ -284,9 +300,6 @@ pub const INTERCEPTS: &[Intercept] = &[
     hook("cuCtxSynchronize"),
     hook("cuCtxSynchronize_v2"),
     hook("cuEventSynchronize"),
-    // Mipmapped arrays.
-    hook("cuMipmappedArrayCreate").allocates(Mipmap),
-    hook("cuMipmappedArrayDestroy").releases(Mipmap),
     // Module and library memory, eager (at load) and lazy (first lookup, first launch).
     hook("cuModuleLoad"),
     hook("cuModuleLoadData"),
@@ -572,6 +585,9 @@ mod tests {
         for k in [ArrayCreate, Array3DCreate, ArrayDestroy] {
             assert_eq!(key_space(k), Some(KeySpace::Array), "{k:?}");
         }
+        // A mipmapped array is released only by cuMipmappedArrayDestroy.
+        assert_eq!(key_space(MipmappedArrayCreate), Some(KeySpace::Mipmap));
+        assert_eq!(key_space(MipmappedArrayDestroy), Some(KeySpace::Mipmap));
         for k in [
             CtxCreate,
             CtxDestroy,
@@ -601,7 +617,8 @@ mod tests {
     fn slots_follow_the_probed_rows_and_start_at_one() {
         assert_eq!(probe_slot("cuMemAlloc_v2"), 1);
         assert_eq!(probe_slot("cuArray3DCreate_v2"), 10);
-        assert_eq!(probe_slot("cuCtxSetCurrent"), 23);
+        assert_eq!(probe_slot("cuMipmappedArrayCreate"), 11);
+        assert_eq!(probe_slot("cuCtxSetCurrent"), 25);
         for (i, name) in PROBED_NAMES.iter().enumerate() {
             assert_eq!(probe_slot(name), i as u64 + 1);
         }

@@ -24,7 +24,7 @@ use aya_ebpf::{
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
 };
 use hami_common::{
-    array::array_footprint,
+    array::{array_footprint, mipmap_footprint},
     event::{counter, CudaEvent, EventKind},
     intercept::{self, Shape},
 };
@@ -300,6 +300,35 @@ fn entry_array3d(ctx: &ProbeContext, slot: u64) {
     save(slot, arg(ctx, 0), size, 0);
 }
 
+/// `CUDA_ARRAY3D_LAYERED`: `depth` is a layer count, kept at every mipmap level.
+const ARRAY3D_LAYERED: u32 = 0x01;
+/// `CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING`: no memory at creation (the preload
+/// charges such a mipmapped array nothing either).
+const ARRAY3D_NO_BACKING: u32 = 0x40 | 0x80;
+
+/// `cuMipmappedArrayCreate(CUmipmappedArray*, const CUDA_ARRAY3D_DESCRIPTOR*, levels)`:
+/// a = out, b = footprint of all levels (the level count is clamped inside
+/// `mipmap_footprint`, so its loop is bounded).
+#[inline(always)]
+fn entry_mipmapped(ctx: &ProbeContext, slot: u64) {
+    let levels = arg(ctx, 2) as u32;
+    // SAFETY: checked user-memory read.
+    let size = match unsafe { bpf_probe_read_user(arg(ctx, 1) as *const Array3dDesc) } {
+        Ok(d) if d.flags & ARRAY3D_NO_BACKING != 0 => 0,
+        Ok(d) => mipmap_footprint(
+            d.width,
+            d.height,
+            d.depth,
+            d.format,
+            d.channels,
+            levels,
+            d.flags & ARRAY3D_LAYERED != 0,
+        ),
+        Err(_) => 0,
+    };
+    save(slot, arg(ctx, 0), size, 0);
+}
+
 /// One by-value argument (pointer to free, handle, context, device): a = arg0.
 #[inline(always)]
 fn entry_value(ctx: &ProbeContext, slot: u64) {
@@ -422,7 +451,11 @@ const fn ret_of(shape: Shape, kind: EventKind) -> Ret {
     match (shape, kind) {
         (Shape::Pitch, k) if k.is_alloc() => Ret::Pitch,
         (Shape::MemCreate, k) if k.is_alloc() => Ret::MemCreate,
-        (Shape::OutSize | Shape::Array2d | Shape::Array3d, k) if k.is_alloc() => Ret::Alloc,
+        (Shape::OutSize | Shape::Array2d | Shape::Array3d | Shape::Mipmapped, k)
+            if k.is_alloc() =>
+        {
+            Ret::Alloc
+        }
         (Shape::Value, k) if k.is_free() => Ret::Free,
         (Shape::CtxOut { .. }, EventKind::CtxCreate) => Ret::CtxCreate,
         (Shape::CtxOut { .. }, EventKind::PrimaryCtxRetain) => Ret::PrimaryRetain,
@@ -442,6 +475,7 @@ fn entry(ctx: &ProbeContext, slot: u64, shape: Shape) {
         Shape::MemCreate => entry_mem_create(ctx, slot),
         Shape::Array2d => entry_array2d(ctx, slot),
         Shape::Array3d => entry_array3d(ctx, slot),
+        Shape::Mipmapped => entry_mipmapped(ctx, slot),
         Shape::Value => entry_value(ctx, slot),
         Shape::CtxOut { dev_arg } => entry_ctx_out(ctx, slot, dev_arg as usize),
     }
@@ -527,11 +561,13 @@ probes! {
     cuMemCreate / cuMemCreate_ret;
     cuArrayCreate_v2 / cuArrayCreate_v2_ret;
     cuArray3DCreate_v2 / cuArray3DCreate_v2_ret;
+    cuMipmappedArrayCreate / cuMipmappedArrayCreate_ret;
     cuMemFree_v2 / cuMemFree_v2_ret;
     cuMemFreeAsync / cuMemFreeAsync_ret;
     cuMemFreeAsync_ptsz / cuMemFreeAsync_ptsz_ret;
     cuMemRelease / cuMemRelease_ret;
     cuArrayDestroy / cuArrayDestroy_ret;
+    cuMipmappedArrayDestroy / cuMipmappedArrayDestroy_ret;
     cuCtxCreate_v2 / cuCtxCreate_v2_ret;
     cuCtxCreate_v3 / cuCtxCreate_v3_ret;
     cuCtxCreate_v4 / cuCtxCreate_v4_ret;

@@ -440,6 +440,25 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_mipmapped_array_is_released_only_by_its_own_destroy() {
+        let mut ps = Processes::new();
+        assert_eq!(
+            ps.apply(&ev(EventKind::MipmappedArrayCreate, 13, 64, 0xd0, 0)),
+            Applied::Alloc(64)
+        );
+        // An array of the same handle value is another object.
+        assert_eq!(
+            ps.apply(&ev(EventKind::ArrayDestroy, 13, 0, 0xd0, 0)),
+            Applied::UnmatchedFree
+        );
+        assert_eq!(
+            ps.apply(&ev(EventKind::MipmappedArrayDestroy, 13, 0, 0xd0, 0)),
+            Applied::Free(64)
+        );
+        assert_eq!(ps.get(13).unwrap().live_bytes, 0);
+    }
+
+    #[test]
     fn exit_drops_process_and_reused_key_counts_replacement() {
         let mut ps = Processes::new();
         ps.apply(&ev(EventKind::MemAlloc, 11, 100, 1, 0));
