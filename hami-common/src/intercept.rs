@@ -1,14 +1,22 @@
-//! The one list of driver functions hami-rs intercepts: which the preload hooks, which the
-//! agent's eBPF programs probe, and the [`EventKind`] each probe reports.
+//! The one list of driver functions hami-rs intercepts, each row the whole contract of its
+//! function: which library exports it, whether the preload hooks it, how the agent's eBPF
+//! programs probe it ([`Probe`]: the [`EventKind`] sent and the [`Shape`] of what is read),
+//! and the tracked memory it makes or releases ([`Memory`], in a [`KeySpace`]).
 //!
-//! Every other list is derived from [`INTERCEPTS`] or checked against it when it is built:
+//! Every other list is derived from [`INTERCEPTS`] or checked against it:
 //! * `hami-preload/src/symbols.rs`: the `symbol_table!` macro asserts (at compile time) that
-//!   its hooked entries are exactly the rows with `hooked: true` of their library.
-//! * `hami-ebpf/src/main.rs`: the `probes!` macro takes each program's slot and event kind
-//!   from here ([`probe_slot`], [`probe_kind`]), so a program for a function not listed as
-//!   probed does not compile, and it asserts that every probed row has a program.
-//! * `hami-user`: `probes::PROBED_SYMBOLS` is [`PROBED_NAMES`]; event names in logs and
-//!   metrics are [`EventKind::name`].
+//!   its hooked entries are exactly the rows with `hooked: true` of their library; the hooks
+//!   take their key space from their row (`space_of!`).
+//! * `hami-ebpf/src/main.rs`: the `probes!` macro takes each program's slot, event kind and
+//!   shape from here ([`probe_slot`], [`probe_kind`], [`probe_shape`]), so a program for a
+//!   function not listed as probed does not compile, and it asserts that every probed row
+//!   has a program.
+//! * `hami-user`: `probes::PROBED_SYMBOLS` is [`PROBED_NAMES`]; live allocations are keyed by
+//!   [`key_space`]; event names in logs and metrics are [`EventKind::name`].
+//! * tests: the fake driver's `cuGetProcAddress` table, `hprobe.c`'s function tables and
+//!   `hook_tests!` (`hami-preload/tests/hooks/table.rs`), the eBPF smoke test's expected
+//!   symbols (`hami-user/tests/ebpf_smoke.rs`), and `docs/contributing.md`'s worked example
+//!   (`tests::contributing_md_quotes_the_code`).
 //!
 //! Adding a function: see `docs/contributing.md`.
 
@@ -565,6 +573,54 @@ const _: () = {
 #[cfg(test)]
 mod tests {
     use super::*;
+    // The crate is `no_std` without its `std` feature; its tests read files.
+    extern crate std;
+    use std::vec::Vec;
+
+    /// The code blocks of `docs/contributing.md` marked ```` ```rust file=PATH ```` (or `c`)
+    /// are in that file: each run of lines between `...` lines appears there, as consecutive
+    /// lines (leading and trailing blanks aside), in the order of the block. The worked
+    /// example is the code itself, so it compiles and cannot drift.
+    #[test]
+    fn contributing_md_quotes_the_code() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let doc = std::fs::read_to_string(root.join("docs/contributing.md")).unwrap();
+        let mut checked = 0;
+        let mut lines = doc.lines();
+        while let Some(line) = lines.next() {
+            let Some(path) = line.trim().strip_prefix("```").and_then(|info| {
+                info.split_whitespace()
+                    .find_map(|w| w.strip_prefix("file="))
+            }) else {
+                continue;
+            };
+            let mut block = Vec::new();
+            for l in lines.by_ref() {
+                if l.trim() == "```" {
+                    break;
+                }
+                block.push(l.trim());
+            }
+            let src = std::fs::read_to_string(root.join(path))
+                .unwrap_or_else(|e| panic!("contributing.md quotes {path}: {e}"));
+            let src: Vec<&str> = src.lines().map(str::trim).collect();
+            let mut from = 0;
+            for run in block.split(|l| *l == "...") {
+                let run: Vec<&str> = run.iter().copied().filter(|l| !l.is_empty()).collect();
+                if run.is_empty() {
+                    continue;
+                }
+                let at = (from..src.len().saturating_sub(run.len() - 1))
+                    .find(|&i| src[i..i + run.len()] == run[..])
+                    .unwrap_or_else(|| {
+                        panic!("contributing.md: not in {path} (after line {from}): {run:#?}")
+                    });
+                from = at + run.len();
+            }
+            checked += 1;
+        }
+        assert!(checked >= 10, "only {checked} blocks marked with a file");
+    }
 
     #[test]
     fn key_spaces_pair_each_allocation_with_its_release() {
