@@ -672,9 +672,6 @@ mod tests {
     #[test]
     fn slots_follow_the_probed_rows_and_start_at_one() {
         assert_eq!(probe_slot("cuMemAlloc_v2"), 1);
-        assert_eq!(probe_slot("cuArray3DCreate_v2"), 10);
-        assert_eq!(probe_slot("cuMipmappedArrayCreate"), 11);
-        assert_eq!(probe_slot("cuCtxSetCurrent"), 25);
         for (i, name) in PROBED_NAMES.iter().enumerate() {
             assert_eq!(probe_slot(name), i as u64 + 1);
         }
