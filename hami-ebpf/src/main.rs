@@ -24,9 +24,9 @@ use aya_ebpf::{
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
 };
 use hami_common::{
-    array::array_footprint,
+    array::{array_footprint, mipmap_footprint},
     event::{counter, CudaEvent, EventKind},
-    intercept,
+    intercept::{self, Shape},
 };
 
 /// TGID whose calls are ignored (the agent itself); set by user space at load time.
@@ -300,6 +300,35 @@ fn entry_array3d(ctx: &ProbeContext, slot: u64) {
     save(slot, arg(ctx, 0), size, 0);
 }
 
+/// `CUDA_ARRAY3D_LAYERED`: `depth` is a layer count, kept at every mipmap level.
+const ARRAY3D_LAYERED: u32 = 0x01;
+/// `CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING`: no memory at creation (the preload
+/// charges such a mipmapped array nothing either).
+const ARRAY3D_NO_BACKING: u32 = 0x40 | 0x80;
+
+/// `cuMipmappedArrayCreate(CUmipmappedArray*, const CUDA_ARRAY3D_DESCRIPTOR*, levels)`:
+/// a = out, b = footprint of all levels (the level count is clamped inside
+/// `mipmap_footprint`, so its loop is bounded).
+#[inline(always)]
+fn entry_mipmapped(ctx: &ProbeContext, slot: u64) {
+    let levels = arg(ctx, 2) as u32;
+    // SAFETY: checked user-memory read.
+    let size = match unsafe { bpf_probe_read_user(arg(ctx, 1) as *const Array3dDesc) } {
+        Ok(d) if d.flags & ARRAY3D_NO_BACKING != 0 => 0,
+        Ok(d) => mipmap_footprint(
+            d.width,
+            d.height,
+            d.depth,
+            d.format,
+            d.channels,
+            levels,
+            d.flags & ARRAY3D_LAYERED != 0,
+        ),
+        Err(_) => 0,
+    };
+    save(slot, arg(ctx, 0), size, 0);
+}
+
 /// One by-value argument (pointer to free, handle, context, device): a = arg0.
 #[inline(always)]
 fn entry_value(ctx: &ProbeContext, slot: u64) {
@@ -397,30 +426,102 @@ fn ret_set_current(ctx: &RetProbeContext, slot: u64, kind: EventKind) {
     }
 }
 
+// ---- dispatch by the row's probe shape -----------------------------------------------------
+
+/// The return helper of a probed row, from its [`Shape`] and [`EventKind`].
+#[derive(Clone, Copy)]
+enum Ret {
+    Alloc,
+    Pitch,
+    MemCreate,
+    Free,
+    CtxCreate,
+    CtxDestroy,
+    PrimaryRetain,
+    PrimaryRelease,
+    SetCurrent,
+}
+
+/// Which return helper a row with `shape` and `kind` needs.
+///
+/// # Panics
+/// At compile time (it is only evaluated in constants), for a combination no helper
+/// implements: a new shape or kind in the table needs its helpers here.
+const fn ret_of(shape: Shape, kind: EventKind) -> Ret {
+    match (shape, kind) {
+        (Shape::Pitch, k) if k.is_alloc() => Ret::Pitch,
+        (Shape::MemCreate, k) if k.is_alloc() => Ret::MemCreate,
+        (Shape::OutSize | Shape::Array2d | Shape::Array3d | Shape::Mipmapped, k)
+            if k.is_alloc() =>
+        {
+            Ret::Alloc
+        }
+        (Shape::Value, k) if k.is_free() => Ret::Free,
+        (Shape::CtxOut { .. }, EventKind::CtxCreate) => Ret::CtxCreate,
+        (Shape::CtxOut { .. }, EventKind::PrimaryCtxRetain) => Ret::PrimaryRetain,
+        (Shape::Value, EventKind::CtxDestroy) => Ret::CtxDestroy,
+        (Shape::Value, EventKind::PrimaryCtxRelease) => Ret::PrimaryRelease,
+        (Shape::Value, EventKind::CtxSetCurrent) => Ret::SetCurrent,
+        _ => panic!("no eBPF return helper for this probe shape and event kind"),
+    }
+}
+
+/// The entry program's body for a row of `shape` (a constant: the match folds away).
+#[inline(always)]
+fn entry(ctx: &ProbeContext, slot: u64, shape: Shape) {
+    match shape {
+        Shape::OutSize => entry_out_size(ctx, slot),
+        Shape::Pitch => entry_pitch(ctx, slot),
+        Shape::MemCreate => entry_mem_create(ctx, slot),
+        Shape::Array2d => entry_array2d(ctx, slot),
+        Shape::Array3d => entry_array3d(ctx, slot),
+        Shape::Mipmapped => entry_mipmapped(ctx, slot),
+        Shape::Value => entry_value(ctx, slot),
+        Shape::CtxOut { dev_arg } => entry_ctx_out(ctx, slot, dev_arg as usize),
+    }
+}
+
+/// The return program's body (`ret` a constant: the match folds away).
+#[inline(always)]
+fn ret(ctx: &RetProbeContext, slot: u64, kind: EventKind, ret: Ret) {
+    match ret {
+        Ret::Alloc => ret_alloc(ctx, slot, kind),
+        Ret::Pitch => ret_pitch(ctx, slot, kind),
+        Ret::MemCreate => ret_mem_create(ctx, slot, kind),
+        Ret::Free => ret_free(ctx, slot, kind),
+        Ret::CtxCreate => ret_ctx_create(ctx, slot, kind),
+        Ret::CtxDestroy => ret_ctx_destroy(ctx, slot, kind),
+        Ret::PrimaryRetain => ret_primary_retain(ctx, slot, kind),
+        Ret::PrimaryRelease => ret_primary_release(ctx, slot, kind),
+        Ret::SetCurrent => ret_set_current(ctx, slot, kind),
+    }
+}
+
 // ---- the programs -------------------------------------------------------------------------
 
 /// Define the entry and return programs of libcuda symbols, one line each:
 ///
-/// `symbol / symbol_ret: entry_helper(extra args) => return_helper(extra args);`
+/// `symbol / symbol_ret;`
 ///
-/// The entry program calls `entry_helper(&ctx, slot, extra args)`, the return program
-/// `return_helper(&ctx, slot, kind, extra args)`. Slot and kind come from the symbol's row
-/// in [`hami_common::intercept::INTERCEPTS`]: a symbol that is not a probed row there does
-/// not compile, and neither does a table that misses a probed row. The slot keys the saved
-/// arguments of one call (unique per symbol). Program names are the symbol names (user
-/// space attaches by name, see `hami_user::probes::PROBED_SYMBOLS`).
+/// Everything else comes from the symbol's row in [`hami_common::intercept::INTERCEPTS`]:
+/// the slot (it keys the saved arguments of one call, unique per symbol), the event kind and
+/// the probe shape, which picks the entry and return helpers ([`entry`], [`ret_of`]). A
+/// symbol that is not a probed row there does not compile, and neither does a table that
+/// misses a probed row. Program names are the symbol names (user space attaches by name,
+/// see `hami_user::probes::PROBED_SYMBOLS`); an identifier cannot be made from the table's
+/// strings by `macro_rules!`, hence this list.
 ///
 /// The programs are private: the aya-ebpf attribute macros drop doc comments but keep the
 /// visibility, and `#[no_mangle]` (which they add) exports the symbol either way.
 macro_rules! probes {
-    ($($sym:ident / $ret:ident :
-        $entry:ident($($ea:expr),*) => $exit:ident($($ra:expr),*);)*) => {
+    ($($sym:ident / $ret:ident;)*) => {
         $(
             #[doc = concat!("Entry of `", stringify!($sym), "`.")]
             #[uprobe]
             fn $sym(ctx: ProbeContext) -> u32 {
                 const SLOT: u64 = intercept::probe_slot(stringify!($sym));
-                $entry(&ctx, SLOT, $($ea),*);
+                const SHAPE: Shape = intercept::probe_shape(stringify!($sym));
+                entry(&ctx, SLOT, SHAPE);
                 0
             }
 
@@ -429,7 +530,8 @@ macro_rules! probes {
             fn $ret(ctx: RetProbeContext) -> u32 {
                 const SLOT: u64 = intercept::probe_slot(stringify!($sym));
                 const KIND: EventKind = intercept::probe_kind(stringify!($sym));
-                $exit(&ctx, SLOT, KIND, $($ra),*);
+                const RET: Ret = ret_of(intercept::probe_shape(stringify!($sym)), KIND);
+                ret(&ctx, SLOT, KIND, RET);
                 0
             }
 
@@ -448,39 +550,32 @@ macro_rules! probes {
     };
 }
 
-// `entry_ctx_out`'s argument is the position of the `CUdevice` parameter:
-// cuCtxCreate_v2(CUcontext*, unsigned flags, CUdevice),
-// cuCtxCreate_v3(CUcontext*, CUexecAffinityParam*, int n, unsigned flags, CUdevice),
-// cuCtxCreate_v4(CUcontext*, CUctxCreateParams*, unsigned flags, CUdevice),
-// cuDevicePrimaryCtxRetain(CUcontext*, CUdevice).
 probes! {
-    cuMemAlloc_v2 / cuMemAlloc_v2_ret: entry_out_size() => ret_alloc();
-    cuMemAllocPitch_v2 / cuMemAllocPitch_v2_ret: entry_pitch() => ret_pitch();
-    cuMemAllocManaged / cuMemAllocManaged_ret: entry_out_size() => ret_alloc();
-    cuMemAllocAsync / cuMemAllocAsync_ret: entry_out_size() => ret_alloc();
-    cuMemAllocAsync_ptsz / cuMemAllocAsync_ptsz_ret: entry_out_size() => ret_alloc();
-    cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ret: entry_out_size() => ret_alloc();
-    cuMemAllocFromPoolAsync_ptsz / cuMemAllocFromPoolAsync_ptsz_ret:
-        entry_out_size() => ret_alloc();
-    cuMemCreate / cuMemCreate_ret: entry_mem_create() => ret_mem_create();
-    cuArrayCreate_v2 / cuArrayCreate_v2_ret: entry_array2d() => ret_alloc();
-    cuArray3DCreate_v2 / cuArray3DCreate_v2_ret: entry_array3d() => ret_alloc();
-    cuMemFree_v2 / cuMemFree_v2_ret: entry_value() => ret_free();
-    cuMemFreeAsync / cuMemFreeAsync_ret: entry_value() => ret_free();
-    cuMemFreeAsync_ptsz / cuMemFreeAsync_ptsz_ret: entry_value() => ret_free();
-    cuMemRelease / cuMemRelease_ret: entry_value() => ret_free();
-    cuArrayDestroy / cuArrayDestroy_ret: entry_value() => ret_free();
-    cuCtxCreate_v2 / cuCtxCreate_v2_ret: entry_ctx_out(2) => ret_ctx_create();
-    cuCtxCreate_v3 / cuCtxCreate_v3_ret: entry_ctx_out(4) => ret_ctx_create();
-    cuCtxCreate_v4 / cuCtxCreate_v4_ret: entry_ctx_out(3) => ret_ctx_create();
-    cuCtxDestroy_v2 / cuCtxDestroy_v2_ret: entry_value() => ret_ctx_destroy();
-    cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRetain_ret:
-        entry_ctx_out(1) => ret_primary_retain();
-    cuDevicePrimaryCtxRelease / cuDevicePrimaryCtxRelease_ret:
-        entry_value() => ret_primary_release();
-    cuDevicePrimaryCtxRelease_v2 / cuDevicePrimaryCtxRelease_v2_ret:
-        entry_value() => ret_primary_release();
-    cuCtxSetCurrent / cuCtxSetCurrent_ret: entry_value() => ret_set_current();
+    cuMemAlloc_v2 / cuMemAlloc_v2_ret;
+    cuMemAllocPitch_v2 / cuMemAllocPitch_v2_ret;
+    cuMemAllocManaged / cuMemAllocManaged_ret;
+    cuMemAllocAsync / cuMemAllocAsync_ret;
+    cuMemAllocAsync_ptsz / cuMemAllocAsync_ptsz_ret;
+    cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ret;
+    cuMemAllocFromPoolAsync_ptsz / cuMemAllocFromPoolAsync_ptsz_ret;
+    cuMemCreate / cuMemCreate_ret;
+    cuArrayCreate_v2 / cuArrayCreate_v2_ret;
+    cuArray3DCreate_v2 / cuArray3DCreate_v2_ret;
+    cuMipmappedArrayCreate / cuMipmappedArrayCreate_ret;
+    cuMemFree_v2 / cuMemFree_v2_ret;
+    cuMemFreeAsync / cuMemFreeAsync_ret;
+    cuMemFreeAsync_ptsz / cuMemFreeAsync_ptsz_ret;
+    cuMemRelease / cuMemRelease_ret;
+    cuArrayDestroy / cuArrayDestroy_ret;
+    cuMipmappedArrayDestroy / cuMipmappedArrayDestroy_ret;
+    cuCtxCreate_v2 / cuCtxCreate_v2_ret;
+    cuCtxCreate_v3 / cuCtxCreate_v3_ret;
+    cuCtxCreate_v4 / cuCtxCreate_v4_ret;
+    cuCtxDestroy_v2 / cuCtxDestroy_v2_ret;
+    cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRetain_ret;
+    cuDevicePrimaryCtxRelease / cuDevicePrimaryCtxRelease_ret;
+    cuDevicePrimaryCtxRelease_v2 / cuDevicePrimaryCtxRelease_v2_ret;
+    cuCtxSetCurrent / cuCtxSetCurrent_ret;
 }
 
 /// Raw tracepoint `sched_process_exit` (attached without tracefs): a thread exits. Forget its

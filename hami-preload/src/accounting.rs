@@ -108,18 +108,9 @@ pub trait Ledger {
     fn uncharge(&self, dev: usize, kind: UsageKind, bytes: u64);
 }
 
-/// Namespace of a tracked key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Ns {
-    /// A `CUdeviceptr` (cuMemAlloc*, managed, async, pool).
-    Ptr,
-    /// A `CUmemGenericAllocationHandle` (cuMemCreate).
-    Handle,
-    /// A `CUarray`.
-    Array,
-    /// A `CUmipmappedArray`.
-    Mipmap,
-}
+/// Namespace of a tracked key: the table's [`KeySpace`] (`hami_common::intercept`), shared
+/// with the agent.
+pub use hami_common::intercept::KeySpace;
 
 /// One tracked object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,7 +137,7 @@ fn precedes(a: u32, b: u32) -> bool {
 
 /// A tracked object's identity: its namespace and its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Key(Ns, u64);
+struct Key(KeySpace, u64);
 
 impl Key {
     /// The namespace as the map's small integer.
@@ -304,7 +295,7 @@ impl Accounts {
     }
 
     /// The entry for `key`, if tracked.
-    pub fn get(&self, ns: Ns, key: u64) -> Option<Entry> {
+    pub fn get(&self, ns: KeySpace, key: u64) -> Option<Entry> {
         self.shard(key).map.get(ns as u8, key)
     }
 
@@ -319,7 +310,7 @@ impl Accounts {
     pub fn alloc<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
-        ns: Ns,
+        ns: KeySpace,
         dev: usize,
         ctx: usize,
         estimate: u64,
@@ -390,7 +381,7 @@ impl Accounts {
     pub fn free<L: Ledger + ?Sized>(
         &self,
         ledger: &L,
-        ns: Ns,
+        ns: KeySpace,
         key: u64,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
@@ -651,14 +642,22 @@ mod tests {
         let l = MemLedger::with_limit(0, 10 * MB);
         let a = Accounts::default();
         assert_eq!(
-            a.alloc(&l, Ns::Ptr, 0, 1, 6 * MB, ok(0x1000, 6 * MB), |_| {}),
+            a.alloc(
+                &l,
+                KeySpace::Pointer,
+                0,
+                1,
+                6 * MB,
+                ok(0x1000, 6 * MB),
+                |_| {}
+            ),
             Ok(())
         );
         assert_eq!(l.used(0, UsageKind::Data), 6 * MB);
         let called = Cell::new(false);
         let r = a.alloc(
             &l,
-            Ns::Ptr,
+            KeySpace::Pointer,
             0,
             1,
             5 * MB,
@@ -689,7 +688,7 @@ mod tests {
         let a = Accounts::default();
         let r = a.alloc(
             &l,
-            Ns::Ptr,
+            KeySpace::Pointer,
             0,
             1,
             4 * MB,
@@ -707,23 +706,34 @@ mod tests {
         let a = Accounts::default();
         // Pitch: estimate 4 MB, the driver really took 6 MB.
         assert_eq!(
-            a.alloc(&l, Ns::Ptr, 0, 1, 4 * MB, ok(0x10, 6 * MB), |_| {}),
+            a.alloc(
+                &l,
+                KeySpace::Pointer,
+                0,
+                1,
+                4 * MB,
+                ok(0x10, 6 * MB),
+                |_| {}
+            ),
             Ok(())
         );
         assert_eq!(l.total(0), 6 * MB);
-        assert_eq!(a.get(Ns::Ptr, 0x10).map(|e| e.bytes), Some(6 * MB));
+        assert_eq!(
+            a.get(KeySpace::Pointer, 0x10).map(|e| e.bytes),
+            Some(6 * MB)
+        );
         // Estimate 3 MB fits (9 MB), the real 5 MB does not: undone, OOM, nothing charged.
         let undone = Cell::new(0u64);
-        let r = a.alloc(&l, Ns::Ptr, 0, 1, 3 * MB, ok(0x20, 5 * MB), |k| {
+        let r = a.alloc(&l, KeySpace::Pointer, 0, 1, 3 * MB, ok(0x20, 5 * MB), |k| {
             undone.set(k)
         });
         assert_eq!(r.map_err(|e| e.code()), Err(CUDA_ERROR_OUT_OF_MEMORY));
         assert_eq!(undone.get(), 0x20);
         assert_eq!(l.total(0), 6 * MB);
-        assert!(a.get(Ns::Ptr, 0x20).is_none());
+        assert!(a.get(KeySpace::Pointer, 0x20).is_none());
         // Smaller real size: the difference is given back.
         assert_eq!(
-            a.alloc(&l, Ns::Array, 0, 1, 4 * MB, ok(0x30, 2 * MB), |_| {}),
+            a.alloc(&l, KeySpace::Array, 0, 1, 4 * MB, ok(0x30, 2 * MB), |_| {}),
             Ok(())
         );
         assert_eq!(l.total(0), 8 * MB);
@@ -733,30 +743,41 @@ mod tests {
     fn free_tracked_unknown_and_double() {
         let l = MemLedger::with_limit(0, 10 * MB);
         let a = Accounts::default();
-        a.alloc(&l, Ns::Ptr, 0, 1, 2 * MB, ok(0x1000, 2 * MB), |_| {})
-            .unwrap();
+        a.alloc(
+            &l,
+            KeySpace::Pointer,
+            0,
+            1,
+            2 * MB,
+            ok(0x1000, 2 * MB),
+            |_| {},
+        )
+        .unwrap();
         // Unknown pointer: the driver's own error, nothing uncharged.
         assert_eq!(
-            a.free(&l, Ns::Ptr, 0x9999, || CUDA_ERROR_INVALID_VALUE),
+            a.free(&l, KeySpace::Pointer, 0x9999, || CUDA_ERROR_INVALID_VALUE),
             CUDA_ERROR_INVALID_VALUE
         );
         assert_eq!(l.total(0), 2 * MB);
         // Same value in another namespace is not the pointer.
         assert_eq!(
-            a.free(&l, Ns::Handle, 0x1000, || CUDA_ERROR_INVALID_VALUE),
+            a.free(&l, KeySpace::Handle, 0x1000, || CUDA_ERROR_INVALID_VALUE),
             CUDA_ERROR_INVALID_VALUE
         );
         assert_eq!(l.total(0), 2 * MB);
         // Driver refuses the free: still charged and tracked.
-        assert_eq!(a.free(&l, Ns::Ptr, 0x1000, || 700), 700);
+        assert_eq!(a.free(&l, KeySpace::Pointer, 0x1000, || 700), 700);
         assert_eq!(l.total(0), 2 * MB);
-        assert!(a.get(Ns::Ptr, 0x1000).is_some());
+        assert!(a.get(KeySpace::Pointer, 0x1000).is_some());
         // Real free.
-        assert_eq!(a.free(&l, Ns::Ptr, 0x1000, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(
+            a.free(&l, KeySpace::Pointer, 0x1000, || CUDA_SUCCESS),
+            CUDA_SUCCESS
+        );
         assert_eq!(l.total(0), 0);
         // Double free: untracked now, the driver answers.
         assert_eq!(
-            a.free(&l, Ns::Ptr, 0x1000, || CUDA_ERROR_INVALID_VALUE),
+            a.free(&l, KeySpace::Pointer, 0x1000, || CUDA_ERROR_INVALID_VALUE),
             CUDA_ERROR_INVALID_VALUE
         );
         assert_eq!(l.total(0), 0);
@@ -778,27 +799,45 @@ mod tests {
     fn a_free_failing_because_another_thread_freed_the_key_meanwhile_uncharges() {
         let l = MemLedger::with_limit(0, 10 * MB);
         let a = Accounts::default();
-        a.alloc(&l, Ns::Ptr, 0, 1, 2 * MB, ok(0x1000, 2 * MB), |_| {})
-            .unwrap();
+        a.alloc(
+            &l,
+            KeySpace::Pointer,
+            0,
+            1,
+            2 * MB,
+            ok(0x1000, 2 * MB),
+            |_| {},
+        )
+        .unwrap();
         // Our free took the entry; while its driver call runs, another thread's free of the
         // same key (no entry) succeeds; ours then fails.
-        let r = a.free(&l, Ns::Ptr, 0x1000, || {
-            assert_eq!(a.free(&l, Ns::Ptr, 0x1000, || CUDA_SUCCESS), CUDA_SUCCESS);
+        let r = a.free(&l, KeySpace::Pointer, 0x1000, || {
+            assert_eq!(
+                a.free(&l, KeySpace::Pointer, 0x1000, || CUDA_SUCCESS),
+                CUDA_SUCCESS
+            );
             CUDA_ERROR_INVALID_VALUE
         });
         assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
         assert_eq!(l.total(0), 0, "uncharged once");
-        assert!(a.get(Ns::Ptr, 0x1000).is_none());
+        assert!(a.get(KeySpace::Pointer, 0x1000).is_none());
         // A new allocation at the same address is charged and freed normally.
-        a.alloc(&l, Ns::Ptr, 0, 1, MB, ok(0x1000, MB), |_| {})
+        a.alloc(&l, KeySpace::Pointer, 0, 1, MB, ok(0x1000, MB), |_| {})
             .unwrap();
-        assert_eq!(a.free(&l, Ns::Ptr, 0x1000, || 700), 700, "a refused free");
+        assert_eq!(
+            a.free(&l, KeySpace::Pointer, 0x1000, || 700),
+            700,
+            "a refused free"
+        );
         assert_eq!(
             l.total(0),
             MB,
             "still charged: the old record does not match it"
         );
-        assert_eq!(a.free(&l, Ns::Ptr, 0x1000, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(
+            a.free(&l, KeySpace::Pointer, 0x1000, || CUDA_SUCCESS),
+            CUDA_SUCCESS
+        );
         assert_eq!(l.total(0), 0);
     }
 
@@ -807,13 +846,21 @@ mod tests {
         use std::sync::Barrier;
         let l = MemLedger::with_limit(0, 10 * MB);
         let a = Accounts::default();
-        a.alloc(&l, Ns::Ptr, 0, 1, 2 * MB, ok(0x1000, 2 * MB), |_| {})
-            .unwrap();
+        a.alloc(
+            &l,
+            KeySpace::Pointer,
+            0,
+            1,
+            2 * MB,
+            ok(0x1000, 2 * MB),
+            |_| {},
+        )
+        .unwrap();
         let (inside, freed, back) = (Barrier::new(2), Barrier::new(2), Barrier::new(2));
         std::thread::scope(|s| {
             s.spawn(|| {
                 // Takes the entry, fails after the other free succeeded, puts it back.
-                let r = a.free(&l, Ns::Ptr, 0x1000, || {
+                let r = a.free(&l, KeySpace::Pointer, 0x1000, || {
                     inside.wait();
                     freed.wait();
                     CUDA_ERROR_INVALID_VALUE
@@ -825,7 +872,7 @@ mod tests {
                 inside.wait();
                 // Finds no entry; its driver call succeeds; it looks again only after the
                 // entry was put back.
-                let r = a.free(&l, Ns::Ptr, 0x1000, || {
+                let r = a.free(&l, KeySpace::Pointer, 0x1000, || {
                     freed.wait();
                     back.wait();
                     CUDA_SUCCESS
@@ -834,17 +881,18 @@ mod tests {
             });
         });
         assert_eq!(l.total(0), 0, "uncharged once");
-        assert!(a.get(Ns::Ptr, 0x1000).is_none());
+        assert!(a.get(KeySpace::Pointer, 0x1000).is_none());
     }
 
     #[test]
     fn context_teardown_releases_its_objects() {
         let l = MemLedger::with_limit(0, 100 * MB);
         let a = Accounts::default();
-        a.alloc(&l, Ns::Ptr, 0, 7, MB, ok(1, MB), |_| {}).unwrap();
-        a.alloc(&l, Ns::Array, 0, 7, 2 * MB, ok(2, 2 * MB), |_| {})
+        a.alloc(&l, KeySpace::Pointer, 0, 7, MB, ok(1, MB), |_| {})
             .unwrap();
-        a.alloc(&l, Ns::Ptr, 0, 8, 4 * MB, ok(3, 4 * MB), |_| {})
+        a.alloc(&l, KeySpace::Array, 0, 7, 2 * MB, ok(2, 2 * MB), |_| {})
+            .unwrap();
+        a.alloc(&l, KeySpace::Pointer, 0, 8, 4 * MB, ok(3, 4 * MB), |_| {})
             .unwrap();
         assert_eq!(a.drop_context(&l, 7), 2);
         assert_eq!(l.total(0), 4 * MB);
@@ -859,24 +907,32 @@ mod tests {
     fn a_free_refused_after_its_context_was_destroyed_meanwhile_uncharges() {
         let l = MemLedger::with_limit(0, 100 * MB);
         let a = Accounts::default();
-        a.alloc(&l, Ns::Ptr, 0, 7, 2 * MB, ok(0x1000, 2 * MB), |_| {})
+        a.alloc(
+            &l,
+            KeySpace::Pointer,
+            0,
+            7,
+            2 * MB,
+            ok(0x1000, 2 * MB),
+            |_| {},
+        )
+        .unwrap();
+        a.alloc(&l, KeySpace::Array, 0, 8, MB, ok(0x2000, MB), |_| {})
             .unwrap();
-        a.alloc(&l, Ns::Array, 0, 8, MB, ok(0x2000, MB), |_| {})
-            .unwrap();
-        let r = a.free(&l, Ns::Ptr, 0x1000, || {
+        let r = a.free(&l, KeySpace::Pointer, 0x1000, || {
             assert_eq!(a.drop_context(&l, 7), 0, "the free holds the entry");
             CUDA_ERROR_INVALID_VALUE
         });
         assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
         assert_eq!(l.total(0), MB, "uncharged once");
-        assert!(a.get(Ns::Ptr, 0x1000).is_none());
+        assert!(a.get(KeySpace::Pointer, 0x1000).is_none());
         // Another context's destruction meanwhile: the refused free puts its entry back.
-        let r = a.free(&l, Ns::Array, 0x2000, || {
+        let r = a.free(&l, KeySpace::Array, 0x2000, || {
             a.drop_context(&l, 7);
             CUDA_ERROR_INVALID_VALUE
         });
         assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
-        assert_eq!(a.get(Ns::Array, 0x2000).map(|e| e.bytes), Some(MB));
+        assert_eq!(a.get(KeySpace::Array, 0x2000).map(|e| e.bytes), Some(MB));
         assert_eq!(a.drop_context(&l, 8), 1);
         assert_eq!(l.total(0), 0);
     }
@@ -889,7 +945,7 @@ mod tests {
         let a = Accounts::default();
         let r = a.alloc(
             &l,
-            Ns::Ptr,
+            KeySpace::Pointer,
             0,
             7,
             4 * MB,
@@ -907,10 +963,10 @@ mod tests {
         assert!(a.is_empty());
         // A new context reusing the handle (made after the destruction was recorded): its
         // objects are recorded, and a refused free of one puts it back.
-        a.alloc(&l, Ns::Ptr, 0, 7, MB, ok(0x2000, MB), |_| {})
+        a.alloc(&l, KeySpace::Pointer, 0, 7, MB, ok(0x2000, MB), |_| {})
             .unwrap();
-        assert_eq!(a.free(&l, Ns::Ptr, 0x2000, || 700), 700);
-        assert_eq!(a.get(Ns::Ptr, 0x2000).map(|e| e.ctx), Some(7));
+        assert_eq!(a.free(&l, KeySpace::Pointer, 0x2000, || 700), 700);
+        assert_eq!(a.get(KeySpace::Pointer, 0x2000).map(|e| e.ctx), Some(7));
         assert_eq!(l.total(0), MB);
         assert_eq!(a.drop_context(&l, 7), 1);
         assert_eq!(l.total(0), 0);
@@ -928,7 +984,7 @@ mod tests {
         // The "driver": live objects, and the context each belongs to.
         let live = Mutex::new(HashMap::<u64, usize>::new());
         let next = AtomicU64::new(1);
-        a.alloc(&l, Ns::Array, 0, 1, 64 * MB, ok(0xa, 64 * MB), |_| {})
+        a.alloc(&l, KeySpace::Array, 0, 1, 64 * MB, ok(0xa, 64 * MB), |_| {})
             .unwrap();
         for round in 0..200usize {
             let ctx = 0x100 + round % 3;
@@ -940,7 +996,7 @@ mod tests {
                             let key = next.fetch_add(1, Ordering::Relaxed) << 8;
                             let _ = a.alloc(
                                 &l,
-                                Ns::Ptr,
+                                KeySpace::Pointer,
                                 0,
                                 ctx,
                                 MB,
@@ -959,7 +1015,7 @@ mod tests {
                                 |_| {},
                             );
                             std::thread::yield_now();
-                            a.free(&l, Ns::Ptr, key, || {
+                            a.free(&l, KeySpace::Pointer, key, || {
                                 // Entering the driver: the window after the entry was
                                 // taken out.
                                 std::thread::yield_now();
@@ -989,8 +1045,9 @@ mod tests {
     fn reused_key_releases_stale_entry() {
         let l = MemLedger::with_limit(0, 100 * MB);
         let a = Accounts::default();
-        a.alloc(&l, Ns::Ptr, 0, 1, MB, ok(1, MB), |_| {}).unwrap();
-        a.alloc(&l, Ns::Ptr, 0, 1, 3 * MB, ok(1, 3 * MB), |_| {})
+        a.alloc(&l, KeySpace::Pointer, 0, 1, MB, ok(1, MB), |_| {})
+            .unwrap();
+        a.alloc(&l, KeySpace::Pointer, 0, 1, 3 * MB, ok(1, 3 * MB), |_| {})
             .unwrap();
         assert_eq!(l.total(0), 3 * MB);
         assert_eq!(a.len(), 1);
@@ -1007,7 +1064,9 @@ mod tests {
                 s.spawn(move || {
                     for i in 0..100u64 {
                         let key = (t << 32) | (i + 1);
-                        if a.alloc(l, Ns::Ptr, 0, 1, MB, ok(key, MB), |_| {}).is_ok() {
+                        if a.alloc(l, KeySpace::Pointer, 0, 1, MB, ok(key, MB), |_| {})
+                            .is_ok()
+                        {
                             granted.fetch_add(MB, std::sync::atomic::Ordering::Relaxed);
                         }
                     }

@@ -14,7 +14,7 @@
 /// Multiplier of the hash (2^64 / golden ratio).
 pub(crate) const MIX: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// Namespaces of keys (the `Ns` of the accounting table), as a small integer.
+/// Namespaces of keys (the `KeySpace` of the accounting table), as a small integer.
 pub(crate) type Space = u8;
 
 /// A map from `(space, key)` to `V`.

@@ -9,7 +9,7 @@
 //!     fn cuMemFree_v2(dptr: CUdeviceptr) = Cu::MemFree as FnMemFree;
 //!     |f| {
 //!         // SAFETY: forwarded argument.
-//!         release(Ns::Ptr, dptr, || unsafe { f(dptr) })
+//!         release(KeySpace::Pointer, dptr, || unsafe { f(dptr) })
 //!     }
 //! }
 //! ```

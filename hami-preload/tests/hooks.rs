@@ -4,6 +4,10 @@
 mod support;
 use support::*;
 
+/// Checks of the tests' lists against the intercept table.
+#[path = "hooks/table.rs"]
+mod table;
+
 const VIAS: [&str; 3] = ["direct", "dlsym", "procaddr"];
 
 /// Allocates `kind args` twice under a 1 GiB limit (second one refused), checks the view,
@@ -53,8 +57,13 @@ fn check(via: &str, kind: &str, args: &[&str], release: &str, charged: u64) {
     assert_eq!(live.len(), 1, "{via} {kind}: one slot holds the usage");
 }
 
+/// One test per line: `test_name: "symbol" "op" [args] "release op" => charged bytes;` runs
+/// hprobe's `op` (which calls `symbol`) the three ways; [`HOOK_TESTED`] lists the symbols,
+/// checked against the table (`table::every_allocating_row_has_a_hook_test`).
 macro_rules! hook_tests {
-    ($($name:ident: $kind:literal [$($arg:literal),*] $release:literal => $charged:expr;)*) => {
+    ($($name:ident: $sym:literal $kind:literal [$($arg:literal),*] $release:literal => $charged:expr;)*) => {
+        /// The symbols `hook_tests!` covers.
+        const HOOK_TESTED: &[&str] = &[$($sym),*];
         $(
             #[test]
             fn $name() {
@@ -67,17 +76,18 @@ macro_rules! hook_tests {
 }
 
 hook_tests! {
-    mem_alloc: "alloc" ["600M"] "free" => 600 * MB;
+    mem_alloc: "cuMemAlloc_v2" "alloc" ["600M"] "free" => 600 * MB;
     // 1000 bytes wide rows get a 1024-byte pitch: 1024 * 600K rows = 600 MiB.
-    mem_alloc_pitch: "pitch" ["1000", "600K"] "free" => 600 * MB;
-    mem_alloc_managed: "managed" ["600M"] "free" => 600 * MB;
-    mem_alloc_async: "async" ["600M"] "freeasync" => 600 * MB;
-    mem_alloc_async_ptsz: "asyncptsz" ["600M"] "freeasync" => 600 * MB;
-    mem_alloc_from_pool_async: "pool" ["600M"] "freeasync" => 600 * MB;
-    mem_create: "create" ["600M"] "release" => 600 * MB;
+    mem_alloc_pitch: "cuMemAllocPitch_v2" "pitch" ["1000", "600K"] "free" => 600 * MB;
+    mem_alloc_managed: "cuMemAllocManaged" "managed" ["600M"] "free" => 600 * MB;
+    mem_alloc_async: "cuMemAllocAsync" "async" ["600M"] "freeasync" => 600 * MB;
+    mem_alloc_async_ptsz: "cuMemAllocAsync_ptsz" "asyncptsz" ["600M"] "freeasync" => 600 * MB;
+    mem_alloc_from_pool_async: "cuMemAllocFromPoolAsync" "pool" ["600M"] "freeasync" => 600 * MB;
+    mem_alloc_from_pool_async_ptsz: "cuMemAllocFromPoolAsync_ptsz" "poolptsz" ["600M"] "freeasync" => 600 * MB;
+    mem_create: "cuMemCreate" "create" ["600M"] "release" => 600 * MB;
     // float4 (16 bytes) 6400 x 6144 = 600 MiB.
-    array_create: "array" ["6400", "6144"] "destroy" => 600 * MB;
-    array3d_create: "array3d" ["6400", "3072", "2"] "destroy" => 600 * MB;
+    array_create: "cuArrayCreate_v2" "array" ["6400", "6144"] "destroy" => 600 * MB;
+    array3d_create: "cuArray3DCreate_v2" "array3d" ["6400", "3072", "2"] "destroy" => 600 * MB;
 }
 
 #[test]

@@ -77,7 +77,7 @@ fn main() {
         let consumer = tokio::spawn(async move {
             let mut allocs = 0u64;
             while let Some(ev) = rx.recv().await {
-                if ev.kind == EventKind::MemAlloc as u32 {
+                if ev.kind == EventKind::MemAlloc {
                     allocs += 1;
                 }
             }

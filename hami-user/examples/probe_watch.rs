@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use hami_common::event::EventKind;
 use hami_user::probes::{DiscoveryOptions, ProbeOptions, Probes};
 
 #[tokio::main(flavor = "current_thread")]
@@ -37,12 +36,9 @@ async fn main() -> anyhow::Result<()> {
     loop {
         match tokio::time::timeout_at(end, rx.recv()).await {
             Ok(Some(ev)) => {
-                let kind = EventKind::from_u32(ev.kind)
-                    .map(|k| format!("{k:?}"))
-                    .unwrap_or_else(|| format!("kind{}", ev.kind));
                 println!(
-                    "event kind={kind} tgid={} tid={} size={} addr={:#x} ctx={:#x} extra={}",
-                    ev.tgid, ev.tid, ev.size, ev.addr, ev.ctx, ev.extra as i64
+                    "event kind={:?} tgid={} tid={} size={} addr={:#x} ctx={:#x} extra={}",
+                    ev.kind, ev.tgid, ev.tid, ev.size, ev.addr, ev.ctx, ev.extra as i64
                 );
             }
             Ok(None) => break,

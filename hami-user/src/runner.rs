@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hami_common::event::{CudaEvent, EventKind};
+use hami_common::event::Event;
 use tokio::sync::mpsc;
 
 use crate::agent::{Agent, AgentOptions, TickOutcome};
@@ -64,7 +64,7 @@ pub struct RunOptions {
 /// Everything running.
 struct Running {
     agent: Agent,
-    events: mpsc::Receiver<CudaEvent>,
+    events: mpsc::Receiver<Event>,
     handle: ProbeHandle,
     nvml: Option<Arc<Nvml>>,
     /// Set while an NVML query is outstanding on a helper thread.
@@ -350,12 +350,12 @@ impl Running {
         }
     }
 
-    fn consume(&mut self, ev: &CudaEvent) {
+    fn consume(&mut self, ev: &Event) {
         self.check_new_libraries();
-        let kind = EventKind::from_u32(ev.kind)
-            .map(EventKind::name)
-            .unwrap_or("unknown");
-        self.metrics.events.with_label_values(&[kind]).inc();
+        self.metrics
+            .events
+            .with_label_values(&[ev.kind.name()])
+            .inc();
         self.agent.on_event(ev);
     }
 

@@ -7,32 +7,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use hami_common::event::{CudaEvent, EventKind};
+use hami_common::event::{Event, EventKind};
+use hami_common::intercept::KeySpace;
 use serde::Serialize;
-
-/// What an allocation key names: the driver frees each through a different call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum KeySpace {
-    /// A device pointer (`cuMemAlloc*`, freed by `cuMemFree*`).
-    Pointer,
-    /// A `CUmemGenericAllocationHandle` (`cuMemCreate`, freed by `cuMemRelease`).
-    Handle,
-    /// A `CUarray` (`cuArray*Create`, freed by `cuArrayDestroy`).
-    Array,
-}
-
-/// The key space an alloc or free event uses; `None` for non-memory events.
-pub fn key_space(kind: EventKind) -> Option<KeySpace> {
-    use EventKind::*;
-    Some(match kind {
-        MemAlloc | MemAllocPitch | MemAllocManaged | MemAllocAsync | MemAllocFromPool | MemFree
-        | MemFreeAsync => KeySpace::Pointer,
-        MemCreate | MemRelease => KeySpace::Handle,
-        ArrayCreate | Array3DCreate | ArrayDestroy => KeySpace::Array,
-        _ => return None,
-    })
-}
 
 /// One live allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -308,10 +285,8 @@ impl Processes {
     }
 
     /// Applies one event.
-    pub fn apply(&mut self, ev: &CudaEvent) -> Applied {
-        let Some(kind) = EventKind::from_u32(ev.kind) else {
-            return Applied::Ignored;
-        };
+    pub fn apply(&mut self, ev: &Event) -> Applied {
+        let kind = ev.kind;
         if kind == EventKind::ProcessExit {
             return match self.procs.remove(&ev.tgid) {
                 Some(p) => Applied::Exit(p.live_bytes),
@@ -336,7 +311,7 @@ impl Processes {
             return Applied::Ignored;
         }
         if kind.is_alloc() {
-            let Some(space) = key_space(kind) else {
+            let Some(space) = ev.key_space() else {
                 return Applied::Ignored;
             };
             p.alloc_events += 1;
@@ -350,7 +325,7 @@ impl Processes {
             return Applied::Alloc(ev.size);
         }
         if kind.is_free() {
-            let Some(space) = key_space(kind) else {
+            let Some(space) = ev.key_space() else {
                 return Applied::Ignored;
             };
             p.free_events += 1;
@@ -412,17 +387,15 @@ impl Processes {
 pub(crate) mod tests {
     use super::*;
 
-    pub(crate) fn ev(kind: EventKind, pid: u32, size: u64, addr: u64, ctx: u64) -> CudaEvent {
-        CudaEvent {
-            kind: kind as u32,
+    pub(crate) fn ev(kind: EventKind, pid: u32, size: u64, addr: u64, ctx: u64) -> Event {
+        Event {
             tgid: pid,
             tid: pid,
-            result: 0,
             ts_ns: 1,
             size,
             addr,
             ctx,
-            extra: 0,
+            ..Event::new(kind)
         }
     }
 
@@ -464,6 +437,25 @@ pub(crate) mod tests {
         assert_eq!(p.free_events, 4);
         assert_eq!(p.unmatched_frees, 1);
         assert_eq!(p.baseline, Baseline::ObservedFromStart);
+    }
+
+    #[test]
+    fn a_mipmapped_array_is_released_only_by_its_own_destroy() {
+        let mut ps = Processes::new();
+        assert_eq!(
+            ps.apply(&ev(EventKind::MipmappedArrayCreate, 13, 64, 0xd0, 0)),
+            Applied::Alloc(64)
+        );
+        // An array of the same handle value is another object.
+        assert_eq!(
+            ps.apply(&ev(EventKind::ArrayDestroy, 13, 0, 0xd0, 0)),
+            Applied::UnmatchedFree
+        );
+        assert_eq!(
+            ps.apply(&ev(EventKind::MipmappedArrayDestroy, 13, 0, 0xd0, 0)),
+            Applied::Free(64)
+        );
+        assert_eq!(ps.get(13).unwrap().live_bytes, 0);
     }
 
     #[test]
@@ -535,11 +527,9 @@ pub(crate) mod tests {
         let p = ps.get(20).unwrap();
         assert!(p.baseline.is_pre_existing());
         assert_eq!(p.unmatched_frees, 1);
+        // The tracepoint's kind is no allocation: an exit of an untracked process.
         assert_eq!(
-            ps.apply(&CudaEvent {
-                kind: 999,
-                ..Default::default()
-            }),
+            ps.apply(&ev(EventKind::ProcessExit, 21, 0, 0, 0)),
             Applied::Ignored
         );
     }

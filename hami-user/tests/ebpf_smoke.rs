@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use hami_common::array::array_footprint;
-use hami_common::event::{CudaEvent, EventKind};
+use hami_common::array::{array_footprint, mipmap_footprint};
+use hami_common::event::{Event, EventKind};
+use hami_common::intercept::{self, PROBED_NAMES};
 use hami_user::probes::{DiscoveryOptions, ProbeError, ProbeOptions, Probes};
 
 mod common;
@@ -25,6 +26,7 @@ typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef struct CUctx_st *CUcontext;
 typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef int CUdevice;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef struct { size_t Width, Height; unsigned Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
@@ -59,6 +61,10 @@ CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d) {
     if (!d || d->Width == 0) return 1; *a = (CUarray)(next_handle += 0x10); return 0;
 }
 CUresult cuArrayDestroy(CUarray a) { return a ? 0 : 1; }
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels) {
+    if (!m || !d || d->Width == 0 || levels == 0) return 1; *m = (CUmipmappedArray)(next_handle += 0x10); return 0;
+}
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray m) { return m ? 0 : 1; }
 CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop, unsigned long long f) {
     if (!h || !prop) return 1; *h = (next_handle += 0x10); return 0;
 }
@@ -82,6 +88,8 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
 CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
 CUresult cuArrayDestroy(CUarray);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned);
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
 CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
@@ -109,6 +117,7 @@ int main(void) {
     CUdeviceptr a = 0, bad = 0, pitched = 0, managed = 0, async = 0, in2 = 0;
     size_t pitch = 0;
     CUarray arr = 0, arr3 = 0;
+    CUmipmappedArray mip = 0, badmip = 0;
     CUmemGenericAllocationHandle h = 0;
     int rc = 0;
     rc |= cuDevicePrimaryCtxRetain(&pctx, 1);
@@ -123,11 +132,16 @@ int main(void) {
     rc |= cuArrayCreate_v2(&arr, &d2);
     CUDA_ARRAY3D_DESCRIPTOR d3 = { 100, 100, 100, 0x02, 2, 0 };
     rc |= cuArray3DCreate_v2(&arr3, &d3);
+    /* 2D float4 256 x 128, 3 levels; then one refused (0 levels): no event. */
+    CUDA_ARRAY3D_DESCRIPTOR dm = { 256, 128, 0, 0x20, 4, 0 };
+    rc |= cuMipmappedArrayCreate(&mip, &dm, 3);
+    if (cuMipmappedArrayCreate(&badmip, &dm, 0) == 0) return 13;
     CUmemAllocationProp prop = { 1, 0, { 1, 1 }, 0, {0} };
     rc |= cuMemCreate(&h, 4 << 20, &prop, 0);
     rc |= cuMemRelease(h);
     rc |= cuArrayDestroy(arr);
     rc |= cuArrayDestroy(arr3);
+    rc |= cuMipmappedArrayDestroy(mip);
     rc |= cuMemFreeAsync(async, 0);
     rc |= cuMemFree_v2(managed);
     rc |= cuMemFree_v2(pitched);
@@ -142,9 +156,9 @@ int main(void) {
     rc |= cuCtxDestroy_v2(ctx2);
     rc |= cuDevicePrimaryCtxRelease_v2(1);
     printf("pctx=%llu\nctx2=%llu\na=%llu\npitched=%llu\npitch=%zu\nmanaged=%llu\nasync=%llu\n"
-           "arr=%llu\narr3=%llu\nh=%llu\nin2=%llu\nin3=%llu\ntptr=%llu\ntctx=%llu\n",
+           "arr=%llu\narr3=%llu\nmip=%llu\nh=%llu\nin2=%llu\nin3=%llu\ntptr=%llu\ntctx=%llu\n",
            (unsigned long long)pctx, (unsigned long long)ctx2, a, pitched, pitch, managed, async,
-           (unsigned long long)arr, (unsigned long long)arr3, h, in2, in3, tptr,
+           (unsigned long long)arr, (unsigned long long)arr3, (unsigned long long)mip, h, in2, in3, tptr,
            (unsigned long long)tctx);
     return rc;
 }
@@ -182,7 +196,7 @@ fn parse_kv(stdout: &str) -> HashMap<String, u64> {
 }
 
 /// Receive events until the process `pid` exits (its ProcessExit event), or panic after 10 s.
-async fn events_of(rx: &mut tokio::sync::mpsc::Receiver<CudaEvent>, pid: u32) -> Vec<CudaEvent> {
+async fn events_of(rx: &mut tokio::sync::mpsc::Receiver<Event>, pid: u32) -> Vec<Event> {
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -193,7 +207,7 @@ async fn events_of(rx: &mut tokio::sync::mpsc::Receiver<CudaEvent>, pid: u32) ->
         if ev.tgid != pid {
             continue;
         }
-        let done = ev.kind == EventKind::ProcessExit as u32;
+        let done = ev.kind == EventKind::ProcessExit;
         out.push(ev);
         if done {
             return out;
@@ -201,8 +215,29 @@ async fn events_of(rx: &mut tokio::sync::mpsc::Receiver<CudaEvent>, pid: u32) ->
     }
 }
 
-fn kind(ev: &CudaEvent) -> EventKind {
-    EventKind::from_u32(ev.kind).unwrap_or_else(|| panic!("unknown kind in {ev:?}"))
+fn kind(ev: &Event) -> EventKind {
+    ev.kind
+}
+
+/// The functions a C source defines (`CUresult name(` at the start of a line).
+fn defined_functions(c: &str) -> Vec<&str> {
+    c.lines()
+        .filter_map(|l| l.strip_prefix("CUresult "))
+        .filter_map(|l| l.split_once('(').map(|(name, _)| name.trim()))
+        .collect()
+}
+
+#[test]
+fn the_mini_driver_defines_probed_functions_only_once() {
+    let defined = defined_functions(MINI_DRIVER);
+    assert!(defined.len() >= 10, "{defined:?}");
+    for (i, f) in defined.iter().enumerate() {
+        assert!(
+            intercept::find(f).is_some_and(|r| r.is_probed()),
+            "{f} is not a probed row of INTERCEPTS"
+        );
+        assert!(!defined[i + 1..].contains(f), "{f} defined twice");
+    }
 }
 
 #[tokio::test]
@@ -216,31 +251,23 @@ async fn mini_driver_every_probe() {
         .attach_libcuda(&lib)
         .expect("attaching to the mini libcuda");
     assert!(!outcome.already_attached);
-    for s in [
-        "cuMemAlloc_v2",
-        "cuMemFree_v2",
-        "cuMemAllocPitch_v2",
-        "cuArrayCreate_v2",
-        "cuMemCreate",
-        "cuCtxSetCurrent",
-        "cuDevicePrimaryCtxRetain",
-    ] {
-        assert!(
-            outcome.attached.contains(&s),
-            "{s} not attached: {outcome:?}"
-        );
+    // Every probed row of the table the mini driver defines is attached; the others are
+    // absent from it: tolerated and listed as missing.
+    let defined = defined_functions(MINI_DRIVER);
+    for s in PROBED_NAMES {
+        if defined.contains(&s) {
+            assert!(
+                outcome.attached.contains(&s),
+                "{s} not attached: {outcome:?}"
+            );
+        } else {
+            assert!(
+                outcome.missing.contains(&s),
+                "{s} not listed as missing: {outcome:?}"
+            );
+        }
     }
-    // Absent from the mini driver: tolerated and listed.
-    for s in [
-        "cuMemAllocFromPoolAsync",
-        "cuCtxCreate_v4",
-        "cuDevicePrimaryCtxRelease",
-    ] {
-        assert!(
-            outcome.missing.contains(&s),
-            "{s} not listed as missing: {outcome:?}"
-        );
-    }
+    assert!(outcome.missing.contains(&"cuCtxCreate_v4"), "{outcome:?}");
     // Same file through another path (a symlink): deduped by device and inode.
     let link = tmp.path().join("libcuda-link.so");
     std::os::unix::fs::symlink(&lib, &link).unwrap();
@@ -284,10 +311,12 @@ async fn mini_driver_every_probe() {
             MemAllocAsync,
             ArrayCreate,
             Array3DCreate,
+            MipmappedArrayCreate,
             MemCreate,
             MemRelease,
             ArrayDestroy,
             ArrayDestroy,
+            MipmappedArrayDestroy,
             MemFreeAsync,
             MemFree,
             MemFree,
@@ -307,6 +336,11 @@ async fn mini_driver_every_probe() {
         ],
         "events: {evs:#?}"
     );
+    // Every probe of the mini driver's functions sent its row's kind.
+    for f in &defined {
+        let k = intercept::probe_kind(f);
+        assert!(kinds.contains(&k), "no {k:?} event from {f}: {evs:#?}");
+    }
     let pctx = v["pctx"];
     let ctx2 = v["ctx2"];
     let e = |i: usize| evs[i];
@@ -337,45 +371,51 @@ async fn mini_driver_every_probe() {
         (e(7).addr, e(7).size),
         (v["arr3"], array_footprint(100, 100, 100, 0x02, 2))
     );
-    // cuMemCreate: handle, size, device from the allocation properties.
-    assert_eq!((e(8).addr, e(8).size, e(8).extra), (v["h"], 4 << 20, 1));
-    assert_eq!(e(9).addr, v["h"]);
-    assert_eq!((e(10).addr, e(11).addr), (v["arr"], v["arr3"]));
-    assert_eq!(e(12).addr, v["async"]);
+    // Mipmapped array: the estimate of all its levels, released in its own key space.
     assert_eq!(
-        (e(13).addr, e(14).addr, e(15).addr),
+        (e(8).addr, e(8).size),
+        (v["mip"], mipmap_footprint(256, 128, 0, 0x20, 4, 3, false))
+    );
+    assert_eq!(e(13).addr, v["mip"]);
+    // cuMemCreate: handle, size, device from the allocation properties.
+    assert_eq!((e(9).addr, e(9).size, e(9).extra), (v["h"], 4 << 20, 1));
+    assert_eq!(e(10).addr, v["h"]);
+    assert_eq!((e(11).addr, e(12).addr), (v["arr"], v["arr3"]));
+    assert_eq!(e(14).addr, v["async"]);
+    assert_eq!(
+        (e(15).addr, e(16).addr, e(17).addr),
         (v["managed"], v["pitched"], v["a"])
     );
     // A created context becomes current: the next allocation carries it.
-    assert_eq!((e(16).addr, e(16).ctx, e(16).extra), (ctx2, ctx2, 0));
-    assert_eq!((e(17).addr, e(17).size, e(17).ctx), (v["in2"], 4096, ctx2));
+    assert_eq!((e(18).addr, e(18).ctx, e(18).extra), (ctx2, ctx2, 0));
+    assert_eq!((e(19).addr, e(19).size, e(19).ctx), (v["in2"], 4096, ctx2));
     // Another thread: its own current context (device 0's primary), its own tid.
     let tctx = v["tctx"];
-    assert_eq!((e(18).addr, e(18).extra), (tctx, 0));
-    assert_ne!(e(18).tid, pid);
-    assert_eq!((e(19).addr, e(19).tid), (tctx, e(18).tid));
+    assert_eq!((e(20).addr, e(20).extra), (tctx, 0));
+    assert_ne!(e(20).tid, pid);
+    assert_eq!((e(21).addr, e(21).tid), (tctx, e(20).tid));
     assert_eq!(
-        (e(20).addr, e(20).size, e(20).ctx, e(20).tid),
-        (v["tptr"], 8192, tctx, e(18).tid)
+        (e(22).addr, e(22).size, e(22).ctx, e(22).tid),
+        (v["tptr"], 8192, tctx, e(20).tid)
     );
     // ... while the main thread's current context is still the created one.
     assert_eq!(
-        (e(21).addr, e(21).size, e(21).ctx, e(21).tid),
+        (e(23).addr, e(23).size, e(23).ctx, e(23).tid),
         (v["in3"], 16384, ctx2, pid)
     );
     assert_eq!(
-        (e(22).addr, e(23).addr, e(24).addr),
+        (e(24).addr, e(25).addr, e(26).addr),
         (v["in3"], v["tptr"], v["in2"])
     );
-    assert_eq!(e(25).addr, ctx2);
-    assert_eq!(e(26).extra, 1);
+    assert_eq!(e(27).addr, ctx2);
+    assert_eq!(e(28).extra, 1);
 
     let c = handle.counters();
     assert_eq!(c.dropped, 0, "{c:?}");
     assert_eq!(c.malformed, 0, "{c:?}");
-    // 27 libcuda events and the exit; other processes may add exits.
-    assert!(c.sent >= before.sent + 28, "{c:?}");
-    assert!(c.received >= 28, "{c:?}");
+    // 29 libcuda events and the exit; other processes may add exits.
+    assert!(c.sent >= before.sent + 30, "{c:?}");
+    assert!(c.received >= 30, "{c:?}");
 }
 
 #[tokio::test]

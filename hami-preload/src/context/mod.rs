@@ -609,7 +609,7 @@ impl ContextTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::accounting::{Allocated, MemLedger, Ns};
+    use crate::accounting::{Allocated, KeySpace, MemLedger};
 
     const MB: u64 = 1 << 20;
 
@@ -856,7 +856,7 @@ mod tests {
         assert_eq!(l.used(0, UsageKind::Context), 300 * MB);
         a.alloc(
             &l,
-            Ns::Ptr,
+            KeySpace::Pointer,
             0,
             0xc0,
             MB,
@@ -897,7 +897,7 @@ mod tests {
         assert_eq!(l.used(1, UsageKind::Context), 64 * MB);
         a.alloc(
             &l,
-            Ns::Ptr,
+            KeySpace::Pointer,
             1,
             0xa,
             MB,
@@ -935,7 +935,7 @@ mod tests {
         t.primary_retain(&l, 0, &m, || Ok(0xc0), |_| true);
         a.alloc(
             &l,
-            Ns::Ptr,
+            KeySpace::Pointer,
             0,
             0xc0,
             5 * MB,

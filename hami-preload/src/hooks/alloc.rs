@@ -5,15 +5,25 @@
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::{alloc_ptr, array_alloc, finish, release};
-use crate::accounting::{Allocated, Ns};
+use crate::accounting::{Allocated, KeySpace};
 use crate::context::measure::current_dev_ctx;
 use crate::cuda::*;
 use crate::policy;
 use crate::shim::hook;
 use crate::state::ProcLedger;
 use crate::symbols::{self, Cu};
+use hami_common::intercept;
 use hami_common::layout::MAX_DEVICES;
 use std::ffi::c_uint;
+
+/// The key space of row `$name` of the table (`.allocates` / `.releases`), evaluated at
+/// compile time (a name without a memory row does not compile), so that a hook and the
+/// agent's pairing agree.
+macro_rules! space_of {
+    ($name:literal) => {
+        const { intercept::space_of($name) }
+    };
+}
 
 hook! {
     /// Hook of `cuMemAlloc_v2`. A null `dptr` or a zero `bytesize` is
@@ -182,7 +192,7 @@ fn alloc_pitch(
     let estimate = policy::pitch_estimate(width as u64, height as u64);
     let r = l.p.accounts.alloc(
         &l,
-        Ns::Ptr,
+        KeySpace::Pointer,
         dev,
         ctx,
         estimate,
@@ -247,7 +257,7 @@ fn mem_create(
     let l = ProcLedger::current();
     let r = l.p.accounts.alloc(
         &l,
-        Ns::Handle,
+        KeySpace::Handle,
         dev,
         0,
         size as u64,
@@ -305,7 +315,7 @@ hook! {
         let dims = [d.width as u64, d.height as u64, 0];
         let estimate = policy::array_charge(d);
         // SAFETY: forwarded arguments.
-        array_alloc("cuArrayCreate_v2", Ns::Array, out, dims, estimate, || unsafe {
+        array_alloc("cuArrayCreate_v2", space_of!("cuArrayCreate_v2"), out, dims, estimate, || unsafe {
             f(out, desc)
         })
     }
@@ -326,7 +336,7 @@ hook! {
         let dims = [d.width as u64, d.height as u64, d.depth as u64];
         let estimate = policy::array3d_charge(d);
         // SAFETY: forwarded arguments.
-        array_alloc("cuArray3DCreate_v2", Ns::Array, out, dims, estimate, || unsafe {
+        array_alloc("cuArray3DCreate_v2", space_of!("cuArray3DCreate_v2"), out, dims, estimate, || unsafe {
             f(out, desc)
         })
     }
@@ -352,7 +362,7 @@ hook! {
         // SAFETY: forwarded arguments.
         array_alloc(
             "cuMipmappedArrayCreate",
-            Ns::Mipmap,
+            space_of!("cuMipmappedArrayCreate"),
             out,
             dims,
             estimate,
@@ -368,7 +378,7 @@ hook! {
     ) = Cu::MipmappedArrayDestroy as FnMipmappedArrayDestroy;
     |f| {
         // SAFETY: forwarded argument.
-        release(Ns::Mipmap, array as u64, || unsafe { f(array) })
+        release(space_of!("cuMipmappedArrayDestroy"), array as u64, || unsafe { f(array) })
     }
 }
 
@@ -379,7 +389,7 @@ hook! {
     fn cuMemFree_v2(dptr: CUdeviceptr) = Cu::MemFree as FnMemFree;
     |f| {
         // SAFETY: forwarded argument.
-        release(Ns::Ptr, dptr, || unsafe { f(dptr) })
+        release(space_of!("cuMemFree_v2"), dptr, || unsafe { f(dptr) })
     }
 }
 
@@ -409,7 +419,7 @@ hook! {
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) = Cu::MemRelease as FnMemRelease;
     |f| {
         // SAFETY: forwarded argument.
-        release(Ns::Handle, handle, || unsafe { f(handle) })
+        release(space_of!("cuMemRelease"), handle, || unsafe { f(handle) })
     }
 }
 
@@ -418,6 +428,6 @@ hook! {
     fn cuArrayDestroy(array: CUarray) = Cu::ArrayDestroy as FnArrayDestroy;
     |f| {
         // SAFETY: forwarded argument.
-        release(Ns::Array, array as u64, || unsafe { f(array) })
+        release(space_of!("cuArrayDestroy"), array as u64, || unsafe { f(array) })
     }
 }

@@ -37,7 +37,7 @@ pub use pools::*;
 pub use procaddr::*;
 pub use views::*;
 
-use crate::accounting::{AllocError, Allocated, Deny, Ns};
+use crate::accounting::{AllocError, Allocated, Deny, KeySpace};
 use crate::backstop::{self, Backstop};
 use crate::context::measure::current_dev_ctx;
 use crate::context::nvml::{nvml_own_used, nvml_ready};
@@ -117,7 +117,7 @@ pub(crate) unsafe fn alloc_ptr(
     let l = ProcLedger::current();
     let r = l.p.accounts.alloc(
         &l,
-        Ns::Ptr,
+        KeySpace::Pointer,
         dev,
         ctx,
         bytes,
@@ -137,7 +137,7 @@ pub(crate) unsafe fn alloc_ptr(
     finish(what, &l, dev, r)
 }
 
-pub(crate) fn release(ns: Ns, key: u64, real: impl FnOnce() -> CUresult) -> CUresult {
+pub(crate) fn release(ns: KeySpace, key: u64, real: impl FnOnce() -> CUresult) -> CUresult {
     let l = ProcLedger::current();
     l.p.accounts.free(&l, ns, key, real)
 }
@@ -147,7 +147,7 @@ pub(crate) fn release(ns: Ns, key: u64, real: impl FnOnce() -> CUresult) -> CUre
 /// gets the driver's `CUDA_ERROR_INVALID_VALUE`, not an out-of-memory code.
 pub(crate) fn array_alloc(
     what: &str,
-    ns: Ns,
+    ns: KeySpace,
     out: *mut CUarray,
     dims: [u64; 3],
     estimate: u64,

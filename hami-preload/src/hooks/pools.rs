@@ -6,7 +6,7 @@
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::{alloc_ptr, backstop_poll, backstop_tick, finish, release};
-use crate::accounting::Ns;
+use crate::accounting::KeySpace;
 use crate::context::measure::current_dev_ctx;
 use crate::cuda::*;
 use crate::pools::{PoolAlloc, PoolReading};
@@ -154,7 +154,7 @@ pub(crate) fn free_async(ptr: CUdeviceptr, real: impl Fn() -> CUresult + Copy) -
             return r;
         }
     }
-    release(Ns::Ptr, ptr, real)
+    release(KeySpace::Pointer, ptr, real)
 }
 
 hook! {

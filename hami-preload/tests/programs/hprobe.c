@@ -2,7 +2,7 @@
  * integration tests. Usage: hprobe [--via direct|dlsym|procaddr] [--no-ctx] OP...
  * Every OP prints one line "OP rc=N ..." on stdout (flushed).
  *
- * OPs: alloc SIZE | pitch W H | managed SIZE | async SIZE | asyncptsz SIZE | pool SIZE |
+ * OPs: alloc SIZE | pitch W H | managed SIZE | async SIZE | asyncptsz SIZE | pool SIZE | poolptsz SIZE |
  *      create SIZE | hostcreate SIZE | array W H | array3d W H D | free [PTR] |
  *      freeasync | release | destroy | info | total | nullalloc | nullinfo | nulltotal |
  *      freeunknown | nullinfo2 (both out pointers NULL) | freezero (cuMemFree(0)) |
@@ -58,6 +58,7 @@ CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
 CUresult cuMemAllocAsync(CUdeviceptr *, size_t, void *);
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, void *);
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, void *, void *);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, void *, void *);
 CUresult cuDeviceGetDefaultMemPool(void **, int);
 CUresult cuMemCreate(unsigned long long *, size_t, const Prop *, unsigned long long);
 CUresult cuArrayCreate_v2(void **, const AD *);
@@ -69,12 +70,12 @@ CUresult cuArrayDestroy(void *);
 CUresult cuMemGetInfo_v2(size_t *, size_t *);
 CUresult cuDeviceTotalMem_v2(size_t *, int);
 
-enum { ALLOC, PITCH, MANAGED, ASYNC, ASYNCPTSZ, POOLALLOC, POOLGET, CREATE, ARRAY, ARRAY3D, FREE, FREEASYNC, RELEASE, DESTROY, INFO, TOTAL, NFN };
+enum { ALLOC, PITCH, MANAGED, ASYNC, ASYNCPTSZ, POOLALLOC, POOLGET, CREATE, ARRAY, ARRAY3D, FREE, FREEASYNC, RELEASE, DESTROY, INFO, TOTAL, POOLPTSZ, NFN };
 static void *fn[NFN];
-static const char *dl_names[NFN] = {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync", "cuDeviceGetDefaultMemPool", "cuMemCreate", "cuArrayCreate_v2", "cuArray3DCreate_v2", "cuMemFree_v2", "cuMemFreeAsync", "cuMemRelease", "cuArrayDestroy", "cuMemGetInfo_v2", "cuDeviceTotalMem_v2"};
+static const char *dl_names[NFN] = {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync", "cuDeviceGetDefaultMemPool", "cuMemCreate", "cuArrayCreate_v2", "cuArray3DCreate_v2", "cuMemFree_v2", "cuMemFreeAsync", "cuMemRelease", "cuArrayDestroy", "cuMemGetInfo_v2", "cuDeviceTotalMem_v2", "cuMemAllocFromPoolAsync_ptsz"};
 /* cuGetProcAddress: base name, version, flags (2 = per-thread default stream). */
-static const char *pa_names[NFN] = {"cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuDeviceGetDefaultMemPool", "cuMemCreate", "cuArrayCreate", "cuArray3DCreate", "cuMemFree", "cuMemFreeAsync", "cuMemRelease", "cuArrayDestroy", "cuMemGetInfo", "cuDeviceTotalMem"};
-static const unsigned long long pa_flags[NFN] = {[ASYNCPTSZ] = 2};
+static const char *pa_names[NFN] = {"cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuDeviceGetDefaultMemPool", "cuMemCreate", "cuArrayCreate", "cuArray3DCreate", "cuMemFree", "cuMemFreeAsync", "cuMemRelease", "cuArrayDestroy", "cuMemGetInfo", "cuDeviceTotalMem", "cuMemAllocFromPoolAsync"};
+static const unsigned long long pa_flags[NFN] = {[ASYNCPTSZ] = 2, [POOLPTSZ] = 2};
 
 static unsigned long long parse_size(const char *s) {
     char *end;
@@ -196,13 +197,14 @@ static int run(int argc, char **argv, int i) {
             r = CALL(CUresult(*)(CUdeviceptr *, size_t, void *), k, &p, parse_size(argv[++i]), NULL);
             if (!r) last_ptr = p;
             printf("%s rc=%d ptr=0x%llx\n", op, r, p);
-        } else if (!strcmp(op, "pool")) {
+        } else if (!strcmp(op, "pool") || !strcmp(op, "poolptsz")) {
             CUdeviceptr p = 0; void *pool = NULL;
+            int k = !strcmp(op, "pool") ? POOLALLOC : POOLPTSZ;
             r = CALL(CUresult(*)(void **, int), POOLGET, &pool, 0);
-            if (!r) r = CALL(CUresult(*)(CUdeviceptr *, size_t, void *, void *), POOLALLOC, &p, parse_size(argv[++i]), pool, NULL);
+            if (!r) r = CALL(CUresult(*)(CUdeviceptr *, size_t, void *, void *), k, &p, parse_size(argv[++i]), pool, NULL);
             else i++;
             if (!r) last_ptr = p;
-            printf("pool rc=%d ptr=0x%llx\n", r, p);
+            printf("%s rc=%d ptr=0x%llx\n", op, r, p);
         } else if (!strcmp(op, "create") || !strcmp(op, "hostcreate")) {
             Prop prop; memset(&prop, 0, sizeof prop);
             prop.type = 1; /* PINNED */
@@ -408,7 +410,7 @@ int main(int argc, char **argv) {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 3; }
     if (!strcmp(via, "direct")) {
-        void *d[NFN] = {cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync, cuDeviceGetDefaultMemPool, cuMemCreate, cuArrayCreate_v2, cuArray3DCreate_v2, cuMemFree_v2, cuMemFreeAsync, cuMemRelease, cuArrayDestroy, cuMemGetInfo_v2, cuDeviceTotalMem_v2};
+        void *d[NFN] = {cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync, cuDeviceGetDefaultMemPool, cuMemCreate, cuArrayCreate_v2, cuArray3DCreate_v2, cuMemFree_v2, cuMemFreeAsync, cuMemRelease, cuArrayDestroy, cuMemGetInfo_v2, cuDeviceTotalMem_v2, cuMemAllocFromPoolAsync_ptsz};
         memcpy(fn, d, sizeof d);
     } else if (!strcmp(via, "dlsym")) {
         for (int k = 0; k < NFN; k++) fn[k] = dlsym(h, dl_names[k]);

@@ -20,7 +20,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hami_common::event::{CudaEvent, EventKind};
+use hami_common::event::{Event, EventKind};
 use hami_common::region::RegionSnapshot;
 use serde::Serialize;
 
@@ -309,10 +309,8 @@ impl Agent {
     }
 
     /// Consumes one event.
-    pub fn on_event(&mut self, ev: &CudaEvent) -> Applied {
-        let Some(kind) = EventKind::from_u32(ev.kind) else {
-            return Applied::Ignored;
-        };
+    pub fn on_event(&mut self, ev: &Event) -> Applied {
+        let kind = ev.kind;
         if kind == EventKind::ProcessExit {
             self.entries.remove(&ev.tgid);
             return self.procs.apply(ev);

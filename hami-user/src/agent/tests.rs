@@ -106,7 +106,7 @@ fn kinds(fs: &[Finding]) -> Vec<(FindingKind, &'static str)> {
 }
 
 /// An event stamped now (`CLOCK_MONOTONIC`, like the probes').
-fn ev_now(kind: EventKind, pid: u32, size: u64, addr: u64) -> CudaEvent {
+fn ev_now(kind: EventKind, pid: u32, size: u64, addr: u64) -> Event {
     let mut e = ev(kind, pid, size, addr, 0);
     e.ts_ns = monotonic_ns();
     e

@@ -1,5 +1,5 @@
 //! Loading the `hami-ebpf` programs, attaching them to every libcuda file, and streaming
-//! their [`CudaEvent`]s to tokio.
+//! their events, decoded once ([`Event`]), to tokio.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), hami_user::probes::ProbeError> {
@@ -31,7 +31,7 @@ use aya::programs::raw_trace_point::RawTracePointLink;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeLink, UProbeScope};
 use aya::programs::{ProgramError, RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
-use hami_common::event::CudaEvent;
+use hami_common::event::Event;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::mpsc;
@@ -728,7 +728,7 @@ impl Probes {
     pub fn spawn(
         mut self,
         discovery: DiscoveryOptions,
-    ) -> Result<(mpsc::Receiver<CudaEvent>, ProbeHandle), ProbeError> {
+    ) -> Result<(mpsc::Receiver<Event>, ProbeHandle), ProbeError> {
         let ring = self
             .ring
             .take()

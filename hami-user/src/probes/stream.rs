@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use aya::maps::{IterableMap, Map, MapData, PerCpuArray, RingBuf};
-use hami_common::event::{counter, CudaEvent};
+use hami_common::event::{counter, CudaEvent, Event};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
@@ -20,7 +20,7 @@ pub struct ProbeCounters {
     pub unpaired: u64,
     /// Events read from the ring buffer by user space.
     pub received: u64,
-    /// Ring buffer records of the wrong size (should stay 0).
+    /// Ring buffer records of the wrong size or of an unknown kind (should stay 0).
     pub malformed: u64,
 }
 
@@ -54,19 +54,21 @@ pub(super) fn read_counters(map: &PerCpuArray<MapData, u64>, user: &UserCounters
     }
 }
 
-/// Decode one ring-buffer record.
-pub fn decode_event(bytes: &[u8]) -> Option<CudaEvent> {
+/// Decode one ring-buffer record into a typed [`Event`]: the only place a raw record is
+/// read. `None` for a record of the wrong size or of an unknown kind.
+pub fn decode_event(bytes: &[u8]) -> Option<Event> {
     if bytes.len() != std::mem::size_of::<CudaEvent>() {
         return None;
     }
     // SAFETY: the length matches; CudaEvent is repr(C) made of integers (any bit pattern is
     // valid), and read_unaligned has no alignment requirement.
-    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<CudaEvent>()) })
+    let raw = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<CudaEvent>()) };
+    Event::decode(&raw)
 }
 
 pub(super) async fn pump(
     mut afd: AsyncFd<RingBuf<MapData>>,
-    tx: mpsc::Sender<CudaEvent>,
+    tx: mpsc::Sender<Event>,
     user: Arc<UserCounters>,
 ) {
     let mut batch = Vec::with_capacity(1024);
