@@ -150,7 +150,10 @@ mod tests {
         for i in 0..10_000u64 {
             if i % 16 == 0 {
                 m.advance();
-                assert!(i == 0 || m.contains(&u64::MAX), "the hot key was evicted at {i}");
+                assert!(
+                    i == 0 || m.contains(&u64::MAX),
+                    "the hot key was evicted at {i}"
+                );
             }
             if i == 0 {
                 m.insert(u64::MAX, ());

@@ -137,8 +137,7 @@ mod tests {
     }
 
     #[test]
-    fn a_file_mapped_all_along_is_handled_once_and_a_gone_one_is_forgotten_then_examined_again()
-    {
+    fn a_file_mapped_all_along_is_handled_once_and_a_gone_one_is_forgotten_then_examined_again() {
         let mut s: Seen<u32> = Seen::new(64);
         // File 1 (say, a libcuda.so.1 that exports nothing) is mapped by a long-lived
         // process: offered by the full scans only (its mapper is skipped in between).
@@ -151,7 +150,11 @@ mod tests {
             let new = pass(&mut s, true, &[1]);
             assert_eq!(new, Vec::<u64>::new(), "round {round}: 1 is examined again");
         }
-        assert_eq!(s.maps_len(), 1, "2 is forgotten once no full scan offers it");
+        assert_eq!(
+            s.maps_len(),
+            1,
+            "2 is forgotten once no full scan offers it"
+        );
         // 2 is mapped again later: examined again, once.
         assert_eq!(pass(&mut s, false, &[2]), [2]);
         assert_eq!(pass(&mut s, false, &[2]), Vec::<u64>::new());
@@ -167,7 +170,11 @@ mod tests {
             let live: Vec<u64> = (next.saturating_sub(20)..next + 10).collect();
             next += 10;
             pass(&mut s, p % 10 == 0, &live);
-            assert!(s.maps_len() <= 100, "{} remembered at pass {p}", s.maps_len());
+            assert!(
+                s.maps_len() <= 100,
+                "{} remembered at pass {p}",
+                s.maps_len()
+            );
         }
         // The churn stops: nothing is mapped any more.
         for p in 0..20 {

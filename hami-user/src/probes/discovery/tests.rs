@@ -572,9 +572,17 @@ fn a_driver_no_path_names_is_offered_through_its_mapping() {
     }
     // A mapping whose range now holds another file (unmapped and mapped again since the
     // maps were read) is not taken for the driver.
-    let line = fake_mapping(root, 100, "7f0000020000-7f0000021000", "/x/libcuda.so.1 (deleted)");
+    let line = fake_mapping(
+        root,
+        100,
+        "7f0000020000-7f0000021000",
+        "/x/libcuda.so.1 (deleted)",
+    );
     let f: Vec<&str> = line.split_whitespace().collect();
-    let other = format!("{} {} {} {} 999999 {} {}\n", f[0], f[1], f[2], f[3], f[5], f[6]);
+    let other = format!(
+        "{} {} {} {} 999999 {} {}\n",
+        f[0], f[1], f[2], f[3], f[5], f[6]
+    );
     fs::write(root.join("100/maps"), &other).unwrap();
     assert!(scan_proc_maps_with(root, &mut Classifier::default()).is_empty());
 }
@@ -590,7 +598,12 @@ fn classified_files_stay_bounded_under_churn_and_a_gone_one_is_read_again() {
     let mut most = 0;
     for p in 0..300u32 {
         let pid = 1000 + p;
-        fake_mapper(root, pid, 5, &[(&format!("/lib/lib{p}.so"), 10_000 + p as u64)]);
+        fake_mapper(
+            root,
+            pid,
+            5,
+            &[(&format!("/lib/lib{p}.so"), 10_000 + p as u64)],
+        );
         if p >= 10 {
             fs::remove_dir_all(root.join((pid - 10).to_string())).unwrap();
         }
@@ -603,8 +616,14 @@ fn classified_files_stay_bounded_under_churn_and_a_gone_one_is_read_again() {
         most <= 1 + 10 + 2 * FULL_SCAN_EVERY as usize,
         "{most} files remembered"
     );
-    assert!(c.known.peek(&("08:01".into(), 1)).is_some(), "the live one stays");
-    assert!(c.known.peek(&("08:01".into(), 10_000)).is_none(), "the first gone one went");
+    assert!(
+        c.known.peek(&("08:01".into(), 1)).is_some(),
+        "the live one stays"
+    );
+    assert!(
+        c.known.peek(&("08:01".into(), 10_000)).is_none(),
+        "the first gone one went"
+    );
     // The churn stops: after two full scans only the live process's file is remembered.
     for _ in 0..2 * FULL_SCAN_EVERY {
         for p in 290..300u32 {
