@@ -183,8 +183,9 @@ pub struct Agent {
     resolver: Resolver,
     /// Regions released since start because no process used them any more.
     released_regions: u64,
-    /// Mapped files checked for the preload's marker, by `/proc/<pid>/maps` identity.
-    preload_files: HashMap<(String, u64), bool>,
+    /// Mapped files checked for the preload's marker, by `/proc/<pid>/maps` identity (the
+    /// least recently looked up forgotten beyond [`PRELOAD_FILES_MAX`]: read again).
+    preload_files: crate::probes::discovery::memo::Memo<(String, u64), bool>,
     /// Ring-buffer drops counted so far ([`Agent::note_dropped`]).
     dropped_seen: u64,
     /// When drops were last noticed (ticks since boot): a process learned later that had
@@ -219,6 +220,9 @@ fn exit_watch_for(proc_root: &Path) -> Option<pidfds::ExitWatch> {
         })
         .ok()
 }
+
+/// `libvgpu.so*` files whose marker check the agent remembers at most.
+pub const PRELOAD_FILES_MAX: usize = 1024;
 
 /// Least time between two `/proc` scans for processes whose every event was dropped.
 const DROP_SCAN_PERIOD: Duration = Duration::from_secs(2);
@@ -266,7 +270,7 @@ impl Agent {
             started_at,
             resolver: Resolver::new(opts.log_root.clone()),
             released_regions: 0,
-            preload_files: HashMap::new(),
+            preload_files: crate::probes::discovery::memo::Memo::new(PRELOAD_FILES_MAX),
             dropped_seen: 0,
             drops_noticed_at: None,
             lost_pending: HashSet::new(),
