@@ -47,6 +47,10 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemAllocManaged",
 ];
 
+/// The symbol every build of hami-preload defines (and no driver does): a file named
+/// `libhami_preload*` without it is not the preload.
+pub const PRELOAD_MARKER: &str = "hami_preload_marker";
+
 /// Bytes the agent reads from one file to find its dynamic symbols (section headers,
 /// `.dynsym`, its string table): a file that needs more is "not a driver". A real driver
 /// needs well under 1 MiB; the files are tenant-controlled, so nothing larger is read.
@@ -431,13 +435,11 @@ impl Classifier {
 
     /// Whether the mapped file `id`, opened as `path` (named `name` in the maps), is a CUDA
     /// driver: named `libcuda.so*`, or an ELF that defines `cuInit` and an allocation
-    /// function (not `libhami_preload*.so`, which defines them as hooks).
+    /// function (not hami-preload, which defines them as hooks: a file that defines
+    /// [`PRELOAD_MARKER`] too).
     pub fn is_driver(&mut self, id: &(String, u64), path: &Path, name: &str) -> bool {
         if is_libcuda_name(name) {
             return true;
-        }
-        if name.starts_with("libhami_preload") {
-            return false;
         }
         if let Some(&k) = self.known.get(id) {
             return k;
@@ -445,7 +447,16 @@ impl Classifier {
         let Ok(meta) = fs::metadata(path) else {
             return false; // process gone: decide next time
         };
-        let k = meta.is_file() && elf_defines_driver_symbols(path);
+        // hami-preload defines the driver's functions as hooks: a file of its name is the
+        // preload when it defines the preload's marker, else a driver under a false name
+        // (a tenant hiding its libcuda from the probes) if its symbols say so.
+        let k = meta.is_file()
+            && if name.starts_with("libhami_preload") {
+                elf_defined_symbols(path, &[PRELOAD_MARKER]).is_some_and(|found| found.is_empty())
+                    && elf_defines_driver_symbols(path)
+            } else {
+                elf_defines_driver_symbols(path)
+            };
         self.known.insert(id.clone(), k);
         k
     }

@@ -637,3 +637,26 @@ fn classified_files_stay_bounded_under_churn_and_a_gone_one_is_read_again() {
     scan_proc_maps_with(root, &mut c);
     assert_eq!(c.known.peek(&("08:01".into(), 10_000)), Some(&false));
 }
+
+#[test]
+fn a_driver_under_the_preloads_name_is_a_driver_and_the_preload_is_not() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let a = hami_test_harness::Artifacts::get();
+    fake_mapper(root, 100, 5, &[("/tmp/libhami_preload.so", 21)]);
+    fs::write(
+        root.join("100/root/tmp/libhami_preload.so"),
+        fake_driver_bytes(),
+    )
+    .unwrap();
+    fake_mapper(root, 200, 5, &[("/opt/libhami_preload.so", 22)]);
+    fs::write(
+        root.join("200/root/opt/libhami_preload.so"),
+        fs::read(&a.preload_so).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        inodes(&scan_proc_maps_with(root, &mut Classifier::default())),
+        [21]
+    );
+}
