@@ -6,6 +6,7 @@
 //! and real region files.
 
 mod compute;
+pub mod history;
 mod pidfds;
 mod processes;
 mod regions;
@@ -173,7 +174,8 @@ pub struct Agent {
     /// For findings that need NVML confirmation: the NVML sample they were first seen in.
     pending_nvml: HashMap<FindingKey, u64>,
     standing: BTreeMap<FindingKey, Finding>,
-    history: BTreeMap<FindingKey, Finding>,
+    /// Findings reported since start, bounded (see [`history`]).
+    history: history::History,
     reclaimed: Vec<Reclaimed>,
     /// `/proc/<pid>/maps` identities of the probed libcuda files (any file name).
     libcuda_ids: HashSet<(String, u64)>,
@@ -264,7 +266,7 @@ impl Agent {
             pending: HashMap::new(),
             pending_nvml: HashMap::new(),
             standing: BTreeMap::new(),
-            history: BTreeMap::new(),
+            history: history::History::default(),
             reclaimed: Vec::new(),
             libcuda_ids: HashSet::new(),
             started_at,
@@ -489,8 +491,10 @@ impl Agent {
         for (k, f) in std::mem::take(&mut self.standing) {
             if !standing.contains_key(&k) {
                 out.cleared.push(f);
+                self.history.cleared(k);
             }
         }
+        self.history.bound(&standing);
         self.standing = standing;
         out
     }
@@ -500,7 +504,8 @@ impl Agent {
         self.standing.values().cloned().collect()
     }
 
-    /// Every finding reported since start (latest numbers for each).
+    /// Every finding reported since start (latest numbers for each; at most
+    /// [`history::HISTORY_MAX`] cleared ones, see there).
     pub fn history(&self) -> Vec<Finding> {
         self.history.values().cloned().collect()
     }
