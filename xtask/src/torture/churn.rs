@@ -5,7 +5,8 @@
 //! the driver from a fresh copy of its own (a new inode: attached, then, once the phase's
 //! processes are gone and the copy is removed, detached and forgotten), reached by two
 //! paths (the copy and a hard link to it in another directory: one file, two names), and
-//! every fourth process from the shared driver. Measured: the agent's `VmRSS` when ready,
+//! every fourth process from the shared driver; every tenth runs without the preload (a
+//! `bypass` finding each, so the agent's findings history is churned too). Measured: the agent's `VmRSS` when ready,
 //! after the first phase (*start*), after half the processes (*middle*) and at the end
 //! (after the last phase and two full discovery scans), and discovery's memory (the
 //! `discovery memory` debug line of every full scan). Checked: every process succeeded,
@@ -38,6 +39,8 @@ const ANCHOR_LEAD: Duration = Duration::from_millis(1200);
 /// Phases per fresh copy of the driver (5 copies in 20 phases: each attach and detach
 /// takes seconds of kernel time).
 const COPY_EVERY: usize = 4;
+/// Every this many processes one runs without the preload (a bypass finding each).
+const UNHOOKED_EVERY: usize = 10;
 /// Longest wait after the last phase for discovery to retire the copies.
 const SETTLE_MAX: Duration = Duration::from_secs(90);
 /// Caps of the discovery sets (`hami_user::probes`), checked against the agent's figures.
@@ -195,6 +198,10 @@ pub(super) fn churn(r: &mut Report) -> Result<()> {
             let lib = if i % 4 == 3 { &dirs[2] } else { &dirs[i % 2] };
             c.env("LD_LIBRARY_PATH", lib_path(lib))
                 .args(["init", "ctx", "alloc", "2M", "free", "last"]);
+            if i % UNHOOKED_EVERY == UNHOOKED_EVERY - 1 {
+                // A bypass each: the findings the agent keeps must stay bounded too.
+                c.env_remove("LD_PRELOAD");
+            }
             c
         })?;
         for mut a in anchors {
