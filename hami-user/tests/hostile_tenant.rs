@@ -978,10 +978,9 @@ fn a_driver_loaded_through_a_descriptor_unlinked_or_memfd_is_probed() {
     let prog = dir.path().join("fdload");
     common::compile_c(FD_LOADER, &prog, &["-ldl"]);
     let env = TestEnv::new();
-    let mut agent = Agent::start(
-        &env,
-        &["run", "--json-log", "--metrics-addr", "127.0.0.1:0"],
-    );
+    // Ended by SIGTERM once both tenants allocated: the report lists them (still running).
+    let mut agent = Agent::start(&env, &["audit", "--json", "--seconds", "120"]);
+    let mut tenants = Vec::new();
     for how in ["unlinked", "memfd"] {
         let copy = dir.path().join(format!("{how}/libcuda.so.1"));
         std::fs::create_dir_all(copy.parent().unwrap()).unwrap();
@@ -1021,25 +1020,34 @@ fn a_driver_loaded_through_a_descriptor_unlinked_or_memfd_is_probed() {
         line.clear();
         out.read_line(&mut line).unwrap();
         assert_eq!(line.trim(), "allocated rc=0", "{how}");
-        // The allocation is seen: a bypass (no preload) with its 48 MiB.
-        let l = agent.wait_line(Duration::from_secs(20), |l| {
-            finding_line(l, "bypass", pid).is_some()
-        });
-        let f = finding_line(&l, "bypass", pid).unwrap();
-        assert_eq!(f["observed"], 48 * MIB, "{how}: {f:#}");
+        tenants.push((how, pid, attached, child, stdin));
+    }
+    // A few ticks (250 ms) for the events to be applied.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (st, out, log) = agent.terminate(Duration::from_secs(30));
+    assert_eq!(
+        st.code(),
+        Some(2),
+        "a bypass fails the audit\n{}",
+        log.join("\n")
+    );
+    let audit = parse_audit(&out, &log);
+    for (how, pid, attached, mut child, stdin) in tenants {
+        // The allocation was seen: its 48 MiB observed, and it is a bypass (no preload).
+        let row = process(&audit, pid);
+        assert_eq!(row["observed"], 48 * MIB, "{how}: {row:#}");
+        assert!(
+            findings(&audit)
+                .iter()
+                .any(|f| f["pid"] == pid && f["kind"] == "bypass"),
+            "{how}: no bypass: {:#}",
+            audit["findings"]
+        );
         assert!(
             attached,
-            "{how}: the bypass came without the attach line: {l}"
+            "{how}: seen without the attach line naming map_files"
         );
         drop(stdin);
         assert!(child.wait().unwrap().success(), "{how}");
     }
-    // Once its process is gone no path or process holds the copy: its probes go (the
-    // unlinked-file lifecycle), at the next full scan that finds it mapped by nobody.
-    agent.wait_line(Duration::from_secs(30), |l| {
-        l.contains("libcuda unlinked and no longer mapped: probes detached")
-            && l.contains("/map_files/")
-    });
-    let (st, _, log) = agent.terminate(Duration::from_secs(30));
-    assert!(st.success(), "{st:?}\n{}", log.join("\n"));
 }
