@@ -1050,4 +1050,33 @@ fn a_driver_loaded_through_a_descriptor_unlinked_or_memfd_is_probed() {
         drop(stdin);
         assert!(child.wait().unwrap().success(), "{how}");
     }
+    // A memfd has no link either (`nlink` 0): once its process is gone, nobody can load it
+    // again, and its probes go at the next full scan that finds nobody mapping it.
+    let mut agent = Agent::start(
+        &env,
+        &["run", "--json-log", "--metrics-addr", "127.0.0.1:0"],
+    );
+    let mut c = env.command(&prog);
+    c.args(["memfd"])
+        .arg(&a.fake_libcuda)
+        .arg(dir.path().join("unused"))
+        .arg("1048576")
+        .stdin(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let pid = child.id();
+    let map_files = format!("/proc/{pid}/map_files/");
+    agent.wait_line(Duration::from_secs(30), |l| {
+        l.contains("attached libcuda probes") && l.contains(&map_files)
+    });
+    drop(stdin);
+    let _ = child.wait();
+    agent.wait_line(Duration::from_secs(30), |l| {
+        l.contains("no longer mapped: probes detached") && l.contains(&map_files)
+    });
+    let (st, _, log) = agent.terminate(Duration::from_secs(30));
+    assert!(st.success(), "{st:?}\n{}", log.join("\n"));
 }
