@@ -405,6 +405,8 @@ pub fn mapped_files(maps: &str) -> impl Iterator<Item = &str> {
 /// One line of `/proc/<pid>/maps`: `address perms offset dev inode [path]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MapsEntry<'a> {
+    /// Address range as the maps write it (`7f0000000000-7f0000001000`).
+    pub range: &'a str,
     /// Permissions (`r-xp`).
     pub perms: &'a str,
     /// Device as the maps write it (`fd:01`).
@@ -419,10 +421,11 @@ pub struct MapsEntry<'a> {
 pub fn maps_entries(maps: &str) -> impl Iterator<Item = MapsEntry<'_>> {
     maps.lines().filter_map(|l| {
         let mut it = l.splitn(6, ' ');
-        let (_, perms, _, dev) = (it.next()?, it.next()?, it.next()?, it.next()?);
+        let (range, perms, _, dev) = (it.next()?, it.next()?, it.next()?, it.next()?);
         let inode = it.next()?.parse().ok()?;
         let path = it.next().unwrap_or("").trim_start();
         Some(MapsEntry {
+            range,
             perms,
             dev,
             inode,

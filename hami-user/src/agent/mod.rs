@@ -6,6 +6,7 @@
 //! and real region files.
 
 mod compute;
+pub mod history;
 mod pidfds;
 mod processes;
 mod regions;
@@ -173,7 +174,8 @@ pub struct Agent {
     /// For findings that need NVML confirmation: the NVML sample they were first seen in.
     pending_nvml: HashMap<FindingKey, u64>,
     standing: BTreeMap<FindingKey, Finding>,
-    history: BTreeMap<FindingKey, Finding>,
+    /// Findings reported since start, bounded (see [`history`]).
+    history: history::History,
     reclaimed: Vec<Reclaimed>,
     /// `/proc/<pid>/maps` identities of the probed libcuda files (any file name).
     libcuda_ids: HashSet<(String, u64)>,
@@ -183,8 +185,9 @@ pub struct Agent {
     resolver: Resolver,
     /// Regions released since start because no process used them any more.
     released_regions: u64,
-    /// Mapped files checked for the preload's marker, by `/proc/<pid>/maps` identity.
-    preload_files: HashMap<(String, u64), bool>,
+    /// Mapped files checked for the preload's marker, by `/proc/<pid>/maps` identity (the
+    /// least recently looked up forgotten beyond [`PRELOAD_FILES_MAX`]: read again).
+    preload_files: crate::probes::discovery::memo::Memo<(String, u64), bool>,
     /// Ring-buffer drops counted so far ([`Agent::note_dropped`]).
     dropped_seen: u64,
     /// When drops were last noticed (ticks since boot): a process learned later that had
@@ -219,6 +222,9 @@ fn exit_watch_for(proc_root: &Path) -> Option<pidfds::ExitWatch> {
         })
         .ok()
 }
+
+/// `libvgpu.so*` files whose marker check the agent remembers at most.
+pub const PRELOAD_FILES_MAX: usize = 1024;
 
 /// Least time between two `/proc` scans for processes whose every event was dropped.
 const DROP_SCAN_PERIOD: Duration = Duration::from_secs(2);
@@ -260,13 +266,13 @@ impl Agent {
             pending: HashMap::new(),
             pending_nvml: HashMap::new(),
             standing: BTreeMap::new(),
-            history: BTreeMap::new(),
+            history: history::History::default(),
             reclaimed: Vec::new(),
             libcuda_ids: HashSet::new(),
             started_at,
             resolver: Resolver::new(opts.log_root.clone()),
             released_regions: 0,
-            preload_files: HashMap::new(),
+            preload_files: crate::probes::discovery::memo::Memo::new(PRELOAD_FILES_MAX),
             dropped_seen: 0,
             drops_noticed_at: None,
             lost_pending: HashSet::new(),
@@ -483,8 +489,10 @@ impl Agent {
         for (k, f) in std::mem::take(&mut self.standing) {
             if !standing.contains_key(&k) {
                 out.cleared.push(f);
+                self.history.cleared(k);
             }
         }
+        self.history.bound(&standing);
         self.standing = standing;
         out
     }
@@ -494,7 +502,8 @@ impl Agent {
         self.standing.values().cloned().collect()
     }
 
-    /// Every finding reported since start (latest numbers for each).
+    /// Every finding reported since start (latest numbers for each; at most
+    /// [`history::HISTORY_MAX`] cleared ones, see there).
     pub fn history(&self) -> Vec<Finding> {
         self.history.values().cloned().collect()
     }

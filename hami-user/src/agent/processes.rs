@@ -4,6 +4,8 @@
 //! are gone.
 
 use std::collections::{HashMap, HashSet};
+
+use crate::probes::discovery::memo::Memo;
 use std::path::Path;
 
 use crate::identity::{self, Identity};
@@ -43,7 +45,7 @@ pub(super) fn read_proc_bounded(proc_root: &Path, pid: u32) -> Option<ProcInfo> 
 fn preload_files_of(
     proc_root: &Path,
     pid: u32,
-    known: &HashMap<(String, u64), bool>,
+    known: &Memo<(String, u64), bool>,
 ) -> Vec<((String, u64), bool)> {
     let Ok(maps) = procinfo::read_maps(proc_root, pid) else {
         return Vec::new();
@@ -60,7 +62,7 @@ fn preload_files_of(
         if out.iter().any(|(k, _)| *k == key) {
             continue;
         }
-        let is = match known.get(&key) {
+        let is = match known.peek(&key) {
             Some(&is) => is,
             None => tenantfs::open_in_root(&root, path, Path::new(path), false)
                 .ok()
@@ -281,7 +283,9 @@ impl Agent {
             Ok(files) => {
                 let found = files.iter().any(|(_, is)| *is);
                 let hami_core = !found && !files.is_empty();
-                self.preload_files.extend(files);
+                for (k, is) in files {
+                    self.preload_files.insert(k, is);
+                }
                 (found, hami_core)
             }
             Err(e) => {

@@ -1,7 +1,7 @@
 //! Running probes: the handle the agent keeps (counters, attached libraries, announced
 //! files) and the periodic libcuda discovery that attaches new files.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -47,11 +47,11 @@ impl Shared {
 }
 
 /// Per-scan memory of the discovery task: the maps identities and the paths already
-/// handled (a path with the stamp of the file it named then).
+/// handled (a path with the stamp of the file it named then), bounded (see
+/// [`discovery::seen::Seen`] and [`discovery::Classifier`]).
 #[derive(Default)]
 pub(super) struct ScanState {
-    seen_maps: HashSet<(String, u64)>,
-    seen_paths: HashMap<PathBuf, Option<FileStamp>>,
+    seen: discovery::seen::Seen<Option<FileStamp>>,
     classifier: discovery::Classifier,
     /// Attached files seen rewritten in place, with the version seen: attached again once
     /// a pass finds that version unchanged (not while it is being written).
@@ -76,14 +76,16 @@ pub(super) fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> V
         path: p.clone(),
         maps_id: None,
     }));
+    let full = st.classifier.last_scan_full();
+    st.seen.begin(full);
     for c in candidates {
         let stamp = match &c.maps_id {
             Some(_) => None,
             None => FileStamp::of(&c.path),
         };
         let new = match &c.maps_id {
-            Some(id) => !st.seen_maps.contains(id),
-            None => st.seen_paths.get(&c.path) != Some(&stamp),
+            Some(id) => st.seen.is_new_map(id),
+            None => st.seen.is_new_path(&c.path, &stamp),
         };
         if !new {
             continue;
@@ -118,14 +120,24 @@ pub(super) fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> V
         };
         if done {
             match c.maps_id {
-                Some(id) => {
-                    st.seen_maps.insert(id);
-                }
-                None => {
-                    st.seen_paths.insert(c.path, stamp);
-                }
+                Some(id) => st.seen.handled_map(id),
+                None => st.seen.handled_path(c.path, stamp),
             }
         }
+    }
+    st.seen.end(full);
+    if full {
+        let m = st.memory(&shared.lock());
+        tracing::debug!(
+            target: MEMORY_LOG_TARGET,
+            seen_maps = m.seen_maps,
+            seen_paths = m.seen_paths,
+            classified = m.classified,
+            with_driver = m.with_driver,
+            rejected = m.rejected,
+            attached = m.attached,
+            "discovery memory"
+        );
     }
     let taken = st.classifier.take_watched();
     if !unlinked.is_empty() {
@@ -194,8 +206,46 @@ fn retire_unmapped(
         }
         if let Some(gone) = p.retire(*id) {
             for g in &gone {
-                st.seen_maps.remove(g);
+                st.seen.forget_map(g);
             }
+        }
+    }
+}
+
+/// The `tracing` target of the `discovery memory` line logged (at debug level) after every
+/// full scan: the sizes of [`DiscoveryMemory`] (`RUST_LOG=hami_user::probes::memory=debug`).
+pub const MEMORY_LOG_TARGET: &str = "hami_user::probes::memory";
+
+/// How much discovery remembers now (see [`ProbeHandle::discovery_memory`]): every figure is
+/// bounded, by the files mapped now or by a documented cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiscoveryMemory {
+    /// Maps identities handled (attached, or found not to be a driver), at most
+    /// [`discovery::seen::SEEN_MAPS_MAX`].
+    pub seen_maps: usize,
+    /// Paths handled (`ld.so.cache`, driver directories, `--libcuda`) that the latest pass
+    /// offered.
+    pub seen_paths: usize,
+    /// Mapped files classified (driver or not), at most [`discovery::Classifier::MAX`].
+    pub classified: usize,
+    /// Processes whose maps showed a driver at the latest scan.
+    pub with_driver: usize,
+    /// Files found to export none of the probed functions, at most
+    /// [`super::REJECTED_MAX`].
+    pub rejected: usize,
+    /// Files attached (each until it is unlinked and mapped by nobody).
+    pub attached: usize,
+}
+
+impl ScanState {
+    fn memory(&self, p: &Probes) -> DiscoveryMemory {
+        DiscoveryMemory {
+            seen_maps: self.seen.maps_len(),
+            seen_paths: self.seen.paths_len(),
+            classified: self.classifier.known_len(),
+            with_driver: self.classifier.with_driver_len(),
+            rejected: p.rejected_len(),
+            attached: p.attached_len(),
         }
     }
 }
@@ -303,6 +353,12 @@ impl ProbeHandle {
     /// Attach a libcuda file now (blocking: a few ms per file).
     pub fn attach_libcuda(&self, path: &Path) -> Result<AttachOutcome, ProbeError> {
         self.shared.lock().attach_libcuda(path)
+    }
+
+    /// How much discovery remembers now (waits for a pass or an attach in progress).
+    pub fn discovery_memory(&self) -> DiscoveryMemory {
+        let st = self.shared.scan.lock().unwrap_or_else(|p| p.into_inner());
+        st.memory(&self.shared.lock())
     }
 
     /// Run one discovery pass now (blocking) and return what was newly attached.

@@ -37,7 +37,7 @@ use tokio::io::Interest;
 use tokio::sync::mpsc;
 
 pub use discovery::{discover_libcuda, parse_ld_so_cache};
-pub use handle::ProbeHandle;
+pub use handle::{DiscoveryMemory, ProbeHandle, MEMORY_LOG_TARGET};
 pub use stream::{decode_event, ProbeCounters};
 pub use teardown::ProbeLinks;
 
@@ -304,6 +304,10 @@ impl Announce {
     }
 }
 
+/// Files found not to be libcuda that [`Probes`] remembers at most (a file is looked at again
+/// once forgotten; discovery itself does not offer a file again while it stays mapped).
+pub const REJECTED_MAX: usize = 1024;
+
 /// Loaded (not yet streaming) probes. See the module docs.
 pub struct Probes {
     announce: Arc<Announce>,
@@ -311,8 +315,9 @@ pub struct Probes {
     libs: HashMap<(u64, u64), Lib>,
     /// Libraries rewritten in place whose attach again failed.
     failed: HashMap<(u64, u64), Failed>,
-    /// Files that are not libcuda (checked once).
-    rejected: HashSet<(u64, u64)>,
+    /// Files that are not libcuda, with the version found so (checked once per version; the
+    /// least recently looked up forgotten beyond [`REJECTED_MAX`]).
+    rejected: discovery::memo::Memo<(u64, u64), FileStamp>,
     counters: PerCpuArray<MapData, u64>,
     ring: Option<RingBuf<MapData>>,
     exit_tp: Option<RawTracePointLink>,
@@ -395,7 +400,7 @@ impl Probes {
             ebpf,
             libs: HashMap::new(),
             failed: HashMap::new(),
-            rejected: HashSet::new(),
+            rejected: discovery::memo::Memo::new(REJECTED_MAX),
             counters,
             ring: Some(ring),
             exit_tp: Some(exit_tp),
@@ -444,7 +449,8 @@ impl Probes {
                 missing: Vec::new(),
             });
         }
-        if self.rejected.contains(&id) {
+        // By inode and version: a deleted file's inode number may come back with a driver.
+        if self.rejected.get(&id) == Some(&stamp) {
             return Err(ProbeError::NotLibcuda(path.to_path_buf()));
         }
         check_elf(path, open)?;
@@ -505,7 +511,7 @@ impl Probes {
         attached.sort_by_key(table_order);
         missing.sort_by_key(table_order);
         if attached.is_empty() {
-            self.rejected.insert(id);
+            self.rejected.insert(id, stamp);
             return Err(ProbeError::NotLibcuda(path.to_path_buf()));
         }
         tracing::info!(
@@ -559,6 +565,16 @@ impl Probes {
             Ok(id) => p.take_link(id).map_err(AttachErr::Other),
             Err(e) => Err(AttachErr::Other(e)),
         }
+    }
+
+    /// Files remembered as not libcuda.
+    fn rejected_len(&self) -> usize {
+        self.rejected.len()
+    }
+
+    /// Files attached.
+    fn attached_len(&self) -> usize {
+        self.libs.len()
     }
 
     /// Records that `/proc/<pid>/maps` shows the attached library `file_id` as `maps_id`.

@@ -120,6 +120,11 @@ impl Agent {
         }
     }
 
+    /// Every JSON log record taken in so far (its `fields`, with `message` and `level`).
+    pub(crate) fn records(&self) -> &[Value] {
+        &self.log
+    }
+
     /// Findings logged so far.
     pub(crate) fn findings(&self) -> Vec<&Value> {
         self.log

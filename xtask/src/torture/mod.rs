@@ -32,6 +32,10 @@
 //! * **Agent faults** (`--long`, root): the agent SIGKILLed and restarted mid-workload (its
 //!   eBPF programs must be gone, no false finding after the restart), its ring buffer
 //!   overflowed on purpose (drops counted).
+//! * **Churn** (`--long` or `--only churn`, root): 10 000 short-lived hooked processes in
+//!   20 phases, each phase from a fresh copy of the driver reached by two paths: the agent's
+//!   `VmRSS` at the start, middle and end must stay within a bound, discovery's sets within
+//!   their caps and, at the end, hold only what is live ([`churn`]).
 //! * **Scale** (`--long` or `--only scale`, root): R region files and P hooked processes
 //!   (1000 / 5000 in the long profile, 100 / 500 otherwise), measured at a fifth of that size
 //!   and whole: `hami-agent audit`'s wall time, CPU time and peak RSS, and `hami-agent run`'s
@@ -48,6 +52,7 @@
 
 mod agent;
 mod bad_inputs;
+mod churn;
 mod race;
 mod scale;
 mod stops;
@@ -163,6 +168,8 @@ pub enum Scenario {
     Scale,
     /// The cargo-fuzz targets, 60 s each.
     Fuzz,
+    /// The agent's memory under 10 000 short-lived CUDA processes (root).
+    Churn,
 }
 
 /// Options of `cargo xtask torture`.
@@ -249,6 +256,13 @@ pub fn torture(opts: &TortureOptions) -> Result<()> {
             p.scale_regions, p.scale_procs
         ));
         scale::scale(&p, &mut r).context("scale")?;
+    }
+    if (opts.long && opts.only.is_none()) || opts.only == Some(Scenario::Churn) {
+        step(&format!(
+            "churn: {} short-lived CUDA processes, the agent's memory measured",
+            churn::PROCS
+        ));
+        churn::churn(&mut r).context("churn")?;
     }
     if (opts.long && opts.only.is_none()) || opts.only == Some(Scenario::Fuzz) {
         step("fuzz targets (60 s each)");

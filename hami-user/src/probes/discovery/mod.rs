@@ -1,7 +1,7 @@
 //! Finding libcuda files: the host's `ld.so.cache`, well-known driver directories, and the
 //! memory maps of running processes (inside containers through `/proc/<pid>/root`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -12,6 +12,13 @@ use object::read::{FileKind, ReadCache, ReadRef, StringTable};
 use object::Endianness;
 
 use crate::procinfo::{maps_entries, MapsEntry};
+
+pub mod mapped;
+pub mod memo;
+pub mod seen;
+
+use mapped::{exec_file_mappings, is_mapped_file, map_files_path};
+use memo::Memo;
 
 /// Directories where NVIDIA drivers commonly put `libcuda.so.1` (host and GPU images).
 pub const WELL_KNOWN_DIRS: &[&str] = &[
@@ -39,6 +46,10 @@ pub const DRIVER_SYMBOLS: &[&str] = &[
     "cuMemCreate",
     "cuMemAllocManaged",
 ];
+
+/// The symbol every build of hami-preload defines (and no driver does): a file named
+/// `libhami_preload*` without it is not the preload.
+pub const PRELOAD_MARKER: &str = "hami_preload_marker";
 
 /// Bytes the agent reads from one file to find its dynamic symbols (section headers,
 /// `.dynsym`, its string table): a file that needs more is "not a driver". A real driver
@@ -332,13 +343,20 @@ pub fn dynamic_symbols_defined<'a, R: ReadRef<'a>>(
 /// drivers, so that each file's symbols are read once; and, across the periodic scans of
 /// [`scan_proc_maps_with`], which processes already map a driver (their `maps` are read
 /// again only every [`FULL_SCAN_EVERY`] scans).
-#[derive(Debug, Default)]
+///
+/// Bounded: the files' answers are a [`Memo`] of at most [`Classifier::MAX`] entries whose
+/// epoch moves at every full scan; a file no full scan has seen mapped for more than
+/// [`Classifier::KEEP_FULL_SCANS`] full scans is forgotten (read again if it comes back).
+/// The processes with a driver are those of the latest scan only.
+#[derive(Debug)]
 pub struct Classifier {
-    known: HashMap<(String, u64), bool>,
+    known: Memo<(String, u64), bool>,
     /// Processes (pid, start time) whose `maps` showed a driver at the last reading.
     with_driver: HashSet<(u32, u64)>,
     /// Scans done with this classifier.
     scans: u64,
+    /// Whether the latest scan was a full one (see [`Classifier::last_scan_full`]).
+    last_full: bool,
     /// Files (maps identities) whose mappers full scans look for (see [`Classifier::watch`]).
     watched: HashSet<(String, u64)>,
     /// What the last scan found of `watched`, when it was a full one that read every live
@@ -364,10 +382,42 @@ pub struct WatchResult {
 /// cost the agent more than a core (docs/benchmarks.md, Scale).
 pub const FULL_SCAN_EVERY: u64 = 10;
 
+impl Default for Classifier {
+    fn default() -> Classifier {
+        Classifier {
+            known: Memo::new(Classifier::MAX),
+            with_driver: HashSet::new(),
+            scans: 0,
+            last_full: false,
+            watched: HashSet::new(),
+            watch_result: None,
+        }
+    }
+}
+
 impl Classifier {
-    /// Files remembered before the memory is cleared (a node that keeps starting containers
-    /// sees new inodes for ever).
-    const MAX: usize = 1 << 16;
+    /// Files whose answer is remembered at most (a node that keeps starting containers sees
+    /// new inodes for ever; the least recently seen are forgotten first).
+    pub const MAX: usize = 1 << 14;
+
+    /// Full scans a file's answer is kept for after the last one that saw it mapped.
+    pub const KEEP_FULL_SCANS: u64 = 1;
+
+    /// Whether the latest [`scan_proc_maps_with`] read every live process's maps (the first
+    /// scan and every [`FULL_SCAN_EVERY`]-th).
+    pub fn last_scan_full(&self) -> bool {
+        self.last_full
+    }
+
+    /// Files whose answer (driver or not) is remembered now.
+    pub fn known_len(&self) -> usize {
+        self.known.len()
+    }
+
+    /// Processes whose maps showed a driver at the latest scan.
+    pub fn with_driver_len(&self) -> usize {
+        self.with_driver.len()
+    }
 
     /// From the next full scan on (every [`FULL_SCAN_EVERY`]-th), look for processes that
     /// map any of `ids` (`/proc/<pid>/maps` device and inode; replaces the previous set).
@@ -385,13 +435,11 @@ impl Classifier {
 
     /// Whether the mapped file `id`, opened as `path` (named `name` in the maps), is a CUDA
     /// driver: named `libcuda.so*`, or an ELF that defines `cuInit` and an allocation
-    /// function (not `libhami_preload*.so`, which defines them as hooks).
+    /// function (not hami-preload, which defines them as hooks: a file that defines
+    /// [`PRELOAD_MARKER`] too).
     pub fn is_driver(&mut self, id: &(String, u64), path: &Path, name: &str) -> bool {
         if is_libcuda_name(name) {
             return true;
-        }
-        if name.starts_with("libhami_preload") {
-            return false;
         }
         if let Some(&k) = self.known.get(id) {
             return k;
@@ -399,10 +447,16 @@ impl Classifier {
         let Ok(meta) = fs::metadata(path) else {
             return false; // process gone: decide next time
         };
-        let k = meta.is_file() && elf_defines_driver_symbols(path);
-        if self.known.len() >= Self::MAX {
-            self.known.clear();
-        }
+        // hami-preload defines the driver's functions as hooks: a file of its name is the
+        // preload when it defines the preload's marker, else a driver under a false name
+        // (a tenant hiding its libcuda from the probes) if its symbols say so.
+        let k = meta.is_file()
+            && if name.starts_with("libhami_preload") {
+                elf_defined_symbols(path, &[PRELOAD_MARKER]).is_some_and(|found| found.is_empty())
+                    && elf_defines_driver_symbols(path)
+            } else {
+                elf_defines_driver_symbols(path)
+            };
         self.known.insert(id.clone(), k);
         k
     }
@@ -499,10 +553,15 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
     let mut out = Vec::new();
     let mut seen = HashSet::new();
     let Ok(entries) = fs::read_dir(proc_root) else {
+        classifier.last_full = false;
         return out;
     };
     let full = classifier.scans.is_multiple_of(FULL_SCAN_EVERY);
     classifier.scans += 1;
+    classifier.last_full = full;
+    if full {
+        classifier.known.advance();
+    }
     let before = std::mem::take(&mut classifier.with_driver);
     // Only a full scan reads every process: only it can tell that nobody maps a file.
     let mut watch = (full && !classifier.watched.is_empty()).then(|| WatchResult {
@@ -550,8 +609,8 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
                 }
             }
         }
-        for (dev, ino, path) in exec_mappings(&maps) {
-            let id = (dev, ino);
+        for m in exec_file_mappings(&maps) {
+            let id = (m.dev.clone(), m.inode);
             if seen.contains(&id) {
                 // A driver this scan already found (and offered) in another process.
                 if let Some(me) = me {
@@ -560,19 +619,35 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
                 continue;
             }
             let root = proc_root.join(pid).join("root");
-            let open_path = rooted(&root, Path::new(&path));
-            let name = Path::new(&path)
+            // A file no path names (deleted, a memfd) is read through the mapping itself.
+            let by_mapping = || map_files_path(proc_root, pid, &m.range);
+            let named = (!m.unnamed).then(|| rooted(&root, Path::new(&m.path)));
+            let Some(read_path) = named.clone().or_else(by_mapping) else {
+                continue;
+            };
+            let name = Path::new(&m.path)
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or("");
-            if !classifier.is_driver(&id, &open_path, name) {
+            if !classifier.is_driver(&id, &read_path, name) {
                 continue;
             }
-            // Only for drivers (few): the path is the tenant's.
-            if !resolves_inside_root(&root, &path, &open_path) {
-                tracing::debug!(pid, path = %path, "mapped file's path leaves the process's root or changed: skipped");
-                continue;
-            }
+            // Only for drivers (few): the path is the tenant's. One that does not name the
+            // mapped file inside the process's root (deleted, a memfd, changed since, or
+            // leaving the root) is opened through `/proc/<pid>/map_files`.
+            let open_path = match named.filter(|p| resolves_inside_root(&root, &m.path, p)) {
+                Some(p) => p,
+                None => match by_mapping().filter(|p| is_mapped_file(p, &m.dev, m.inode)) {
+                    Some(p) => {
+                        tracing::debug!(pid, path = %m.path, via = %p.display(), "driver mapped without a usable path: opened through the mapping");
+                        p
+                    }
+                    None => {
+                        tracing::debug!(pid, path = %m.path, "mapped driver's path leaves the process's root or changed, and its mapping cannot be opened: skipped");
+                        continue;
+                    }
+                },
+            };
             if let Some(me) = me {
                 classifier.with_driver.insert(me);
             }
@@ -585,6 +660,7 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
     }
     if full {
         classifier.watch_result = watch;
+        classifier.known.expire(Classifier::KEEP_FULL_SCANS);
     }
     out
 }

@@ -1,5 +1,6 @@
 //! Unit tests of libcuda discovery: ld.so.cache parsing, driver recognition, maps scans.
 use super::*;
+use std::collections::HashMap;
 
 /// A fake `/proc/<pid>` whose maps show `libs` (path, inode) executable, each file
 /// present inside the process's root.
@@ -509,4 +510,153 @@ fn uprobe_offsets_of_hostile_files_are_errors_not_panics_or_huge_reads() {
         uprobe_offsets(&b"not an elf file at all"[..], &wanted, MAX_ELF_READ),
         Err(ElfError::NotElf)
     ));
+}
+
+/// Writes `<root>/<pid>/map_files/<range>` (a regular file standing for the kernel's link)
+/// and returns the maps line that shows it as `shown`, with its real device and inode.
+fn fake_mapping(root: &Path, pid: u32, range: &str, shown: &str) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let (a, b) = range.split_once('-').unwrap();
+    let name = format!(
+        "{:x}-{:x}",
+        u64::from_str_radix(a, 16).unwrap(),
+        u64::from_str_radix(b, 16).unwrap()
+    );
+    let f = root.join(pid.to_string()).join("map_files").join(name);
+    fs::create_dir_all(f.parent().unwrap()).unwrap();
+    fs::write(&f, b"").unwrap();
+    let m = fs::metadata(&f).unwrap();
+    format!(
+        "{range} r-xp 00000000 {} {}    {shown}\n",
+        crate::probes::maps_dev(m.dev()),
+        m.ino()
+    )
+}
+
+#[test]
+fn a_driver_no_path_names_is_offered_through_its_mapping() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    fake_mapper(root, 100, 5, &[("/lib/libc.so.6", 9)]);
+    // Copied, opened, unlinked, then loaded through /proc/self/fd/N; and a memfd copy (its
+    // name is not libcuda's: recognised by its symbols, read through the mapping too).
+    let deleted = fake_mapping(
+        root,
+        100,
+        "7f0000010000-7f0000011000",
+        "/tmp/t/libcuda.so.1 (deleted)",
+    );
+    let memfd = fake_mapping(root, 100, "00400000-00401000", "/memfd:cuda (deleted)");
+    let mfd = root.join("100/map_files/400000-401000");
+    fs::write(&mfd, fake_driver_bytes()).unwrap();
+    let maps = fs::read_to_string(root.join("100/maps")).unwrap();
+    fs::write(root.join("100/maps"), format!("{maps}{deleted}{memfd}")).unwrap();
+    let found = scan_proc_maps_with(root, &mut Classifier::default());
+    let mut paths: Vec<PathBuf> = found.iter().map(|c| c.path.clone()).collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        [
+            root.join("100/map_files/400000-401000"),
+            root.join("100/map_files/7f0000010000-7f0000011000"),
+        ]
+    );
+    for c in &found {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::metadata(&c.path).unwrap();
+        assert_eq!(
+            c.maps_id,
+            Some((crate::probes::maps_dev(m.dev()), m.ino())),
+            "offered under the maps identity"
+        );
+    }
+    // A mapping whose range now holds another file (unmapped and mapped again since the
+    // maps were read) is not taken for the driver.
+    let line = fake_mapping(
+        root,
+        100,
+        "7f0000020000-7f0000021000",
+        "/x/libcuda.so.1 (deleted)",
+    );
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let other = format!(
+        "{} {} {} {} 999999 {} {}\n",
+        f[0], f[1], f[2], f[3], f[5], f[6]
+    );
+    fs::write(root.join("100/maps"), &other).unwrap();
+    assert!(scan_proc_maps_with(root, &mut Classifier::default()).is_empty());
+}
+
+#[test]
+fn classified_files_stay_bounded_under_churn_and_a_gone_one_is_read_again() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let mut c = Classifier::default();
+    // 300 short-lived processes, 10 alive at a time, each mapping a library of its own
+    // (a container's copy: a new inode), and one long-lived process mapping file 1.
+    fake_mapper(root, 1, 5, &[("/lib/libone.so", 1)]);
+    let mut most = 0;
+    for p in 0..300u32 {
+        let pid = 1000 + p;
+        fake_mapper(
+            root,
+            pid,
+            5,
+            &[(&format!("/lib/lib{p}.so"), 10_000 + p as u64)],
+        );
+        if p >= 10 {
+            fs::remove_dir_all(root.join((pid - 10).to_string())).unwrap();
+        }
+        scan_proc_maps_with(root, &mut c);
+        most = most.max(c.known_len());
+    }
+    // Without expiry it would hold 301 files; it holds the live ones and those seen since
+    // the previous full scan or the one before.
+    assert!(
+        most <= 1 + 10 + 2 * FULL_SCAN_EVERY as usize,
+        "{most} files remembered"
+    );
+    assert!(
+        c.known.peek(&("08:01".into(), 1)).is_some(),
+        "the live one stays"
+    );
+    assert!(
+        c.known.peek(&("08:01".into(), 10_000)).is_none(),
+        "the first gone one went"
+    );
+    // The churn stops: after two full scans only the live process's file is remembered.
+    for _ in 0..2 * FULL_SCAN_EVERY {
+        for p in 290..300u32 {
+            let _ = fs::remove_dir_all(root.join((1000 + p).to_string()));
+        }
+        scan_proc_maps_with(root, &mut c);
+    }
+    assert_eq!(c.known_len(), 1);
+    // A gone file mapped again is classified again (read: here an empty file, not a driver).
+    fake_mapper(root, 7, 5, &[("/lib/lib0.so", 10_000)]);
+    scan_proc_maps_with(root, &mut c);
+    assert_eq!(c.known.peek(&("08:01".into(), 10_000)), Some(&false));
+}
+
+#[test]
+fn a_driver_under_the_preloads_name_is_a_driver_and_the_preload_is_not() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    let a = hami_test_harness::Artifacts::get();
+    fake_mapper(root, 100, 5, &[("/tmp/libhami_preload.so", 21)]);
+    fs::write(
+        root.join("100/root/tmp/libhami_preload.so"),
+        fake_driver_bytes(),
+    )
+    .unwrap();
+    fake_mapper(root, 200, 5, &[("/opt/libhami_preload.so", 22)]);
+    fs::write(
+        root.join("200/root/opt/libhami_preload.so"),
+        fs::read(&a.preload_so).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        inodes(&scan_proc_maps_with(root, &mut Classifier::default())),
+        [21]
+    );
 }
