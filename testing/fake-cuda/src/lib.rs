@@ -26,6 +26,7 @@ use driver::{inited, R};
 #[cfg(test)]
 mod clock_tests;
 mod contexts;
+mod events;
 mod memory;
 mod objects;
 mod streams;
@@ -37,6 +38,7 @@ use ffi::*;
 /// (`CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH`, as on a compute capability 9.0 device):
 /// array descriptors with a larger dimension are rejected with `CUDA_ERROR_INVALID_VALUE`.
 pub(crate) const MAX_ARRAY_DIM: u64 = 131_072;
+pub use events::*;
 pub use memory::*;
 pub use objects::*;
 pub use streams::*;
