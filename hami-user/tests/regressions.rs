@@ -30,20 +30,14 @@ use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hami_common::array::array_footprint;
+use hami_test_harness::{serial, wait_ready};
 use serde_json::Value;
 
 mod common;
 use common::{compile_c, forward_lines, require_root, wait_for_group_gone};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 const AGENT: &str = env!("CARGO_BIN_EXE_hami-agent");
 const MIB: u64 = 1 << 20;
@@ -169,23 +163,8 @@ fn start_agent_with(
         .spawn()
         .expect("spawn hami-agent");
     let rx = forward_lines(child.stderr.take().unwrap());
-    let end = Instant::now() + Duration::from_secs(60);
-    let mut log = Vec::new();
-    loop {
-        let l = match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("no ready line ({e}); log:\n{}", log.join("\n"));
-            }
-        };
-        let ready = l.contains("hami-agent: ready");
-        log.push(l);
-        if ready {
-            return (child, rx);
-        }
-    }
+    wait_ready(&mut child, &rx);
+    (child, rx)
 }
 
 #[test]

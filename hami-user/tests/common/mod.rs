@@ -3,3 +3,7 @@
 #![allow(unused_imports)]
 
 pub use hami_test_harness::{compile_c, forward_lines, require_root, wait_for_group_gone};
+
+/// The agent binary under test.
+#[allow(dead_code)]
+pub const AGENT: &str = env!("CARGO_BIN_EXE_hami-agent");
