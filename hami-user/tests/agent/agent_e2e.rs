@@ -16,8 +16,7 @@ use hami_test_harness::{
 };
 use serde_json::Value;
 
-mod common;
-use common::AGENT;
+use crate::common::AGENT;
 
 const MIB: u64 = 1 << 20;
 

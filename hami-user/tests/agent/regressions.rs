@@ -36,8 +36,7 @@ use hami_common::array::array_footprint;
 use hami_test_harness::{serial, wait_ready};
 use serde_json::Value;
 
-mod common;
-use common::{compile_c, forward_lines, require_root, wait_for_group_gone};
+use crate::common::{compile_c, forward_lines, require_root, wait_for_group_gone};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_hami-agent");
 const MIB: u64 = 1 << 20;

@@ -27,8 +27,7 @@ use hami_test_harness::{
 };
 use serde_json::Value;
 
-mod common;
-use common::{require_root, AGENT};
+use crate::common::{require_root, AGENT};
 
 const MIB: u64 = 1 << 20;
 
