@@ -23,6 +23,33 @@ use crate::process::{forward_lines, require_root};
 use crate::sandbox::TestEnv;
 use crate::Artifacts;
 
+/// What went wrong driving an agent, for callers that report instead of panicking
+/// (`cargo xtask demo` / `torture`); the tests' methods panic with the log instead.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The binary could not be started.
+    #[error("starting {program}: {source}")]
+    Spawn {
+        /// The program started.
+        program: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No line came before the deadline.
+    #[error("timed out waiting for the agent")]
+    Timeout,
+    /// The agent exited (stderr closed) before the expected line.
+    #[error("hami-agent exited ({0:?})")]
+    Exited(Option<ExitStatus>),
+    /// The agent was still running when it should have exited.
+    #[error("hami-agent did not exit within {0:?}")]
+    NoExit(Duration),
+    /// Waiting for the agent's status failed.
+    #[error("waiting for hami-agent: {0}")]
+    Wait(#[source] std::io::Error),
+}
+
 /// The line the agent logs once its probes are attached and it is watching.
 pub const READY_LINE: &str = "hami-agent: ready";
 /// How long [`AgentProcess::spawn`] waits for [`READY_LINE`].
@@ -91,14 +118,41 @@ impl AgentProcess {
     /// Spawns a prepared agent command (its arguments and environment set by the caller;
     /// `LD_PRELOAD` removed, stdin null, stdout and stderr piped here) and waits for its
     /// `ready` line.
-    pub fn spawn(mut cmd: Command) -> AgentProcess {
+    pub fn spawn(cmd: Command) -> AgentProcess {
+        let mut agent = AgentProcess::spawn_only(cmd).unwrap_or_else(|e| panic!("{e}"));
+        agent.wait_line(READY_TIMEOUT, |l| l.contains(READY_LINE));
+        agent
+    }
+
+    /// [`AgentProcess::spawn`] that reports instead of panicking, showing `on_line` every
+    /// line logged before `ready` (the ready line included).
+    pub fn try_spawn(
+        cmd: Command,
+        mut on_line: impl FnMut(&str),
+    ) -> Result<AgentProcess, AgentError> {
+        let mut agent = AgentProcess::spawn_only(cmd)?;
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let l = agent.next_line(deadline)?;
+            on_line(&l);
+            if l.contains(READY_LINE) {
+                return Ok(agent);
+            }
+        }
+    }
+
+    /// Starts the agent, its stderr forwarded and its stdout read by a thread.
+    fn spawn_only(mut cmd: Command) -> Result<AgentProcess, AgentError> {
         let mut child = cmd
             .env_remove("LD_PRELOAD")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("spawn {:?}: {e}", cmd.get_program()));
+            .map_err(|source| AgentError::Spawn {
+                program: cmd.get_program().to_string_lossy().into_owned(),
+                source,
+            })?;
         let stderr = forward_lines(child.stderr.take().expect("stderr"));
         let mut out = child.stdout.take().expect("stdout");
         let stdout = std::thread::spawn(move || {
@@ -106,14 +160,27 @@ impl AgentProcess {
             let _ = out.read_to_string(&mut s);
             s
         });
-        let mut agent = AgentProcess {
+        Ok(AgentProcess {
             child,
             stderr,
             stdout: Some(stdout),
             log: Vec::new(),
-        };
-        agent.wait_line(READY_TIMEOUT, |l| l.contains(READY_LINE));
-        agent
+        })
+    }
+
+    /// The next stderr line (also kept in the log), or why none came before `deadline`.
+    pub fn next_line(&mut self, deadline: Instant) -> Result<String, AgentError> {
+        match self
+            .stderr
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            Ok(l) => {
+                self.log.push(l.clone());
+                Ok(l)
+            }
+            Err(RecvTimeoutError::Timeout) => Err(AgentError::Timeout),
+            Err(RecvTimeoutError::Disconnected) => Err(AgentError::Exited(self.child.wait().ok())),
+        }
     }
 
     /// The agent's pid.
@@ -137,27 +204,17 @@ impl AgentProcess {
     pub fn wait_line(&mut self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
         let end = Instant::now() + timeout;
         loop {
-            match self
-                .stderr
-                .recv_timeout(end.saturating_duration_since(Instant::now()))
-            {
-                Ok(l) => {
-                    self.log.push(l.clone());
-                    if pred(&l) {
-                        return l;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => panic!(
+            match self.next_line(end) {
+                Ok(l) if pred(&l) => return l,
+                Ok(_) => {}
+                Err(AgentError::Exited(st)) => panic!(
+                    "hami-agent exited ({st:?}) before a matching line; log:\n{}",
+                    self.log.join("\n")
+                ),
+                Err(_) => panic!(
                     "hami-agent: no matching line within {timeout:?}; log:\n{}",
                     self.log.join("\n")
                 ),
-                Err(RecvTimeoutError::Disconnected) => {
-                    let st = self.child.wait().ok();
-                    panic!(
-                        "hami-agent exited ({st:?}) before a matching line; log:\n{}",
-                        self.log.join("\n")
-                    )
-                }
             }
         }
     }
@@ -182,24 +239,41 @@ impl AgentProcess {
     }
 
     /// Waits for the exit, at most `timeout` (then SIGKILL and panic with the log).
-    pub fn finish_within(mut self, timeout: Duration) -> (ExitStatus, String, Vec<String>) {
+    pub fn finish_within(self, timeout: Duration) -> (ExitStatus, String, Vec<String>) {
+        match self.try_finish_within(timeout) {
+            Ok(r) => r,
+            Err((e, log)) => panic!("{e}; log:\n{}", log.join("\n")),
+        }
+    }
+
+    /// [`AgentProcess::finish_within`] that reports instead of panicking: the error and the
+    /// log, once the agent is killed.
+    #[allow(clippy::type_complexity)]
+    pub fn try_finish_within(
+        mut self,
+        timeout: Duration,
+    ) -> Result<(ExitStatus, String, Vec<String>), (AgentError, Vec<String>)> {
         let end = Instant::now() + timeout;
         let st = loop {
-            if let Some(st) = self.child.try_wait().expect("wait agent") {
-                break st;
+            match self.child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) => {}
+                Err(e) => return Err((AgentError::Wait(e), self.kill_and_log())),
             }
             if Instant::now() > end {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                self.drain();
-                panic!(
-                    "hami-agent did not exit within {timeout:?}; log:\n{}",
-                    self.log.join("\n")
-                );
+                return Err((AgentError::NoExit(timeout), self.kill_and_log()));
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        self.collect(st)
+        Ok(self.collect(st))
+    }
+
+    /// SIGKILL, reap, and the whole log.
+    fn kill_and_log(&mut self) -> Vec<String> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.drain();
+        std::mem::take(&mut self.log)
     }
 
     /// stdout to its end and the rest of stderr, once the agent has exited with `st`.

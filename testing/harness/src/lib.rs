@@ -38,7 +38,7 @@ pub mod sandbox;
 
 pub use agent::{
     audit_findings, audit_findings_for, audit_process, finding_line, get_metrics, parse_audit,
-    serial, wait_ready, AgentProcess, Serial,
+    serial, wait_ready, AgentError, AgentProcess, Serial,
 };
 pub use artifacts::{workspace_root, Artifacts};
 pub use fake_state::{now_ns as device_clock_now_ns, BusyWindow};
