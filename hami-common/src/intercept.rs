@@ -15,7 +15,7 @@
 //!   [`key_space`]; event names in logs and metrics are [`EventKind::name`].
 //! * tests: the fake driver's `cuGetProcAddress` table, `hprobe.c`'s function tables and
 //!   `hook_tests!` (`hami-preload/tests/hooks/table.rs`), the eBPF smoke test's expected
-//!   symbols (`hami-user/tests/ebpf_smoke.rs`), and `docs/contributing.md`'s worked example
+//!   symbols (`hami-user/tests/agent/ebpf_smoke.rs`), and `docs/contributing.md`'s worked example
 //!   (`tests::contributing_md_quotes_the_code`).
 //!
 //! Adding a function: see `docs/contributing.md`.

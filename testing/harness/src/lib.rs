@@ -17,6 +17,9 @@
 //! * [`probe`]: `cudaprobe`'s output ([`ProbeOutput`], [`OpLine`]); [`RunningProbe`] drives a
 //!   probe that is still running (e.g. blocked in `wait`).
 //! * [`nvml`]: `nvmlprobe`'s output ([`NvmlSnapshot`]).
+//! * [`agent`]: [`AgentProcess`], a running `hami-agent` (start, wait for ready, read its
+//!   findings, report and metrics, stop), [`serial`], the one lock of the agent tests, and the
+//!   parsers of what the agent prints.
 //! * [`process`]: root check, line forwarding, process-group waits.
 //!
 //! Everything here is test support: failures to build or spawn panic with a clear message.
@@ -24,6 +27,7 @@
 
 use std::time::Duration;
 
+pub mod agent;
 pub mod artifacts;
 pub mod lines;
 pub mod nvml;
@@ -32,6 +36,10 @@ pub mod process;
 pub mod programs;
 pub mod sandbox;
 
+pub use agent::{
+    audit_findings, audit_findings_for, audit_process, finding_line, get_metrics, parse_audit,
+    serial, wait_ready, AgentError, AgentProcess, Serial,
+};
 pub use artifacts::{workspace_root, Artifacts};
 pub use fake_state::{now_ns as device_clock_now_ns, BusyWindow};
 pub use hami_common::config::ENV_REGION;

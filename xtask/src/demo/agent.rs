@@ -5,20 +5,19 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use hami_test_harness::forward_lines;
+use hami_test_harness::AgentProcess;
 use serde_json::Value;
 
 use super::{human, Driver, Sandbox};
 
-/// A running `hami-agent run`, its JSON log read line by line.
+/// A running `hami-agent run` (the harness's [`AgentProcess`]), its JSON log parsed line by
+/// line.
 pub(crate) struct Agent {
-    child: Child,
-    rx: Receiver<String>,
+    proc: AgentProcess,
     log: Vec<Value>,
     /// The agent's ready line.
     pub(crate) ready: String,
@@ -48,75 +47,52 @@ impl Agent {
 
     /// Starts `cmd` (a `hami-agent run --json-log --metrics-addr ...` command) and waits for
     /// its ready line; with `echo`, prints the attach lines and errors it logs meanwhile.
-    pub(crate) fn spawn(mut c: Command, echo: bool) -> Result<Agent> {
-        c.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = c
-            .spawn()
-            .with_context(|| format!("starting {:?}", c.get_program()))?;
-        let err = child.stderr.take().expect("piped stderr");
-        let rx = forward_lines(err);
-        let mut agent = Agent {
-            child,
-            rx,
-            log: Vec::new(),
-            ready: String::new(),
-            metrics_addr: String::new(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let l = agent.next_line(deadline)?;
-            if l.starts_with("hami-agent: ready") {
-                agent.ready = l;
-                break;
+    pub(crate) fn spawn(c: Command, echo: bool) -> Result<Agent> {
+        let mut log = Vec::new();
+        let mut metrics_addr = String::new();
+        let proc = AgentProcess::try_spawn(c, |l| {
+            let Some(f) = parse_record(l) else { return };
+            if f["message"] == "serving /metrics" {
+                metrics_addr = f["addr"].as_str().unwrap_or_default().to_string();
             }
-            if let Some(f) = agent.log.last() {
-                if f["message"] == "serving /metrics" {
-                    agent.metrics_addr = f["addr"].as_str().unwrap_or_default().to_string();
-                }
-                if echo && (f["message"] == "probes attached" || f["level"] == "ERROR") {
-                    println!("    {}", describe(f));
-                }
+            if echo && (f["message"] == "probes attached" || f["level"] == "ERROR") {
+                println!("    {}", describe(&f));
             }
-        }
+            log.push(f);
+        })?;
         ensure!(
-            !agent.metrics_addr.is_empty(),
+            !metrics_addr.is_empty(),
             "the agent did not say where it serves /metrics"
         );
-        Ok(agent)
+        let ready = proc.log().last().cloned().unwrap_or_default();
+        Ok(Agent {
+            proc,
+            log,
+            ready,
+            metrics_addr,
+        })
     }
 
     /// The next stderr line (JSON lines are also parsed into `log`, with `level` added).
     pub(super) fn next_line(&mut self, deadline: Instant) -> Result<String> {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match self.rx.recv_timeout(left) {
-            Ok(l) => {
-                self.push(&l);
-                Ok(l)
-            }
-            Err(RecvTimeoutError::Timeout) => bail!("timed out waiting for the agent"),
-            Err(RecvTimeoutError::Disconnected) => {
-                let st = self.child.wait().ok();
-                bail!("hami-agent exited ({st:?})")
-            }
-        }
+        let l = self.proc.next_line(deadline)?;
+        self.push(&l);
+        Ok(l)
     }
 
     pub(super) fn push(&mut self, line: &str) {
-        if let Ok(v) = serde_json::from_str::<Value>(line) {
-            let mut f = v.get("fields").cloned().unwrap_or(Value::Null);
-            if let Some(o) = f.as_object_mut() {
-                o.insert("level".into(), v["level"].clone());
-            }
+        if let Some(f) = parse_record(line) {
             self.log.push(f);
         }
     }
 
     /// Takes in every line already written.
     pub(crate) fn drain(&mut self) {
-        while let Ok(l) = self.rx.try_recv() {
-            self.push(&l);
+        let seen = self.proc.log().len();
+        self.proc.drain();
+        let new: Vec<String> = self.proc.log()[seen..].to_vec();
+        for l in &new {
+            self.push(l);
         }
     }
 
@@ -160,7 +136,7 @@ impl Agent {
 
     /// The agent's pid.
     pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
+        self.proc.pid() as u32
     }
 
     /// `GET /metrics`.
@@ -169,30 +145,26 @@ impl Agent {
     }
 
     /// SIGTERM, then wait (at most 30 s) for a clean exit.
-    pub(crate) fn stop(mut self) -> Result<()> {
-        // SAFETY: kill(2) on our own child, not yet reaped.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(st) = self.child.try_wait()? {
-                ensure!(st.success(), "hami-agent exited with {st}");
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("hami-agent did not stop within 30 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    pub(crate) fn stop(self) -> Result<()> {
+        self.proc.signal(libc::SIGTERM);
+        let (st, _, _) = self
+            .proc
+            .try_finish_within(Duration::from_secs(30))
+            .map_err(|(e, _)| e)
+            .context("after SIGTERM")?;
+        ensure!(st.success(), "hami-agent exited with {st}");
+        Ok(())
     }
 }
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
+/// A JSON log line's `fields`, with its `level` added; `None` for a line that is not JSON.
+fn parse_record(line: &str) -> Option<Value> {
+    let v = serde_json::from_str::<Value>(line).ok()?;
+    let mut f = v.get("fields").cloned().unwrap_or(Value::Null);
+    if let Some(o) = f.as_object_mut() {
+        o.insert("level".into(), v["level"].clone());
     }
+    Some(f)
 }
 
 /// A plain HTTP/1.0 GET; returns the body.

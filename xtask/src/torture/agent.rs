@@ -74,6 +74,8 @@ pub(super) fn lingering(ids: &[u32]) -> Vec<u32> {
     }
 }
 
+/// Starts `hami-agent run` on the fake driver of `env` (the demo's [`crate::demo::Agent`],
+/// the harness's `AgentProcess` underneath) and waits for it to be ready.
 pub(super) fn start_agent(
     bin: &Path,
     art: &Artifacts,

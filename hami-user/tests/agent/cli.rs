@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use hami_test_harness::Artifacts;
 
-mod common;
-use common::require_root;
+use crate::common::require_root;
+use hami_test_harness::serial;
 
 fn agent(args: &[&str]) -> Output {
     agent_env(args, &[])
@@ -153,6 +153,7 @@ fn usage_errors_exit_64_not_the_findings_status() {
 #[test]
 fn logs_are_plain_off_a_terminal_and_json_with_audit_json() {
     require_root();
+    let _g = serial();
     let a = Artifacts::get();
     let lib = a.fake_libcuda.display().to_string();
     let text = agent(&["audit", "--seconds", "0.2", "--libcuda", &lib]);
@@ -221,6 +222,7 @@ fn durations_out_of_range_and_bad_sizes_are_usage_errors_naming_the_flag() {
 #[test]
 fn sizes_with_suffixes_output_formats_and_filters() {
     require_root();
+    let _g = serial();
     let a = Artifacts::get();
     let lib = a.fake_libcuda.display().to_string();
     let base = ["audit", "--seconds", "0.2", "--libcuda", &lib];

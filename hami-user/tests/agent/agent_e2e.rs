@@ -6,168 +6,19 @@
 //! Tests run one at a time (a lock): each starts its own agent, and every agent sees every
 //! process that calls the fake libcuda, so assertions always filter by pid or region.
 
-use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::Mutex;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hami_test_harness::{Artifacts, RunningProbe, TestEnv};
+use hami_test_harness::{
+    audit_findings_for as findings_for, audit_process as process, finding_line, parse_audit,
+    serial, AgentProcess, Artifacts, RunningProbe, TestEnv,
+};
 use serde_json::Value;
 
-mod common;
-use common::forward_lines;
+use crate::common::AGENT;
 
 const MIB: u64 = 1 << 20;
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A running `hami-agent`, its stderr read line by line.
-struct Agent {
-    child: Child,
-    stderr: Receiver<String>,
-    stdout: Option<std::thread::JoinHandle<String>>,
-    log: Vec<String>,
-}
-
-impl Agent {
-    /// Starts `hami-agent ARGS... --libcuda <fake>` against the sandbox's fake driver and
-    /// waits for its `ready` line.
-    fn start(env: &TestEnv, args: &[&str]) -> Agent {
-        Agent::start_with_libs(env, args, &Artifacts::get().fake_lib_dir)
-    }
-
-    /// [`Agent::start`] with `LD_LIBRARY_PATH=lib_dir` (where it finds NVML, or not).
-    fn start_with_libs(env: &TestEnv, args: &[&str], lib_dir: &Path) -> Agent {
-        let a = Artifacts::get();
-        // A sandbox shared with other users runs its own copy of the fake libcuda.
-        let libcuda = env
-            .shared()
-            .map_or(a.fake_libcuda.clone(), |s| s.lib_dir.join("libcuda.so.1"));
-        let mut c = Command::new(env!("CARGO_BIN_EXE_hami-agent"));
-        c.args(args)
-            .arg("--libcuda")
-            .arg(&libcuda)
-            .env("LD_LIBRARY_PATH", lib_dir)
-            .env("FAKE_CUDA_STATE", env.state_path())
-            .env_remove("LD_PRELOAD")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().expect("spawn hami-agent");
-        let rx = forward_lines(child.stderr.take().expect("stderr"));
-        let mut out = child.stdout.take().expect("stdout");
-        let stdout = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = out.read_to_string(&mut s);
-            s
-        });
-        let mut agent = Agent {
-            child,
-            stderr: rx,
-            stdout: Some(stdout),
-            log: Vec::new(),
-        };
-        agent.wait_line(Duration::from_secs(60), |l| l.contains("hami-agent: ready"));
-        agent
-    }
-
-    /// Reads stderr until `pred` matches a line (returned); panics on timeout or exit.
-    fn wait_line(&mut self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
-        let end = Instant::now() + timeout;
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            match self.stderr.recv_timeout(left) {
-                Ok(l) => {
-                    self.log.push(l.clone());
-                    if pred(&l) {
-                        return l;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => panic!(
-                    "hami-agent: no matching line within {timeout:?}; log:\n{}",
-                    self.log.join("\n")
-                ),
-                Err(RecvTimeoutError::Disconnected) => {
-                    let st = self.child.wait().ok();
-                    panic!(
-                        "hami-agent exited ({st:?}) before a matching line; log:\n{}",
-                        self.log.join("\n")
-                    )
-                }
-            }
-        }
-    }
-
-    /// Waits for the exit (audit) and returns status and stdout.
-    fn finish(mut self) -> (ExitStatus, String, Vec<String>) {
-        let st = self.child.wait().expect("wait agent");
-        let out = self
-            .stdout
-            .take()
-            .map(|h| h.join().unwrap_or_default())
-            .unwrap_or_default();
-        while let Ok(l) = self.stderr.recv_timeout(Duration::from_millis(200)) {
-            self.log.push(l);
-        }
-        (st, out, std::mem::take(&mut self.log))
-    }
-
-    /// SIGTERM and wait.
-    fn stop(mut self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// A JSON log line's fields, if it is a finding of `kind` for `pid`.
-fn finding_line(l: &str, kind: &str, pid: u32) -> Option<Value> {
-    let v: Value = serde_json::from_str(l).ok()?;
-    let f = v.get("fields")?;
-    (f.get("kind")?.as_str()? == kind && f.get("pid")?.as_u64()? == u64::from(pid))
-        .then(|| f.clone())
-}
-
-fn parse_audit(out: &str, log: &[String]) -> Value {
-    serde_json::from_str(out).unwrap_or_else(|e| {
-        panic!(
-            "audit --json output is not JSON ({e}):\n{out}\nlog:\n{}",
-            log.join("\n")
-        )
-    })
-}
-
-fn process(audit: &Value, pid: u32) -> &Value {
-    audit["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} not in audit:\n{audit:#}"))
-}
-
-fn findings_for(audit: &Value, pid: u32) -> Vec<&Value> {
-    audit["findings"]
-        .as_array()
-        .expect("findings")
-        .iter()
-        .filter(|f| f["pid"] == pid)
-        .collect()
-}
 
 fn hooked_env(limit: &str) -> TestEnv {
     TestEnv::new()
@@ -186,7 +37,7 @@ fn spawn_waiting(env: &TestEnv, ops: &[&str]) -> RunningProbe {
 fn hooked_process_within_quota_has_no_finding_and_accounted_equals_observed() {
     let _g = serial();
     let env = hooked_env("1g");
-    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "2.5"]);
+    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "2.5"]);
     let probe = spawn_waiting(&env, &["init", "ctx", "alloc", "64M", "wait"]);
     let (st, out, log) = agent.finish();
     let audit = parse_audit(&out, &log);
@@ -206,7 +57,8 @@ fn hooked_process_within_quota_has_no_finding_and_accounted_equals_observed() {
 fn unhooked_process_is_reported_as_bypass_within_one_second() {
     let _g = serial();
     let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
-    let mut agent = Agent::start(
+    let mut agent = AgentProcess::start(
+        AGENT,
         &env,
         &["run", "--json-log", "--metrics-addr", "127.0.0.1:0"],
     );
@@ -241,7 +93,8 @@ fn sigkilled_process_leaks_its_slot_and_reclaim_frees_it() {
     probe.kill(); // SIGKILL and reap: no exit handler runs.
 
     // Without --reclaim: reported, left alone.
-    let agent = Agent::start(
+    let agent = AgentProcess::start(
+        AGENT,
         &env,
         &["audit", "--json", "--seconds", "1", "--region", &region],
     );
@@ -265,7 +118,8 @@ fn sigkilled_process_leaks_its_slot_and_reclaim_frees_it() {
     assert_eq!(before["slots"].as_array().unwrap().len(), 1, "{before:#}");
 
     // With --reclaim: freed through the region's protocol.
-    let agent = Agent::start(
+    let agent = AgentProcess::start(
+        AGENT,
         &env,
         &[
             "audit",
@@ -310,7 +164,7 @@ fn hand_edited_region_limit_is_tamper() {
         .open(env.region_path())
         .expect("open region");
     std::os::unix::fs::FileExt::write_all_at(&f, &(64u64 << 30).to_le_bytes(), off).unwrap();
-    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "1"]);
+    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "1"]);
     let (_, out, log) = agent.finish();
     let audit = parse_audit(&out, &log);
     let t: Vec<&Value> = findings_for(&audit, probe.pid)
@@ -333,7 +187,7 @@ fn agent_started_after_the_workload_reports_no_false_bypass() {
             "init", "ctx", "alloc", "256M", "wait", "alloc", "32M", "wait",
         ],
     );
-    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "2"]);
+    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "2"]);
     // After the agent attached: a further allocation, which it sees.
     probe.resume();
     probe.wait_for("wait");
@@ -356,7 +210,7 @@ fn agent_started_after_the_workload_reports_no_false_bypass() {
 fn audit_exits_non_zero_on_bypass() {
     let _g = serial();
     let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
-    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "2"]);
+    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "2"]);
     let mut probe = spawn_waiting(&env, &["init", "ctx", "alloc", "16M", "wait"]);
     let (st, out, log) = agent.finish();
     let audit = parse_audit(&out, &log);
@@ -375,10 +229,10 @@ fn audit_exits_non_zero_on_bypass() {
 fn agent_exits_promptly_after_sigterm_and_still_reports() {
     let _g = serial();
     let env = TestEnv::new();
-    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "60"]);
+    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "60"]);
     let t = Instant::now();
     // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(agent.child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(agent.pid(), libc::SIGTERM) };
     let (st, out, log) = agent.finish();
     let took = t.elapsed();
     // Detaching the 47 probe links in the agent took about 5 s; a keeper process does it now.
@@ -448,7 +302,8 @@ fn process_that_cannot_write_its_region_is_reported_locked_out() {
     let _g = serial();
     let env = hooked_env("1g").shared_with_all_users();
     let region = env.region_path().display().to_string();
-    let mut agent = Agent::start(
+    let mut agent = AgentProcess::start(
+        AGENT,
         &env,
         &["run", "--json-log", "--metrics-addr", "127.0.0.1:0"],
     );
@@ -476,11 +331,11 @@ fn process_that_cannot_write_its_region_is_reported_locked_out() {
     // The region's owner (root) is not reported.
     assert!(
         !agent
-            .log
+            .log()
             .iter()
             .any(|l| finding_line(l, "locked_out", owner.pid).is_some()),
         "{}",
-        agent.log.join("\n")
+        agent.log().join("\n")
     );
     app.resume();
     owner.resume();
@@ -508,7 +363,7 @@ fn nvml_catches_a_blind_preload_as_drift_and_over_limit() {
     // What the driver holds for it: its context (1.5 GiB) and its 256 MiB.
     let held = 1792 * MIB;
     // Default NVML period and settle time (1 s each): confirmed by the second sample.
-    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "2.5"]);
+    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "2.5"]);
     let (st, out, log) = agent.finish();
     let audit = parse_audit(&out, &log);
     let p = process(&audit, probe.pid);
@@ -566,7 +421,8 @@ fn nvml_catches_a_blind_preload_as_drift_and_over_limit() {
 fn hooked_processes_starting_under_the_agent_raise_no_nvml_finding() {
     let _g = serial();
     let env = hooked_env("2g").env("FAKE_CUDA_CTX_CREATE_DELAY_MS", "300");
-    let agent = Agent::start(
+    let agent = AgentProcess::start(
+        AGENT,
         &env,
         &[
             "audit",
@@ -619,7 +475,12 @@ fn without_nvml_the_agent_says_so_and_falls_back_to_the_probes() {
     let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
     let mut before = spawn_waiting(&env, &["init", "ctx", "alloc", "32M", "wait"]);
     let no_nvml = tempfile::tempdir().unwrap();
-    let agent = Agent::start_with_libs(&env, &["audit", "--seconds", "1.5"], no_nvml.path());
+    let agent = AgentProcess::start_with_libs(
+        AGENT,
+        &env,
+        &["audit", "--seconds", "1.5"],
+        Some(no_nvml.path()),
+    );
     let mut after = spawn_waiting(&env, &["init", "ctx", "alloc", "16M", "wait"]);
     let (st, out, log) = agent.finish();
     let log = log.join("\n");
@@ -663,7 +524,8 @@ fn nvml_appearing_after_start_is_loaded_by_a_retry_and_used() {
     let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
     let mut before = spawn_waiting(&env, &["init", "ctx", "alloc", "32M", "wait"]);
     let libs = tempfile::tempdir().unwrap();
-    let mut agent = Agent::start_with_libs(
+    let mut agent = AgentProcess::start_with_libs(
+        AGENT,
         &env,
         &[
             "audit",
@@ -673,9 +535,9 @@ fn nvml_appearing_after_start_is_loaded_by_a_retry_and_used() {
             "--nvml-interval",
             "200",
         ],
-        libs.path(),
+        Some(libs.path()),
     );
-    let joined = agent.log.join("\n");
+    let joined = agent.log().join("\n");
     assert!(joined.contains("running without NVML"), "{joined}");
     assert!(joined.contains("retrying in 1s"), "{joined}");
     // The toolkit arrives: the library appears at once (renamed into place).
@@ -781,8 +643,8 @@ fn sigkilled_agent_leaves_no_probe_behind_once_a_new_agent_runs() {
             "init", "ctx", "alloc", "64M", "wait", "alloc", "32M", "wait",
         ],
     );
-    let old = Agent::start(&env, &["audit", "--json", "--seconds", "60"]);
-    let old_pid = old.child.id();
+    let old = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "60"]);
+    let old_pid = old.pid() as u32;
     let old_ids = bpf_prog_ids(old_pid);
     assert!(
         old_ids.len() > 2,
@@ -791,7 +653,7 @@ fn sigkilled_agent_leaves_no_probe_behind_once_a_new_agent_runs() {
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(old_pid as i32, libc::SIGKILL) };
     drop(old);
-    let new = Agent::start(&env, &["audit", "--json", "--seconds", "2"]);
+    let new = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "2"]);
     probe.resume();
     probe.wait_for("wait");
     let (_, out, log) = new.finish();
@@ -852,7 +714,8 @@ fn compute_share_follows_the_device_clock_and_over_limit_is_found() {
     let _g = serial();
     let env = hooked_env("1g").env("CUDA_DEVICE_SM_LIMIT", "30");
     let region_b = env.dir().join("region-b.cache");
-    let agent = Agent::start(
+    let agent = AgentProcess::start(
+        AGENT,
         &env,
         &[
             "audit",
@@ -992,7 +855,7 @@ fn hami_core_process_gets_the_migration_reason_and_an_opted_out_one_is_unhooked(
     let lib = dir.join("libvgpu.so");
     hami_test_harness::cc(&src, &lib, &["-shared", "-fPIC"]);
 
-    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "3"]);
+    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "3"]);
     let start = |extra: &[(&str, &std::ffi::OsStr)]| {
         let mut c = env.command(&a.cudaprobe);
         c.args(["init", "ctx", "alloc", "16M", "wait"]);

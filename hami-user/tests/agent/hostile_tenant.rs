@@ -15,228 +15,21 @@
 //!   it: the agent skips it or attaches, never dies (aya used to `mmap` the file to
 //!   resolve each symbol: SIGBUS).
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Read;
 use std::os::fd::FromRawFd;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::Mutex;
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use hami_test_harness::{Artifacts, RunningProbe, TestEnv};
+use hami_test_harness::{
+    audit_findings as findings, audit_process as process, finding_line, get_metrics, parse_audit,
+    serial, AgentProcess, Artifacts, RunningProbe, TestEnv,
+};
 use serde_json::Value;
 
-mod common;
-use common::{forward_lines, require_root};
+use crate::common::{require_root, AGENT};
 
-const AGENT: &str = env!("CARGO_BIN_EXE_hami-agent");
 const MIB: u64 = 1 << 20;
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A running `hami-agent` against the sandbox's fake driver, stderr read line by line.
-struct Agent {
-    child: Child,
-    stderr: Receiver<String>,
-    stdout: Option<std::thread::JoinHandle<String>>,
-    log: Vec<String>,
-}
-
-impl Agent {
-    fn start(env: &TestEnv, args: &[&str]) -> Agent {
-        Agent::start_with(env, args, true)
-    }
-
-    /// `nvml = false`: the agent does not find the fake NVML (a node without NVML).
-    fn start_with(env: &TestEnv, args: &[&str], nvml: bool) -> Agent {
-        require_root();
-        let a = Artifacts::get();
-        let mut cmd = Command::new(AGENT);
-        if nvml {
-            cmd.env("LD_LIBRARY_PATH", &a.fake_lib_dir);
-        } else {
-            cmd.env_remove("LD_LIBRARY_PATH");
-        }
-        let mut child = cmd
-            .args(args)
-            .arg("--libcuda")
-            .arg(&a.fake_libcuda)
-            .env("FAKE_CUDA_STATE", env.state_path())
-            .env_remove("LD_PRELOAD")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn hami-agent");
-        let stderr = forward_lines(child.stderr.take().expect("stderr"));
-        let mut out = child.stdout.take().expect("stdout");
-        let stdout = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = out.read_to_string(&mut s);
-            s
-        });
-        let mut agent = Agent {
-            child,
-            stderr,
-            stdout: Some(stdout),
-            log: Vec::new(),
-        };
-        agent.wait_line(Duration::from_secs(60), |l| l.contains("hami-agent: ready"));
-        agent
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    fn wait_line(&mut self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
-        let end = Instant::now() + timeout;
-        loop {
-            match self
-                .stderr
-                .recv_timeout(end.saturating_duration_since(Instant::now()))
-            {
-                Ok(l) => {
-                    self.log.push(l.clone());
-                    if pred(&l) {
-                        return l;
-                    }
-                }
-                Err(RecvTimeoutError::Timeout) => panic!(
-                    "hami-agent: no matching line within {timeout:?}; log:\n{}",
-                    self.log.join("\n")
-                ),
-                Err(RecvTimeoutError::Disconnected) => {
-                    let st = self.child.wait().ok();
-                    panic!(
-                        "hami-agent exited ({st:?}) before a matching line; log:\n{}",
-                        self.log.join("\n")
-                    )
-                }
-            }
-        }
-    }
-
-    /// Takes in the log lines that came so far.
-    fn drain(&mut self) {
-        while let Ok(l) = self.stderr.try_recv() {
-            self.log.push(l);
-        }
-    }
-
-    /// Still running (not killed by a signal, not exited)?
-    fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// Waits for the exit, at most `timeout` (then SIGKILL and panic).
-    fn finish(mut self, timeout: Duration) -> (ExitStatus, String, Vec<String>) {
-        let end = Instant::now() + timeout;
-        let st = loop {
-            if let Some(st) = self.child.try_wait().expect("wait agent") {
-                break st;
-            }
-            if Instant::now() > end {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                self.drain();
-                panic!(
-                    "hami-agent did not exit within {timeout:?}; log:\n{}",
-                    self.log.join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let out = self
-            .stdout
-            .take()
-            .map(|h| h.join().unwrap_or_default())
-            .unwrap_or_default();
-        while let Ok(l) = self.stderr.recv_timeout(Duration::from_millis(200)) {
-            self.log.push(l);
-        }
-        (st, out, std::mem::take(&mut self.log))
-    }
-
-    /// SIGTERM, then the exit within `timeout`.
-    fn terminate(self, timeout: Duration) -> (ExitStatus, String, Vec<String>) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
-        self.finish(timeout)
-    }
-
-    /// The `/metrics` address from the `serving /metrics` log line (JSON log).
-    fn metrics_addr(&mut self) -> SocketAddr {
-        let l = match self.log.iter().find(|l| l.contains("serving /metrics")) {
-            Some(l) => l.clone(),
-            None => self.wait_line(Duration::from_secs(10), |l| l.contains("serving /metrics")),
-        };
-        let v: Value = serde_json::from_str(&l).expect("JSON log line");
-        v["fields"]["addr"]
-            .as_str()
-            .expect("addr field")
-            .parse()
-            .expect("socket address")
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            // SAFETY: kill(2) on our own child (it may be stopped: continue it first).
-            unsafe { libc::kill(self.pid(), libc::SIGCONT) };
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// A JSON log line's fields, if it is a finding of `kind` for `pid`.
-fn finding_line(l: &str, kind: &str, pid: u32) -> Option<Value> {
-    let v: Value = serde_json::from_str(l).ok()?;
-    let f = v.get("fields")?;
-    (f.get("kind")?.as_str()? == kind && f.get("pid")?.as_u64()? == u64::from(pid))
-        .then(|| f.clone())
-}
-
-fn parse_audit(out: &str, log: &[String]) -> Value {
-    serde_json::from_str(out).unwrap_or_else(|e| {
-        panic!(
-            "audit --json output is not JSON ({e}):\n{out}\nlog:\n{}",
-            log.join("\n")
-        )
-    })
-}
-
-fn process(audit: &Value, pid: u32) -> &Value {
-    audit["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} not in audit:\n{audit:#}"))
-}
-
-fn findings(audit: &Value) -> &Vec<Value> {
-    audit["findings"].as_array().expect("findings")
-}
-
-/// `GET /metrics` within `timeout`: the status line and body.
-fn get_metrics(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .map_err(|e| e.to_string())?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-    Ok(out)
-}
 
 fn mkfifo(p: &Path) {
     let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
@@ -285,7 +78,8 @@ fn fifo_region_path_blocks_neither_metrics_nor_other_findings_nor_sigterm() {
     let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
     let fifo = env.dir().join("ff");
     mkfifo(&fifo);
-    let mut agent = Agent::start(
+    let mut agent = AgentProcess::start(
+        AGENT,
         &env,
         &["run", "--json-log", "--metrics-addr", "127.0.0.1:0"],
     );
@@ -500,7 +294,7 @@ fn region_symlinked_out_of_the_container_to_a_host_file_or_device_is_not_opened(
     std::os::unix::fs::symlink(&dev, root.join("tmp/devlink")).unwrap();
     let mut watch = OpenWatch::new(&[&secret, &dev]);
 
-    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "3"]);
+    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "3"]);
     let agent_pid = agent.pid();
     let mut probes = Vec::new();
     for link in ["/tmp/link", "/tmp/devlink"] {
@@ -517,7 +311,7 @@ fn region_symlinked_out_of_the_container_to_a_host_file_or_device_is_not_opened(
         assert!(l.ok(), "{l:?}");
         probes.push(p);
     }
-    let (_, out, log) = agent.finish(Duration::from_secs(30));
+    let (_, out, log) = agent.finish_within(Duration::from_secs(30));
     let audit = parse_audit(&out, &log);
     for p in &probes {
         // Seen (an unhooked bypass), but its region path did not lead out of its root.
@@ -564,7 +358,8 @@ fn region_truncated_to_half_then_to_zero_while_watched_does_not_kill_the_agent()
         .preload(true)
         .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
         .env("FAKE_CUDA_DEVICE_COUNT", "1");
-    let mut agent = Agent::start(
+    let mut agent = AgentProcess::start(
+        AGENT,
         &env,
         &["run", "--json-log", "--metrics-addr", "127.0.0.1:0"],
     );
@@ -618,7 +413,7 @@ fn ring_buffer_overflow_leaves_no_false_finding_and_rebuilds_from_the_region() {
         .preload(true)
         .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
         .env("FAKE_CUDA_DEVICE_COUNT", "1");
-    let agent = Agent::start(&env, &["audit", "--json", "--seconds", "11"]);
+    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "11"]);
     // stdin /dev/null: bench-for runs for its SECONDS at once; sleep keeps the 64 MiB.
     let mut c = env.cudaprobe_cmd(&[
         "init",
@@ -657,7 +452,7 @@ fn ring_buffer_overflow_leaves_no_false_finding_and_rebuilds_from_the_region() {
     // SAFETY: as above.
     unsafe { libc::kill(agent.pid(), libc::SIGCONT) };
     assert!(bench.contains("failures=0"), "{bench}");
-    let (_, out, log) = agent.finish(Duration::from_secs(30));
+    let (_, out, log) = agent.finish_within(Duration::from_secs(30));
     let audit = parse_audit(&out, &log);
     assert!(
         audit["probes"]["dropped"].as_u64().unwrap() > 0,
@@ -723,10 +518,11 @@ fn node_without_nvml(devices: &str, unhooked_alloc: &str) -> (TestEnv, Value, u3
     plain.set_env("CUDA_DEVICE_MEMORY_LIMIT", "1g");
     let mut unhooked = plain.spawn_probe(&["init", "ctx", "wait", "alloc", unhooked_alloc, "wait"]);
     unhooked.wait_for("wait");
-    let agent = Agent::start_with(&env, &["audit", "--json", "--seconds", "2"], false);
+    let agent =
+        AgentProcess::start_with_libs(AGENT, &env, &["audit", "--json", "--seconds", "2"], None);
     unhooked.resume();
     assert!(unhooked.wait_for("alloc").ok());
-    let (_, out, log) = agent.finish(Duration::from_secs(30));
+    let (_, out, log) = agent.finish_within(Duration::from_secs(30));
     let audit = parse_audit(&out, &log);
     let pid = unhooked.pid;
     hooked.resume();

@@ -13,16 +13,12 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hami_test_harness::{workspace_root, Artifacts, RunningProbe, TestEnv};
 use serde_json::Value;
 
-mod common;
-use common::{forward_lines, require_root};
-
-static SERIAL: Mutex<()> = Mutex::new(());
+use crate::common::{forward_lines, require_root};
 
 const CID: &str = "5e1f0c2b3a4d59687a8b9c0d1e2f30415263748596a7b8c9d0e1f20314253647";
 const POD_UID: &str = "0d7c3a52-9b1e-4f60-8a2d-6e5f4c3b2a19";
@@ -238,7 +234,7 @@ fn prom_query(prom: SocketAddr, q: &str) -> Vec<Value> {
 #[test]
 fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_has_data() {
     require_root();
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _g = hami_test_harness::serial();
     let prometheus = tool("prometheus");
     let promtool = tool("promtool");
     let python = venv_python();

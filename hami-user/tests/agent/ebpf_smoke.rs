@@ -16,8 +16,8 @@ use hami_common::event::{Event, EventKind};
 use hami_common::intercept::{self, PROBED_NAMES};
 use hami_user::probes::{DiscoveryOptions, ProbeError, ProbeOptions, Probes};
 
-mod common;
-use common::{compile_c, require_root};
+use crate::common::{compile_c, require_root};
+use hami_test_harness::serial;
 
 /// The CUDA types both the mini driver and the mini program use (prepended to each).
 const MINI_TYPES: &str = r#"
@@ -243,6 +243,7 @@ fn the_mini_driver_defines_probed_functions_only_once() {
 #[tokio::test]
 async fn mini_driver_every_probe() {
     require_root();
+    let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
     let (lib, prog) = build_mini(tmp.path());
 
@@ -421,6 +422,7 @@ async fn mini_driver_every_probe() {
 #[tokio::test]
 async fn own_tgid_is_ignored() {
     require_root();
+    let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
     let (lib, prog) = build_mini(tmp.path());
     // Ignore the program's pid: impossible to know before it starts, so ignore a process
@@ -469,6 +471,7 @@ async fn own_tgid_is_ignored() {
 #[tokio::test]
 async fn discovery_finds_a_running_process_libcuda() {
     require_root();
+    let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
     let (lib, prog) = build_mini(tmp.path());
     // A process that maps the library (through LD_PRELOAD of `sleep`), found in its maps.
@@ -535,6 +538,7 @@ async fn discovery_finds_a_running_process_libcuda() {
 #[test]
 fn not_libcuda_is_rejected() {
     require_root();
+    let _g = serial();
     let mut probes = Probes::load(&ProbeOptions::default()).unwrap();
     // /bin/sh is an ELF file exporting none of the probed functions.
     let sh = std::fs::canonicalize("/bin/sh").unwrap();
@@ -556,6 +560,7 @@ fn not_libcuda_is_rejected() {
 async fn fake_driver_alloc_free_three_ways() {
     use hami_test_harness::{Artifacts, TestEnv};
     require_root();
+    let _g = serial();
     let env = TestEnv::new();
     let art = Artifacts::get();
     let mut probes = Probes::load(&ProbeOptions::default()).expect("loading the eBPF programs");
@@ -661,6 +666,7 @@ async fn fake_driver_alloc_free_three_ways() {
 async fn container_libcuda_found_through_proc_root() {
     use hami_test_harness::{Artifacts, RunningProbe, TestEnv};
     require_root();
+    let _g = serial();
     let env = TestEnv::new();
     let art = Artifacts::get();
     let nsdir = tempfile::tempdir().unwrap();
@@ -731,6 +737,7 @@ fn sent_by_one_run(probes: &Probes, prog: &Path) -> u64 {
 #[test]
 fn links_handed_to_a_keeper_process_are_detached_without_waiting() {
     require_root();
+    let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
     let (lib, prog) = build_mini(tmp.path());
     let mut probes = Probes::load(&ProbeOptions::default()).unwrap();

@@ -1,4 +1,5 @@
-//! Regressions found by review: each test pins one behaviour the other suites did not cover.
+//! Regressions: each test pins one bug that was fixed, and its doc comment opens with the
+//! issue it guards ("Guards issue N") and the commit that fixed it.
 //! The eBPF ones need root (CI runs as root) and never skip.
 //!
 //! * a driver the agent has never seen (odd directory, another file name behind a
@@ -30,20 +31,13 @@ use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hami_common::array::array_footprint;
+use hami_test_harness::{serial, wait_ready};
 use serde_json::Value;
 
-mod common;
-use common::{compile_c, forward_lines, require_root, wait_for_group_gone};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::common::{compile_c, forward_lines, require_root, wait_for_group_gone};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_hami-agent");
 const MIB: u64 = 1 << 20;
@@ -169,25 +163,13 @@ fn start_agent_with(
         .spawn()
         .expect("spawn hami-agent");
     let rx = forward_lines(child.stderr.take().unwrap());
-    let end = Instant::now() + Duration::from_secs(60);
-    let mut log = Vec::new();
-    loop {
-        let l = match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("no ready line ({e}); log:\n{}", log.join("\n"));
-            }
-        };
-        let ready = l.contains("hami-agent: ready");
-        log.push(l);
-        if ready {
-            return (child, rx);
-        }
-    }
+    wait_ready(&mut child, &rx);
+    (child, rx)
 }
 
+/// Guards issue 4's review pass (c8dc5fa): a driver not named `libcuda.so*` (in an odd
+/// directory, behind a `libcuda.so.1` symlink) loaded by a process started after the agent
+/// was never discovered, and exported functions calling each other were counted twice.
 #[test]
 fn unseen_driver_loaded_after_the_agent_is_found_and_nested_calls_count_once() {
     require_root();
@@ -304,6 +286,9 @@ fn unseen_driver_loaded_after_the_agent_is_found_and_nested_calls_count_once() {
     assert_eq!(st.code(), Some(2), "audit exit status");
 }
 
+/// Guards issue 4's review pass (c8dc5fa): a process the agent attached to late (its
+/// allocations made before the probes went in) was taken as baseline, not a bypass, when it
+/// allocated nothing more.
 #[test]
 fn late_attached_unhooked_process_is_a_bypass_even_without_further_allocations() {
     require_root();
@@ -350,6 +335,8 @@ fn late_attached_unhooked_process_is_a_bypass_even_without_further_allocations()
     let _ = agent.wait();
 }
 
+/// Guards issue 12 (found by `cargo xtask torture`'s bad inputs, ef3c3a4): `inspect` of a
+/// FIFO waited forever for a writer.
 #[test]
 fn inspect_of_a_fifo_is_an_error_not_a_hang() {
     let tmp = tempfile::tempdir().unwrap();
@@ -401,6 +388,9 @@ fn inspect(path: &Path) -> (Option<i32>, String, String) {
     )
 }
 
+/// Guards issue 4's review pass (c8dc5fa): `inspect` of a file that is not a valid region
+/// (empty, garbage, truncated, another layout version, missing) fails with one clear line,
+/// exit 1, no panic.
 #[test]
 fn inspect_rejects_what_is_not_a_valid_region_clearly() {
     use hami_common::region::{Region, RegionConfig};
@@ -451,6 +441,8 @@ fn inspect_rejects_what_is_not_a_valid_region_clearly() {
     assert_eq!(err.matches("No such file").count(), 1, "said once: {err}");
 }
 
+/// Guards issue 4 ("clear errors for: not root"), review pass (c8dc5fa): without root the
+/// agent says it needs root and exits 1, without a panic.
 #[test]
 fn not_root_is_a_clear_error() {
     require_root();
@@ -490,6 +482,9 @@ fn only_child(pid: u32) -> u32 {
     }
 }
 
+/// Guards issue 4's review pass (733e3fe): a hooked process that is pid 1 of its own pid
+/// namespace writes its namespace pid into its slot; the agent must match it through
+/// `NSpid`, not report it as unhooked.
 #[test]
 fn hooked_process_in_its_own_pid_namespace_is_matched_to_its_slot() {
     use hami_test_harness::{Artifacts, RunningProbe, TestEnv};
@@ -572,7 +567,7 @@ fn hooked_process_in_its_own_pid_namespace_is_matched_to_its_slot() {
     probe.resume();
 }
 
-/// Issue 8: the first thing an operator does with `audit` is look at a node where work is
+/// Guards issue 8 (9d996fc): the first thing an operator does with `audit` is look at a node where work is
 /// already running. An unhooked process that was holding device memory before the agent
 /// started (NVML lists it) was "ok (baseline)", exit 0. It is a bypass, whenever it started.
 #[test]
@@ -645,7 +640,7 @@ fn audit_fails_for_an_unhooked_process_holding_memory_from_before_the_agent() {
     probe.resume();
 }
 
-/// Regression (H200 acceptance, physical group): an audit stopped with SIGINT while it was
+/// Guards issue 8 (its H200 physical acceptance, run 1; b293df7): an audit stopped with SIGINT while it was
 /// still attaching its probes (seconds on a real libcuda) died of the signal's default
 /// action and printed no report; the handlers now come before the attach.
 #[test]
@@ -757,7 +752,7 @@ int main(int argc, char **argv) {
 }
 "#;
 
-/// Regression (issue 12, `cargo xtask torture --long --only agent`): an agent started while
+/// Guards issue 12 (`cargo xtask torture --long --only agent`; 8ef3acf): an agent started while
 /// a workload allocates and frees in a loop attached the allocation probes first and the
 /// release probes (`cuMemFree_v2`, `cuArrayDestroy`, ...) up to seconds later (each attach
 /// is slow, slower still while a killed agent's probes are being detached), and each entry
@@ -853,7 +848,7 @@ fn agent_attached_mid_workload_sees_the_release_of_every_allocation_it_saw() {
     assert!(st.code().is_some(), "{st:?}");
 }
 
-/// Regression (issue 12, agent faults: driver upgrade): a driver package renames a new
+/// Guards issue 12 (agent faults: driver upgrade; 14f561c): a driver package renames a new
 /// `libcuda.so.1` over the attached one. Discovery remembered the path as handled, so the new
 /// file was attached only once a process mapped it (up to a discovery period after it had
 /// started allocating: its first allocations unseen, the process "attached late"). The
@@ -1104,7 +1099,7 @@ fn audit_row(audit: &Value, pid: u32) -> Value {
         .clone()
 }
 
-/// Regression (closing note of 2026-12-01, "after a driver upgrade the old file's probes are
+/// Guards issue 12 (its closing note of 2026-12-01, "after a driver upgrade the old file's probes are
 /// kept"): when a new libcuda was renamed over an attached one, the old file's probes stayed
 /// attached for ever, even once no process ran it any more: kernel uprobes and an `attached`
 /// list that grew with every upgrade (or with a tenant replacing its libcuda again and
@@ -1233,7 +1228,8 @@ int main(void) {
 }
 "#;
 
-/// Closing note of 2026-12-01 ("the in-place rewrite path has no test"): a probed libcuda
+/// Guards issue 12 (its closing note of 2026-12-01, "the in-place rewrite path has no
+/// test"; 49d396c): a probed libcuda
 /// rewritten in place (same inode, other contents: other symbol offsets) must be attached
 /// again before a process loads it, or that process runs under probes placed for the old
 /// contents (at offsets that are no longer its functions) and its allocations go unseen.
