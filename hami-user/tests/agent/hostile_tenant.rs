@@ -767,15 +767,15 @@ int main(int argc, char **argv) {
 
 #[test]
 fn a_driver_loaded_through_a_descriptor_unlinked_or_memfd_is_probed() {
-    use std::io::BufRead;
+    use std::io::{BufRead, Write};
     let _g = serial();
     let a = Artifacts::get();
     let dir = tempfile::tempdir().unwrap();
     let prog = dir.path().join("fdload");
-    common::compile_c(FD_LOADER, &prog, &["-ldl"]);
+    hami_test_harness::compile_c(FD_LOADER, &prog, &["-ldl"]);
     let env = TestEnv::new();
     // Ended by SIGTERM once both tenants allocated: the report lists them (still running).
-    let mut agent = Agent::start(&env, &["audit", "--json", "--seconds", "120"]);
+    let mut agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "120"]);
     let mut tenants = Vec::new();
     for how in ["unlinked", "memfd"] {
         let copy = dir.path().join(format!("{how}/libcuda.so.1"));
@@ -806,10 +806,9 @@ fn a_driver_loaded_through_a_descriptor_unlinked_or_memfd_is_probed() {
         let end = Instant::now() + Duration::from_secs(30);
         let mut attached = false;
         while !attached && Instant::now() < end {
-            if let Ok(l) = agent.stderr.recv_timeout(Duration::from_millis(200)) {
+            if let Ok(l) = agent.next_line(Instant::now() + Duration::from_millis(200)) {
                 attached = l.contains("attached libcuda probes")
                     && l.contains(&format!("/proc/{pid}/map_files/"));
-                agent.log.push(l);
             }
         }
         writeln!(stdin, "go").unwrap();
@@ -848,7 +847,8 @@ fn a_driver_loaded_through_a_descriptor_unlinked_or_memfd_is_probed() {
     }
     // A memfd has no link either (`nlink` 0): once its process is gone, nobody can load it
     // again, and its probes go at the next full scan that finds nobody mapping it.
-    let mut agent = Agent::start(
+    let mut agent = AgentProcess::start(
+        AGENT,
         &env,
         &["run", "--json-log", "--metrics-addr", "127.0.0.1:0"],
     );
