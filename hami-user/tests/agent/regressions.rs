@@ -1140,15 +1140,35 @@ fn replaced_driver_probes_are_detached_once_no_process_maps_the_old_file() {
     );
     let agent_pid = agent.id();
     let ours = lib.display().to_string();
+    // The agent probes every driver on the machine (other tests' and other checkouts' too,
+    // which come and go): only the probes on a file in this test's `drv` directory count.
+    let drv_dir = drv.display().to_string();
     let links = || -> HashSet<u32> {
         uprobe_links_of(agent_pid)
             .into_iter()
+            .filter(|(_, file)| {
+                // The agent attaches through a descriptor it holds (`/proc/self/fd/N`).
+                let real = match file.strip_prefix("/proc/self/fd/") {
+                    Some(n) => std::fs::read_link(format!("/proc/{agent_pid}/fd/{n}"))
+                        .map(|p| p.display().to_string())
+                        .unwrap_or_default(),
+                    None => file.clone(),
+                };
+                real.starts_with(&drv_dir)
+            })
             .map(|(id, _)| id)
             .collect()
     };
-    // The agent probes every driver on the machine (other tests' too, which come and go):
-    // the old file's probes are among those present before the upgrade.
+    // The old file's probes: those present before the upgrade.
     let before_upgrade = links();
+    assert!(
+        !before_upgrade.is_empty(),
+        "no probe on {ours} before the upgrade: {:?}",
+        uprobe_links_of(agent_pid)
+            .iter()
+            .map(|(_, f)| f)
+            .collect::<HashSet<_>>()
+    );
     // The upgrade: a new file renamed over the attached one.
     let new = drv.join("libcuda.so.1.new");
     std::fs::copy(&a.fake_libcuda, &new).unwrap();
@@ -1156,7 +1176,14 @@ fn replaced_driver_probes_are_detached_once_no_process_maps_the_old_file() {
     wait_for_log(&log, &mut agent, &["attached libcuda probes", &ours], 30);
     let per_file = links().difference(&before_upgrade).count();
     assert!(per_file >= 2, "the new file's probes: {per_file}");
-    let lost = || before_upgrade.difference(&links()).count();
+    // A probe is gone when its link is (whatever the agent's descriptors show).
+    let all_links = || -> HashSet<u32> {
+        uprobe_links_of(agent_pid)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect()
+    };
+    let lost = || before_upgrade.difference(&all_links()).count();
     // The old file's probes stay while a process runs it.
     std::thread::sleep(Duration::from_millis(1500));
     assert!(
