@@ -11,11 +11,13 @@
 
 mod bench;
 mod bundle;
+mod cross;
 mod demo;
 mod dist;
 mod fuzz;
 mod setup;
 mod test;
+mod test_aarch64;
 mod torture;
 mod util;
 
@@ -40,6 +42,10 @@ enum Task {
         /// Skip `cargo clippy --workspace --all-targets -- -D warnings`.
         #[arg(long)]
         no_lint: bool,
+        /// Instead: cross-build for this architecture and run its test subset under
+        /// qemu-user (`xtask/src/test_aarch64.rs`).
+        #[arg(long, value_enum)]
+        target: Option<cross::CrossTarget>,
         /// Extra arguments for `cargo test --workspace` (after `--`).
         #[arg(last = true)]
         cargo_args: Vec<String>,
@@ -82,8 +88,12 @@ fn run(task: Task) -> Result<()> {
     match task {
         Task::Setup => setup::setup().map(|_| ()),
         Task::Test {
+            target: Some(t), ..
+        } => test_aarch64::test(t),
+        Task::Test {
             no_lint,
             cargo_args,
+            target: None,
         } => test::test(&test::TestOptions {
             no_lint,
             cargo_args,
@@ -116,12 +126,20 @@ mod tests {
             Ok(Task::Test {
                 no_lint,
                 cargo_args,
+                target: None,
             }) => {
                 assert!(no_lint);
                 assert_eq!(cargo_args, ["-p", "x", "--nocapture"]);
             }
             other => panic!("{other:?}"),
         }
+        assert!(matches!(
+            parse(&["test", "--target", "aarch64"]),
+            Ok(Task::Test {
+                target: Some(cross::CrossTarget::Aarch64),
+                ..
+            })
+        ));
         match parse(&["torture", "--long", "--only", "agent"]) {
             Ok(Task::Torture { long, only }) => {
                 assert!(long);
@@ -152,6 +170,7 @@ mod tests {
             &["torture", "--only", "everything"],
             &["fuzz", "--seconds", "0"],
             &["fuzz", "--seconds", "x"],
+            &["test", "--target", "riscv64"],
         ] {
             assert!(parse(args).is_err(), "{args:?} was accepted");
         }
