@@ -153,8 +153,7 @@ pub fn ensure_binfmt() -> Result<()> {
     let prefix = Path::new(QEMU_BINFMT_PREFIX);
     if fs::symlink_metadata(prefix).is_err() {
         if let Some(parent) = prefix.parent() {
-            fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
+            fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
         }
         std::os::unix::fs::symlink(t.sysroot(), prefix)
             .with_context(|| format!("symlinking {} -> {}", prefix.display(), t.sysroot()))?;
@@ -164,12 +163,8 @@ pub fn ensure_binfmt() -> Result<()> {
     }
     let register = Path::new(BINFMT_DIR).join("register");
     if !register.exists() {
-        let ok = quiet_ok(Command::new("mount").args([
-            "-t",
-            "binfmt_misc",
-            "binfmt_misc",
-            BINFMT_DIR,
-        ]));
+        let ok =
+            quiet_ok(Command::new("mount").args(["-t", "binfmt_misc", "binfmt_misc", BINFMT_DIR]));
         if !ok || !register.exists() {
             bail!(
                 "binfmt_misc is not mounted at {BINFMT_DIR} and mounting it failed (needs root): \
@@ -179,11 +174,7 @@ pub fn ensure_binfmt() -> Result<()> {
     }
     let line = fs::read_to_string(DEBIAN_BINFMT_CONF)
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with(':'))
-                .map(str::to_string)
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with(':')).map(str::to_string))
         .unwrap_or_else(|| BINFMT_LINE.to_string());
     println!("setup:   registering {} with binfmt_misc", t.binfmt_name());
     fs::write(&register, format!("{line}\n"))
@@ -283,16 +274,16 @@ fn clean(mut c: Command) -> Command {
 /// reads too), qemu as cargo's runner and its library prefix.
 pub fn cross_env(t: CrossTarget) -> Vec<(String, String)> {
     vec![
-        (
-            "CARGO_UNSTABLE_BUILD_STD".into(),
-            "std,panic_unwind".into(),
-        ),
+        ("CARGO_UNSTABLE_BUILD_STD".into(), "std,panic_unwind".into()),
         (t.cargo_var("LINKER"), t.gcc().into()),
         (
             t.cargo_var("RUNNER"),
             format!("{} -L {}", t.qemu(), t.sysroot()),
         ),
-        (format!("CC_{}", t.triple().replace('-', "_")), t.gcc().into()),
+        (
+            format!("CC_{}", t.triple().replace('-', "_")),
+            t.gcc().into(),
+        ),
         ("QEMU_LD_PREFIX".into(), t.sysroot().into()),
         ("RUSTUP_TOOLCHAIN".into(), "nightly".into()),
     ]

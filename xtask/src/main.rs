@@ -14,6 +14,7 @@ mod bundle;
 mod cross;
 mod demo;
 mod dist;
+mod dist_arch;
 mod fuzz;
 mod setup;
 mod test;

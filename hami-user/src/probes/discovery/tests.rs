@@ -510,3 +510,25 @@ fn uprobe_offsets_of_hostile_files_are_errors_not_panics_or_huge_reads() {
         Err(ElfError::NotElf)
     ));
 }
+
+#[test]
+fn well_known_dirs_cover_aarch64_and_the_driver_container() {
+    for dir in [
+        "/usr/lib/aarch64-linux-gnu",
+        "/lib/aarch64-linux-gnu",
+        "/run/nvidia/driver/usr/lib/aarch64-linux-gnu",
+        "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/local/nvidia/lib64",
+    ] {
+        assert!(WELL_KNOWN_DIRS.contains(&dir), "{dir} is not searched");
+    }
+    let mut sorted = WELL_KNOWN_DIRS.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(
+        sorted.len(),
+        WELL_KNOWN_DIRS.len(),
+        "a directory listed twice"
+    );
+}
