@@ -96,12 +96,10 @@ pub const SKIPPED: &[(&str, &str, &str)] = &[
 ];
 
 /// The torture scenarios run with aarch64 workloads (the short profile's preload side).
-pub const TORTURE_SCENARIOS: &[Scenario] = &[
-    Scenario::Storm,
-    Scenario::Stops,
-    Scenario::Race,
-    Scenario::Bad,
-];
+/// Not [`Scenario::Stops`]: under qemu-user, `MADV_PAGEOUT` does nothing (its paged-out
+/// variant checks that the pages left) and a SIGKILLed lock holder gets no kernel owner-died
+/// mark (no `set_robust_list`; its check asks for the kernel's recovery).
+pub const TORTURE_SCENARIOS: &[Scenario] = &[Scenario::Storm, Scenario::Race, Scenario::Bad];
 
 /// Run the aarch64 pass.
 pub fn test(t: CrossTarget) -> Result<()> {
