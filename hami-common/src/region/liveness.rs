@@ -17,7 +17,13 @@ impl ProcessId {
     pub fn current() -> ProcessId {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u32;
-        let start_time = read_stat(b"/proc/self/stat\0")
+        // The main thread's own stat file, whose start time is the process's on every
+        // kernel: qemu-user answers `/proc/self/stat` itself, with the *calling thread's*
+        // start time (a process registered from a second thread would look like another
+        // process, and its slot would be reclaimed), but passes `task/<tid>/stat` through.
+        let mut path = [0u8; 48];
+        let start_time = read_stat(self_task_stat_path(pid, &mut path))
+            .or_else(|_| read_stat(b"/proc/self/stat\0"))
             .map(|s| s.start_time)
             .unwrap_or(0);
         ProcessId { pid, start_time }
@@ -26,12 +32,13 @@ impl ProcessId {
     /// The process with this pid now, from `/proc/<pid>/stat`; `None` if there is none (or
     /// `/proc` cannot be read).
     pub fn of(pid: u32) -> Option<ProcessId> {
-        let mut path = [0u8; 32];
-        let p = proc_stat_path(pid, &mut path);
-        read_stat(p).ok().map(|s| ProcessId {
-            pid,
-            start_time: s.start_time,
-        })
+        let mut path = [0u8; 48];
+        read_stat(stat_path_of(pid, &mut path))
+            .ok()
+            .map(|s| ProcessId {
+                pid,
+                start_time: s.start_time,
+            })
     }
 }
 
@@ -63,9 +70,8 @@ impl LivenessProbe for ProcProbe {
         if who.pid == 0 {
             return Liveness::Dead;
         }
-        let mut path = [0u8; 32];
-        let p = proc_stat_path(who.pid, &mut path);
-        match read_stat(p) {
+        let mut path = [0u8; 48];
+        match read_stat(stat_path_of(who.pid, &mut path)) {
             Ok(st) => {
                 // A zombie's resources (and its GPU memory) are gone. A zombie leader with live
                 // threads still runs: num_threads counts them.
@@ -131,6 +137,32 @@ pub(super) fn proc_stat_path(pid: u32, buf: &mut [u8; 32]) -> &[u8] {
         i += 1;
     }
     &buf[..i]
+}
+
+/// The stat file that describes process `pid` as a whole: `/proc/<pid>/stat`, or for this
+/// very process its main thread's `/proc/self/task/<pid>/stat` (same fields on every kernel;
+/// under qemu-user the only one that is not answered by the emulator with the calling
+/// thread's start time, see [`ProcessId::current`]).
+pub(super) fn stat_path_of(pid: u32, buf: &mut [u8; 48]) -> &[u8] {
+    // SAFETY: getpid has no preconditions.
+    if pid == unsafe { libc::getpid() } as u32 {
+        return self_task_stat_path(pid, buf);
+    }
+    let mut short = [0u8; 32];
+    let len = proc_stat_path(pid, &mut short).len();
+    buf[..len].copy_from_slice(&short[..len]);
+    &buf[..len]
+}
+
+/// Writes `/proc/self/task/<pid>/stat\0` into `buf` (no allocation).
+pub(super) fn self_task_stat_path(pid: u32, buf: &mut [u8; 48]) -> &[u8] {
+    let mut short = [0u8; 32];
+    // `/proc/<pid>/stat\0` -> `/proc/self/task/<pid>/stat\0`.
+    let tail = &proc_stat_path(pid, &mut short)[b"/proc/".len()..];
+    let head = b"/proc/self/task/";
+    buf[..head.len()].copy_from_slice(head);
+    buf[head.len()..head.len() + tail.len()].copy_from_slice(tail);
+    &buf[..head.len() + tail.len()]
 }
 
 /// Reads and parses a `/proc/.../stat` file (NUL-terminated path) without allocating.

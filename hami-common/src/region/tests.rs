@@ -1299,6 +1299,11 @@ fn parse_stat_handles_hostile_comm() {
     let mut buf = [0u8; 32];
     assert_eq!(proc_stat_path(0, &mut buf), b"/proc/0/stat\0");
     assert_eq!(proc_stat_path(4194304, &mut buf), b"/proc/4194304/stat\0");
+    let mut long = [0u8; 48];
+    assert_eq!(
+        self_task_stat_path(4194304, &mut long),
+        b"/proc/self/task/4194304/stat\0"
+    );
 }
 
 #[test]
@@ -1874,4 +1879,24 @@ fn a_slot_keeps_its_host_pid_until_it_is_freed() {
         ro.set_host_pid(s2, 1),
         Err(RegionError::ReadOnly { .. })
     ));
+}
+
+/// Regression (issue 22, found under qemu-user): qemu answers `/proc/self/stat` with the
+/// calling thread's start time, so a process registering from a second thread got another
+/// identity than the one its liveness is checked with, and its slot was reclaimed under it
+/// (the torture race granted 20 times the limit). Every thread must see one identity, the
+/// one `/proc/<pid>/stat` gives.
+#[test]
+fn the_current_process_has_one_identity_from_every_thread() {
+    let main = ProcessId::current();
+    std::thread::sleep(Duration::from_millis(30));
+    let from_thread = std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_millis(30));
+        ProcessId::current()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(from_thread, main);
+    assert_eq!(ProcessId::of(main.pid), Some(main));
+    assert_eq!(ProcProbe.liveness(main), Liveness::Alive);
 }

@@ -12,6 +12,8 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(test)]
+mod arch_tests;
 pub mod discovery;
 mod handle;
 mod stream;

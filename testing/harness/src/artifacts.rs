@@ -37,8 +37,42 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
+/// Environment variable naming the target triple the artifacts are built for when it is not
+/// the running binary's own: `cargo xtask test --target aarch64` runs the torture scenarios
+/// from the host's xtask against aarch64 builds of the preload, the fakes and the programs
+/// (run under qemu-user through binfmt_misc).
+pub const ENV_TEST_TARGET: &str = "HAMI_TEST_TARGET";
+
 /// `(target_dir, profile_dir, cargo profile name, target triple if any)` of the running test.
-fn locate_target() -> (PathBuf, PathBuf, String, Option<String>) {
+pub(crate) fn locate_target() -> (PathBuf, PathBuf, String, Option<String>) {
+    retarget(
+        locate_running_binary(),
+        std::env::var(ENV_TEST_TARGET).ok().as_deref(),
+    )
+}
+
+/// The running binary's `(target_dir, profile_dir, profile, triple)` moved to the triple
+/// `want` (`<target>/<want>/<profile dir name>`), when one is asked for and differs.
+fn retarget(
+    found: (PathBuf, PathBuf, String, Option<String>),
+    want: Option<&str>,
+) -> (PathBuf, PathBuf, String, Option<String>) {
+    let (target_dir, profile_dir, profile, triple) = found;
+    match want {
+        Some(t) if !t.is_empty() && triple.as_deref() != Some(t) => {
+            let name = profile_dir
+                .file_name()
+                .expect("profile dir name")
+                .to_os_string();
+            let profile_dir = target_dir.join(t).join(name);
+            (target_dir, profile_dir, profile, Some(t.to_string()))
+        }
+        _ => (target_dir, profile_dir, profile, triple),
+    }
+}
+
+/// [`locate_target`] of the running binary itself.
+fn locate_running_binary() -> (PathBuf, PathBuf, String, Option<String>) {
     let exe = std::env::current_exe().expect("current_exe");
     // <target>/[<triple>/]<profile>/deps/<test binary>  or  <target>/.../<profile>/<binary>
     let mut dir = exe.parent().expect("exe dir").to_path_buf();
@@ -161,5 +195,39 @@ impl Artifacts {
             cudaprobe,
             nvmlprobe,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(profile_dir: &str) -> (PathBuf, PathBuf, String, Option<String>) {
+        (
+            PathBuf::from("/t"),
+            PathBuf::from(profile_dir),
+            "dev".into(),
+            None,
+        )
+    }
+
+    #[test]
+    fn another_target_moves_the_artifacts_under_its_triple() {
+        let a64 = "aarch64-unknown-linux-gnu";
+        let (t, p, prof, triple) = retarget(host("/t/debug"), Some(a64));
+        assert_eq!(t, PathBuf::from("/t"));
+        assert_eq!(p, PathBuf::from("/t/aarch64-unknown-linux-gnu/debug"));
+        assert_eq!(prof, "dev");
+        assert_eq!(triple.as_deref(), Some(a64));
+        // Unset, empty or the binary's own triple: unchanged.
+        assert_eq!(retarget(host("/t/debug"), None), host("/t/debug"));
+        assert_eq!(retarget(host("/t/debug"), Some("")), host("/t/debug"));
+        let own = (
+            PathBuf::from("/t"),
+            PathBuf::from("/t/aarch64-unknown-linux-gnu/release"),
+            "release".to_string(),
+            Some(a64.to_string()),
+        );
+        assert_eq!(retarget(own.clone(), Some(a64)), own);
     }
 }

@@ -8,14 +8,26 @@ use std::process::Command;
 
 use crate::artifacts::{workspace_root, Artifacts};
 
-/// Compiles `src` into `out` with the C compiler (`$CC`, else `gcc`): the command line is
+/// The C compiler for the artifacts' target: `$CC_<triple>` (cc-rs's convention, the
+/// triple's `-` as `_`, e.g. `CC_aarch64_unknown_linux_gnu`) when the artifacts are built for
+/// a target triple, else `$CC`, else `gcc`.
+pub fn c_compiler() -> String {
+    let (_, _, _, triple) = crate::artifacts::locate_target();
+    triple
+        .and_then(|t| std::env::var(format!("CC_{}", t.replace('-', "_"))).ok())
+        .or_else(|| std::env::var("CC").ok())
+        .filter(|c| !c.is_empty())
+        .unwrap_or_else(|| "gcc".to_string())
+}
+
+/// Compiles `src` into `out` with the C compiler ([`c_compiler`]): the command line is
 /// `$CC -o <tmp> <src> ARGS...` (so `-l...` in `args` come after the source). The output is
 /// written under a temp name and renamed into place, so concurrent test binaries never run a
 /// half-written program. Panics with the compiler's output if it fails.
 pub fn cc(src: &Path, out: &Path, args: &[&str]) {
     let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("out");
     let tmp = out.with_file_name(format!(".{name}.tmp{}", std::process::id()));
-    let cc = std::env::var("CC").unwrap_or_else(|_| "gcc".to_string());
+    let cc = c_compiler();
     let o = Command::new(&cc)
         .arg("-o")
         .arg(&tmp)

@@ -29,6 +29,14 @@ pub const WELL_KNOWN_DIRS: &[&str] = &[
     "/lib/x86_64-linux-gnu",
     "/lib64",
     "/lib",
+    // aarch64 nodes (GH200, GB200): Debian/Ubuntu's multiarch directories.
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    // The GPU operator's driver container, seen from the host (its root at
+    // /run/nvidia/driver): Ubuntu images use the multiarch directory, RHEL ones lib64.
+    "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
+    "/run/nvidia/driver/usr/lib/aarch64-linux-gnu",
+    "/run/nvidia/driver/usr/lib64",
 ];
 
 /// Whether a file name looks like a CUDA driver library (`libcuda.so`, `libcuda.so.1`,

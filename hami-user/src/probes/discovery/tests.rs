@@ -660,3 +660,25 @@ fn a_driver_under_the_preloads_name_is_a_driver_and_the_preload_is_not() {
         [21]
     );
 }
+
+#[test]
+fn well_known_dirs_cover_aarch64_and_the_driver_container() {
+    for dir in [
+        "/usr/lib/aarch64-linux-gnu",
+        "/lib/aarch64-linux-gnu",
+        "/run/nvidia/driver/usr/lib/aarch64-linux-gnu",
+        "/run/nvidia/driver/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/local/nvidia/lib64",
+    ] {
+        assert!(WELL_KNOWN_DIRS.contains(&dir), "{dir} is not searched");
+    }
+    let mut sorted = WELL_KNOWN_DIRS.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(
+        sorted.len(),
+        WELL_KNOWN_DIRS.len(),
+        "a directory listed twice"
+    );
+}

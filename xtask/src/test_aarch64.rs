@@ -1,0 +1,197 @@
+//! `cargo xtask test --target aarch64`: the aarch64 builds of the preload, the fake driver and
+//! NVML, the C test programs and the agent, and a subset of their tests run under qemu-user
+//! (see [`crate::cross`] for the toolchain and the emulator). `.ci/run` calls it after
+//! `cargo xtask test`; its time from clean on 2 cores is in docs/deploy.md.
+//!
+//! What runs, in order (each step printed with its time):
+//!
+//! 1. a C hello world for aarch64 started directly (binfmt_misc works, `char` is unsigned);
+//! 2. the cross build (std from source) of hami-common, the preload and the agent with their
+//!    tests (the agent's `build.rs` builds its eBPF object with `bpf_target_arch =
+//!    "aarch64"`); the test harness builds the fakes and the C programs for aarch64;
+//! 3. under qemu: the unit tests of hami-common (the region layout's offset tests among
+//!    them), of the preload and of the agent (its `arch_tests` check the embedded eBPF
+//!    object against arm64's `pt_regs`), and every integration test of the preload
+//!    ([`PRELOAD_TESTS`]), minus [`SKIPPED`] (every skip has its reason);
+//! 4. the short torture profile's preload scenarios ([`TORTURE_SCENARIOS`]): the host's
+//!    xtask drives aarch64 workloads, preload and fake driver (through binfmt_misc) and
+//!    checks their regions natively, which also shows that an x86-64 reader and aarch64
+//!    writers agree on every byte of the layout.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use crate::cross::{check_emulation, cross_env, nightly_cargo, nightly_cargo_path, CrossTarget};
+use crate::torture::Scenario;
+use crate::util::{project_root, run_checked};
+
+/// The crates whose tests run under qemu (the fakes are built by the test harness).
+pub const TESTED_CRATES: &[&str] = &["hami-common", "hami-preload", "hami-user"];
+
+/// The preload's integration tests run under qemu: all of them (the multi-process tests:
+/// region sharing between processes and users, the hooks through `dlsym` and
+/// `cuGetProcAddress`, limits, contexts, modules, the launch gate with real processes, the
+/// regressions, among them `dlsym(RTLD_NEXT)` through the aarch64 trampoline), with
+/// [`PRELOAD_TESTS_ALONE`].
+pub const PRELOAD_TESTS: &[&str] = &[
+    "alloc_path",
+    "bad_inputs",
+    "compute",
+    "config",
+    "context_admission",
+    "device_memory",
+    "hooks",
+    "limits",
+    "module_statics",
+    "multiuser",
+    "processes",
+    "refusals",
+];
+
+/// The preload's integration tests whose names the agent's tests share (`cargo test --test
+/// regressions` with hami-user selected would run the agent's eBPF regressions too, and
+/// qemu-user has no `bpf(2)`): run with the preload selected alone.
+pub const PRELOAD_TESTS_ALONE: &[&str] = &["regressions"];
+
+/// Tests not run under qemu, as `(crate, name filter, reason)`. The filters are module paths
+/// that exist in one crate only.
+pub const SKIPPED: &[(&str, &str, &str)] = &[
+    (
+        "hami-common",
+        "region::tests::sigkill_while_holding_the_lock_is_recovered_exactly",
+        "qemu-user does not implement set_robust_list: the kernel never marks a dead \
+         holder's robust mutex owner-died (real arm64 kernels do; the preload's stale-lock \
+         break, which these tests leave off, still recovers, see the torture kill storm)",
+    ),
+    (
+        "hami-common",
+        "region::tests::processes_sigkilled_in_a_loop_never_block_others_and_are_reclaimed",
+        "same: relies on the kernel's robust-futex owner-died mark",
+    ),
+    (
+        "hami-user",
+        "tenantfs::tests::",
+        "qemu 7.2 (Debian 12's qemu-user-static) does not implement openat2(2), which the \
+         agent opens every tenant file with (RESOLVE_IN_ROOT); arm64 kernels have it since 5.6",
+    ),
+    (
+        "hami-user",
+        "agent::tests::",
+        "same: the agent's tick opens regions and libcuda files through openat2",
+    ),
+    (
+        "hami-user",
+        "probes::discovery::tests::a_process_with_a_driver_is_read_again_only_on_full_scans",
+        "same: reads the fake processes' files through openat2",
+    ),
+    (
+        "hami-preload",
+        "gate::tests::",
+        "the launch gate's simulations are architecture-neutral arithmetic and take minutes \
+         under emulation (they run natively in `cargo xtask test`)",
+    ),
+];
+
+/// The torture scenarios run with aarch64 workloads (the short profile's preload side).
+/// Not [`Scenario::Stops`]: under qemu-user, `MADV_PAGEOUT` does nothing (its paged-out
+/// variant checks that the pages left) and a SIGKILLed lock holder gets no kernel owner-died
+/// mark (no `set_robust_list`; its check asks for the kernel's recovery).
+pub const TORTURE_SCENARIOS: &[Scenario] = &[Scenario::Storm, Scenario::Race, Scenario::Bad];
+
+/// Run the aarch64 pass.
+pub fn test(t: CrossTarget) -> Result<()> {
+    let root = project_root();
+    let start = Instant::now();
+    crate::setup::setup().context("setup failed")?;
+
+    timed(
+        "an aarch64 hello world under qemu-user (binfmt_misc)",
+        || check_emulation(t, &crate::bundle::target_dir(&root).join("cross-check")),
+    )?;
+
+    // One package set, one feature set for the build and the run: nothing is built twice.
+    let mut args: Vec<&str> = Vec::new();
+    for p in TESTED_CRATES {
+        args.extend(["-p", p]);
+    }
+    args.extend(["--features", "hami-common/std", "--lib", "--bins"]);
+    for name in PRELOAD_TESTS {
+        args.extend(["--test", name]);
+    }
+    timed(
+        "cross build (std from source; the agent's eBPF object for aarch64)",
+        || {
+            let mut c = nightly_cargo(&root, t, "test")?;
+            c.args(&args).arg("--no-run");
+            run_checked(&mut c)
+        },
+    )?;
+    timed(
+        "unit tests of hami-common (region layout offsets), the preload and the agent, \
+         and the preload's multi-process tests, under qemu",
+        || {
+            let mut c = nightly_cargo(&root, t, "test")?;
+            c.args(&args).arg("--");
+            for (_, filter, _) in SKIPPED {
+                c.args(["--skip", filter]);
+            }
+            run_checked(&mut c)?;
+            let mut c = nightly_cargo(&root, t, "test")?;
+            // hami-common with the features the run above gave it (not built again).
+            c.args([
+                "-p",
+                "hami-preload",
+                "--features",
+                "hami-common/std,hami-common/user",
+            ]);
+            for name in PRELOAD_TESTS_ALONE {
+                c.args(["--test", name]);
+            }
+            run_checked(&mut c)
+        },
+    )?;
+    timed(
+        "torture (short profile, preload scenarios) with aarch64 workloads",
+        || torture(&root, t),
+    )?;
+    eprintln!(
+        "\n==> xtask test --target {}: all passed in {:.0} s",
+        t.triple(),
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn timed(what: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    eprintln!("\n==> xtask test --target aarch64: {what}");
+    let t0 = Instant::now();
+    f().with_context(|| format!("aarch64: {what}"))?;
+    eprintln!("==> {what}: {:.0} s", t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The host's xtask running the torture scenarios against the aarch64 artifacts
+/// (`HAMI_TEST_TARGET`): the harness builds them with the nightly cargo and the cross
+/// environment, and their processes run under qemu through binfmt_misc.
+fn torture(root: &Path, t: CrossTarget) -> Result<()> {
+    let me = std::env::current_exe().context("the running xtask's path")?;
+    for s in TORTURE_SCENARIOS {
+        let name = clap::ValueEnum::to_possible_value(s)
+            .map(|v| v.get_name().to_string())
+            .context("scenario name")?;
+        let mut c = Command::new(&me);
+        c.current_dir(root)
+            .args(["torture", "--only", &name])
+            .env(hami_test_harness::artifacts::ENV_TEST_TARGET, t.triple())
+            .env("CARGO", nightly_cargo_path()?)
+            .env("PATH", crate::util::tools_path(root));
+        for (k, v) in cross_env(t) {
+            c.env(k, v);
+        }
+        run_checked(&mut c)?;
+    }
+    Ok(())
+}
