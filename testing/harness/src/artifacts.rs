@@ -73,7 +73,11 @@ fn retarget(
 
 /// [`locate_target`] of the running binary itself.
 fn locate_running_binary() -> (PathBuf, PathBuf, String, Option<String>) {
-    let exe = std::env::current_exe().expect("current_exe");
+    locate_binary(&std::env::current_exe().expect("current_exe"))
+}
+
+/// [`locate_target`] of the binary at `exe`.
+fn locate_binary(exe: &Path) -> (PathBuf, PathBuf, String, Option<String>) {
     // <target>/[<triple>/]<profile>/deps/<test binary>  or  <target>/.../<profile>/<binary>
     let mut dir = exe.parent().expect("exe dir").to_path_buf();
     if dir
@@ -94,11 +98,17 @@ fn locate_running_binary() -> (PathBuf, PathBuf, String, Option<String>) {
         other => other.to_string(),
     };
     let parent = profile_dir.parent().expect("target dir").to_path_buf();
-    if parent.join("CACHEDIR.TAG").exists()
-        || !parent
-            .parent()
-            .is_some_and(|p| p.join("CACHEDIR.TAG").exists())
-    {
+    // `<target>/<triple>/<profile>`: the parent is named like a triple and its own parent is
+    // a target dir. (Not "the parent has no CACHEDIR.TAG": cargo writes one into a triple's
+    // directory too, and a cross test that took its triple's directory for the target dir
+    // built the host's fakes and programs into it.)
+    let is_triple = |p: &Path| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.matches('-').count() >= 2)
+            && p.parent().is_some_and(|t| t.join("CACHEDIR.TAG").exists())
+    };
+    if !is_triple(&parent) {
         (parent, profile_dir, profile, None)
     } else {
         let triple = parent
@@ -200,6 +210,29 @@ impl Artifacts {
 
 #[cfg(test)]
 mod tests {
+    /// Regression (issue 22): cargo writes a CACHEDIR.TAG into `<target>/<triple>/` too; a
+    /// cross test binary there must still be found to be the triple's, or its fakes and
+    /// programs are built for the host into the triple's directory.
+    #[test]
+    fn a_cross_test_binary_is_located_under_its_triple_even_with_a_cachedir_tag_there() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("target");
+        let triple = target.join("aarch64-unknown-linux-gnu");
+        std::fs::create_dir_all(triple.join("debug/deps")).unwrap();
+        std::fs::create_dir_all(target.join("debug/deps")).unwrap();
+        std::fs::write(target.join("CACHEDIR.TAG"), "").unwrap();
+        std::fs::write(triple.join("CACHEDIR.TAG"), "").unwrap();
+        let (dir, profile_dir, profile, found) =
+            super::locate_binary(&triple.join("debug/deps/hooks-0123"));
+        assert_eq!(dir, target);
+        assert_eq!(profile_dir, triple.join("debug"));
+        assert_eq!(profile, "dev");
+        assert_eq!(found.as_deref(), Some("aarch64-unknown-linux-gnu"));
+        let (dir, profile_dir, _, found) = super::locate_binary(&target.join("debug/deps/x-1"));
+        assert_eq!((dir, found), (target.clone(), None));
+        assert_eq!(profile_dir, target.join("debug"));
+    }
+
     use super::*;
 
     fn host(profile_dir: &str) -> (PathBuf, PathBuf, String, Option<String>) {
