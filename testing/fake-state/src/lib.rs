@@ -620,10 +620,13 @@ pub fn host_pid() -> u32 {
 /// `(state, start_time)` of a process from `/proc/<pid>/stat` (the host's `/proc`, see
 /// [`host_pid`]).
 fn proc_stat(pid: u32) -> Option<(u8, u64)> {
-    let s = match host_proc() {
-        Some(dir) => std::fs::read(dir.join(pid.to_string()).join("stat")).ok()?,
-        None => std::fs::read(format!("/proc/{pid}/stat")).ok()?,
-    };
+    // Through `task/<pid>/stat` (the main thread's, the same fields): qemu-user answers a
+    // process's own `/proc/<pid>/stat` with the calling thread's start time, so a process
+    // whose driver calls come from a second thread would look like another process.
+    let dir = host_proc().unwrap_or_else(|| "/proc".into());
+    let s = std::fs::read(dir.join(format!("{pid}/task/{pid}/stat")))
+        .or_else(|_| std::fs::read(dir.join(format!("{pid}/stat"))))
+        .ok()?;
     let close = s.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(&s[close + 1..]).ok()?;
     let mut fields = rest.split_ascii_whitespace();
