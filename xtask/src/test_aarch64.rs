@@ -31,15 +31,19 @@ use crate::util::{project_root, run_checked};
 /// The crates whose tests run under qemu (the fakes are built by the test harness).
 pub const TESTED_CRATES: &[&str] = &["hami-common", "hami-preload", "hami-user"];
 
-/// The preload's integration tests run under qemu: all of them (the multi-process tests:
-/// region sharing between processes and users, the hooks through `dlsym` and
-/// `cuGetProcAddress`, limits, contexts, modules, the launch gate with real processes, the
-/// regressions, among them `dlsym(RTLD_NEXT)` through the aarch64 trampoline), with
-/// [`PRELOAD_TESTS_ALONE`].
+/// The preload's integration tests run under qemu: all but `compute` (see the comment in the
+/// list) — the multi-process tests: region sharing between processes and users, the hooks
+/// through `dlsym` and `cuGetProcAddress`, limits, contexts, modules, NVML's views — with
+/// [`PRELOAD_TESTS_ALONE`] (the regressions, among them `dlsym(RTLD_NEXT)` through the
+/// aarch64 trampoline).
 pub const PRELOAD_TESTS: &[&str] = &[
     "alloc_path",
     "bad_inputs",
-    "compute",
+    // Not `compute`: every one of its multi-process tests times the device share that a real
+    // submitting process reaches against wall time, and under emulation a launch's CPU side
+    // is many times slower (0.23-0.40 of the device reached for 0.30-0.50 shares, an
+    // unlimited process below its 0.85): they fail or pass by the machine's load, and say
+    // nothing about the gate, whose arithmetic runs natively in `cargo xtask test`.
     "config",
     "context_admission",
     "device_memory",
@@ -88,33 +92,15 @@ pub const SKIPPED: &[(&str, &str, &str)] = &[
         "same: reads the fake processes' files through openat2",
     ),
     (
+        "hami-user",
+        "probes::discovery::tests::a_driver_under_the_preloads_name_is_a_driver_and_the_preload_is_not",
+        "same: reads the fake process's mapped files through its root with openat2",
+    ),
+    (
         "hami-preload",
         "non_cuda_programs_are_untouched_and_create_nothing",
         "runs the host's own /bin/true (x86-64) with the aarch64 preload in LD_PRELOAD: ld.so \
          refuses the wrong ELF class before the test's question is asked",
-    ),
-    (
-        "hami-preload",
-        "a_killed_or_stopped_process_never_starves_the_other",
-        "measures the device share a real submitting process reaches against wall time: \
-         under emulation a launch's CPU side is many times slower and the process cannot \
-         keep the fake device busy (0.23-0.40 measured for 0.30-0.50 shares); the compute \
-         tests that do not time a share run here",
-    ),
-    (
-        "hami-preload",
-        "every_path_and_cooperative_launches_are_gated",
-        "same: times the share reached",
-    ),
-    (
-        "hami-preload",
-        "one_process_alone_gets_its_share",
-        "same: times the share reached",
-    ),
-    (
-        "hami-preload",
-        "two_processes_of_one_container_share_its_budget",
-        "same: times the share reached",
     ),
     (
         "hami-preload",
