@@ -1,0 +1,49 @@
+#!/bin/sh
+# The agent's cost per probed driver call (issue 21), on the GPU machine: ROUNDS alternated
+# rounds of workloads/probe_cost natively and with `hami-agent run` attached (started and
+# stopped every round, so both halves of a round see the same machine), then the legacy
+# entry points and the release-while-mapped case (workloads/legacy_entries.c) natively and
+# under the preload with a 2 GiB quota.
+# Usage on the GPU machine: sh gpu-bundle/gpu/agent_cost.sh [ROUNDS]
+set -u
+rounds=${1:-6}
+here=$(cd "$(dirname "$0")" && pwd)
+bundle=$(dirname "$here")
+agent=$bundle/hami-agent
+pre=$bundle/libhami_preload.so
+w=/tmp/agentcost.$$
+mkdir -p "$w"
+inc=-I/usr/local/cuda/include
+gcc -O2 $inc "$here/workloads/probe_cost.c" -o "$w/probe_cost" -lcuda || exit 1
+gcc -O2 $inc "$here/workloads/legacy_entries.c" -o "$w/legacy" -lcuda -ldl || exit 1
+lib=$(ldconfig -p | awk '/libcuda.so.1 /{print $NF; exit}')
+echo "libcuda: $lib; load: $(cat /proc/loadavg)"
+wait_ready() {
+  i=0
+  while [ $i -lt 300 ]; do
+    grep -q 'hami-agent: ready' "$1" && return 0
+    sleep 0.1; i=$((i + 1))
+  done
+  return 1
+}
+r=1
+while [ $r -le "$rounds" ]; do
+  echo "## round $r native"; "$w/probe_cost" 20000 7
+  "$agent" run --metrics-addr 127.0.0.1:9477 --libcuda "$lib" > "$w/agent$r.log" 2>&1 &
+  ap=$!
+  if wait_ready "$w/agent$r.log"; then
+    echo "## round $r agent ($(grep -c . "$w/agent$r.log") log lines)"; "$w/probe_cost" 20000 7
+  else
+    echo "## round $r agent NOT READY"; tail -5 "$w/agent$r.log"
+  fi
+  kill -INT $ap; wait $ap
+  r=$((r + 1))
+done
+grep -i 'attach' "$w/agent1.log" | head -5
+echo "## legacy entries, native"; "$w/legacy" 512 4
+echo "## legacy entries, preload, 2 GiB quota"
+LD_PRELOAD=$pre CUDA_DEVICE_MEMORY_LIMIT=2g CUDA_DEVICE_MEMORY_SHARED_CACHE=$w/l.cache "$w/legacy" 512 4
+echo "## legacy entries, preload 2 GiB, 8 x 512 MiB"
+LD_PRELOAD=$pre CUDA_DEVICE_MEMORY_LIMIT=2g CUDA_DEVICE_MEMORY_SHARED_CACHE=$w/m.cache "$w/legacy" 512 8
+echo "## load at end: $(cat /proc/loadavg)"
+rm -rf "$w"
