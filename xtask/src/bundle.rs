@@ -89,6 +89,7 @@ pub fn gpu_bundle_with(root: &Path, opts: &BundleOptions) -> Result<PathBuf> {
         "library_two_devices.sh",
         "library_two_contexts.sh",
         "nvsmi_container.sh",
+        "agent_cost.sh",
     ] {
         copy_file(&gpu.join(name), &out.join("gpu").join(name))?;
     }
