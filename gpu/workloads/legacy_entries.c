@@ -15,6 +15,8 @@
  *  release_mapped     cuMemCreate + cuMemMap + cuMemRelease, count times, nothing unmapped:
  *                     the memory stays held while mapped (cuMemRelease's documentation)
  *  v1_mem_get_info    cuMemGetInfo (v1) against cuMemGetInfo_v2
+ *  green_ctx          count green contexts (cuGreenCtxCreate over all SMs), each made
+ *                     current with one 1 MiB allocation: the memory each context takes
  */
 #include <cuda.h>
 #include <dlfcn.h>
@@ -181,6 +183,34 @@ int main(int argc, char **argv) {
     cuMemGetInfo_v2(&f2, &t2);
     printf("CASE name=v1_mem_get_info rc=%d free1_mib=%u total1_mib=%u free2_mib=%zu total2_mib=%zu\n",
            r, f1 >> 20, t1 >> 20, f2 >> 20, t2 >> 20);
+  }
+  {
+    CUdevResource sm;
+    CUdevResourceDesc desc;
+    CUgreenCtx g[64] = {0};
+    int ok = 0, rc = 0;
+    memset(&sm, 0, sizeof sm);
+    f0 = free_now();
+    if ((r = cuDeviceGetDevResource(dev, &sm, CU_DEV_RESOURCE_TYPE_SM)) ||
+        (r = cuDevResourceGenerateDesc(&desc, &sm, 1))) {
+      printf("CASE name=green_ctx setup_rc=%d\n", r);
+    } else {
+      for (int i = 0; i < count; i++) {
+        CUcontext c = 0;
+        CUdeviceptr p = 0;
+        if ((r = cuGreenCtxCreate(&g[i], desc, dev, CU_GREEN_CTX_DEFAULT_STREAM))) { rc = r; break; }
+        if ((r = cuCtxFromGreenCtx(&c, g[i])) || (r = cuCtxSetCurrent(c))) { rc = r; break; }
+        if ((r = cuMemAlloc_v2(&p, 1 << 20))) { rc = r; break; }
+        cuMemFree_v2(p);
+        ok++;
+      }
+      cuCtxSetCurrent(ctx);
+      printf("CASE name=green_ctx rc=%d ok=%d/%d held_mib=%lld sms=%u\n", rc, ok, count, HELD(f0),
+             sm.sm.smCount);
+      for (int i = 0; i < count; i++)
+        if (g[i]) cuGreenCtxDestroy(g[i]);
+      printf("CASE name=green_ctx_destroyed held_mib=%lld\n", HELD(f0));
+    }
   }
   return 0;
 }
