@@ -18,6 +18,7 @@
  *  green_ctx          count green contexts (cuGreenCtxCreate over all SMs), each made
  *                     current with one 1 MiB allocation: the memory each context takes
  */
+#define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
 #include <stdio.h>
