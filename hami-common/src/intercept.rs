@@ -296,6 +296,11 @@ pub const INTERCEPTS: &[Intercept] = &[
     hook("cuGetProcAddress"),
     hook("cuGetProcAddress_v2"),
     // Stream-ordered pools: their reservation is charged (hami-preload/src/pools.rs).
+    // A handle released while mapped (or retained) keeps its memory (hami-preload/src/vmm.rs).
+    hook("cuMemMap"),
+    hook("cuMemUnmap"),
+    hook("cuMemAddressFree"),
+    hook("cuMemRetainAllocationHandle"),
     hook("cuMemPoolCreate"),
     hook("cuMemPoolDestroy"),
     hook("cuMemPoolTrimTo"),

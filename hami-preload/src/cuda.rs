@@ -269,6 +269,14 @@ pub type FnMemFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
 pub type FnMemFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
 /// `cuMemRelease`.
 pub type FnMemRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
+/// `cuMemMap`.
+pub type FnMemMap =
+    unsafe extern "C" fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) -> CUresult;
+/// `cuMemUnmap` and `cuMemAddressFree`.
+pub type FnMemUnmap = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
+/// `cuMemRetainAllocationHandle`.
+pub type FnMemRetainAllocationHandle =
+    unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void) -> CUresult;
 /// `cuArrayDestroy`.
 pub type FnArrayDestroy = unsafe extern "C" fn(CUarray) -> CUresult;
 /// `cuDevicePrimaryCtxRetain`.

@@ -44,6 +44,7 @@ pub mod spin;
 pub mod state;
 pub mod symbols;
 pub mod unwind;
+pub mod vmm;
 
 /// Exported marker: lets `hami-agent` recognise this library by content whatever its file
 /// name, e.g. when installed as HAMi-core's `/usr/local/vgpu/libvgpu.so` so that HAMi's device

@@ -222,6 +222,8 @@ pub struct ProcState {
     pub contexts: ContextTable,
     /// Stream-ordered pools.
     pub pools: crate::pools::PoolTable,
+    /// Mapped `cuMemCreate` handles, which outlive their release while mapped.
+    pub mappings: crate::vmm::Mappings,
     /// Modules and libraries.
     pub modules: crate::modules::ModuleTable,
     /// The backstop's refresh clock.
@@ -243,6 +245,7 @@ impl ProcState {
             accounts: Accounts::default(),
             contexts: ContextTable::default(),
             pools: Default::default(),
+            mappings: Default::default(),
             modules: Default::default(),
             backstop: Default::default(),
             limits: Default::default(),

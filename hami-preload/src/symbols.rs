@@ -147,6 +147,10 @@ symbol_table! {
         LaunchCooperativeKernelPtsz => cuLaunchCooperativeKernel_ptsz,
         GraphLaunch => cuGraphLaunch,
         GraphLaunchPtsz => cuGraphLaunch_ptsz,
+        MemMap => cuMemMap,
+        MemUnmap => cuMemUnmap,
+        MemAddressFree => cuMemAddressFree,
+        MemRetainAllocationHandle => cuMemRetainAllocationHandle,
     }
     helpers {
         Init = c"cuInit",

@@ -98,6 +98,7 @@ CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigne
 CUresult cuMemAddressFree(CUdeviceptr, size_t);
 CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
 CUresult cuMemUnmap(CUdeviceptr, size_t);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *, void *);
 CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
 CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
@@ -188,6 +189,7 @@ static struct {
   CUresult (*MemAddressFree)(CUdeviceptr, size_t);
   CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
   CUresult (*MemUnmap)(CUdeviceptr, size_t);
+  CUresult (*MemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
   CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
   CUresult (*ArrayCreate)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
   CUresult (*Array3DCreate)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
@@ -251,6 +253,7 @@ static const char *kind_name[] = {"", "linear", "pitch", "managed", "async", "po
                                   "mipmap", "module", "library", "function", "kernel", "event", "graph"};
 typedef struct {
   int kind, live;
+  int handle_refs; /* K_VMM: references to the handle this program still holds */
   CUdeviceptr ptr;
   size_t size;
   CUmemGenericAllocationHandle handle;
@@ -352,7 +355,8 @@ static void resolve(void) {
     cu.MemAllocFromPoolAsync = cuMemAllocFromPoolAsync; cu.MemPoolCreate = cuMemPoolCreate;
     cu.StreamSynchronize = cuStreamSynchronize; cu.MemCreate = cuMemCreate; cu.MemRelease = cuMemRelease;
     cu.MemAddressReserve = cuMemAddressReserve; cu.MemAddressFree = cuMemAddressFree; cu.MemMap = cuMemMap;
-    cu.MemUnmap = cuMemUnmap; cu.MemSetAccess = cuMemSetAccess; cu.ArrayCreate = cuArrayCreate_v2;
+    cu.MemUnmap = cuMemUnmap; cu.MemRetainAllocationHandle = cuMemRetainAllocationHandle;
+    cu.MemSetAccess = cuMemSetAccess; cu.ArrayCreate = cuArrayCreate_v2;
     cu.Array3DCreate = cuArray3DCreate_v2; cu.ArrayDestroy = cuArrayDestroy; cu.GetProcAddress = cuGetProcAddress_v2;
     cu.DeviceGetMemPool = cuDeviceGetMemPool; cu.DeviceSetMemPool = cuDeviceSetMemPool; cu.MemPoolTrimTo = cuMemPoolTrimTo;
     cu.MemPoolGetAttribute = cuMemPoolGetAttribute; cu.MemPoolSetAttribute = cuMemPoolSetAttribute;
@@ -389,7 +393,8 @@ static void resolve(void) {
     D(MemAllocFromPoolAsync, cuMemAllocFromPoolAsync); D(MemPoolCreate, cuMemPoolCreate);
     D(StreamSynchronize, cuStreamSynchronize); D(MemCreate, cuMemCreate); D(MemRelease, cuMemRelease);
     D(MemAddressReserve, cuMemAddressReserve); D(MemAddressFree, cuMemAddressFree); D(MemMap, cuMemMap);
-    D(MemUnmap, cuMemUnmap); D(MemSetAccess, cuMemSetAccess); D(ArrayCreate, cuArrayCreate_v2);
+    D(MemUnmap, cuMemUnmap); D(MemRetainAllocationHandle, cuMemRetainAllocationHandle);
+    D(MemSetAccess, cuMemSetAccess); D(ArrayCreate, cuArrayCreate_v2);
     D(Array3DCreate, cuArray3DCreate_v2); D(ArrayDestroy, cuArrayDestroy); D(GetProcAddress, cuGetProcAddress_v2);
 #undef D
 #define O(field, sym) cu.field = dlsym(libcuda, #sym)
@@ -427,7 +432,8 @@ static void resolve(void) {
   P(MemAllocFromPoolAsync, cuMemAllocFromPoolAsync); P(MemPoolCreate, cuMemPoolCreate);
   P(StreamSynchronize, cuStreamSynchronize); P(MemCreate, cuMemCreate); P(MemRelease, cuMemRelease);
   P(MemAddressReserve, cuMemAddressReserve); P(MemAddressFree, cuMemAddressFree); P(MemMap, cuMemMap);
-  P(MemUnmap, cuMemUnmap); P(MemSetAccess, cuMemSetAccess); P(ArrayCreate, cuArrayCreate);
+  P(MemUnmap, cuMemUnmap); P(MemRetainAllocationHandle, cuMemRetainAllocationHandle);
+  P(MemSetAccess, cuMemSetAccess); P(ArrayCreate, cuArrayCreate);
   P(Array3DCreate, cuArray3DCreate); P(ArrayDestroy, cuArrayDestroy); P(GetProcAddress, cuGetProcAddress);
 #undef P
   cu.MemAllocAsyncPtsz = procaddr("cuMemAllocAsync", 2 /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */);
@@ -512,7 +518,10 @@ static CUresult free_rec(size_t i) {
   switch (r->kind) {
     case K_VMM:
       rc = cu.MemUnmap(r->ptr, r->size);
-      if (!rc) rc = cu.MemRelease(r->handle);
+      while (!rc && r->handle_refs > 0) {
+        rc = cu.MemRelease(r->handle);
+        if (!rc) r->handle_refs--;
+      }
       if (!rc) rc = cu.MemAddressFree(r->ptr, r->size);
       break;
     case K_ARRAY: rc = cu.ArrayDestroy(r->obj); break;
@@ -589,7 +598,7 @@ static void usage(void) {
        "  device N | count | name | uuid | totalmem | meminfo | version | ctxdevice\n"
        "  alloc SIZE | alloc-null | free IDX|ADDR|last|all | free-raw 0xADDR\n"
        "  pitch WIDTH HEIGHT | managed SIZE | async SIZE | async-ptsz SIZE | freeasync IDX\n"
-       "  pool SIZE | create SIZE | release IDX | array W H | array3d W H D | arraydestroy IDX\n"
+       "  pool SIZE | create SIZE | release IDX | releasemapped IDX | retain IDX | unmap IDX | array W H | array3d W H D | arraydestroy IDX\n"
        "  fill SIZE | bench-pair N SIZE | bench-for SECONDS SIZE | getproc NAME [VERSION [FLAGS]] | getproc1 NAME [VERSION [FLAGS]]\n"
        "  errname CODE\n"
        "  poolinfo default|own | threshold default|own SIZE|max | trim default|own SIZE | pooldestroy | setpool\n"
@@ -1103,8 +1112,36 @@ int main(int argc, char **argv) {
         stage = "setaccess"; rc = cu.MemSetAccess(va, s, &d, 1);
       }
       printf("op=create size=%zu stage=%s", s, stage);
-      if (!rc) printf(" idx=%zu handle=0x%llx ptr=0x%llx", add_rec((rec_t){.kind = K_VMM, .ptr = va, .size = s, .handle = h}), h, va);
+      if (!rc) printf(" idx=%zu handle=0x%llx ptr=0x%llx", add_rec((rec_t){.kind = K_VMM, .ptr = va, .size = s, .handle = h, .handle_refs = 1}), h, va);
       end(rc);
+    } else if (!strcmp(op, "releasemapped")) {
+      /* cuMemRelease of a record's handle, leaving it mapped (the memory stays held). */
+      NEED(1); long i = pick(argv[++a], 1u << K_VMM);
+      printf("op=releasemapped");
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      rc = cu.MemRelease(recs[i].handle);
+      if (!rc && recs[i].handle_refs > 0) recs[i].handle_refs--;
+      printf(" idx=%ld refs=%d", i, recs[i].handle_refs); end(rc);
+    } else if (!strcmp(op, "retain")) {
+      /* cuMemRetainAllocationHandle of a record's mapped address: one more reference. */
+      NEED(1); long i = pick(argv[++a], 1u << K_VMM);
+      printf("op=retain");
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      CUmemGenericAllocationHandle h = 0;
+      rc = cu.MemRetainAllocationHandle
+               ? cu.MemRetainAllocationHandle(&h, (void *)(uintptr_t)recs[i].ptr) : 500;
+      if (!rc) recs[i].handle_refs++;
+      printf(" idx=%ld handle=0x%llx same=%d refs=%d", i, h, h == recs[i].handle, recs[i].handle_refs);
+      end(rc);
+    } else if (!strcmp(op, "unmap")) {
+      /* cuMemUnmap + cuMemAddressFree of a record; the handle's remaining references are kept. */
+      NEED(1); long i = pick(argv[++a], 1u << K_VMM);
+      printf("op=unmap");
+      if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+      rc = cu.MemUnmap(recs[i].ptr, recs[i].size);
+      if (!rc) rc = cu.MemAddressFree(recs[i].ptr, recs[i].size);
+      if (!rc && recs[i].handle_refs == 0) recs[i].live = 0;
+      printf(" idx=%ld refs=%d", i, recs[i].handle_refs); end(rc);
     } else if (!strcmp(op, "release")) {
       NEED(1); long i = pick(argv[++a], 1u << K_VMM);
       printf("op=release");

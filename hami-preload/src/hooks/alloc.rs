@@ -419,7 +419,7 @@ hook! {
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) = Cu::MemRelease as FnMemRelease;
     |f| {
         // SAFETY: forwarded argument.
-        release(space_of!("cuMemRelease"), handle, || unsafe { f(handle) })
+        super::vmm::mem_release(space_of!("cuMemRelease"), handle, || unsafe { f(handle) })
     }
 }
 

@@ -14,6 +14,7 @@
 //! * [`context`] — context creation and destruction;
 //! * [`views`] — memory queries answered with the quota;
 //! * [`nvml_procs`] — NVML's process lists narrowed to the container's processes;
+//! * [`vmm`] — mapping, unmapping and retaining `cuMemCreate` handles;
 //! * [`procaddr`] — `cuGetProcAddress(_v2)`.
 #![allow(non_snake_case)]
 
@@ -26,6 +27,7 @@ pub mod nvml_procs;
 pub mod pools;
 pub mod procaddr;
 pub mod views;
+pub mod vmm;
 
 pub use alloc::*;
 pub use context::*;
@@ -36,6 +38,7 @@ pub use nvml_procs::*;
 pub use pools::*;
 pub use procaddr::*;
 pub use views::*;
+pub use vmm::*;
 
 use crate::accounting::{AllocError, Allocated, Deny, KeySpace};
 use crate::backstop::{self, Backstop};

@@ -1,7 +1,7 @@
 //! Memory exports: linear, pitched and managed allocations, the memory query, virtual
 //! memory management and arrays.
 
-use std::ffi::{c_int, c_uint};
+use std::ffi::{c_int, c_uint, c_void};
 
 use crate::driver::{alloc_delay, inited, release_delay, Inner, Kind, GRANULARITY, PITCH_ALIGN, R};
 use crate::ffi::*;
@@ -209,6 +209,22 @@ pub unsafe extern "C" fn cuMemMap(
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         g.mem_map(ptr, size as u64, offset as u64, handle)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    run(|| {
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = inited()?.retain_allocation_handle(addr as u64)?;
+        // SAFETY: non-NULL out-parameter (C contract).
+        unsafe { *handle = h };
+        Ok(())
     })
 }
 

@@ -153,6 +153,10 @@ fn table() -> &'static [Entry] {
             ),
             e("cuMemAddressFree", vec![(10020, f!(cuMemAddressFree))]),
             e("cuMemMap", vec![(10020, f!(cuMemMap))]),
+            e(
+                "cuMemRetainAllocationHandle",
+                vec![(11000, f!(cuMemRetainAllocationHandle))],
+            ),
             e("cuMemUnmap", vec![(10020, f!(cuMemUnmap))]),
             e("cuMemSetAccess", vec![(10020, f!(cuMemSetAccess))]),
             e(

@@ -145,7 +145,7 @@ impl Inner {
             PhysMem {
                 phys,
                 size,
-                released: false,
+                refs: 1,
                 maps: 0,
             },
         );
@@ -154,21 +154,39 @@ impl Inner {
 
     fn drop_phys_if_done(&mut self, h: u64) {
         if let Some(m) = self.phys_mem.get(&h).copied() {
-            if m.released && m.maps == 0 {
+            if m.refs == 0 && m.maps == 0 {
                 self.phys_mem.remove(&h);
                 self.uncharge(m.phys, m.size);
             }
         }
     }
 
-    /// `cuMemRelease`: the memory goes back once it is also unmapped everywhere.
+    /// `cuMemRelease`: one reference fewer; the memory goes back once no reference is left
+    /// and it is unmapped everywhere.
     pub fn mem_release(&mut self, h: u64) -> R<()> {
         match self.phys_mem.get_mut(&h) {
-            Some(m) if !m.released => m.released = true,
+            Some(m) if m.refs > 0 => m.refs -= 1,
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
         self.drop_phys_if_done(h);
         Ok(())
+    }
+
+    /// `cuMemRetainAllocationHandle`: the handle mapped at `addr` (the same value
+    /// `cuMemMap` was given), with one more reference, which a `cuMemRelease` must drop.
+    pub fn retain_allocation_handle(&mut self, addr: u64) -> R<u64> {
+        let h = self
+            .mappings
+            .range(..=addr)
+            .next_back()
+            .filter(|(&va, &(s, _))| addr < va + s)
+            .map(|(_, &(_, h))| h)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        match self.phys_mem.get_mut(&h) {
+            Some(m) => m.refs += 1,
+            None => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        Ok(h)
     }
 
     /// `cuMemAddressReserve`.
@@ -220,7 +238,7 @@ impl Inner {
     /// `cuMemMap`.
     pub fn mem_map(&mut self, ptr: u64, size: u64, offset: u64, h: u64) -> R<()> {
         let m = match self.phys_mem.get(&h) {
-            Some(m) if !m.released => *m,
+            Some(m) if m.refs > 0 => *m,
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
         if size == 0

@@ -227,7 +227,9 @@ pub struct Ctx {
 pub struct PhysMem {
     phys: usize,
     size: u64,
-    released: bool,
+    /// References to the handle: 1 from `cuMemCreate`, one more per
+    /// `cuMemRetainAllocationHandle`, one fewer per `cuMemRelease`.
+    refs: u32,
     maps: u32,
 }
 
