@@ -26,17 +26,22 @@ wait_ready() {
   done
   return 1
 }
+echo "## round 0 native (before any agent)"; "$w/probe_cost" 20000 7
+echo "## round 0 native (before any agent)"; "$w/probe_cost" 20000 7
 r=1
 while [ $r -le "$rounds" ]; do
+  echo "## round $r native"; "$w/probe_cost" 20000 7
   echo "## round $r native"; "$w/probe_cost" 20000 7
   "$agent" run --metrics-addr 127.0.0.1:9477 --libcuda "$lib" > "$w/agent$r.log" 2>&1 &
   ap=$!
   if wait_ready "$w/agent$r.log"; then
     echo "## round $r agent ($(grep -c . "$w/agent$r.log") log lines)"; "$w/probe_cost" 20000 7
+    echo "## round $r agent"; "$w/probe_cost" 20000 7
   else
     echo "## round $r agent NOT READY"; tail -5 "$w/agent$r.log"
   fi
   kill -INT $ap; wait $ap
+  echo "## round $r agent stopped: $(grep -c 'uprobe' /proc/$$/maps 2>/dev/null) ; perf_event uprobes left: $(ls /sys/bus/event_source/devices/uprobe >/dev/null 2>&1 && echo pmu)"
   r=$((r + 1))
 done
 grep -i 'attach' "$w/agent1.log" | head -5

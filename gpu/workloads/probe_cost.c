@@ -12,7 +12,26 @@
 #include <cuda.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
+
+/* kB of anonymous (copy-on-write) memory in libcuda's executable mapping: a page where a
+ * uprobe's breakpoint was written is a private copy, so this is non-zero while probes are
+ * installed in this process. */
+static long text_anon_kb(void) {
+  FILE *f = fopen("/proc/self/smaps", "r");
+  char line[512];
+  int in = 0;
+  long kb = 0, v;
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f)) {
+    if (strchr(line, '-') && strstr(line, " r-xp ")) in = strstr(line, "libcuda") != NULL;
+    else if (strchr(line, '-') && strstr(line, " ---p ")) in = 0;
+    else if (in && sscanf(line, "Anonymous: %ld kB", &v) == 1) kb += v;
+  }
+  fclose(f);
+  return kb;
+}
 
 static double now_ns(void) {
   struct timespec ts;
@@ -60,6 +79,6 @@ int main(int argc, char **argv) {
     qsort(per[k], (size_t)rounds, sizeof(double), cmp);
     printf("COST op=%s ns_median=%.1f ns_min=%.1f\n", names[k], per[k][rounds / 2], per[k][0]);
   }
-  printf("COST failures=%ld\n", fail);
+  printf("COST failures=%ld text_anon_kb=%ld\n", fail, text_anon_kb());
   return 0;
 }
