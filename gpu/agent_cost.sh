@@ -41,7 +41,6 @@ while [ $r -le "$rounds" ]; do
     echo "## round $r agent NOT READY"; tail -5 "$w/agent$r.log"
   fi
   kill -INT $ap; wait $ap
-  echo "## round $r agent stopped: $(grep -c 'uprobe' /proc/$$/maps 2>/dev/null) ; perf_event uprobes left: $(ls /sys/bus/event_source/devices/uprobe >/dev/null 2>&1 && echo pmu)"
   r=$((r + 1))
 done
 grep -i 'attach' "$w/agent1.log" | head -5
