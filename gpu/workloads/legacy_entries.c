@@ -15,6 +15,9 @@
  *  release_mapped     cuMemCreate + cuMemMap + cuMemRelease, count times, nothing unmapped:
  *                     the memory stays held while mapped (cuMemRelease's documentation)
  *  v1_mem_get_info    cuMemGetInfo (v1) against cuMemGetInfo_v2
+ *  v1_ctx_*           the v1 allocation calls again, in a context made by the v1 cuCtxCreate
+ *                     (the driver refuses to mix API versions: a v1 call in a v2 context
+ *                     returns CUDA_ERROR_INVALID_CONTEXT)
  *  green_ctx          count green contexts (cuGreenCtxCreate over all SMs), each made
  *                     current with one 1 MiB allocation: the memory each context takes
  */
@@ -174,6 +177,39 @@ int main(int argc, char **argv) {
         cuMemAddressFree(va[i], size);
       }
     printf("CASE name=release_mapped_unmapped held_mib=%lld\n", HELD(f0));
+  }
+
+  {
+    typedef CUresult (*v1_ctx_t)(CUcontext *, unsigned int, CUdevice);
+    v1_ctx_t ctx1 = (v1_ctx_t)sym("cuCtxCreate");
+    CUcontext c1 = 0;
+    r = ctx1 ? ctx1(&c1, 0, dev) : 500;
+    printf("CASE name=v1_ctx_create rc=%d\n", r);
+    if (!r) {
+      unsigned int p[64] = {0};
+      int ok = 0, rc = 0;
+      f0 = free_now();
+      for (int i = 0; i < count && alloc1; i++) {
+        r = alloc1(&p[i], mib << 20);
+        if (r) rc = r; else ok++;
+      }
+      printf("CASE name=v1_ctx_mem_alloc rc=%d ok=%d/%d held_mib=%lld first_ptr=0x%x\n", rc, ok, count,
+             HELD(f0), p[0]);
+      unsigned int f1 = 0, t1 = 0;
+      v1_info_t info = (v1_info_t)sym("cuMemGetInfo");
+      r = info ? info(&f1, &t1) : 500;
+      printf("CASE name=v1_ctx_mem_get_info rc=%d free1_mib=%u total1_mib=%u\n", r, f1 >> 20, t1 >> 20);
+      CUarray a = 0;
+      desc_v1 d = {8192, (mib << 20) / (8192 * 16), CU_AD_FORMAT_FLOAT, 4};
+      f0 = free_now();
+      r = arr1 ? arr1(&a, &d) : 500;
+      printf("CASE name=v1_ctx_array_create rc=%d held_mib=%lld\n", r, HELD(f0));
+      if (a) cuArrayDestroy(a);
+      for (int i = 0; i < count; i++)
+        if (p[i] && free1) free1(p[i]);
+      cuCtxDestroy(c1);
+      cuCtxSetCurrent(ctx);
+    }
   }
 
   v1_info_t info1 = (v1_info_t)sym("cuMemGetInfo");
