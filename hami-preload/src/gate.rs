@@ -563,9 +563,9 @@ const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 impl Driver for RealDriver {
     fn capturing(&self, stream: usize, ptsz: bool) -> bool {
         let sym = if ptsz {
-            Cu::StreamIsCapturingPtsz
+            Cu::cuStreamIsCapturing_ptsz
         } else {
-            Cu::StreamIsCapturing
+            Cu::cuStreamIsCapturing
         };
         // SAFETY: documented type.
         let Some(f) = (unsafe { symbols::cu::<FnStreamIsCapturing>(sym) }) else {
@@ -578,7 +578,7 @@ impl Driver for RealDriver {
 
     fn create_event(&self) -> Option<usize> {
         // SAFETY: documented type.
-        let f = unsafe { symbols::cu::<FnEventCreate>(Cu::EventCreate) }?;
+        let f = unsafe { symbols::cu::<FnEventCreate>(Cu::cuEventCreate) }?;
         let mut ev: CUevent = std::ptr::null_mut();
         // SAFETY: valid out pointer.
         (unsafe { f(&mut ev, CU_EVENT_DEFAULT) } == CUDA_SUCCESS && !ev.is_null())
@@ -587,7 +587,7 @@ impl Driver for RealDriver {
 
     fn destroy_event(&self, ev: usize) {
         // SAFETY: documented type; an event this gate created.
-        if let Some(f) = unsafe { symbols::cu::<FnEventDestroy>(Cu::EventDestroyV2) } {
+        if let Some(f) = unsafe { symbols::cu::<FnEventDestroy>(Cu::cuEventDestroy_v2) } {
             // SAFETY: as above.
             unsafe { f(ev as CUevent) };
         }
@@ -595,9 +595,9 @@ impl Driver for RealDriver {
 
     fn record(&self, ev: usize, stream: usize, ptsz: bool) -> bool {
         let sym = if ptsz {
-            Cu::EventRecordPtsz
+            Cu::cuEventRecord_ptsz
         } else {
-            Cu::EventRecord
+            Cu::cuEventRecord
         };
         // SAFETY: documented type.
         let Some(f) = (unsafe { symbols::cu::<FnEventRecord>(sym) }) else {
@@ -609,7 +609,7 @@ impl Driver for RealDriver {
 
     fn query(&self, ev: usize) -> Query {
         // SAFETY: documented type.
-        let Some(f) = (unsafe { symbols::cu::<FnEventQuery>(Cu::EventQuery) }) else {
+        let Some(f) = (unsafe { symbols::cu::<FnEventQuery>(Cu::cuEventQuery) }) else {
             return Query::Failed;
         };
         // SAFETY: an event this gate created.
@@ -622,9 +622,9 @@ impl Driver for RealDriver {
 
     fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64> {
         // SAFETY: documented type (both versions have it).
-        let f = unsafe { symbols::cu::<FnEventElapsedTime>(Cu::EventElapsedTimeV2) }
+        let f = unsafe { symbols::cu::<FnEventElapsedTime>(Cu::cuEventElapsedTime_v2) }
             // SAFETY: as above.
-            .or_else(|| unsafe { symbols::cu::<FnEventElapsedTime>(Cu::EventElapsedTime) })?;
+            .or_else(|| unsafe { symbols::cu::<FnEventElapsedTime>(Cu::cuEventElapsedTime) })?;
         let mut ms: f32 = 0.0;
         // SAFETY: events this gate created; valid out pointer.
         if unsafe { f(&mut ms, start as CUevent, end as CUevent) } != CUDA_SUCCESS {
@@ -636,7 +636,7 @@ impl Driver for RealDriver {
     fn relaxed(&self, f: &mut dyn FnMut()) {
         // SAFETY: documented type.
         let Some(x) = (unsafe {
-            symbols::cu::<FnThreadExchangeStreamCaptureMode>(Cu::ThreadExchangeStreamCaptureMode)
+            symbols::cu::<FnThreadExchangeStreamCaptureMode>(Cu::cuThreadExchangeStreamCaptureMode)
         }) else {
             return f();
         };

@@ -59,7 +59,7 @@ fn global_slow() -> &'static Global {
 
 fn device_count() -> u32 {
     // SAFETY: FnDeviceGetCount is the type of cuDeviceGetCount.
-    let Some(f) = (unsafe { symbols::cu::<crate::cuda::FnDeviceGetCount>(Cu::DeviceGetCount) })
+    let Some(f) = (unsafe { symbols::cu::<crate::cuda::FnDeviceGetCount>(Cu::cuDeviceGetCount) })
     else {
         return 0;
     };
@@ -342,9 +342,9 @@ fn record_uuids(region: &Region) {
 /// The UUID of CUDA device `dev` (real `cuDeviceGetUuid_v2`, else `cuDeviceGetUuid`).
 pub fn device_uuid(dev: CUdevice) -> Option<[u8; 16]> {
     // SAFETY: FnDeviceGetUuid is the type of both functions.
-    let f = unsafe { symbols::cu::<crate::cuda::FnDeviceGetUuid>(Cu::DeviceGetUuidV2) }
+    let f = unsafe { symbols::cu::<crate::cuda::FnDeviceGetUuid>(Cu::cuDeviceGetUuid_v2) }
         // SAFETY: as above.
-        .or_else(|| unsafe { symbols::cu::<crate::cuda::FnDeviceGetUuid>(Cu::DeviceGetUuid) })?;
+        .or_else(|| unsafe { symbols::cu::<crate::cuda::FnDeviceGetUuid>(Cu::cuDeviceGetUuid) })?;
     let mut u = CUuuid::default();
     // SAFETY: valid out pointer.
     (unsafe { f(&mut u, dev) } == CUDA_SUCCESS).then_some(u.bytes)

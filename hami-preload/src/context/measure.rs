@@ -21,7 +21,7 @@ pub(crate) fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
     let token = cache.token();
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: documented type; valid out pointer.
-    if let Some(f) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::CtxGetCurrent) } {
+    if let Some(f) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::cuCtxGetCurrent) } {
         // SAFETY: valid out pointer.
         if unsafe { f(&mut ctx) } != CUDA_SUCCESS {
             ctx = std::ptr::null_mut();
@@ -33,7 +33,7 @@ pub(crate) fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
     }
     // SAFETY: documented types.
     let get_dev =
-        unsafe { symbols::cu::<FnCtxGetDevice>(Cu::CtxGetDevice) }.ok_or(CUDA_ERROR_NOT_FOUND)?;
+        unsafe { symbols::cu::<FnCtxGetDevice>(Cu::cuCtxGetDevice) }.ok_or(CUDA_ERROR_NOT_FOUND)?;
     let mut dev: CUdevice = 0;
     // SAFETY: valid out pointer.
     let r = unsafe { get_dev(&mut dev) };
@@ -130,7 +130,7 @@ fn set_footprint(dev: usize, bytes: u64) {
 /// Whether the driver offers `cuMemGetInfo_v2` (the driver-only context measurement).
 fn driver_info_available() -> bool {
     // SAFETY: documented type.
-    unsafe { symbols::cu::<FnMemGetInfo>(Cu::MemGetInfoV2) }.is_some()
+    unsafe { symbols::cu::<FnMemGetInfo>(Cu::cuMemGetInfo_v2) }.is_some()
 }
 
 /// `(free, total)` of `ctx`'s device per the real `cuMemGetInfo_v2`, with `ctx` made
@@ -139,10 +139,10 @@ fn driver_info_available() -> bool {
 /// push is needed; otherwise, without both push and pop, `None`.
 fn driver_info(ctx: usize) -> Option<(u64, u64)> {
     // SAFETY: documented type.
-    let info = unsafe { symbols::cu::<FnMemGetInfo>(Cu::MemGetInfoV2) }?;
+    let info = unsafe { symbols::cu::<FnMemGetInfo>(Cu::cuMemGetInfo_v2) }?;
     let mut cur: CUcontext = std::ptr::null_mut();
     // SAFETY: documented type.
-    if let Some(get) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::CtxGetCurrent) } {
+    if let Some(get) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::cuCtxGetCurrent) } {
         // SAFETY: valid out pointer.
         if unsafe { get(&mut cur) } != CUDA_SUCCESS {
             cur = std::ptr::null_mut();
@@ -152,9 +152,9 @@ fn driver_info(ctx: usize) -> Option<(u64, u64)> {
         None
     } else {
         // SAFETY: documented types.
-        let push = unsafe { symbols::cu::<FnCtxPushCurrent>(Cu::CtxPushCurrentV2) }?;
+        let push = unsafe { symbols::cu::<FnCtxPushCurrent>(Cu::cuCtxPushCurrent_v2) }?;
         // SAFETY: documented type.
-        let pop = unsafe { symbols::cu::<FnCtxPopCurrent>(Cu::CtxPopCurrentV2) }?;
+        let pop = unsafe { symbols::cu::<FnCtxPopCurrent>(Cu::cuCtxPopCurrent_v2) }?;
         // SAFETY: a context of this process (the driver checks it).
         if unsafe { push(ctx as CUcontext) } != CUDA_SUCCESS {
             return None;

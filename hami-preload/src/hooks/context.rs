@@ -18,7 +18,7 @@ hook! {
     fn cuDevicePrimaryCtxRetain(
         pctx: *mut CUcontext,
         dev: CUdevice,
-    ) = Cu::PrimaryCtxRetain as FnPrimaryCtxRetain;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         primary_retain(pctx, dev, || unsafe { f(pctx, dev) })
@@ -81,9 +81,9 @@ fn forget_destroyed(pctx: *mut CUcontext, outcome: Option<ContextOutcome>) {
 /// the release of that only retain destroys it. Whether the driver did.
 fn undo_primary_retain(dev: CUdevice) -> bool {
     // SAFETY: documented types of the two names.
-    let f = unsafe { symbols::cu::<FnDeviceOp>(Cu::PrimaryCtxReleaseV2) }
+    let f = unsafe { symbols::cu::<FnDeviceOp>(Cu::cuDevicePrimaryCtxRelease_v2) }
         // SAFETY: as above.
-        .or_else(|| unsafe { symbols::cu::<FnDeviceOp>(Cu::PrimaryCtxRelease) });
+        .or_else(|| unsafe { symbols::cu::<FnDeviceOp>(Cu::cuDevicePrimaryCtxRelease) });
     // SAFETY: a device ordinal the driver just accepted.
     f.is_some_and(|f| unsafe { f(dev) } == CUDA_SUCCESS)
 }
@@ -93,7 +93,7 @@ fn undo_primary_retain(dev: CUdevice) -> bool {
 /// Whether the driver did.
 fn undo_create(ctx: usize) -> bool {
     // SAFETY: documented type.
-    let f = unsafe { symbols::cu::<FnCtxDestroy>(Cu::CtxDestroyV2) };
+    let f = unsafe { symbols::cu::<FnCtxDestroy>(Cu::cuCtxDestroy_v2) };
     // SAFETY: the context the driver just returned to this hook, not yet handed out.
     f.is_some_and(|f| unsafe { f(ctx as CUcontext) } == CUDA_SUCCESS)
 }
@@ -137,7 +137,7 @@ fn primary_reset(f: FnDeviceOp, dev: CUdevice) -> CUresult {
 
 hook! {
     /// Hook of `cuDevicePrimaryCtxRelease` (pre-11 name of the `_v2` function).
-    fn cuDevicePrimaryCtxRelease(dev: CUdevice) = Cu::PrimaryCtxRelease as FnDeviceOp;
+    fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult;
     |f| {
         primary_release(f, dev)
     }
@@ -145,7 +145,7 @@ hook! {
 
 hook! {
     /// Hook of `cuDevicePrimaryCtxRelease_v2`: the last release uncharges the context.
-    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) = Cu::PrimaryCtxReleaseV2 as FnDeviceOp;
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult;
     |f| {
         primary_release(f, dev)
     }
@@ -153,7 +153,7 @@ hook! {
 
 hook! {
     /// Hook of `cuDevicePrimaryCtxReset`.
-    fn cuDevicePrimaryCtxReset(dev: CUdevice) = Cu::PrimaryCtxReset as FnDeviceOp;
+    fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult;
     |f| {
         primary_reset(f, dev)
     }
@@ -161,7 +161,7 @@ hook! {
 
 hook! {
     /// Hook of `cuDevicePrimaryCtxReset_v2`: the primary context's allocations are gone.
-    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) = Cu::PrimaryCtxResetV2 as FnDeviceOp;
+    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult;
     |f| {
         primary_reset(f, dev)
     }
@@ -210,7 +210,7 @@ hook! {
         pctx: *mut CUcontext,
         flags: c_uint,
         dev: CUdevice,
-    ) = Cu::CtxCreateV2 as FnCtxCreateV2;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         ctx_create("cuCtxCreate_v2", pctx, dev, || unsafe {
@@ -226,7 +226,7 @@ hook! {
         pctx: *mut CUcontext,
         flags: c_uint,
         dev: CUdevice,
-    ) = Cu::CtxCreateV1 as FnCtxCreateV2;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         ctx_create("cuCtxCreate", pctx, dev, || unsafe { f(pctx, flags, dev) })
@@ -241,7 +241,7 @@ hook! {
         num_params: c_int,
         flags: c_uint,
         dev: CUdevice,
-    ) = Cu::CtxCreateV3 as FnCtxCreateV3;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         ctx_create("cuCtxCreate_v3", pctx, dev, || unsafe {
@@ -257,7 +257,7 @@ hook! {
         params: *mut c_void,
         flags: c_uint,
         dev: CUdevice,
-    ) = Cu::CtxCreateV4 as FnCtxCreateV4;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         ctx_create("cuCtxCreate_v4", pctx, dev, || unsafe {
@@ -280,7 +280,7 @@ fn ctx_destroy(ctx: CUcontext, real: impl FnOnce() -> CUresult) -> CUresult {
 hook! {
     /// Hook of `cuCtxDestroy`, the pre-4.0 name of `cuCtxDestroy_v2`: when the driver succeeds the
     /// context is gone, so it is uncharged the same way.
-    fn cuCtxDestroy(ctx: CUcontext) = Cu::CtxDestroyV1 as FnCtxDestroy;
+    fn cuCtxDestroy(ctx: CUcontext) -> CUresult;
     |f| {
         // SAFETY: forwarded argument.
         ctx_destroy(ctx, || unsafe { f(ctx) })
@@ -289,7 +289,7 @@ hook! {
 
 hook! {
     /// Hook of `cuCtxDestroy_v2`: uncharges the context and everything allocated in it.
-    fn cuCtxDestroy_v2(ctx: CUcontext) = Cu::CtxDestroyV2 as FnCtxDestroy;
+    fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult;
     |f| {
         // SAFETY: forwarded argument.
         ctx_destroy(ctx, || unsafe { f(ctx) })

@@ -24,7 +24,7 @@ hook! {
         shared: c_uint,
         stream: CUstream,
         params: *mut *mut c_void,
-    ) = Cu::LaunchCooperativeKernel as FnLaunchCooperativeKernel;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         super::modules::launch("cuLaunchCooperativeKernel", func, stream, false, || unsafe {
@@ -46,7 +46,7 @@ hook! {
         shared: c_uint,
         stream: CUstream,
         params: *mut *mut c_void,
-    ) = Cu::LaunchCooperativeKernelPtsz as FnLaunchCooperativeKernel;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         super::modules::launch("cuLaunchCooperativeKernel_ptsz", func, stream, true, || unsafe {
@@ -57,7 +57,7 @@ hook! {
 
 hook! {
     /// Hook of `cuGraphLaunch`: the whole graph is metered as one submission.
-    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) = Cu::GraphLaunch as FnGraphLaunch;
+    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         gate::launch(stream, false, || unsafe { f(exec, stream) })
@@ -66,7 +66,7 @@ hook! {
 
 hook! {
     /// Hook of `cuGraphLaunch_ptsz`.
-    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) = Cu::GraphLaunchPtsz as FnGraphLaunch;
+    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         gate::launch(stream, true, || unsafe { f(exec, stream) })

@@ -25,6 +25,7 @@ pub mod modules;
 pub mod nvml_procs;
 pub mod pools;
 pub mod procaddr;
+pub mod table;
 pub mod views;
 
 pub use alloc::*;
@@ -192,7 +193,7 @@ pub(crate) fn array_alloc(
 fn device_array_bound(dev: usize) -> u64 {
     // SAFETY: the documented type of cuDeviceGetAttribute.
     let Some(get) = (unsafe {
-        crate::symbols::cu::<FnDeviceGetAttribute>(crate::symbols::Cu::DeviceGetAttribute)
+        crate::symbols::cu::<FnDeviceGetAttribute>(crate::symbols::Cu::cuDeviceGetAttribute)
     }) else {
         return 0;
     };
