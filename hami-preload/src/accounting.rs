@@ -16,7 +16,7 @@
 //!   context was destroyed after the object was made, and if so uncharges it instead of
 //!   recording it (again).
 
-use crate::context::cache::CtxDevices;
+use crate::ctx_devices::CtxDevices;
 use crate::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use crate::keymap::{self, KeyMap};
 use crate::spin::{SpinGuard, SpinLock};

@@ -23,6 +23,7 @@ pub mod accounting;
 pub mod backstop;
 pub mod config;
 pub mod context;
+pub mod ctx_devices;
 pub mod cuda;
 pub mod dlsym;
 pub mod gate;
@@ -33,6 +34,7 @@ pub(crate) mod keymap;
 pub mod lmem;
 #[macro_use]
 pub mod log;
+pub mod measure;
 pub mod modules;
 pub mod policy;
 pub mod pools;

@@ -6,8 +6,8 @@
 
 use super::{alloc_ptr, array_alloc, finish, release};
 use crate::accounting::{Allocated, KeySpace};
-use crate::context::measure::current_dev_ctx;
 use crate::cuda::*;
+use crate::measure::current_dev_ctx;
 use crate::policy;
 use crate::shim::hook;
 use crate::state::ProcLedger;

@@ -4,11 +4,14 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use crate::context::measure::{log_context_outcome, meter};
+use super::nvml_procs::driver_host_pids;
 use crate::context::ContextOutcome;
 use crate::cuda::*;
+use crate::hostpid;
+use crate::measure::nvml::nvml_handle;
+use crate::measure::{log_context_outcome, meter};
 use crate::shim::hook;
-use crate::state::ProcLedger;
+use crate::state::{self, ProcLedger};
 use crate::symbols::{self, Cu};
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -45,7 +48,7 @@ fn primary_retain(
         &l,
         dev as usize,
         &m,
-        || match crate::hostpid::around_context_creation(dev as usize, real) {
+        || match around_context_creation(dev as usize, real) {
             // SAFETY: the driver wrote *pctx (checked non-null above) on success.
             CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
             e => Err(e),
@@ -188,7 +191,7 @@ fn ctx_create(
         &l,
         dev as usize,
         &m,
-        || match crate::hostpid::around_context_creation(dev as usize, real) {
+        || match around_context_creation(dev as usize, real) {
             // SAFETY: *pctx written on success.
             CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
             e => Err(e),
@@ -294,4 +297,42 @@ hook! {
         // SAFETY: forwarded argument.
         ctx_destroy(ctx, || unsafe { f(ctx) })
     }
+}
+
+// ---------------------------------------------------------------- host pid
+
+/// Runs `create` (a context creation on CUDA ordinal `dev`), reading the device's compute
+/// list around it while this process's host pid is unknown ([`crate::hostpid`], rule 3), then
+/// records the host pid in the slot. Costs one lock when the host pid is already known and
+/// recorded.
+fn around_context_creation(dev: usize, create: impl FnOnce() -> CUresult) -> CUresult {
+    let before = if hostpid::host_pid().is_none() {
+        nvml_handle(dev).and_then(driver_host_pids)
+    } else {
+        None
+    };
+    let r = create();
+    if r != CUDA_SUCCESS {
+        return r;
+    }
+    if let Some(before) = before {
+        let after = nvml_handle(dev).and_then(driver_host_pids);
+        let l = ProcLedger::current();
+        let others = match &l.g.region {
+            Ok(region) => hostpid::others_recorded(region, l.p.slot()),
+            Err(_) => Vec::new(),
+        };
+        if let Some(after) = after {
+            hostpid::learn_from_lists(&before, &after, &others);
+        }
+        match hostpid::host_pid() {
+            Some(p) => crate::debug!("host pid {p} (found in NVML's process list)"),
+            None => crate::debug!("host pid not found in NVML's process list yet"),
+        }
+    }
+    let g = state::global();
+    if let (Ok(region), Some(slot)) = (&g.region, state::proc_state().slot()) {
+        hostpid::on_registered(region, slot);
+    }
+    r
 }

@@ -4,9 +4,9 @@
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::report_denial;
-use crate::context::measure::{current_dev_ctx, meter};
 use crate::cuda::*;
 use crate::lmem::{self, LimitDriver, LimitError, Sizing};
+use crate::measure::{current_dev_ctx, meter};
 use crate::shim::hook;
 use crate::state::ProcLedger;
 use crate::symbols::{self, Cu};

@@ -40,10 +40,10 @@ pub use views::*;
 
 use crate::accounting::{AllocError, Allocated, Deny, KeySpace};
 use crate::backstop::{self, Backstop};
-use crate::context::measure::current_dev_ctx;
-use crate::context::nvml::{nvml_own_used, nvml_ready};
 use crate::context::OwnUsage;
 use crate::cuda::*;
+use crate::measure::current_dev_ctx;
+use crate::measure::nvml::{nvml_own_used, nvml_ready};
 use crate::state::{self, ProcLedger, ProcState};
 use hami_common::layout::{UsageKind, MAX_DEVICES};
 

@@ -4,9 +4,9 @@
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::{backstop_poll, finish, report_denial};
-use crate::context::measure::{current_dev_ctx, meter};
 use crate::cuda::*;
 use crate::images::{self, EstimateError};
+use crate::measure::{current_dev_ctx, meter};
 use crate::modules::{Claim, Estimate, Stage};
 use crate::policy::ContextCost;
 use crate::shim::{enter, hook};
@@ -548,9 +548,9 @@ pub(crate) fn launch(
         return refused;
     }
     let real = super::limits::after_launch(real);
-    let ticket = crate::gate::enter(stream, ptsz);
+    let ticket = super::launch::gate_enter(stream, ptsz);
     let r = launch_measured(what, func, real);
-    crate::gate::leave(ticket, r)
+    super::launch::gate_leave(ticket, r)
 }
 
 /// [`launch`] without the local-memory check and the gate: the first launch of each module's

@@ -7,9 +7,9 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its NVML function.
 
-use crate::context::nvml::nvml_ordinal;
 use crate::cuda::*;
 use crate::hostpid;
+use crate::measure::nvml::nvml_ordinal;
 use crate::proclist::{self, ListKind, Member, ProcEntry, Reading, Reply, NO_INSTANCE};
 use crate::shim::hook;
 use crate::state;

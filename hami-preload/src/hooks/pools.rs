@@ -7,8 +7,8 @@
 
 use super::{alloc_ptr, backstop_poll, backstop_tick, finish, release};
 use crate::accounting::KeySpace;
-use crate::context::measure::current_dev_ctx;
 use crate::cuda::*;
+use crate::measure::current_dev_ctx;
 use crate::pools::{PoolAlloc, PoolReading};
 use crate::shim::{enter, hook};
 use crate::state::{self, ProcLedger};
@@ -265,7 +265,7 @@ hook! {
 /// memory back; the backstop may be due; the launch gate debits what completed.
 fn after_sync(r: CUresult) -> CUresult {
     if r == CUDA_SUCCESS {
-        crate::gate::on_sync();
+        super::launch::gate_on_sync();
         let p = state::proc_state();
         if p.pools.any_releasable() {
             let l = ProcLedger::current();

@@ -3,9 +3,9 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use crate::context::measure::current_dev_ctx;
-use crate::context::nvml::nvml_ordinal;
 use crate::cuda::*;
+use crate::measure::current_dev_ctx;
+use crate::measure::nvml::nvml_ordinal;
 use crate::policy::{self, DeviceQuota};
 use crate::shim::hook;
 use crate::state::{self};

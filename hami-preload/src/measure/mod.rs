@@ -1,20 +1,24 @@
 //! Measuring context and module memory against the real driver and NVML: the [`Meter`] the
-//! context hooks hand to [`super::ContextTable`] (NVML readings, the driver's own
+//! context hooks hand to [`crate::context::ContextTable`] (NVML readings, the driver's own
 //! `cuMemGetInfo_v2` through a given context, the region's charges, the region-wide
 //! context-creation lock), the current context and its device, and the log line that says
-//! how a context was charged.
+//! how a context was charged. [`nvml`]: NVML device handles and readings.
+//!
+//! Above [`crate::state`] (it reads the process's tables and the region), below the hooks.
 
-use super::admit::Footprint;
-use super::lock::{self, CtxLock};
-use super::nvml::{nvml_own_used, nvml_ready, nvml_used};
-use super::{ContextOutcome, Held, Meter};
+pub mod nvml;
+
+use crate::context::admit::Footprint;
+use crate::context::lock::{self, CtxLock};
+use crate::context::{ContextOutcome, Held, Meter};
 use crate::cuda::*;
 use crate::policy::ContextCost;
 use crate::state::{self, ProcLedger};
 use crate::symbols::{self, Cu};
+use nvml::{nvml_own_used, nvml_ready, nvml_used};
 
 /// The current context's device and the context itself. The device comes from the process's
-/// context → device cache when it can (see [`super::cache`]), else from `cuCtxGetDevice`.
+/// context → device cache when it can (see [`crate::ctx_devices`]), else from `cuCtxGetDevice`.
 pub(crate) fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
     let cache = &state::proc_state().accounts.ctx_devices;
     // Before asking the driver: a context destroyed after this point is not cached.
@@ -45,7 +49,7 @@ pub(crate) fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
     Ok((dev, ctx))
 }
 
-/// Takes the region-wide context-creation lock (see [`super::lock`]). When no
+/// Takes the region-wide context-creation lock (see [`crate::context::lock`]). When no
 /// measurement is possible (neither NVML nor the driver's `cuMemGetInfo_v2`) there is
 /// nothing to protect: no lock (it would only serialize context creation across the
 /// region's processes).

@@ -1,9 +1,9 @@
 //! What NVML says, read through the real library: device handles found by UUID (so that a
 //! CUDA ordinal and an NVML device are matched however each numbers them), device used memory
 //! and this process's entry in the compute-process lists. The readings behind context and
-//! module measurement ([`super::measure`]) and the NVML memory views of the hooks.
+//! module measurement ([`crate::measure`]) and the NVML memory views of the hooks.
 
-use super::OwnUsage;
+use crate::context::OwnUsage;
 use crate::cuda::*;
 use crate::state;
 use crate::symbols::{self, Cu, Nv};
