@@ -295,7 +295,7 @@ pub const INTERCEPTS: &[Intercept] = &[
     // Function lookup (hands out our hooks for the functions above).
     hook("cuGetProcAddress"),
     hook("cuGetProcAddress_v2"),
-    // Stream-ordered pools: their reservation is charged (hami-preload/src/pools.rs).
+    // Stream-ordered pools: their reservation is charged (hami-preload/src/pool_reservations.rs).
     hook("cuMemPoolCreate"),
     hook("cuMemPoolDestroy"),
     hook("cuMemPoolTrimTo"),

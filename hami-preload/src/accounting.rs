@@ -248,7 +248,7 @@ pub struct Accounts {
     /// Context → device cache of the allocation path, emptied by [`Accounts::drop_context`].
     pub ctx_devices: CtxDevices,
     /// Contexts destroyed recently, for the calls in flight meanwhile (also the module
-    /// table's, [`crate::modules`]).
+    /// table's, [`crate::module_memory`]).
     pub graveyard: Graveyard,
 }
 

@@ -304,7 +304,7 @@ impl Meter {
     }
 }
 
-/// The gate of one process (kept in its `ProcState`).
+/// The gate of one process (kept in its `Holdings`).
 #[derive(Default)]
 pub struct Gate {
     meter: Mutex<Meter>,

@@ -331,7 +331,7 @@ fn around_context_creation(dev: usize, create: impl FnOnce() -> CUresult) -> CUr
         }
     }
     let g = state::global();
-    if let (Ok(region), Some(slot)) = (&g.region, state::proc_state().slot()) {
+    if let (Ok(region), Some(slot)) = (&g.region, state::holdings().slot()) {
         hostpid::on_registered(region, slot);
     }
     r

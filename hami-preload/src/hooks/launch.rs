@@ -158,7 +158,7 @@ fn enter_gated(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'static>> {
         token,
     };
     gate::before(
-        &state::proc_state().gate,
+        &state::holdings().gate,
         &gate::RealDriver,
         &gate::RealClock,
         |d| region.compute_cells(d),
@@ -182,7 +182,7 @@ pub(crate) fn gate_on_sync() {
         return;
     }
     if let Ok(region) = &state::global().region {
-        state::proc_state()
+        state::holdings()
             .gate
             .harvest(&gate::RealDriver, |d| region.compute_cells(d));
     }

@@ -1,5 +1,5 @@
 //! Hooks of modules and libraries (eager and lazy loading), function lookups and kernel
-//! launches: module memory is measured where it arrives and charged ([`crate::modules`]).
+//! launches: module memory is measured where it arrives and charged ([`crate::module_memory`]).
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
@@ -7,7 +7,7 @@ use super::{backstop_poll, finish, report_denial};
 use crate::cuda::*;
 use crate::images::{self, EstimateError};
 use crate::measure::{current_dev_ctx, meter};
-use crate::modules::{Claim, Estimate, Stage};
+use crate::module_memory::{Claim, Estimate, Stage};
 use crate::policy::ContextCost;
 use crate::shim::{enter, hook};
 use crate::state::{self, ProcLedger};
@@ -198,7 +198,7 @@ fn unload_library(h: u64) {
 /// The first lookup or launch of `owner`'s functions (of a module; of a library, in each
 /// context): what its image's statics need admitted first (refused:
 /// `CUDA_ERROR_OUT_OF_MEMORY`, `real` not called), then measured around `real` and charged
-/// ([`crate::modules::ModuleTable::charge_stage`]); every later one just calls `real`.
+/// ([`crate::module_memory::ModuleTable::charge_stage`]); every later one just calls `real`.
 fn first_use(what: &str, owner: u64, stage: Stage, real: impl FnOnce() -> CUresult) -> CUresult {
     let l = ProcLedger::current();
     let Ok((dev, ctx)) = current_dev_ctx() else {
@@ -433,7 +433,7 @@ hook! {
         if r == CUDA_SUCCESS && !func.is_null() {
             // SAFETY: written by the driver on success.
             let h = unsafe { *func } as u64;
-            state::proc_state().modules.note_function(h, owner);
+            state::holdings().modules.note_function(h, owner);
         }
         r
     }
@@ -453,7 +453,7 @@ hook! {
         if r == CUDA_SUCCESS && !kernel.is_null() && enter().is_some() {
             // SAFETY: written by the driver on success.
             let k = unsafe { *kernel } as u64;
-            state::proc_state().modules.note_function(k, library as u64);
+            state::holdings().modules.note_function(k, library as u64);
         }
         r
     }
@@ -467,7 +467,7 @@ hook! {
         kernel: CUkernel,
     ) -> CUresult;
     |f| {
-        let p = state::proc_state();
+        let p = state::holdings();
         let Some(owner) = p.modules.owner_of(kernel as u64) else {
             // SAFETY: forwarded arguments.
             return unsafe { f(func, kernel) };
@@ -556,7 +556,7 @@ pub(crate) fn launch(
 /// [`launch`] without the local-memory check and the gate: the first launch of each module's
 /// kernels is measured; otherwise (the usual case) one atomic load and the call.
 fn launch_measured(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult) -> CUresult {
-    let p = state::proc_state();
+    let p = state::holdings();
     if !p.modules.any_unlaunched() {
         return real();
     }

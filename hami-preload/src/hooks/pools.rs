@@ -1,6 +1,6 @@
 //! Hooks of stream-ordered pools and of synchronisations: `cuMemAllocAsync` /
 //! `cuMemAllocFromPoolAsync` (and `_ptsz`) charge what the pool reserves
-//! ([`crate::pools`]); pool creation, destruction, trims and attributes, and every
+//! ([`crate::pool_reservations`]); pool creation, destruction, trims and attributes, and every
 //! synchronisation (where a pool may give memory back), keep that charge current.
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
@@ -9,7 +9,7 @@ use super::{alloc_ptr, backstop_poll, backstop_tick, finish, release};
 use crate::accounting::KeySpace;
 use crate::cuda::*;
 use crate::measure::current_dev_ctx;
-use crate::pools::{PoolAlloc, PoolReading};
+use crate::pool_reservations::{PoolAlloc, PoolReading};
 use crate::shim::{enter, hook};
 use crate::state::{self, ProcLedger};
 use crate::symbols::{self, Cu};
@@ -84,7 +84,7 @@ fn undo_pool_alloc(ptr: u64, stream: CUstream, ptsz: bool, pool: u64, keep: u64)
 }
 
 /// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool`), `_ptsz` variants (`ptsz`): the
-/// pool's reservation is charged ([`crate::pools`]). During stream capture the memory comes
+/// pool's reservation is charged ([`crate::pool_reservations`]). During stream capture the memory comes
 /// from the graph's pool, not this one: the allocation is charged itself, as data. A driver
 /// that cannot describe its pools gets the same per-allocation charge.
 ///
@@ -170,7 +170,7 @@ hook! {
             // SAFETY: non-null: the caller's properties and the handle the driver wrote.
             let (loc, p) = unsafe { ((*props).location, *pool) };
             if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 {
-                state::proc_state()
+                state::holdings()
                     .pools
                     .note_device(p as u64, loc.id as usize);
             }
@@ -183,9 +183,7 @@ fn note_pool_of(pool: *mut CUmemoryPool, dev: CUdevice, r: CUresult) -> CUresult
     if r == CUDA_SUCCESS && !pool.is_null() && dev >= 0 && (dev as usize) < MAX_DEVICES {
         // SAFETY: non-null, written by the driver.
         let p = unsafe { *pool };
-        state::proc_state()
-            .pools
-            .note_device(p as u64, dev as usize);
+        state::holdings().pools.note_device(p as u64, dev as usize);
     }
     r
 }
@@ -253,7 +251,7 @@ hook! {
         if r == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && !value.is_null() {
             // SAFETY: the driver accepted it as the attribute's `cuuint64_t`.
             let v = unsafe { (value as *const u64).read_unaligned() };
-            state::proc_state().pools.set_threshold(pool as u64, v);
+            state::holdings().pools.set_threshold(pool as u64, v);
         }
         r
     }
@@ -266,7 +264,7 @@ hook! {
 fn after_sync(r: CUresult) -> CUresult {
     if r == CUDA_SUCCESS {
         super::launch::gate_on_sync();
-        let p = state::proc_state();
+        let p = state::holdings();
         if p.pools.any_releasable() {
             let l = ProcLedger::current();
             p.pools.refresh_releasable(&l, &read_pool);

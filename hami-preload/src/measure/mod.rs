@@ -20,7 +20,7 @@ use nvml::{nvml_own_used, nvml_ready, nvml_used};
 /// The current context's device and the context itself. The device comes from the process's
 /// context → device cache when it can (see [`crate::ctx_devices`]), else from `cuCtxGetDevice`.
 pub(crate) fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
-    let cache = &state::proc_state().accounts.ctx_devices;
+    let cache = &state::holdings().accounts.ctx_devices;
     // Before asking the driver: a context destroyed after this point is not cached.
     let token = cache.token();
     let mut ctx: CUcontext = std::ptr::null_mut();
@@ -96,7 +96,7 @@ fn region_data(dev: usize) -> u64 {
         .flat_map(|u| kinds.iter().map(move |&k| u[k]))
         .fold(0u64, u64::saturating_add)
         // This process's limit memory on the device (as in `own_data`).
-        .saturating_add(state::proc_state().limits.on_device(dev))
+        .saturating_add(state::holdings().limits.on_device(dev))
 }
 
 /// Everything every process sharing the region has charged on `dev`, all kinds.
