@@ -129,9 +129,8 @@ pub(crate) fn nvml_own_used(dev: usize) -> OwnUsage {
 /// the devices by index comparing `nvmlDeviceGetUUID`.
 fn nvml_handle_for_uuid(uuid: &[u8; 16]) -> Option<nvmlDevice_t> {
     // SAFETY: documented type.
-    if let Some(by_uuid) =
-        unsafe { symbols::nv::<FnNvmlHandleByUuid>(Nv::nvmlDeviceGetHandleByUUID) }
-    {
+    let by_uuid = unsafe { symbols::nv::<FnNvmlHandleByUuid>(Nv::nvmlDeviceGetHandleByUUID) };
+    if let Some(by_uuid) = by_uuid {
         let s = std::ffi::CString::new(format_uuid(uuid)).ok()?;
         let mut h: nvmlDevice_t = std::ptr::null_mut();
         // SAFETY: valid C string and out pointer.
