@@ -12,7 +12,7 @@ macro_rules! hook_table {
     ($(#[$doc:meta])* $addr:ident; hooked { $($h:ident,)* }) => {
         $(#[$doc])*
         pub fn $addr(i: usize) -> *mut c_void {
-            let table: &[*mut c_void] = &[$(super::$h as *mut c_void,)*];
+            let table: &[*mut c_void] = &[$(crate::hooks::$h as *mut c_void,)*];
             table.get(i).copied().unwrap_or(std::ptr::null_mut())
         }
     };
