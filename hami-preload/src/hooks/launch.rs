@@ -1,10 +1,10 @@
 //! Hooks of the cooperative launches and graph launches. A cooperative launch is a launch of a
 //! module's function like `cuLaunchKernel`: it takes the same path
 //! ([`super::modules::launch`]: local memory admitted, the module's first launch admitted and
-//! measured, the gate). A graph launch goes through the launch gate only ([`gated`]).
+//! measured, the gate). A graph launch goes through the launch gate only (`gated`).
 //!
 //! Below the hooks: the launch gate's way in for every submission and synchronisation hook
-//! ([`gate_enter`] / [`gate_leave`], [`gated`], [`gate_on_sync`]), over this process's
+//! (`gate_enter` / `gate_leave`, `gated`, `gate_on_sync`), over this process's
 //! [`crate::gate::Gate`] and the region's compute cells, behind a process-wide switch.
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
