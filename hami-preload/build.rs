@@ -8,13 +8,20 @@
 //!   `cuGetProcAddress` hooks, the marker) are bound at link time, not looked up by name in
 //!   every exec (about 70 symbol lookups fewer).
 //! * on x86_64, GCC's static unwinder instead of `libgcc_s.so.1` ([`static_unwinder`]).
+//!
+//! It also generates the hooked section of the symbol tables from the intercept table
+//! (`build/hooked_rows.rs`).
 use std::path::PathBuf;
 use std::process::Command;
+
+#[path = "build/hooked_rows.rs"]
+mod hooked_rows;
 
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
     static_unwinder();
+    hooked_rows::generate();
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=CC");
     println!("cargo:rerun-if-env-changed=RUSTC_LINKER");

@@ -4,9 +4,11 @@
 //! and the tracked memory it makes or releases ([`Memory`], in a [`KeySpace`]).
 //!
 //! Every other list is derived from [`INTERCEPTS`] or checked against it:
-//! * `hami-preload/src/symbols.rs`: the `symbol_table!` macro asserts (at compile time) that
-//!   its hooked entries are exactly the rows with `hooked: true` of their library; the hooks
-//!   take their key space from their row (`space_of!`).
+//! * `hami-preload`: its build script (`build/hooked_rows.rs`) generates the hooked entries
+//!   of the symbol tables (`src/symbols.rs`) and the hook addresses (`src/hooks/table.rs`)
+//!   from the rows with `hooked: true`, so a hooked row without a hook, or a hook without a
+//!   hooked row, does not compile; the hooks take their key space from their row
+//!   (`space_of!`).
 //! * `hami-ebpf/src/main.rs`: the `probes!` macro takes each program's slot, event kind and
 //!   shape from here ([`probe_slot`], [`probe_kind`], [`probe_shape`]), so a program for a
 //!   function not listed as probed does not compile, and it asserts that every probed row
@@ -295,7 +297,7 @@ pub const INTERCEPTS: &[Intercept] = &[
     // Function lookup (hands out our hooks for the functions above).
     hook("cuGetProcAddress"),
     hook("cuGetProcAddress_v2"),
-    // Stream-ordered pools: their reservation is charged (hami-preload/src/pools.rs).
+    // Stream-ordered pools: their reservation is charged (hami-preload/src/pool_reservations.rs).
     // A handle released while mapped (or retained) keeps its memory (hami-preload/src/vmm.rs).
     hook("cuMemMap"),
     hook("cuMemUnmap"),

@@ -16,7 +16,7 @@
 //!   context was destroyed after the object was made, and if so uncharges it instead of
 //!   recording it (again).
 
-use crate::context::cache::CtxDevices;
+use crate::ctx_devices::CtxDevices;
 use crate::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use crate::keymap::{self, KeyMap};
 use crate::spin::{SpinGuard, SpinLock};
@@ -248,7 +248,7 @@ pub struct Accounts {
     /// Context → device cache of the allocation path, emptied by [`Accounts::drop_context`].
     pub ctx_devices: CtxDevices,
     /// Contexts destroyed recently, for the calls in flight meanwhile (also the module
-    /// table's, [`crate::modules`]).
+    /// table's, [`crate::module_memory`]).
     pub graveyard: Graveyard,
 }
 

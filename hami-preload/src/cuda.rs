@@ -238,76 +238,22 @@ pub type FnCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
 pub type FnCtxPushCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
 /// `cuCtxPopCurrent_v2`.
 pub type FnCtxPopCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
-/// `cuMemAlloc_v2`.
-pub type FnMemAlloc = unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult;
-/// `cuMemAllocPitch_v2`.
-pub type FnMemAllocPitch =
-    unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint) -> CUresult;
-/// `cuMemAllocManaged`.
-pub type FnMemAllocManaged = unsafe extern "C" fn(*mut CUdeviceptr, usize, c_uint) -> CUresult;
-/// `cuMemAllocAsync(_ptsz)`.
-pub type FnMemAllocAsync = unsafe extern "C" fn(*mut CUdeviceptr, usize, CUstream) -> CUresult;
-/// `cuMemAllocFromPoolAsync(_ptsz)`.
-pub type FnMemAllocFromPoolAsync =
-    unsafe extern "C" fn(*mut CUdeviceptr, usize, CUmemoryPool, CUstream) -> CUresult;
-/// `cuMemCreate`.
-pub type FnMemCreate = unsafe extern "C" fn(
-    *mut CUmemGenericAllocationHandle,
-    usize,
-    *const CUmemAllocationProp,
-    u64,
-) -> CUresult;
-/// `cuArrayCreate_v2`.
-pub type FnArrayCreate =
-    unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR) -> CUresult;
-/// `cuArray3DCreate_v2`.
-pub type FnArray3DCreate =
-    unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult;
 /// `cuMemFree_v2`.
 pub type FnMemFree = unsafe extern "C" fn(CUdeviceptr) -> CUresult;
 /// `cuMemFreeAsync(_ptsz)`.
 pub type FnMemFreeAsync = unsafe extern "C" fn(CUdeviceptr, CUstream) -> CUresult;
 /// `cuMemRelease`.
 pub type FnMemRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
-/// `cuMemMap`.
-pub type FnMemMap =
-    unsafe extern "C" fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) -> CUresult;
-/// `cuMemUnmap` and `cuMemAddressFree`.
-pub type FnMemUnmap = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
-/// `cuMemRetainAllocationHandle`.
-pub type FnMemRetainAllocationHandle =
-    unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void) -> CUresult;
-/// `cuArrayDestroy`.
-pub type FnArrayDestroy = unsafe extern "C" fn(CUarray) -> CUresult;
-/// `cuDevicePrimaryCtxRetain`.
-pub type FnPrimaryCtxRetain = unsafe extern "C" fn(*mut CUcontext, CUdevice) -> CUresult;
 /// `cuDevicePrimaryCtxRelease(_v2)`, `cuDevicePrimaryCtxReset(_v2)`.
 pub type FnDeviceOp = unsafe extern "C" fn(CUdevice) -> CUresult;
-/// `cuCtxCreate_v2`.
-pub type FnCtxCreateV2 = unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult;
-/// `cuCtxCreate_v3`.
-pub type FnCtxCreateV3 =
-    unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_int, c_uint, CUdevice) -> CUresult;
-/// `cuCtxCreate_v4`.
-pub type FnCtxCreateV4 =
-    unsafe extern "C" fn(*mut CUcontext, *mut c_void, c_uint, CUdevice) -> CUresult;
 /// `cuCtxDestroy_v2`.
 pub type FnCtxDestroy = unsafe extern "C" fn(CUcontext) -> CUresult;
 /// `cuMemGetInfo_v2`.
 pub type FnMemGetInfo = unsafe extern "C" fn(*mut usize, *mut usize) -> CUresult;
-/// `cuDeviceTotalMem_v2`.
-pub type FnDeviceTotalMem = unsafe extern "C" fn(*mut usize, CUdevice) -> CUresult;
 /// `cuDriverGetVersion`.
 pub type FnDriverGetVersion = unsafe extern "C" fn(*mut c_int) -> CUresult;
 /// `cuDeviceGetMemPool`, `cuDeviceGetDefaultMemPool`.
 pub type FnDeviceGetMemPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
-/// `cuDeviceSetMemPool`.
-pub type FnDeviceSetMemPool = unsafe extern "C" fn(CUdevice, CUmemoryPool) -> CUresult;
-/// `cuMemPoolCreate` (the properties start with a `CUmemPoolProps`-compatible head).
-pub type FnMemPoolCreate =
-    unsafe extern "C" fn(*mut CUmemoryPool, *const CUmemPoolPropsHead) -> CUresult;
-/// `cuMemPoolDestroy`.
-pub type FnMemPoolDestroy = unsafe extern "C" fn(CUmemoryPool) -> CUresult;
 /// `cuMemPoolTrimTo`.
 pub type FnMemPoolTrimTo = unsafe extern "C" fn(CUmemoryPool, usize) -> CUresult;
 /// `cuMemPoolGetAttribute`, `cuMemPoolSetAttribute`.
@@ -316,86 +262,10 @@ pub type FnMemPoolAttribute = unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_v
 pub type FnStreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
 /// `cuStreamIsCapturing(_ptsz)`.
 pub type FnStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
-/// `cuCtxSynchronize`.
-pub type FnCtxSynchronize = unsafe extern "C" fn() -> CUresult;
-/// `cuCtxSynchronize_v2` (CUDA 13).
-pub type FnCtxSynchronizeV2 = unsafe extern "C" fn(CUcontext) -> CUresult;
-/// `cuEventSynchronize`.
-pub type FnEventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
-/// `cuMipmappedArrayCreate`.
-pub type FnMipmappedArrayCreate =
-    unsafe extern "C" fn(*mut CUmipmappedArray, *const CUDA_ARRAY3D_DESCRIPTOR, c_uint) -> CUresult;
-/// `cuMipmappedArrayDestroy`.
-pub type FnMipmappedArrayDestroy = unsafe extern "C" fn(CUmipmappedArray) -> CUresult;
-/// `cuModuleLoad`.
-pub type FnModuleLoad = unsafe extern "C" fn(*mut CUmodule, *const c_char) -> CUresult;
-/// `cuModuleLoadData`, `cuModuleLoadFatBinary`.
-pub type FnModuleLoadData = unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult;
-/// `cuModuleLoadDataEx`.
-pub type FnModuleLoadDataEx = unsafe extern "C" fn(
-    *mut CUmodule,
-    *const c_void,
-    c_uint,
-    *mut c_int,
-    *mut *mut c_void,
-) -> CUresult;
 /// `cuModuleUnload`.
 pub type FnModuleUnload = unsafe extern "C" fn(CUmodule) -> CUresult;
-/// `cuModuleGetFunction`.
-pub type FnModuleGetFunction =
-    unsafe extern "C" fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult;
-/// `cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod, const char *name)`
-/// and `cuLibraryGetGlobal` (same shape, a `CUlibrary`).
-pub type FnModuleGetGlobal =
-    unsafe extern "C" fn(*mut CUdeviceptr, *mut usize, *mut c_void, *const c_char) -> CUresult;
-/// `cuLibraryGetModule(CUmodule *pMod, CUlibrary library)`.
-pub type FnLibraryGetModule = unsafe extern "C" fn(*mut CUmodule, CUlibrary) -> CUresult;
-/// `cuLibraryLoadData`.
-pub type FnLibraryLoadData = unsafe extern "C" fn(
-    *mut CUlibrary,
-    *const c_void,
-    *mut c_int,
-    *mut *mut c_void,
-    c_uint,
-    *mut c_int,
-    *mut *mut c_void,
-    c_uint,
-) -> CUresult;
-/// `cuLibraryLoadFromFile`.
-pub type FnLibraryLoadFromFile = unsafe extern "C" fn(
-    *mut CUlibrary,
-    *const c_char,
-    *mut c_int,
-    *mut *mut c_void,
-    c_uint,
-    *mut c_int,
-    *mut *mut c_void,
-    c_uint,
-) -> CUresult;
 /// `cuLibraryUnload`.
 pub type FnLibraryUnload = unsafe extern "C" fn(CUlibrary) -> CUresult;
-/// `cuLibraryGetKernel`.
-pub type FnLibraryGetKernel =
-    unsafe extern "C" fn(*mut CUkernel, CUlibrary, *const c_char) -> CUresult;
-/// `cuKernelGetFunction`.
-pub type FnKernelGetFunction = unsafe extern "C" fn(*mut CUfunction, CUkernel) -> CUresult;
-/// `cuLaunchKernel(_ptsz)`.
-pub type FnLaunchKernel = unsafe extern "C" fn(
-    CUfunction,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    CUstream,
-    *mut *mut c_void,
-    *mut *mut c_void,
-) -> CUresult;
-/// `cuLaunchKernelEx(_ptsz)` (the configuration is passed through untouched).
-pub type FnLaunchKernelEx =
-    unsafe extern "C" fn(*const c_void, CUfunction, *mut *mut c_void, *mut *mut c_void) -> CUresult;
 /// `cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)`.
 pub type FnThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
 /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
@@ -409,23 +279,8 @@ pub type FnFuncGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, CUfunction
 /// `cuKernelGetAttribute(int *pi, CUfunction_attribute attrib, CUkernel kernel, CUdevice dev)`.
 pub type FnKernelGetAttribute =
     unsafe extern "C" fn(*mut c_int, c_int, CUkernel, CUdevice) -> CUresult;
-/// `cuLaunchCooperativeKernel(_ptsz)`.
-pub type FnLaunchCooperativeKernel = unsafe extern "C" fn(
-    CUfunction,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    c_uint,
-    CUstream,
-    *mut *mut c_void,
-) -> CUresult;
 /// A `CUgraphExec`.
 pub type CUgraphExec = *mut c_void;
-/// `cuGraphLaunch(_ptsz)`.
-pub type FnGraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
 /// `cuEventCreate`.
 pub type FnEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
 /// `cuEventDestroy_v2`.
@@ -444,19 +299,11 @@ pub struct CUlaunchConfigHead {
     /// `hStream`.
     pub stream: CUstream,
 }
-/// `cuGetProcAddress` (CUDA 11.3 - 11.8 signature).
-pub type FnGetProcAddress =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64) -> CUresult;
-/// `cuGetProcAddress_v2` (CUDA 12+).
-pub type FnGetProcAddressV2 =
-    unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> CUresult;
 
 /// `nvmlInit_v2`.
 pub type FnNvmlInit = unsafe extern "C" fn() -> nvmlReturn_t;
 /// `nvmlDeviceGetMemoryInfo`.
 pub type FnNvmlMemInfo = unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_t) -> nvmlReturn_t;
-/// `nvmlDeviceGetMemoryInfo_v2`.
-pub type FnNvmlMemInfoV2 = unsafe extern "C" fn(nvmlDevice_t, *mut nvmlMemory_v2_t) -> nvmlReturn_t;
 /// `nvmlDeviceGetUUID`.
 pub type FnNvmlGetUuid = unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
 /// `nvmlDeviceGetHandleByUUID`.

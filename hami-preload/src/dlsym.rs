@@ -6,6 +6,7 @@
 //! [`hami_dlsym_decide`] whether the name is one we hook, and otherwise *jumps* (not calls)
 //! into the real `dlsym`, with the caller's return address still on the stack.
 
+use crate::hooks::table;
 use crate::real;
 use crate::symbols::{self, CUDA, NVML};
 use std::ffi::{c_char, c_void, CStr};
@@ -48,12 +49,12 @@ fn decide_slow(handle: *mut c_void, name: *const c_char, cuda: bool) -> *mut c_v
         let name = unsafe { CStr::from_ptr(name) };
         let (idx, lib, hook) = if cuda {
             match symbols::cu_hooked_index(name.to_bytes()) {
-                Some(i) => (i, CUDA.get(false), symbols::cu_hook_addr(i)),
+                Some(i) => (i, CUDA.get(false), table::cu_hook_addr(i)),
                 None => return std::ptr::null_mut(),
             }
         } else {
             match symbols::nv_hooked_index(name.to_bytes()) {
-                Some(i) => (i, NVML.get(false), symbols::nv_hook_addr(i)),
+                Some(i) => (i, NVML.get(false), table::nv_hook_addr(i)),
                 None => return std::ptr::null_mut(),
             }
         };

@@ -32,8 +32,9 @@
 //!
 //! The policy ([`before`] / [`after`], [`submit`]) is plain Rust over two traits,
 //! [`Driver`] (events, capture) and [`Clock`], so that it unit-tests without a driver and
-//! with simulated time; the FFI side ([`RealDriver`], [`enter`] / [`leave`], [`launch`]) is
-//! thin.
+//! with simulated time; the FFI side ([`RealDriver`], [`RealClock`]) is thin. The hooks'
+//! way in (the process-wide switch, one atomic load without a share, and the gate around a
+//! submission with this process's [`Gate`]) is `crate::hooks::launch`.
 
 use crate::cuda::*;
 use crate::symbols::{self, Cu};
@@ -41,7 +42,7 @@ use hami_common::layout::{COMPUTE_POLICY_DISABLE, MAX_DEVICES};
 use hami_common::region::ComputeCells;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_uint};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 /// The bucket holds at most this much wall time's worth of the share (100 ms x share):
@@ -303,7 +304,7 @@ impl Meter {
     }
 }
 
-/// The gate of one process (kept in its `ProcState`).
+/// The gate of one process (kept in its `Holdings`).
 #[derive(Default)]
 pub struct Gate {
     meter: Mutex<Meter>,
@@ -512,45 +513,6 @@ pub fn submit<'a, D: Driver, C: Clock>(
     after(ticket, d, r)
 }
 
-// ---- the process-wide switch: one atomic load on the launch path without a limit ----
-
-const ARM_UNKNOWN: u8 = 0;
-const ARM_OFF: u8 = 1;
-const ARM_ON: u8 = 2;
-static ARMED: AtomicU8 = AtomicU8::new(ARM_UNKNOWN);
-static SHARES: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
-
-/// Whether any device has a compute share: the only check on the launch path without one.
-#[inline]
-pub fn armed() -> bool {
-    match ARMED.load(Ordering::Relaxed) {
-        ARM_OFF => false,
-        ARM_ON => true,
-        _ => arm(),
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn arm() -> bool {
-    let g = crate::state::global();
-    let mut any = false;
-    if let Ok(region) = &g.region {
-        for (d, s) in SHARES.iter().enumerate() {
-            let pct = effective_share(region.sm_limit(d), region.compute_policy(d));
-            s.store(pct, Ordering::Relaxed);
-            any |= pct != 0;
-        }
-    }
-    ARMED.store(if any { ARM_ON } else { ARM_OFF }, Ordering::Release);
-    any
-}
-
-/// The effective share of device `dev` (0 = none), once [`armed`].
-pub fn share(dev: usize) -> u32 {
-    SHARES.get(dev).map_or(0, |s| s.load(Ordering::Relaxed))
-}
-
 // ---- the FFI side ----
 
 /// The real driver's events and capture state.
@@ -563,9 +525,9 @@ const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 impl Driver for RealDriver {
     fn capturing(&self, stream: usize, ptsz: bool) -> bool {
         let sym = if ptsz {
-            Cu::StreamIsCapturingPtsz
+            Cu::cuStreamIsCapturing_ptsz
         } else {
-            Cu::StreamIsCapturing
+            Cu::cuStreamIsCapturing
         };
         // SAFETY: documented type.
         let Some(f) = (unsafe { symbols::cu::<FnStreamIsCapturing>(sym) }) else {
@@ -578,7 +540,7 @@ impl Driver for RealDriver {
 
     fn create_event(&self) -> Option<usize> {
         // SAFETY: documented type.
-        let f = unsafe { symbols::cu::<FnEventCreate>(Cu::EventCreate) }?;
+        let f = unsafe { symbols::cu::<FnEventCreate>(Cu::cuEventCreate) }?;
         let mut ev: CUevent = std::ptr::null_mut();
         // SAFETY: valid out pointer.
         (unsafe { f(&mut ev, CU_EVENT_DEFAULT) } == CUDA_SUCCESS && !ev.is_null())
@@ -587,7 +549,7 @@ impl Driver for RealDriver {
 
     fn destroy_event(&self, ev: usize) {
         // SAFETY: documented type; an event this gate created.
-        if let Some(f) = unsafe { symbols::cu::<FnEventDestroy>(Cu::EventDestroyV2) } {
+        if let Some(f) = unsafe { symbols::cu::<FnEventDestroy>(Cu::cuEventDestroy_v2) } {
             // SAFETY: as above.
             unsafe { f(ev as CUevent) };
         }
@@ -595,9 +557,9 @@ impl Driver for RealDriver {
 
     fn record(&self, ev: usize, stream: usize, ptsz: bool) -> bool {
         let sym = if ptsz {
-            Cu::EventRecordPtsz
+            Cu::cuEventRecord_ptsz
         } else {
-            Cu::EventRecord
+            Cu::cuEventRecord
         };
         // SAFETY: documented type.
         let Some(f) = (unsafe { symbols::cu::<FnEventRecord>(sym) }) else {
@@ -609,7 +571,7 @@ impl Driver for RealDriver {
 
     fn query(&self, ev: usize) -> Query {
         // SAFETY: documented type.
-        let Some(f) = (unsafe { symbols::cu::<FnEventQuery>(Cu::EventQuery) }) else {
+        let Some(f) = (unsafe { symbols::cu::<FnEventQuery>(Cu::cuEventQuery) }) else {
             return Query::Failed;
         };
         // SAFETY: an event this gate created.
@@ -622,9 +584,9 @@ impl Driver for RealDriver {
 
     fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64> {
         // SAFETY: documented type (both versions have it).
-        let f = unsafe { symbols::cu::<FnEventElapsedTime>(Cu::EventElapsedTimeV2) }
+        let f = unsafe { symbols::cu::<FnEventElapsedTime>(Cu::cuEventElapsedTime_v2) }
             // SAFETY: as above.
-            .or_else(|| unsafe { symbols::cu::<FnEventElapsedTime>(Cu::EventElapsedTime) })?;
+            .or_else(|| unsafe { symbols::cu::<FnEventElapsedTime>(Cu::cuEventElapsedTime) })?;
         let mut ms: f32 = 0.0;
         // SAFETY: events this gate created; valid out pointer.
         if unsafe { f(&mut ms, start as CUevent, end as CUevent) } != CUDA_SUCCESS {
@@ -636,7 +598,7 @@ impl Driver for RealDriver {
     fn relaxed(&self, f: &mut dyn FnMut()) {
         // SAFETY: documented type.
         let Some(x) = (unsafe {
-            symbols::cu::<FnThreadExchangeStreamCaptureMode>(Cu::ThreadExchangeStreamCaptureMode)
+            symbols::cu::<FnThreadExchangeStreamCaptureMode>(Cu::cuThreadExchangeStreamCaptureMode)
         }) else {
             return f();
         };
@@ -667,74 +629,6 @@ impl Clock for RealClock {
 
     fn sleep_ns(&self, ns: u64) {
         std::thread::sleep(std::time::Duration::from_nanos(ns));
-    }
-}
-
-/// A kernel submission from a hook: through the gate when the current device has a share,
-/// otherwise `real` with one atomic load in front.
-#[inline]
-pub fn launch(stream: CUstream, ptsz: bool, real: impl FnOnce() -> CUresult) -> CUresult {
-    let ticket = enter(stream, ptsz);
-    let r = real();
-    leave(ticket, r)
-}
-
-/// The gate in front of a submission on `stream` (`ptsz`: of a per-thread-stream entry
-/// point): one atomic load without a share; with one, [`before`] on the current device.
-/// Pass what it returns to [`leave`] with the submission's result.
-#[inline]
-pub fn enter(stream: CUstream, ptsz: bool) -> Option<Ticket<'static>> {
-    if !armed() {
-        return None;
-    }
-    enter_gated(stream, ptsz)
-}
-
-#[inline(never)]
-fn enter_gated(stream: CUstream, ptsz: bool) -> Option<Ticket<'static>> {
-    let (dev, ctx) = crate::context::measure::current_dev_ctx().ok()?;
-    let pct = share(dev);
-    if pct == 0 {
-        return None;
-    }
-    let region = crate::state::global().region.as_ref().ok()?;
-    // SAFETY: gettid has no preconditions.
-    let token = unsafe { libc::gettid() } as u64 + 1;
-    let t = Target {
-        dev,
-        ctx,
-        stream: stream as usize,
-        ptsz,
-        token,
-    };
-    before(
-        &crate::state::proc_state().gate,
-        &RealDriver,
-        &RealClock,
-        |d| region.compute_cells(d),
-        pct,
-        t,
-    )
-}
-
-/// The gate after a submission that returned `r` (see [`enter`]).
-#[inline]
-pub fn leave(ticket: Option<Ticket<'static>>, r: CUresult) -> CUresult {
-    match ticket {
-        None => r,
-        Some(_) => after(ticket, &RealDriver, r),
-    }
-}
-
-/// At a synchronisation: debits this process's submissions that completed.
-pub fn on_sync() {
-    if !armed() {
-        return;
-    }
-    if let Ok(region) = &crate::state::global().region {
-        crate::state::proc_state()
-            .gate
-            .harvest(&RealDriver, |d| region.compute_cells(d));
     }
 }
 

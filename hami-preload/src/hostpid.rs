@@ -14,13 +14,11 @@
 //!    ([`crate::proclist::host_pid_candidates`]). When two processes created contexts at that
 //!    moment the candidates are kept and narrowed at the next context creation.
 //!
-//! The state is per process: a forked child (another pid) starts over.
+//! The state is per process: a forked child (another pid) starts over. The reading of the
+//! lists around a creation is the context hooks' (`crate::hooks::context`); this module
+//! holds what they learn and records it in the slot.
 
-use crate::context::nvml::nvml_handle;
-use crate::cuda::{CUresult, CUDA_SUCCESS};
-use crate::hooks::nvml_procs::driver_host_pids;
 use crate::proclist::host_pid_candidates;
-use crate::state::{self, ProcLedger};
 use hami_common::region::{Region, SlotId};
 use std::os::unix::fs::MetadataExt;
 use std::sync::{Mutex, PoisonError};
@@ -112,7 +110,7 @@ pub fn host_pid() -> Option<u32> {
 }
 
 /// Host pids the container's other slots recorded.
-fn others_recorded(region: &Region, own: Option<SlotId>) -> Vec<u32> {
+pub fn others_recorded(region: &Region, own: Option<SlotId>) -> Vec<u32> {
     region
         .snapshot()
         .slots
@@ -123,58 +121,25 @@ fn others_recorded(region: &Region, own: Option<SlotId>) -> Vec<u32> {
         .collect()
 }
 
-/// Runs `create` (a context creation on CUDA ordinal `dev`), reading the device's compute
-/// list around it while this process's host pid is unknown (rule 3), then records the host
-/// pid in the slot. Costs one lock when the host pid is already known and recorded.
-pub fn around_context_creation(dev: usize, create: impl FnOnce() -> CUresult) -> CUresult {
-    let before = if host_pid().is_none() {
-        nvml_handle(dev).and_then(driver_host_pids)
-    } else {
-        None
-    };
-    let r = create();
-    if r != CUDA_SUCCESS {
-        return r;
-    }
-    if let Some(before) = before {
-        let after = nvml_handle(dev).and_then(driver_host_pids);
-        let l = ProcLedger::current();
-        let others = match &l.g.region {
-            Ok(region) => others_recorded(region, l.p.slot()),
-            Err(_) => Vec::new(),
-        };
-        if let Some(after) = after {
-            with_state(|s| {
-                if s.host_pid.is_some() {
-                    return;
-                }
-                let c = host_pid_candidates(&before, &after, &others, s.candidates.as_deref());
-                match c.len() {
-                    0 => {}
-                    1 => {
-                        s.host_pid = Some(c[0]);
-                        s.candidates = None;
-                    }
-                    _ => s.candidates = Some(c),
-                }
-            });
+/// Rule 3, after a context creation on a device: `before` and `after` are the host pids of
+/// the device's compute list around it, `others` the host pids the container's other slots
+/// recorded ([`others_recorded`]). Keeps the one candidate left, or the candidates to
+/// narrow at the next creation.
+pub fn learn_from_lists(before: &[u32], after: &[u32], others: &[u32]) {
+    with_state(|s| {
+        if s.host_pid.is_some() {
+            return;
         }
-        match host_pid() {
-            Some(p) => crate::debug!("host pid {p} (found in NVML's process list)"),
-            None => crate::debug!("host pid not found in NVML's process list yet"),
+        let c = host_pid_candidates(before, after, others, s.candidates.as_deref());
+        match c.len() {
+            0 => {}
+            1 => {
+                s.host_pid = Some(c[0]);
+                s.candidates = None;
+            }
+            _ => s.candidates = Some(c),
         }
-    }
-    record_current();
-    r
-}
-
-/// Records the host pid (if known) in this process's slot (if registered).
-fn record_current() {
-    let g = state::global();
-    let (Ok(region), Some(slot)) = (&g.region, state::proc_state().slot()) else {
-        return;
-    };
-    on_registered(region, slot);
+    });
 }
 
 /// Records the host pid (if known) in `slot`, unless it is already there. Called at

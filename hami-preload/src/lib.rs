@@ -13,16 +13,29 @@
 //!
 //! The hooks ([`hooks`], one file per family) are thin, all defined with one prelude
 //! ([`shim`]); the decisions live in plain Rust: [`accounting`] (charge / call / record),
-//! [`context`] (contexts, and measuring their memory), [`pools`] (stream-ordered pools),
-//! [`modules`] (module memory), [`backstop`] (what no hook saw), [`gate`] (the compute
-//! share), [`policy`] (views and estimates), [`proclist`] (NVML's process lists inside the
-//! container) with [`hostpid`] (this process's host pid), [`config`]. [`unwind`]: the panic guard's
-//! unwinder, linked in so that no exec pays for `libgcc_s` (`docs/preload.md`, "At load").
+//! [`context`] (contexts), [`pool_reservations`] (what stream-ordered pools hold reserved),
+//! [`module_memory`] (module and library memory), [`lmem`] (context limits and local
+//! memory), [`backstop`] (what no hook saw), [`gate`] (the compute share), [`policy`] (views
+//! and estimates), [`proclist`] (NVML's process lists inside the container) with [`hostpid`]
+//! (this process's host pid), [`config`]. [`unwind`]: the panic guard's unwinder, linked in
+//! so that no exec pays for `libgcc_s` (`docs/preload.md`, "At load").
+//!
+//! The modules form layers, each using only those below it (no cycle):
+//! * [`hooks`] (with [`hooks::table`], our hooks' addresses) and [`dlsym`], the exports;
+//! * [`measure`]: the real driver's and NVML's readings, the current context's device;
+//! * [`state`]: the configuration, the region and this process's [`state::Holdings`];
+//! * the tables they hold ([`accounting`], [`context`], [`pool_reservations`],
+//!   [`module_memory`], [`lmem`], [`backstop`], [`gate`], [`hostpid`]) and the plain helpers
+//!   ([`ctx_devices`], `keymap`, [`spin`], [`policy`], [`proclist`], [`images`], [`config`],
+//!   [`log`], [`refusals`]);
+//! * [`shim`], [`symbols`] (the real functions, by name) over [`real`], and [`cuda`] (the
+//!   driver's types).
 
 pub mod accounting;
 pub mod backstop;
 pub mod config;
 pub mod context;
+pub mod ctx_devices;
 pub mod cuda;
 pub mod dlsym;
 pub mod gate;
@@ -33,9 +46,10 @@ pub(crate) mod keymap;
 pub mod lmem;
 #[macro_use]
 pub mod log;
-pub mod modules;
+pub mod measure;
+pub mod module_memory;
 pub mod policy;
-pub mod pools;
+pub mod pool_reservations;
 pub mod proclist;
 pub mod real;
 pub mod refusals;

@@ -6,7 +6,7 @@
 //! ```ignore
 //! hook! {
 //!     /// Hook of `cuMemFree_v2`.
-//!     fn cuMemFree_v2(dptr: CUdeviceptr) = Cu::MemFree as FnMemFree;
+//!     fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult;
 //!     |f| {
 //!         // SAFETY: forwarded argument.
 //!         release(KeySpace::Pointer, dptr, || unsafe { f(dptr) })
@@ -17,11 +17,15 @@
 //! expands to `#[no_mangle] pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) ->
 //! CUresult` that returns `CUDA_ERROR_UNKNOWN` on a panic, `CUDA_ERROR_NOT_FOUND` when the
 //! driver lacks the function, forwards a nested call as is, and otherwise runs the body with
-//! `f` the real function and the thread marked as inside a hook. `= Nv::...` makes an NVML
-//! hook (`nvmlReturn_t`, `NVML_ERROR_UNKNOWN`, `NVML_ERROR_FUNCTION_NOT_FOUND`). `observe
-//! |f|` leaves out the re-entry check: for hooks that only record what the driver returned
-//! and call `enter` themselves where it matters. With `CUDA_DISABLE_CONTROL=true` every hook
-//! forwards its call untouched (one atomic load), before any state is built.
+//! `f` the real function and the thread marked as inside a hook. The hook is declared with
+//! the C prototype of the function it replaces, and that is all it says about it: the real
+//! function is the table entry of the hook's own name (`symbols::Cu::cuMemFree_v2`, which
+//! exists only for a row of `INTERCEPTS` with `hooked: true`), and its type is the hook's own
+//! signature (`unsafe extern "C" fn(CUdeviceptr) -> CUresult`). `-> nvmlReturn_t` makes an
+//! NVML hook (`symbols::Nv::<name>`, `NVML_ERROR_UNKNOWN`, `NVML_ERROR_FUNCTION_NOT_FOUND`).
+//! `observe |f|` leaves out the re-entry check: for hooks that only record what the driver
+//! returned and call `enter` themselves where it matters. With `CUDA_DISABLE_CONTROL=true`
+//! every hook forwards its call untouched (one atomic load), before any state is built.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -67,16 +71,18 @@ pub(crate) fn enter() -> Option<Entered> {
 macro_rules! hook {
     (
         $(#[$doc:meta])*
-        fn $name:ident($($arg:ident: $aty:ty),* $(,)?) = Cu::$sym:ident as $fty:ty;
+        fn $name:ident($($arg:ident: $aty:ty),* $(,)?) -> CUresult;
         |$f:ident| $body:block
     ) => {
         $(#[$doc])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $aty),*) -> $crate::cuda::CUresult {
             $crate::shim::guard($crate::cuda::CUDA_ERROR_UNKNOWN, || {
-                // SAFETY: `$fty` is the documented type of the symbol.
+                // SAFETY: the hook's signature is the C prototype of the symbol of its name.
                 let Some($f) = (unsafe {
-                    $crate::symbols::cu::<$fty>($crate::symbols::Cu::$sym)
+                    $crate::symbols::cu::<unsafe extern "C" fn($($aty),*) -> $crate::cuda::CUresult>(
+                        $crate::symbols::Cu::$name,
+                    )
                 }) else {
                     return $crate::cuda::CUDA_ERROR_NOT_FOUND;
                 };
@@ -95,16 +101,18 @@ macro_rules! hook {
     };
     (
         $(#[$doc:meta])*
-        fn $name:ident($($arg:ident: $aty:ty),* $(,)?) = Cu::$sym:ident as $fty:ty;
+        fn $name:ident($($arg:ident: $aty:ty),* $(,)?) -> CUresult;
         observe |$f:ident| $body:block
     ) => {
         $(#[$doc])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $aty),*) -> $crate::cuda::CUresult {
             $crate::shim::guard($crate::cuda::CUDA_ERROR_UNKNOWN, || {
-                // SAFETY: `$fty` is the documented type of the symbol.
+                // SAFETY: the hook's signature is the C prototype of the symbol of its name.
                 let Some($f) = (unsafe {
-                    $crate::symbols::cu::<$fty>($crate::symbols::Cu::$sym)
+                    $crate::symbols::cu::<unsafe extern "C" fn($($aty),*) -> $crate::cuda::CUresult>(
+                        $crate::symbols::Cu::$name,
+                    )
                 }) else {
                     return $crate::cuda::CUDA_ERROR_NOT_FOUND;
                 };
@@ -118,16 +126,18 @@ macro_rules! hook {
     };
     (
         $(#[$doc:meta])*
-        fn $name:ident($($arg:ident: $aty:ty),* $(,)?) = Nv::$sym:ident as $fty:ty;
+        fn $name:ident($($arg:ident: $aty:ty),* $(,)?) -> nvmlReturn_t;
         |$f:ident| $body:block
     ) => {
         $(#[$doc])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($($arg: $aty),*) -> $crate::cuda::nvmlReturn_t {
             $crate::shim::guard($crate::cuda::NVML_ERROR_UNKNOWN, || {
-                // SAFETY: `$fty` is the documented type of the symbol.
+                // SAFETY: the hook's signature is the C prototype of the symbol of its name.
                 let Some($f) = (unsafe {
-                    $crate::symbols::nv::<$fty>($crate::symbols::Nv::$sym)
+                    $crate::symbols::nv::<
+                        unsafe extern "C" fn($($aty),*) -> $crate::cuda::nvmlReturn_t,
+                    >($crate::symbols::Nv::$name)
                 }) else {
                     return $crate::cuda::NVML_ERROR_FUNCTION_NOT_FOUND;
                 };

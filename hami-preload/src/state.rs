@@ -2,10 +2,11 @@
 //!
 //! * [`Global`]: configuration and the opened region. Built once per process image (kept
 //!   across `fork`: the mapping is shared and the lock process-shared).
-//! * [`ProcState`]: this process's slot, tracked objects and contexts. Replaced by a fresh
-//!   one in a forked child (the `pthread_atfork` child handler), so a child registers its
-//!   own slot and does not inherit its parent's allocations. The old one is leaked on
-//!   purpose: another parent thread may have held one of its locks at the fork.
+//! * [`Holdings`]: what this process holds: its region slot and the tables of the driver
+//!   objects it made (allocations, contexts, pools, modules, limits, gate submissions).
+//!   Replaced by a fresh one in a forked child (the `pthread_atfork` child handler), so a
+//!   child registers its own slot and does not inherit its parent's allocations. The old one
+//!   is leaked on purpose: another parent thread may have held one of its locks at the fork.
 //!
 //! No lock is held while building either: two threads racing on the first call both build,
 //! one result is kept. Nothing runs at load time; a `.fini_array` entry unregisters the slot
@@ -59,7 +60,7 @@ fn global_slow() -> &'static Global {
 
 fn device_count() -> u32 {
     // SAFETY: FnDeviceGetCount is the type of cuDeviceGetCount.
-    let Some(f) = (unsafe { symbols::cu::<crate::cuda::FnDeviceGetCount>(Cu::DeviceGetCount) })
+    let Some(f) = (unsafe { symbols::cu::<crate::cuda::FnDeviceGetCount>(Cu::cuDeviceGetCount) })
     else {
         return 0;
     };
@@ -197,7 +198,7 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
     (Global { config, region }, messages)
 }
 
-/// Registration state, changed under [`ProcState`]'s `slot` lock.
+/// Registration state, changed under [`Holdings`]'s `slot` lock.
 #[derive(Default)]
 struct Registration {
     /// The slot, while registered.
@@ -208,8 +209,9 @@ struct Registration {
     published: Option<&'static SlotId>,
 }
 
-/// This process's state (replaced in a forked child).
-pub struct ProcState {
+/// What this process holds: its region slot and the tables of its driver objects (replaced
+/// in a forked child).
+pub struct Holdings {
     who: OnceLock<ProcessId>,
     slot: Mutex<Registration>,
     /// The registered slot for the hot path, read without a lock: null, or the box of
@@ -221,11 +223,11 @@ pub struct ProcState {
     /// Contexts.
     pub contexts: ContextTable,
     /// Stream-ordered pools.
-    pub pools: crate::pools::PoolTable,
+    pub pools: crate::pool_reservations::PoolTable,
     /// Mapped `cuMemCreate` handles, which outlive their release while mapped.
     pub mappings: crate::vmm::Mappings,
     /// Modules and libraries.
-    pub modules: crate::modules::ModuleTable,
+    pub modules: crate::module_memory::ModuleTable,
     /// The backstop's refresh clock.
     pub backstop: crate::backstop::Backstop,
     /// Context limits and local memory.
@@ -235,9 +237,9 @@ pub struct ProcState {
     denial_logged: [AtomicBool; MAX_DEVICES],
 }
 
-impl ProcState {
-    fn new() -> ProcState {
-        ProcState {
+impl Holdings {
+    fn new() -> Holdings {
+        Holdings {
             who: OnceLock::new(),
             slot: Mutex::new(Registration::default()),
             slot_id: AtomicPtr::new(std::ptr::null_mut()),
@@ -345,37 +347,37 @@ fn record_uuids(region: &Region) {
 /// The UUID of CUDA device `dev` (real `cuDeviceGetUuid_v2`, else `cuDeviceGetUuid`).
 pub fn device_uuid(dev: CUdevice) -> Option<[u8; 16]> {
     // SAFETY: FnDeviceGetUuid is the type of both functions.
-    let f = unsafe { symbols::cu::<crate::cuda::FnDeviceGetUuid>(Cu::DeviceGetUuidV2) }
+    let f = unsafe { symbols::cu::<crate::cuda::FnDeviceGetUuid>(Cu::cuDeviceGetUuid_v2) }
         // SAFETY: as above.
-        .or_else(|| unsafe { symbols::cu::<crate::cuda::FnDeviceGetUuid>(Cu::DeviceGetUuid) })?;
+        .or_else(|| unsafe { symbols::cu::<crate::cuda::FnDeviceGetUuid>(Cu::cuDeviceGetUuid) })?;
     let mut u = CUuuid::default();
     // SAFETY: valid out pointer.
     (unsafe { f(&mut u, dev) } == CUDA_SUCCESS).then_some(u.bytes)
 }
 
-static PROC: AtomicPtr<ProcState> = AtomicPtr::new(std::ptr::null_mut());
+static PROC: AtomicPtr<Holdings> = AtomicPtr::new(std::ptr::null_mut());
 static HANDLERS: std::sync::Once = std::sync::Once::new();
 
-/// This process's state, created on first use.
+/// This process's holdings, created on first use.
 #[inline]
-pub fn proc_state() -> &'static ProcState {
+pub fn holdings() -> &'static Holdings {
     let p = PROC.load(Ordering::Acquire);
     if !p.is_null() {
         // SAFETY: PROC only ever holds leaked boxes, never freed.
         return unsafe { &*p };
     }
-    proc_state_slow()
+    holdings_slow()
 }
 
 #[cold]
 #[inline(never)]
-fn proc_state_slow() -> &'static ProcState {
+fn holdings_slow() -> &'static Holdings {
     HANDLERS.call_once(|| {
         // SAFETY: registering a handler with no preconditions; the library is never unloaded
         // (linked with -z nodelete).
         unsafe { libc::pthread_atfork(None, None, Some(atfork_child)) };
     });
-    let fresh = Box::into_raw(Box::new(ProcState::new()));
+    let fresh = Box::into_raw(Box::new(Holdings::new()));
     match PROC.compare_exchange(
         std::ptr::null_mut(),
         fresh,
@@ -424,8 +426,8 @@ static AT_EXIT: extern "C" fn() = at_exit;
 pub struct ProcLedger {
     /// Global state.
     pub g: &'static Global,
-    /// Process state.
-    pub p: &'static ProcState,
+    /// This process's holdings.
+    pub p: &'static Holdings,
 }
 
 impl ProcLedger {
@@ -433,7 +435,7 @@ impl ProcLedger {
     pub fn current() -> ProcLedger {
         ProcLedger {
             g: global(),
-            p: proc_state(),
+            p: holdings(),
         }
     }
 
@@ -529,7 +531,7 @@ mod tests {
         let (region, _) = Region::open_or_create(&dir.join("region"), &RegionConfig::default())
             .expect("region in a temp dir");
         let region: &'static Region = Box::leak(Box::new(region));
-        let p = ProcState::new();
+        let p = Holdings::new();
         assert_eq!(p.slot(), None, "not registered yet");
         let s = p.ensure_slot(region).expect("registers");
         assert_eq!(p.slot(), Some(s));

@@ -1,18 +1,14 @@
-//! CUDA contexts: their accounting and their measurement. This file holds the accounting:
-//! primary contexts (retain / release / reset) and created contexts (`cuCtxCreate_*` /
-//! `cuCtxDestroy_v2`), charged as context memory, plain Rust over a [`Ledger`] with the
-//! driver calls and the memory readings as closures ([`Meter`]). Beside it:
-//! * [`measure`] — the [`Meter`] of the real driver and NVML, the current context's device;
-//! * [`nvml`] — NVML device handles and readings;
-//! * [`cache`] — the context → device cache of the allocation path;
+//! CUDA contexts: their accounting. This file holds primary contexts (retain / release /
+//! reset) and created contexts (`cuCtxCreate_*` / `cuCtxDestroy_v2`), charged as context
+//! memory, plain Rust over a [`Ledger`] with the driver calls and the memory readings as
+//! closures ([`Meter`]; the real driver's and NVML's is [`crate::measure`]). Beside it:
 //! * [`lock`] — the region-wide context-creation lock around a measurement;
 //! * [`admit`] — the admission of a context before its creation (the plain policy).
+//!
+//! The context → device cache of the allocation path is [`crate::ctx_devices`].
 
 pub mod admit;
-pub mod cache;
 pub mod lock;
-pub mod measure;
-pub mod nvml;
 
 use crate::accounting::{Accounts, Deny, Ledger};
 use crate::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};

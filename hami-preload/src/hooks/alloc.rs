@@ -6,8 +6,8 @@
 
 use super::{alloc_ptr, array_alloc, finish, release};
 use crate::accounting::{Allocated, KeySpace};
-use crate::context::measure::current_dev_ctx;
 use crate::cuda::*;
+use crate::measure::current_dev_ctx;
 use crate::policy;
 use crate::shim::hook;
 use crate::state::ProcLedger;
@@ -28,7 +28,7 @@ macro_rules! space_of {
 hook! {
     /// Hook of `cuMemAlloc_v2`. A null `dptr` or a zero `bytesize` is
     /// `CUDA_ERROR_INVALID_VALUE` (documented), before any quota decision.
-    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) = Cu::MemAlloc as FnMemAlloc;
+    fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult;
     |f| {
         if dptr.is_null() || bytesize == 0 {
             return CUDA_ERROR_INVALID_VALUE;
@@ -45,7 +45,7 @@ hook! {
         dptr: *mut CUdeviceptr,
         bytesize: usize,
         flags: c_uint,
-    ) = Cu::MemAllocManaged as FnMemAllocManaged;
+    ) -> CUresult;
     |f| {
         if dptr.is_null() || bytesize == 0 {
             return CUDA_ERROR_INVALID_VALUE;
@@ -65,7 +65,7 @@ hook! {
         dptr: *mut CUdeviceptr,
         bytesize: usize,
         stream: CUstream,
-    ) = Cu::MemAllocAsync as FnMemAllocAsync;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         unsafe {
@@ -88,7 +88,7 @@ hook! {
         dptr: *mut CUdeviceptr,
         bytesize: usize,
         stream: CUstream,
-    ) = Cu::MemAllocAsyncPtsz as FnMemAllocAsync;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         unsafe {
@@ -112,7 +112,7 @@ hook! {
         bytesize: usize,
         pool: CUmemoryPool,
         stream: CUstream,
-    ) = Cu::MemAllocFromPoolAsync as FnMemAllocFromPoolAsync;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         unsafe {
@@ -136,7 +136,7 @@ hook! {
         bytesize: usize,
         pool: CUmemoryPool,
         stream: CUstream,
-    ) = Cu::MemAllocFromPoolAsyncPtsz as FnMemAllocFromPoolAsync;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         unsafe {
@@ -161,7 +161,7 @@ hook! {
         width: usize,
         height: usize,
         elem: c_uint,
-    ) = Cu::MemAllocPitch as FnMemAllocPitch;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         alloc_pitch(dptr, pitch, width, height, || unsafe { f(dptr, pitch, width, height, elem) })
@@ -207,7 +207,7 @@ fn alloc_pitch(
         },
         |key| {
             // SAFETY: documented type; frees what the driver just returned.
-            if let Some(free) = unsafe { symbols::cu::<FnMemFree>(Cu::MemFree) } {
+            if let Some(free) = unsafe { symbols::cu::<FnMemFree>(Cu::cuMemFree_v2) } {
                 // SAFETY: key is the pointer the driver returned.
                 unsafe { free(key) };
             }
@@ -224,7 +224,7 @@ hook! {
         size: usize,
         prop: *const CUmemAllocationProp,
         flags: u64,
-    ) = Cu::MemCreate as FnMemCreate;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         mem_create(handle, size, prop, || unsafe { f(handle, size, prop, flags) })
@@ -290,7 +290,7 @@ fn mem_create_beyond_region(
     // SAFETY: non-null (checked by the caller), written by the driver on success.
     let h = unsafe { *handle };
     // SAFETY: documented type; releases the handle the driver just returned.
-    if let Some(release) = unsafe { symbols::cu::<FnMemRelease>(Cu::MemRelease) } {
+    if let Some(release) = unsafe { symbols::cu::<FnMemRelease>(Cu::cuMemRelease) } {
         // SAFETY: as above.
         unsafe { release(h) };
     }
@@ -305,7 +305,7 @@ hook! {
     fn cuArrayCreate_v2(
         out: *mut CUarray,
         desc: *const CUDA_ARRAY_DESCRIPTOR,
-    ) = Cu::ArrayCreate as FnArrayCreate;
+    ) -> CUresult;
     |f| {
         if out.is_null() || desc.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
@@ -326,7 +326,7 @@ hook! {
     fn cuArray3DCreate_v2(
         out: *mut CUarray,
         desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-    ) = Cu::Array3DCreate as FnArray3DCreate;
+    ) -> CUresult;
     |f| {
         if out.is_null() || desc.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
@@ -350,7 +350,7 @@ hook! {
         out: *mut CUmipmappedArray,
         desc: *const CUDA_ARRAY3D_DESCRIPTOR,
         levels: c_uint,
-    ) = Cu::MipmappedArrayCreate as FnMipmappedArrayCreate;
+    ) -> CUresult;
     |f| {
         if out.is_null() || desc.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
@@ -375,7 +375,7 @@ hook! {
     /// Hook of `cuMipmappedArrayDestroy`.
     fn cuMipmappedArrayDestroy(
         array: CUmipmappedArray,
-    ) = Cu::MipmappedArrayDestroy as FnMipmappedArrayDestroy;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded argument.
         release(space_of!("cuMipmappedArrayDestroy"), array as u64, || unsafe { f(array) })
@@ -386,7 +386,7 @@ hook! {
 
 hook! {
     /// Hook of `cuMemFree_v2`.
-    fn cuMemFree_v2(dptr: CUdeviceptr) = Cu::MemFree as FnMemFree;
+    fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult;
     |f| {
         // SAFETY: forwarded argument.
         release(space_of!("cuMemFree_v2"), dptr, || unsafe { f(dptr) })
@@ -395,7 +395,7 @@ hook! {
 
 hook! {
     /// Hook of `cuMemFreeAsync` (released when the free is enqueued successfully).
-    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) = Cu::MemFreeAsync as FnMemFreeAsync;
+    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         super::pools::free_async(dptr, || unsafe { f(dptr, stream) })
@@ -407,7 +407,7 @@ hook! {
     fn cuMemFreeAsync_ptsz(
         dptr: CUdeviceptr,
         stream: CUstream,
-    ) = Cu::MemFreeAsyncPtsz as FnMemFreeAsync;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         super::pools::free_async(dptr, || unsafe { f(dptr, stream) })
@@ -416,7 +416,7 @@ hook! {
 
 hook! {
     /// Hook of `cuMemRelease`.
-    fn cuMemRelease(handle: CUmemGenericAllocationHandle) = Cu::MemRelease as FnMemRelease;
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult;
     |f| {
         // SAFETY: forwarded argument.
         super::vmm::mem_release(space_of!("cuMemRelease"), handle, || unsafe { f(handle) })
@@ -425,7 +425,7 @@ hook! {
 
 hook! {
     /// Hook of `cuArrayDestroy`.
-    fn cuArrayDestroy(array: CUarray) = Cu::ArrayDestroy as FnArrayDestroy;
+    fn cuArrayDestroy(array: CUarray) -> CUresult;
     |f| {
         // SAFETY: forwarded argument.
         release(space_of!("cuArrayDestroy"), array as u64, || unsafe { f(array) })

@@ -4,11 +4,14 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use crate::context::measure::{log_context_outcome, meter};
+use super::nvml_procs::driver_host_pids;
 use crate::context::ContextOutcome;
 use crate::cuda::*;
+use crate::hostpid;
+use crate::measure::nvml::nvml_handle;
+use crate::measure::{log_context_outcome, meter};
 use crate::shim::hook;
-use crate::state::ProcLedger;
+use crate::state::{self, ProcLedger};
 use crate::symbols::{self, Cu};
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -18,7 +21,7 @@ hook! {
     fn cuDevicePrimaryCtxRetain(
         pctx: *mut CUcontext,
         dev: CUdevice,
-    ) = Cu::PrimaryCtxRetain as FnPrimaryCtxRetain;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         primary_retain(pctx, dev, || unsafe { f(pctx, dev) })
@@ -45,7 +48,7 @@ fn primary_retain(
         &l,
         dev as usize,
         &m,
-        || match crate::hostpid::around_context_creation(dev as usize, real) {
+        || match around_context_creation(dev as usize, real) {
             // SAFETY: the driver wrote *pctx (checked non-null above) on success.
             CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
             e => Err(e),
@@ -81,9 +84,9 @@ fn forget_destroyed(pctx: *mut CUcontext, outcome: Option<ContextOutcome>) {
 /// the release of that only retain destroys it. Whether the driver did.
 fn undo_primary_retain(dev: CUdevice) -> bool {
     // SAFETY: documented types of the two names.
-    let f = unsafe { symbols::cu::<FnDeviceOp>(Cu::PrimaryCtxReleaseV2) }
+    let f = unsafe { symbols::cu::<FnDeviceOp>(Cu::cuDevicePrimaryCtxRelease_v2) }
         // SAFETY: as above.
-        .or_else(|| unsafe { symbols::cu::<FnDeviceOp>(Cu::PrimaryCtxRelease) });
+        .or_else(|| unsafe { symbols::cu::<FnDeviceOp>(Cu::cuDevicePrimaryCtxRelease) });
     // SAFETY: a device ordinal the driver just accepted.
     f.is_some_and(|f| unsafe { f(dev) } == CUDA_SUCCESS)
 }
@@ -93,7 +96,7 @@ fn undo_primary_retain(dev: CUdevice) -> bool {
 /// Whether the driver did.
 fn undo_create(ctx: usize) -> bool {
     // SAFETY: documented type.
-    let f = unsafe { symbols::cu::<FnCtxDestroy>(Cu::CtxDestroyV2) };
+    let f = unsafe { symbols::cu::<FnCtxDestroy>(Cu::cuCtxDestroy_v2) };
     // SAFETY: the context the driver just returned to this hook, not yet handed out.
     f.is_some_and(|f| unsafe { f(ctx as CUcontext) } == CUDA_SUCCESS)
 }
@@ -137,7 +140,7 @@ fn primary_reset(f: FnDeviceOp, dev: CUdevice) -> CUresult {
 
 hook! {
     /// Hook of `cuDevicePrimaryCtxRelease` (pre-11 name of the `_v2` function).
-    fn cuDevicePrimaryCtxRelease(dev: CUdevice) = Cu::PrimaryCtxRelease as FnDeviceOp;
+    fn cuDevicePrimaryCtxRelease(dev: CUdevice) -> CUresult;
     |f| {
         primary_release(f, dev)
     }
@@ -145,7 +148,7 @@ hook! {
 
 hook! {
     /// Hook of `cuDevicePrimaryCtxRelease_v2`: the last release uncharges the context.
-    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) = Cu::PrimaryCtxReleaseV2 as FnDeviceOp;
+    fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult;
     |f| {
         primary_release(f, dev)
     }
@@ -153,7 +156,7 @@ hook! {
 
 hook! {
     /// Hook of `cuDevicePrimaryCtxReset`.
-    fn cuDevicePrimaryCtxReset(dev: CUdevice) = Cu::PrimaryCtxReset as FnDeviceOp;
+    fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult;
     |f| {
         primary_reset(f, dev)
     }
@@ -161,7 +164,7 @@ hook! {
 
 hook! {
     /// Hook of `cuDevicePrimaryCtxReset_v2`: the primary context's allocations are gone.
-    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) = Cu::PrimaryCtxResetV2 as FnDeviceOp;
+    fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult;
     |f| {
         primary_reset(f, dev)
     }
@@ -188,7 +191,7 @@ fn ctx_create(
         &l,
         dev as usize,
         &m,
-        || match crate::hostpid::around_context_creation(dev as usize, real) {
+        || match around_context_creation(dev as usize, real) {
             // SAFETY: *pctx written on success.
             CUDA_SUCCESS => Ok(unsafe { *pctx } as usize),
             e => Err(e),
@@ -210,7 +213,7 @@ hook! {
         pctx: *mut CUcontext,
         flags: c_uint,
         dev: CUdevice,
-    ) = Cu::CtxCreateV2 as FnCtxCreateV2;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         ctx_create("cuCtxCreate_v2", pctx, dev, || unsafe {
@@ -226,7 +229,7 @@ hook! {
         pctx: *mut CUcontext,
         flags: c_uint,
         dev: CUdevice,
-    ) = Cu::CtxCreateV1 as FnCtxCreateV2;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         ctx_create("cuCtxCreate", pctx, dev, || unsafe { f(pctx, flags, dev) })
@@ -241,7 +244,7 @@ hook! {
         num_params: c_int,
         flags: c_uint,
         dev: CUdevice,
-    ) = Cu::CtxCreateV3 as FnCtxCreateV3;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         ctx_create("cuCtxCreate_v3", pctx, dev, || unsafe {
@@ -257,7 +260,7 @@ hook! {
         params: *mut c_void,
         flags: c_uint,
         dev: CUdevice,
-    ) = Cu::CtxCreateV4 as FnCtxCreateV4;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         ctx_create("cuCtxCreate_v4", pctx, dev, || unsafe {
@@ -280,7 +283,7 @@ fn ctx_destroy(ctx: CUcontext, real: impl FnOnce() -> CUresult) -> CUresult {
 hook! {
     /// Hook of `cuCtxDestroy`, the pre-4.0 name of `cuCtxDestroy_v2`: when the driver succeeds the
     /// context is gone, so it is uncharged the same way.
-    fn cuCtxDestroy(ctx: CUcontext) = Cu::CtxDestroyV1 as FnCtxDestroy;
+    fn cuCtxDestroy(ctx: CUcontext) -> CUresult;
     |f| {
         // SAFETY: forwarded argument.
         ctx_destroy(ctx, || unsafe { f(ctx) })
@@ -289,9 +292,47 @@ hook! {
 
 hook! {
     /// Hook of `cuCtxDestroy_v2`: uncharges the context and everything allocated in it.
-    fn cuCtxDestroy_v2(ctx: CUcontext) = Cu::CtxDestroyV2 as FnCtxDestroy;
+    fn cuCtxDestroy_v2(ctx: CUcontext) -> CUresult;
     |f| {
         // SAFETY: forwarded argument.
         ctx_destroy(ctx, || unsafe { f(ctx) })
     }
+}
+
+// ---------------------------------------------------------------- host pid
+
+/// Runs `create` (a context creation on CUDA ordinal `dev`), reading the device's compute
+/// list around it while this process's host pid is unknown ([`crate::hostpid`], rule 3), then
+/// records the host pid in the slot. Costs one lock when the host pid is already known and
+/// recorded.
+fn around_context_creation(dev: usize, create: impl FnOnce() -> CUresult) -> CUresult {
+    let before = if hostpid::host_pid().is_none() {
+        nvml_handle(dev).and_then(driver_host_pids)
+    } else {
+        None
+    };
+    let r = create();
+    if r != CUDA_SUCCESS {
+        return r;
+    }
+    if let Some(before) = before {
+        let after = nvml_handle(dev).and_then(driver_host_pids);
+        let l = ProcLedger::current();
+        let others = match &l.g.region {
+            Ok(region) => hostpid::others_recorded(region, l.p.slot()),
+            Err(_) => Vec::new(),
+        };
+        if let Some(after) = after {
+            hostpid::learn_from_lists(&before, &after, &others);
+        }
+        match hostpid::host_pid() {
+            Some(p) => crate::debug!("host pid {p} (found in NVML's process list)"),
+            None => crate::debug!("host pid not found in NVML's process list yet"),
+        }
+    }
+    let g = state::global();
+    if let (Ok(region), Some(slot)) = (&g.region, state::holdings().slot()) {
+        hostpid::on_registered(region, slot);
+    }
+    r
 }

@@ -1,15 +1,21 @@
 //! Hooks of the cooperative launches and graph launches. A cooperative launch is a launch of a
 //! module's function like `cuLaunchKernel`: it takes the same path
 //! ([`super::modules::launch`]: local memory admitted, the module's first launch admitted and
-//! measured, the gate). A graph launch goes through the launch gate only
-//! ([`crate::gate::launch`]).
+//! measured, the gate). A graph launch goes through the launch gate only (`gated`).
+//!
+//! Below the hooks: the launch gate's way in for every submission and synchronisation hook
+//! (`gate_enter` / `gate_leave`, `gated`, `gate_on_sync`), over this process's
+//! [`crate::gate::Gate`] and the region's compute cells, behind a process-wide switch.
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use crate::cuda::*;
 use crate::gate;
 use crate::shim::hook;
+use crate::state;
+use hami_common::layout::MAX_DEVICES;
 use std::ffi::{c_uint, c_void};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 hook! {
     /// Hook of `cuLaunchCooperativeKernel`.
@@ -24,7 +30,7 @@ hook! {
         shared: c_uint,
         stream: CUstream,
         params: *mut *mut c_void,
-    ) = Cu::LaunchCooperativeKernel as FnLaunchCooperativeKernel;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         super::modules::launch("cuLaunchCooperativeKernel", func, stream, false, || unsafe {
@@ -46,7 +52,7 @@ hook! {
         shared: c_uint,
         stream: CUstream,
         params: *mut *mut c_void,
-    ) = Cu::LaunchCooperativeKernelPtsz as FnLaunchCooperativeKernel;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         super::modules::launch("cuLaunchCooperativeKernel_ptsz", func, stream, true, || unsafe {
@@ -57,18 +63,127 @@ hook! {
 
 hook! {
     /// Hook of `cuGraphLaunch`: the whole graph is metered as one submission.
-    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) = Cu::GraphLaunch as FnGraphLaunch;
+    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
-        gate::launch(stream, false, || unsafe { f(exec, stream) })
+        gated(stream, false, || unsafe { f(exec, stream) })
     }
 }
 
 hook! {
     /// Hook of `cuGraphLaunch_ptsz`.
-    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) = Cu::GraphLaunchPtsz as FnGraphLaunch;
+    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
-        gate::launch(stream, true, || unsafe { f(exec, stream) })
+        gated(stream, true, || unsafe { f(exec, stream) })
+    }
+}
+
+// ---- the process-wide switch: one atomic load on the launch path without a limit ----
+
+const ARM_UNKNOWN: u8 = 0;
+const ARM_OFF: u8 = 1;
+const ARM_ON: u8 = 2;
+static ARMED: AtomicU8 = AtomicU8::new(ARM_UNKNOWN);
+static SHARES: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+
+/// Whether any device has a compute share: the only check on the launch path without one.
+#[inline]
+fn armed() -> bool {
+    match ARMED.load(Ordering::Relaxed) {
+        ARM_OFF => false,
+        ARM_ON => true,
+        _ => arm(),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn arm() -> bool {
+    let g = state::global();
+    let mut any = false;
+    if let Ok(region) = &g.region {
+        for (d, s) in SHARES.iter().enumerate() {
+            let pct = gate::effective_share(region.sm_limit(d), region.compute_policy(d));
+            s.store(pct, Ordering::Relaxed);
+            any |= pct != 0;
+        }
+    }
+    ARMED.store(if any { ARM_ON } else { ARM_OFF }, Ordering::Release);
+    any
+}
+
+/// The effective share of device `dev` (0 = none), once [`armed`].
+fn share(dev: usize) -> u32 {
+    SHARES.get(dev).map_or(0, |s| s.load(Ordering::Relaxed))
+}
+
+// ---- the gate around a submission ----
+
+/// A kernel submission from a hook: through the gate when the current device has a share,
+/// otherwise `real` with one atomic load in front.
+#[inline]
+pub(crate) fn gated(stream: CUstream, ptsz: bool, real: impl FnOnce() -> CUresult) -> CUresult {
+    let ticket = gate_enter(stream, ptsz);
+    let r = real();
+    gate_leave(ticket, r)
+}
+
+/// The gate in front of a submission on `stream` (`ptsz`: of a per-thread-stream entry
+/// point): one atomic load without a share; with one, [`gate::before`] on the current device.
+/// Pass what it returns to [`gate_leave`] with the submission's result.
+#[inline]
+pub(crate) fn gate_enter(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'static>> {
+    if !armed() {
+        return None;
+    }
+    enter_gated(stream, ptsz)
+}
+
+#[inline(never)]
+fn enter_gated(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'static>> {
+    let (dev, ctx) = crate::measure::current_dev_ctx().ok()?;
+    let pct = share(dev);
+    if pct == 0 {
+        return None;
+    }
+    let region = state::global().region.as_ref().ok()?;
+    // SAFETY: gettid has no preconditions.
+    let token = unsafe { libc::gettid() } as u64 + 1;
+    let t = gate::Target {
+        dev,
+        ctx,
+        stream: stream as usize,
+        ptsz,
+        token,
+    };
+    gate::before(
+        &state::holdings().gate,
+        &gate::RealDriver,
+        &gate::RealClock,
+        |d| region.compute_cells(d),
+        pct,
+        t,
+    )
+}
+
+/// The gate after a submission that returned `r` (see [`gate_enter`]).
+#[inline]
+pub(crate) fn gate_leave(ticket: Option<gate::Ticket<'static>>, r: CUresult) -> CUresult {
+    match ticket {
+        None => r,
+        Some(_) => gate::after(ticket, &gate::RealDriver, r),
+    }
+}
+
+/// At a synchronisation: debits this process's submissions that completed.
+pub(crate) fn gate_on_sync() {
+    if !armed() {
+        return;
+    }
+    if let Ok(region) = &state::global().region {
+        state::holdings()
+            .gate
+            .harvest(&gate::RealDriver, |d| region.compute_cells(d));
     }
 }

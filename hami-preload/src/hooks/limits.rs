@@ -4,9 +4,9 @@
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::report_denial;
-use crate::context::measure::{current_dev_ctx, meter};
 use crate::cuda::*;
 use crate::lmem::{self, LimitDriver, LimitError, Sizing};
+use crate::measure::{current_dev_ctx, meter};
 use crate::shim::hook;
 use crate::state::ProcLedger;
 use crate::symbols::{self, Cu};
@@ -18,8 +18,8 @@ pub struct RealDriver;
 impl LimitDriver for RealDriver {
     fn get_limit(&self, limit: i32) -> Result<u64, CUresult> {
         // SAFETY: documented type.
-        let f =
-            unsafe { symbols::cu::<FnCtxGetLimit>(Cu::CtxGetLimit) }.ok_or(CUDA_ERROR_NOT_FOUND)?;
+        let f = unsafe { symbols::cu::<FnCtxGetLimit>(Cu::cuCtxGetLimit) }
+            .ok_or(CUDA_ERROR_NOT_FOUND)?;
         let mut v: usize = 0;
         // SAFETY: a valid out pointer; the limit is a plain integer.
         match unsafe { f(&mut v, limit) } {
@@ -30,7 +30,7 @@ impl LimitDriver for RealDriver {
 
     fn set_limit(&self, limit: i32, value: u64) -> CUresult {
         // SAFETY: documented type.
-        let Some(f) = (unsafe { symbols::cu::<FnCtxSetLimit>(Cu::CtxSetLimit) }) else {
+        let Some(f) = (unsafe { symbols::cu::<FnCtxSetLimit>(Cu::cuCtxSetLimit) }) else {
             return CUDA_ERROR_NOT_FOUND;
         };
         let Ok(v) = usize::try_from(value) else {
@@ -47,7 +47,7 @@ impl LimitDriver for RealDriver {
         // the limit already raised.
         // SAFETY: documented type.
         let exchange = unsafe {
-            symbols::cu::<FnThreadExchangeStreamCaptureMode>(Cu::ThreadExchangeStreamCaptureMode)
+            symbols::cu::<FnThreadExchangeStreamCaptureMode>(Cu::cuThreadExchangeStreamCaptureMode)
         };
         let mut mode: c_int = CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: a valid in/out pointer.
@@ -64,7 +64,7 @@ impl LimitDriver for RealDriver {
 
     fn resident_threads(&self, dev: usize) -> Option<u64> {
         // SAFETY: documented type.
-        let get = unsafe { symbols::cu::<FnDeviceGetAttribute>(Cu::DeviceGetAttribute) }?;
+        let get = unsafe { symbols::cu::<FnDeviceGetAttribute>(Cu::cuDeviceGetAttribute) }?;
         let dev = CUdevice::try_from(dev).ok()?;
         let attr = |a: c_int| {
             let mut v: c_int = 0;
@@ -80,7 +80,7 @@ impl LimitDriver for RealDriver {
     fn local_size(&self, func: u64, dev: usize) -> Option<u64> {
         let mut v: c_int = 0;
         // SAFETY: documented type.
-        if let Some(f) = unsafe { symbols::cu::<FnFuncGetAttribute>(Cu::FuncGetAttribute) } {
+        if let Some(f) = unsafe { symbols::cu::<FnFuncGetAttribute>(Cu::cuFuncGetAttribute) } {
             // SAFETY: a valid out pointer; the handle is the application's, as it launches it.
             if unsafe {
                 f(
@@ -95,7 +95,7 @@ impl LimitDriver for RealDriver {
         }
         // Not a CUfunction: a CUkernel (cuLibraryGetKernel), asked on the current device.
         // SAFETY: documented type.
-        let k = unsafe { symbols::cu::<FnKernelGetAttribute>(Cu::KernelGetAttribute) }?;
+        let k = unsafe { symbols::cu::<FnKernelGetAttribute>(Cu::cuKernelGetAttribute) }?;
         let dev = CUdevice::try_from(dev).ok()?;
         // SAFETY: as above.
         (unsafe {
@@ -121,7 +121,7 @@ fn refused(what: &str, l: &ProcLedger, dev: usize, e: LimitError) -> CUresult {
 
 hook! {
     /// Hook of `cuCtxSetLimit`: the memory a raised limit reserves is admitted first.
-    fn cuCtxSetLimit(limit: c_int, value: usize) = Cu::CtxSetLimit as FnCtxSetLimit;
+    fn cuCtxSetLimit(limit: c_int, value: usize) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments (every call below).
         set_limit(limit, value as u64, || unsafe { f(limit, value) })

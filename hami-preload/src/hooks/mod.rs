@@ -1,21 +1,24 @@
 //! The exported driver and NVML functions, each a thin shim defined with
 //! `hook!` ([`crate::shim`]): the prelude (panic guard, real function, re-entry check),
 //! then the raw arguments checked and converted, one call into plain-Rust policy
-//! ([`crate::accounting`], [`crate::context`], [`crate::pools`], [`crate::modules`],
-//! [`crate::backstop`], [`crate::policy`]) with closures over the real driver, and the
-//! result converted back. This file re-exports every hook (the symbol table finds them here)
-//! and holds the glue they share: allocate-and-charge, release, refusal logging, the
-//! backstop's refresh and what a destroyed context takes with it.
+//! ([`crate::accounting`], [`crate::context`], [`crate::pool_reservations`],
+//! [`crate::module_memory`], [`crate::backstop`], [`crate::policy`]) with closures over the
+//! real driver, and the result converted back. This file re-exports every hook ([`table`],
+//! the hook addresses `dlsym` and `cuGetProcAddress` hand out, finds them here) and holds
+//! the glue they share: allocate-and-charge, release, refusal logging, the backstop's
+//! refresh and what a destroyed context takes with it.
 //!
 //! * [`alloc`] — allocations and releases (pointers, handles, arrays, mipmapped arrays);
 //! * [`pools`] — stream-ordered pools and synchronisations;
 //! * [`modules`] — modules, libraries, lookups and launches;
-//! * [`launch`] — cooperative and graph launches (the launch gate);
-//! * [`context`] — context creation and destruction;
+//! * [`launch`] — cooperative and graph launches, and the launch gate's way in;
+//! * [`limits`] — context limits (`cuCtxSetLimit`) and the local memory launches reserve;
+//! * [`context`] — context creation and destruction (and the host pid found around it);
 //! * [`views`] — memory queries answered with the quota;
 //! * [`nvml_procs`] — NVML's process lists narrowed to the container's processes;
 //! * [`vmm`] — mapping, unmapping and retaining `cuMemCreate` handles;
-//! * [`procaddr`] — `cuGetProcAddress(_v2)`.
+//! * [`procaddr`] — `cuGetProcAddress(_v2)`;
+//! * [`table`] — our hooks' addresses, generated from the hooked rows of the intercept table.
 #![allow(non_snake_case)]
 
 pub mod alloc;
@@ -26,6 +29,7 @@ pub mod modules;
 pub mod nvml_procs;
 pub mod pools;
 pub mod procaddr;
+pub mod table;
 pub mod views;
 pub mod vmm;
 
@@ -42,11 +46,11 @@ pub use vmm::*;
 
 use crate::accounting::{AllocError, Allocated, Deny, KeySpace};
 use crate::backstop::{self, Backstop};
-use crate::context::measure::current_dev_ctx;
-use crate::context::nvml::{nvml_own_used, nvml_ready};
 use crate::context::OwnUsage;
 use crate::cuda::*;
-use crate::state::{self, ProcLedger, ProcState};
+use crate::measure::current_dev_ctx;
+use crate::measure::nvml::{nvml_own_used, nvml_ready};
+use crate::state::{self, Holdings, ProcLedger};
 use hami_common::layout::{UsageKind, MAX_DEVICES};
 
 /// Logs and counts a refused memory request (`CUDA_ERROR_OUT_OF_MEMORY` without the
@@ -55,7 +59,7 @@ use hami_common::layout::{UsageKind, MAX_DEVICES};
 /// rate-limited per device ([`crate::refusals`]): the first at once, then at most one line
 /// per interval saying how many were refused since the last; a fail-closed refusal is an
 /// error the first time, debug after.
-pub(crate) fn report_denial(what: &str, p: &ProcState, dev: usize, d: &Deny) {
+pub(crate) fn report_denial(what: &str, p: &Holdings, dev: usize, d: &Deny) {
     if let Ok(region) = &state::global().region {
         region.count_refusal(dev);
     }
@@ -195,7 +199,7 @@ pub(crate) fn array_alloc(
 fn device_array_bound(dev: usize) -> u64 {
     // SAFETY: the documented type of cuDeviceGetAttribute.
     let Some(get) = (unsafe {
-        crate::symbols::cu::<FnDeviceGetAttribute>(crate::symbols::Cu::DeviceGetAttribute)
+        crate::symbols::cu::<FnDeviceGetAttribute>(crate::symbols::Cu::cuDeviceGetAttribute)
     }) else {
         return 0;
     };
@@ -251,7 +255,7 @@ pub(crate) fn backstop_poll(only: Option<usize>) {
     let Ok(region) = &g.region else {
         return;
     };
-    let p = state::proc_state();
+    let p = state::holdings();
     let Some(slot) = p.slot() else {
         return;
     };

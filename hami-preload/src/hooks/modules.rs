@@ -1,13 +1,13 @@
 //! Hooks of modules and libraries (eager and lazy loading), function lookups and kernel
-//! launches: module memory is measured where it arrives and charged ([`crate::modules`]).
+//! launches: module memory is measured where it arrives and charged ([`crate::module_memory`]).
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::{backstop_poll, finish, report_denial};
-use crate::context::measure::{current_dev_ctx, meter};
 use crate::cuda::*;
 use crate::images::{self, EstimateError};
-use crate::modules::{Claim, Estimate, Stage};
+use crate::measure::{current_dev_ctx, meter};
+use crate::module_memory::{Claim, Estimate, Stage};
 use crate::policy::ContextCost;
 use crate::shim::{enter, hook};
 use crate::state::{self, ProcLedger};
@@ -38,7 +38,7 @@ fn eager_loading() -> bool {
             return v.trim().eq_ignore_ascii_case("EAGER");
         }
         // SAFETY: documented type.
-        let Some(f) = (unsafe { symbols::cu::<FnDriverGetVersion>(Cu::DriverGetVersion) }) else {
+        let Some(f) = (unsafe { symbols::cu::<FnDriverGetVersion>(Cu::cuDriverGetVersion) }) else {
             return true;
         };
         let mut v: c_int = 0;
@@ -51,7 +51,7 @@ fn eager_loading() -> bool {
 fn device_sm(dev: usize) -> u32 {
     images::device_sm(dev, |attr| {
         // SAFETY: documented type.
-        let f = unsafe { symbols::cu::<FnDeviceGetAttribute>(Cu::DeviceGetAttribute) }?;
+        let f = unsafe { symbols::cu::<FnDeviceGetAttribute>(Cu::cuDeviceGetAttribute) }?;
         let mut v: c_int = 0;
         // SAFETY: valid out pointer; `dev` is an ordinal of this process.
         (unsafe { f(&mut v, attr, dev as CUdevice) } == CUDA_SUCCESS).then_some(v)
@@ -180,7 +180,7 @@ fn module_load(
 /// Unloads what a refused load loaded.
 fn unload_module(h: u64) {
     // SAFETY: documented type; the handle the driver just returned.
-    if let Some(f) = unsafe { symbols::cu::<FnModuleUnload>(Cu::ModuleUnload) } {
+    if let Some(f) = unsafe { symbols::cu::<FnModuleUnload>(Cu::cuModuleUnload) } {
         // SAFETY: as above.
         unsafe { f(h as CUmodule) };
     }
@@ -189,7 +189,7 @@ fn unload_module(h: u64) {
 /// Unloads what a refused library load loaded.
 fn unload_library(h: u64) {
     // SAFETY: documented type; the handle the driver just returned.
-    if let Some(f) = unsafe { symbols::cu::<FnLibraryUnload>(Cu::LibraryUnload) } {
+    if let Some(f) = unsafe { symbols::cu::<FnLibraryUnload>(Cu::cuLibraryUnload) } {
         // SAFETY: as above.
         unsafe { f(h as CUlibrary) };
     }
@@ -198,7 +198,7 @@ fn unload_library(h: u64) {
 /// The first lookup or launch of `owner`'s functions (of a module; of a library, in each
 /// context): what its image's statics need admitted first (refused:
 /// `CUDA_ERROR_OUT_OF_MEMORY`, `real` not called), then measured around `real` and charged
-/// ([`crate::modules::ModuleTable::charge_stage`]); every later one just calls `real`.
+/// ([`crate::module_memory::ModuleTable::charge_stage`]); every later one just calls `real`.
 fn first_use(what: &str, owner: u64, stage: Stage, real: impl FnOnce() -> CUresult) -> CUresult {
     let l = ProcLedger::current();
     let Ok((dev, ctx)) = current_dev_ctx() else {
@@ -255,7 +255,7 @@ fn first_use(what: &str, owner: u64, stage: Stage, real: impl FnOnce() -> CUresu
 
 hook! {
     /// Hook of `cuModuleLoad`.
-    fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) = Cu::ModuleLoad as FnModuleLoad;
+    fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         module_load(
@@ -274,7 +274,7 @@ hook! {
     fn cuModuleLoadData(
         module: *mut CUmodule,
         image: *const c_void,
-    ) = Cu::ModuleLoadData as FnModuleLoadData;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         module_load(
@@ -296,7 +296,7 @@ hook! {
         num_options: c_uint,
         options: *mut c_int,
         values: *mut *mut c_void,
-    ) = Cu::ModuleLoadDataEx as FnModuleLoadDataEx;
+    ) -> CUresult;
     |f| {
         module_load(
             "cuModuleLoadDataEx",
@@ -315,7 +315,7 @@ hook! {
     fn cuModuleLoadFatBinary(
         module: *mut CUmodule,
         fat_cubin: *const c_void,
-    ) = Cu::ModuleLoadFatBinary as FnModuleLoadData;
+    ) -> CUresult;
     |f| {
         module_load(
             "cuModuleLoadFatBinary",
@@ -331,7 +331,7 @@ hook! {
 
 hook! {
     /// Hook of `cuModuleUnload`.
-    fn cuModuleUnload(module: CUmodule) = Cu::ModuleUnload as FnModuleUnload;
+    fn cuModuleUnload(module: CUmodule) -> CUresult;
     |f| {
         let l = ProcLedger::current();
         // Its functions' handles may be reused: their local sizes are read again.
@@ -353,7 +353,7 @@ hook! {
         lib_options: *mut c_int,
         lib_values: *mut *mut c_void,
         num_lib: c_uint,
-    ) = Cu::LibraryLoadData as FnLibraryLoadData;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe {
@@ -384,7 +384,7 @@ hook! {
         lib_options: *mut c_int,
         lib_values: *mut *mut c_void,
         num_lib: c_uint,
-    ) = Cu::LibraryLoadFromFile as FnLibraryLoadFromFile;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe {
@@ -406,7 +406,7 @@ hook! {
 
 hook! {
     /// Hook of `cuLibraryUnload`.
-    fn cuLibraryUnload(library: CUlibrary) = Cu::LibraryUnload as FnLibraryUnload;
+    fn cuLibraryUnload(library: CUlibrary) -> CUresult;
     |f| {
         let l = ProcLedger::current();
         // Its functions' handles may be reused: their local sizes are read again.
@@ -423,7 +423,7 @@ hook! {
         func: *mut CUfunction,
         module: CUmodule,
         name: *const c_char,
-    ) = Cu::ModuleGetFunction as FnModuleGetFunction;
+    ) -> CUresult;
     |f| {
         let owner = module as u64;
         // SAFETY: forwarded arguments.
@@ -433,7 +433,7 @@ hook! {
         if r == CUDA_SUCCESS && !func.is_null() {
             // SAFETY: written by the driver on success.
             let h = unsafe { *func } as u64;
-            state::proc_state().modules.note_function(h, owner);
+            state::holdings().modules.note_function(h, owner);
         }
         r
     }
@@ -446,14 +446,14 @@ hook! {
         kernel: *mut CUkernel,
         library: CUlibrary,
         name: *const c_char,
-    ) = Cu::LibraryGetKernel as FnLibraryGetKernel;
+    ) -> CUresult;
     observe |f| {
         // SAFETY: forwarded arguments.
         let r = unsafe { f(kernel, library, name) };
         if r == CUDA_SUCCESS && !kernel.is_null() && enter().is_some() {
             // SAFETY: written by the driver on success.
             let k = unsafe { *kernel } as u64;
-            state::proc_state().modules.note_function(k, library as u64);
+            state::holdings().modules.note_function(k, library as u64);
         }
         r
     }
@@ -465,9 +465,9 @@ hook! {
     fn cuKernelGetFunction(
         func: *mut CUfunction,
         kernel: CUkernel,
-    ) = Cu::KernelGetFunction as FnKernelGetFunction;
+    ) -> CUresult;
     |f| {
-        let p = state::proc_state();
+        let p = state::holdings();
         let Some(owner) = p.modules.owner_of(kernel as u64) else {
             // SAFETY: forwarded arguments.
             return unsafe { f(func, kernel) };
@@ -492,7 +492,7 @@ hook! {
         bytes: *mut usize,
         module: CUmodule,
         name: *const c_char,
-    ) = Cu::ModuleGetGlobalV2 as FnModuleGetGlobal;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         first_use("cuModuleGetGlobal_v2", module as u64, Stage::Lookup, || unsafe {
@@ -508,7 +508,7 @@ hook! {
         bytes: *mut usize,
         library: CUlibrary,
         name: *const c_char,
-    ) = Cu::LibraryGetGlobal as FnModuleGetGlobal;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         first_use("cuLibraryGetGlobal", library as u64, Stage::Lookup, || unsafe {
@@ -522,7 +522,7 @@ hook! {
     fn cuLibraryGetModule(
         module: *mut CUmodule,
         library: CUlibrary,
-    ) = Cu::LibraryGetModule as FnLibraryGetModule;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         first_use("cuLibraryGetModule", library as u64, Stage::Lookup, || unsafe {
@@ -548,15 +548,15 @@ pub(crate) fn launch(
         return refused;
     }
     let real = super::limits::after_launch(real);
-    let ticket = crate::gate::enter(stream, ptsz);
+    let ticket = super::launch::gate_enter(stream, ptsz);
     let r = launch_measured(what, func, real);
-    crate::gate::leave(ticket, r)
+    super::launch::gate_leave(ticket, r)
 }
 
 /// [`launch`] without the local-memory check and the gate: the first launch of each module's
 /// kernels is measured; otherwise (the usual case) one atomic load and the call.
 fn launch_measured(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult) -> CUresult {
-    let p = state::proc_state();
+    let p = state::holdings();
     if !p.modules.any_unlaunched() {
         return real();
     }
@@ -590,7 +590,7 @@ hook! {
         stream: CUstream,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
-    ) = Cu::LaunchKernel as FnLaunchKernel;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
@@ -612,7 +612,7 @@ hook! {
         stream: CUstream,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
-    ) = Cu::LaunchKernelPtsz as FnLaunchKernel;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
@@ -627,7 +627,7 @@ hook! {
         func: CUfunction,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
-    ) = Cu::LaunchKernelEx as FnLaunchKernelEx;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(config, func, params, extra) };
@@ -642,7 +642,7 @@ hook! {
         func: CUfunction,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
-    ) = Cu::LaunchKernelExPtsz as FnLaunchKernelEx;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(config, func, params, extra) };

@@ -7,9 +7,9 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its NVML function.
 
-use crate::context::nvml::nvml_ordinal;
 use crate::cuda::*;
 use crate::hostpid;
+use crate::measure::nvml::nvml_ordinal;
 use crate::proclist::{self, ListKind, Member, ProcEntry, Reading, Reply, NO_INSTANCE};
 use crate::shim::hook;
 use crate::state;
@@ -96,10 +96,6 @@ pub struct nvmlProcessDetailList_v1_t {
 pub const NVML_PROCESS_DETAIL_LIST_V1: c_uint =
     (std::mem::size_of::<nvmlProcessDetailList_v1_t>() as c_uint) | (1 << 24);
 
-/// `nvmlDeviceGetRunningProcessDetailList`.
-pub type FnNvmlDetailList =
-    unsafe extern "C" fn(nvmlDevice_t, *mut nvmlProcessDetailList_v1_t) -> nvmlReturn_t;
-
 impl Entry for nvmlProcessDetail_v1_t {
     fn get(&self) -> ProcEntry {
         ProcEntry {
@@ -150,7 +146,10 @@ fn driver_list<T: Entry>(
 /// Host pids in the real compute list of `device` (`_v3`, else `_v2`, else the v1 name);
 /// `None` when it cannot be read. For [`hostpid`].
 pub(crate) fn driver_host_pids(device: nvmlDevice_t) -> Option<Vec<u32>> {
-    for sym in [Nv::ProcsV3, Nv::ProcsV2] {
+    for sym in [
+        Nv::nvmlDeviceGetComputeRunningProcesses_v3,
+        Nv::nvmlDeviceGetComputeRunningProcesses_v2,
+    ] {
         // SAFETY: `_v3` and `_v2` both take `nvmlProcessInfo_v2_t` entries.
         if let Some(f) = unsafe { symbols::nv::<FnNvmlProcsV2>(sym) } {
             let call = |n: *mut c_uint, buf: *mut nvmlProcessInfo_v2_t| {
@@ -163,7 +162,7 @@ pub(crate) fn driver_host_pids(device: nvmlDevice_t) -> Option<Vec<u32>> {
         }
     }
     // SAFETY: the v1 name takes `nvmlProcessInfo_v1_t` entries.
-    let f = unsafe { symbols::nv::<FnNvmlProcsV1>(Nv::ProcsV1) }?;
+    let f = unsafe { symbols::nv::<FnNvmlProcsV1>(Nv::nvmlDeviceGetComputeRunningProcesses) }?;
     // SAFETY: a handle from NVML; `buf` holds `*n` entries.
     driver_list(|n, buf: *mut nvmlProcessInfo_v1_t| unsafe { f(device, n, buf) })
         .ok()
@@ -291,7 +290,7 @@ hook! {
     fn nvmlDeviceGetRunningProcessDetailList(
         device: nvmlDevice_t,
         plist: *mut nvmlProcessDetailList_v1_t,
-    ) = Nv::DetailList as FnNvmlDetailList;
+    ) -> nvmlReturn_t;
     |f| {
         if plist.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -337,7 +336,7 @@ hook! {
 }
 
 macro_rules! list_hooks {
-    ($($(#[$doc:meta])* $name:ident = $sym:ident, $kind:ident, $entry:ty, $fty:ty;)*) => {
+    ($($(#[$doc:meta])* $name:ident = $kind:ident, $entry:ty;)*) => {
         $(
             hook! {
                 $(#[$doc])*
@@ -345,7 +344,7 @@ macro_rules! list_hooks {
                     device: nvmlDevice_t,
                     info_count: *mut c_uint,
                     infos: *mut $entry,
-                ) = Nv::$sym as $fty;
+                ) -> nvmlReturn_t;
                 |f| {
                     list(ListKind::$kind, f, device, info_count, infos)
                 }
@@ -356,21 +355,21 @@ macro_rules! list_hooks {
 
 list_hooks! {
     /// Hook of `nvmlDeviceGetComputeRunningProcesses` (v1 entries): the container's processes.
-    nvmlDeviceGetComputeRunningProcesses = ProcsV1, Compute, nvmlProcessInfo_v1_t, FnNvmlProcsV1;
+    nvmlDeviceGetComputeRunningProcesses = Compute, nvmlProcessInfo_v1_t;
     /// Hook of `nvmlDeviceGetComputeRunningProcesses_v2`: the container's processes.
-    nvmlDeviceGetComputeRunningProcesses_v2 = ProcsV2, Compute, nvmlProcessInfo_v2_t, FnNvmlProcsV2;
+    nvmlDeviceGetComputeRunningProcesses_v2 = Compute, nvmlProcessInfo_v2_t;
     /// Hook of `nvmlDeviceGetComputeRunningProcesses_v3`: the container's processes.
-    nvmlDeviceGetComputeRunningProcesses_v3 = ProcsV3, Compute, nvmlProcessInfo_v2_t, FnNvmlProcsV2;
+    nvmlDeviceGetComputeRunningProcesses_v3 = Compute, nvmlProcessInfo_v2_t;
     /// Hook of `nvmlDeviceGetGraphicsRunningProcesses` (v1 entries): the container's processes.
-    nvmlDeviceGetGraphicsRunningProcesses = GraphicsV1, Graphics, nvmlProcessInfo_v1_t, FnNvmlProcsV1;
+    nvmlDeviceGetGraphicsRunningProcesses = Graphics, nvmlProcessInfo_v1_t;
     /// Hook of `nvmlDeviceGetGraphicsRunningProcesses_v2`: the container's processes.
-    nvmlDeviceGetGraphicsRunningProcesses_v2 = GraphicsV2, Graphics, nvmlProcessInfo_v2_t, FnNvmlProcsV2;
+    nvmlDeviceGetGraphicsRunningProcesses_v2 = Graphics, nvmlProcessInfo_v2_t;
     /// Hook of `nvmlDeviceGetGraphicsRunningProcesses_v3`: the container's processes.
-    nvmlDeviceGetGraphicsRunningProcesses_v3 = GraphicsV3, Graphics, nvmlProcessInfo_v2_t, FnNvmlProcsV2;
+    nvmlDeviceGetGraphicsRunningProcesses_v3 = Graphics, nvmlProcessInfo_v2_t;
     /// Hook of `nvmlDeviceGetMPSComputeRunningProcesses` (v1 entries): the container's clients.
-    nvmlDeviceGetMPSComputeRunningProcesses = MpsV1, Mps, nvmlProcessInfo_v1_t, FnNvmlProcsV1;
+    nvmlDeviceGetMPSComputeRunningProcesses = Mps, nvmlProcessInfo_v1_t;
     /// Hook of `nvmlDeviceGetMPSComputeRunningProcesses_v2`: the container's clients.
-    nvmlDeviceGetMPSComputeRunningProcesses_v2 = MpsV2, Mps, nvmlProcessInfo_v2_t, FnNvmlProcsV2;
+    nvmlDeviceGetMPSComputeRunningProcesses_v2 = Mps, nvmlProcessInfo_v2_t;
     /// Hook of `nvmlDeviceGetMPSComputeRunningProcesses_v3`: the container's clients.
-    nvmlDeviceGetMPSComputeRunningProcesses_v3 = MpsV3, Mps, nvmlProcessInfo_v2_t, FnNvmlProcsV2;
+    nvmlDeviceGetMPSComputeRunningProcesses_v3 = Mps, nvmlProcessInfo_v2_t;
 }

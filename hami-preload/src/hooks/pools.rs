@@ -1,15 +1,15 @@
 //! Hooks of stream-ordered pools and of synchronisations: `cuMemAllocAsync` /
 //! `cuMemAllocFromPoolAsync` (and `_ptsz`) charge what the pool reserves
-//! ([`crate::pools`]); pool creation, destruction, trims and attributes, and every
+//! ([`crate::pool_reservations`]); pool creation, destruction, trims and attributes, and every
 //! synchronisation (where a pool may give memory back), keep that charge current.
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::{alloc_ptr, backstop_poll, backstop_tick, finish, release};
 use crate::accounting::KeySpace;
-use crate::context::measure::current_dev_ctx;
 use crate::cuda::*;
-use crate::pools::{PoolAlloc, PoolReading};
+use crate::measure::current_dev_ctx;
+use crate::pool_reservations::{PoolAlloc, PoolReading};
 use crate::shim::{enter, hook};
 use crate::state::{self, ProcLedger};
 use crate::symbols::{self, Cu};
@@ -19,7 +19,7 @@ use std::ffi::{c_int, c_void};
 /// One `cuuint64_t` attribute of a pool (real `cuMemPoolGetAttribute`).
 fn pool_attr(pool: u64, attr: c_int) -> Option<u64> {
     // SAFETY: documented type.
-    let get = unsafe { symbols::cu::<FnMemPoolAttribute>(Cu::MemPoolGetAttribute) }?;
+    let get = unsafe { symbols::cu::<FnMemPoolAttribute>(Cu::cuMemPoolGetAttribute) }?;
     let mut v: u64 = 0;
     // SAFETY: a `cuuint64_t` attribute and a valid out pointer.
     let r = unsafe { get(pool as CUmemoryPool, attr, (&mut v as *mut u64).cast()) };
@@ -38,7 +38,7 @@ pub(crate) fn read_pool(pool: u64) -> Option<PoolReading> {
 /// default stream for a `_ptsz` call on the NULL stream). Unknown counts as not capturing.
 fn capturing(stream: CUstream, ptsz: bool) -> bool {
     // SAFETY: documented type.
-    let Some(f) = (unsafe { symbols::cu::<FnStreamIsCapturing>(Cu::StreamIsCapturing) }) else {
+    let Some(f) = (unsafe { symbols::cu::<FnStreamIsCapturing>(Cu::cuStreamIsCapturing) }) else {
         return false;
     };
     let s = if ptsz && stream.is_null() {
@@ -55,7 +55,7 @@ fn capturing(stream: CUstream, ptsz: bool) -> bool {
 /// The current pool of device `dev` (`cuDeviceGetMemPool`).
 fn current_pool(dev: usize) -> Option<u64> {
     // SAFETY: documented type.
-    let f = unsafe { symbols::cu::<FnDeviceGetMemPool>(Cu::DeviceGetMemPool) }?;
+    let f = unsafe { symbols::cu::<FnDeviceGetMemPool>(Cu::cuDeviceGetMemPool) }?;
     let mut p: CUmemoryPool = std::ptr::null_mut();
     // SAFETY: valid out pointer.
     (unsafe { f(&mut p, dev as CUdevice) } == CUDA_SUCCESS && !p.is_null()).then_some(p as u64)
@@ -65,9 +65,9 @@ fn current_pool(dev: usize) -> Option<u64> {
 /// that stream, trims the pool to `keep` bytes.
 fn undo_pool_alloc(ptr: u64, stream: CUstream, ptsz: bool, pool: u64, keep: u64) {
     let (free_sym, sync_sym) = if ptsz {
-        (Cu::MemFreeAsyncPtsz, Cu::StreamSynchronizePtsz)
+        (Cu::cuMemFreeAsync_ptsz, Cu::cuStreamSynchronize_ptsz)
     } else {
-        (Cu::MemFreeAsync, Cu::StreamSynchronize)
+        (Cu::cuMemFreeAsync, Cu::cuStreamSynchronize)
     };
     // SAFETY: documented types; the pointer the driver just returned, the caller's stream.
     unsafe {
@@ -77,14 +77,14 @@ fn undo_pool_alloc(ptr: u64, stream: CUstream, ptsz: bool, pool: u64, keep: u64)
         if let Some(sync) = symbols::cu::<FnStreamSynchronize>(sync_sym) {
             sync(stream);
         }
-        if let Some(trim) = symbols::cu::<FnMemPoolTrimTo>(Cu::MemPoolTrimTo) {
+        if let Some(trim) = symbols::cu::<FnMemPoolTrimTo>(Cu::cuMemPoolTrimTo) {
             trim(pool as CUmemoryPool, keep as usize);
         }
     }
 }
 
 /// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool`), `_ptsz` variants (`ptsz`): the
-/// pool's reservation is charged ([`crate::pools`]). During stream capture the memory comes
+/// pool's reservation is charged ([`crate::pool_reservations`]). During stream capture the memory comes
 /// from the graph's pool, not this one: the allocation is charged itself, as data. A driver
 /// that cannot describe its pools gets the same per-allocation charge.
 ///
@@ -162,7 +162,7 @@ hook! {
     fn cuMemPoolCreate(
         pool: *mut CUmemoryPool,
         props: *const CUmemPoolPropsHead,
-    ) = Cu::MemPoolCreate as FnMemPoolCreate;
+    ) -> CUresult;
     observe |f| {
         // SAFETY: forwarded arguments.
         let r = unsafe { f(pool, props) };
@@ -170,7 +170,7 @@ hook! {
             // SAFETY: non-null: the caller's properties and the handle the driver wrote.
             let (loc, p) = unsafe { ((*props).location, *pool) };
             if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE && loc.id >= 0 {
-                state::proc_state()
+                state::holdings()
                     .pools
                     .note_device(p as u64, loc.id as usize);
             }
@@ -183,9 +183,7 @@ fn note_pool_of(pool: *mut CUmemoryPool, dev: CUdevice, r: CUresult) -> CUresult
     if r == CUDA_SUCCESS && !pool.is_null() && dev >= 0 && (dev as usize) < MAX_DEVICES {
         // SAFETY: non-null, written by the driver.
         let p = unsafe { *pool };
-        state::proc_state()
-            .pools
-            .note_device(p as u64, dev as usize);
+        state::holdings().pools.note_device(p as u64, dev as usize);
     }
     r
 }
@@ -195,7 +193,7 @@ hook! {
     fn cuDeviceGetDefaultMemPool(
         pool: *mut CUmemoryPool,
         dev: CUdevice,
-    ) = Cu::DeviceGetDefaultMemPool as FnDeviceGetMemPool;
+    ) -> CUresult;
     observe |f| {
         // SAFETY: forwarded arguments.
         note_pool_of(pool, dev, unsafe { f(pool, dev) })
@@ -207,7 +205,7 @@ hook! {
     fn cuDeviceGetMemPool(
         pool: *mut CUmemoryPool,
         dev: CUdevice,
-    ) = Cu::DeviceGetMemPool as FnDeviceGetMemPool;
+    ) -> CUresult;
     observe |f| {
         // SAFETY: forwarded arguments.
         note_pool_of(pool, dev, unsafe { f(pool, dev) })
@@ -217,7 +215,7 @@ hook! {
 hook! {
     /// Hook of `cuMemPoolDestroy`: its unused memory is uncharged; outstanding allocations stay
     /// charged until freed.
-    fn cuMemPoolDestroy(pool: CUmemoryPool) = Cu::MemPoolDestroy as FnMemPoolDestroy;
+    fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult;
     |f| {
         let l = ProcLedger::current();
         // SAFETY: forwarded argument.
@@ -227,7 +225,7 @@ hook! {
 
 hook! {
     /// Hook of `cuMemPoolTrimTo`: the pool's reservation is re-read afterwards.
-    fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) = Cu::MemPoolTrimTo as FnMemPoolTrimTo;
+    fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         let r = unsafe { f(pool, keep) };
@@ -246,14 +244,14 @@ hook! {
         pool: CUmemoryPool,
         attr: c_int,
         value: *mut c_void,
-    ) = Cu::MemPoolSetAttribute as FnMemPoolAttribute;
+    ) -> CUresult;
     observe |f| {
         // SAFETY: forwarded arguments.
         let r = unsafe { f(pool, attr, value) };
         if r == CUDA_SUCCESS && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD && !value.is_null() {
             // SAFETY: the driver accepted it as the attribute's `cuuint64_t`.
             let v = unsafe { (value as *const u64).read_unaligned() };
-            state::proc_state().pools.set_threshold(pool as u64, v);
+            state::holdings().pools.set_threshold(pool as u64, v);
         }
         r
     }
@@ -265,8 +263,8 @@ hook! {
 /// memory back; the backstop may be due; the launch gate debits what completed.
 fn after_sync(r: CUresult) -> CUresult {
     if r == CUDA_SUCCESS {
-        crate::gate::on_sync();
-        let p = state::proc_state();
+        super::launch::gate_on_sync();
+        let p = state::holdings();
         if p.pools.any_releasable() {
             let l = ProcLedger::current();
             p.pools.refresh_releasable(&l, &read_pool);
@@ -277,10 +275,10 @@ fn after_sync(r: CUresult) -> CUresult {
 }
 
 macro_rules! sync_hook {
-    ($(#[$doc:meta])* $name:ident, $sym:ident, $ty:ty, ($($arg:ident: $aty:ty),*)) => {
+    ($(#[$doc:meta])* $name:ident($($arg:ident: $aty:ty),*)) => {
         hook! {
             $(#[$doc])*
-            fn $name($($arg: $aty),*) = Cu::$sym as $ty;
+            fn $name($($arg: $aty),*) -> CUresult;
             |f| {
                 // SAFETY: forwarded arguments.
                 after_sync(unsafe { f($($arg),*) })
@@ -291,21 +289,21 @@ macro_rules! sync_hook {
 
 sync_hook!(
     /// Hook of `cuStreamSynchronize`.
-    cuStreamSynchronize, StreamSynchronize, FnStreamSynchronize, (stream: CUstream)
+    cuStreamSynchronize(stream: CUstream)
 );
 sync_hook!(
     /// Hook of `cuStreamSynchronize_ptsz`.
-    cuStreamSynchronize_ptsz, StreamSynchronizePtsz, FnStreamSynchronize, (stream: CUstream)
+    cuStreamSynchronize_ptsz(stream: CUstream)
 );
 sync_hook!(
     /// Hook of `cuCtxSynchronize`.
-    cuCtxSynchronize, CtxSynchronize, FnCtxSynchronize, ()
+    cuCtxSynchronize()
 );
 sync_hook!(
     /// Hook of `cuCtxSynchronize_v2` (CUDA 13).
-    cuCtxSynchronize_v2, CtxSynchronizeV2, FnCtxSynchronizeV2, (ctx: CUcontext)
+    cuCtxSynchronize_v2(ctx: CUcontext)
 );
 sync_hook!(
     /// Hook of `cuEventSynchronize`.
-    cuEventSynchronize, EventSynchronize, FnEventSynchronize, (event: CUevent)
+    cuEventSynchronize(event: CUevent)
 );

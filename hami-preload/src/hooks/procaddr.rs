@@ -5,7 +5,7 @@
 
 use crate::cuda::*;
 use crate::shim::hook;
-use crate::symbols::{self, Cu, CUDA};
+use crate::symbols::{Cu, CUDA};
 use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// After a successful real `cuGetProcAddress*`: hand out our hook instead of the real
@@ -23,7 +23,7 @@ unsafe fn fix_pfn(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int) 
     };
     // SAFETY: non-null, written by the driver.
     let addr = unsafe { *pfn };
-    if let Some(h) = symbols::cu_hook_for_real(lib, addr) {
+    if let Some(h) = super::table::cu_hook_for_real(lib, addr) {
         // SAFETY: as above.
         unsafe { *pfn = h };
         return;
@@ -32,9 +32,9 @@ unsafe fn fix_pfn(symbol: *const c_char, pfn: *mut *mut c_void, version: c_int) 
         // SAFETY: non-null C string from the caller.
         if unsafe { CStr::from_ptr(symbol) }.to_bytes() == b"cuGetProcAddress" {
             let ours = if version >= 12000 {
-                symbols::cu_hook_addr(Cu::GetProcAddressV2 as usize)
+                super::table::cu_hook_addr(Cu::cuGetProcAddress_v2 as usize)
             } else {
-                symbols::cu_hook_addr(Cu::GetProcAddress as usize)
+                super::table::cu_hook_addr(Cu::cuGetProcAddress as usize)
             };
             // SAFETY: as above.
             unsafe { *pfn = ours };
@@ -49,7 +49,7 @@ hook! {
         pfn: *mut *mut c_void,
         version: c_int,
         flags: u64,
-    ) = Cu::GetProcAddress as FnGetProcAddress;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         let r = unsafe { f(symbol, pfn, version, flags) };
@@ -69,7 +69,7 @@ hook! {
         version: c_int,
         flags: u64,
         status: *mut c_int,
-    ) = Cu::GetProcAddressV2 as FnGetProcAddressV2;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         let r = unsafe { f(symbol, pfn, version, flags, status) };

@@ -3,9 +3,9 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use crate::context::measure::current_dev_ctx;
-use crate::context::nvml::nvml_ordinal;
 use crate::cuda::*;
+use crate::measure::current_dev_ctx;
+use crate::measure::nvml::nvml_ordinal;
 use crate::policy::{self, DeviceQuota};
 use crate::shim::hook;
 use crate::state::{self};
@@ -36,7 +36,7 @@ fn quota(dev: usize) -> Option<DeviceQuota> {
 
 hook! {
     /// Hook of `cuMemGetInfo_v2`: the quota of the current context's device.
-    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) = Cu::MemGetInfoV2 as FnMemGetInfo;
+    fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult;
     |f| {
         if free.is_null() || total.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
@@ -67,7 +67,7 @@ hook! {
     fn cuDeviceTotalMem_v2(
         bytes: *mut usize,
         dev: CUdevice,
-    ) = Cu::DeviceTotalMemV2 as FnDeviceTotalMem;
+    ) -> CUresult;
     |f| {
         if bytes.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
@@ -101,7 +101,7 @@ fn nvml_view(device: nvmlDevice_t, free: &mut u64, total: &mut u64, used: &mut u
 
 hook! {
     /// Hook of `nvmlDeviceGetMemoryInfo`: the quota of the matching CUDA device.
-    fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) = Nv::MemInfo as FnNvmlMemInfo;
+    fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t) -> nvmlReturn_t;
     |f| {
         if memory.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;
@@ -119,7 +119,7 @@ hook! {
 
 hook! {
     /// Hook of `nvmlDeviceGetMemoryInfo_v2`: the quota of the matching CUDA device.
-    fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) = Nv::MemInfoV2 as FnNvmlMemInfoV2;
+    fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) -> nvmlReturn_t;
     |f| {
         if memory.is_null() {
             return NVML_ERROR_INVALID_ARGUMENT;

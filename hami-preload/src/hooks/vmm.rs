@@ -54,7 +54,7 @@ hook! {
         offset: usize,
         handle: CUmemGenericAllocationHandle,
         flags: u64,
-    ) = Cu::MemMap as FnMemMap;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         let r = unsafe { f(ptr, size, offset, handle, flags) };
@@ -70,7 +70,7 @@ hook! {
 
 hook! {
     /// Hook of `cuMemUnmap`: the last mapping of a released handle takes its charge.
-    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) = Cu::MemUnmap as FnMemUnmap;
+    fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         let r = unsafe { f(ptr, size) };
@@ -83,7 +83,7 @@ hook! {
 
 hook! {
     /// Hook of `cuMemAddressFree`: mappings left in the range go with it.
-    fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) = Cu::MemAddressFree as FnMemUnmap;
+    fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         let r = unsafe { f(ptr, size) };
@@ -99,7 +99,7 @@ hook! {
     fn cuMemRetainAllocationHandle(
         handle: *mut CUmemGenericAllocationHandle,
         addr: *mut c_void,
-    ) = Cu::MemRetainAllocationHandle as FnMemRetainAllocationHandle;
+    ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
         let r = unsafe { f(handle, addr) };

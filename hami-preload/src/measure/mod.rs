@@ -1,27 +1,31 @@
 //! Measuring context and module memory against the real driver and NVML: the [`Meter`] the
-//! context hooks hand to [`super::ContextTable`] (NVML readings, the driver's own
+//! context hooks hand to [`crate::context::ContextTable`] (NVML readings, the driver's own
 //! `cuMemGetInfo_v2` through a given context, the region's charges, the region-wide
 //! context-creation lock), the current context and its device, and the log line that says
-//! how a context was charged.
+//! how a context was charged. [`nvml`]: NVML device handles and readings.
+//!
+//! Above [`crate::state`] (it reads the process's tables and the region), below the hooks.
 
-use super::admit::Footprint;
-use super::lock::{self, CtxLock};
-use super::nvml::{nvml_own_used, nvml_ready, nvml_used};
-use super::{ContextOutcome, Held, Meter};
+pub mod nvml;
+
+use crate::context::admit::Footprint;
+use crate::context::lock::{self, CtxLock};
+use crate::context::{ContextOutcome, Held, Meter};
 use crate::cuda::*;
 use crate::policy::ContextCost;
 use crate::state::{self, ProcLedger};
 use crate::symbols::{self, Cu};
+use nvml::{nvml_own_used, nvml_ready, nvml_used};
 
 /// The current context's device and the context itself. The device comes from the process's
-/// context → device cache when it can (see [`super::cache`]), else from `cuCtxGetDevice`.
+/// context → device cache when it can (see [`crate::ctx_devices`]), else from `cuCtxGetDevice`.
 pub(crate) fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
-    let cache = &state::proc_state().accounts.ctx_devices;
+    let cache = &state::holdings().accounts.ctx_devices;
     // Before asking the driver: a context destroyed after this point is not cached.
     let token = cache.token();
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: documented type; valid out pointer.
-    if let Some(f) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::CtxGetCurrent) } {
+    if let Some(f) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::cuCtxGetCurrent) } {
         // SAFETY: valid out pointer.
         if unsafe { f(&mut ctx) } != CUDA_SUCCESS {
             ctx = std::ptr::null_mut();
@@ -33,7 +37,7 @@ pub(crate) fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
     }
     // SAFETY: documented types.
     let get_dev =
-        unsafe { symbols::cu::<FnCtxGetDevice>(Cu::CtxGetDevice) }.ok_or(CUDA_ERROR_NOT_FOUND)?;
+        unsafe { symbols::cu::<FnCtxGetDevice>(Cu::cuCtxGetDevice) }.ok_or(CUDA_ERROR_NOT_FOUND)?;
     let mut dev: CUdevice = 0;
     // SAFETY: valid out pointer.
     let r = unsafe { get_dev(&mut dev) };
@@ -45,7 +49,7 @@ pub(crate) fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
     Ok((dev, ctx))
 }
 
-/// Takes the region-wide context-creation lock (see [`super::lock`]). When no
+/// Takes the region-wide context-creation lock (see [`crate::context::lock`]). When no
 /// measurement is possible (neither NVML nor the driver's `cuMemGetInfo_v2`) there is
 /// nothing to protect: no lock (it would only serialize context creation across the
 /// region's processes).
@@ -92,7 +96,7 @@ fn region_data(dev: usize) -> u64 {
         .flat_map(|u| kinds.iter().map(move |&k| u[k]))
         .fold(0u64, u64::saturating_add)
         // This process's limit memory on the device (as in `own_data`).
-        .saturating_add(state::proc_state().limits.on_device(dev))
+        .saturating_add(state::holdings().limits.on_device(dev))
 }
 
 /// Everything every process sharing the region has charged on `dev`, all kinds.
@@ -130,7 +134,7 @@ fn set_footprint(dev: usize, bytes: u64) {
 /// Whether the driver offers `cuMemGetInfo_v2` (the driver-only context measurement).
 fn driver_info_available() -> bool {
     // SAFETY: documented type.
-    unsafe { symbols::cu::<FnMemGetInfo>(Cu::MemGetInfoV2) }.is_some()
+    unsafe { symbols::cu::<FnMemGetInfo>(Cu::cuMemGetInfo_v2) }.is_some()
 }
 
 /// `(free, total)` of `ctx`'s device per the real `cuMemGetInfo_v2`, with `ctx` made
@@ -139,10 +143,10 @@ fn driver_info_available() -> bool {
 /// push is needed; otherwise, without both push and pop, `None`.
 fn driver_info(ctx: usize) -> Option<(u64, u64)> {
     // SAFETY: documented type.
-    let info = unsafe { symbols::cu::<FnMemGetInfo>(Cu::MemGetInfoV2) }?;
+    let info = unsafe { symbols::cu::<FnMemGetInfo>(Cu::cuMemGetInfo_v2) }?;
     let mut cur: CUcontext = std::ptr::null_mut();
     // SAFETY: documented type.
-    if let Some(get) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::CtxGetCurrent) } {
+    if let Some(get) = unsafe { symbols::cu::<FnCtxGetCurrent>(Cu::cuCtxGetCurrent) } {
         // SAFETY: valid out pointer.
         if unsafe { get(&mut cur) } != CUDA_SUCCESS {
             cur = std::ptr::null_mut();
@@ -152,9 +156,9 @@ fn driver_info(ctx: usize) -> Option<(u64, u64)> {
         None
     } else {
         // SAFETY: documented types.
-        let push = unsafe { symbols::cu::<FnCtxPushCurrent>(Cu::CtxPushCurrentV2) }?;
+        let push = unsafe { symbols::cu::<FnCtxPushCurrent>(Cu::cuCtxPushCurrent_v2) }?;
         // SAFETY: documented type.
-        let pop = unsafe { symbols::cu::<FnCtxPopCurrent>(Cu::CtxPopCurrentV2) }?;
+        let pop = unsafe { symbols::cu::<FnCtxPopCurrent>(Cu::cuCtxPopCurrent_v2) }?;
         // SAFETY: a context of this process (the driver checks it).
         if unsafe { push(ctx as CUcontext) } != CUDA_SUCCESS {
             return None;

@@ -1,9 +1,9 @@
 //! What NVML says, read through the real library: device handles found by UUID (so that a
 //! CUDA ordinal and an NVML device are matched however each numbers them), device used memory
 //! and this process's entry in the compute-process lists. The readings behind context and
-//! module measurement ([`super::measure`]) and the NVML memory views of the hooks.
+//! module measurement ([`crate::measure`]) and the NVML memory views of the hooks.
 
-use super::OwnUsage;
+use crate::context::OwnUsage;
 use crate::cuda::*;
 use crate::state;
 use crate::symbols::{self, Cu, Nv};
@@ -19,7 +19,7 @@ static NVML_INIT: OnceLock<bool> = OnceLock::new();
 pub(crate) fn nvml_ready() -> bool {
     *NVML_INIT.get_or_init(|| {
         // SAFETY: documented type.
-        match unsafe { symbols::nv::<FnNvmlInit>(Nv::InitV2) } {
+        match unsafe { symbols::nv::<FnNvmlInit>(Nv::nvmlInit_v2) } {
             // SAFETY: no arguments.
             Some(f) => (unsafe { f() }) == NVML_SUCCESS,
             None => false,
@@ -46,7 +46,7 @@ pub(crate) fn nvml_handle(dev: usize) -> Option<nvmlDevice_t> {
 pub(crate) fn nvml_used(dev: usize) -> Option<u64> {
     let h = nvml_handle(dev)?;
     // SAFETY: documented type.
-    let info = unsafe { symbols::nv::<FnNvmlMemInfo>(Nv::MemInfo) }?;
+    let info = unsafe { symbols::nv::<FnNvmlMemInfo>(Nv::nvmlDeviceGetMemoryInfo) }?;
     let mut m = nvmlMemory_t::default();
     // SAFETY: handle from NVML, valid out pointer.
     (unsafe { info(h, &mut m) } == NVML_SUCCESS).then_some(m.used)
@@ -96,7 +96,10 @@ pub(crate) fn nvml_own_used(dev: usize) -> OwnUsage {
     };
     // SAFETY: no preconditions.
     let pid = unsafe { libc::getpid() } as u32;
-    for sym in [Nv::ProcsV3, Nv::ProcsV2] {
+    for sym in [
+        Nv::nvmlDeviceGetComputeRunningProcesses_v3,
+        Nv::nvmlDeviceGetComputeRunningProcesses_v2,
+    ] {
         // SAFETY: `_v3` and `_v2` both take `nvmlProcessInfo_v2_t` entries.
         if let Some(f) = unsafe { symbols::nv::<FnNvmlProcsV2>(sym) } {
             let r = own_in_list(
@@ -111,7 +114,7 @@ pub(crate) fn nvml_own_used(dev: usize) -> OwnUsage {
         }
     }
     // SAFETY: the v1 name takes `nvmlProcessInfo_v1_t` entries.
-    match unsafe { symbols::nv::<FnNvmlProcsV1>(Nv::ProcsV1) } {
+    match unsafe { symbols::nv::<FnNvmlProcsV1>(Nv::nvmlDeviceGetComputeRunningProcesses) } {
         Some(f) => own_in_list(
             pid,
             // SAFETY: handle from NVML; `buf` holds `*n` entries.
@@ -126,7 +129,8 @@ pub(crate) fn nvml_own_used(dev: usize) -> OwnUsage {
 /// the devices by index comparing `nvmlDeviceGetUUID`.
 fn nvml_handle_for_uuid(uuid: &[u8; 16]) -> Option<nvmlDevice_t> {
     // SAFETY: documented type.
-    if let Some(by_uuid) = unsafe { symbols::nv::<FnNvmlHandleByUuid>(Nv::HandleByUuid) } {
+    let by_uuid = unsafe { symbols::nv::<FnNvmlHandleByUuid>(Nv::nvmlDeviceGetHandleByUUID) };
+    if let Some(by_uuid) = by_uuid {
         let s = std::ffi::CString::new(format_uuid(uuid)).ok()?;
         let mut h: nvmlDevice_t = std::ptr::null_mut();
         // SAFETY: valid C string and out pointer.
@@ -135,9 +139,10 @@ fn nvml_handle_for_uuid(uuid: &[u8; 16]) -> Option<nvmlDevice_t> {
         }
     }
     // SAFETY: documented types.
-    let count = unsafe { symbols::nv::<FnNvmlGetCount>(Nv::GetCountV2) }?;
+    let count = unsafe { symbols::nv::<FnNvmlGetCount>(Nv::nvmlDeviceGetCount_v2) }?;
     // SAFETY: documented type.
-    let by_index = unsafe { symbols::nv::<FnNvmlHandleByIndex>(Nv::HandleByIndexV2) }?;
+    let by_index =
+        unsafe { symbols::nv::<FnNvmlHandleByIndex>(Nv::nvmlDeviceGetHandleByIndex_v2) }?;
     let mut n: c_uint = 0;
     // SAFETY: valid out pointer.
     if unsafe { count(&mut n) } != NVML_SUCCESS {
@@ -156,7 +161,7 @@ fn nvml_handle_for_uuid(uuid: &[u8; 16]) -> Option<nvmlDevice_t> {
 /// The UUID of an NVML device (real `nvmlDeviceGetUUID`).
 pub(crate) fn nvml_uuid(device: nvmlDevice_t) -> Option<[u8; 16]> {
     // SAFETY: documented type.
-    let get_uuid = unsafe { symbols::nv::<FnNvmlGetUuid>(Nv::GetUuid) }?;
+    let get_uuid = unsafe { symbols::nv::<FnNvmlGetUuid>(Nv::nvmlDeviceGetUUID) }?;
     let mut buf = [0 as c_char; 96];
     // SAFETY: buffer and its length.
     if unsafe { get_uuid(device, buf.as_mut_ptr(), buf.len() as c_uint) } != NVML_SUCCESS {
@@ -187,9 +192,9 @@ pub(crate) fn nvml_ordinal(device: nvmlDevice_t) -> Option<usize> {
     if found.is_none() {
         // No CUDA process recorded the UUIDs yet (e.g. nvidia-smi first): ask the driver.
         // SAFETY: documented types.
-        let init = unsafe { symbols::cu::<FnInit>(Cu::Init) };
+        let init = unsafe { symbols::cu::<FnInit>(Cu::cuInit) };
         // SAFETY: documented types.
-        let count = unsafe { symbols::cu::<FnDeviceGetCount>(Cu::DeviceGetCount) };
+        let count = unsafe { symbols::cu::<FnDeviceGetCount>(Cu::cuDeviceGetCount) };
         if let (Some(init), Some(count)) = (init, count) {
             let mut n: c_int = 0;
             // SAFETY: plain calls with valid out pointers.

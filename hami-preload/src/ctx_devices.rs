@@ -16,7 +16,7 @@ use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 
 const ENTRIES: usize = 8;
 
-/// The cache (one per process state).
+/// The cache (one per process, in `Accounts`).
 pub struct CtxDevices {
     seq: AtomicU64,
     ctx: [AtomicUsize; ENTRIES],
