@@ -291,8 +291,12 @@ static int call_row(int k, const u64 *a, int n) {
         x[0] = (uintptr_t)&key, x[1] = (uintptr_t)&ad;
         break;
     case HP_SHAPE_ARRAY3D:
+        need = used = 3, at = 2;
+        ad3.w = a[0], ad3.h = a[1], ad3.d = a[2];
+        x[0] = (uintptr_t)&key, x[1] = (uintptr_t)&ad3;
+        break;
     case HP_SHAPE_MIPMAPPED:
-        need = used = f->shape == HP_SHAPE_ARRAY3D ? 3 : 4, at = need;
+        need = used = 4, at = 3;
         ad3.w = a[0], ad3.h = a[1], ad3.d = a[2];
         x[0] = (uintptr_t)&key, x[1] = (uintptr_t)&ad3, x[2] = a[3];
         break;
@@ -527,7 +531,7 @@ static int run(int argc, char **argv, int i) {
                 fprintf(stderr, "call: %s is not a hooked CUDA function\n", name);
                 return 2;
             }
-            u64 a[8];
+            u64 a[8] = {0};
             int n = 0;
             while (i + 1 < argc && is_call_arg(argv[i + 1]) && n < 8) a[n++] = call_arg(argv[++i], k);
             if (call_row(k, a, n)) return 2;
