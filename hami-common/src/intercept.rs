@@ -15,10 +15,11 @@
 //!   has a program.
 //! * `hami-user`: `probes::PROBED_SYMBOLS` is [`PROBED_NAMES`]; live allocations are keyed by
 //!   [`key_space`]; event names in logs and metrics are [`EventKind::name`].
-//! * tests: the fake driver's `cuGetProcAddress` table, `hprobe.c`'s function tables and
-//!   `hook_tests!` (`hami-preload/tests/hooks/table.rs`), the eBPF smoke test's expected
-//!   symbols (`hami-user/tests/agent/ebpf_smoke.rs`), and `docs/contributing.md`'s worked example
-//!   (`tests::contributing_md_quotes_the_code`).
+//! * tests: `hprobe.c`'s function tables are generated from it
+//!   (`hami-preload/tests/support/header.rs`); the fake driver's `cuGetProcAddress` table and
+//!   `hook_tests!` are checked against it (`hami-preload/tests/hooks/table.rs`), as are the
+//!   eBPF smoke test's expected symbols (`hami-user/tests/agent/ebpf_smoke.rs`) and
+//!   `docs/contributing.md`'s worked example (`tests::contributing_md_quotes_the_code`).
 //!
 //! Adding a function: see `docs/contributing.md`.
 

@@ -10,25 +10,25 @@ mod table;
 
 const VIAS: [&str; 3] = ["direct", "dlsym", "procaddr"];
 
-/// Allocates `kind args` twice under a 1 GiB limit (second one refused), checks the view,
-/// releases, allocates again and leaves without cleanup (`_exit`) so that the region still
-/// shows the live allocation.
-fn check(via: &str, kind: &str, args: &[&str], release: &str, charged: u64) {
+/// Calls `sym args` (hprobe's `call`, which passes them as the row's shape says) twice under
+/// a 1 GiB limit (second one refused), checks the view, releases with `call release`,
+/// allocates again and leaves without cleanup (`_exit`) so that the region still shows the
+/// live allocation.
+fn check(via: &str, sym: &str, args: &[&str], release: &str, charged: u64) {
     let env = Env::new()
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     let mut a = vec!["--via", via];
     for _ in 0..2 {
-        a.push(kind);
+        a.extend_from_slice(&["call", sym]);
         a.extend_from_slice(args);
     }
-    a.push("info");
-    a.push(release);
-    a.push(kind);
+    a.extend_from_slice(&["info", "call", release, "call", sym]);
     a.extend_from_slice(args);
     a.extend_from_slice(&["exit", "0"]);
     let p = env.probe(&a);
-    assert_eq!(p.rcs(), vec![0, OOM, 0, 0, 0], "{via} {kind}: {}", p.dump());
+    assert_eq!(p.rcs(), vec![0, OOM, 0, 0, 0], "{via} {sym}: {}", p.dump());
+    assert_eq!(p.field(3, "sym"), release, "{}", p.dump());
     assert_eq!(
         p.field(2, "total").parse::<u64>().unwrap(),
         GB,
@@ -38,14 +38,14 @@ fn check(via: &str, kind: &str, args: &[&str], release: &str, charged: u64) {
     assert_eq!(
         p.field(2, "free").parse::<u64>().unwrap(),
         GB - charged,
-        "{via} {kind}: {}",
+        "{via} {sym}: {}",
         p.dump()
     );
     let r = env.region();
     assert_eq!(
         r.used(0),
         charged,
-        "{via} {kind}: region usage; {}",
+        "{via} {sym}: region usage; {}",
         p.dump()
     );
     let snap = r.snapshot();
@@ -54,40 +54,45 @@ fn check(via: &str, kind: &str, args: &[&str], release: &str, charged: u64) {
         .iter()
         .filter(|s| s.device_total(0) != 0)
         .collect();
-    assert_eq!(live.len(), 1, "{via} {kind}: one slot holds the usage");
+    assert_eq!(live.len(), 1, "{via} {sym}: one slot holds the usage");
 }
 
-/// One test per line: `test_name: "symbol" "op" [args] "release op" => charged bytes;` runs
-/// hprobe's `op` (which calls `symbol`) the three ways; [`HOOK_TESTED`] lists the symbols,
-/// checked against the table (`table::every_allocating_row_has_a_hook_test`).
+/// One test per line: `test_name: "symbol" [args] "release symbol" => charged bytes;` runs
+/// `call symbol args` and `call release` (hprobe's generic op: a function of an existing
+/// shape needs no C) the three ways; [`HOOK_TESTED`] lists the pairs, checked against the
+/// table (`table::every_allocating_row_has_a_hook_test`).
 macro_rules! hook_tests {
-    ($($name:ident: $sym:literal $kind:literal [$($arg:literal),*] $release:literal => $charged:expr;)*) => {
-        /// The symbols `hook_tests!` covers.
-        const HOOK_TESTED: &[&str] = &[$($sym),*];
+    ($($name:ident: $sym:literal [$($arg:literal),*] $release:literal => $charged:expr;)*) => {
+        /// The (allocation, release) pairs `hook_tests!` covers.
+        const HOOK_TESTED: &[(&str, &str)] = &[$(($sym, $release)),*];
         $(
             #[test]
             fn $name() {
                 for via in VIAS {
-                    check(via, $kind, &[$($arg),*], $release, $charged);
+                    check(via, $sym, &[$($arg),*], $release, $charged);
                 }
             }
         )*
     };
 }
 
+// Arguments after the shape's own: cuMemAllocManaged's flags (1 = CU_MEM_ATTACH_GLOBAL), the
+// pool of cuMemAllocFromPoolAsync (`@pool`: device 0's default pool); streams are 0.
 hook_tests! {
-    mem_alloc: "cuMemAlloc_v2" "alloc" ["600M"] "free" => 600 * MB;
+    mem_alloc: "cuMemAlloc_v2" ["600M"] "cuMemFree_v2" => 600 * MB;
     // 1000 bytes wide rows get a 1024-byte pitch: 1024 * 600K rows = 600 MiB.
-    mem_alloc_pitch: "cuMemAllocPitch_v2" "pitch" ["1000", "600K"] "free" => 600 * MB;
-    mem_alloc_managed: "cuMemAllocManaged" "managed" ["600M"] "free" => 600 * MB;
-    mem_alloc_async: "cuMemAllocAsync" "async" ["600M"] "freeasync" => 600 * MB;
-    mem_alloc_async_ptsz: "cuMemAllocAsync_ptsz" "asyncptsz" ["600M"] "freeasync" => 600 * MB;
-    mem_alloc_from_pool_async: "cuMemAllocFromPoolAsync" "pool" ["600M"] "freeasync" => 600 * MB;
-    mem_alloc_from_pool_async_ptsz: "cuMemAllocFromPoolAsync_ptsz" "poolptsz" ["600M"] "freeasync" => 600 * MB;
-    mem_create: "cuMemCreate" "create" ["600M"] "release" => 600 * MB;
+    mem_alloc_pitch: "cuMemAllocPitch_v2" ["1000", "600K"] "cuMemFree_v2" => 600 * MB;
+    mem_alloc_managed: "cuMemAllocManaged" ["600M", "1"] "cuMemFree_v2" => 600 * MB;
+    mem_alloc_async: "cuMemAllocAsync" ["600M"] "cuMemFreeAsync" => 600 * MB;
+    mem_alloc_async_ptsz: "cuMemAllocAsync_ptsz" ["600M"] "cuMemFreeAsync_ptsz" => 600 * MB;
+    mem_alloc_from_pool_async: "cuMemAllocFromPoolAsync" ["600M", "@pool"] "cuMemFreeAsync" => 600 * MB;
+    mem_alloc_from_pool_async_ptsz: "cuMemAllocFromPoolAsync_ptsz" ["600M", "@pool"] "cuMemFreeAsync_ptsz" => 600 * MB;
+    mem_create: "cuMemCreate" ["600M"] "cuMemRelease" => 600 * MB;
     // float4 (16 bytes) 6400 x 6144 = 600 MiB.
-    array_create: "cuArrayCreate_v2" "array" ["6400", "6144"] "destroy" => 600 * MB;
-    array3d_create: "cuArray3DCreate_v2" "array3d" ["6400", "3072", "2"] "destroy" => 600 * MB;
+    array_create: "cuArrayCreate_v2" ["6400", "6144"] "cuArrayDestroy" => 600 * MB;
+    array3d_create: "cuArray3DCreate_v2" ["6400", "3072", "2"] "cuArrayDestroy" => 600 * MB;
+    // Two levels of a 6400 x 6144 float4 2D array (depth 0): 600 + 150 MiB.
+    mipmapped_array_create: "cuMipmappedArrayCreate" ["6400", "6144", "0", "2"] "cuMipmappedArrayDestroy" => 750 * MB;
 }
 
 #[test]

@@ -1,27 +1,14 @@
-//! The lists the tests keep beside the intercept table, checked against it
-//! (`hami_common::intercept::INTERCEPTS`): the fake driver's `cuGetProcAddress` table,
-//! `hprobe.c`'s name tables and `hook_tests!`.
+//! The tests' lists checked against the intercept table
+//! (`hami_common::intercept::INTERCEPTS`): the fake driver hands out every CUDA row through
+//! `cuGetProcAddress`, hprobe (whose function tables are generated from the table,
+//! `support/header.rs`) reaches every hooked row the three ways, and `hook_tests!` covers
+//! every allocating row.
 
 use std::ffi::{c_char, c_int, c_void, CString};
-use std::path::Path;
 
+use crate::support::{hprobe_header, hprobe_rows, procaddr_base, Env};
 use hami_common::intercept::{Library, Memory, INTERCEPTS};
 use hami_test_harness::Artifacts;
-
-/// The base name `cuGetProcAddress` takes for exported symbol `name`, and whether it is the
-/// per-thread-default-stream variant: `cuMemAllocAsync_ptsz` -> (`cuMemAllocAsync`, true),
-/// `cuCtxCreate_v3` -> (`cuCtxCreate`, false).
-pub fn procaddr_base(name: &str) -> (&str, bool) {
-    let (name, ptsz) = match name.strip_suffix("_ptsz") {
-        Some(n) => (n, true),
-        None => (name, false),
-    };
-    let base = match name.rsplit_once("_v") {
-        Some((b, v)) if !v.is_empty() && v.bytes().all(|c| c.is_ascii_digit()) => b,
-        _ => name,
-    };
-    (base, ptsz)
-}
 
 #[test]
 fn procaddr_base_names() {
@@ -41,18 +28,11 @@ fn procaddr_base_names() {
 type GetProcAddressV2 =
     unsafe extern "C" fn(*const c_char, *mut *mut c_void, c_int, u64, *mut c_int) -> c_int;
 
-/// CUDA versions at which the driver's `cuGetProcAddress` mapping changes
-/// (`testing/fake-cuda/tests/data/real-procaddr-580.txt`, plus 9000 and 12050).
-const VERSIONS: [c_int; 16] = [
-    2000, 3000, 3020, 4000, 6000, 7000, 9000, 10000, 10020, 11000, 11020, 11030, 11040, 12000,
-    12050, 13000,
-];
-
 /// Every CUDA row of the table is exported by the fake driver and handed out by its
-/// `cuGetProcAddress_v2` for the row's base name at some version (with the
-/// per-thread-default-stream flag for `_ptsz` rows): the fake's table
-/// (`testing/fake-cuda/src/procaddr.rs`) misses no intercepted function, so the
-/// `procaddr` way of the hook tests reaches each.
+/// `cuGetProcAddress_v2` for the row's base name at some CUDA version up to the fake's 13000
+/// (with the per-thread-default-stream flag for `_ptsz` rows). The fake's table is derived
+/// from its exports (`testing/fake-cuda/build.rs`), so this fails only for a row the fake
+/// does not export, or one its hand list (`procaddr-unmeasured.txt`) maps wrongly.
 #[test]
 fn the_fake_driver_hands_out_every_cuda_row_through_cu_get_proc_address() {
     let lib = CString::new(Artifacts::get().fake_libcuda.to_str().unwrap()).unwrap();
@@ -79,7 +59,7 @@ fn the_fake_driver_hands_out_every_cuda_row_through_cu_get_proc_address() {
         let (base, ptsz) = procaddr_base(row.name);
         let base_c = CString::new(base).unwrap();
         let flags = if ptsz { 2 } else { 0 };
-        let found = VERSIONS.iter().any(|&v| {
+        let found = (1000..=13000).step_by(10).any(|v: c_int| {
             let mut pfn = std::ptr::null_mut();
             let mut status = 0;
             // SAFETY: valid out pointers and a NUL-terminated name.
@@ -96,88 +76,78 @@ fn the_fake_driver_hands_out_every_cuda_row_through_cu_get_proc_address() {
     assert!(missing.is_empty(), "{missing:#?}");
 }
 
-/// The identifiers or strings between the braces of the line of `src` that starts with
-/// `start`.
-fn c_list<'a>(src: &'a str, start: &str) -> Vec<&'a str> {
-    let line = src
-        .lines()
-        .map(str::trim)
-        .find(|l| l.starts_with(start))
-        .unwrap_or_else(|| panic!("no line starting with {start:?} in hprobe.c"));
-    let inner = line.split_once('{').unwrap().1.rsplit_once('}').unwrap().0;
-    inner
-        .split(',')
-        .map(|s| s.trim().trim_matches('"'))
-        .filter(|s| !s.is_empty())
-        .collect()
-}
-
-/// `hprobe.c`'s function tables (the `enum` of indices, `dl_names`, `pa_names`, `pa_flags`
-/// and the direct-call `d[]`) agree with each other and with the table: each entry is a
-/// hooked CUDA row, reached by the same name through `dlsym`, and by its base name (with
-/// the per-thread flag for `_ptsz`) through `cuGetProcAddress`.
+/// hprobe reaches every hooked CUDA row each of the three ways (direct linking, `dlsym`,
+/// `cuGetProcAddress` of its base name and flags, `hprobe_fns.h`) and gets the preload's hook
+/// of that name, the same function each way.
 #[test]
-fn hprobe_function_tables_follow_the_intercept_table() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/hprobe.c");
-    let src = std::fs::read_to_string(path).unwrap();
-    let ids = c_list(&src, "enum { ALLOC,");
-    assert_eq!(ids.last(), Some(&"NFN"));
-    let ids = &ids[..ids.len() - 1];
-    let dl = c_list(&src, "static const char *dl_names[NFN]");
-    let pa = c_list(&src, "static const char *pa_names[NFN]");
-    let direct = c_list(&src, "void *d[NFN]");
-    let ptsz_ids: Vec<&str> = c_list(&src, "static const unsigned long long pa_flags[NFN]")
-        .iter()
-        .map(|f| {
-            let (id, flag) = f.split_once('=').expect("[ID] = FLAGS");
-            assert_eq!(flag.trim(), "2", "{f}");
-            id.trim().trim_start_matches('[').trim_end_matches(']')
-        })
-        .collect();
-    assert_eq!(dl.len(), ids.len(), "dl_names: {dl:?}");
-    assert_eq!(pa.len(), ids.len(), "pa_names: {pa:?}");
-    assert_eq!(direct, dl, "the direct calls are the dlsym names");
-    for (i, name) in dl.iter().enumerate() {
+fn hprobe_reaches_every_hooked_row_the_three_ways() {
+    let rows: Vec<&str> = hprobe_rows().map(|r| r.name).collect();
+    assert!(rows.len() > 40, "{rows:?}");
+    for name in &rows {
         assert!(
-            hami_common::intercept::is_hooked(Library::Cuda, name.as_bytes()),
-            "{name} is not a hooked CUDA row of INTERCEPTS"
-        );
-        let (base, ptsz) = procaddr_base(name);
-        assert_eq!(pa[i], base, "pa_names[{}] for {name}", ids[i]);
-        assert_eq!(
-            ptsz_ids.contains(&ids[i]),
-            ptsz,
-            "pa_flags[{}] for {name}",
-            ids[i]
+            hprobe_header().contains(&format!("[F_{name}] = {{\"{name}\"")),
+            "{name} not in hprobe_fns.h"
         );
     }
+    let env = Env::new();
+    // Offsets in the preload (each process maps it elsewhere).
+    let mut addrs: Vec<Vec<String>> = Vec::new();
+    for via in super::VIAS {
+        let p = env.probe(&["--via", via, "fns"]);
+        assert!(p.ok(), "{via}: {}", p.dump());
+        let fns: Vec<_> = p.lines.iter().filter(|(op, _)| op == "fn").collect();
+        let names: Vec<&str> = fns.iter().map(|(_, f)| f["name"].as_str()).collect();
+        assert_eq!(
+            names, rows,
+            "{via}: hprobe's functions are the hooked CUDA rows"
+        );
+        for (_, f) in &fns {
+            let name = &f["name"];
+            assert_eq!(f["rc"], "0", "{via}: {name} not reached: {}", p.dump());
+            assert_eq!(&f["sym"], name, "{via}: {name} reached as {}", f["sym"]);
+            assert!(
+                f["lib"].ends_with("libhami_preload.so"),
+                "{via}: {name} is not the preload's hook but {}",
+                f["lib"]
+            );
+        }
+        addrs.push(fns.iter().map(|(_, f)| f["off"].clone()).collect());
+    }
+    assert_eq!(addrs[0], addrs[1], "direct and dlsym");
+    assert_eq!(addrs[0], addrs[2], "direct and cuGetProcAddress");
 }
 
 /// Hook-tested elsewhere: allocating rows `hook_tests!` does not run, with the test that
-/// covers each.
-const TESTED_ELSEWHERE: &[(&str, &str)] = &[(
-    "cuMipmappedArrayCreate",
-    "device_memory.rs (cudaprobe's mipmapped array)",
-)];
+/// covers each (none: hprobe's `call` reaches every shape of allocation).
+const TESTED_ELSEWHERE: &[(&str, &str)] = &[];
 
 /// Every hooked CUDA row that allocates has a `hook_tests!` line (or is listed in
-/// [`TESTED_ELSEWHERE`]), and every `hook_tests!` line names an allocating row.
+/// [`TESTED_ELSEWHERE`]), and every `hook_tests!` line names a hooked allocating row and a
+/// hooked release of its key space.
 #[test]
 fn every_allocating_row_has_a_hook_test() {
     let tested = super::HOOK_TESTED;
-    for name in tested {
-        let row = hami_common::intercept::find(name)
-            .unwrap_or_else(|| panic!("hook_tests! names {name}, not a row of INTERCEPTS"));
-        assert!(
-            row.hooked && matches!(row.memory, Some(Memory::Allocates(_))),
-            "hook_tests! names {name}, not a hooked allocating row"
+    let row = |name: &str| {
+        hami_common::intercept::find(name)
+            .filter(|r| r.hooked && r.lib == Library::Cuda)
+            .unwrap_or_else(|| panic!("hook_tests! names {name}, not a hooked CUDA row"))
+    };
+    for (alloc, release) in tested {
+        let Some(Memory::Allocates(space)) = row(alloc).memory else {
+            panic!("hook_tests! names {alloc}, which does not allocate");
+        };
+        assert_eq!(
+            row(release).memory,
+            Some(Memory::Releases(space)),
+            "hook_tests! releases {alloc} with {release}, not a release of {space:?}"
         );
     }
     for row in INTERCEPTS.iter().filter(|r| {
         r.hooked && r.lib == Library::Cuda && matches!(r.memory, Some(Memory::Allocates(_)))
     }) {
         assert!(
-            tested.contains(&row.name) || TESTED_ELSEWHERE.iter().any(|(n, _)| *n == row.name),
+            tested.iter().any(|(n, _)| *n == row.name)
+                || TESTED_ELSEWHERE.iter().any(|(n, _)| *n == row.name),
             "{} allocates but has no line in hook_tests! (hami-preload/tests/hooks.rs)",
             row.name
         );

@@ -23,8 +23,18 @@
  *      teardown comes half of FAKE_CUDA_RELEASE_DELAY_MS / FAKE_CUDA_ALLOC_DELAY_MS after the
  *      thread is about to make its call; prints rc= of the teardown and op= of the thread's
  *      call).
- * SIZE accepts K/M/G suffixes. The last pointer/handle/array allocated is the default
- * argument of the release ops. */
+ *      call SYMBOL ARG... (any hooked CUDA function that allocates or releases, called by its
+ *      row's Shape, see call_row; prints rc=, sym= and key=, the object made or released) |
+ *      fns (one line per function of the tables, "fn rc=0 name= sym= lib= off=": what --via
+ *      reaches, as dladdr names it: symbol, library, offset in the library).
+ * SIZE accepts K/M/G suffixes. The last pointer/handle/array/mipmapped array allocated is the
+ * default argument of the release ops.
+ *
+ * The function tables (hp_fns: name, cuGetProcAddress base name and flags, Shape, memory,
+ * key space; hp_direct: the direct calls; indices F_<symbol>) are hprobe_fns.h, generated
+ * from hami_common::intercept::INTERCEPTS by the tests (hami-preload/tests/support/header.rs).
+ * Each function is looked up the --via way on its first use; one that cannot be found exits
+ * with 4 ("missing SYMBOL"). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -41,8 +51,10 @@ typedef struct { size_t w, h; unsigned fmt, ch; } AD;
 typedef struct { size_t w, h, d; unsigned fmt, ch, flags; } AD3;
 typedef struct { unsigned type, htypes; struct { unsigned type; int id; } loc; void *win32; unsigned char flags[8]; } Prop;
 
-/* Direct-link declarations (resolved by the dynamic linker: the preload's exports win). */
+/* Direct-link declarations of what hprobe calls by name (resolved by the dynamic linker: the
+ * preload's exports win). */
 CUresult cuInit(unsigned);
+CUresult cuDriverGetVersion(int *);
 CUresult cuDevicePrimaryCtxRetain(void **, int);
 CUresult cuCtxSetCurrent(void *);
 CUresult cuCtxCreate_v2(void **, unsigned, int);
@@ -52,30 +64,69 @@ CUresult cuCtxDestroy_v2(void *);
 CUresult cuDevicePrimaryCtxRelease_v2(int);
 CUresult cuDevicePrimaryCtxReset_v2(int);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
-CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
-CUresult cuMemAllocAsync(CUdeviceptr *, size_t, void *);
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, void *);
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, void *, void *);
-CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, void *, void *);
-CUresult cuDeviceGetDefaultMemPool(void **, int);
-CUresult cuMemCreate(unsigned long long *, size_t, const Prop *, unsigned long long);
-CUresult cuArrayCreate_v2(void **, const AD *);
-CUresult cuArray3DCreate_v2(void **, const AD3 *);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemFreeAsync(CUdeviceptr, void *);
-CUresult cuMemRelease(unsigned long long);
-CUresult cuArrayDestroy(void *);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
-CUresult cuDeviceTotalMem_v2(size_t *, int);
 
-enum { ALLOC, PITCH, MANAGED, ASYNC, ASYNCPTSZ, POOLALLOC, POOLGET, CREATE, ARRAY, ARRAY3D, FREE, FREEASYNC, RELEASE, DESTROY, INFO, TOTAL, POOLPTSZ, NFN };
+#include "hprobe_fns.h"
+
+/* The functions of the named ops. */
+#define ALLOC F_cuMemAlloc_v2
+#define PITCH F_cuMemAllocPitch_v2
+#define MANAGED F_cuMemAllocManaged
+#define ASYNC F_cuMemAllocAsync
+#define ASYNCPTSZ F_cuMemAllocAsync_ptsz
+#define POOLALLOC F_cuMemAllocFromPoolAsync
+#define POOLPTSZ F_cuMemAllocFromPoolAsync_ptsz
+#define POOLGET F_cuDeviceGetDefaultMemPool
+#define CREATE F_cuMemCreate
+#define ARRAY F_cuArrayCreate_v2
+#define ARRAY3D F_cuArray3DCreate_v2
+#define FREE F_cuMemFree_v2
+#define FREEASYNC F_cuMemFreeAsync
+#define RELEASE F_cuMemRelease
+#define DESTROY F_cuArrayDestroy
+#define INFO F_cuMemGetInfo_v2
+#define TOTAL F_cuDeviceTotalMem_v2
+
+static const char *via = "direct";
+static void *lib;
+static CUresult (*gpa)(const char *, void **, int, unsigned long long, int *);
 static void *fn[NFN];
-static const char *dl_names[NFN] = {"cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync", "cuDeviceGetDefaultMemPool", "cuMemCreate", "cuArrayCreate_v2", "cuArray3DCreate_v2", "cuMemFree_v2", "cuMemFreeAsync", "cuMemRelease", "cuArrayDestroy", "cuMemGetInfo_v2", "cuDeviceTotalMem_v2", "cuMemAllocFromPoolAsync_ptsz"};
-/* cuGetProcAddress: base name, version, flags (2 = per-thread default stream). */
-static const char *pa_names[NFN] = {"cuMemAlloc", "cuMemAllocPitch", "cuMemAllocManaged", "cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuDeviceGetDefaultMemPool", "cuMemCreate", "cuArrayCreate", "cuArray3DCreate", "cuMemFree", "cuMemFreeAsync", "cuMemRelease", "cuArrayDestroy", "cuMemGetInfo", "cuDeviceTotalMem", "cuMemAllocFromPoolAsync"};
-static const unsigned long long pa_flags[NFN] = {[ASYNCPTSZ] = 2, [POOLPTSZ] = 2};
+
+/* Function k reached the --via way, or NULL. cuGetProcAddress: at the highest CUDA version
+ * (from the driver's own down, by 10) at which the base name gives the function of that name
+ * (dladdr): a row that is an older variant (cuCtxCreate_v2) is what older versions get. */
+static void *resolve(int k) {
+    if (!strcmp(via, "direct")) return (void *)hp_direct[k];
+    if (!strcmp(via, "dlsym")) return dlsym(lib, hp_fns[k].name);
+    int top = 0;
+    if (!gpa || cuDriverGetVersion(&top)) return NULL;
+    for (int v = top; v >= 1000; v -= 10) {
+        void *p = NULL;
+        int st = 0;
+        Dl_info d;
+        if (gpa(hp_fns[k].pa_name, &p, v, hp_fns[k].pa_flags, &st)) continue;
+        if (!p) {
+            if (st) break; /* not found, or older than its first version */
+            continue;
+        }
+        if (dladdr(p, &d) && d.dli_sname && !strcmp(d.dli_sname, hp_fns[k].name)) return p;
+    }
+    return NULL;
+}
+
+/* Function k, looked up on first use (threads may race to it: both find the same). */
+static void *get(int k) {
+    void *p = __atomic_load_n(&fn[k], __ATOMIC_ACQUIRE);
+    if (!p) {
+        p = resolve(k);
+        if (!p) {
+            fflush(stdout);
+            fprintf(stderr, "missing %s (--via %s)\n", hp_fns[k].name, via);
+            _exit(4);
+        }
+        __atomic_store_n(&fn[k], p, __ATOMIC_RELEASE);
+    }
+    return p;
+}
 
 static unsigned long long parse_size(const char *s) {
     char *end;
@@ -88,11 +139,13 @@ static unsigned long long parse_size(const char *s) {
     return n;
 }
 
-static CUdeviceptr last_ptr;
-static unsigned long long last_handle;
-static void *last_array;
+/* The last object made in each key space. */
+static unsigned long long last[HP_NSPACES];
+#define last_ptr last[HP_SPACE_POINTER]
+#define last_handle last[HP_SPACE_HANDLE]
+#define last_array last[HP_SPACE_ARRAY]
 
-#define CALL(T, i, ...) ((T)fn[i])(__VA_ARGS__)
+#define CALL(T, i, ...) ((T)get(i))(__VA_ARGS__)
 typedef CUresult (*alloc_t)(CUdeviceptr *, size_t);
 
 /* racefree: a ring of pointers the allocating thread hands to the freeing thread. */
@@ -171,6 +224,103 @@ static long env_ms(const char *name) {
     return v && *v ? atol(v) : 200;
 }
 
+typedef unsigned long long u64;
+/* `call` passes every function 8 integer-class arguments: the ABIs hprobe runs on (x86-64
+ * System V, AAPCS64) pass them in registers and caller-cleaned stack slots, so a function
+ * taking fewer ignores the rest (which are 0 unless given). */
+typedef CUresult (*call8_t)(u64, u64, u64, u64, u64, u64, u64, u64);
+
+/* An argument of `call`: starts with a digit or '@' (an op name never does). */
+static int is_call_arg(const char *s) { return (*s >= '0' && *s <= '9') || *s == '@'; }
+
+/* A number (K/M/G suffixes), @pool (device 0's default memory pool, looked up the --via
+ * way) or @last (the last object of the key space of row k). */
+static u64 call_arg(const char *s, int k) {
+    if (!strcmp(s, "@pool")) {
+        void *pool = NULL;
+        CUresult r = CALL(CUresult(*)(void **, int), POOLGET, &pool, 0);
+        if (r) fprintf(stderr, "@pool: rc=%d\n", r);
+        return (uintptr_t)pool;
+    }
+    if (!strcmp(s, "@last")) return hp_fns[k].space >= 0 ? last[hp_fns[k].space] : 0;
+    if (*s == '@') { fprintf(stderr, "call: unknown argument %s\n", s); exit(2); }
+    return parse_size(s);
+}
+
+/* call SYMBOL ARG...: calls row k with a[0..n) as its Shape says; the first arguments are
+ * the shape's, the rest are passed after the shape's own (EXTRA: a flags word, a stream, a
+ * pool):
+ *   OUT_SIZE   SIZE EXTRA...   f(&key, SIZE, EXTRA...)
+ *   PITCH      W H [ELEM=4]    f(&key, &pitch, W, H, ELEM)
+ *   MEM_CREATE SIZE EXTRA...   f(&key, SIZE, &prop (pinned, on device 0), EXTRA...)
+ *   ARRAY2D    W H             f(&key, &desc (W x H float4))
+ *   ARRAY3D    W H D           f(&key, &desc (W x H x D float4))
+ *   MIPMAPPED  W H D LEVELS    f(&key, &desc (W x H x D float4), LEVELS)
+ *   VALUE      [KEY EXTRA...]  f(KEY, EXTRA...), KEY by default the last object of the row's
+ *                              key space
+ * An allocation's key becomes the last object of its key space. Returns 2 on a usage error
+ * (and prints it), else 0 with the call's line printed. */
+static int call_row(int k, const u64 *a, int n) {
+    const struct hp_fn *f = &hp_fns[k];
+    u64 x[8] = {0}, key = 0;
+    size_t pitch = 0;
+    AD ad = {0, 0, 0x20, 4};
+    AD3 ad3 = {0, 0, 0, 0x20, 4, 0};
+    Prop prop;
+    memset(&prop, 0, sizeof prop);
+    int need, used, at;
+    switch (f->shape) {
+    case HP_SHAPE_OUT_SIZE:
+        need = used = 1, at = 2;
+        x[0] = (uintptr_t)&key, x[1] = a[0];
+        break;
+    case HP_SHAPE_PITCH:
+        need = 2, used = n > 2 ? 3 : 2, at = 5;
+        x[0] = (uintptr_t)&key, x[1] = (uintptr_t)&pitch, x[2] = a[0], x[3] = a[1];
+        x[4] = n > 2 ? a[2] : 4;
+        break;
+    case HP_SHAPE_MEM_CREATE:
+        need = used = 1, at = 3;
+        prop.type = 1; /* PINNED */
+        prop.loc.type = 1; /* DEVICE */
+        x[0] = (uintptr_t)&key, x[1] = a[0], x[2] = (uintptr_t)&prop;
+        break;
+    case HP_SHAPE_ARRAY2D:
+        need = used = 2, at = 2;
+        ad.w = a[0], ad.h = a[1];
+        x[0] = (uintptr_t)&key, x[1] = (uintptr_t)&ad;
+        break;
+    case HP_SHAPE_ARRAY3D:
+        need = used = 3, at = 2;
+        ad3.w = a[0], ad3.h = a[1], ad3.d = a[2];
+        x[0] = (uintptr_t)&key, x[1] = (uintptr_t)&ad3;
+        break;
+    case HP_SHAPE_MIPMAPPED:
+        need = used = 4, at = 3;
+        ad3.w = a[0], ad3.h = a[1], ad3.d = a[2];
+        x[0] = (uintptr_t)&key, x[1] = (uintptr_t)&ad3, x[2] = a[3];
+        break;
+    case HP_SHAPE_VALUE:
+        need = 0, used = n > 0, at = 1;
+        key = x[0] = n > 0 ? a[0] : f->space >= 0 ? last[f->space] : 0;
+        break;
+    default:
+        fprintf(stderr, "call: %s is not a row of a shape call knows\n", f->name);
+        return 2;
+    }
+    if (n < need || n - used > 8 - at) {
+        fprintf(stderr, "call: %s takes %d to %d arguments, got %d\n", f->name, need, need + 8 - at, n);
+        return 2;
+    }
+    for (int j = used; j < n; j++) x[at + j - used] = a[j];
+    CUresult r = ((call8_t)get(k))(x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]);
+    if (!r && f->memory == HP_MEM_ALLOCATES) last[f->space] = key;
+    printf("call rc=%d sym=%s key=0x%llx", r, f->name, key);
+    if (f->shape == HP_SHAPE_PITCH) printf(" pitch=%zu", pitch);
+    printf("\n");
+    return 0;
+}
+
 static int run(int argc, char **argv, int i) {
     for (; i < argc; i++) {
         const char *op = argv[i];
@@ -219,14 +369,14 @@ static int run(int argc, char **argv, int i) {
             i += 2;
             void *a = NULL;
             r = CALL(CUresult(*)(void **, const AD *), ARRAY, &a, &d);
-            if (!r) last_array = a;
+            if (!r) last_array = (uintptr_t)a;
             printf("array rc=%d\n", r);
         } else if (!strcmp(op, "array3d")) {
             AD3 d = {parse_size(argv[i + 1]), parse_size(argv[i + 2]), parse_size(argv[i + 3]), 0x20, 4, 0};
             i += 3;
             void *a = NULL;
             r = CALL(CUresult(*)(void **, const AD3 *), ARRAY3D, &a, &d);
-            if (!r) last_array = a;
+            if (!r) last_array = (uintptr_t)a;
             printf("array3d rc=%d\n", r);
         } else if (!strcmp(op, "free")) {
             r = CALL(CUresult(*)(CUdeviceptr), FREE, last_ptr);
@@ -241,7 +391,7 @@ static int run(int argc, char **argv, int i) {
             r = CALL(CUresult(*)(unsigned long long), RELEASE, last_handle);
             printf("release rc=%d\n", r);
         } else if (!strcmp(op, "destroy")) {
-            r = CALL(CUresult(*)(void *), DESTROY, last_array);
+            r = CALL(CUresult(*)(void *), DESTROY, (void *)(uintptr_t)last_array);
             printf("destroy rc=%d\n", r);
         } else if (!strcmp(op, "info")) {
             size_t f = 0, t = 0;
@@ -373,6 +523,27 @@ static int run(int argc, char **argv, int i) {
                 if (r2) r = r2;
             }
             printf("ctxrace rc=%d op=%d\n", r, race_rc);
+        } else if (!strcmp(op, "call")) {
+            const char *name = i + 1 < argc ? argv[++i] : "";
+            int k = 0;
+            while (k < NFN && strcmp(hp_fns[k].name, name)) k++;
+            if (k == NFN) {
+                fprintf(stderr, "call: %s is not a hooked CUDA function\n", name);
+                return 2;
+            }
+            u64 a[8] = {0};
+            int n = 0;
+            while (i + 1 < argc && is_call_arg(argv[i + 1]) && n < 8) a[n++] = call_arg(argv[++i], k);
+            if (call_row(k, a, n)) return 2;
+        } else if (!strcmp(op, "fns")) {
+            for (int k = 0; k < NFN; k++) {
+                void *p = resolve(k);
+                Dl_info d;
+                int found = p && dladdr(p, &d);
+                printf("fn rc=%d name=%s sym=%s lib=%s off=0x%lx\n", p ? 0 : 1, hp_fns[k].name,
+                       found && d.dli_sname ? d.dli_sname : "-", found && d.dli_fname ? d.dli_fname : "-",
+                       found ? (unsigned long)((char *)p - (char *)d.dli_fbase) : 0UL);
+            }
         } else if (!strcmp(op, "sleep")) {
             usleep(atoi(argv[++i]) * 1000);
             printf("sleep rc=0\n");
@@ -401,28 +572,14 @@ static int run(int argc, char **argv, int i) {
 }
 
 int main(int argc, char **argv) {
-    const char *via = "direct";
     int i = 1, ctx = 1;
     for (; i < argc && !strncmp(argv[i], "--", 2); i++) {
         if (!strcmp(argv[i], "--via")) via = argv[++i];
         else if (!strcmp(argv[i], "--no-ctx")) ctx = 0;
     }
-    void *h = dlopen("libcuda.so.1", RTLD_NOW);
-    if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 3; }
-    if (!strcmp(via, "direct")) {
-        void *d[NFN] = {cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemAllocFromPoolAsync, cuDeviceGetDefaultMemPool, cuMemCreate, cuArrayCreate_v2, cuArray3DCreate_v2, cuMemFree_v2, cuMemFreeAsync, cuMemRelease, cuArrayDestroy, cuMemGetInfo_v2, cuDeviceTotalMem_v2, cuMemAllocFromPoolAsync_ptsz};
-        memcpy(fn, d, sizeof d);
-    } else if (!strcmp(via, "dlsym")) {
-        for (int k = 0; k < NFN; k++) fn[k] = dlsym(h, dl_names[k]);
-    } else {
-        CUresult (*gpa)(const char *, void **, int, unsigned long long, int *) = dlsym(h, "cuGetProcAddress_v2");
-        for (int k = 0; k < NFN; k++) {
-            int st = 0;
-            if (gpa(pa_names[k], &fn[k], 12000, pa_flags[k], &st)) fn[k] = NULL;
-        }
-    }
-    for (int k = 0; k < NFN; k++)
-        if (!fn[k]) { fprintf(stderr, "missing %s\n", dl_names[k]); return 4; }
+    lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!lib) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 3; }
+    if (strcmp(via, "direct") && strcmp(via, "dlsym")) gpa = dlsym(lib, "cuGetProcAddress_v2");
     if (ctx) {
         void *c;
         CUresult r = cuInit(0);

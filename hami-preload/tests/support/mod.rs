@@ -1,8 +1,10 @@
 //! This crate's part of the test support; the rest is the workspace's harness
 //! (`hami-test-harness`), re-exported here. Its own: `tests/programs/hprobe.c` (operations
 //! `cudaprobe` has no equivalent for: `hostcreate`, `fork`, `loop`, the null-pointer and
-//! unknown-pointer calls, `info` with free and total on one line), compiled against the fake
-//! driver, and [`Env`], a sandbox with the fake's memory fixed at 16 GiB per device.
+//! unknown-pointer calls, `info` with free and total on one line, `call` of any hooked row by
+//! its shape), compiled against the fake driver with its function tables generated from the
+//! intercept table ([`header`]), and [`Env`], a sandbox with the fake's memory fixed at 16 GiB
+//! per device.
 #![allow(dead_code, unused_imports)]
 
 use hami_common::region::Region;
@@ -13,12 +15,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// `tests/programs/hprobe.c`, compiled against the harness's fake driver (once per binary).
+pub mod header;
+pub use header::{hprobe_header, hprobe_rows, procaddr_base};
+
+/// `tests/programs/hprobe.c`, compiled against the harness's fake driver (once per binary),
+/// with its `hprobe_fns.h` generated into the programs' directory ([`header`]).
 pub fn hprobe() -> &'static PathBuf {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| {
+        let a = Artifacts::get();
+        header::write_hprobe_header(&a.programs_dir);
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs/hprobe.c");
-        Artifacts::get().compile_against_fake(&src, "hprobe")
+        let include = format!("-I{}", a.programs_dir.display());
+        a.compile_against_fake_with(&src, "hprobe", &[&include])
     })
 }
 

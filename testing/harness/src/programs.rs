@@ -73,13 +73,18 @@ impl Artifacts {
     /// like `cudaprobe` (`-O2 -Wall -L<fake_lib_dir> -lcuda -ldl -lpthread`), and returns its
     /// path.
     pub fn compile_against_fake(&self, src: &Path, name: &str) -> PathBuf {
+        self.compile_against_fake_with(src, name, &[])
+    }
+
+    /// [`Artifacts::compile_against_fake`] with `extra` compiler arguments before the
+    /// libraries (e.g. `-I<dir>` for a generated header).
+    pub fn compile_against_fake_with(&self, src: &Path, name: &str, extra: &[&str]) -> PathBuf {
         let out = self.programs_dir.join(name);
         let libdir = format!("-L{}", self.fake_lib_dir.display());
-        cc(
-            src,
-            &out,
-            &["-O2", "-Wall", &libdir, "-lcuda", "-ldl", "-lpthread"],
-        );
+        let mut args = vec!["-O2", "-Wall"];
+        args.extend_from_slice(extra);
+        args.extend([libdir.as_str(), "-lcuda", "-ldl", "-lpthread"]);
+        cc(src, &out, &args);
         out
     }
 }
