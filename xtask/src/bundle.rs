@@ -121,7 +121,7 @@ pub fn gpu_bundle_with(root: &Path, opts: &BundleOptions) -> Result<PathBuf> {
         manifest += &format!(
             "{name}: {} bytes, needs glibc {}\n",
             bytes.len(),
-            max_glibc(&bytes).unwrap_or_else(|| "(none)".into())
+            glibc_needed(&bytes).unwrap_or_else(|| "(none)".into())
         );
     }
     let files = list_files(&out)?;
@@ -248,7 +248,31 @@ fn bundle_size(dir: &Path) -> Result<u64> {
     Ok(list_files(dir)?.iter().map(|(_, s)| s).sum())
 }
 
-/// The highest `GLIBC_2.N` symbol version named in a binary (what it needs at least).
+/// The glibc an ELF binary needs at least: the highest `GLIBC_2.N` among the versions its
+/// `.gnu.version_r` section requires (what the dynamic loader checks). Strings elsewhere in
+/// the file do not count: the preload's read-only data names `GLIBC_2.35` in a message
+/// (`_dl_find_object`) that it does not need.
+fn glibc_needed(bytes: &[u8]) -> Option<String> {
+    use object::read::elf::{ElfFile64, FileHeader};
+    let elf = ElfFile64::<object::Endianness>::parse(bytes).ok()?;
+    let endian = elf.endian();
+    let header = elf.elf_header();
+    let sections = header.sections(endian, bytes).ok()?;
+    let (mut needs, link) = sections.gnu_verneed(endian, bytes).ok()??;
+    let strings = sections.strings(endian, bytes, link).ok()?;
+    let mut names = Vec::new();
+    while let Ok(Some((_, mut aux))) = needs.next() {
+        while let Ok(Some(a)) = aux.next() {
+            if let Ok(name) = a.name(endian, strings) {
+                names.extend_from_slice(name);
+                names.push(0);
+            }
+        }
+    }
+    max_glibc(&names)
+}
+
+/// The highest `GLIBC_2.N` version named in `bytes` (NUL-separated version names).
 fn max_glibc(bytes: &[u8]) -> Option<String> {
     const PAT: &[u8] = b"GLIBC_2.";
     let mut best: Option<(u32, u32)> = None;
@@ -317,6 +341,23 @@ mod tests {
             Some("2.2.6")
         );
         assert_eq!(max_glibc(b"no versions here"), None);
+    }
+
+    #[test]
+    fn glibc_needed_reads_the_version_needs_not_strings() {
+        // This test binary is an ELF that requires some GLIBC_2.x version, and it names a
+        // higher one in a string that must not count.
+        let me = fs::read(std::env::current_exe().unwrap()).unwrap();
+        let needed = glibc_needed(&me).expect("a glibc version need");
+        let marker = "GLIBC_2.99";
+        assert!(me.windows(marker.len()).any(|w| w == marker.as_bytes()));
+        assert_ne!(needed, "2.99");
+        assert_eq!(
+            max_glibc(&me).as_deref(),
+            Some("2.99"),
+            "the raw scan would say 2.99"
+        );
+        assert!(glibc_needed(b"not an ELF file").is_none());
     }
 
     #[test]
