@@ -503,13 +503,15 @@ fn ret(ctx: &RetProbeContext, slot: u64, kind: EventKind, ret: Ret) {
 ///
 /// `symbol / symbol_ret;`
 ///
-/// Everything else comes from the symbol's row in [`hami_common::intercept::INTERCEPTS`]:
-/// the slot (it keys the saved arguments of one call, unique per symbol), the event kind and
-/// the probe shape, which picks the entry and return helpers ([`entry`], [`ret_of`]). A
-/// symbol that is not a probed row there does not compile, and neither does a table that
-/// misses a probed row. Program names are the symbol names (user space attaches by name,
-/// see `hami_user::probes::PROBED_SYMBOLS`); an identifier cannot be made from the table's
-/// strings by `macro_rules!`, hence this list.
+/// The lines are not written by hand: `build.rs` writes one per probed row of
+/// [`hami_common::intercept::INTERCEPTS`] into `$OUT_DIR/probes.rs` (an identifier cannot be
+/// made from the table's strings by `macro_rules!`, so a build script makes them).
+/// Everything else comes from the symbol's row: the slot (it keys the saved arguments of one
+/// call, unique per symbol), the event kind and the probe shape, which picks the entry and
+/// return helpers ([`entry`], [`ret_of`]; a shape and kind no helper handles does not
+/// compile). A symbol that is not a probed row does not compile, and neither does a list that
+/// misses a probed row. Program names are the symbol names (user space attaches by name, see
+/// `hami_user::probes::PROBED_SYMBOLS`).
 ///
 /// The programs are private: the aya-ebpf attribute macros drop doc comments but keep the
 /// visibility, and `#[no_mangle]` (which they add) exports the symbol either way.
@@ -550,33 +552,8 @@ macro_rules! probes {
     };
 }
 
-probes! {
-    cuMemAlloc_v2 / cuMemAlloc_v2_ret;
-    cuMemAllocPitch_v2 / cuMemAllocPitch_v2_ret;
-    cuMemAllocManaged / cuMemAllocManaged_ret;
-    cuMemAllocAsync / cuMemAllocAsync_ret;
-    cuMemAllocAsync_ptsz / cuMemAllocAsync_ptsz_ret;
-    cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ret;
-    cuMemAllocFromPoolAsync_ptsz / cuMemAllocFromPoolAsync_ptsz_ret;
-    cuMemCreate / cuMemCreate_ret;
-    cuArrayCreate_v2 / cuArrayCreate_v2_ret;
-    cuArray3DCreate_v2 / cuArray3DCreate_v2_ret;
-    cuMipmappedArrayCreate / cuMipmappedArrayCreate_ret;
-    cuMemFree_v2 / cuMemFree_v2_ret;
-    cuMemFreeAsync / cuMemFreeAsync_ret;
-    cuMemFreeAsync_ptsz / cuMemFreeAsync_ptsz_ret;
-    cuMemRelease / cuMemRelease_ret;
-    cuArrayDestroy / cuArrayDestroy_ret;
-    cuMipmappedArrayDestroy / cuMipmappedArrayDestroy_ret;
-    cuCtxCreate_v2 / cuCtxCreate_v2_ret;
-    cuCtxCreate_v3 / cuCtxCreate_v3_ret;
-    cuCtxCreate_v4 / cuCtxCreate_v4_ret;
-    cuCtxDestroy_v2 / cuCtxDestroy_v2_ret;
-    cuDevicePrimaryCtxRetain / cuDevicePrimaryCtxRetain_ret;
-    cuDevicePrimaryCtxRelease / cuDevicePrimaryCtxRelease_ret;
-    cuDevicePrimaryCtxRelease_v2 / cuDevicePrimaryCtxRelease_v2_ret;
-    cuCtxSetCurrent / cuCtxSetCurrent_ret;
-}
+// One line per probed row of the table, written by `build.rs` (`symbol / symbol_ret;`).
+include!(concat!(env!("OUT_DIR"), "/probes.rs"));
 
 /// Raw tracepoint `sched_process_exit` (attached without tracefs): a thread exits. Forget its
 /// current context; when it is the thread-group leader, report the process exit.
