@@ -10,6 +10,7 @@
 //! * on x86_64, GCC's static unwinder instead of `libgcc_s.so.1` ([`static_unwinder`]).
 //! * on x86_64, the code that runs in every exec (at load and at exit) placed together at the
 //!   start of the executable segment ([`load_and_exit_code_together`]).
+//! * on x86_64, `-z separate-loadable-segments` ([`page_aligned_segments`]).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -18,6 +19,7 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
     static_unwinder();
     load_and_exit_code_together();
+    page_aligned_segments();
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=CC");
     println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
@@ -103,4 +105,20 @@ fn load_and_exit_code_together() {
         return;
     }
     println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{}", script.display());
+}
+
+/// lld's `-z separate-loadable-segments`: every segment starts on a page of its own in the
+/// file. By default lld packs the writable data segment (`.data`, then `.bss`) right after
+/// the RELRO segment's last file page, so `.data` (3.4 KiB) straddled two pages and the
+/// loader's zeroing of the `.bss` part of the second wrote, and copied, a page that no
+/// relocation needs. Page-aligned, `.data` fits in one page and the rest of `.bss` is
+/// anonymous memory that an exec does not touch: one copy-on-write fault fewer per exec.
+/// GNU ld, whose layout starts the data after RELRO on a page boundary anyway, ignores the
+/// option with a warning. Only on x86_64 (measured there).
+fn page_aligned_segments() {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    if var("CARGO_CFG_TARGET_ARCH") != "x86_64" || var("CARGO_CFG_TARGET_OS") != "linux" {
+        return;
+    }
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,separate-loadable-segments");
 }
