@@ -8,10 +8,13 @@
 //!   `cuGetProcAddress` hooks, the marker) are bound at link time, not looked up by name in
 //!   every exec (about 70 symbol lookups fewer).
 //! * on x86_64, GCC's static unwinder instead of `libgcc_s.so.1` ([`static_unwinder`]).
+//! * on x86_64, the code that runs in every exec (at load and at exit) placed together at the
+//!   start of the executable segment ([`load_and_exit_code_together`]).
+//! * on x86_64, `-z separate-loadable-segments` ([`page_aligned_segments`]).
 //!
 //! It also generates the hooked section of the symbol tables from the intercept table
 //! (`build/hooked_rows.rs`).
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 #[path = "build/hooked_rows.rs"]
@@ -22,6 +25,8 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
     static_unwinder();
     hooked_rows::generate();
+    load_and_exit_code_together();
+    page_aligned_segments();
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=CC");
     println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
@@ -63,4 +68,64 @@ fn static_unwinder() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,--whole-archive");
     println!("cargo:rustc-cdylib-link-arg={}", archive.display());
     println!("cargo:rustc-cdylib-link-arg=-Wl,--no-whole-archive");
+}
+
+/// The linker script of [`load_and_exit_code_together`]: an addition to the linker's default
+/// layout (`INSERT`), understood by GNU ld and lld.
+const AT_LOAD_LD: &str = "\
+/* hami-preload build.rs: the code every exec runs, at the start of the executable segment. */
+SECTIONS
+{
+  .plt : { *(.plt) *(.iplt) }
+  .text.hami_at_load : {
+    *(.text._ZN12hami_preload5state7at_exit*)
+    *(.text.*ARGV_INIT_ARRAY*init_wrapper*)
+  }
+}
+INSERT BEFORE .text;
+";
+
+/// Every exec runs a few pieces of the library's code: `_init` (`.init`) and the C runtime's
+/// `frame_dummy` at load, std's argv capture (`.init_array`), and at exit the C runtime's
+/// `__do_global_dtors_aux` (which calls `__cxa_finalize` through the PLT) and
+/// `state::at_exit` (`.fini_array`). The kernel maps the file's pages on the first touch of
+/// each 64 KiB window (fault-around: up to 16 page-table entries per fault), so four pieces
+/// spread over the 750 KiB of code cost four such faults in every exec. This places
+/// `.plt`, `at_exit` and the argv capture right after `.init` and before `.text` (whose first
+/// input is the C runtime's `crtbeginS.o`): one window. Only on x86_64 (where it is measured
+/// and checked by `tests/load.rs`); a pattern that stops matching (a renamed function)
+/// leaves the default layout, which the test then reports.
+fn load_and_exit_code_together() {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    if var("CARGO_CFG_TARGET_ARCH") != "x86_64" || var("CARGO_CFG_TARGET_OS") != "linux" {
+        return;
+    }
+    let Some(out) = std::env::var_os("OUT_DIR") else {
+        return;
+    };
+    let script = Path::new(&out).join("at_load.ld");
+    if let Err(e) = std::fs::write(&script, AT_LOAD_LD) {
+        println!(
+            "cargo:warning=writing {}: {e}: the preload keeps the default code layout",
+            script.display()
+        );
+        return;
+    }
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-T,{}", script.display());
+}
+
+/// lld's `-z separate-loadable-segments`: every segment starts on a page of its own in the
+/// file. By default lld packs the writable data segment (`.data`, then `.bss`) right after
+/// the RELRO segment's last file page, so `.data` (3.4 KiB) straddled two pages and the
+/// loader's zeroing of the `.bss` part of the second wrote, and copied, a page that no
+/// relocation needs. Page-aligned, `.data` fits in one page and the rest of `.bss` is
+/// anonymous memory that an exec does not touch: one copy-on-write fault fewer per exec.
+/// GNU ld, whose layout starts the data after RELRO on a page boundary anyway, ignores the
+/// option with a warning. Only on x86_64 (measured there).
+fn page_aligned_segments() {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    if var("CARGO_CFG_TARGET_ARCH") != "x86_64" || var("CARGO_CFG_TARGET_OS") != "linux" {
+        return;
+    }
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,separate-loadable-segments");
 }

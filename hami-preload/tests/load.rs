@@ -112,6 +112,72 @@ fn nothing_of_ours_runs_at_load() {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_code_every_exec_runs_lies_in_one_place() {
+    // Every exec runs `_init`, `frame_dummy` and std's argv capture at load, and at exit
+    // `__do_global_dtors_aux` (through the PLT to `__cxa_finalize`) and `state::at_exit`;
+    // the kernel maps the file's code on the first touch of each 64 KiB window. Before
+    // build.rs placed them together, they were four windows apart (.init at the start of the
+    // code, `at_exit` 90 KiB and the argv capture 650 KiB further, `.plt` at its end).
+    let data = library();
+    let elf = object::File::parse(&*data).unwrap();
+    let init = elf.section_by_name(".init").expect(".init").address();
+    let mut places: Vec<(String, u64)> = [".plt"]
+        .iter()
+        .map(|s| {
+            let sec = elf.section_by_name(s).unwrap_or_else(|| panic!("no {s}"));
+            (s.to_string(), sec.address() + sec.size())
+        })
+        .collect();
+    type IsIt = fn(&str) -> bool;
+    let wanted: [(&str, IsIt); 4] = [
+        ("frame_dummy", |n| n == "frame_dummy"),
+        ("__do_global_dtors_aux", |n| n == "__do_global_dtors_aux"),
+        ("argv capture", |n| {
+            n.contains("ARGV_INIT_ARRAY") && n.contains("init_wrapper")
+        }),
+        ("state::at_exit", |n| {
+            n.contains("hami_preload5state7at_exit")
+        }),
+    ];
+    for (what, is) in wanted {
+        let s = elf
+            .symbols()
+            .find(|s| s.name().is_ok_and(is))
+            .unwrap_or_else(|| panic!("no symbol for {what}"));
+        places.push((what.to_string(), s.address() + s.size()));
+    }
+    for (what, end) in &places {
+        assert!(
+            *end >= init && end - init <= 4096,
+            "{what} ends {:#x} bytes from .init ({init:#x}): not in the first page of code \
+             (all: {places:x?})",
+            end.wrapping_sub(init)
+        );
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_data_starts_on_a_page_of_its_own() {
+    // The loader zeroes the `.bss` part of the data's last file page, which copies that
+    // page. lld packed `.data` (3.4 KiB) right after RELRO's last page, 3 KiB into a page:
+    // it straddled two, and the zeroing wrote a second page that no relocation needs (one
+    // page fault per exec). build.rs passes `-z separate-loadable-segments` (GNU ld starts
+    // the data after RELRO on a page boundary anyway).
+    let data = library();
+    let elf = object::File::parse(&*data).unwrap();
+    let d = elf.section_by_name(".data").expect(".data");
+    assert_eq!(
+        d.address() % 4096,
+        0,
+        ".data at {:#x} ({:#x} bytes) shares its first page",
+        d.address(),
+        d.size()
+    );
+}
+
 /// A program that execs with the preload (`LD_PRELOAD`, as in a container), calls its
 /// self-check (a deliberate panic inside the library, caught by the hooks' panic guard) and
 /// reports which objects are loaded.
