@@ -39,7 +39,8 @@ pub mod sandbox;
 
 pub use agent::{
     audit_findings, audit_findings_for, audit_process, finding_line, get_metrics, inspect_json,
-    parse_audit, serial, AgentCommand, AgentError, AgentOutput, AgentProcess, Serial,
+    parse_audit, serial, AgentCommand, AgentError, AgentOutput, AgentProcess, Serial, READY_LINE,
+    READY_TIMEOUT,
 };
 pub use artifacts::{workspace_root, Artifacts};
 pub use fake_state::{now_ns as device_clock_now_ns, BusyWindow};
