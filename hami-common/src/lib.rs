@@ -6,6 +6,7 @@
 //! * [`array`]: the CUDA array footprint estimate shared by the preload and the probes.
 //! * [`event`]: the structs the eBPF programs send to user space.
 //! * [`intercept`]: the one list of functions the preload hooks and the agent probes.
+//! * [`uuid`]: the one GPU UUID formatter (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
 //! * `region` (feature `std`): opening, creating, locking and updating a region.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
@@ -20,3 +21,6 @@ pub mod layout;
 
 #[cfg(feature = "std")]
 pub mod region;
+// Formatting code the eBPF programs have no use for.
+#[cfg(not(target_arch = "bpf"))]
+pub mod uuid;

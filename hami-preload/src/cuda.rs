@@ -338,18 +338,9 @@ pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
     Some(out)
 }
 
-/// Formats 16 UUID bytes the way NVML does (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
-}
+/// Formats 16 UUID bytes the way NVML does (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`): the
+/// workspace's one formatter, [`hami_common::uuid::format`].
+pub use hami_common::uuid::format as format_uuid;
 
 #[cfg(test)]
 mod tests {

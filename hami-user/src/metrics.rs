@@ -748,23 +748,6 @@ fn clamp(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
 }
 
-/// A region header's raw UUID as NVML and `nvidia-smi` print it (`GPU-8-4-4-4-12`), or
-/// `None` when it is all zero (unknown).
-pub fn format_uuid(raw: &[u8; 16]) -> Option<String> {
-    if raw.iter().all(|b| *b == 0) {
-        return None;
-    }
-    let h: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-    Some(format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1248,19 +1231,6 @@ mod tests {
         assert!(t.contains("hami_processes_oversubscribe_refused 1"));
         assert!(t.contains(r#"hami_findings_standing{kind="hami_core"} 0"#));
         assert!(t.contains(r#"hami_findings_standing{kind="unhooked"} 0"#));
-    }
-
-    #[test]
-    fn uuid_formats_like_nvml() {
-        let mut raw = [0u8; 16];
-        assert_eq!(format_uuid(&raw), None);
-        for (i, b) in raw.iter_mut().enumerate() {
-            *b = i as u8 * 17;
-        }
-        assert_eq!(
-            format_uuid(&raw).unwrap(),
-            "GPU-00112233-4455-6677-8899-aabbccddeeff"
-        );
     }
 
     #[test]

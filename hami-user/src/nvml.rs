@@ -199,7 +199,7 @@ impl NvmlSnapshot {
     /// The NVML index of the GPU with this raw CUDA UUID (as the region records it), if
     /// NVML lists it. All-zero (unknown) UUIDs match nothing.
     pub fn index_of_uuid(&self, raw: &[u8; 16]) -> Option<u32> {
-        let want = uuid_string(raw)?;
+        let want = hami_common::uuid::format_known(raw)?;
         self.devices
             .iter()
             .find(|d| {
@@ -215,23 +215,6 @@ impl NvmlSnapshot {
 /// overflow).
 pub fn saturating_sum<'a>(v: impl IntoIterator<Item = &'a u64>) -> u64 {
     v.into_iter().fold(0u64, |a, &b| a.saturating_add(b))
-}
-
-/// A raw CUDA UUID as NVML prints it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`), or `None`
-/// when all zero (unknown).
-pub fn uuid_string(u: &[u8; 16]) -> Option<String> {
-    if u.iter().all(|&b| b == 0) {
-        return None;
-    }
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    Some(format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    ))
 }
 
 /// `nvmlProcessUtilizationSample_t` (nvml.h): one process's utilisation of a device over

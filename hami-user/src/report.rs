@@ -4,6 +4,7 @@ use std::fmt::Write as _;
 
 use hami_common::layout::{UsageKind, INIT_READY, MAX_DEVICES};
 use hami_common::region::{Liveness, LivenessProbe, ProcProbe, RegionSnapshot};
+use hami_common::uuid::format_known;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -439,23 +440,6 @@ pub fn short_container(c: &str) -> String {
     }
 }
 
-/// A CUDA UUID as NVIDIA tools print it (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`), or
-/// `None` when all zero (unknown).
-pub fn format_uuid(u: &[u8; 16]) -> Option<String> {
-    if u.iter().all(|&b| b == 0) {
-        return None;
-    }
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    Some(format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    ))
-}
-
 fn liveness_name(l: Liveness) -> &'static str {
     match l {
         Liveness::Alive => "alive",
@@ -489,7 +473,7 @@ pub fn inspect_json(path: &str, s: &RegionSnapshot) -> Value {
                 "limit": s.limits[d],
                 "flags": s.limit_flags[d],
                 "config_invalid": s.config_invalid(d),
-                "uuid": format_uuid(&s.uuids[d]),
+                "uuid": format_known(&s.uuids[d]),
                 "used": s.used[d].saturating_sub(s.reserved(d)),
                 "reserved": s.reserved(d),
                 "admitted": s.used[d],
@@ -606,7 +590,7 @@ pub fn inspect_text(path: &str, s: &RegionSnapshot) -> String {
             s.used[d].saturating_sub(s.reserved(d)),
             human_bytes(s.reserved(d)),
             human_bytes(s.accounted(d)),
-            format_uuid(&s.uuids[d])
+            format_known(&s.uuids[d])
                 .map(|u| format!(", {u}"))
                 .unwrap_or_default()
         );

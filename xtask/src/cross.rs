@@ -118,13 +118,14 @@ pub fn cross_tools_present(t: CrossTarget) -> bool {
         && Path::new(t.sysroot()).join("lib/libc.so.6").exists()
 }
 
-/// `setup` step: the cross toolchain and qemu-user, from Debian's packages if missing.
-pub fn ensure_cross_tools(apt_install: impl Fn(&[&str], &str) -> Result<()>) -> Result<()> {
+/// `setup` step: the cross toolchain and qemu-user, from Debian's packages if missing
+/// (installed by `setup`'s one apt step, [`crate::setup::apt_install`]).
+pub fn ensure_cross_tools() -> Result<()> {
     let t = CrossTarget::Aarch64;
     if cross_tools_present(t) {
         return Ok(());
     }
-    apt_install(
+    crate::setup::apt_install(
         DEB_PACKAGES,
         "the aarch64 cross build and its tests under qemu-user",
     )?;

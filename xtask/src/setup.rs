@@ -80,7 +80,7 @@ pub fn setup() -> Result<Tools> {
     step("python venv (.tools/venv)", || ensure_venv(&tools))?;
     step("helm (.tools/bin/helm)", || ensure_helm(&tools))?;
     step("aarch64 cross toolchain and qemu-user", || {
-        crate::cross::ensure_cross_tools(apt_install)
+        crate::cross::ensure_cross_tools()
     })?;
     step("qemu-aarch64 in binfmt_misc", || {
         // Only the aarch64 pass needs it: a machine that cannot register it (not root)
@@ -318,27 +318,7 @@ fn ensure_gcc() -> Result<()> {
     if gcc_works() {
         return Ok(());
     }
-    if output_of(Command::new("apt-get").arg("--version")).is_none() {
-        bail!("`gcc` is missing and this is not a Debian/Ubuntu system (no apt-get): install gcc");
-    }
-    println!("setup:   gcc missing; installing it with apt-get");
-    run_echo(
-        Command::new("apt-get").arg("update").arg("-q"),
-        "refreshing the apt package lists",
-    )?;
-    run_echo(
-        Command::new("apt-get")
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .args([
-                "install",
-                "-y",
-                "-q",
-                "--no-install-recommends",
-                "gcc",
-                "libc6-dev",
-            ]),
-        "installing gcc and libc6-dev",
-    )?;
+    apt_install(&["gcc", "libc6-dev"], "the C compiler")?;
     if !gcc_works() {
         bail!("gcc still does not run after apt-get install");
     }
@@ -350,8 +330,10 @@ fn on_path(program: &str) -> bool {
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
 }
 
-/// `apt-get install` of `pkgs` (after one `apt-get update`), or a clear error off Debian.
-fn apt_install(pkgs: &[&str], why: &str) -> Result<()> {
+/// `apt-get install` of `pkgs` (after one `apt-get update`), or a clear error off Debian: the
+/// one install step of every `setup` step that needs Debian packages (the cross toolchain's
+/// in `cross.rs` too).
+pub(crate) fn apt_install(pkgs: &[&str], why: &str) -> Result<()> {
     if output_of(Command::new("apt-get").arg("--version")).is_none() {
         bail!(
             "{} missing and this is not a Debian/Ubuntu system (no apt-get): install them ({why})",

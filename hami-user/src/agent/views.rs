@@ -184,7 +184,7 @@ impl Agent {
             let uuid = snap
                 .uuids
                 .get(d)
-                .and_then(crate::metrics::format_uuid)
+                .and_then(hami_common::uuid::format_known)
                 .or_else(|| {
                     if covered == 1 {
                         node_uuid.clone()

@@ -7,12 +7,12 @@
 //! process that calls the fake libcuda, so assertions always filter by pid or region.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use hami_test_harness::{
-    audit_findings_for as findings_for, audit_process as process, finding_line, parse_audit,
-    serial, AgentProcess, Artifacts, RunningProbe, TestEnv,
+    audit_findings_for as findings_for, audit_process as process, finding_line, inspect_json,
+    parse_audit, serial, AgentCommand, AgentProcess, Artifacts, RunningProbe, TestEnv,
 };
 use serde_json::Value;
 
@@ -37,10 +37,9 @@ fn spawn_waiting(env: &TestEnv, ops: &[&str]) -> RunningProbe {
 fn hooked_process_within_quota_has_no_finding_and_accounted_equals_observed() {
     let _g = serial();
     let env = hooked_env("1g");
-    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "2.5"]);
+    let agent = AgentProcess::audit(AGENT, &env, "2.5", &[]);
     let probe = spawn_waiting(&env, &["init", "ctx", "alloc", "64M", "wait"]);
-    let (st, out, log) = agent.finish();
-    let audit = parse_audit(&out, &log);
+    let (st, audit, _) = agent.finish_audit();
     let p = process(&audit, probe.pid);
     assert_eq!(p["hooked"], true, "{p:#}");
     assert_eq!(p["observed"], 64 * MIB, "{p:#}");
@@ -57,11 +56,7 @@ fn hooked_process_within_quota_has_no_finding_and_accounted_equals_observed() {
 fn unhooked_process_is_reported_as_bypass_within_one_second() {
     let _g = serial();
     let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
-    let mut agent = AgentProcess::start(
-        AGENT,
-        &env,
-        &["run", "--json-log", "--metrics-addr", "127.0.0.1:0"],
-    );
+    let mut agent = AgentProcess::run_json(AGENT, &env, &[]);
     let mut probe = env.spawn_probe(&["init", "ctx", "alloc", "64M", "wait"]);
     let alloc = probe.wait_for("alloc");
     let t0 = Instant::now();
@@ -93,13 +88,8 @@ fn sigkilled_process_leaks_its_slot_and_reclaim_frees_it() {
     probe.kill(); // SIGKILL and reap: no exit handler runs.
 
     // Without --reclaim: reported, left alone.
-    let agent = AgentProcess::start(
-        AGENT,
-        &env,
-        &["audit", "--json", "--seconds", "1", "--region", &region],
-    );
-    let (_, out, log) = agent.finish();
-    let audit = parse_audit(&out, &log);
+    let agent = AgentProcess::audit(AGENT, &env, "1", &["--region", &region]);
+    let (_, audit, _) = agent.finish_audit();
     let leaked: Vec<&Value> = audit["findings"]
         .as_array()
         .unwrap()
@@ -118,21 +108,8 @@ fn sigkilled_process_leaks_its_slot_and_reclaim_frees_it() {
     assert_eq!(before["slots"].as_array().unwrap().len(), 1, "{before:#}");
 
     // With --reclaim: freed through the region's protocol.
-    let agent = AgentProcess::start(
-        AGENT,
-        &env,
-        &[
-            "audit",
-            "--json",
-            "--seconds",
-            "1",
-            "--reclaim",
-            "--region",
-            &region,
-        ],
-    );
-    let (_, out, log) = agent.finish();
-    let audit = parse_audit(&out, &log);
+    let agent = AgentProcess::audit(AGENT, &env, "1", &["--reclaim", "--region", &region]);
+    let (_, audit, _) = agent.finish_audit();
     // Other regions of the node (other tests' killed processes) may be reclaimed too.
     let rec: Vec<&Value> = audit["reclaimed"]
         .as_array()
@@ -164,9 +141,8 @@ fn hand_edited_region_limit_is_tamper() {
         .open(env.region_path())
         .expect("open region");
     std::os::unix::fs::FileExt::write_all_at(&f, &(64u64 << 30).to_le_bytes(), off).unwrap();
-    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "1"]);
-    let (_, out, log) = agent.finish();
-    let audit = parse_audit(&out, &log);
+    let agent = AgentProcess::audit(AGENT, &env, "1", &[]);
+    let (_, audit, _) = agent.finish_audit();
     let t: Vec<&Value> = findings_for(&audit, probe.pid)
         .into_iter()
         .filter(|f| f["kind"] == "tamper")
@@ -187,12 +163,11 @@ fn agent_started_after_the_workload_reports_no_false_bypass() {
             "init", "ctx", "alloc", "256M", "wait", "alloc", "32M", "wait",
         ],
     );
-    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "2"]);
+    let agent = AgentProcess::audit(AGENT, &env, "2", &[]);
     // After the agent attached: a further allocation, which it sees.
     probe.resume();
     probe.wait_for("wait");
-    let (st, out, log) = agent.finish();
-    let audit = parse_audit(&out, &log);
+    let (st, audit, _) = agent.finish_audit();
     let p = process(&audit, probe.pid);
     assert_eq!(
         p["baseline"], "pre-existing, not observed from start",
@@ -210,10 +185,9 @@ fn agent_started_after_the_workload_reports_no_false_bypass() {
 fn audit_exits_non_zero_on_bypass() {
     let _g = serial();
     let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
-    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "2"]);
+    let agent = AgentProcess::audit(AGENT, &env, "2", &[]);
     let mut probe = spawn_waiting(&env, &["init", "ctx", "alloc", "16M", "wait"]);
-    let (st, out, log) = agent.finish();
-    let audit = parse_audit(&out, &log);
+    let (st, audit, _) = agent.finish_audit();
     let f = findings_for(&audit, probe.pid);
     assert!(
         f.iter()
@@ -229,7 +203,7 @@ fn audit_exits_non_zero_on_bypass() {
 fn agent_exits_promptly_after_sigterm_and_still_reports() {
     let _g = serial();
     let env = TestEnv::new();
-    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "60"]);
+    let agent = AgentProcess::audit(AGENT, &env, "60", &[]);
     let t = Instant::now();
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(agent.pid(), libc::SIGTERM) };
@@ -243,17 +217,7 @@ fn agent_exits_promptly_after_sigterm_and_still_reports() {
 }
 
 fn inspect(region: &Path) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_hami-agent"))
-        .args(["inspect", "--json"])
-        .arg(region)
-        .output()
-        .expect("run inspect");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("inspect JSON")
+    inspect_json(AGENT, region)
 }
 
 #[test]
@@ -281,12 +245,12 @@ fn inspect_matches_a_region_written_by_the_preload() {
         "header total equals the only slot's total: {v:#}"
     );
     // The human form names the same numbers.
-    let out = Command::new(env!("CARGO_BIN_EXE_hami-agent"))
+    let out = AgentCommand::new(AGENT)
         .arg("inspect")
         .arg(env.region_path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+        .output_within(Duration::from_secs(30));
+    assert!(out.status.success(), "{out:?}");
+    let text = out.stdout_text();
     assert!(text.contains(&format!("pid {}", probe.pid)), "{text}");
     assert!(text.contains("limit 768.0 MiB"), "{text}");
     probe.resume();
@@ -302,11 +266,7 @@ fn process_that_cannot_write_its_region_is_reported_locked_out() {
     let _g = serial();
     let env = hooked_env("1g").shared_with_all_users();
     let region = env.region_path().display().to_string();
-    let mut agent = AgentProcess::start(
-        AGENT,
-        &env,
-        &["run", "--json-log", "--metrics-addr", "127.0.0.1:0"],
-    );
+    let mut agent = AgentProcess::run_json(AGENT, &env, &[]);
     let mut owner = spawn_waiting(&env, &["init", "ctx", "alloc", "64M", "wait"]);
     std::fs::set_permissions(env.region_path(), std::fs::Permissions::from_mode(0o600))
         .expect("chmod region");
@@ -363,9 +323,8 @@ fn nvml_catches_a_blind_preload_as_drift_and_over_limit() {
     // What the driver holds for it: its context (1.5 GiB) and its 256 MiB.
     let held = 1792 * MIB;
     // Default NVML period and settle time (1 s each): confirmed by the second sample.
-    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "2.5"]);
-    let (st, out, log) = agent.finish();
-    let audit = parse_audit(&out, &log);
+    let agent = AgentProcess::audit(AGENT, &env, "2.5", &[]);
+    let (st, audit, _) = agent.finish_audit();
     let p = process(&audit, probe.pid);
     assert_eq!(p["nvml"], held, "{p:#}");
     // Started before the agent: the probes saw none of it, NVML's comparison does not care.
@@ -421,19 +380,11 @@ fn nvml_catches_a_blind_preload_as_drift_and_over_limit() {
 fn hooked_processes_starting_under_the_agent_raise_no_nvml_finding() {
     let _g = serial();
     let env = hooked_env("2g").env("FAKE_CUDA_CTX_CREATE_DELAY_MS", "300");
-    let agent = AgentProcess::start(
+    let agent = AgentProcess::audit(
         AGENT,
         &env,
-        &[
-            "audit",
-            "--json",
-            "--seconds",
-            "3",
-            "--nvml-interval",
-            "100",
-            "--interval",
-            "50",
-        ],
+        "3",
+        &["--nvml-interval", "100", "--interval", "50"],
     );
     let mut probes = Vec::new();
     for size in ["64M", "128M", "256M"] {
@@ -443,8 +394,7 @@ fn hooked_processes_starting_under_the_agent_raise_no_nvml_finding() {
     for p in &mut probes {
         p.wait_for("wait");
     }
-    let (st, out, log) = agent.finish();
-    let audit = parse_audit(&out, &log);
+    let (st, audit, _) = agent.finish_audit();
     for p in &probes {
         let row = process(&audit, p.pid);
         assert_eq!(row["verdict"], "ok", "{audit:#}");
@@ -566,8 +516,7 @@ fn nvml_appearing_after_start_is_loaded_by_a_retry_and_used() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no attempt count: {line}"));
     assert!(attempts >= 2, "{line}");
-    let (st, out, log) = agent.finish();
-    let audit = parse_audit(&out, &log);
+    let (st, audit, _) = agent.finish_audit();
     assert_eq!(audit["nvml"]["available"], true, "{audit:#}");
     assert!(audit["nvml"]["error"].is_null(), "{audit:#}");
     assert!(audit["nvml"]["samples"].as_u64().unwrap() >= 2, "{audit:#}");
@@ -643,7 +592,7 @@ fn sigkilled_agent_leaves_no_probe_behind_once_a_new_agent_runs() {
             "init", "ctx", "alloc", "64M", "wait", "alloc", "32M", "wait",
         ],
     );
-    let old = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "60"]);
+    let old = AgentProcess::audit(AGENT, &env, "60", &[]);
     let old_pid = old.pid() as u32;
     let old_ids = bpf_prog_ids(old_pid);
     assert!(
@@ -653,11 +602,10 @@ fn sigkilled_agent_leaves_no_probe_behind_once_a_new_agent_runs() {
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(old_pid as i32, libc::SIGKILL) };
     drop(old);
-    let new = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "2"]);
+    let new = AgentProcess::audit(AGENT, &env, "2", &[]);
     probe.resume();
     probe.wait_for("wait");
-    let (_, out, log) = new.finish();
-    let audit = parse_audit(&out, &log);
+    let (_, audit, _) = new.finish_audit();
     let p = process(&audit, probe.pid);
     assert_eq!(p["observed"], 32 * MIB, "{p:#}");
     assert_eq!(p["alloc_events"], 1, "{p:#}");
@@ -714,14 +662,11 @@ fn compute_share_follows_the_device_clock_and_over_limit_is_found() {
     let _g = serial();
     let env = hooked_env("1g").env("CUDA_DEVICE_SM_LIMIT", "30");
     let region_b = env.dir().join("region-b.cache");
-    let agent = AgentProcess::start(
+    let agent = AgentProcess::audit(
         AGENT,
         &env,
+        "7",
         &[
-            "audit",
-            "--json",
-            "--seconds",
-            "7",
             "--nvml-interval",
             "200",
             "--compute-share-window-secs",
@@ -749,8 +694,7 @@ fn compute_share_follows_the_device_clock_and_over_limit_is_found() {
     for p in [&mut p1, &mut p2, &mut p3] {
         p.resume();
     }
-    let (st, out, log) = agent.finish();
-    let audit = parse_audit(&out, &log);
+    let (st, audit, _) = agent.finish_audit();
     // The device clock's ground truth over the agent's share window: the 3 s before its
     // latest NVML sample (CLOCK_MONOTONIC, the clock's own time base).
     let to = audit["regions"]
@@ -855,7 +799,7 @@ fn hami_core_process_gets_the_migration_reason_and_an_opted_out_one_is_unhooked(
     let lib = dir.join("libvgpu.so");
     hami_test_harness::cc(&src, &lib, &["-shared", "-fPIC"]);
 
-    let agent = AgentProcess::start(AGENT, &env, &["audit", "--json", "--seconds", "3"]);
+    let agent = AgentProcess::audit(AGENT, &env, "3", &[]);
     let start = |extra: &[(&str, &std::ffi::OsStr)]| {
         let mut c = env.command(&a.cudaprobe);
         c.args(["init", "ctx", "alloc", "16M", "wait"]);
@@ -870,8 +814,7 @@ fn hami_core_process_gets_the_migration_reason_and_an_opted_out_one_is_unhooked(
     let mut core = start(&[("LD_PRELOAD", lib.as_os_str())]);
     let mut opted_out = start(&[("CUDA_DISABLE_CONTROL", "true".as_ref())]);
     let mut plain = start(&[]);
-    let (_, out, log) = agent.finish();
-    let audit = parse_audit(&out, &log);
+    let (_, audit, _) = agent.finish_audit();
     let kinds = |pid: u32| -> Vec<(String, String)> {
         findings_for(&audit, pid)
             .iter()

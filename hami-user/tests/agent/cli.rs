@@ -1,39 +1,34 @@
 //! The command line as scripts and log collectors see it: exit statuses, log format.
 //! `audit` loads the probes: root needed (CI runs as root); these fail without it.
 
-use std::os::unix::process::CommandExt as _;
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use hami_test_harness::Artifacts;
+use hami_test_harness::{process_groups, serial, AgentCommand, AgentOutput, Artifacts};
 
-use crate::common::require_root;
-use hami_test_harness::serial;
+use crate::common::{require_root, AGENT};
 
-fn agent(args: &[&str]) -> Output {
+fn agent(args: &[&str]) -> AgentOutput {
     agent_env(args, &[])
 }
 
-fn agent_env(args: &[&str], vars: &[(&str, &str)]) -> Output {
+/// Runs `hami-agent ARGS` to its end with the fake NVML, no log settings of the caller's but
+/// `vars`, in its own process group (which the probe keeper it forks on exit, `hami-detach`,
+/// inherits: see [`wait_for_detach`]).
+fn agent_env(args: &[&str], vars: &[(&str, &str)]) -> AgentOutput {
     let a = Artifacts::get();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hami-agent"));
-    c.args(args)
-        .env("LD_LIBRARY_PATH", &a.fake_lib_dir)
+    let mut c = AgentCommand::new(AGENT)
+        .args(args)
+        .ld_library_path(&a.fake_lib_dir)
         .env_remove("RUST_LOG")
-        .env_remove("HAMI_AGENT_LOG")
-        .stdin(Stdio::null());
+        .env_remove("HAMI_AGENT_LOG");
     for (k, v) in vars {
-        c.env(k, v);
+        c = c.env(k, v);
     }
-    // Its own process group, which the probe keeper it forks on exit (`hami-detach`) inherits:
-    // see [`wait_for_detach`].
-    c.process_group(0)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = c.spawn().expect("run hami-agent");
-    AGENT_GROUPS.lock().unwrap().push(child.id() as i32);
-    child.wait_with_output().expect("run hami-agent")
+    let out = c.own_group().output();
+    AGENT_GROUPS.lock().unwrap().push(out.pid);
+    out
 }
 
 /// Process groups of the agents started here.
@@ -46,17 +41,7 @@ fn wait_for_detach() {
     let groups = AGENT_GROUPS.lock().unwrap().clone();
     let end = Instant::now() + Duration::from_secs(60);
     while Instant::now() < end {
-        let alive = std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-            .filter_map(|st| {
-                // pgrp is the 3rd field after the `(comm)`.
-                let rest = &st[st.rfind(')')? + 1..];
-                rest.split_whitespace().nth(2)?.parse::<i32>().ok()
-            })
-            .any(|g| groups.contains(&g));
-        if !alive {
+        if !process_groups().iter().any(|g| groups.contains(g)) {
             return;
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -77,26 +62,16 @@ fn a_bad_node_name_is_a_usage_error_naming_its_source() {
         );
     }
     // `run` that accepted it would run until stopped: bounded here.
+    // (Still running after 20 s, it is killed and the test fails saying so.)
     let a = Artifacts::get();
-    let mut c = Command::new(env!("CARGO_BIN_EXE_hami-agent"));
-    c.args(["run", "--metrics-addr", "127.0.0.1:0"])
-        .env("LD_LIBRARY_PATH", &a.fake_lib_dir)
+    let out = AgentCommand::new(AGENT)
+        .args(["run", "--metrics-addr", "127.0.0.1:0"])
+        .ld_library_path(&a.fake_lib_dir)
         .env("NODE_NAME", "gpu\tnode")
-        .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = c.spawn().expect("run hami-agent");
-    AGENT_GROUPS.lock().unwrap().push(child.id() as i32);
-    let end = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() && Instant::now() < end {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    if child.try_wait().unwrap().is_none() {
-        // SAFETY: kill(2) on the process group of a child we spawned.
-        unsafe { libc::kill(-(child.id() as libc::pid_t), libc::SIGTERM) };
-    }
-    let out = child.wait_with_output().unwrap();
+        .own_group()
+        .output_within(Duration::from_secs(20));
+    AGENT_GROUPS.lock().unwrap().push(out.pid);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64), "{out:?}");
     assert!(

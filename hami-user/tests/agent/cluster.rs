@@ -15,10 +15,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hami_test_harness::{workspace_root, Artifacts, RunningProbe, TestEnv};
+use hami_test_harness::{workspace_root, AgentCommand, Artifacts, RunningProbe, TestEnv};
 use serde_json::Value;
 
-use crate::common::{forward_lines, require_root};
+use crate::common::{require_root, AGENT};
 
 const CID: &str = "5e1f0c2b3a4d59687a8b9c0d1e2f30415263748596a7b8c9d0e1f20314253647";
 const POD_UID: &str = "0d7c3a52-9b1e-4f60-8a2d-6e5f4c3b2a19";
@@ -256,8 +256,7 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
 
     let agent_port = free_port();
     let agent_addr: SocketAddr = format!("127.0.0.1:{agent_port}").parse().unwrap();
-    let mut agent = Command::new(env!("CARGO_BIN_EXE_hami-agent"));
-    agent
+    let agent = AgentCommand::new(AGENT)
         .args(["run", "--metrics-addr", &format!("127.0.0.1:{agent_port}")])
         .args([
             "--per-process-metrics",
@@ -267,29 +266,11 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
         ])
         .arg("--kubelet-log-dir")
         .arg(&logs)
-        .arg("--libcuda")
-        .arg(&a.fake_libcuda)
-        .env("LD_LIBRARY_PATH", &a.fake_lib_dir)
-        .env("FAKE_CUDA_STATE", env.state_path())
+        .fake_driver(&env)
         .env("FAKE_CUDA_DEVICE_COUNT", "1")
         // What the chart passes from the pod's spec.nodeName (the downward API).
         .env("NODE_NAME", "gpu-node-1")
-        .env_remove("LD_PRELOAD")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = agent.spawn().expect("spawn hami-agent");
-    let lines = forward_lines(child.stderr.take().unwrap());
-    let _agent = Killed(child);
-    let end = Instant::now() + Duration::from_secs(60);
-    loop {
-        let l = lines
-            .recv_timeout(end.saturating_duration_since(Instant::now()))
-            .expect("hami-agent never said ready");
-        if l.contains("hami-agent: ready") {
-            break;
-        }
-    }
+        .start();
 
     // A hooked workload in the pod's cgroup: context + 256 MiB under a 1 GiB limit.
     let mut sh = env.command(Path::new("/bin/sh"));
@@ -658,6 +639,7 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     let released = sample(&t, "hami_regions_released_total", &[r#"node="gpu-node-1""#])
         .map_or(0.0, |(_, v)| v);
     assert!(released >= 1.0, "{t}");
+    agent.stop();
 }
 
 #[test]

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use hami_test_harness::{
     audit_findings as findings, audit_process as process, finding_line, get_metrics, parse_audit,
-    serial, AgentProcess, Artifacts, RunningProbe, TestEnv,
+    serial, AgentCommand, AgentProcess, Artifacts, RunningProbe, TestEnv,
 };
 use serde_json::Value;
 
@@ -130,28 +130,12 @@ fn inspect_on_a_fifo_fails_at_once_naming_the_problem() {
     let tmp = tempfile::tempdir().unwrap();
     let fifo = tmp.path().join("ff");
     mkfifo(&fifo);
-    let mut c = Command::new(AGENT)
+    let out = AgentCommand::new(AGENT)
         .args(["inspect", "--json"])
         .arg(&fifo)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    let st = loop {
-        if let Some(st) = c.try_wait().unwrap() {
-            break st;
-        }
-        if t0.elapsed() > Duration::from_secs(5) {
-            let _ = c.kill();
-            let _ = c.wait();
-            panic!("inspect on a FIFO still running after 5 s");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let mut err = String::new();
-    c.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-    assert_eq!(st.code(), Some(1), "{err}");
+        .output_within(Duration::from_secs(5));
+    let err = out.stderr_text();
+    assert_eq!(out.code(), Some(1), "{err}");
     assert!(err.contains("FIFO"), "{err}");
     assert!(err.contains(fifo.to_str().unwrap()), "{err}");
     fifo_has_reader(&fifo);
@@ -487,17 +471,7 @@ fn region_row<'a>(audit: &'a Value, name: &Path) -> &'a Value {
 }
 
 fn inspect_json(path: &Path) -> Value {
-    let out = Command::new(AGENT)
-        .args(["inspect", "--json"])
-        .arg(path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    hami_test_harness::inspect_json(AGENT, path)
 }
 
 /// A hooked process that registers in the region, and an unhooked one on the same region
@@ -587,24 +561,14 @@ fn closed_pipe() -> Stdio {
 }
 
 fn run_with_closed_stdout(args: &[&str], env: Option<&TestEnv>) -> (ExitStatus, String) {
-    let mut c = Command::new(AGENT);
-    c.args(args);
+    let mut c = AgentCommand::new(AGENT).args(args);
     if let Some(env) = env {
-        let a = Artifacts::get();
-        c.arg("--libcuda")
-            .arg(&a.fake_libcuda)
-            .env("FAKE_CUDA_STATE", env.state_path());
+        c = c.state(env).libcuda(&Artifacts::get().fake_libcuda);
     }
     let out = c
-        .stdin(Stdio::null())
         .stdout(closed_pipe())
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+        .output_within(Duration::from_secs(60));
+    (out.status, out.stderr_text())
 }
 
 #[test]

@@ -27,19 +27,19 @@
 //!   attached again (the next process ran under probes placed for the old contents).
 
 use std::collections::HashSet;
-use std::io::{BufRead, BufReader, Read};
-use std::os::unix::process::CommandExt;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hami_common::array::array_footprint;
-use hami_test_harness::{serial, wait_ready};
+use hami_test_harness::{
+    audit_findings_for, audit_process, finding_line, parse_audit, serial, AgentCommand,
+    AgentProcess, READY_LINE,
+};
 use serde_json::Value;
 
-use crate::common::{compile_c, forward_lines, require_root, wait_for_group_gone};
-
-const AGENT: &str = env!("CARGO_BIN_EXE_hami-agent");
+use crate::common::{compile_c, require_root, wait_for_group_gone, AGENT};
 const MIB: u64 = 1 << 20;
 
 /// A driver whose exported functions call other exported ones: `cuMemAllocPitch_v2` and
@@ -140,31 +140,24 @@ fn build_nested(dir: &Path) -> (PathBuf, PathBuf) {
     (drv, prog)
 }
 
-/// Spawns the agent, forwards its stderr lines, waits for `ready`.
-fn start_agent(args: &[&str]) -> (Child, std::sync::mpsc::Receiver<String>) {
-    start_agent_with(args, &[])
+/// How long an interrupted audit may take to print its report and exit.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `audit --json --seconds SECONDS` with no fake driver (no `--libcuda`, no NVML: the
+/// drivers here are found by discovery), in its own process group, ready.
+fn discovery_audit(seconds: &str) -> AgentProcess {
+    AgentCommand::audit_json(AGENT, seconds)
+        .without_ld_library_path()
+        .own_group()
+        .start()
 }
 
-/// [`start_agent`] with extra environment variables.
-fn start_agent_with(
-    args: &[&str],
-    envs: &[(&str, &std::ffi::OsStr)],
-) -> (Child, std::sync::mpsc::Receiver<String>) {
-    let mut child = Command::new(AGENT)
-        .args(args)
-        .env_remove("LD_LIBRARY_PATH")
-        .envs(envs.iter().map(|(k, v)| (*k, *v)))
-        .env_remove("LD_PRELOAD")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own group, inherited by its probe keeper (see `wait_for_group_gone`).
-        .process_group(0)
-        .spawn()
-        .expect("spawn hami-agent");
-    let rx = forward_lines(child.stderr.take().unwrap());
-    wait_ready(&mut child, &rx);
-    (child, rx)
+/// `audit --json --seconds SECONDS` against the sandbox's fake driver, in its own process
+/// group (its probe keeper waited for with [`wait_for_group_gone`]), ready.
+fn fake_audit(env: &hami_test_harness::TestEnv, seconds: &str) -> AgentCommand {
+    AgentCommand::audit_json(AGENT, seconds)
+        .fake_driver(env)
+        .own_group()
 }
 
 /// Guards issue 4's review pass (c8dc5fa): a driver not named `libcuda.so*` (in an odd
@@ -179,7 +172,7 @@ fn unseen_driver_loaded_after_the_agent_is_found_and_nested_calls_count_once() {
     let go = tmp.path().join("go");
     // A long window, ended by SIGINT once the program is done: on a loaded machine the
     // attach can take longer than any fixed window.
-    let (mut agent, log) = start_agent(&["audit", "--json", "--seconds", "60"]);
+    let mut agent = discovery_audit("60");
     let t_ready = Instant::now();
     let mut p = Command::new(&prog)
         .arg(&go)
@@ -195,23 +188,14 @@ fn unseen_driver_loaded_after_the_agent_is_found_and_nested_calls_count_once() {
     assert_eq!(line.trim(), "early");
     // The nested allocations start once the agent says the driver's probes are in (waiting a
     // fixed time was flaky on a loaded 2-core machine: the attach came after the allocations).
-    let mut early_log = Vec::new();
-    let end = Instant::now() + Duration::from_secs(45);
-    loop {
-        let l = log
-            .recv_timeout(end.saturating_duration_since(Instant::now()))
-            .unwrap_or_else(|e| {
-                let _ = p.kill();
-                panic!(
-                    "the agent never attached libweird_driver.so ({e}); log:\n{}",
-                    early_log.join("\n")
-                )
-            });
-        let attached = l.contains("attached libcuda probes") && l.contains("libweird_driver.so");
-        early_log.push(l);
-        if attached {
-            break;
-        }
+    if let Err(e) = agent.try_wait_line(Duration::from_secs(45), |l| {
+        l.contains("attached libcuda probes") && l.contains("libweird_driver.so")
+    }) {
+        let _ = p.kill();
+        panic!(
+            "the agent never attached libweird_driver.so ({e}); log:\n{}",
+            agent.log().join("\n")
+        )
     }
     std::fs::write(&go, b"").unwrap();
     let mut rest = String::new();
@@ -234,22 +218,9 @@ fn unseen_driver_loaded_after_the_agent_is_found_and_nested_calls_count_once() {
     // The program holds nothing now; give the probes' events a moment to be consumed, then
     // end the audit (it reports on SIGINT as at the end of its window).
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
-    // Read to the end before waiting: a report larger than the pipe would block the exit.
-    let mut stdout = String::new();
-    agent
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    let st = agent.wait().unwrap();
+    let (st, audit, logs) = agent.interrupt_audit(REPORT_TIMEOUT);
     let _ = p.kill();
     let _ = p.wait();
-    let logs: Vec<String> = early_log.into_iter().chain(log.try_iter()).collect();
-    let audit: Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("{e}: {stdout}\nlog:\n{}", logs.join("\n")));
     assert!(t_ready.elapsed() < Duration::from_secs(90));
     let attached = audit["probes"]["attached"].to_string();
     assert!(
@@ -257,12 +228,7 @@ fn unseen_driver_loaded_after_the_agent_is_found_and_nested_calls_count_once() {
         "driver not discovered by its symbols: {attached}\nlog:\n{}",
         logs.join("\n")
     );
-    let row = audit["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} not in the audit:\n{audit:#}"));
+    let row = audit_process(&audit, pid);
     // The 64 MiB allocated before the probes went in is not seen, and the process says so.
     assert!(
         row["baseline"]
@@ -276,11 +242,9 @@ fn unseen_driver_loaded_after_the_agent_is_found_and_nested_calls_count_once() {
     let expected = pitch * 1000 + array_footprint(1024, 1024, 0, 0x20, 4) + 32 * MIB;
     assert_eq!(row["observed"], expected, "{row:#}");
     assert_eq!(row["alloc_events"], 3, "{row:#}");
-    let bypass = audit["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["pid"] == pid && f["kind"] == "bypass")
+    let bypass = audit_findings_for(&audit, pid)
+        .into_iter()
+        .find(|f| f["kind"] == "bypass")
         .unwrap_or_else(|| panic!("no bypass for {pid}:\n{audit:#}"));
     assert_eq!(bypass["reason"], "no_preload", "{bypass:#}");
     assert_eq!(st.code(), Some(2), "audit exit status");
@@ -295,7 +259,10 @@ fn late_attached_unhooked_process_is_a_bypass_even_without_further_allocations()
     let _g = serial();
     let tmp = tempfile::tempdir().unwrap();
     let (drv, prog) = build_nested(tmp.path());
-    let (mut agent, log) = start_agent(&["run", "--json-log", "--metrics-addr", "127.0.0.1:0"]);
+    let mut agent = AgentCommand::run_json(AGENT)
+        .without_ld_library_path()
+        .own_group()
+        .start();
     let mut p = Command::new(&prog)
         .arg(tmp.path().join("never"))
         .env("LD_LIBRARY_PATH", &drv)
@@ -309,30 +276,24 @@ fn late_attached_unhooked_process_is_a_bypass_even_without_further_allocations()
         .unwrap();
     assert_eq!(line.trim(), "early");
     let t0 = Instant::now();
-    let mut seen = Vec::new();
-    let found = loop {
-        match log.recv_timeout(Duration::from_secs(5)) {
-            Ok(l) => {
-                let hit = serde_json::from_str::<Value>(&l).ok().and_then(|v| {
-                    let f = v.get("fields")?.clone();
-                    (f["kind"] == "bypass" && f["pid"] == pid).then_some(f)
-                });
-                seen.push(l);
-                if let Some(f) = hit {
-                    break f;
-                }
-            }
-            Err(_) => panic!("no bypass for {pid}; log:\n{}", seen.join("\n")),
-        }
-    };
+    let found = agent
+        .try_wait_line(Duration::from_secs(30), |l| {
+            finding_line(l, "bypass", pid).is_some()
+        })
+        .unwrap_or_else(|e| {
+            let _ = p.kill();
+            panic!(
+                "no bypass for {pid} ({e}); log:\n{}",
+                agent.log().join("\n")
+            )
+        });
+    let found = finding_line(&found, "bypass", pid).unwrap();
     // Discovery (500 ms) + attach + one tick.
     assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
     assert_eq!(found["reason"], "no_preload");
     let _ = p.kill();
     let _ = p.wait();
-    // SAFETY: kill(2) on our own child.
-    unsafe { libc::kill(agent.id() as i32, libc::SIGTERM) };
-    let _ = agent.wait();
+    agent.stop();
 }
 
 /// Guards issue 12 (found by `cargo xtask torture`'s bad inputs, ef3c3a4): `inspect` of a
@@ -344,48 +305,23 @@ fn inspect_of_a_fifo_is_an_error_not_a_hang() {
     let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
     // SAFETY: c is a valid C string.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-    let mut child = Command::new(AGENT)
+    let out = AgentCommand::new(AGENT)
         .args(["inspect", "--json"])
         .arg(&p)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("inspect of a FIFO still running after 20 s");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+        .output_within(Duration::from_secs(20));
+    let (status, err) = (out.status, out.stderr_text());
     assert_eq!(status.code(), Some(1), "{err}");
     assert!(err.contains(p.to_str().unwrap()), "names the file: {err}");
     assert!(err.contains("not a regular file"), "{err}");
 }
 
+/// `inspect --json PATH`: exit code, stdout, stderr.
 fn inspect(path: &Path) -> (Option<i32>, String, String) {
-    let out = Command::new(AGENT)
+    let out = AgentCommand::new(AGENT)
         .args(["inspect", "--json"])
         .arg(path)
-        .output()
-        .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
+        .output_within(Duration::from_secs(30));
+    (out.code(), out.stdout_text(), out.stderr_text())
 }
 
 /// Guards issue 4's review pass (c8dc5fa): `inspect` of a file that is not a valid region
@@ -446,20 +382,12 @@ fn inspect_rejects_what_is_not_a_valid_region_clearly() {
 #[test]
 fn not_root_is_a_clear_error() {
     require_root();
-    // Drop to nobody for the agent only.
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            AGENT,
-            "audit",
-            "--seconds",
-            "0",
-        ])
-        .output()
-        .expect("setpriv (util-linux)");
-    let err = String::from_utf8_lossy(&out.stderr);
+    // Drop to nobody (no supplementary groups) for the agent only.
+    let out = AgentCommand::new(AGENT)
+        .args(["audit", "--seconds", "0"])
+        .user(65534, 65534)
+        .output_within(Duration::from_secs(60));
+    let err = out.stderr_text();
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
         err.contains("needs root (running as uid 65534)"),
@@ -495,20 +423,7 @@ fn hooked_process_in_its_own_pid_namespace_is_matched_to_its_slot() {
         .preload(true)
         .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
         .env("FAKE_CUDA_DEVICE_COUNT", "1");
-    let (agent, log) = start_agent_with(
-        &[
-            "audit",
-            "--json",
-            "--seconds",
-            "2.5",
-            "--libcuda",
-            a.fake_libcuda.to_str().unwrap(),
-        ],
-        &[
-            ("LD_LIBRARY_PATH", a.fake_lib_dir.as_os_str()),
-            ("FAKE_CUDA_STATE", env.state_path().as_os_str()),
-        ],
-    );
+    let agent = fake_audit(&env, "2.5").start();
     // cudaprobe as pid 1 of a new pid namespace: its slot holds pid 1.
     let mut c = env.command(Path::new("unshare"));
     c.args(["--pid", "--fork", "--kill-child"])
@@ -530,39 +445,14 @@ fn hooked_process_in_its_own_pid_namespace_is_matched_to_its_slot() {
         Some("1"),
         "not in a child pid namespace: {nspid}"
     );
-    let mut agent = agent;
-    // Read to the end before waiting: a report larger than the pipe (a node with many GPU
-    // processes) would block the exit.
-    let mut out = String::new();
-    agent
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let st = agent.wait().unwrap();
-    let logs: Vec<String> = log.try_iter().collect();
-    let audit: Value = serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("{e}: {out}\nlog:\n{}", logs.join("\n")));
-    let row = audit["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["pid"] == host_pid)
-        .unwrap_or_else(|| panic!("pid {host_pid} not in the audit:\n{audit:#}"));
+    let (st, audit, _) = agent.finish_audit();
+    let row = audit_process(&audit, host_pid);
     assert_eq!(row["nspid"], 1, "{row:#}");
     assert_eq!(row["hooked"], true, "{row:#}");
     assert_eq!(row["observed"], 64 * MIB, "{row:#}");
     assert_eq!(row["accounted"], 64 * MIB, "{row:#}");
     assert_eq!(row["verdict"], "ok", "{audit:#}");
-    assert!(
-        !audit["findings"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|f| f["pid"] == host_pid),
-        "{audit:#}"
-    );
+    assert!(audit_findings_for(&audit, host_pid).is_empty(), "{audit:#}");
     assert_eq!(st.code(), Some(if audit["failed"] == true { 2 } else { 0 }));
     probe.resume();
 }
@@ -572,47 +462,17 @@ fn hooked_process_in_its_own_pid_namespace_is_matched_to_its_slot() {
 /// started (NVML lists it) was "ok (baseline)", exit 0. It is a bypass, whenever it started.
 #[test]
 fn audit_fails_for_an_unhooked_process_holding_memory_from_before_the_agent() {
-    use hami_test_harness::{Artifacts, TestEnv};
+    use hami_test_harness::TestEnv;
     require_root();
     let _g = serial();
-    let a = Artifacts::get();
     let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
     let mut probe = env.spawn_probe(&["init", "ctx", "alloc", "1536M", "wait"]);
     probe.wait_for("wait");
     let held = env.nvml().process_used(0, probe.pid);
     assert!(held >= 1536 * MIB, "NVML lists it: {held}");
-    let (mut agent, log) = start_agent_with(
-        &[
-            "audit",
-            "--json",
-            "--seconds",
-            "1",
-            "--libcuda",
-            a.fake_libcuda.to_str().unwrap(),
-        ],
-        &[
-            ("LD_LIBRARY_PATH", a.fake_lib_dir.as_os_str()),
-            ("FAKE_CUDA_STATE", env.state_path().as_os_str()),
-        ],
-    );
-    // Read to the end before waiting: a report larger than the pipe would block the exit.
-    let mut out = String::new();
-    agent
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let st = agent.wait().unwrap();
-    let logs: Vec<String> = log.try_iter().collect();
-    let audit: Value = serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("{e}: {out}\nlog:\n{}", logs.join("\n")));
-    let row = audit["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["pid"] == probe.pid)
-        .unwrap_or_else(|| panic!("pid {} not in the audit:\n{audit:#}", probe.pid));
+    let agent = fake_audit(&env, "1").start();
+    let (st, audit, _) = agent.finish_audit();
+    let row = audit_process(&audit, probe.pid);
     assert_eq!(row["hooked"], false, "{row:#}");
     assert_eq!(
         row["baseline"], "pre-existing, not observed from start",
@@ -620,12 +480,7 @@ fn audit_fails_for_an_unhooked_process_holding_memory_from_before_the_agent() {
     );
     assert_eq!(row["nvml"], held, "{row:#}");
     assert_eq!(row["verdict"], "bypass", "{row:#}");
-    let f: Vec<&Value> = audit["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["pid"] == probe.pid)
-        .collect();
+    let f = audit_findings_for(&audit, probe.pid);
     assert_eq!(f.len(), 1, "{audit:#}");
     assert_eq!(f[0]["kind"], "bypass");
     assert_eq!(f[0]["reason"], "no_preload");
@@ -645,68 +500,28 @@ fn audit_fails_for_an_unhooked_process_holding_memory_from_before_the_agent() {
 /// action and printed no report; the handlers now come before the attach.
 #[test]
 fn audit_interrupted_while_attaching_still_prints_its_report() {
-    use hami_test_harness::{Artifacts, TestEnv};
+    use hami_test_harness::TestEnv;
     require_root();
     let _g = serial();
-    let a = Artifacts::get();
     let env = TestEnv::new().env("FAKE_CUDA_DEVICE_COUNT", "1");
-    let mut agent = Command::new(AGENT)
-        .args([
-            "audit",
-            "--json",
-            "--seconds",
-            "60",
-            "--libcuda",
-            a.fake_libcuda.to_str().unwrap(),
-        ])
-        .env("LD_LIBRARY_PATH", &a.fake_lib_dir)
-        .env("FAKE_CUDA_STATE", env.state_path())
-        .env_remove("LD_PRELOAD")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Its own group, inherited by its probe keeper: waited for at the end.
-        .process_group(0)
-        .spawn()
-        .expect("spawn hami-agent");
-    let log = forward_lines(agent.stderr.take().unwrap());
+    let mut agent = fake_audit(&env, "60").spawn();
+    let pgid = agent.pid();
     // "NVML loaded" is logged at the start of the run, before the probes are attached.
-    let end = Instant::now() + Duration::from_secs(30);
-    let mut seen = Vec::new();
-    loop {
-        let l = log
-            .recv_timeout(end.saturating_duration_since(Instant::now()))
-            .unwrap_or_else(|e| panic!("no 'NVML loaded' line ({e}): {seen:?}"));
-        let first = l.contains("NVML loaded");
-        assert!(!l.contains("hami-agent: ready"), "ready before NVML: {l}");
-        seen.push(l);
-        if first {
-            break;
-        }
-    }
-    // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
+    let first = agent.wait_line(Duration::from_secs(30), |l| {
+        l.contains("NVML loaded") || l.contains(READY_LINE)
+    });
+    assert!(!first.contains(READY_LINE), "ready before NVML: {first}");
     let t0 = Instant::now();
-    // Read to the end before waiting: a report larger than the pipe would block the exit.
-    let mut out = String::new();
-    agent
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut out)
-        .unwrap();
-    let st = agent.wait().unwrap();
-    let logs: Vec<String> = log.try_iter().collect();
+    let (st, out, logs) = agent.interrupt(REPORT_TIMEOUT);
     assert!(
         st.code().is_some(),
         "killed by a signal ({st:?}) instead of reporting; log:\n{}",
         logs.join("\n")
     );
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
-    let audit: Value = serde_json::from_str(&out)
-        .unwrap_or_else(|e| panic!("{e}: {out:?}\nlog:\n{}", logs.join("\n")));
+    let audit = parse_audit(&out, &logs);
     assert!(audit["processes"].is_array(), "{audit:#}");
-    wait_for_group_gone(agent.id() as i32);
+    wait_for_group_gone(pgid);
 }
 
 /// Loads `libcuda.so.1` by name, takes the primary context, prints `ready`, then allocates
@@ -762,10 +577,9 @@ int main(int argc, char **argv) {
 /// before its entry probe: every allocation seen has its release seen.
 #[test]
 fn agent_attached_mid_workload_sees_the_release_of_every_allocation_it_saw() {
-    use hami_test_harness::{Artifacts, TestEnv};
+    use hami_test_harness::TestEnv;
     require_root();
     let _g = serial();
-    let a = Artifacts::get();
     let env = TestEnv::new()
         .env("FAKE_CUDA_DEVICE_COUNT", "1")
         .env("CUDA_DEVICE_MEMORY_LIMIT", "4g")
@@ -780,20 +594,8 @@ fn agent_attached_mid_workload_sees_the_release_of_every_allocation_it_saw() {
     out.read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "ready rc=0");
     // The probes go in while it churns ("ready" comes once they are all in).
-    let (mut agent, log) = start_agent_with(
-        &[
-            "audit",
-            "--json",
-            "--seconds",
-            "3",
-            "--libcuda",
-            a.fake_libcuda.to_str().unwrap(),
-        ],
-        &[
-            ("LD_LIBRARY_PATH", a.fake_lib_dir.as_os_str()),
-            ("FAKE_CUDA_STATE", env.state_path().as_os_str()),
-        ],
-    );
+    let agent = fake_audit(&env, "3").start();
+    let pgid = agent.pid();
     // Some fully probed rounds, then it stops holding anything.
     std::thread::sleep(Duration::from_millis(500));
     std::fs::write(&stop, b"").unwrap();
@@ -803,29 +605,13 @@ fn agent_attached_mid_workload_sees_the_release_of_every_allocation_it_saw() {
         line.starts_with("stopped") && line.trim().ends_with("rc=0"),
         "churn: {line}"
     );
-    // Read to the end before waiting: a report larger than the pipe would block the exit.
-    let mut stdout = String::new();
-    agent
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    let st = agent.wait().unwrap();
+    let (st, audit, _) = agent.finish_audit();
     let _ = p.kill();
     let _ = p.wait();
-    let logs: Vec<String> = log.try_iter().collect();
-    let audit: Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("{e}: {stdout}\nlog:\n{}", logs.join("\n")));
-    wait_for_group_gone(agent.id() as i32);
+    wait_for_group_gone(pgid);
     // Lost events would excuse missing releases: there must be none for this to mean anything.
     assert_eq!(audit["probes"]["dropped"], 0, "{:#}", audit["probes"]);
-    let row = audit["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} not in the audit:\n{audit:#}"));
+    let row = audit_process(&audit, pid);
     assert!(
         row["alloc_events"].as_u64().unwrap() >= 3,
         "the probed rounds were seen: {row:#}"
@@ -837,12 +623,7 @@ fn agent_attached_mid_workload_sees_the_release_of_every_allocation_it_saw() {
         row["alloc_events"], row["free_events"]
     );
     assert_eq!(row["live_allocations"], 0, "{row:#}");
-    let mine: Vec<&Value> = audit["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["pid"] == pid)
-        .collect();
+    let mine = audit_findings_for(&audit, pid);
     assert!(mine.is_empty(), "false findings: {mine:#?}");
     // Other processes on the machine may be found: only that it reported is checked.
     assert!(st.code().is_some(), "{st:?}");
@@ -873,44 +654,25 @@ fn driver_replaced_on_disk_while_attached_is_attached_again_before_processes_loa
     };
     let mut before = spawn(&["init", "ctx", "alloc", "16M", "wait", "alloc", "8M", "wait"]);
     before.wait_for("wait");
-    let (mut agent, log) = start_agent_with(
-        &[
-            "audit",
-            "--json",
-            "--seconds",
-            "60",
-            "--libcuda",
-            lib.to_str().unwrap(),
-        ],
-        &[
-            ("LD_LIBRARY_PATH", std::ffi::OsStr::new(&libpath)),
-            ("FAKE_CUDA_STATE", env.state_path().as_os_str()),
-        ],
-    );
+    let mut agent = fake_audit(&env, "60")
+        .libcuda(&lib)
+        .ld_library_path(&libpath)
+        .start();
+    let pgid = agent.pid();
     // The upgrade: a new file renamed over the attached one.
     let new = drv.join("libcuda.so.1.new");
     std::fs::copy(&a.fake_libcuda, &new).unwrap();
     std::fs::rename(&new, &lib).unwrap();
     // Discovery attaches every driver on the node: only this one's line counts.
     let ours = lib.display().to_string();
-    let end = Instant::now() + Duration::from_secs(20);
-    let mut seen = Vec::new();
-    while !seen
-        .iter()
-        .any(|l: &String| l.contains("attached libcuda probes") && l.contains(&ours))
-    {
-        match log.recv_timeout(end.saturating_duration_since(Instant::now())) {
-            Ok(l) => seen.push(l),
-            Err(_) => {
-                let _ = agent.kill();
-                let _ = agent.wait();
-                before.signal(libc::SIGKILL);
-                panic!(
-                    "the replaced libcuda was not attached again within 20 s; log:\n{}",
-                    seen.join("\n")
-                )
-            }
-        }
+    if let Err(e) = agent.try_wait_line(Duration::from_secs(20), |l| {
+        l.contains("attached libcuda probes") && l.contains(&ours)
+    }) {
+        before.signal(libc::SIGKILL);
+        panic!(
+            "the replaced libcuda was not attached again within 20 s ({e}); log:\n{}",
+            agent.log().join("\n")
+        )
     }
     // A process started on the new file (a moment later: start times count in clock ticks,
     // and one started in the tick the attach ended in is taken to have raced it), and one
@@ -921,34 +683,13 @@ fn driver_replaced_on_disk_while_attached_is_attached_again_before_processes_loa
     before.resume();
     before.wait_for("wait");
     std::thread::sleep(Duration::from_millis(500));
-    // SAFETY: kill(2) on our own child: the audit reports on SIGINT.
-    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
-    // Read to the end before waiting: a report larger than the pipe would block the exit.
-    let mut stdout = String::new();
-    agent
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    let _ = agent.wait().unwrap();
-    let logs: Vec<String> = log.try_iter().collect();
-    let audit: Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("{e}: {stdout}\nlog:\n{}", logs.join("\n")));
+    let (_, audit, _) = agent.interrupt_audit(REPORT_TIMEOUT);
     for p in [&mut before, &mut after] {
         p.resume();
         p.signal(libc::SIGKILL);
     }
-    wait_for_group_gone(agent.id() as i32);
-    let row = |pid: u32| {
-        audit["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["pid"] == pid)
-            .unwrap_or_else(|| panic!("pid {pid} not in the audit:\n{audit:#}"))
-            .clone()
-    };
+    wait_for_group_gone(pgid);
+    let row = |pid: u32| audit_process(&audit, pid);
     let new_row = row(after.pid);
     assert_eq!(new_row["observed"], 32 * MIB, "{new_row:#}");
     assert_eq!(new_row["alloc_events"], 1, "{new_row:#}");
@@ -1038,65 +779,12 @@ fn uprobe_links_of(pid: u32) -> Vec<(u32, String)> {
     out
 }
 
-/// Waits up to `secs` for a line of `log` that contains every one of `parts`; returns the
-/// lines read (panics with them, after killing `agent`, on time-out).
-fn wait_for_log(
-    log: &std::sync::mpsc::Receiver<String>,
-    agent: &mut Child,
-    parts: &[&str],
-    secs: u64,
-) -> Vec<String> {
-    let end = Instant::now() + Duration::from_secs(secs);
-    let mut seen = Vec::new();
-    loop {
-        match log.recv_timeout(end.saturating_duration_since(Instant::now())) {
-            Ok(l) => {
-                let hit = parts.iter().all(|p| l.contains(p));
-                seen.push(l);
-                if hit {
-                    return seen;
-                }
-            }
-            Err(_) => {
-                let _ = agent.kill();
-                let _ = agent.wait();
-                panic!(
-                    "no log line with {parts:?} within {secs} s; log:\n{}",
-                    seen.join("\n")
-                )
-            }
-        }
-    }
-}
-
-/// SIGINTs an `audit --json` agent and returns its report (and the rest of its log).
-fn stop_audit(agent: &mut Child, log: &std::sync::mpsc::Receiver<String>) -> Value {
-    // SAFETY: kill(2) on our own child: the audit reports on SIGINT.
-    assert_eq!(unsafe { libc::kill(agent.id() as i32, libc::SIGINT) }, 0);
-    // Read to the end before waiting: a report larger than the pipe would block the exit.
-    let mut stdout = String::new();
-    agent
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    let _ = agent.wait().unwrap();
-    let logs: Vec<String> = log.try_iter().collect();
-    wait_for_group_gone(agent.id() as i32);
-    serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("{e}: {stdout}\nlog:\n{}", logs.join("\n")))
-}
-
-/// The audit's row for `pid`.
-fn audit_row(audit: &Value, pid: u32) -> Value {
-    audit["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} not in the audit:\n{audit:#}"))
-        .clone()
+/// SIGINTs an `audit --json` agent and returns its report, once its probe keeper is gone.
+fn stop_audit(agent: AgentProcess) -> Value {
+    let pgid = agent.pid();
+    let (_, audit, _) = agent.interrupt_audit(REPORT_TIMEOUT);
+    wait_for_group_gone(pgid);
+    audit
 }
 
 /// Guards issue 12 (its closing note of 2026-12-01, "after a driver upgrade the old file's probes are
@@ -1124,21 +812,11 @@ fn replaced_driver_probes_are_detached_once_no_process_maps_the_old_file() {
     };
     let mut before = spawn(&["init", "ctx", "alloc", "16M", "wait"]);
     before.wait_for("wait");
-    let (mut agent, log) = start_agent_with(
-        &[
-            "audit",
-            "--json",
-            "--seconds",
-            "120",
-            "--libcuda",
-            lib.to_str().unwrap(),
-        ],
-        &[
-            ("LD_LIBRARY_PATH", std::ffi::OsStr::new(&libpath)),
-            ("FAKE_CUDA_STATE", env.state_path().as_os_str()),
-        ],
-    );
-    let agent_pid = agent.id();
+    let mut agent = fake_audit(&env, "120")
+        .libcuda(&lib)
+        .ld_library_path(&libpath)
+        .start();
+    let agent_pid = agent.pid() as u32;
     let ours = lib.display().to_string();
     // The agent probes every driver on the machine (other tests' and other checkouts' too,
     // which come and go): only the probes on a file in this test's `drv` directory count.
@@ -1173,7 +851,9 @@ fn replaced_driver_probes_are_detached_once_no_process_maps_the_old_file() {
     let new = drv.join("libcuda.so.1.new");
     std::fs::copy(&a.fake_libcuda, &new).unwrap();
     std::fs::rename(&new, &lib).unwrap();
-    wait_for_log(&log, &mut agent, &["attached libcuda probes", &ours], 30);
+    agent.wait_line(Duration::from_secs(30), |l| {
+        l.contains("attached libcuda probes") && l.contains(&ours)
+    });
     let per_file = links().difference(&before_upgrade).count();
     assert!(per_file >= 2, "the new file's probes: {per_file}");
     // A probe is gone when its link is (whatever the agent's descriptors show).
@@ -1200,8 +880,6 @@ fn replaced_driver_probes_are_detached_once_no_process_maps_the_old_file() {
     }
     let gone = lost();
     if gone < per_file {
-        let _ = agent.kill();
-        let _ = agent.wait();
         panic!(
             "{gone} of the {} probes present before the upgrade gone {:?} after the old file's \
              last process exited, want at least its {per_file}",
@@ -1215,11 +893,11 @@ fn replaced_driver_probes_are_detached_once_no_process_maps_the_old_file() {
     let mut after = spawn(&["init", "ctx", "alloc", "32M", "wait"]);
     after.wait_for("wait");
     std::thread::sleep(Duration::from_millis(500));
-    let audit = stop_audit(&mut agent, &log);
+    let audit = stop_audit(agent);
     let after_pid = after.pid;
     after.resume();
     let _ = after.kill();
-    let row = audit_row(&audit, after_pid);
+    let row = audit_process(&audit, after_pid);
     assert_eq!(row["observed"], 32 * MIB, "{row:#}");
     assert_eq!(row["alloc_events"], 1, "{row:#}");
     assert!(
@@ -1283,13 +961,8 @@ fn driver_rewritten_in_place_is_attached_again_before_a_process_loads_it() {
     compile_c(NESTED_DRIVER, &lib, &["-shared", "-fPIC"]);
     let loader = env.dir().join("loader");
     compile_c(LOADER_PROGRAM, &loader, &["-ldl"]);
-    let (mut agent, log) = start_agent_with(
-        &["audit", "--json", "--seconds", "120"],
-        &[
-            ("LD_LIBRARY_PATH", a.fake_lib_dir.as_os_str()),
-            ("FAKE_CUDA_STATE", env.state_path().as_os_str()),
-        ],
-    );
+    // No `--libcuda`: this driver is found in the loader's maps only.
+    let mut agent = fake_audit(&env, "120").no_libcuda().start();
     let ours = lib.display().to_string();
     let mut first = Command::new(&loader)
         .env("LD_LIBRARY_PATH", &drv)
@@ -1301,7 +974,9 @@ fn driver_rewritten_in_place_is_attached_again_before_a_process_loads_it() {
         .read_line(&mut line)
         .unwrap();
     assert_eq!(line.trim(), "loaded rc=0");
-    wait_for_log(&log, &mut agent, &["attached libcuda probes", &ours], 30);
+    agent.wait_line(Duration::from_secs(30), |l| {
+        l.contains("attached libcuda probes") && l.contains(&ours)
+    });
     let _ = first.kill();
     let _ = first.wait();
     // Rewritten in place: same inode, the fake driver's contents.
@@ -1320,7 +995,7 @@ fn driver_rewritten_in_place_is_attached_again_before_a_process_loads_it() {
     let end = Instant::now() + Duration::from_secs(60);
     let (mut rewritten, mut reattached) = (false, false);
     while !reattached {
-        match log.recv_timeout(end.saturating_duration_since(Instant::now())) {
+        match agent.next_line(end) {
             Ok(l) if l.contains(&ours) && l.contains("libcuda rewritten in place") => {
                 rewritten = true
             }
@@ -1342,19 +1017,14 @@ fn driver_rewritten_in_place_is_attached_again_before_a_process_loads_it() {
     p.wait_for("wait");
     let pid = p.pid;
     std::thread::sleep(Duration::from_millis(800));
-    let audit = stop_audit(&mut agent, &log);
+    let audit = stop_audit(agent);
     p.resume();
     let _ = p.kill();
-    let row = audit_row(&audit, pid);
+    let row = audit_process(&audit, pid);
     let why = format!("rewrite noticed: {rewritten}, attached again: {reattached}; {row:#}");
     assert_eq!(row["observed"], 32 * MIB, "{why}");
     assert_eq!(row["alloc_events"], 1, "{why}");
     assert!(row["baseline"].is_null(), "observed from its start: {why}");
-    let mine: Vec<&Value> = audit["findings"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|f| f["pid"] == pid)
-        .collect();
+    let mine = audit_findings_for(&audit, pid);
     assert!(mine.is_empty(), "false findings: {mine:#?}");
 }

@@ -1,16 +1,21 @@
-//! [`AgentProcess`]: the one driver of a running `hami-agent` (`run` or `audit`) used by the
-//! agent's tests and by `cargo xtask demo` / `torture`: start it against a sandbox's fake
-//! driver, wait for its `ready` line, read its log lines (findings among them), its
-//! `/metrics` and its `audit --json` report, stop it. Plus [`serial`], the one lock that
-//! keeps agent tests from running at the same time, and the parsers of what the agent prints
-//! ([`finding_line`], [`parse_audit`], [`audit_process`], [`audit_findings_for`]).
+//! [`AgentCommand`] and [`AgentProcess`]: the one way the agent's tests (and `cargo xtask
+//! demo` / `torture`) run `hami-agent`. [`AgentCommand`] puts a command line together (the
+//! sandbox's fake driver, extra arguments and environment, its own process group, another
+//! user) and starts it ([`AgentProcess`]: wait for its `ready` line, read its log lines,
+//! findings among them, its `/metrics` and its `audit --json` report, stop it) or runs it to
+//! its end ([`AgentOutput`]: `inspect`, usage errors, a short `audit`). Plus [`serial`], the
+//! one lock that keeps agent tests from running at the same time, and the parsers of what
+//! the agent prints ([`finding_line`], [`parse_audit`], [`audit_process`],
+//! [`audit_findings_for`], [`inspect_json`]).
 //!
 //! The agent's binary is the caller's to name (`env!("CARGO_BIN_EXE_hami-agent")` in
 //! hami-user's tests, the one xtask built): the harness does not build it.
 
+use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Mutex, MutexGuard};
@@ -21,7 +26,7 @@ use serde_json::Value;
 
 use crate::process::{forward_lines, require_root};
 use crate::sandbox::TestEnv;
-use crate::Artifacts;
+use crate::{Artifacts, ENV_FAKE_STATE};
 
 /// What went wrong driving an agent, for callers that report instead of panicking
 /// (`cargo xtask demo` / `torture`); the tests' methods panic with the log instead.
@@ -82,12 +87,279 @@ pub struct AgentProcess {
     log: Vec<String>,
 }
 
+/// A `hami-agent` command line being put together, then started ([`AgentCommand::start`]:
+/// waits for its `ready` line; [`AgentCommand::spawn`]: does not) or run to its end
+/// ([`AgentCommand::output`], [`AgentCommand::output_within`]: `inspect`, usage errors, a
+/// short `audit`). Every agent the tests start goes through it, so what each one inherits is
+/// decided here: never `LD_PRELOAD`, stdin null, stdout and stderr piped (stdout may be set
+/// with [`AgentCommand::stdout`]); the rest of the test's environment is inherited unless
+/// changed.
+pub struct AgentCommand {
+    cmd: Command,
+    libcuda: Option<PathBuf>,
+    stdout: Option<Stdio>,
+}
+
+impl AgentCommand {
+    /// `bin` with no arguments yet.
+    pub fn new(bin: impl AsRef<Path>) -> AgentCommand {
+        AgentCommand {
+            cmd: Command::new(bin.as_ref()),
+            libcuda: None,
+            stdout: None,
+        }
+    }
+
+    /// `bin audit --json --seconds SECONDS`.
+    pub fn audit_json(bin: impl AsRef<Path>, seconds: &str) -> AgentCommand {
+        AgentCommand::new(bin).args(["audit", "--json", "--seconds", seconds])
+    }
+
+    /// `bin run --json-log --metrics-addr 127.0.0.1:0` (the address it took is
+    /// [`AgentProcess::metrics_addr`]).
+    pub fn run_json(bin: impl AsRef<Path>) -> AgentCommand {
+        AgentCommand::new(bin).args(["run", "--json-log", "--metrics-addr", "127.0.0.1:0"])
+    }
+
+    /// One more argument.
+    pub fn arg(mut self, a: impl AsRef<OsStr>) -> AgentCommand {
+        self.cmd.arg(a);
+        self
+    }
+
+    /// More arguments.
+    pub fn args<S: AsRef<OsStr>>(mut self, a: impl IntoIterator<Item = S>) -> AgentCommand {
+        self.cmd.args(a);
+        self
+    }
+
+    /// Sets an environment variable (the last setting of a name wins).
+    pub fn env(mut self, key: impl AsRef<OsStr>, value: impl AsRef<OsStr>) -> AgentCommand {
+        self.cmd.env(key, value);
+        self
+    }
+
+    /// Removes an environment variable the test's own environment has.
+    pub fn env_remove(mut self, key: impl AsRef<OsStr>) -> AgentCommand {
+        self.cmd.env_remove(key);
+        self
+    }
+
+    /// Against the sandbox's fake driver: its state file (`FAKE_CUDA_STATE`), `--libcuda`
+    /// naming the fake libcuda (the sandbox's own copy when it is shared with other users)
+    /// and the fake NVML found on `LD_LIBRARY_PATH`.
+    pub fn fake_driver(self, env: &TestEnv) -> AgentCommand {
+        let a = Artifacts::get();
+        let libcuda = env
+            .shared()
+            .map_or(a.fake_libcuda.clone(), |s| s.lib_dir.join("libcuda.so.1"));
+        self.state(env)
+            .libcuda(libcuda)
+            .ld_library_path(&a.fake_lib_dir)
+    }
+
+    /// The sandbox's fake-driver state file only (`FAKE_CUDA_STATE`): no `--libcuda`, and
+    /// `LD_LIBRARY_PATH` left as it is.
+    pub fn state(self, env: &TestEnv) -> AgentCommand {
+        self.env(ENV_FAKE_STATE, env.state_path())
+    }
+
+    /// `--libcuda PATH`, given after every other argument (replaces an earlier one).
+    pub fn libcuda(mut self, path: impl Into<PathBuf>) -> AgentCommand {
+        self.libcuda = Some(path.into());
+        self
+    }
+
+    /// No `--libcuda` (the driver found by discovery only), even after
+    /// [`AgentCommand::fake_driver`].
+    pub fn no_libcuda(mut self) -> AgentCommand {
+        self.libcuda = None;
+        self
+    }
+
+    /// `LD_LIBRARY_PATH=value`: where it finds NVML (a `:` list).
+    pub fn ld_library_path(self, value: impl AsRef<OsStr>) -> AgentCommand {
+        self.env("LD_LIBRARY_PATH", value)
+    }
+
+    /// No `LD_LIBRARY_PATH` (a node without NVML where none is installed system-wide).
+    pub fn without_ld_library_path(self) -> AgentCommand {
+        self.env_remove("LD_LIBRARY_PATH")
+    }
+
+    /// In a process group of its own, which the probe keeper it forks on exit
+    /// (`hami-detach`) inherits: [`wait_for_group_gone`](crate::wait_for_group_gone) with
+    /// the agent's pid then waits for the keeper too.
+    pub fn own_group(mut self) -> AgentCommand {
+        self.cmd.process_group(0);
+        self
+    }
+
+    /// Runs as `uid`/`gid` with no supplementary groups (the test runs as root).
+    pub fn user(mut self, uid: u32, gid: u32) -> AgentCommand {
+        self.cmd.uid(uid).gid(gid);
+        self
+    }
+
+    /// Its stdout (piped and read by the harness otherwise), e.g. a pipe whose reader is gone.
+    pub fn stdout(mut self, s: Stdio) -> AgentCommand {
+        self.stdout = Some(s);
+        self
+    }
+
+    /// The command as it runs (`--libcuda` appended, `LD_PRELOAD` removed, stdin null,
+    /// stdout and stderr piped or as set), and a name for messages.
+    fn into_command(self) -> (Command, String) {
+        let mut cmd = self.cmd;
+        if let Some(l) = &self.libcuda {
+            cmd.arg("--libcuda").arg(l);
+        }
+        cmd.env_remove("LD_PRELOAD")
+            .stdin(Stdio::null())
+            .stdout(self.stdout.unwrap_or_else(Stdio::piped))
+            .stderr(Stdio::piped());
+        let name = std::iter::once(cmd.get_program())
+            .chain(cmd.get_args())
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect::<Vec<_>>()
+            .join(" ");
+        (cmd, name)
+    }
+
+    /// Starts it and waits (at most [`READY_TIMEOUT`]) for its `ready` line; panics with the
+    /// log if it exits or is not ready in time. Needs root (the probes).
+    pub fn start(self) -> AgentProcess {
+        require_root();
+        let mut agent = self.spawn();
+        agent.wait_line(READY_TIMEOUT, |l| l.contains(READY_LINE));
+        agent
+    }
+
+    /// Starts it without waiting for anything (read its lines with
+    /// [`AgentProcess::next_line`] or [`AgentProcess::wait_line`]).
+    pub fn spawn(self) -> AgentProcess {
+        let (cmd, _) = self.into_command();
+        AgentProcess::spawn_only(cmd).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Runs it to its end, however long that takes: its status and everything it printed.
+    pub fn output(self) -> AgentOutput {
+        self.run_to_end(None)
+    }
+
+    /// [`AgentCommand::output`] bounded by `timeout`: still running then, it is killed and
+    /// the test panics with what it printed on stderr.
+    pub fn output_within(self, timeout: Duration) -> AgentOutput {
+        self.run_to_end(Some(timeout))
+    }
+
+    fn run_to_end(self, timeout: Option<Duration>) -> AgentOutput {
+        let (mut cmd, name) = self.into_command();
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        // Each stream read to its end by a thread (a child it left may hold it open).
+        let read_all = |r: Option<Box<dyn Read + Send>>| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_end(&mut v);
+                }
+                let _ = tx.send(v);
+            });
+            rx
+        };
+        let stdout = read_all(child.stdout.take().map(|o| Box::new(o) as _));
+        let stderr = read_all(child.stderr.take().map(|e| Box::new(e) as _));
+        let end = timeout.map(|t| Instant::now() + t);
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) => {}
+                Err(e) => panic!("waiting for {name}: {e}"),
+            }
+            if end.is_some_and(|end| Instant::now() > end) {
+                let _ = child.kill();
+                let _ = child.wait();
+                let err = stderr
+                    .recv_timeout(Duration::from_secs(2))
+                    .unwrap_or_default();
+                panic!(
+                    "{name}: still running after {:?}; stderr:\n{}",
+                    timeout.unwrap_or_default(),
+                    String::from_utf8_lossy(&err)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        AgentOutput {
+            pid: child.id() as i32,
+            status,
+            stdout: stdout.recv().unwrap_or_default(),
+            stderr: stderr.recv().unwrap_or_default(),
+        }
+    }
+}
+
+/// What a `hami-agent` run to its end ([`AgentCommand::output`]) left: like
+/// [`std::process::Output`], with its pid (its process group's id after
+/// [`AgentCommand::own_group`]); shown with stdout and stderr as text.
+pub struct AgentOutput {
+    /// The agent's pid.
+    pub pid: i32,
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// Everything it wrote on stdout (empty when stdout was not piped).
+    pub stdout: Vec<u8>,
+    /// Everything it wrote on stderr.
+    pub stderr: Vec<u8>,
+}
+
+impl AgentOutput {
+    /// The exit code (`None` when killed by a signal).
+    pub fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+
+    /// stdout as text (lossy).
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    /// stderr as text (lossy).
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+}
+
+impl std::fmt::Debug for AgentOutput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentOutput")
+            .field("pid", &self.pid)
+            .field("status", &self.status)
+            .field("stdout", &self.stdout_text())
+            .field("stderr", &self.stderr_text())
+            .finish()
+    }
+}
+
+/// `bin inspect --json PATH`, parsed; panics with its stderr unless it exits 0 with JSON.
+pub fn inspect_json(bin: impl AsRef<Path>, path: &Path) -> Value {
+    let out = AgentCommand::new(bin)
+        .args(["inspect", "--json"])
+        .arg(path)
+        .output_within(Duration::from_secs(30));
+    assert!(out.status.success(), "inspect {}: {out:?}", path.display());
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("inspect {}: not JSON ({e}): {out:?}", path.display()))
+}
+
 impl AgentProcess {
-    /// Starts `bin ARGS... --libcuda <fake>` against the sandbox's fake driver (its state
-    /// file; its own copy of the fake libcuda when `env` is shared with other users), finding
-    /// the fake NVML on `LD_LIBRARY_PATH`, and waits for its `ready` line. Needs root.
+    /// Starts `bin ARGS... --libcuda <fake>` against the sandbox's fake driver (see
+    /// [`AgentCommand::fake_driver`]) and waits for its `ready` line. Needs root.
     pub fn start(bin: impl AsRef<Path>, env: &TestEnv, args: &[&str]) -> AgentProcess {
-        AgentProcess::start_with_libs(bin, env, args, Some(&Artifacts::get().fake_lib_dir))
+        AgentCommand::new(bin).args(args).fake_driver(env).start()
     }
 
     /// [`AgentProcess::start`] with `LD_LIBRARY_PATH=lib_dir` (where it finds NVML, or not);
@@ -98,27 +370,46 @@ impl AgentProcess {
         args: &[&str],
         lib_dir: Option<&Path>,
     ) -> AgentProcess {
-        require_root();
-        let a = Artifacts::get();
-        let libcuda = env
-            .shared()
-            .map_or(a.fake_libcuda.clone(), |s| s.lib_dir.join("libcuda.so.1"));
-        let mut cmd = Command::new(bin.as_ref());
+        let c = AgentCommand::new(bin).args(args).fake_driver(env);
         match lib_dir {
-            Some(d) => cmd.env("LD_LIBRARY_PATH", d),
-            None => cmd.env_remove("LD_LIBRARY_PATH"),
-        };
-        cmd.args(args)
-            .arg("--libcuda")
-            .arg(&libcuda)
-            .env("FAKE_CUDA_STATE", env.state_path());
-        AgentProcess::spawn(cmd)
+            Some(d) => c.ld_library_path(d),
+            None => c.without_ld_library_path(),
+        }
+        .start()
+    }
+
+    /// `bin audit --json --seconds SECONDS EXTRA...` against the sandbox's fake driver,
+    /// ready (see [`AgentProcess::start`]); [`AgentProcess::finish_audit`] reads its report.
+    pub fn audit(
+        bin: impl AsRef<Path>,
+        env: &TestEnv,
+        seconds: &str,
+        extra: &[&str],
+    ) -> AgentProcess {
+        AgentCommand::audit_json(bin, seconds)
+            .args(extra)
+            .fake_driver(env)
+            .start()
+    }
+
+    /// `bin run --json-log --metrics-addr 127.0.0.1:0 EXTRA...` against the sandbox's fake
+    /// driver, ready (see [`AgentProcess::start`]).
+    pub fn run_json(bin: impl AsRef<Path>, env: &TestEnv, extra: &[&str]) -> AgentProcess {
+        AgentCommand::run_json(bin)
+            .args(extra)
+            .fake_driver(env)
+            .start()
     }
 
     /// Spawns a prepared agent command (its arguments and environment set by the caller;
     /// `LD_PRELOAD` removed, stdin null, stdout and stderr piped here) and waits for its
-    /// `ready` line.
-    pub fn spawn(cmd: Command) -> AgentProcess {
+    /// `ready` line. For callers that build their own [`Command`] (`cargo xtask demo`);
+    /// tests use [`AgentCommand`].
+    pub fn spawn(mut cmd: Command) -> AgentProcess {
+        cmd.env_remove("LD_PRELOAD")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut agent = AgentProcess::spawn_only(cmd).unwrap_or_else(|e| panic!("{e}"));
         agent.wait_line(READY_TIMEOUT, |l| l.contains(READY_LINE));
         agent
@@ -127,9 +418,13 @@ impl AgentProcess {
     /// [`AgentProcess::spawn`] that reports instead of panicking, showing `on_line` every
     /// line logged before `ready` (the ready line included).
     pub fn try_spawn(
-        cmd: Command,
+        mut cmd: Command,
         mut on_line: impl FnMut(&str),
     ) -> Result<AgentProcess, AgentError> {
+        cmd.env_remove("LD_PRELOAD")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut agent = AgentProcess::spawn_only(cmd)?;
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
@@ -141,29 +436,25 @@ impl AgentProcess {
         }
     }
 
-    /// Starts the agent, its stderr forwarded and its stdout read by a thread.
+    /// Starts a command whose stdio is already set (stderr piped), its stderr forwarded and
+    /// its stdout, when piped, read by a thread.
     fn spawn_only(mut cmd: Command) -> Result<AgentProcess, AgentError> {
-        let mut child = cmd
-            .env_remove("LD_PRELOAD")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| AgentError::Spawn {
-                program: cmd.get_program().to_string_lossy().into_owned(),
-                source,
-            })?;
+        let mut child = cmd.spawn().map_err(|source| AgentError::Spawn {
+            program: cmd.get_program().to_string_lossy().into_owned(),
+            source,
+        })?;
         let stderr = forward_lines(child.stderr.take().expect("stderr"));
-        let mut out = child.stdout.take().expect("stdout");
-        let stdout = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = out.read_to_string(&mut s);
-            s
+        let stdout = child.stdout.take().map(|mut out| {
+            std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = out.read_to_string(&mut s);
+                s
+            })
         });
         Ok(AgentProcess {
             child,
             stderr,
-            stdout: Some(stdout),
+            stdout,
             log: Vec::new(),
         })
     }
@@ -202,19 +493,31 @@ impl AgentProcess {
     /// Reads stderr until `pred` matches a line (returned); panics with the log on timeout
     /// or if the agent exits first.
     pub fn wait_line(&mut self, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        match self.try_wait_line(timeout, pred) {
+            Ok(l) => l,
+            Err(AgentError::Exited(st)) => panic!(
+                "hami-agent exited ({st:?}) before a matching line; log:\n{}",
+                self.log.join("\n")
+            ),
+            Err(_) => panic!(
+                "hami-agent: no matching line within {timeout:?}; log:\n{}",
+                self.log.join("\n")
+            ),
+        }
+    }
+
+    /// [`AgentProcess::wait_line`] that reports instead of panicking (the lines read are in
+    /// [`AgentProcess::log`]), for a test that has something to clean up first.
+    pub fn try_wait_line(
+        &mut self,
+        timeout: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> Result<String, AgentError> {
         let end = Instant::now() + timeout;
         loop {
-            match self.next_line(end) {
-                Ok(l) if pred(&l) => return l,
-                Ok(_) => {}
-                Err(AgentError::Exited(st)) => panic!(
-                    "hami-agent exited ({st:?}) before a matching line; log:\n{}",
-                    self.log.join("\n")
-                ),
-                Err(_) => panic!(
-                    "hami-agent: no matching line within {timeout:?}; log:\n{}",
-                    self.log.join("\n")
-                ),
+            let l = self.next_line(end)?;
+            if pred(&l) {
+                return Ok(l);
             }
         }
     }
@@ -295,6 +598,27 @@ impl AgentProcess {
         self.finish_within(timeout)
     }
 
+    /// SIGINT (an `audit` reports then, as at the end of its window), then the exit within
+    /// `timeout` (see [`AgentProcess::finish_within`]).
+    pub fn interrupt(self, timeout: Duration) -> (ExitStatus, String, Vec<String>) {
+        self.signal(libc::SIGINT);
+        self.finish_within(timeout)
+    }
+
+    /// [`AgentProcess::finish`] of an `audit --json`: its exit status, its report (panics
+    /// with the log if it is not JSON) and the whole log.
+    pub fn finish_audit(self) -> (ExitStatus, Value, Vec<String>) {
+        let (st, out, log) = self.finish();
+        (st, parse_audit(&out, &log), log)
+    }
+
+    /// [`AgentProcess::interrupt`] of an `audit --json`: its report as
+    /// [`AgentProcess::finish_audit`] gives it.
+    pub fn interrupt_audit(self, timeout: Duration) -> (ExitStatus, Value, Vec<String>) {
+        let (st, out, log) = self.interrupt(timeout);
+        (st, parse_audit(&out, &log), log)
+    }
+
     /// SIGTERM and wait, ignoring what it printed.
     pub fn stop(mut self) {
         self.signal(libc::SIGTERM);
@@ -323,29 +647,6 @@ impl Drop for AgentProcess {
             self.signal(libc::SIGCONT);
             let _ = self.child.kill();
             let _ = self.child.wait();
-        }
-    }
-}
-
-/// Waits (at most [`READY_TIMEOUT`]) for the `ready` line of an agent whose stderr lines
-/// come on `rx`, for callers that drive the [`Child`] themselves; returns the lines read,
-/// or kills the agent and panics with them.
-pub fn wait_ready(child: &mut Child, rx: &Receiver<String>) -> Vec<String> {
-    let end = Instant::now() + READY_TIMEOUT;
-    let mut log = Vec::new();
-    loop {
-        let l = match rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
-            Ok(l) => l,
-            Err(e) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("no ready line ({e}); log:\n{}", log.join("\n"));
-            }
-        };
-        let ready = l.contains(READY_LINE);
-        log.push(l);
-        if ready {
-            return log;
         }
     }
 }
@@ -428,6 +729,68 @@ mod tests {
         assert_eq!(audit_findings(&a).len(), 2);
         assert_eq!(audit_findings_for(&a, 2)[0]["kind"], "bypass");
         assert!(audit_findings_for(&a, 1).is_empty());
+    }
+
+    /// `/bin/sh -c SCRIPT` standing in for the agent.
+    fn sh(script: &str) -> AgentCommand {
+        AgentCommand::new("/bin/sh").args(["-c", script, "sh"])
+    }
+
+    #[test]
+    fn a_command_runs_to_its_end_with_libcuda_last_and_no_ld_preload() {
+        let out = sh(r#"echo "$*"; echo "${LD_PRELOAD-unset} $X"; echo err >&2; exit 3"#)
+            .libcuda("/drv/libcuda.so.1")
+            .arg("a")
+            .env("LD_PRELOAD", "/nonexistent/libx.so")
+            .env("X", "1")
+            .env("Y", "2")
+            .env_remove("Y")
+            .output();
+        assert_eq!(out.code(), Some(3), "{out:?}");
+        assert_eq!(
+            out.stdout_text(),
+            "a --libcuda /drv/libcuda.so.1\nunset 1\n",
+            "{out:?}"
+        );
+        assert_eq!(out.stderr_text(), "err\n");
+        assert!(format!("{out:?}").contains("stderr: \"err\\n\""), "{out:?}");
+        // A `--libcuda` taken back, a group of its own.
+        let out = sh(r#"echo "$*"; ps -o pgid= -p $$"#)
+            .libcuda("/x")
+            .no_libcuda()
+            .own_group()
+            .output();
+        let text = out.stdout_text();
+        let mut lines = text.lines();
+        assert_eq!(lines.next(), Some(""), "{out:?}");
+        assert_eq!(
+            lines.next().map(str::trim),
+            Some(out.pid.to_string().as_str())
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "still running after")]
+    fn a_command_still_running_past_its_bound_panics() {
+        // `sleep` keeps stderr open after `sh` is killed: the panic does not wait for it.
+        sh("echo started >&2; sleep 20; true").output_within(Duration::from_millis(300));
+    }
+
+    #[test]
+    fn a_spawned_command_is_read_line_by_line() {
+        let mut p = sh("echo one >&2; echo hami-agent: ready >&2; echo report").spawn();
+        let l = p.wait_line(Duration::from_secs(10), |l| l.contains(READY_LINE));
+        assert_eq!(l, READY_LINE);
+        assert_eq!(p.log(), ["one", READY_LINE]);
+        let (st, out, log) = p.finish_within(Duration::from_secs(10));
+        assert!(st.success());
+        assert_eq!(out, "report\n");
+        assert_eq!(log, ["one", READY_LINE]);
+        let mut p = sh("echo one >&2").spawn();
+        assert!(matches!(
+            p.try_wait_line(Duration::from_secs(10), |l| l == "two"),
+            Err(AgentError::Exited(_))
+        ));
     }
 
     #[test]

@@ -17,7 +17,8 @@
 //! * [`probe`]: `cudaprobe`'s output ([`ProbeOutput`], [`OpLine`]); [`RunningProbe`] drives a
 //!   probe that is still running (e.g. blocked in `wait`).
 //! * [`nvml`]: `nvmlprobe`'s output ([`NvmlSnapshot`]).
-//! * [`agent`]: [`AgentProcess`], a running `hami-agent` (start, wait for ready, read its
+//! * [`agent`]: [`AgentCommand`], a `hami-agent` command line (started, or run to its end),
+//!   [`AgentProcess`], a running `hami-agent` (wait for ready, read its
 //!   findings, report and metrics, stop), [`serial`], the one lock of the agent tests, and the
 //!   parsers of what the agent prints.
 //! * [`process`]: root check, line forwarding, process-group waits.
@@ -37,8 +38,9 @@ pub mod programs;
 pub mod sandbox;
 
 pub use agent::{
-    audit_findings, audit_findings_for, audit_process, finding_line, get_metrics, parse_audit,
-    serial, wait_ready, AgentError, AgentProcess, Serial,
+    audit_findings, audit_findings_for, audit_process, finding_line, get_metrics, inspect_json,
+    parse_audit, serial, AgentCommand, AgentError, AgentOutput, AgentProcess, Serial, READY_LINE,
+    READY_TIMEOUT,
 };
 pub use artifacts::{workspace_root, Artifacts};
 pub use fake_state::{now_ns as device_clock_now_ns, BusyWindow};
