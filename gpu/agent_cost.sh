@@ -44,6 +44,32 @@ while [ $r -le "$rounds" ]; do
   r=$((r + 1))
 done
 grep -i 'attach' "$w/agent1.log" | head -5
+# Breakpoints left after the agent stopped? A fresh process maps libcuda and reports the
+# privately copied (breakpointed) kB of its text; a fresh copy of the file is the control.
+cat > "$w/anon.py" <<'PY'
+import ctypes, os, sys
+ctypes.CDLL(sys.argv[1])
+real = os.path.realpath(sys.argv[1])
+kb = 0; inside = False
+for l in open('/proc/self/smaps'):
+    f = l.split()
+    if '-' in f[0] and len(f) > 1 and len(f[1]) == 4:
+        inside = f[1] == 'r-xp' and l.rstrip().endswith(real)
+    elif inside and l.startswith('Anonymous:'):
+        kb += int(f[1])
+print('ANON path=%s text_anon_kb=%d' % (sys.argv[1], kb))
+PY
+echo "## after the last agent stopped: agents left: $(pgrep -c hami-agent)"
+echo "## perf/bpf-link descriptors held by any process: $(ls -l /proc/[0-9]*/fd 2>/dev/null | grep -c 'anon_inode:\[perf_event\]\|anon_inode:bpf-link')"
+python3 "$w/anon.py" "$lib"
+cp "$lib" "$w/libcuda.so.1" && python3 "$w/anon.py" "$w/libcuda.so.1"
+sleep 10; python3 "$w/anon.py" "$lib"
+echo "## an agent running, then stopped with SIGTERM"
+"$agent" run --metrics-addr 127.0.0.1:9477 --libcuda "$w/libcuda.so.1" > "$w/agentc.log" 2>&1 &
+ap=$!
+wait_ready "$w/agentc.log" && python3 "$w/anon.py" "$w/libcuda.so.1"
+kill -TERM $ap; wait $ap; echo "agent rc=$?"
+python3 "$w/anon.py" "$w/libcuda.so.1"
 echo "## legacy entries, native"; "$w/legacy" 512 4
 echo "## legacy entries, preload, 2 GiB quota"
 LD_PRELOAD=$pre CUDA_DEVICE_MEMORY_LIMIT=2g CUDA_DEVICE_MEMORY_SHARED_CACHE=$w/l.cache "$w/legacy" 512 4
