@@ -214,16 +214,21 @@ pub struct Agent {
 
 /// The exit watch, when `proc_root` is a procfs of the agent's own pid namespace (its pids
 /// are the ones `pidfd_open` takes; a fake tree's pids name nothing, or other processes) and
-/// the agent is made inside a tokio runtime, whose reactor watches the pidfds (the agent's
-/// runtime has I/O enabled: `main.rs`; registering with one that has not would panic).
+/// the agent is made inside a multi-thread tokio runtime, whose reactor watches the pidfds
+/// (the agent's runtime has I/O enabled: `main.rs`; registering with one that has not would
+/// panic).
 fn exit_watch_for(proc_root: &Path) -> Option<pidfds::ExitWatch> {
     if !pidfds::is_own_procfs(proc_root) {
         return None;
     }
     match Handle::try_current() {
-        Ok(rt) => Some(pidfds::ExitWatch::new(rt)),
-        Err(_) => {
-            tracing::debug!("no tokio runtime with I/O for pidfds: processes' liveness read from /proc/<pid>/stat every tick");
+        // A current-thread runtime's reactor runs only while its one thread awaits, not
+        // while it ticks the agent: exits would be seen late.
+        Ok(rt) if rt.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread => {
+            Some(pidfds::ExitWatch::new(rt))
+        }
+        _ => {
+            tracing::debug!("no multi-thread tokio runtime for pidfds: processes' liveness read from /proc/<pid>/stat every tick");
             None
         }
     }

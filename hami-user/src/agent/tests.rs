@@ -1103,6 +1103,13 @@ fn exit_watch_only_on_the_agents_own_procfs() {
     // Outside a runtime: no reactor to watch pidfds, the stat path.
     let outside = Agent::new(AgentOptions::default());
     assert!(outside.exits.is_none());
+    // Nor inside a current-thread runtime (its reactor runs only while it awaits).
+    let ct = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let _ct = ct.enter();
+    assert!(Agent::new(AgentOptions::default()).exits.is_none());
 }
 
 #[test]
