@@ -149,11 +149,13 @@ fn findings_figures() {
 fn fake_process(root: &Path, pid: u32) {
     let dir = root.join(pid.to_string());
     std::fs::create_dir_all(dir.join("root/lib")).expect("mkdir");
+    // All 52 fields, as the kernel writes them (procfs's parser wants them); the start time
+    // (field 22) is 12345.
     let mut stat = format!("{pid} (p) S");
-    for i in 4..=21 {
-        stat.push_str(&format!(" {i}"));
+    for i in 4..=52 {
+        stat.push_str(&format!(" {}", if i == 22 { 12345 } else { i }));
     }
-    stat.push_str(" 12345 100 200\n");
+    stat.push('\n');
     std::fs::write(dir.join("stat"), stat).expect("stat");
     let mut maps = String::new();
     for l in 0..40u64 {

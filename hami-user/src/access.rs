@@ -27,27 +27,23 @@ impl Creds {
     }
 }
 
-/// The fields of `/proc/<pid>/status` that [`Creds`] holds; `None` if one is missing or
-/// malformed.
+impl Creds {
+    /// The fields of a parsed `/proc/<pid>/status` (see [`crate::procinfo::parse_status`])
+    /// that [`Creds`] holds.
+    pub fn from_status(status: &procfs::process::Status) -> Creds {
+        Creds {
+            fsuid: status.fuid,
+            fsgid: status.fgid,
+            // Gids as the kernel writes them (`%u`), which procfs parsed as `i32`.
+            groups: status.groups.iter().map(|&g| g as u32).collect(),
+            cap_eff: status.capeff,
+        }
+    }
+}
+
+/// The [`Creds`] of `/proc/<pid>/status` text; `None` if it does not parse.
 pub fn parse_creds(status: &str) -> Option<Creds> {
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .map(str::trim)
-    };
-    let fourth =
-        |name: &str| -> Option<u32> { field(name)?.split_whitespace().nth(3)?.parse().ok() };
-    let groups = field("Groups:")?
-        .split_whitespace()
-        .map(|g| g.parse().ok())
-        .collect::<Option<Vec<u32>>>()?;
-    Some(Creds {
-        fsuid: fourth("Uid:")?,
-        fsgid: fourth("Gid:")?,
-        groups,
-        cap_eff: u64::from_str_radix(field("CapEff:")?, 16).ok()?,
-    })
+    crate::procinfo::parse_status(status).map(|s| Creds::from_status(&s))
 }
 
 /// Owner, group and permission bits of a file.
@@ -95,8 +91,12 @@ pub fn write_denied(file: &FileMeta, creds: &Creds) -> Option<String> {
 mod tests {
     use super::*;
 
-    const STATUS: &str = "Name:\tcudaprobe\nUmask:\t0022\nState:\tS (sleeping)\nPid:\t42\n\
-        Uid:\t1000\t1001\t1002\t1003\nGid:\t2000\t2001\t2002\t2003\nGroups:\t10 44 \n\
+    /// A whole `/proc/<pid>/status` (procfs's parser wants every field the kernel writes).
+    const STATUS: &str = "Name:\tcudaprobe\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t42\n\
+        Pid:\t42\nPPid:\t1\nTracerPid:\t0\nUid:\t1000\t1001\t1002\t1003\n\
+        Gid:\t2000\t2001\t2002\t2003\nFDSize:\t64\nGroups:\t10 44 \nThreads:\t1\n\
+        SigQ:\t0/1000\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000000\n\
+        SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000000\n\
         CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n";
 
     fn creds(uid: u32, gid: u32, groups: &[u32]) -> Creds {
@@ -121,6 +121,8 @@ mod tests {
         assert!(r.dac_override());
         assert_eq!(parse_creds("Name:\tx\n"), None);
         assert_eq!(parse_creds(&STATUS.replace("1003", "x")), None);
+        // procfs reads gids as i32 (see `procinfo::parse_status`).
+        assert_eq!(parse_creds(&STATUS.replace("10 44", "10 3000000000")), None);
     }
 
     #[test]

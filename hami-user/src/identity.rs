@@ -139,6 +139,11 @@ fn unescape_mountinfo(s: &str) -> String {
 /// The HAMi container folder holding `path` (a path inside the process's mount namespace),
 /// from its `/proc/<pid>/mountinfo`: the mount with the longest mount point above `path`
 /// whose source root ends in `<uid>_<container>`.
+///
+/// Not procfs's `MountInfo` parser: the process's mounts are the tenant's (root in its user
+/// namespace may mount anything), and that parser fails the whole file on one line a tenant
+/// can write (a mount whose source is the empty string leaves a field out), and leaves the
+/// octal escapes in the paths.
 pub fn hami_folder_from_mountinfo(mountinfo: &str, path: &str) -> Option<(String, String)> {
     let mut best: Option<(usize, String)> = None;
     for line in mountinfo.lines() {

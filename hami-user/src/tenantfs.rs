@@ -17,8 +17,9 @@
 //!   maximum for `maps` and `environ`).
 //!
 //! [`bounded`] runs a read that could still be slow (a file on a hung network or FUSE file
-//! system, a `/proc` file of a process whose memory map is locked) on a helper thread and
-//! gives up waiting after a deadline, so that one input never stalls the agent.
+//! system, a `/proc` file of a process whose memory map is locked) on a thread of tokio's
+//! blocking pool and gives up waiting after a deadline, so that one input never stalls the
+//! agent.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -75,6 +76,14 @@ pub enum TenantFsError {
     Busy {
         /// What was being read.
         what: String,
+    },
+    /// [`MAX_OUTSTANDING_READS`] reads are outstanding (stuck on slow inputs): not started.
+    #[error("{what}: {limit} reads are outstanding (stuck on slow inputs?): skipped")]
+    Saturated {
+        /// What was being read.
+        what: String,
+        /// [`MAX_OUTSTANDING_READS`].
+        limit: usize,
     },
 }
 
@@ -245,103 +254,109 @@ pub fn read_proc_file(path: &Path) -> Result<Vec<u8>, TenantFsError> {
     read_at_most(&f, MAX_PROC_FILE, path)
 }
 
-/// A job for a reader thread.
-type Job = Box<dyn FnOnce() + Send + 'static>;
+/// Most bounded reads outstanding at once, those stuck on a tenant's input included: each
+/// holds one thread of the readers' pool until its input lets it go (a read stuck in the
+/// kernel cannot be cancelled). Beyond it a read is refused at once
+/// ([`TenantFsError::Saturated`]) instead of starting one more thread.
+pub const MAX_OUTSTANDING_READS: usize = 256;
 
-/// Reader threads waiting for a job, each by the sender of its queue.
-static IDLE_READERS: std::sync::Mutex<Vec<mpsc::Sender<Job>>> = std::sync::Mutex::new(Vec::new());
+/// Idle reader threads end after this long (at 1000 regions a tick makes 1000 bounded
+/// reads, one after another, which a few threads serve without a thread spawn each).
+const READER_KEEP_ALIVE: Duration = Duration::from_secs(10);
 
-/// Most reader threads kept waiting for work: at 1000 regions a tick makes 1000 bounded
-/// reads, one after another, which a few threads serve without a thread spawn each.
-const MAX_IDLE_READERS: usize = 8;
-
-/// Runs `job` on an idle reader thread, or on a new one. A reader that finishes goes back to
-/// the idle list (unless it is full); one stuck on a tenant's input is simply not there
-/// (the caller gave up on it) and returns when the input lets it go.
-fn run_on_reader(job: Job) -> io::Result<()> {
-    let mut job = job;
-    loop {
-        let idle = IDLE_READERS
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .pop();
-        match idle {
-            Some(tx) => match tx.send(job) {
-                Ok(()) => return Ok(()),
-                // That reader is gone (its job panicked): try the next.
-                Err(mpsc::SendError(j)) => job = j,
-            },
-            None => break,
-        }
-    }
-    let (tx, rx) = mpsc::channel::<Job>();
-    std::thread::Builder::new()
-        .name("hami-read".into())
-        .spawn(move || {
-            let mut next = Some(job);
-            while let Some(j) = next.take() {
-                j();
-                {
-                    let mut idle = IDLE_READERS
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if idle.len() >= MAX_IDLE_READERS {
-                        return;
-                    }
-                    idle.push(tx.clone());
-                }
-                next = rx.recv().ok();
-            }
-        })
-        .map(|_| ())
+/// The runtime whose blocking pool runs the bounded reads ([`tokio::task::spawn_blocking`]
+/// on its handle). Not the agent's runtime: a runtime shutting down waits for its blocking
+/// tasks, so one read stuck in the kernel would hold the agent's exit; and [`bounded`] is
+/// also called where no runtime runs (`inspect`, tests). Built once, never shut down; only
+/// its blocking pool is used (nothing drives its scheduler).
+fn readers() -> io::Result<&'static tokio::runtime::Runtime> {
+    static RT: std::sync::OnceLock<io::Result<tokio::runtime::Runtime>> =
+        std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .thread_name("hami-read")
+            // As many threads as permits: a permitted read never waits in the pool's queue.
+            .max_blocking_threads(MAX_OUTSTANDING_READS)
+            .thread_keep_alive(READER_KEEP_ALIVE)
+            .build()
+    })
+    .as_ref()
+    .map_err(|e| io::Error::new(e.kind(), e.to_string()))
 }
 
-/// Runs `f` on a helper thread and waits at most `deadline` for it. On time-out the thread
-/// is left to finish on its own (its result is dropped) and [`TenantFsError::TimedOut`] is
-/// returned; `busy`, when given, is set while such a read is outstanding, and a call that
-/// finds it set returns [`TenantFsError::Busy`] without starting another (so a stuck input
-/// holds one thread, not one per attempt). The helper threads are reused
-/// ([`MAX_IDLE_READERS`] wait for work), so a read costs no thread spawn.
+/// One permit per outstanding read (see [`MAX_OUTSTANDING_READS`]).
+static PERMITS: std::sync::LazyLock<Arc<tokio::sync::Semaphore>> =
+    std::sync::LazyLock::new(|| Arc::new(tokio::sync::Semaphore::new(MAX_OUTSTANDING_READS)));
+
+/// Runs `f` on a reader thread (tokio's blocking pool, see [`readers`]) and waits at most
+/// `deadline` for it. On time-out the thread is left to finish on its own (its result is
+/// dropped) and [`TenantFsError::TimedOut`] is returned; `busy`, when given, is set while
+/// such a read is outstanding, and a call that finds it set returns [`TenantFsError::Busy`]
+/// without starting another (so a stuck input holds one thread, not one per attempt). At
+/// most [`MAX_OUTSTANDING_READS`] reads are outstanding ([`TenantFsError::Saturated`]).
+///
+/// The wait is a plain channel wait, not `tokio::time::timeout`: the callers (the agent's
+/// tick, `inspect`) are synchronous code, on a runtime worker or on no runtime at all.
 pub fn bounded<T: Send + 'static>(
     what: impl Into<String>,
     deadline: Duration,
     busy: Option<&Arc<AtomicBool>>,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, TenantFsError> {
-    let what = what.into();
+    bounded_with(&PERMITS, what.into(), deadline, busy, f)
+}
+
+/// [`bounded`] with the permits taken from `permits`.
+fn bounded_with<T: Send + 'static>(
+    permits: &Arc<tokio::sync::Semaphore>,
+    what: String,
+    deadline: Duration,
+    busy: Option<&Arc<AtomicBool>>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, TenantFsError> {
     if let Some(b) = busy {
         if b.swap(true, Ordering::AcqRel) {
             return Err(TenantFsError::Busy { what });
         }
     }
-    let (tx, rx) = mpsc::sync_channel(1);
-    let flag = busy.cloned();
-    let spawned = run_on_reader(Box::new(move || {
-        // Cleared even if `f` panics (the reader thread then ends; the caller sees a
-        // disconnected channel, reported like a time-out).
-        struct Clear(Option<Arc<AtomicBool>>);
-        impl Drop for Clear {
-            fn drop(&mut self) {
-                if let Some(b) = &self.0 {
-                    b.store(false, Ordering::Release);
-                }
+    /// Clears `busy` and returns the permit when dropped: when the read returns, or
+    /// panics, or was never started.
+    struct Release(
+        Option<Arc<AtomicBool>>,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+    );
+    impl Drop for Release {
+        fn drop(&mut self) {
+            if let Some(b) = &self.0 {
+                b.store(false, Ordering::Release);
             }
         }
-        let clear = Clear(flag);
-        let v = f();
-        drop(clear);
-        let _ = tx.send(v);
-    }));
-    if let Err(e) = spawned {
-        if let Some(b) = busy {
-            b.store(false, Ordering::Release);
-        }
-        return Err(TenantFsError::Io {
-            path: PathBuf::from(what),
-            op: "spawn reader thread",
-            source: e,
-        });
     }
+    let mut release = Release(busy.cloned(), None);
+    match Arc::clone(permits).try_acquire_owned() {
+        Ok(p) => release.1 = Some(p),
+        Err(_) => {
+            return Err(TenantFsError::Saturated {
+                what,
+                limit: MAX_OUTSTANDING_READS,
+            })
+        }
+    }
+    let spawn_err = |source| TenantFsError::Io {
+        path: PathBuf::from(&what),
+        op: "spawn reader thread",
+        source,
+    };
+    let rt = readers().map_err(spawn_err)?;
+    let (tx, rx) = mpsc::sync_channel(1);
+    let job = move || {
+        let v = f();
+        drop(release);
+        let _ = tx.send(v);
+    };
+    // tokio panics when the OS gives no thread and none is running to take the job.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rt.spawn_blocking(job)))
+        .map_err(|_| spawn_err(io::Error::other("the OS gave no thread")))?;
     rx.recv_timeout(deadline)
         .map_err(|_| TenantFsError::TimedOut {
             what,
@@ -469,7 +484,59 @@ mod tests {
             })
             .collect();
         // Other tests of this binary use readers at the same time: a few threads, not 50.
-        assert!(ids.len() <= MAX_IDLE_READERS + 4, "{} threads", ids.len());
+        assert!(ids.len() <= 12, "{} threads", ids.len());
+    }
+
+    /// Reads stuck on their input hold their permits: beyond the limit a read is refused at
+    /// once (no thread started), and one is started again once a stuck read returns.
+    #[test]
+    fn stuck_reads_are_bounded_in_number() {
+        let permits = Arc::new(tokio::sync::Semaphore::new(2));
+        let stuck: Vec<mpsc::Sender<()>> = (0..2)
+            .map(|_| {
+                let (tx, rx) = mpsc::channel::<()>();
+                let e = bounded_with(
+                    &permits,
+                    "stuck".into(),
+                    Duration::from_millis(20),
+                    None,
+                    move || {
+                        let _ = rx.recv();
+                    },
+                )
+                .unwrap_err();
+                assert!(matches!(e, TenantFsError::TimedOut { .. }), "{e}");
+                tx
+            })
+            .collect();
+        let busy = Arc::new(AtomicBool::new(false));
+        let t0 = std::time::Instant::now();
+        let e = bounded_with(
+            &permits,
+            "third".into(),
+            Duration::from_secs(5),
+            Some(&busy),
+            || 1,
+        )
+        .unwrap_err();
+        assert!(matches!(e, TenantFsError::Saturated { .. }), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(1), "refused at once");
+        assert!(
+            !busy.load(Ordering::Acquire),
+            "a refused read leaves busy clear"
+        );
+        stuck[0].send(()).unwrap();
+        let t0 = std::time::Instant::now();
+        loop {
+            match bounded_with(&permits, "again".into(), Duration::from_secs(5), None, || 2) {
+                Ok(v) => break assert_eq!(v, 2),
+                Err(TenantFsError::Saturated { .. }) if t0.elapsed() < Duration::from_secs(5) => {
+                    std::thread::sleep(Duration::from_millis(2))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        drop(stuck);
     }
 
     /// A reader stuck on its input does not hold up the next read, and a read whose

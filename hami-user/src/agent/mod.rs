@@ -21,6 +21,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::runtime::Handle;
+
 use hami_common::event::{Event, EventKind};
 use hami_common::region::RegionSnapshot;
 use serde::Serialize;
@@ -206,21 +208,30 @@ pub struct Agent {
     /// bypass to report now rather than at the next periodic tick ([`Agent::wants_early_tick`]).
     early_tick: bool,
     /// The tracked processes' pidfds (see [`pidfds`]); `None` when `proc_root` is not this
-    /// kernel's `/proc` (its pids are not ours to open) or epoll is unavailable.
+    /// kernel's `/proc` (its pids are not ours to open) or there is no tokio runtime.
     exits: Option<pidfds::ExitWatch>,
 }
 
 /// The exit watch, when `proc_root` is a procfs of the agent's own pid namespace (its pids
-/// are the ones `pidfd_open` takes; a fake tree's pids name nothing, or other processes).
+/// are the ones `pidfd_open` takes; a fake tree's pids name nothing, or other processes) and
+/// the agent is made inside a multi-thread tokio runtime, whose reactor watches the pidfds
+/// (the agent's runtime has I/O enabled: `main.rs`; registering with one that has not would
+/// panic).
 fn exit_watch_for(proc_root: &Path) -> Option<pidfds::ExitWatch> {
     if !pidfds::is_own_procfs(proc_root) {
         return None;
     }
-    pidfds::ExitWatch::new()
-        .inspect_err(|e| {
-            tracing::debug!(error = %e, "no epoll for pidfds: processes' liveness read from /proc/<pid>/stat every tick")
-        })
-        .ok()
+    match Handle::try_current() {
+        // A current-thread runtime's reactor runs only while its one thread awaits, not
+        // while it ticks the agent: exits would be seen late.
+        Ok(rt) if rt.runtime_flavor() != tokio::runtime::RuntimeFlavor::CurrentThread => {
+            Some(pidfds::ExitWatch::new(rt))
+        }
+        _ => {
+            tracing::debug!("no multi-thread tokio runtime for pidfds: processes' liveness read from /proc/<pid>/stat every tick");
+            None
+        }
+    }
 }
 
 /// `libvgpu.so*` files whose marker check the agent remembers at most.

@@ -1,37 +1,56 @@
-//! Exit watch: one pidfd per tracked process, all in one epoll set, so that a tick learns
-//! which processes exited with one `epoll_wait(.., 0)` instead of a `/proc/<pid>/stat` read
-//! per process.
+//! Exit watch: one pidfd per tracked process, each registered with the tokio runtime's
+//! reactor ([`AsyncFd`]), so that a tick learns which processes exited from the readiness the
+//! reactor recorded (no system call, no wait) instead of a `/proc/<pid>/stat` read per
+//! process.
 //!
 //! A pidfd becomes readable when its process has exited (a zombie included, and only once
 //! every thread is gone: what [`procinfo::Stat::is_dead`] calls dead). It names one process,
 //! never a later one that reuses the pid: the pid is opened first, then `/proc/<pid>/stat` is
 //! read once and its start time compared with the one recorded, so a pid reused between the
 //! two is refused (the process keeps the stat path). Any failure (`EMFILE`/`ENFILE`, `ESRCH`,
-//! `ENOSYS` on kernels before 5.3, no epoll) leaves the process on the stat path. Nothing
-//! here waits: `epoll_wait` is called with a zero timeout.
+//! `ENOSYS` on kernels before 5.3, no runtime) leaves the process on the stat path. Nothing
+//! here waits: readiness is polled with a no-op waker. The reactor (a worker thread of the
+//! runtime, waiting in its own `epoll_wait`) records an exit moments after the kernel
+//! signals it; an exit it has not recorded yet is seen at the next tick.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::task::{Context, Poll, Waker};
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::runtime::Handle;
 
 use crate::procinfo;
 
-/// Ready events taken per `epoll_wait` (more are taken by calling again).
-const BATCH: usize = 256;
-
-/// A tracked process's pidfd, registered in the [`ExitWatch`]; closed (and so unregistered)
-/// when dropped.
+/// A tracked process's pidfd, registered with the runtime's reactor; closed (and so
+/// unregistered) when dropped.
 #[derive(Debug)]
 pub(super) struct Pidfd {
-    fd: OwnedFd,
+    fd: AsyncFd<OwnedFd>,
     /// The process's start time, read right after the pidfd was opened.
     pub(super) start_time: u64,
 }
 
 impl Pidfd {
-    /// The descriptor's number (tests, and matching ready events).
+    /// The descriptor's number (tests).
+    #[cfg(test)]
     pub(super) fn raw(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        std::os::fd::AsRawFd::as_raw_fd(&self.fd)
+    }
+
+    /// Whether the process has exited, as far as the reactor has seen: `Some(true)` once
+    /// its pidfd was readable, `Some(false)` before; `None` when the runtime is gone (ask
+    /// `/proc` instead). Never waits, makes no system call.
+    pub(super) fn exited(&self) -> Option<bool> {
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.fd.poll_read_ready(&mut cx) {
+            // The readiness is left set (not cleared): the process stays exited.
+            Poll::Ready(Ok(_)) => Some(true),
+            Poll::Ready(Err(_)) => None,
+            Poll::Pending => Some(false),
+        }
     }
 }
 
@@ -47,11 +66,12 @@ pub(super) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
 }
 
-/// The epoll set of every tracked process's pidfd. See the module docs.
+/// Opens the tracked processes' pidfds and registers them with a runtime's reactor. See the
+/// module docs.
 #[derive(Debug)]
 pub(super) struct ExitWatch {
-    epoll: OwnedFd,
-    buf: Vec<libc::epoll_event>,
+    /// The runtime whose reactor watches the pidfds (it must have I/O enabled).
+    rt: Handle,
     /// `pidfd_open` answered `ENOSYS`: not tried again.
     unsupported: bool,
     /// Running out of descriptors was logged (once).
@@ -62,22 +82,15 @@ pub(super) struct ExitWatch {
 }
 
 impl ExitWatch {
-    /// A new, empty watch.
-    pub(super) fn new() -> io::Result<ExitWatch> {
-        // SAFETY: epoll_create1 takes flags only.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(ExitWatch {
-            // SAFETY: a new descriptor that nothing else owns.
-            epoll: unsafe { OwnedFd::from_raw_fd(fd) },
-            buf: vec![libc::epoll_event { events: 0, u64: 0 }; BATCH],
+    /// A new watch whose pidfds `rt`'s reactor watches (`rt` must have I/O enabled).
+    pub(super) fn new(rt: Handle) -> ExitWatch {
+        ExitWatch {
+            rt,
             unsupported: false,
             told_exhausted: false,
             #[cfg(test)]
             fail_open: None,
-        })
+        }
     }
 
     fn open(&self, pid: u32) -> io::Result<OwnedFd> {
@@ -123,72 +136,17 @@ impl ExitWatch {
         if st.is_dead() || expected.is_some_and(|t| t != st.start_time) {
             return None;
         }
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: token(pid, fd.as_raw_fd()),
-        };
-        // SAFETY: both descriptors are open; `ev` is a valid epoll_event.
-        let rc = unsafe {
-            libc::epoll_ctl(
-                self.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
-                fd.as_raw_fd(),
-                &mut ev,
-            )
-        };
-        if rc < 0 {
-            tracing::trace!(pid, error = %io::Error::last_os_error(), "epoll_ctl(ADD) of a pidfd failed");
-            return None;
-        }
+        // Registered with the watch's runtime, whichever thread this is.
+        let _rt = self.rt.enter();
+        // SAFETY: an OwnedFd is an open descriptor that stays open, and is the same one,
+        // for as long as it is owned (here: by the AsyncFd, until the Pidfd is dropped).
+        let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
+            .inspect_err(|e| tracing::trace!(pid, error = %e, "registering a pidfd failed"))
+            .ok()?;
         Some(Pidfd {
             fd,
             start_time: st.start_time,
         })
-    }
-
-    /// The processes whose pidfd is readable (exited), as `(pid, descriptor)`; never waits.
-    /// Each is taken out of the set (its [`Pidfd`] is still open: the caller drops it).
-    pub(super) fn exited(&mut self) -> Vec<(u32, RawFd)> {
-        let mut out = Vec::new();
-        for _ in 0..1_000_000 {
-            // SAFETY: `buf` holds `buf.len()` writable epoll_events; a zero timeout never waits.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.epoll.as_raw_fd(),
-                    self.buf.as_mut_ptr(),
-                    self.buf.len() as libc::c_int,
-                    0,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                tracing::warn!(error = %e, "epoll_wait on pidfds failed");
-                break;
-            }
-            let n = n as usize;
-            for ev in &self.buf[..n] {
-                let (pid, fd) = untoken(ev.u64);
-                // Out of the set, so that the next call returns the others; the descriptor
-                // stays open (its Pidfd owns it) until the caller drops the process.
-                // SAFETY: `fd` is registered, so open; DEL ignores the event pointer.
-                unsafe {
-                    libc::epoll_ctl(
-                        self.epoll.as_raw_fd(),
-                        libc::EPOLL_CTL_DEL,
-                        fd,
-                        std::ptr::null_mut(),
-                    )
-                };
-                out.push((pid, fd));
-            }
-            if n < self.buf.len() {
-                break;
-            }
-        }
-        out
     }
 }
 
@@ -210,14 +168,6 @@ pub(super) fn is_own_procfs(proc_root: &Path) -> bool {
     }
     std::fs::read_link(proc_root.join("self"))
         .is_ok_and(|l| l.as_os_str() == std::process::id().to_string().as_str())
-}
-
-fn token(pid: u32, fd: RawFd) -> u64 {
-    ((fd as u32 as u64) << 32) | pid as u64
-}
-
-fn untoken(t: u64) -> (u32, RawFd) {
-    (t as u32, (t >> 32) as u32 as RawFd)
 }
 
 /// Raises `RLIMIT_NOFILE`'s soft limit to the hard limit (one pidfd per tracked process and

@@ -3,7 +3,7 @@
 //! their start (running before the agent, or listed by NVML), and dropping processes that
 //! are gone.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use crate::probes::discovery::memo::Memo;
 use std::path::Path;
@@ -308,36 +308,21 @@ impl Agent {
     }
 
     /// Drops processes that are gone (missed exit events) or whose pid was reused; retries
-    /// opening regions that were not there yet. A process with a pidfd is gone when its
-    /// pidfd is readable (one `epoll_wait` for all of them); the others are read from
+    /// opening regions that were not there yet. A process with a pidfd is gone when the
+    /// reactor has seen its pidfd readable (no system call); the others are read from
     /// `/proc/<pid>/stat`.
     pub(super) fn refresh_processes(&mut self) {
         let root = self.opts.proc_root.clone();
-        let exited: HashSet<u32> = match self.exits.as_mut() {
-            Some(w) => w
-                .exited()
-                .into_iter()
-                .filter(|&(pid, fd)| {
-                    self.entries
-                        .get(&pid)
-                        .and_then(|e| e.pidfd.as_ref())
-                        .is_some_and(|p| p.raw() == fd)
-                })
-                .map(|(pid, _)| pid)
-                .collect(),
-            None => HashSet::new(),
-        };
         let pids: Vec<u32> = self.entries.keys().copied().collect();
         for pid in pids {
             let e = &self.entries[&pid];
-            let gone = if e.pidfd.is_some() {
-                exited.contains(&pid)
-            } else {
-                match (tick_stat(&mut self.tick_stats, &root, pid), &e.info) {
+            let gone = match e.pidfd.as_ref().and_then(|p| p.exited()) {
+                Some(exited) => exited,
+                None => match (tick_stat(&mut self.tick_stats, &root, pid), &e.info) {
                     (Some(st), Some(info)) => st.is_dead() || st.start_time != info.start_time,
                     (Some(st), None) => st.is_dead(),
                     (None, _) => true,
-                }
+                },
             };
             if gone {
                 self.entries.remove(&pid);

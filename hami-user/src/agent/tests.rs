@@ -1043,18 +1043,49 @@ impl Drop for Kid {
     }
 }
 
+/// The runtime whose reactor watches the tests' pidfds (its worker waits in `epoll_wait`
+/// when idle, as the agent's do).
+fn test_rt() -> &'static tokio::runtime::Runtime {
+    static RT: std::sync::OnceLock<tokio::runtime::Runtime> = std::sync::OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_io()
+            .build()
+            .unwrap()
+    })
+}
+
 impl Agent {
     /// Tests: watch through pidfds on a fake tree whose pids are real processes.
     fn force_exit_watch(&mut self) -> &mut pidfds::ExitWatch {
-        self.exits.insert(pidfds::ExitWatch::new().unwrap())
+        self.exits
+            .insert(pidfds::ExitWatch::new(test_rt().handle().clone()))
     }
 
     fn pidfd_of(&self, pid: u32) -> Option<RawFd> {
         self.entries.get(&pid)?.pidfd.as_ref().map(|p| p.raw())
     }
+
+    /// Waits until the reactor has seen `pid`'s pidfd readable (moments after the kernel
+    /// signalled the exit: the next tick then drops it).
+    fn wait_exit_seen(&self, pid: u32) {
+        let t0 = Instant::now();
+        let p = self.entries[&pid].pidfd.as_ref().expect("watched");
+        while p.exited() != Some(true) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "exit of {pid} not seen"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
 }
 
+/// An agent on this kernel's `/proc`, made inside [`test_rt`] (as the agent is made inside
+/// its runtime).
 fn real_agent() -> Agent {
+    let _rt = test_rt().enter();
     Agent::new(AgentOptions {
         settle: Duration::from_millis(0),
         ..Default::default()
@@ -1069,6 +1100,16 @@ fn exit_watch_only_on_the_agents_own_procfs() {
     // A fake tree's pids are not ours to open.
     assert!(w.agent(false).exits.is_none());
     assert!(real_agent().exits.is_some());
+    // Outside a runtime: no reactor to watch pidfds, the stat path.
+    let outside = Agent::new(AgentOptions::default());
+    assert!(outside.exits.is_none());
+    // Nor inside a current-thread runtime (its reactor runs only while it awaits).
+    let ct = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .unwrap();
+    let _ct = ct.enter();
+    assert!(Agent::new(AgentOptions::default()).exits.is_none());
 }
 
 #[test]
@@ -1091,6 +1132,7 @@ fn exited_process_is_dropped_on_the_next_tick_without_a_stat_read_of_the_others(
         "a quiet tick reads no /proc/<pid>/stat"
     );
     kids[0].kill_unreaped();
+    a.wait_exit_seen(kids[0].pid());
     a.tick(Instant::now());
     let reads = procinfo::tests::take_stat_reads();
     assert_eq!(
@@ -1119,6 +1161,7 @@ fn pidfds_are_closed_when_their_processes_go() {
     // Three exit unseen (the pidfd notices), one through its exit event.
     for k in &mut kids[..3] {
         k.kill_unreaped();
+        a.wait_exit_seen(k.pid());
     }
     a.on_event(&ev(EventKind::ProcessExit, kids[3].pid(), 0, 0, 0));
     kids[3].kill_unreaped();
@@ -1132,6 +1175,7 @@ fn pidfds_are_closed_when_their_processes_go() {
         a.tick(Instant::now());
         assert_eq!(pidfds_open(), before + 3);
         k.kill_unreaped();
+        a.wait_exit_seen(k.pid());
         drop(k);
         a.tick(Instant::now());
         assert_eq!(a.process_count(), 2);
@@ -1148,7 +1192,7 @@ fn pidfd_of_a_reused_pid_is_refused() {
     let w = World::new();
     w.spawn(kid.pid(), 7, true, "1g");
     let before = pidfds_open();
-    let mut watch = pidfds::ExitWatch::new().unwrap();
+    let mut watch = pidfds::ExitWatch::new(test_rt().handle().clone());
     // The facts were read of a process that started at 42: the pid's process now started
     // at another time, so the pidfd names another process.
     assert!(watch.watch(&w.root, kid.pid(), Some(42)).is_none());
@@ -1222,6 +1266,7 @@ fn slot_of_a_watched_process_is_alive_without_a_stat_read_and_dead_on_the_tick_a
     // SIGKILL: no exit handler ran, no exit event; the slot still holds the memory. Found on
     // the very next tick, as with the stat path.
     kid.kill_unreaped();
+    a.wait_exit_seen(pid);
     w.kill(pid);
     let out = a.tick(Instant::now());
     assert!(!a.entries.contains_key(&pid));

@@ -9,11 +9,7 @@ fn fake_mapper(root: &Path, pid: u32, start_time: u64, libs: &[(&str, u64)]) {
     if !dir.exists() {
         crate::procinfo::tests::fake_proc(root, pid, start_time, &[pid], 1, "0::/\n", &[], &[]);
     }
-    let mut stat = format!("{pid} (p) S");
-    for i in 4..=21 {
-        stat.push_str(&format!(" {i}"));
-    }
-    stat.push_str(&format!(" {start_time} 100 200\n"));
+    let stat = crate::procinfo::tests::stat_line(pid, "p", 'S', 1, start_time);
     fs::write(dir.join("stat"), stat).unwrap();
     let mut maps = String::new();
     for (path, ino) in libs {
