@@ -496,6 +496,7 @@ pub(super) async fn events_of(rx: &mut tokio::sync::mpsc::Receiver<Event>, pid: 
     }
 }
 
+/// An event's kind.
 pub(super) fn kind(ev: &Event) -> EventKind {
     ev.kind
 }

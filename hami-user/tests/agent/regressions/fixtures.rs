@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::common::{compile_c, wait_for_group_gone, AGENT};
 
+/// One MiB.
 pub(super) const MIB: u64 = 1 << 20;
 
 /// A driver whose exported functions call other exported ones: `cuMemAllocPitch_v2` and

