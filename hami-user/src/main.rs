@@ -264,6 +264,22 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("starting the tokio runtime")
 }
 
+/// How long the runtime's shutdown waits for its blocking tasks once the run is over.
+const RUNTIME_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs the agent's loop on a fresh runtime (see [`runtime`]) and shuts the runtime down
+/// without waiting more than [`RUNTIME_SHUTDOWN_GRACE`] for its blocking tasks: dropping a
+/// runtime waits for every one of them, and a discovery pass stuck in a read of a tenant's
+/// input (a FIFO where a `/proc` file should be, a hung FUSE file) would hold the exit, and
+/// with it the report, forever (the stop watchdog is one of the runtime's tasks: gone by
+/// then). A task left behind ends with the process.
+fn run_agent(opts: RunOptions) -> Result<Result<report::AuditReport, runner::RunError>> {
+    let rt = runtime()?;
+    let rep = rt.block_on(runner::run(opts));
+    rt.shutdown_timeout(RUNTIME_SHUTDOWN_GRACE);
+    Ok(rep)
+}
+
 /// Writes `text` to stdout. A reader that went away (`hami-agent inspect R --json | head`)
 /// is not an error: the rest is dropped quietly.
 fn print_out(text: &str) -> Result<()> {
@@ -351,9 +367,7 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
                 hami_compat,
                 node,
             };
-            let rep = runtime()?
-                .block_on(runner::run(opts))
-                .context("hami-agent run")?;
+            let rep = run_agent(opts)?.context("hami-agent run")?;
             tracing::info!(findings = rep.findings.len(), "stopped");
             Ok(ExitCode::SUCCESS)
         }
@@ -375,8 +389,7 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
                 LogFormat::Text
             }));
             let opts = common.options(None, Some(seconds), !json);
-            let rep = runtime()?
-                .block_on(runner::run(opts))
+            let rep = run_agent(opts)?
                 .context("hami-agent audit")?
                 .filtered(&filter);
             match output {

@@ -4,6 +4,7 @@
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -88,7 +89,7 @@ struct Running {
 /// at most this often beyond the periodic ticks.
 const EARLY_TICK_GAP: Duration = Duration::from_millis(100);
 
-fn start(opts: &RunOptions) -> Result<Running, RunError> {
+fn start(opts: &RunOptions, stop: &Arc<AtomicBool>) -> Result<Running, RunError> {
     let (nvml, nvml_error, nvml_retry) = match Nvml::load() {
         Ok(n) => {
             tracing::info!(
@@ -132,7 +133,9 @@ fn start(opts: &RunOptions) -> Result<Running, RunError> {
              check until it does; findings come from the probes only"
         );
     }
-    let probes = Probes::load(&ProbeOptions::default())?;
+    let mut probes = Probes::load(&ProbeOptions::default())?;
+    // SIGTERM while attaching (seconds with several libcuda files): stop between probes.
+    probes.stop_on(Arc::clone(stop));
     let (events, handle) = probes.spawn(DiscoveryOptions {
         proc_root: opts.agent.proc_root.clone(),
         interval: Some(opts.discovery_interval),
@@ -404,9 +407,11 @@ impl Running {
 /// How long the loop may take to stop after SIGTERM/SIGINT before the process exits anyway.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
 
-/// A task on another worker thread: after SIGTERM or SIGINT, if the loop has not finished
-/// within [`STOP_GRACE`] (stuck on an input despite every bound), exits the process.
-fn spawn_term_watchdog() {
+/// A task on another worker thread: after SIGTERM or SIGINT, sets `stop` at once (an
+/// attach in progress, which holds the loop's thread, ends before its next probe; see
+/// [`crate::probes::Probes::stop_on`]), then, if the loop has not finished within
+/// [`STOP_GRACE`] (stuck on an input despite every bound), exits the process.
+fn spawn_term_watchdog(stop: Arc<AtomicBool>) {
     let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
     else {
         return;
@@ -420,6 +425,7 @@ fn spawn_term_watchdog() {
             _ = term.recv() => {}
             _ = int.recv() => {}
         }
+        stop.store(true, Ordering::SeqCst);
         tokio::time::sleep(STOP_GRACE).await;
         let _ = writeln!(
             std::io::stderr(),
@@ -437,8 +443,9 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut int = signal(SignalKind::interrupt()).ok();
     let mut term = signal(SignalKind::terminate()).ok();
-    spawn_term_watchdog();
-    let mut r = start(&opts)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    spawn_term_watchdog(Arc::clone(&stop));
+    let mut r = start(&opts, &stop)?;
     let server = match opts.metrics_addr {
         Some(addr) => {
             let l = tokio::net::TcpListener::bind(addr)

@@ -591,6 +591,18 @@ static unsigned long long parse_ns(const char *s) {
   return (unsigned long long)(v + 0.5);
 }
 
+/* This thread's time spent runnable but waiting for a CPU so far, in ns: the second field of
+ * /proc/thread-self/schedstat (0 if unreadable). The difference between two readings
+ * bounds how much a loaded machine delayed the ops between them. */
+static unsigned long long runqueue_wait_ns(void) {
+  unsigned long long run = 0, wait = 0;
+  FILE *f = fopen("/proc/thread-self/schedstat", "r");
+  if (!f) return 0;
+  if (fscanf(f, "%llu %llu", &run, &wait) != 2) wait = 0;
+  fclose(f);
+  return wait;
+}
+
 static void usage(void) {
   puts("usage: cudaprobe [--via direct|dlsym|procaddr] [--device N] [--cuda-version V] OP...\n"
        "ops (sizes take K/M/G/T suffixes; IDX is a record index, 'last' or 0xADDR):\n"
@@ -613,7 +625,7 @@ static void usage(void) {
        "  kernel | launch-ns NS [COUNT] | launch-cost N | coop-ns NS [COUNT] | launch-for SECONDS NS | streamquery\n"
        "  evcreate [FLAGS] | evrecord [IDX] | evquery [IDX] | evsync [IDX] | elapsed IDX IDX | evdestroy IDX\n"
        "  graph-capture NS COUNT | graph-launch N [IDX] | graphdestroy IDX | streamsync-t | ctxsync-t\n"
-       "  sleep SECONDS | wait | exit CODE");
+       "  rq (this thread's runqueue wait so far, rq_ns=) | sleep SECONDS | wait | exit CODE");
 }
 
 int main(int argc, char **argv) {
@@ -1277,6 +1289,8 @@ int main(int argc, char **argv) {
       rc = cu.GetErrorName(code, &n); CUresult rc2 = cu.GetErrorString(code, &s);
       printf("op=errname code=%d error_name=%s string_rc=%d", code, n ? n : "NULL", rc2);
       end(rc);
+    } else if (!strcmp(op, "rq")) {
+      printf("op=rq rq_ns=%llu", runqueue_wait_ns()); end(0);
     } else if (!strcmp(op, "sleep")) {
       NEED(1); double sec = atof(argv[++a]);
       struct timespec ts = {(time_t)sec, (long)((sec - (time_t)sec) * 1e9)};

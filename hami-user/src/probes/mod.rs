@@ -24,7 +24,7 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -325,6 +325,12 @@ pub struct Probes {
     exit_tp: Option<RawTracePointLink>,
     /// Set by [`Probes::take_links`]: attaching is refused from then on.
     closed: bool,
+    /// Set from outside (SIGTERM, see [`Probes::stop_on`]): an attach in progress stops
+    /// before its next probe, and none starts.
+    stop: Arc<AtomicBool>,
+    /// The probes of an attach stopped half-way (see `stop`): kept until
+    /// [`Probes::take_links`] (detaching them here would cost about 0.1 s each).
+    abandoned: Vec<UProbeLink>,
 }
 
 fn prog_err(name: &str, e: ProgramError) -> ProbeError {
@@ -407,7 +413,21 @@ impl Probes {
             ring: Some(ring),
             exit_tp: Some(exit_tp),
             closed: false,
+            stop: Arc::default(),
+            abandoned: Vec::new(),
         })
+    }
+
+    /// Stops attaching once `flag` is set (the agent sets it on SIGTERM/SIGINT): an attach
+    /// in progress ends before its next probe with [`ProbeError::Closed`] (the probes it
+    /// put in stay, for [`Probes::take_links`]), and no other starts. Attaching one libcuda
+    /// takes about 100 probes, several of them in a row can take seconds.
+    pub fn stop_on(&mut self, flag: Arc<AtomicBool>) {
+        self.stop = flag;
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
     }
 
     /// Attach every probe to the libcuda at `path` (for all processes). A file already
@@ -427,7 +447,7 @@ impl Probes {
         path: &Path,
         open: &Path,
     ) -> Result<AttachOutcome, ProbeError> {
-        if self.closed {
+        if self.closed || self.stopping() {
             return Err(ProbeError::Closed);
         }
         let meta = std::fs::metadata(open).map_err(|source| ProbeError::File {
@@ -471,6 +491,11 @@ impl Probes {
         let mut missing = Vec::new();
         // Releases before allocations, each return before its entry (see `attach_order`).
         for sym in attach_order() {
+            if self.stopping() {
+                tracing::info!(path = %path.display(), probes = links.len(), "stopping: attach left unfinished");
+                self.abandoned.append(&mut links);
+                return Err(ProbeError::Closed);
+            }
             let ret_name = format!("{sym}_ret");
             let offset = offsets.get(sym).copied();
             match self.attach_one(&ret_name, offset, &target) {
@@ -704,6 +729,7 @@ impl Probes {
         for (_, lib) in self.libs.drain() {
             links.extend(lib.links);
         }
+        links.extend(self.abandoned.drain(..));
         if let Some(tp) = self.exit_tp.take() {
             links.push(tp);
         }
@@ -769,8 +795,9 @@ impl Probes {
         });
         let mut tasks = vec![tokio::spawn(pump(afd, tx, user))];
         for p in &discovery.extra {
-            if let Err(e) = shared.lock().attach_libcuda(p) {
-                tracing::warn!(path = %p.display(), error = %e, "cannot attach libcuda");
+            match shared.lock().attach_libcuda(p) {
+                Ok(_) | Err(ProbeError::Closed) => {}
+                Err(e) => tracing::warn!(path = %p.display(), error = %e, "cannot attach libcuda"),
             }
         }
         let handle_shared = shared.clone();

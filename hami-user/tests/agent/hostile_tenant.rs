@@ -840,3 +840,44 @@ fn a_driver_loaded_through_a_descriptor_unlinked_or_memfd_is_probed() {
     let (st, _, log) = agent.terminate(Duration::from_secs(30));
     assert!(st.success(), "{st:?}\n{}", log.join("\n"));
 }
+
+/// A discovery pass stuck in a read that never returns (here `<pid>/maps` a FIFO, in a
+/// fake /proc given as `--proc-root`; on a node, a hung FUSE file or the like) does not hold
+/// the agent's exit: SIGTERM still ends the audit promptly, with its report. (Dropping the
+/// tokio runtime would wait for that blocking task for ever; it is shut down with a
+/// bounded wait instead.)
+#[test]
+fn a_discovery_read_stuck_on_a_fifo_does_not_hold_the_exit() {
+    let _g = serial();
+    let env = TestEnv::new();
+    let proc_root = tempfile::tempdir().unwrap();
+    let root_arg = proc_root.path().display().to_string();
+    let agent = AgentProcess::audit(AGENT, &env, "60", &["--proc-root", &root_arg]);
+    // After the first pass (the agent is ready): a "process" whose maps is a FIFO, found by
+    // the next periodic pass (every 500 ms).
+    let pid_dir = proc_root.path().join("4242");
+    std::fs::create_dir(&pid_dir).unwrap();
+    let fifo = pid_dir.join("maps");
+    mkfifo(&fifo);
+    let end = Instant::now() + Duration::from_secs(10);
+    while !holds_fifo(agent.pid(), &fifo) {
+        assert!(
+            Instant::now() < end,
+            "discovery never got stuck on the FIFO: {}",
+            agent.log().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let t = Instant::now();
+    agent.signal(libc::SIGTERM);
+    let (st, out, log) = agent.finish_within(Duration::from_secs(20));
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "exit took {took:?}:\n{}",
+        log.join("\n")
+    );
+    assert_eq!(st.code(), Some(0), "{}", log.join("\n"));
+    let audit = parse_audit(&out, &log);
+    assert_eq!(audit["failed"], false, "{audit:#}");
+}

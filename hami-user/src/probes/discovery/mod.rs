@@ -553,6 +553,24 @@ pub fn scan_proc_maps(proc_root: &Path) -> Vec<Candidate> {
     scan_proc_maps_with(proc_root, &mut Classifier::default())
 }
 
+/// Reads a `/proc/<pid>/maps` file, at most `max` bytes (a process can make its maps as
+/// large as it likes: a mapping per page). `true`: the file was longer; what is returned
+/// then ends at its last complete line within `max` (a cut line is no mapping).
+fn read_maps_bounded(path: &Path, max: u64) -> io::Result<(Vec<u8>, bool)> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    fs::File::open(path)?
+        .take(max.saturating_add(1))
+        .read_to_end(&mut out)?;
+    if out.len() as u64 <= max {
+        return Ok((out, false));
+    }
+    out.truncate(max as usize);
+    let end = out.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    out.truncate(end);
+    Ok((out, true))
+}
+
 /// [`scan_proc_maps`]: every executable file mapping is a candidate when `classifier` says
 /// it is a driver (by name, or by the symbols it defines). With a classifier kept across
 /// scans, a process that already mapped a driver is read again only every
@@ -595,8 +613,32 @@ pub fn scan_proc_maps_with(proc_root: &Path, classifier: &mut Classifier) -> Vec
         }
         // Lossy: a file name that is not UTF-8 (a tenant's) must not hide the process's other
         // mappings.
-        let maps = match fs::read(proc_root.join(pid).join("maps")) {
-            Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        let maps = match read_maps_bounded(
+            &proc_root.join(pid).join("maps"),
+            crate::tenantfs::MAX_PROC_FILE,
+        ) {
+            Ok((b, truncated)) => {
+                if truncated {
+                    // Its first part is still looked at (a driver mapped there is found);
+                    // whether it maps a watched file, this reading cannot tell.
+                    watch = None;
+                    let limit = crate::tenantfs::MAX_PROC_FILE;
+                    if full {
+                        tracing::warn!(
+                            pid,
+                            limit,
+                            "maps larger than the limit: only its first part read"
+                        );
+                    } else {
+                        tracing::debug!(
+                            pid,
+                            limit,
+                            "maps larger than the limit: only its first part read"
+                        );
+                    }
+                }
+                String::from_utf8_lossy(&b).into_owned()
+            }
             Err(e) => {
                 // A live process whose maps could not be read may map a watched file; one
                 // whose maps the agent may not read at all (EACCES: another user namespace's

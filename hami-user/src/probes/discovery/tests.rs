@@ -678,3 +678,43 @@ fn well_known_dirs_cover_aarch64_and_the_driver_container() {
         "a directory listed twice"
     );
 }
+
+#[test]
+fn maps_are_read_up_to_the_limit_and_cut_at_a_line() {
+    let t = tempfile::tempdir().unwrap();
+    let p = t.path().join("maps");
+    fs::write(&p, b"a\nbb\nccc\n").unwrap();
+    assert_eq!(
+        read_maps_bounded(&p, 9).unwrap(),
+        (b"a\nbb\nccc\n".to_vec(), false)
+    );
+    assert_eq!(
+        read_maps_bounded(&p, 100).unwrap(),
+        (b"a\nbb\nccc\n".to_vec(), false)
+    );
+    // Cut inside "ccc": the partial line is dropped.
+    assert_eq!(
+        read_maps_bounded(&p, 6).unwrap(),
+        (b"a\nbb\n".to_vec(), true)
+    );
+    assert_eq!(read_maps_bounded(&p, 1).unwrap(), (Vec::new(), true));
+}
+
+#[test]
+fn a_maps_file_over_the_limit_is_read_only_up_to_it() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path();
+    // Padding: more than the limit of mappings that are no driver.
+    let line = "7f0000000000-7f0000001000 r--p 00000000 08:01 9    /lib/libc.so.6\n";
+    let pad = line.repeat(crate::tenantfs::MAX_PROC_FILE as usize / line.len() + 1);
+    let driver = |ino: u64| {
+        format!("7f0000000000-7f0000001000 r-xp 00000000 08:01 {ino}    /lib/libcuda.so.1\n")
+    };
+    // 100 maps a driver in its first line, 200 only past the limit.
+    fake_mapper(root, 100, 5, &[("/lib/libcuda.so.1", 1)]);
+    fake_mapper(root, 200, 5, &[("/lib/libcuda.so.1", 2)]);
+    fs::write(root.join("100/maps"), driver(1) + &pad).unwrap();
+    fs::write(root.join("200/maps"), pad.clone() + &driver(2)).unwrap();
+    let mut c = Classifier::default();
+    assert_eq!(inodes(&scan_proc_maps_with(root, &mut c)), [1]);
+}

@@ -97,6 +97,36 @@ fn a_probed_row_the_driver_lacks_is_listed_missing() {
     assert_eq!(attached, want, "{outcome:?}");
 }
 
+/// A stop requested (the agent's SIGTERM, [`Probes::stop_on`]): no attach starts, the
+/// probes already in stay until [`Probes::take_links`], which takes them all.
+#[test]
+fn a_requested_stop_refuses_further_attaches() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    require_root();
+    let _g = serial();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (lib_a, lib_b) = (
+        build_mini_driver(a.path(), None),
+        build_mini_driver(b.path(), None),
+    );
+    let mut probes = Probes::load(&ProbeOptions::default()).expect("loading the eBPF programs");
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    probes.stop_on(stop.clone());
+    let first = probes
+        .attach_libcuda(&lib_a)
+        .expect("attaching before the stop");
+    assert!(first.missing.is_empty(), "{first:?}");
+    stop.store(true, Ordering::SeqCst);
+    let t = std::time::Instant::now();
+    let e = probes.attach_libcuda(&lib_b).unwrap_err();
+    assert!(matches!(e, ProbeError::Closed), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(probes.attached().len(), 1);
+    // Every probe of the first library (a uprobe and a uretprobe per row) and the
+    // process-exit tracepoint; none of the second.
+    assert_eq!(probes.take_links().len(), 2 * first.attached.len() + 1);
+}
+
 #[tokio::test]
 async fn mini_driver_every_probe() {
     require_root();
