@@ -4,14 +4,14 @@
 //! (`-p hami-user`, eBPF object embedded; needs `bpf-linker`, which `setup` provides), strips
 //! them, and copies them with the acceptance runner (`gpu/run_acceptance.py`, its packages
 //! `gpu/acceptance/` and `gpu/runner/`, `gpu/README.md`, `gpu/workloads/`, the two-GPU checks `gpu/multi_gpu_check.py` and
-//! `gpu/library_two_devices.sh`) and the C test programs (`testing/programs/*.c`) into
+//! `gpu/library_two_devices.sh`) and the C test programs (`testing/programs/*.c` and the `*.h` they include) into
 //! the git-ignored `<root>/gpu-bundle/`:
 //!
 //! ```text
 //! gpu-bundle/
 //!   libhami_preload.so  hami-agent  MANIFEST.txt
 //!   gpu/run_acceptance.py  gpu/acceptance/...  gpu/runner/...  gpu/README.md  gpu/workloads/...
-//!   programs/*.c
+//!   programs/*.c  programs/*.h
 //! ```
 //!
 //! The GPU machine has no Rust toolchain and no network: everything it needs is in there.

@@ -1,0 +1,59 @@
+//! The region's binary layout against docs/shared-region.md.
+
+use super::*;
+
+/// The offsets and sizes documented in docs/shared-region.md.
+#[test]
+fn layout_matches_documentation() {
+    use crate::layout::RegionHeader as H;
+    assert_eq!(offset_of!(H, magic), 0);
+    assert_eq!(offset_of!(H, version), 8);
+    assert_eq!(offset_of!(H, header_size), 12);
+    assert_eq!(offset_of!(H, total_size), 16);
+    assert_eq!(offset_of!(H, init_state), 24);
+    assert_eq!(offset_of!(H, device_count), 28);
+    assert_eq!(offset_of!(H, creator_pid), 32);
+    assert_eq!(offset_of!(H, created_unix), 40);
+    assert_eq!(offset_of!(H, lock), 48);
+    assert_eq!(offset_of!(H, generation), 112);
+    assert_eq!(offset_of!(H, owner_died_recoveries), 120);
+    assert_eq!(offset_of!(H, reclaimed_slots), 128);
+    assert_eq!(offset_of!(H, limits), 136);
+    assert_eq!(offset_of!(H, limit_flags), 264);
+    assert_eq!(offset_of!(H, uuids), 328);
+    assert_eq!(offset_of!(H, used), 584);
+    assert_eq!(offset_of!(H, boot_id), 712);
+    assert_eq!(offset_of!(H, slot_high_water), 728);
+    assert_eq!(offset_of!(H, stale_lock_breaks), 736);
+    assert_eq!(offset_of!(H, reserve_reclaims), 744);
+    assert_eq!(offset_of!(H, context_footprint), 752);
+    assert_eq!(offset_of!(H, _reserved), 880);
+    assert_eq!(size_of::<H>(), 1024);
+    assert_eq!(offset_of!(Slot, pid), 0);
+    assert_eq!(offset_of!(Slot, status), 4);
+    assert_eq!(offset_of!(Slot, start_time), 8);
+    assert_eq!(offset_of!(Slot, usage), 16);
+    assert_eq!(offset_of!(Slot, charged), 656);
+    assert_eq!(offset_of!(Slot, reserve), 784);
+    assert_eq!(offset_of!(Slot, host_pid), 912);
+    assert_eq!(size_of::<Slot>(), 1024);
+    assert_eq!(offset_of!(crate::layout::Region, slots), 1024);
+    use crate::layout::DeviceCompute as C;
+    assert_eq!(
+        offset_of!(crate::layout::Region, compute),
+        1024 + 1024 * 1024
+    );
+    assert_eq!(offset_of!(C, sm_limit), 0);
+    assert_eq!(offset_of!(C, policy), 4);
+    assert_eq!(offset_of!(C, budget_ns), 8);
+    assert_eq!(offset_of!(C, refilled_at_ns), 16);
+    assert_eq!(offset_of!(C, consumed_ns), 24);
+    assert_eq!(offset_of!(C, throttled), 32);
+    assert_eq!(offset_of!(C, throttled_ns), 40);
+    assert_eq!(offset_of!(C, submit_lock), 48);
+    assert_eq!(offset_of!(C, refusals), 56);
+    assert_eq!(size_of::<C>(), 64);
+    assert_eq!(REGION_SIZE, 1024 + 1024 * 1024 + 16 * 64);
+    assert_eq!(REGION_SIZE, 1_050_624);
+    const { assert!(MAX_SLOTS >= 1024 && MAX_DEVICES >= 16) };
+}
