@@ -417,8 +417,15 @@ impl AgentProcess {
 
     /// [`AgentProcess::spawn`] that reports instead of panicking, showing `on_line` every
     /// line logged before `ready` (the ready line included).
-    pub fn try_spawn(
+    pub fn try_spawn(cmd: Command, on_line: impl FnMut(&str)) -> Result<AgentProcess, AgentError> {
+        AgentProcess::try_spawn_within(cmd, READY_TIMEOUT, on_line)
+    }
+
+    /// [`AgentProcess::try_spawn`] with its own deadline for the `ready` line, for an agent
+    /// with much to attach and baseline first (`cargo xtask torture`'s scale scenario).
+    pub fn try_spawn_within(
         mut cmd: Command,
+        ready_timeout: Duration,
         mut on_line: impl FnMut(&str),
     ) -> Result<AgentProcess, AgentError> {
         cmd.env_remove("LD_PRELOAD")
@@ -426,7 +433,7 @@ impl AgentProcess {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut agent = AgentProcess::spawn_only(cmd)?;
-        let deadline = Instant::now() + READY_TIMEOUT;
+        let deadline = Instant::now() + ready_timeout;
         loop {
             let l = agent.next_line(deadline)?;
             on_line(&l);
@@ -569,6 +576,41 @@ impl AgentProcess {
             std::thread::sleep(Duration::from_millis(20));
         };
         Ok(self.collect(st))
+    }
+
+    /// [`AgentProcess::try_finish_within`] that also returns what the agent used, as
+    /// `wait4(2)` reports it (CPU time, peak RSS): for the benchmarks of `cargo xtask
+    /// torture`.
+    #[allow(clippy::type_complexity)]
+    pub fn try_finish_measured_within(
+        mut self,
+        timeout: Duration,
+    ) -> Result<(ExitStatus, String, Vec<String>, libc::rusage), (AgentError, Vec<String>)> {
+        use std::os::unix::process::ExitStatusExt;
+        let end = Instant::now() + timeout;
+        let pid = self.pid();
+        loop {
+            let mut status = 0;
+            // SAFETY: an all-zero rusage is a valid value for wait4 to overwrite.
+            let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+            // SAFETY: our own child, not reaped yet (the `Child` has not been waited for
+            // since it exited: try_wait/wait are only called on the other paths); valid
+            // out pointers. Once reaped here, the `Child`'s own waits fail with ECHILD,
+            // which `Drop` takes for "not running".
+            let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
+            if r == pid {
+                let (st, out, log) = self.collect(ExitStatus::from_raw(status));
+                return Ok((st, out, log, ru));
+            }
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                return Err((AgentError::Wait(e), self.kill_and_log()));
+            }
+            if Instant::now() > end {
+                return Err((AgentError::NoExit(timeout), self.kill_and_log()));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// SIGKILL, reap, and the whole log.
@@ -791,6 +833,40 @@ mod tests {
             p.try_wait_line(Duration::from_secs(10), |l| l == "two"),
             Err(AgentError::Exited(_))
         ));
+    }
+
+    #[test]
+    fn a_measured_finish_gives_the_status_the_report_and_the_cpu_used() {
+        let mut c = Command::new("/bin/sh");
+        // Busy for a while after ready, so its CPU time cannot be 0.
+        c.args([
+            "-c",
+            "echo one >&2; echo hami-agent: ready >&2; i=0; \
+             while [ $i -lt 200000 ]; do i=$((i+1)); done; echo report; exit 2",
+        ]);
+        let mut seen = Vec::new();
+        let p = AgentProcess::try_spawn_within(c, Duration::from_secs(10), |l| {
+            seen.push(l.to_string())
+        })
+        .unwrap();
+        assert_eq!(seen, ["one", READY_LINE]);
+        let (st, out, log, ru) = p
+            .try_finish_measured_within(Duration::from_secs(60))
+            .unwrap_or_else(|(e, log)| panic!("{e}: {log:?}"));
+        assert_eq!(st.code(), Some(2));
+        assert_eq!(out, "report\n");
+        assert_eq!(log, ["one", READY_LINE]);
+        let cpu = ru.ru_utime.tv_sec * 1_000_000 + ru.ru_utime.tv_usec;
+        assert!(cpu > 0, "no CPU time reported");
+        assert!(ru.ru_maxrss > 0);
+        // One that does not end in time is killed and reported.
+        let mut c = Command::new("/bin/sh");
+        c.args(["-c", "echo hami-agent: ready >&2; exec sleep 30"]);
+        let p = AgentProcess::try_spawn_within(c, Duration::from_secs(10), |_| {}).unwrap();
+        let t = Instant::now();
+        let e = p.try_finish_measured_within(Duration::from_millis(200));
+        assert!(matches!(e, Err((AgentError::NoExit(_), _))));
+        assert!(t.elapsed() < Duration::from_secs(20));
     }
 
     #[test]

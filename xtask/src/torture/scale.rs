@@ -28,7 +28,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
-use hami_test_harness::{forward_lines, Artifacts, TestEnv};
+use hami_test_harness::agent::{AgentProcess, READY_LINE};
+use hami_test_harness::{Artifacts, TestEnv};
 use serde_json::Value;
 
 use super::{sandbox, Profile, Report, MIB};
@@ -173,6 +174,16 @@ impl Drop for Fleet {
 }
 
 /// User + system CPU seconds of a rusage.
+/// The last 20 lines of an agent's log, newest first.
+fn tail(log: &[String]) -> String {
+    log.iter()
+        .rev()
+        .take(20)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 fn cpu_secs(ru: &libc::rusage) -> f64 {
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
     t(ru.ru_utime) + t(ru.ru_stime)
@@ -203,58 +214,29 @@ struct AuditCost {
 
 /// `hami-agent audit --seconds 0 --json`, measured, and its report checked against the fleet.
 fn audit(bin: &Path, art: &Artifacts, env: &TestEnv, fleet: &Fleet) -> Result<AuditCost> {
-    let out_path = env.dir().join("audit.json");
     let mut c = agent_command(bin, art, env);
     c.args(["audit", "--seconds", "0", "--json", "--libcuda"])
-        .arg(&art.fake_libcuda)
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&out_path)?)
-        .stderr(Stdio::piped());
+        .arg(&art.fake_libcuda);
     let t0 = Instant::now();
-    let mut child = c.spawn().context("starting hami-agent audit")?;
-    let rx = forward_lines(child.stderr.take().expect("piped stderr"));
-    let mut log = String::new();
     let mut ready = None;
-    let pid = child.id() as libc::pid_t;
-    let deadline = t0 + READY_WAIT;
-    let (status, ru) = loop {
-        for l in rx.try_iter() {
-            if ready.is_none() && l.starts_with("hami-agent: ready") {
-                ready = Some(t0.elapsed().as_secs_f64());
-            }
-            log.push_str(&l);
-            log.push('\n');
+    let agent = AgentProcess::try_spawn_within(c, READY_WAIT, |l| {
+        if l.starts_with(READY_LINE) {
+            ready = Some(t0.elapsed().as_secs_f64());
         }
-        let mut status = 0;
-        // SAFETY: an all-zero rusage is a valid value to be overwritten.
-        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: our own child; valid out pointers.
-        let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
-        if r == pid {
-            break (status, ru);
-        }
-        ensure!(r == 0, "wait4: {}", std::io::Error::last_os_error());
-        if Instant::now() > deadline {
-            // SAFETY: our own child, not yet reaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            bail!("hami-agent audit did not finish within {READY_WAIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    };
+    })
+    .context("hami-agent audit: not ready")?;
+    let (status, out, log, ru) = agent
+        .try_finish_measured_within(READY_WAIT.saturating_sub(t0.elapsed()))
+        .map_err(|(e, log)| anyhow!("hami-agent audit: {e}; its log:\n{}", tail(&log)))?;
     let wall = t0.elapsed().as_secs_f64();
-    for l in rx.iter() {
-        log.push_str(&l);
-        log.push('\n');
-    }
     // 0, or 2 for findings (other processes of this shared machine may have some: only
     // those about the fleet count, below).
     ensure!(
-        libc::WIFEXITED(status) && matches!(libc::WEXITSTATUS(status), 0 | 2),
-        "hami-agent audit exited with status {status:#x}; its log:\n{}",
-        log.lines().rev().take(20).collect::<Vec<_>>().join("\n")
+        matches!(status.code(), Some(0 | 2)),
+        "hami-agent audit exited with {status}; its log:\n{}",
+        tail(&log)
     );
-    let rep: Value = serde_json::from_slice(&std::fs::read(&out_path)?)
-        .context("hami-agent audit --json: not JSON")?;
+    let rep: Value = serde_json::from_str(&out).context("hami-agent audit --json: not JSON")?;
     let pids = check_report(&rep, fleet)?;
     Ok(AuditCost {
         pids,
@@ -418,35 +400,24 @@ fn run_agent(
         "--libcuda",
     ])
     .arg(&art.fake_libcuda)
-    .env("RUST_LOG", "info")
-    .stdin(Stdio::null())
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped());
+    .env("RUST_LOG", "info");
     let t0 = Instant::now();
-    let mut child = c.spawn().context("starting hami-agent run")?;
-    let guard = KillOnDrop(child.id());
-    let rx = forward_lines(child.stderr.take().expect("piped stderr"));
     let mut addr = String::new();
-    let deadline = t0 + READY_WAIT;
-    loop {
-        let l = rx
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-            .map_err(|_| anyhow!("hami-agent run: not ready within {READY_WAIT:?}"))?;
-        if l.starts_with("hami-agent: ready") {
-            break;
-        }
-        if let Ok(v) = serde_json::from_str::<Value>(&l) {
+    let mut agent = AgentProcess::try_spawn_within(c, READY_WAIT, |l| {
+        if let Ok(v) = serde_json::from_str::<Value>(l) {
             if v["fields"]["message"] == "serving /metrics" {
                 addr = v["fields"]["addr"].as_str().unwrap_or_default().to_string();
             }
         }
-    }
+    })
+    .context("hami-agent run: not ready")?;
+    let at_ready = agent.log().len();
     let ready = t0.elapsed().as_secs_f64();
     ensure!(
         !addr.is_empty(),
         "the agent did not say where it serves /metrics"
     );
-    let pid = child.id();
+    let pid = agent.pid() as u32;
     // Wait for the first tick after ready (it takes in what the baseline left).
     let first = Instant::now() + Duration::from_secs(120);
     let m0 = loop {
@@ -484,9 +455,10 @@ fn run_agent(
     // Findings are logged as they are raised (other processes of this shared machine may
     // have some: only those about the fleet count).
     let regions = fleet.region_names();
-    let ours: Vec<Value> = rx
-        .try_iter()
-        .filter_map(|l| serde_json::from_str::<Value>(&l).ok())
+    agent.drain();
+    let ours: Vec<Value> = agent.log()[at_ready..]
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .map(|v| v["fields"].clone())
         .filter(|f| f.get("kind").is_some() && about_fleet(f, &regions, pids))
         .collect();
@@ -499,8 +471,7 @@ fn run_agent(
         n1 > n0,
         "no tick in {window:?} (the tick is slower than the window)"
     );
-    drop(guard);
-    let _ = child.wait();
+    drop(agent);
     Ok(RunCost {
         ready,
         ticks: n1 - n0,
@@ -511,16 +482,6 @@ fn run_agent(
         peak_rss_kib: hwm,
         scrape,
     })
-}
-
-/// SIGKILLs a process when dropped (the agent, on any exit path).
-struct KillOnDrop(u32);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child (reaped by the caller afterwards, or at exit).
-        unsafe { libc::kill(self.0 as libc::pid_t, libc::SIGKILL) };
-    }
 }
 
 /// Names another `hami-agent` binary (a release build of an earlier commit, eBPF embedded):
