@@ -22,7 +22,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{ensure, Context, Result};
 
 use crate::cross::{check_emulation, cross_env, nightly_cargo, nightly_cargo_path, CrossTarget};
 use crate::torture::Scenario;
@@ -65,14 +65,14 @@ pub const PRELOAD_TESTS_ALONE: &[&str] = &["regressions"];
 pub const SKIPPED: &[(&str, &str, &str)] = &[
     (
         "hami-common",
-        "region::tests::sigkill_while_holding_the_lock_is_recovered_exactly",
+        "region::tests::crashes::sigkill_while_holding_the_lock_is_recovered_exactly",
         "qemu-user does not implement set_robust_list: the kernel never marks a dead \
          holder's robust mutex owner-died (real arm64 kernels do; the preload's stale-lock \
          break, which these tests leave off, still recovers, see the torture kill storm)",
     ),
     (
         "hami-common",
-        "region::tests::processes_sigkilled_in_a_loop_never_block_others_and_are_reclaimed",
+        "region::tests::crashes::processes_sigkilled_in_a_loop_never_block_others_and_are_reclaimed",
         "same: relies on the kernel's robust-futex owner-died mark",
     ),
     (
@@ -148,6 +148,21 @@ pub fn test(t: CrossTarget) -> Result<()> {
         "unit tests of hami-common (region layout offsets), the preload and the agent, \
          and the preload's multi-process tests, under qemu",
         || {
+            // A skip that matches no test (a test renamed or moved to another module) would
+            // let that test run and fail here, or hide that it is gone: refused first.
+            let mut c = nightly_cargo(&root, t, "test")?;
+            c.args(&args).args(["--", "--list"]);
+            let out = c.output().context("listing the aarch64 tests")?;
+            ensure!(
+                out.status.success(),
+                "listing the aarch64 tests failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let stale = unmatched_skips(&String::from_utf8_lossy(&out.stdout));
+            ensure!(
+                stale.is_empty(),
+                "SKIPPED filters that match no test (renamed or moved?): {stale:?}"
+            );
             let mut c = nightly_cargo(&root, t, "test")?;
             c.args(&args).arg("--");
             for (_, filter, _) in SKIPPED {
@@ -180,6 +195,20 @@ pub fn test(t: CrossTarget) -> Result<()> {
     Ok(())
 }
 
+/// The [`SKIPPED`] filters that no test of a `cargo test -- --list` listing contains (the
+/// listing's `NAME: test` lines; `--skip` matches a substring of the name).
+fn unmatched_skips(listing: &str) -> Vec<&'static str> {
+    let names: Vec<&str> = listing
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .collect();
+    SKIPPED
+        .iter()
+        .map(|(_, filter, _)| *filter)
+        .filter(|f| !names.iter().any(|n| n.contains(f)))
+        .collect()
+}
+
 fn timed(what: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
     eprintln!("\n==> xtask test --target aarch64: {what}");
     let t0 = Instant::now();
@@ -209,4 +238,31 @@ fn torture(root: &Path, t: CrossTarget) -> Result<()> {
         run_checked(&mut c)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod skip_tests {
+    use super::*;
+
+    #[test]
+    fn a_skip_matching_no_listed_test_is_reported() {
+        // Every filter matched: a listing holding each filter inside a longer name.
+        let all: String = SKIPPED
+            .iter()
+            .map(|(_, f, _)| format!("x::{f}y: test\n"))
+            .collect();
+        assert!(unmatched_skips(&all).is_empty());
+        // One test moved into a submodule: its old path no longer matches.
+        let moved = all.replace(
+            "region::tests::crashes::sigkill_while",
+            "region::tests::other::sigkill_while",
+        );
+        assert_eq!(
+            unmatched_skips(&moved),
+            ["region::tests::crashes::sigkill_while_holding_the_lock_is_recovered_exactly"]
+        );
+        // Only `NAME: test` lines count (not benchmarks or the summary).
+        let bench = all.replace(": test\n", ": benchmark\n");
+        assert_eq!(unmatched_skips(&bench).len(), SKIPPED.len());
+    }
 }
