@@ -66,6 +66,11 @@ pub fn decode_event(bytes: &[u8]) -> Option<Event> {
     Event::decode(&raw)
 }
 
+/// How often [`pump`] reads the ring without being woken: the probes wake it only once a
+/// quarter of the ring is pending (`hami-ebpf`'s `wakeup_flag`), so that a traced call does
+/// not pay for waking the agent. Events reach the agent at most this much later.
+pub const POLL: std::time::Duration = std::time::Duration::from_millis(10);
+
 pub(super) async fn pump(
     mut afd: AsyncFd<RingBuf<MapData>>,
     tx: mpsc::Sender<Event>,
@@ -73,35 +78,44 @@ pub(super) async fn pump(
 ) {
     let mut batch = Vec::with_capacity(1024);
     loop {
-        let mut guard = match afd.readable_mut().await {
-            Ok(g) => g,
-            Err(e) => {
+        match tokio::time::timeout(POLL, afd.readable_mut()).await {
+            Ok(Ok(mut guard)) => {
+                read_batch(guard.get_inner_mut(), &mut batch, &user);
+                if batch.len() < BATCH {
+                    guard.clear_ready();
+                }
+            }
+            Ok(Err(e)) => {
                 tracing::error!(error = %e, "event ring buffer poll failed; events stop");
                 return;
             }
-        };
-        let ring = guard.get_inner_mut();
-        while let Some(item) = ring.next() {
-            match decode_event(&item) {
-                Some(ev) => batch.push(ev),
-                None => {
-                    user.malformed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            if batch.len() >= 4096 {
-                break;
-            }
+            // Not woken (records submitted without a wakeup): read what is there.
+            Err(_) => read_batch(afd.get_mut(), &mut batch, &user),
         }
-        if batch.len() < 4096 {
-            guard.clear_ready();
-        }
-        drop(guard);
         user.received
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
         for ev in batch.drain(..) {
             if tx.send(ev).await.is_err() {
                 return;
             }
+        }
+    }
+}
+
+/// Records [`pump`] reads at most before handing them on.
+const BATCH: usize = 4096;
+
+/// Reads up to [`BATCH`] records from the ring into `batch`, counting the malformed ones.
+fn read_batch(ring: &mut RingBuf<MapData>, batch: &mut Vec<Event>, user: &UserCounters) {
+    while let Some(item) = ring.next() {
+        match decode_event(&item) {
+            Some(ev) => batch.push(ev),
+            None => {
+                user.malformed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if batch.len() >= BATCH {
+            break;
         }
     }
 }
