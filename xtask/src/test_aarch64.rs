@@ -97,6 +97,11 @@ pub const SKIPPED: &[(&str, &str, &str)] = &[
         "same: reads the fake process's mapped files through its root with openat2",
     ),
     (
+        "hami-user",
+        "probes::discovery::tests::a_maps_file_over_the_limit_is_read_only_up_to_it",
+        "same: classifies the driver it finds through the fake process's root with openat2",
+    ),
+    (
         "hami-preload",
         "non_cuda_programs_are_untouched_and_create_nothing",
         "runs the host's own /bin/true (x86-64) with the aarch64 preload in LD_PRELOAD: ld.so \
