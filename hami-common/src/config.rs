@@ -1,7 +1,24 @@
 //! The configuration contract shared by the preload (which obeys it) and the agent (which
-//! reads it from `/proc/<pid>/environ` to detect tampering): variable names, the default
-//! region path and the size syntax. One parser, so both halves can never disagree about what
-//! `CUDA_DEVICE_MEMORY_LIMIT=4g` means.
+//! reads it from `/proc/<pid>/environ` to detect tampering): every variable's name, the
+//! defaults, and the parser of each kind of value (sizes, shares, policies, booleans, log
+//! levels, milliseconds, region permissions). One parser per kind, so both halves can never
+//! disagree about what `CUDA_DEVICE_MEMORY_LIMIT=4g` or `CUDA_DISABLE_CONTROL=tRue` means.
+//! Reading a whole environment with these parsers is [`crate::env`] (feature `std`).
+//!
+//! The reading of odd values, one rule for every variable (`docs/preload.md`,
+//! "Configuration"):
+//! * numbers (sizes, shares, levels, milliseconds, group ids) are decimal digits with
+//!   surrounding whitespace ignored; a sign, `0x10`, `1e3`, a fraction or an empty value is
+//!   malformed (HAMi-core's `strtoul(.., 0)` would read `0x10` as 16 and `010` as 8; HAMi's
+//!   device plugin writes plain decimals);
+//! * booleans are read exactly as HAMi's device plugin reads `CUDA_DISABLE_CONTROL` (Go's
+//!   `strconv.ParseBool`: `1 t T TRUE true True` / `0 f F FALSE false False`, no
+//!   whitespace): the plugin decides from that reading whether the library is mounted at
+//!   all, so a value it reads as "control on" (`tRue`, ` 1 `, `yes`) must not turn the
+//!   preload off;
+//! * names (`default`, `force`, `disable`) are any case, whitespace ignored;
+//! * a malformed value is an error naming the variable and the value, and each variable
+//!   has its fail-closed fallback ([`crate::env`]).
 
 use core::fmt;
 
@@ -16,18 +33,233 @@ pub const ENV_REGION: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 /// the GPU's physical memory (`docs/hami.md`). The agent reports such processes.
 pub const ENV_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
 
-/// Whether a [`ENV_OVERSUBSCRIBE`] value asks for oversubscription: anything but an empty
-/// value, `false`, `0`, `no` or `off` (any case).
-pub fn oversubscribe_requested(value: &str) -> bool {
-    let v = value.trim();
-    !(v.is_empty()
-        || ["false", "0", "no", "off"]
-            .iter()
-            .any(|o| v.eq_ignore_ascii_case(o)))
+/// Log level of the preload, on HAMi-core's scale ([`parse_log_level`]).
+pub const ENV_LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+/// Compute share of every device in percent of the device (`nvidia.com/gpucores`):
+/// `1..=99` limits, `0` and `100` mean no limit ([`share_percent`]). `_<i>` per device.
+pub const ENV_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
+/// HAMi's compute policy: `default`, `force` or `disable` ([`CorePolicy`]).
+pub const ENV_CORE_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
+/// A boolean ([`parse_bool`]): `true` turns the preload off (every call passes through,
+/// memory included, no region). HAMi's device plugin then mounts no `ld.so.preload`.
+pub const ENV_DISABLE_CONTROL: &str = "CUDA_DISABLE_CONTROL";
+/// HAMi's task priority: ignored by hami-rs, reported once by the preload.
+pub const ENV_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
+/// Milliseconds between two refreshes of the preload's backstop per device; `0` = off.
+pub const ENV_BACKSTOP_INTERVAL: &str = "HAMI_BACKSTOP_INTERVAL_MS";
+/// Default of [`ENV_BACKSTOP_INTERVAL`] (off when [`ENV_CONTEXT_OVERHEAD`] is set).
+pub const DEFAULT_BACKSTOP_INTERVAL_MS: u64 = 1000;
+/// Longest wait of one CUDA call for the region's lock, in milliseconds (at most
+/// [`MAX_LOCK_TIMEOUT_MS`]).
+pub const ENV_LOCK_TIMEOUT: &str = "HAMI_LOCK_TIMEOUT_MS";
+/// Default of [`ENV_LOCK_TIMEOUT`].
+pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 2000;
+/// Largest accepted [`ENV_LOCK_TIMEOUT`]: an hour.
+pub const MAX_LOCK_TIMEOUT_MS: u64 = 3_600_000;
+/// Bytes of quota per device a process keeps admitted ahead of its allocations (a size).
+pub const ENV_ADMISSION_RESERVE: &str = "HAMI_ADMISSION_RESERVE";
+/// Default of [`ENV_ADMISSION_RESERVE`].
+pub const DEFAULT_ADMISSION_RESERVE: u64 = 64 << 20;
+/// The share (percent) a device gets when its [`ENV_SM_LIMIT`] value is malformed: the
+/// smallest one, so that a configuration error never hands out the whole device.
+pub const SM_LIMIT_FALLBACK: u32 = 1;
+
+/// Why a boolean was rejected: not one of Go's `strconv.ParseBool` spellings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoolError;
+
+impl fmt::Display for BoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(
+            "not a boolean as HAMi's device plugin reads it (1, t, T, TRUE, true, True; \
+             0, f, F, FALSE, false, False)",
+        )
+    }
 }
 
-/// Log level of the preload.
-pub const ENV_LOG_LEVEL: &str = "LIBCUDA_LOG_LEVEL";
+impl core::error::Error for BoolError {}
+
+/// Parses a boolean exactly as HAMi's device plugin parses `CUDA_DISABLE_CONTROL` (Go's
+/// `strconv.ParseBool`): case and whitespace matter, so `tRue` and ` 1 ` are malformed.
+pub fn parse_bool(value: &str) -> Result<bool, BoolError> {
+    match value {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(BoolError),
+    }
+}
+
+/// Decimal digits with surrounding whitespace removed, as a number; an error when empty,
+/// not all digits, or above `u64::MAX`.
+fn decimal(value: &str) -> Result<u64, NumberError> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Err(NumberError::Empty);
+    }
+    if !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(NumberError::NotDigits);
+    }
+    v.parse().map_err(|_| NumberError::Overflow)
+}
+
+/// Why a plain number (a share, milliseconds, a log level) was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NumberError {
+    /// Empty or whitespace only.
+    Empty,
+    /// Not decimal digits (a sign, `0x10`, `1e3`, a fraction, a unit, a word).
+    NotDigits,
+    /// Above `u64::MAX`.
+    Overflow,
+    /// A number above the variable's largest value (the bound).
+    Above(u64),
+}
+
+impl fmt::Display for NumberError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NumberError::Empty => f.write_str("empty value"),
+            NumberError::NotDigits => f.write_str("not a whole decimal number"),
+            NumberError::Overflow => f.write_str("value overflows 64 bits"),
+            NumberError::Above(max) => write!(f, "above the largest value, {max}"),
+        }
+    }
+}
+
+impl core::error::Error for NumberError {}
+
+/// Parses a compute share ([`ENV_SM_LIMIT`]): a whole percentage `0..=100` (decimal,
+/// surrounding whitespace allowed). What the share means is [`share_percent`].
+pub fn parse_sm_limit(value: &str) -> Result<u32, NumberError> {
+    match decimal(value) {
+        Ok(n) if n <= 100 => Ok(n as u32),
+        Ok(_) | Err(NumberError::Overflow) => Err(NumberError::Above(100)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Parses milliseconds ([`ENV_BACKSTOP_INTERVAL`], [`ENV_LOCK_TIMEOUT`]): decimal, at most
+/// `max`.
+pub fn parse_millis(value: &str, max: u64) -> Result<u64, NumberError> {
+    match decimal(value) {
+        Ok(n) if n <= max => Ok(n),
+        Ok(_) => Err(NumberError::Above(max)),
+        Err(e) => Err(e),
+    }
+}
+
+/// HAMi's compute policy ([`ENV_CORE_POLICY`]); the discriminant is what the region
+/// records (`layout::DeviceCompute::policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(u32)]
+pub enum CorePolicy {
+    /// `default`: the share applies (HAMi-core: it may be relaxed when the container is
+    /// alone; hami-rs always applies it, `docs/preload.md`).
+    #[default]
+    Default = 0,
+    /// `force`: the share applies.
+    Force = 1,
+    /// `disable`: no compute limit.
+    Disable = 2,
+}
+
+impl CorePolicy {
+    /// The policy a region records as `policy` (`None` for a value no policy has).
+    pub fn from_region(policy: u32) -> Option<CorePolicy> {
+        match policy {
+            0 => Some(CorePolicy::Default),
+            1 => Some(CorePolicy::Force),
+            2 => Some(CorePolicy::Disable),
+            _ => None,
+        }
+    }
+
+    /// The name as [`ENV_CORE_POLICY`] spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            CorePolicy::Default => "default",
+            CorePolicy::Force => "force",
+            CorePolicy::Disable => "disable",
+        }
+    }
+}
+
+/// Why a [`ENV_CORE_POLICY`] value was rejected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyError;
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("not one of default, force, disable")
+    }
+}
+
+impl core::error::Error for PolicyError {}
+
+/// Parses [`ENV_CORE_POLICY`]: `default`, `force` or `disable` in any case, surrounding
+/// whitespace allowed; empty is `default` (HAMi's webhook sets the variable only for a
+/// policy other than the default).
+pub fn parse_core_policy(value: &str) -> Result<CorePolicy, PolicyError> {
+    let v = value.trim();
+    if v.is_empty() || v.eq_ignore_ascii_case("default") {
+        Ok(CorePolicy::Default)
+    } else if v.eq_ignore_ascii_case("force") {
+        Ok(CorePolicy::Force)
+    } else if v.eq_ignore_ascii_case("disable") {
+        Ok(CorePolicy::Disable)
+    } else {
+        Err(PolicyError)
+    }
+}
+
+/// The share rule, the one place it is written: the share (percent) a device is held to
+/// with compute share `sm_limit` (as parsed, or as a region records it) under policy
+/// `policy` (a region's `COMPUTE_POLICY_*` value): `Some(1..=99)`, or `None` for no limit
+/// (`0`, `100` or more, or the policy `disable`). An unknown policy value applies the share
+/// (as `default` does).
+pub fn share_percent(sm_limit: u32, policy: u32) -> Option<u32> {
+    (policy != CorePolicy::Disable as u32 && (1..100).contains(&sm_limit)).then_some(sm_limit)
+}
+
+/// What the preload logs ([`ENV_LOG_LEVEL`]), on HAMi-core's scale: each level shows its
+/// own messages and those of every level before it; errors always show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum LogLevel {
+    /// `0` or `1`: errors only (HAMi-core shows errors at both).
+    Error = 0,
+    /// `2` (the default, as in HAMi-core): + warnings.
+    Warn = 1,
+    /// `3`: + info.
+    Info = 2,
+    /// `4`: + debug.
+    Debug = 3,
+    /// `5` and above: + trace (hami-rs's own level past HAMi-core's last, debug; HAMi-core
+    /// shows everything it has from 4 on, hami-preload from 5 on).
+    Trace = 4,
+}
+
+/// [`ENV_LOG_LEVEL`] when unset or malformed: `2`, warnings (HAMi-core's default too).
+pub const DEFAULT_LOG_LEVEL: LogLevel = LogLevel::Warn;
+
+/// Parses [`ENV_LOG_LEVEL`] on HAMi-core's scale: `0`/`1` errors, `2` + warnings, `3` +
+/// info, `4` + debug, `5` and above (however large) + trace. Not a whole non-negative
+/// decimal number (`-1`, `debug`, empty) is an error; the caller uses
+/// [`DEFAULT_LOG_LEVEL`] and says so (HAMi-core's `atoi` would silently read errors only).
+pub fn parse_log_level(value: &str) -> Result<LogLevel, NumberError> {
+    let n = match decimal(value) {
+        Ok(n) => n,
+        Err(NumberError::Overflow) => u64::MAX,
+        Err(e) => return Err(e),
+    };
+    Ok(match n {
+        0 | 1 => LogLevel::Error,
+        2 => LogLevel::Warn,
+        3 => LogLevel::Info,
+        4 => LogLevel::Debug,
+        _ => LogLevel::Trace,
+    })
+}
 /// Fixed context overhead in bytes (skips the measurement).
 pub const ENV_CONTEXT_OVERHEAD: &str = "HAMI_CONTEXT_OVERHEAD";
 /// Permission bits of a region file this process creates (octal, e.g. `0660`); default
@@ -226,5 +458,106 @@ mod tests {
         assert_eq!(parse_region_group("video"), Err(PermError::Malformed));
         assert_eq!(parse_region_group("-1"), Err(PermError::Malformed));
         assert_eq!(parse_region_group(""), Err(PermError::Empty));
+    }
+
+    #[test]
+    fn booleans_read_as_hamis_device_plugin_reads_them() {
+        for v in ["1", "t", "T", "TRUE", "true", "True"] {
+            assert_eq!(parse_bool(v), Ok(true), "{v:?}");
+        }
+        for v in ["0", "f", "F", "FALSE", "false", "False"] {
+            assert_eq!(parse_bool(v), Ok(false), "{v:?}");
+        }
+        for v in [
+            "tRue", "TrUe", " 1 ", "1 ", "yes", "on", "no", "off", "", "2", "0x1",
+        ] {
+            assert_eq!(parse_bool(v), Err(BoolError), "{v:?}");
+        }
+    }
+
+    #[test]
+    fn shares_and_the_share_rule() {
+        assert_eq!(parse_sm_limit("30"), Ok(30));
+        assert_eq!(parse_sm_limit(" 0 "), Ok(0));
+        assert_eq!(parse_sm_limit("100"), Ok(100));
+        assert_eq!(parse_sm_limit("101"), Err(NumberError::Above(100)));
+        assert_eq!(
+            parse_sm_limit("99999999999999999999999"),
+            Err(NumberError::Above(100))
+        );
+        for bad in ["30%", "-5", "+5", "0.5", "0x10", "1e3", "lots"] {
+            assert_eq!(parse_sm_limit(bad), Err(NumberError::NotDigits), "{bad:?}");
+        }
+        assert_eq!(parse_sm_limit(""), Err(NumberError::Empty));
+        let (default, force, disable) = (
+            CorePolicy::Default as u32,
+            CorePolicy::Force as u32,
+            CorePolicy::Disable as u32,
+        );
+        assert_eq!(share_percent(30, default), Some(30));
+        assert_eq!(share_percent(1, force), Some(1));
+        assert_eq!(
+            share_percent(99, 7),
+            Some(99),
+            "an unknown policy applies it"
+        );
+        assert_eq!(share_percent(30, disable), None);
+        assert_eq!(share_percent(0, force), None);
+        assert_eq!(share_percent(100, force), None);
+        assert_eq!(share_percent(250, default), None);
+    }
+
+    #[test]
+    fn policies() {
+        for (v, p) in [
+            ("default", CorePolicy::Default),
+            ("", CorePolicy::Default),
+            ("FORCE", CorePolicy::Force),
+            (" force ", CorePolicy::Force),
+            ("Disable", CorePolicy::Disable),
+            ("DISABLE", CorePolicy::Disable),
+        ] {
+            assert_eq!(parse_core_policy(v), Ok(p), "{v:?}");
+        }
+        assert_eq!(parse_core_policy("strict"), Err(PolicyError));
+        assert_eq!(parse_core_policy("1"), Err(PolicyError));
+        for p in [CorePolicy::Default, CorePolicy::Force, CorePolicy::Disable] {
+            assert_eq!(CorePolicy::from_region(p as u32), Some(p));
+            assert_eq!(parse_core_policy(p.name()), Ok(p));
+        }
+        assert_eq!(CorePolicy::from_region(3), None);
+    }
+
+    #[test]
+    fn log_levels_on_hami_cores_scale() {
+        for (v, l) in [
+            ("0", LogLevel::Error),
+            ("1", LogLevel::Error),
+            (" 2 ", LogLevel::Warn),
+            ("3", LogLevel::Info),
+            ("4", LogLevel::Debug),
+            ("5", LogLevel::Trace),
+            ("99", LogLevel::Trace),
+            ("99999999999999999999999", LogLevel::Trace),
+        ] {
+            assert_eq!(parse_log_level(v), Ok(l), "{v:?}");
+        }
+        assert_eq!(parse_log_level("-1"), Err(NumberError::NotDigits));
+        assert_eq!(parse_log_level("debug"), Err(NumberError::NotDigits));
+        assert_eq!(parse_log_level(""), Err(NumberError::Empty));
+        assert_eq!(DEFAULT_LOG_LEVEL, LogLevel::Warn);
+    }
+
+    #[test]
+    fn millis() {
+        assert_eq!(parse_millis(" 250 ", 1000), Ok(250));
+        assert_eq!(parse_millis("0", 1000), Ok(0));
+        assert_eq!(parse_millis("1001", 1000), Err(NumberError::Above(1000)));
+        assert_eq!(parse_millis("+5", 1000), Err(NumberError::NotDigits));
+        assert_eq!(parse_millis("2s", 1000), Err(NumberError::NotDigits));
+        assert_eq!(
+            parse_millis("99999999999999999999999", u64::MAX),
+            Err(NumberError::Overflow)
+        );
     }
 }

@@ -187,12 +187,13 @@ pub struct Slot {
     pub _pad: [u64; 13],
 }
 
-/// [`DeviceCompute::policy`]: HAMi's `GPU_CORE_UTILIZATION_POLICY=default`.
-pub const COMPUTE_POLICY_DEFAULT: u32 = 0;
+/// [`DeviceCompute::policy`]: HAMi's `GPU_CORE_UTILIZATION_POLICY=default`
+/// ([`CorePolicy`](crate::config::CorePolicy)).
+pub const COMPUTE_POLICY_DEFAULT: u32 = crate::config::CorePolicy::Default as u32;
 /// [`DeviceCompute::policy`]: `force`.
-pub const COMPUTE_POLICY_FORCE: u32 = 1;
+pub const COMPUTE_POLICY_FORCE: u32 = crate::config::CorePolicy::Force as u32;
 /// [`DeviceCompute::policy`]: `disable` (no compute limit).
-pub const COMPUTE_POLICY_DISABLE: u32 = 2;
+pub const COMPUTE_POLICY_DISABLE: u32 = crate::config::CorePolicy::Disable as u32;
 
 /// The compute share of one device, shared by every process of the container: the
 /// launch gate's budget of GPU time (a token bucket in nanoseconds of device time).

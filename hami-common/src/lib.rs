@@ -2,7 +2,8 @@
 //!
 //! * [`layout`]: the on-disk / in-memory layout of the shared region file (one per container),
 //!   documented in `docs/shared-region.md`.
-//! * [`config`]: environment variable names and the size syntax both halves read.
+//! * [`config`]: environment variable names and the parser of each kind of value.
+//! * `env` (feature `std`): the environment contract, every variable read once, typed.
 //! * [`array`]: the CUDA array footprint estimate shared by the preload and the probes.
 //! * [`event`]: the structs the eBPF programs send to user space.
 //! * [`intercept`]: the one list of functions the preload hooks and the agent probes.
@@ -19,6 +20,8 @@ pub mod intercept;
 #[cfg(not(target_arch = "bpf"))]
 pub mod layout;
 
+#[cfg(feature = "std")]
+pub mod env;
 #[cfg(feature = "std")]
 pub mod region;
 // Formatting code the eBPF programs have no use for.

@@ -3,125 +3,36 @@
 //! Everything here is pure: [`Config::from_lookup`] takes the environment as a function so
 //! that it unit-tests without touching the process environment.
 
-use hami_common::layout::{
-    COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE, LIMIT_FLAG_INVALID,
-    MAX_DEVICES,
-};
+use hami_common::env::{HamiEnv, Setting};
+use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 pub use hami_common::config::{
-    parse_region_group, parse_region_mode, parse_size, PermError, SizeError, DEFAULT_REGION_MODE,
-    DEFAULT_REGION_PATH, ENV_CONTEXT_OVERHEAD, ENV_LIMIT, ENV_LOG_LEVEL, ENV_REGION,
-    ENV_REGION_GROUP, ENV_REGION_MODE,
+    parse_region_group, parse_region_mode, parse_size, PermError, SizeError,
+    DEFAULT_ADMISSION_RESERVE, DEFAULT_BACKSTOP_INTERVAL_MS, DEFAULT_LOCK_TIMEOUT_MS,
+    DEFAULT_REGION_MODE, DEFAULT_REGION_PATH, ENV_ADMISSION_RESERVE, ENV_BACKSTOP_INTERVAL,
+    ENV_CONTEXT_OVERHEAD, ENV_CORE_POLICY, ENV_DISABLE_CONTROL, ENV_LIMIT, ENV_LOCK_TIMEOUT,
+    ENV_LOG_LEVEL, ENV_OVERSUBSCRIBE, ENV_REGION, ENV_REGION_GROUP, ENV_REGION_MODE, ENV_SM_LIMIT,
+    ENV_TASK_PRIORITY, SM_LIMIT_FALLBACK,
 };
-// HAMi's oversubscription switch, refused (docs/hami.md).
-pub use hami_common::config::{oversubscribe_requested, ENV_OVERSUBSCRIBE};
+/// A configuration error for one variable: its name, its value and why
+/// (`hami_common::env`, the one reading of the environment).
+pub use hami_common::env::{EnvError as ConfigError, Reason};
 
-/// Why a variable's value was rejected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Reason {
-    /// A size (limits, context overhead).
-    #[error("{0}")]
-    Size(SizeError),
-    /// A region permission setting ([`ENV_REGION_MODE`], [`ENV_REGION_GROUP`]).
-    #[error("{0}")]
-    Perm(PermError),
-    /// A compute setting ([`ENV_SM_LIMIT`], [`ENV_CORE_POLICY`], [`ENV_DISABLE_CONTROL`]).
-    #[error("{0}")]
-    Compute(ComputeError),
-}
-
-/// Why a compute setting was rejected.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum ComputeError {
-    /// [`ENV_SM_LIMIT`]: not a whole number (a sign, a `%`, a fraction, empty).
-    #[error("not a whole percentage 0-100")]
-    NotAPercent,
-    /// [`ENV_SM_LIMIT`]: above 100.
-    #[error("{0} is above 100 (percent of one device)")]
-    OutOfRange(u64),
-    /// [`ENV_CORE_POLICY`]: not one of the three policies.
-    #[error("not one of default, force, disable")]
-    UnknownPolicy,
-    /// [`ENV_DISABLE_CONTROL`]: not a boolean.
-    #[error("not a boolean (true/false, 1/0, t/f)")]
-    NotABool,
-}
-
-/// Compute share of every device in percent of the device (`nvidia.com/gpucores`):
-/// `1..=99` limits, `0` and `100` mean no limit. HAMi-core reads the same variable.
-pub const ENV_SM_LIMIT: &str = "CUDA_DEVICE_SM_LIMIT";
-/// HAMi's compute policy: `default`, `force` or `disable` (see `docs/preload.md`).
-pub const ENV_CORE_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
-/// `true`: the preload changes nothing (every call passes through, memory included).
-pub const ENV_DISABLE_CONTROL: &str = "CUDA_DISABLE_CONTROL";
-/// HAMi's task priority; read and reported as ignored (`docs/preload.md`).
-pub const ENV_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
-/// The share (percent) a device gets when its [`ENV_SM_LIMIT`] value is malformed: the
-/// smallest one, so that a configuration error never hands out the whole device (the
-/// application keeps running, slowly, and the error is logged).
-pub const SM_LIMIT_FALLBACK: u32 = 1;
-
-/// Parses a compute share: decimal digits (surrounding whitespace allowed), `0..=100`.
-pub fn parse_sm_limit(value: &str) -> Result<u32, ComputeError> {
-    let v = value.trim();
-    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(ComputeError::NotAPercent);
-    }
-    match v.parse::<u64>() {
-        Ok(n) if n <= 100 => Ok(n as u32),
-        Ok(n) => Err(ComputeError::OutOfRange(n)),
-        Err(_) => Err(ComputeError::OutOfRange(u64::MAX)),
-    }
-}
-
-/// Parses [`ENV_CORE_POLICY`] (any case, surrounding whitespace allowed; empty = `default`)
-/// into a `COMPUTE_POLICY_*` value.
-pub fn parse_core_policy(value: &str) -> Result<u32, ComputeError> {
-    let v = value.trim();
-    if v.is_empty() || v.eq_ignore_ascii_case("default") {
-        Ok(COMPUTE_POLICY_DEFAULT)
-    } else if v.eq_ignore_ascii_case("force") {
-        Ok(COMPUTE_POLICY_FORCE)
-    } else if v.eq_ignore_ascii_case("disable") {
-        Ok(COMPUTE_POLICY_DISABLE)
-    } else {
-        Err(ComputeError::UnknownPolicy)
-    }
-}
-
-/// Parses a boolean the way HAMi's device plugin reads [`ENV_DISABLE_CONTROL`] (Go's
-/// `strconv.ParseBool`: `1 t true 0 f false`, here in any case and trimmed).
-pub fn parse_bool(value: &str) -> Result<bool, ComputeError> {
-    let v = value.trim();
-    if ["1", "t", "true"].iter().any(|t| v.eq_ignore_ascii_case(t)) {
-        Ok(true)
-    } else if ["0", "f", "false"]
-        .iter()
-        .any(|t| v.eq_ignore_ascii_case(t))
-    {
-        Ok(false)
-    } else {
-        Err(ComputeError::NotABool)
-    }
+/// The process's environment as the contract reads it: a variable's value, lossily
+/// converted when it is not UTF-8 (then malformed, not unset: a limit fails closed).
+pub fn getenv(var: &str) -> Option<String> {
+    std::env::var_os(var).map(|v| v.to_string_lossy().into_owned())
 }
 
 /// [`ENV_DISABLE_CONTROL`] from `get`: whether control is off, and the error of a
-/// malformed value (then control stays on: the safe side).
+/// malformed value (then control stays on: the safe side, and what HAMi's device plugin,
+/// which mounted the library, read too).
 pub fn disable_control_from(get: impl Fn(&str) -> Option<String>) -> (bool, Option<ConfigError>) {
-    let Some(value) = get(ENV_DISABLE_CONTROL) else {
-        return (false, None);
-    };
-    match parse_bool(&value) {
-        Ok(b) => (b, None),
-        Err(reason) => (
-            false,
-            Some(ConfigError {
-                var: ENV_DISABLE_CONTROL.to_string(),
-                value,
-                reason: Reason::Compute(reason),
-            }),
-        ),
+    match hami_common::env::read_disable_control(get) {
+        None => (false, None),
+        Some(Ok(off)) => (off, None),
+        Some(Err(e)) => (false, Some(e)),
     }
 }
 
@@ -145,7 +56,7 @@ pub fn control_disabled() -> bool {
 #[cold]
 #[inline(never)]
 fn control_disabled_slow() -> bool {
-    let (off, err) = disable_control_from(|k| std::env::var(k).ok());
+    let (off, err) = disable_control_from(getenv);
     let v = if off { CONTROL_OFF } else { CONTROL_ON };
     if CONTROL
         .compare_exchange(CONTROL_UNKNOWN, v, Ordering::Relaxed, Ordering::Relaxed)
@@ -167,35 +78,32 @@ fn control_disabled_slow() -> bool {
     }
     off
 }
-/// Milliseconds between two refreshes of the backstop (`UsageKind::Other`) per device;
-/// `0` turns the backstop off. Unset: [`DEFAULT_BACKSTOP_INTERVAL_MS`], or off when
-/// `HAMI_CONTEXT_OVERHEAD` fixes the context figure.
-pub const ENV_BACKSTOP_INTERVAL: &str = "HAMI_BACKSTOP_INTERVAL_MS";
-/// Default of [`ENV_BACKSTOP_INTERVAL`].
-pub const DEFAULT_BACKSTOP_INTERVAL_MS: u64 = 1000;
-
-/// Milliseconds one CUDA call waits for the shared region's lock at most before it gives up
-/// (an allocation is then refused with `CUDA_ERROR_OUT_OF_MEMORY`; releases never wait).
-pub const ENV_LOCK_TIMEOUT: &str = "HAMI_LOCK_TIMEOUT_MS";
-/// Default of [`ENV_LOCK_TIMEOUT`].
-pub const DEFAULT_LOCK_TIMEOUT_MS: u64 = 2000;
-/// Bytes of quota per device a process keeps admitted ahead of its allocations, so that
-/// allocations and releases within it take no lock (a size: `64m`, `0` turns it off; capped
-/// at 1/32 of the device's limit).
-pub const ENV_ADMISSION_RESERVE: &str = "HAMI_ADMISSION_RESERVE";
-/// Default of [`ENV_ADMISSION_RESERVE`].
-pub const DEFAULT_ADMISSION_RESERVE: u64 = 64 << 20;
-
-/// A configuration error for one variable.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {var}={value:?}: {reason}")]
-pub struct ConfigError {
-    /// The variable name.
-    pub var: String,
-    /// Its value.
-    pub value: String,
-    /// Why it was rejected.
-    pub reason: Reason,
+/// What the preload does instead of what a malformed variable asked for, for the
+/// variables read into [`Config`] whose error is logged with it (`None`: reported where it
+/// is read, or the region permissions, which keep the region closed:
+/// [`Config::region_error`]).
+pub fn consequence(e: &ConfigError) -> Option<String> {
+    let var = e.var.as_str();
+    let per_device = |name: &str| {
+        var.strip_prefix(name)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('_'))
+    };
+    Some(if per_device(ENV_LIMIT) {
+        "allocations on the affected devices fail with CUDA_ERROR_OUT_OF_MEMORY".to_string()
+    } else if per_device(ENV_SM_LIMIT) {
+        format!("the affected devices' compute share is {SM_LIMIT_FALLBACK} %")
+    } else if var == ENV_CORE_POLICY {
+        "the `default` policy applies".to_string()
+    } else if var == ENV_CONTEXT_OVERHEAD {
+        "each context's memory is measured instead".to_string()
+    } else if var == ENV_ADMISSION_RESERVE {
+        format!(
+            "the default reserve, {} MiB, applies",
+            DEFAULT_ADMISSION_RESERVE >> 20
+        )
+    } else {
+        return None;
+    })
 }
 
 /// The preload's configuration.
@@ -238,142 +146,65 @@ pub struct Config {
 }
 
 impl Config {
-    /// Reads the configuration through `get` (which returns a variable's value, or `None`).
+    /// Reads the configuration through `get` (which returns a variable's value, or `None`),
+    /// with the environment contract ([`HamiEnv`]).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Config {
-        let mut errors = Vec::new();
-        let mut check = |var: String| -> Option<Result<u64, ()>> {
-            let value = get(&var)?;
-            Some(parse_size(&value).map_err(|reason| {
-                errors.push(ConfigError {
-                    var,
-                    value,
-                    reason: Reason::Size(reason),
-                })
-            }))
-        };
-        let global = check(ENV_LIMIT.to_string());
+        let env = HamiEnv::from_lookup(&get);
+        fn value<T: Copy>(s: &Setting<T>) -> Option<T> {
+            s.as_ref().and_then(|r| r.as_ref().ok().copied())
+        }
+        fn invalid<T>(s: &Setting<T>) -> Option<String> {
+            s.as_ref()
+                .and_then(|r| r.as_ref().err())
+                .map(|e| e.value.clone())
+        }
         let mut limits = [0u64; MAX_DEVICES];
         let mut limit_flags = [0u32; MAX_DEVICES];
         for d in 0..MAX_DEVICES {
-            let per = check(format!("{ENV_LIMIT}_{d}"));
-            match per.or(global) {
+            match env.memory_limit_for(d) {
                 Some(Ok(n)) => limits[d] = n,
-                Some(Err(())) => limit_flags[d] |= LIMIT_FLAG_INVALID,
+                Some(Err(_)) => limit_flags[d] |= LIMIT_FLAG_INVALID,
                 None => {}
             }
         }
-        let region_path = match get(ENV_REGION) {
-            Some(p) if !p.trim().is_empty() => p,
-            _ => DEFAULT_REGION_PATH.to_string(),
-        };
-        let context_overhead = get(ENV_CONTEXT_OVERHEAD).and_then(|v| match parse_size(&v) {
-            Ok(n) => Some(n),
-            Err(reason) => {
-                errors.push(ConfigError {
-                    var: ENV_CONTEXT_OVERHEAD.to_string(),
-                    value: v,
-                    reason: Reason::Size(reason),
-                });
-                None
-            }
-        });
-        let mut perm = |var: &str, parse: fn(&str) -> Result<u32, PermError>| {
-            let value = get(var)?;
-            parse(&value)
-                .map_err(|reason| {
-                    errors.push(ConfigError {
-                        var: var.to_string(),
-                        value,
-                        reason: Reason::Perm(reason),
-                    })
-                })
-                .ok()
-        };
-        let region_mode = perm(ENV_REGION_MODE, parse_region_mode).unwrap_or(DEFAULT_REGION_MODE);
-        let region_group = perm(ENV_REGION_GROUP, parse_region_group);
+        let context_overhead = value(&env.context_overhead);
         // A fixed context overhead is the operator's figure for memory the backstop cannot
         // tell apart from context memory: then the backstop is off unless asked for.
-        let default_backstop = match context_overhead {
-            Some(_) => None,
-            None => Some(DEFAULT_BACKSTOP_INTERVAL_MS),
+        let backstop_interval_ms = match &env.backstop_interval_ms {
+            None if context_overhead.is_some() => None,
+            None | Some(Err(_)) => Some(DEFAULT_BACKSTOP_INTERVAL_MS),
+            Some(Ok(0)) => None,
+            Some(Ok(n)) => Some(*n),
         };
-        let (backstop_interval_ms, backstop_invalid) = match get(ENV_BACKSTOP_INTERVAL) {
-            None => (default_backstop, None),
-            Some(v) => match v.trim().parse::<u64>() {
-                Ok(0) => (None, None),
-                Ok(n) => (Some(n), None),
-                Err(_) => (Some(DEFAULT_BACKSTOP_INTERVAL_MS), Some(v)),
-            },
-        };
-        let (lock_timeout_ms, lock_timeout_invalid) = match get(ENV_LOCK_TIMEOUT) {
-            None => (DEFAULT_LOCK_TIMEOUT_MS, None),
-            Some(v) => match v.trim().parse::<u64>() {
-                Ok(n) if n <= 3_600_000 => (n, None),
-                _ => (DEFAULT_LOCK_TIMEOUT_MS, Some(v)),
-            },
-        };
-        let admission_reserve = match get(ENV_ADMISSION_RESERVE) {
-            None => DEFAULT_ADMISSION_RESERVE,
-            Some(v) => match parse_size(&v) {
-                Ok(n) => n,
-                Err(reason) => {
-                    errors.push(ConfigError {
-                        var: ENV_ADMISSION_RESERVE.to_string(),
-                        value: v,
-                        reason: Reason::Size(reason),
-                    });
-                    DEFAULT_ADMISSION_RESERVE
-                }
-            },
-        };
-        let oversubscribe_refused = get(ENV_OVERSUBSCRIBE).filter(|v| oversubscribe_requested(v));
-        let mut compute = |var: String| -> Option<Result<u32, ()>> {
-            let value = get(&var)?;
-            Some(parse_sm_limit(&value).map_err(|reason| {
-                errors.push(ConfigError {
-                    var,
-                    value,
-                    reason: Reason::Compute(reason),
-                })
-            }))
-        };
-        let global_sm = compute(ENV_SM_LIMIT.to_string());
-        let mut sm_limits = [0u32; MAX_DEVICES];
-        for (d, l) in sm_limits.iter_mut().enumerate() {
-            match compute(format!("{ENV_SM_LIMIT}_{d}")).or(global_sm) {
-                Some(Ok(n)) => *l = n,
-                Some(Err(())) => *l = SM_LIMIT_FALLBACK,
-                None => {}
-            }
-        }
-        let compute_policy = match get(ENV_CORE_POLICY) {
-            None => COMPUTE_POLICY_DEFAULT,
-            Some(v) => parse_core_policy(&v).unwrap_or_else(|reason| {
-                errors.push(ConfigError {
-                    var: ENV_CORE_POLICY.to_string(),
-                    value: v,
-                    reason: Reason::Compute(reason),
-                });
-                COMPUTE_POLICY_DEFAULT
-            }),
-        };
+        // The errors with a consequence for the quota or the share (`consequence`); the
+        // others are reported where they are read, each with its own fallback.
+        let errors = env
+            .errors()
+            .into_iter()
+            .filter(|e| consequence(e).is_some() || matches!(e.reason, Reason::Perm(_)))
+            .cloned()
+            .collect();
         Config {
-            sm_limits,
-            compute_policy,
-            task_priority: get(ENV_TASK_PRIORITY),
-            oversubscribe_refused,
             limits,
             limit_flags,
             errors,
-            region_path,
+            region_path: env.region_path().0.to_string(),
             context_overhead,
-            region_mode,
-            region_group,
+            region_mode: value(&env.region_mode).unwrap_or(DEFAULT_REGION_MODE),
+            region_group: value(&env.region_group),
             backstop_interval_ms,
-            backstop_invalid,
-            lock_timeout_ms,
-            lock_timeout_invalid,
-            admission_reserve,
+            backstop_invalid: invalid(&env.backstop_interval_ms),
+            lock_timeout_ms: value(&env.lock_timeout_ms).unwrap_or(DEFAULT_LOCK_TIMEOUT_MS),
+            lock_timeout_invalid: invalid(&env.lock_timeout_ms),
+            admission_reserve: value(&env.admission_reserve).unwrap_or(DEFAULT_ADMISSION_RESERVE),
+            sm_limits: core::array::from_fn(|d| env.recorded_sm_limit(d)),
+            compute_policy: env.policy() as u32,
+            task_priority: env.task_priority.clone(),
+            oversubscribe_refused: if env.oversubscribe_requested() {
+                get(ENV_OVERSUBSCRIBE)
+            } else {
+                None
+            },
         }
     }
 
@@ -399,7 +230,7 @@ impl Config {
 
     /// Reads the configuration from the process environment.
     pub fn from_env() -> Config {
-        Config::from_lookup(|k| std::env::var(k).ok())
+        Config::from_lookup(getenv)
     }
 
     /// Number of devices with a limit or a flag (informational).
@@ -414,6 +245,9 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hami_common::layout::{
+        COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE,
+    };
     use std::collections::HashMap;
 
     fn cfg(vars: &[(&str, &str)]) -> Config {
@@ -545,7 +379,8 @@ mod tests {
     #[test]
     fn oversubscription_is_recognised_to_be_refused() {
         assert_eq!(cfg(&[]).oversubscribe_refused, None);
-        for v in ["true", "TRUE", "1", "yes", "on", "2"] {
+        // True values, and malformed ones: counted as a request, refused visibly.
+        for v in ["true", "TRUE", "1", "yes", "on", "2", "tRue"] {
             let c = cfg(&[
                 ("CUDA_OVERSUBSCRIBE", v),
                 ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
@@ -555,7 +390,7 @@ mod tests {
             assert_eq!(c.limits[0], 1 << 30);
             assert!(c.errors.is_empty());
         }
-        for v in ["", "false", "False", "0", "no", "off", " false "] {
+        for v in ["false", "False", "0", "f"] {
             let c = cfg(&[("CUDA_OVERSUBSCRIBE", v)]);
             assert_eq!(c.oversubscribe_refused, None, "{v:?}");
         }
@@ -625,7 +460,11 @@ mod tests {
                 msg.contains("CUDA_DEVICE_SM_LIMIT") && msg.contains(&format!("{bad:?}")),
                 "{msg}"
             );
-            assert!(matches!(c.errors[0].reason, Reason::Compute(_)));
+            assert!(matches!(c.errors[0].reason, Reason::Number(_)));
+            assert_eq!(
+                consequence(&c.errors[0]).as_deref(),
+                Some("the affected devices' compute share is 1 %")
+            );
             assert_eq!(
                 c.limit_flags, [0; MAX_DEVICES],
                 "memory is not failed closed"
@@ -637,12 +476,6 @@ mod tests {
         ]);
         assert_eq!(&c.sm_limits[..3], &[40, SM_LIMIT_FALLBACK, 40]);
         assert_eq!(c.errors[0].var, "CUDA_DEVICE_SM_LIMIT_1");
-        assert_eq!(
-            parse_sm_limit("101"),
-            Err(ComputeError::OutOfRange(101)),
-            "above 100 is out of range"
-        );
-        assert_eq!(parse_sm_limit("+5"), Err(ComputeError::NotAPercent));
     }
 
     #[test]
@@ -677,18 +510,70 @@ mod tests {
     fn disable_control_values() {
         let get =
             |v: &'static str| move |k: &str| (k == "CUDA_DISABLE_CONTROL").then(|| v.to_string());
-        for v in ["true", "TRUE", "1", "t", " True "] {
+        for v in ["true", "TRUE", "True", "1", "t"] {
             assert_eq!(disable_control_from(get(v)), (true, None), "{v:?}");
         }
         for v in ["false", "0", "F"] {
             assert_eq!(disable_control_from(get(v)), (false, None), "{v:?}");
         }
         assert_eq!(disable_control_from(|_| None), (false, None));
-        for v in ["yes", "", "on"] {
+        // What HAMi's device plugin (Go's strconv.ParseBool) does not read as true: it
+        // mounted the library, so control stays on.
+        for v in ["yes", "", "on", "tRue", " True ", " 1 "] {
             let (off, err) = disable_control_from(get(v));
             assert!(!off, "{v:?}: a malformed value keeps control on");
             let msg = err.expect("an error").to_string();
             assert!(msg.contains("CUDA_DISABLE_CONTROL"), "{msg}");
+        }
+    }
+
+    /// The preload's half of the cross-reading test: every row of the shared table
+    /// (`hami_common::env::CROSS_READING`; the agent's half is `hami-user`'s
+    /// `procinfo::tests::cross_reading_the_agent_reads_as_the_shared_table_says`), read back
+    /// from what the preload acts on: the limits and flags it records, the share the launch
+    /// gate applies, whether control is off, whether oversubscription is refused.
+    #[test]
+    fn cross_reading_the_preload_acts_as_the_shared_table_says() {
+        use hami_common::env::{Limit, Reading, Share, CROSS_READING};
+        for c in CROSS_READING {
+            // As `getenv`: the first entry of a name counts.
+            let get = |k: &str| {
+                c.env
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            };
+            let cfg = Config::from_lookup(get);
+            let d = c.device;
+            let limit = if cfg.limit_flags[d] & LIMIT_FLAG_INVALID != 0 {
+                Limit::Invalid
+            } else if cfg.limits[d] == 0 {
+                Limit::None
+            } else {
+                Limit::Bytes(cfg.limits[d])
+            };
+            let per_device = format!("{ENV_SM_LIMIT}_{d}");
+            let governing = if get(&per_device).is_some() {
+                per_device.as_str()
+            } else {
+                ENV_SM_LIMIT
+            };
+            let share = match crate::gate::effective_share(cfg.sm_limits[d], cfg.compute_policy) {
+                0 => Share::None,
+                p if cfg.errors.iter().any(|e| e.var == governing) => {
+                    assert_eq!(p, SM_LIMIT_FALLBACK, "{:?}", c.env);
+                    Share::Malformed
+                }
+                p => Share::Percent(p),
+            };
+            let reading = Reading {
+                control_disabled: disable_control_from(get).0,
+                limit,
+                share,
+                oversubscribe: cfg.oversubscribe_refused.is_some(),
+            };
+            assert_eq!(reading, c.reading, "{:?} on device {d}", c.env);
+            assert_eq!(cfg.region_path, c.region, "{:?}", c.env);
         }
     }
 }

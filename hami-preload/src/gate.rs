@@ -38,7 +38,7 @@
 
 use crate::cuda::*;
 use crate::symbols::{self, Cu};
-use hami_common::layout::{COMPUTE_POLICY_DISABLE, MAX_DEVICES};
+use hami_common::layout::MAX_DEVICES;
 use hami_common::region::ComputeCells;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_uint};
@@ -168,13 +168,10 @@ pub fn inflight_limit(pct: u32, avg_ns: u64) -> usize {
 }
 
 /// The effective share of a device from the region's record: `1..=99` with any policy but
-/// `disable`; anything else is no limit (0).
+/// `disable`; anything else is no limit (0). The share rule is the contract's
+/// ([`hami_common::config::share_percent`]).
 pub fn effective_share(sm_limit: u32, policy: u32) -> u32 {
-    if policy == COMPUTE_POLICY_DISABLE || sm_limit == 0 || sm_limit >= 100 {
-        0
-    } else {
-        sm_limit
-    }
+    hami_common::config::share_percent(sm_limit, policy).unwrap_or(0)
 }
 
 /// The state of an event's work.

@@ -78,18 +78,9 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
     let config = Config::from_env();
     let mut messages = Vec::new();
     for e in &config.errors {
-        let consequence = match e.reason {
-            crate::config::Reason::Perm(_) => continue,
-            crate::config::Reason::Compute(_) if e.var == crate::config::ENV_CORE_POLICY => {
-                "the `default` policy applies".to_string()
-            }
-            crate::config::Reason::Compute(_) => format!(
-                "the affected devices' compute share is {} %",
-                crate::config::SM_LIMIT_FALLBACK
-            ),
-            _ => {
-                "allocations on the affected devices fail with CUDA_ERROR_OUT_OF_MEMORY".to_string()
-            }
+        // Region permissions: reported with the region, which stays closed.
+        let Some(consequence) = crate::config::consequence(e) else {
+            continue;
         };
         messages.push((Level::Error, format!("{e}; {consequence}")));
     }

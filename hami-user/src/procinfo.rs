@@ -8,8 +8,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use hami_common::env::{HamiEnv, Share};
+use hami_common::layout::MAX_DEVICES;
 use procfs::FromRead;
-use serde::Serialize;
 
 use crate::access::Creds;
 
@@ -39,8 +40,7 @@ pub enum ProcError {
 }
 
 /// One limit variable as the environment sets it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EnvLimit {
     /// A valid size in bytes (0 = unlimited).
     Bytes(u64),
@@ -48,8 +48,9 @@ pub enum EnvLimit {
     Invalid,
 }
 
-/// Limits requested by a process's environment, parsed like the preload parses them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+/// Limits requested by a process's environment, as the environment contract reads them
+/// (`hami_common::env`: the preload's own reading).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EnvLimits {
     /// `CUDA_DEVICE_MEMORY_LIMIT` (all devices), if set.
     pub all: Option<EnvLimit>,
@@ -57,63 +58,56 @@ pub struct EnvLimits {
     pub per_device: BTreeMap<u32, EnvLimit>,
     /// Variables that were set but could not be parsed (name=value).
     pub invalid: Vec<String>,
-    /// The compute share variables (`CUDA_DEVICE_SM_LIMIT(_<i>)`,
-    /// `GPU_CORE_UTILIZATION_POLICY`, `CUDA_DISABLE_CONTROL`).
+    /// The compute share (`CUDA_DEVICE_SM_LIMIT(_<i>)`, `GPU_CORE_UTILIZATION_POLICY`,
+    /// `CUDA_DISABLE_CONTROL`).
     pub compute: EnvCompute,
 }
 
-/// `CUDA_DEVICE_SM_LIMIT`, the variable HAMi's device plugin sets from `nvidia.com/gpucores`.
-pub const SM_LIMIT_ENV: &str = "CUDA_DEVICE_SM_LIMIT";
-/// `GPU_CORE_UTILIZATION_POLICY` (`default`, `force`, `disable`).
-pub const CORE_POLICY_ENV: &str = "GPU_CORE_UTILIZATION_POLICY";
-/// `CUDA_DISABLE_CONTROL`: the preload passes everything through (no region, no gate).
-pub const DISABLE_CONTROL_ENV: &str = "CUDA_DISABLE_CONTROL";
-
-/// The compute share a process's environment asks for, as the values are set (parsed on
-/// use, the way the preload parses them: `docs/preload.md`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+/// The compute share a process's environment asks for on each device, as the environment
+/// contract reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EnvCompute {
-    /// `CUDA_DEVICE_SM_LIMIT`, if set.
-    pub all: Option<String>,
-    /// `CUDA_DEVICE_SM_LIMIT_<i>`, per device ordinal.
-    pub per_device: BTreeMap<u32, String>,
-    /// `GPU_CORE_UTILIZATION_POLICY`, if set.
-    pub policy: Option<String>,
-    /// `CUDA_DISABLE_CONTROL`, if set.
-    pub disable_control: Option<String>,
+    /// Per CUDA ordinal.
+    pub shares: [Share; MAX_DEVICES],
+    /// `CUDA_DISABLE_CONTROL` turns the preload off (it then uses no region).
+    pub control_disabled: bool,
+}
+
+impl Default for EnvCompute {
+    fn default() -> Self {
+        EnvCompute::from_env(&HamiEnv::from_lookup(|_| None))
+    }
 }
 
 impl EnvCompute {
+    /// The compute settings of an environment read by the contract.
+    pub fn from_env(env: &HamiEnv) -> EnvCompute {
+        EnvCompute {
+            shares: core::array::from_fn(|d| env.share(d)),
+            control_disabled: env.control_disabled(),
+        }
+    }
+
+    /// The share the preload holds `device` to by this environment ([`Share`]).
+    pub fn share(&self, device: u32) -> Share {
+        self.shares
+            .get(device as usize)
+            .copied()
+            .unwrap_or(Share::None)
+    }
+
     /// The share the preload holds `device` to by this environment, in percent:
     /// `Some(Some(1..=99))` a limit, `Some(None)` none (unset, `0`, `100`, policy `disable`),
     /// `None` when it cannot be said exactly (a malformed share, or control turned off, when
     /// the preload does not use the region at all).
     pub fn share_for(&self, device: u32) -> Option<Option<u32>> {
-        let truthy = |v: &str| {
-            let v = v.trim();
-            ["1", "t", "true"].iter().any(|t| v.eq_ignore_ascii_case(t))
-        };
-        if self.disable_control.as_deref().is_some_and(truthy) {
+        if self.control_disabled {
             return None;
         }
-        if self
-            .policy
-            .as_deref()
-            .is_some_and(|p| p.trim().eq_ignore_ascii_case("disable"))
-        {
-            return Some(None);
-        }
-        let Some(v) = self.per_device.get(&device).or(self.all.as_ref()) else {
-            return Some(None);
-        };
-        let v = v.trim();
-        if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        match v.parse::<u32>() {
-            Ok(n @ 1..=99) => Some(Some(n)),
-            Ok(0 | 100) => Some(None),
-            _ => None,
+        match self.share(device) {
+            Share::None => Some(None),
+            Share::Percent(p) => Some(Some(p)),
+            Share::Malformed => None,
         }
     }
 }
@@ -137,10 +131,34 @@ impl EnvLimits {
     pub fn is_empty(&self) -> bool {
         self.all.is_none() && self.per_device.is_empty() && self.invalid.is_empty()
     }
+
+    /// The limits of an environment read by the contract.
+    pub fn from_env(env: &HamiEnv) -> EnvLimits {
+        let mut invalid = Vec::new();
+        let mut limit = |s: &hami_common::env::Setting<u64>| {
+            Some(match s.as_ref()? {
+                Ok(n) => EnvLimit::Bytes(*n),
+                Err(e) => {
+                    invalid.push(format!("{}={}", e.var, e.value));
+                    EnvLimit::Invalid
+                }
+            })
+        };
+        let all = limit(&env.memory_limit);
+        let per_device = (0..MAX_DEVICES)
+            .filter_map(|d| Some((d as u32, limit(&env.device_memory_limits[d])?)))
+            .collect();
+        EnvLimits {
+            all,
+            per_device,
+            invalid,
+            compute: EnvCompute::from_env(env),
+        }
+    }
 }
 
 /// Everything the agent knows about one host process.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcInfo {
     /// Host pid.
     pub pid: u32,
@@ -180,88 +198,35 @@ pub struct ProcInfo {
     pub creds: Option<Creds>,
 }
 
-/// Parse a size exactly like the preload (one parser, in `hami_common::config`); `None` for
-/// anything the preload would reject.
-pub fn parse_size(s: &str) -> Option<u64> {
-    hami_common::config::parse_size(s).ok()
-}
-
-/// Parse `/proc/<pid>/environ` contents (NUL-separated `KEY=VALUE`).
+/// Parse `/proc/<pid>/environ` contents (NUL-separated `KEY=VALUE`, converted lossily).
+/// Of duplicate entries the first is kept, as `getenv` (the preload's reading) does.
 pub fn parse_environ(raw: &[u8]) -> BTreeMap<String, String> {
-    raw.split(|b| *b == 0)
-        .filter(|e| !e.is_empty())
-        .filter_map(|e| {
-            let e = String::from_utf8_lossy(e);
-            let (k, v) = e.split_once('=')?;
-            Some((k.to_string(), v.to_string()))
-        })
-        .collect()
-}
-
-/// Whether `v` is true as HAMi's device plugin reads `CUDA_DISABLE_CONTROL` (Go's
-/// `strconv.ParseBool`: `1`, `t`, `T`, `TRUE`, `true`, `True`).
-pub fn go_bool_true(v: &str) -> bool {
-    matches!(v, "1" | "t" | "T" | "TRUE" | "true" | "True")
-}
-
-/// Extract the limits from an environment.
-pub fn env_limits(env: &BTreeMap<String, String>) -> EnvLimits {
-    let mut out = EnvLimits::default();
-    out.compute.policy = env.get(CORE_POLICY_ENV).cloned();
-    out.compute.disable_control = env.get(DISABLE_CONTROL_ENV).cloned();
-    for (k, v) in env {
-        if let Some(rest) = k.strip_prefix(SM_LIMIT_ENV) {
-            if rest.is_empty() {
-                out.compute.all = Some(v.clone());
-            } else if let Some(d) = rest
-                .strip_prefix('_')
-                .and_then(|i| i.parse::<u32>().ok())
-                .filter(|&d| (d as usize) < hami_common::layout::MAX_DEVICES)
-            {
-                out.compute.per_device.insert(d, v.clone());
-            }
-            continue;
-        }
-        let Some(rest) = k.strip_prefix(LIMIT_ENV) else {
-            continue;
-        };
-        let dev = if rest.is_empty() {
-            None
-        } else if let Some(idx) = rest.strip_prefix('_') {
-            match idx.parse::<u32>() {
-                Ok(i) => Some(i),
-                Err(_) => continue, // some other variable with the same prefix
-            }
-        } else {
-            continue;
-        };
-        if dev.is_some_and(|d| d as usize >= hami_common::layout::MAX_DEVICES) {
-            continue; // the preload only reads ordinals below MAX_DEVICES
-        }
-        let lim = match parse_size(v) {
-            Some(b) => EnvLimit::Bytes(b),
-            None => {
-                out.invalid.push(format!("{k}={v}"));
-                EnvLimit::Invalid
-            }
-        };
-        match dev {
-            None => out.all = Some(lim),
-            Some(d) => {
-                out.per_device.insert(d, lim);
-            }
+    let mut out = BTreeMap::new();
+    for e in raw.split(|b| *b == 0).filter(|e| !e.is_empty()) {
+        let e = String::from_utf8_lossy(e);
+        if let Some((k, v)) = e.split_once('=') {
+            out.entry(k.to_string()).or_insert_with(|| v.to_string());
         }
     }
     out
 }
 
+/// A process's environment as the environment contract reads it (the preload's reading).
+pub fn env_contract(env: &BTreeMap<String, String>) -> HamiEnv {
+    HamiEnv::from_lookup(|k| env.get(k).cloned())
+}
+
+/// Extract the limits from an environment.
+pub fn env_limits(env: &BTreeMap<String, String>) -> EnvLimits {
+    EnvLimits::from_env(&env_contract(env))
+}
+
 /// Region path from an environment: `CUDA_DEVICE_MEMORY_SHARED_CACHE` or the default.
 /// The bool says whether it came from the environment.
 pub fn region_path(env: &BTreeMap<String, String>) -> (String, bool) {
-    match env.get(REGION_ENV) {
-        Some(p) if !p.trim().is_empty() => (p.clone(), true),
-        _ => (DEFAULT_REGION_PATH.to_string(), false),
-    }
+    let contract = env_contract(env);
+    let (p, from_env) = contract.region_path();
+    (p.to_string(), from_env)
 }
 
 /// The fields of `/proc/<pid>/stat` the agent uses.
@@ -564,9 +529,10 @@ pub fn read_proc(proc_root: &Path, pid: u32) -> Result<ProcInfo, ProcError> {
         .unwrap_or_else(|_| "/".to_string());
     let maps = read_maps(proc_root, pid).unwrap_or_default();
     let env = read_bytes(dir.join("environ"))
-        .map(|raw| parse_environ(&raw))
-        .unwrap_or_default();
-    let (region_path, region_from_env) = region_path(&env);
+        .map(|raw| env_contract(&parse_environ(&raw)))
+        .unwrap_or_else(|_| HamiEnv::from_lookup(|_| None));
+    let (region_path, region_from_env) = env.region_path();
+    let region_path = region_path.to_string();
     let status = read_status(proc_root, pid);
     Ok(ProcInfo {
         pid,
@@ -579,16 +545,12 @@ pub fn read_proc(proc_root: &Path, pid: u32) -> Result<ProcInfo, ProcError> {
         hooked: maps_has_preload(&maps),
         uses_libcuda: maps_has_libcuda(&maps),
         hami_core: false,
-        disable_control: env
-            .get("CUDA_DISABLE_CONTROL")
-            .is_some_and(|v| go_bool_true(v)),
-        oversubscribe: env
-            .get("CUDA_OVERSUBSCRIBE")
-            .is_some_and(|v| hami_common::config::oversubscribe_requested(v)),
+        disable_control: env.control_disabled(),
+        oversubscribe: env.oversubscribe_requested(),
         region_host_path: host_path(proc_root, pid, &region_path),
         region_path,
         region_from_env,
-        env_limits: env_limits(&env),
+        env_limits: EnvLimits::from_env(&env),
         creds: status.as_ref().map(Creds::from_status),
     })
 }
@@ -725,24 +687,48 @@ pub(crate) mod tests {
         std::os::unix::fs::symlink(format!("pid:[{pidns}]"), dir.join("ns/pid")).unwrap();
     }
 
+    /// The agent's half of the cross-reading test: every row of the shared table
+    /// (`hami_common::env::CROSS_READING`; the preload's half is `hami-preload`'s
+    /// `config::tests::cross_reading_the_preload_acts_as_the_shared_table_says`), written
+    /// to a fake `/proc/<pid>/environ` and read back from what the agent derives from it
+    /// ([`read_proc`]): what it compares with the region and what it reports.
     #[test]
-    fn sizes_parse_like_the_preload() {
-        assert_eq!(parse_size("1024"), Some(1024));
-        assert_eq!(parse_size("4k"), Some(4096));
-        assert_eq!(parse_size("4K"), Some(4096));
-        assert_eq!(parse_size("3m"), Some(3 << 20));
-        assert_eq!(parse_size("2G"), Some(2 << 30));
-        assert_eq!(parse_size("2GiB"), None);
-        assert_eq!(parse_size("0"), Some(0));
-        assert_eq!(parse_size("1t"), Some(1 << 40));
-        assert_eq!(parse_size(" 7 "), Some(7));
-        assert_eq!(parse_size(""), None);
-        assert_eq!(parse_size("g"), None);
-        assert_eq!(parse_size("-1"), None);
-        assert_eq!(parse_size("1x"), None);
-        assert_eq!(parse_size("1.5g"), None);
-        assert_eq!(parse_size("99999999999999999999"), None);
-        assert_eq!(parse_size("17179869184t"), None); // overflow
+    fn cross_reading_the_agent_reads_as_the_shared_table_says() {
+        use hami_common::env::{Limit, Reading, CROSS_READING};
+        let tmp = tempfile::tempdir().unwrap();
+        for (i, c) in CROSS_READING.iter().enumerate() {
+            let pid = 1000 + i as u32;
+            fake_proc(tmp.path(), pid, 1, &[pid], 1, "0::/\n", &[], c.env);
+            let p = read_proc(tmp.path(), pid).unwrap();
+            let d = c.device as u32;
+            let limit = match p.env_limits.for_device(d) {
+                None | Some(EnvLimit::Bytes(0)) => Limit::None,
+                Some(EnvLimit::Bytes(n)) => Limit::Bytes(n),
+                Some(EnvLimit::Invalid) => Limit::Invalid,
+            };
+            let reading = Reading {
+                control_disabled: p.disable_control,
+                limit,
+                share: p.env_limits.compute.share(d),
+                oversubscribe: p.oversubscribe,
+            };
+            assert_eq!(reading, c.reading, "{:?} on device {d}", c.env);
+            assert_eq!(p.region_path, c.region, "{:?}", c.env);
+            assert_eq!(
+                p.env_limits.compute.control_disabled, p.disable_control,
+                "{:?}",
+                c.env
+            );
+        }
+    }
+
+    #[test]
+    fn environ_keeps_the_first_of_duplicate_entries_as_getenv_does() {
+        let env = parse_environ(b"A=1\0B\0A=2\0C=x=y\0=z\0");
+        assert_eq!(env.get("A").map(String::as_str), Some("1"));
+        assert_eq!(env.get("C").map(String::as_str), Some("x=y"));
+        assert_eq!(env.get("B"), None, "no '=': not an entry");
+        assert_eq!(env.len(), 3, "{env:?}");
     }
 
     #[test]

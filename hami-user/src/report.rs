@@ -612,12 +612,7 @@ pub fn inspect_text(path: &str, s: &RegionSnapshot) -> String {
                 c.limit_percent()
                     .map_or("none".to_string(), |l| format!("{l} %")),
                 c.sm_limit,
-                match c.policy {
-                    hami_common::layout::COMPUTE_POLICY_DEFAULT => "default",
-                    hami_common::layout::COMPUTE_POLICY_FORCE => "force",
-                    hami_common::layout::COMPUTE_POLICY_DISABLE => "disable",
-                    _ => "unknown",
-                },
+                hami_common::region::compute_policy_name(c.policy),
                 c.consumed_ns as f64 / 1e9,
                 c.throttled,
                 c.throttled_ns as f64 / 1e9,

@@ -8,7 +8,7 @@ use core::ptr::addr_of;
 use core::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 use super::*;
-use crate::layout::{COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE};
+use crate::layout::COMPUTE_POLICY_DEFAULT;
 
 /// The launch gate's shared atomics of one device (references into the mapping, or into
 /// any other storage: unit tests build them from local atomics).
@@ -46,12 +46,7 @@ pub struct ComputeDifference {
 
 /// Name of a `COMPUTE_POLICY_*` value, as `GPU_CORE_UTILIZATION_POLICY` spells it.
 pub fn compute_policy_name(policy: u32) -> &'static str {
-    match policy {
-        COMPUTE_POLICY_DEFAULT => "default",
-        COMPUTE_POLICY_FORCE => "force",
-        COMPUTE_POLICY_DISABLE => "disable",
-        _ => "unknown",
-    }
+    crate::config::CorePolicy::from_region(policy).map_or("unknown", |p| p.name())
 }
 
 impl Region {

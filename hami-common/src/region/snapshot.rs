@@ -8,8 +8,8 @@ use std::path::Path;
 use super::file::*;
 use super::*;
 use crate::layout::{
-    self, DeviceCompute, RegionHeader, COMPUTE_POLICY_DISABLE, LIMIT_FLAG_INVALID, MAX_DEVICES,
-    MAX_SLOTS, REGION_SIZE, SLOT_ACTIVE, USAGE_KINDS,
+    self, DeviceCompute, RegionHeader, LIMIT_FLAG_INVALID, MAX_DEVICES, MAX_SLOTS, REGION_SIZE,
+    SLOT_ACTIVE, USAGE_KINDS,
 };
 
 /// One device's compute record ([`DeviceCompute`]) in a [`RegionSnapshot`]. The launch gate
@@ -38,10 +38,9 @@ pub struct ComputeSnapshot {
 impl ComputeSnapshot {
     /// The share the container is held to on this device, in percent: `Some(1..=99)` when a
     /// limit applies; `None` without one (`sm_limit` 0 or 100, an out-of-range value, or
-    /// the policy `disable`).
+    /// the policy `disable`): the share rule, [`crate::config::share_percent`].
     pub fn limit_percent(&self) -> Option<u32> {
-        (self.policy != COMPUTE_POLICY_DISABLE && (1..100).contains(&self.sm_limit))
-            .then_some(self.sm_limit)
+        crate::config::share_percent(self.sm_limit, self.policy)
     }
 }
 

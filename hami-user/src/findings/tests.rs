@@ -829,13 +829,22 @@ fn hooked_process_using_sm_time_without_a_slot_or_region_is_a_bypass() {
     assert!(evaluate(&[p], &[r], Tolerance::default()).is_empty());
 }
 
+/// The compute settings of an environment holding `vars`, read by the contract.
+fn compute(vars: &[(&str, &str)]) -> crate::procinfo::EnvCompute {
+    crate::procinfo::EnvCompute::from_env(&hami_common::env::HamiEnv::from_lookup(|k| {
+        vars.iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v.to_string())
+    }))
+}
+
 #[test]
 fn region_compute_share_differing_from_the_environment_is_tamper() {
     let mut snap = snapshot(GIB, vec![slot(0, 10, 110, 300 * MIB, 0)]);
     snap.compute[0].sm_limit = 90; // a tenant raised its share in the file
     let r = region(snap, &[(0, SlotLiveness::Alive { host_pid: 10 })]);
     let mut p = proc_(10, true, 0);
-    p.env_limits.compute.all = Some("30".into());
+    p.env_limits.compute = compute(&[("CUDA_DEVICE_SM_LIMIT", "30")]);
     let f = evaluate(&[p.clone()], &[r.clone()], Tolerance::default());
     assert_eq!(
         kinds(&f),
@@ -861,10 +870,13 @@ fn region_compute_share_differing_from_the_environment_is_tamper() {
     assert!(evaluate(&[unset], &[whole], Tolerance::default()).is_empty());
     // A malformed value or control turned off is not compared; nor is an unhooked process.
     let mut malformed = p.clone();
-    malformed.env_limits.compute.all = Some("30%".into());
+    malformed.env_limits.compute = compute(&[("CUDA_DEVICE_SM_LIMIT", "30%")]);
     assert!(evaluate(&[malformed], &[r.clone()], Tolerance::default()).is_empty());
     let mut off = p.clone();
-    off.env_limits.compute.disable_control = Some("true".into());
+    off.env_limits.compute = compute(&[
+        ("CUDA_DEVICE_SM_LIMIT", "30"),
+        ("CUDA_DISABLE_CONTROL", "true"),
+    ]);
     assert!(evaluate(&[off], &[r.clone()], Tolerance::default()).is_empty());
     let mut unhooked = p.clone();
     unhooked.hooked = false;
@@ -873,7 +885,10 @@ fn region_compute_share_differing_from_the_environment_is_tamper() {
         .all(|f| f.kind != FindingKind::Tamper));
     // Policy disable in the environment, a share in the region: tamper too.
     let mut disabled = p;
-    disabled.env_limits.compute.policy = Some("disable".into());
+    disabled.env_limits.compute = compute(&[
+        ("CUDA_DEVICE_SM_LIMIT", "30"),
+        ("GPU_CORE_UTILIZATION_POLICY", "disable"),
+    ]);
     let f = evaluate(&[disabled], &[same], Tolerance::default());
     assert_eq!(
         kinds(&f),
