@@ -17,6 +17,6 @@ for p in "$bundle/libhami_preload.so" "$@"; do
   n=$((n + 1))
   echo "## preload $p"
   LD_PRELOAD=$p CUDA_DEVICE_MEMORY_LIMIT=4g CUDA_DEVICE_MEMORY_SHARED_CACHE=$w/r$n.cache \
-    LIBCUDA_LOG_LEVEL=2 "$w/l2c" "$w/lib.cubin"
+    LIBCUDA_LOG_LEVEL=3 "$w/l2c" "$w/lib.cubin"
 done
 rm -rf "$w"

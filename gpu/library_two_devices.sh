@@ -17,7 +17,7 @@ for p in "$bundle/libhami_preload.so" "$@"; do
   region=/tmp/library_two_devices.$$.$n.cache
   echo "## preload $p"
   LD_PRELOAD=$p CUDA_DEVICE_MEMORY_LIMIT_0=4g CUDA_DEVICE_MEMORY_LIMIT_1=2g \
-    CUDA_DEVICE_MEMORY_SHARED_CACHE=$region LIBCUDA_LOG_LEVEL=2 "$bin"
+    CUDA_DEVICE_MEMORY_SHARED_CACHE=$region LIBCUDA_LOG_LEVEL=3 "$bin"
   rm -f "$region"
 done
 rm -f "$bin"

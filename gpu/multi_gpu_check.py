@@ -36,7 +36,7 @@ print("RESULT " + json.dumps(out), flush=True)
 def run(title, env_extra, args, region):
     env = dict(os.environ)
     env.update({"LD_PRELOAD": PRELOAD, "CUDA_DEVICE_MEMORY_SHARED_CACHE": region,
-                "LIBCUDA_LOG_LEVEL": "1", "PYTHONUNBUFFERED": "1"})
+                "LIBCUDA_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"})
     env.update(env_extra)
     try:
         p = subprocess.run([sys.executable, "-c", PROBE] + [str(a) for a in args], env=env,

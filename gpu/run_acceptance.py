@@ -127,7 +127,7 @@ class Runner(StandardPhases, PhysicalPhases, LockStopPhase, Physical2Phases, Com
         env["LD_PRELOAD"] = self.preload or "/nonexistent/libhami_preload.so"
         env["CUDA_DEVICE_MEMORY_LIMIT"] = f"{self.quota_mb}M"
         env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = os.path.join(self.work, region_name + ".cache")
-        env.setdefault("LIBCUDA_LOG_LEVEL", "2")
+        env.setdefault("LIBCUDA_LOG_LEVEL", "3")
         env.update(extra or {})
         return env
 

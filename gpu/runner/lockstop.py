@@ -168,7 +168,7 @@ class LockStopPhase:
             self.lock_stop_record_cell("error", str(e), {})
             return
         region = "lock-stop"
-        extra = {"LIBCUDA_LOG_LEVEL": "1", "WL_SMALL_MB": "64",
+        extra = {"LIBCUDA_LOG_LEVEL": "2", "WL_SMALL_MB": "64",
                  "WL_SLOW_MS": str(bound + LOCK_SLACK_MS)}
         if a.lock_timeout_ms is not None:
             extra["HAMI_LOCK_TIMEOUT_MS"] = str(a.lock_timeout_ms)

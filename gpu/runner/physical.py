@@ -35,7 +35,7 @@ class PhysicalPhases:
             env["LD_PRELOAD"] = preload
         env["CUDA_DEVICE_MEMORY_LIMIT"] = f"{quota_mb}M"
         env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = self.region_path(region_name)
-        env.setdefault("LIBCUDA_LOG_LEVEL", "2")
+        env.setdefault("LIBCUDA_LOG_LEVEL", "3")
         env["WL_QUOTA_MB"] = str(quota_mb)
         env.update(extra or {})
         return env

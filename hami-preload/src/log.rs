@@ -1,8 +1,12 @@
 //! Logging to stderr, one line per message: `[hami-preload pid=N] LEVEL: message`.
 //!
-//! The level comes from `LIBCUDA_LOG_LEVEL` (0-4, read on the first message). Errors are
-//! always shown; 1 adds warnings (the default), 2 info, 3 debug, 4 trace.
+//! The level comes from `LIBCUDA_LOG_LEVEL` (read on the first message), on HAMi-core's
+//! scale (`hami_common::config::parse_log_level`): errors are always shown (`0` and `1`
+//! show nothing else), `2` adds warnings (the default), `3` info, `4` debug, `5` and above
+//! trace.
 
+use hami_common::config::{LogLevel, DEFAULT_LOG_LEVEL, ENV_LOG_LEVEL};
+use hami_common::env::read_log_level;
 use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -11,15 +15,15 @@ use std::sync::atomic::{AtomicU8, Ordering};
 #[repr(u8)]
 pub enum Level {
     /// Always shown.
-    Error = 0,
-    /// Shown from `LIBCUDA_LOG_LEVEL=1` (the default).
-    Warn = 1,
-    /// Shown from level 2.
-    Info = 2,
+    Error = LogLevel::Error as u8,
+    /// Shown from `LIBCUDA_LOG_LEVEL=2` (the default).
+    Warn = LogLevel::Warn as u8,
     /// Shown from level 3.
-    Debug = 3,
+    Info = LogLevel::Info as u8,
     /// Shown from level 4.
-    Trace = 4,
+    Debug = LogLevel::Debug as u8,
+    /// Shown from level 5.
+    Trace = LogLevel::Trace as u8,
 }
 
 impl Level {
@@ -34,12 +38,13 @@ impl Level {
     }
 }
 
-/// Default level when `LIBCUDA_LOG_LEVEL` is unset or invalid.
-pub const DEFAULT_LEVEL: u8 = 1;
+/// Default level when `LIBCUDA_LOG_LEVEL` is unset or invalid: `2`, warnings (what
+/// `DEFAULT_LOG_LEVEL` shows).
+pub const DEFAULT_LEVEL: u8 = DEFAULT_LOG_LEVEL as u8;
 const UNSET: u8 = u8::MAX;
 static LEVEL: AtomicU8 = AtomicU8::new(UNSET);
 
-/// Parses a `LIBCUDA_LOG_LEVEL` value: an integer 0-4 (larger values mean 4).
+/// Parses a `LIBCUDA_LOG_LEVEL` value into the most verbose [`Level`] shown (as a `u8`):
 /// `None` (unset) or garbage gives [`DEFAULT_LEVEL`].
 pub fn parse_level(value: Option<&str>) -> u8 {
     check_level(value).unwrap_or(DEFAULT_LEVEL)
@@ -51,11 +56,13 @@ pub fn check_level(value: Option<&str>) -> Result<u8, String> {
     let Some(v) = value else {
         return Ok(DEFAULT_LEVEL);
     };
-    match v.trim().parse::<u64>() {
-        Ok(n) => Ok(n.min(4) as u8),
-        Err(_) => Err(format!(
-            "invalid LIBCUDA_LOG_LEVEL={v:?}: not an integer 0-4; using {DEFAULT_LEVEL}"
+    match read_log_level(|_| Some(v.to_string())) {
+        Some(Ok(l)) => Ok(l as u8),
+        Some(Err(e)) => Err(format!(
+            "{e} (HAMi-core's scale: 0 or 1 errors, 2 warnings, 3 info, 4 debug, 5 trace); using {}",
+            DEFAULT_LOG_LEVEL as u8 + 1
         )),
+        None => Ok(DEFAULT_LEVEL),
     }
 }
 
@@ -64,7 +71,7 @@ fn current_level() -> u8 {
     if l != UNSET {
         return l;
     }
-    let v = std::env::var("LIBCUDA_LOG_LEVEL").ok();
+    let v = crate::config::getenv(ENV_LOG_LEVEL);
     match check_level(v.as_deref()) {
         Ok(l) => {
             LEVEL.store(l, Ordering::Relaxed);
@@ -156,18 +163,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn levels_parse() {
-        assert_eq!(parse_level(None), DEFAULT_LEVEL);
-        assert_eq!(parse_level(Some("0")), 0);
-        assert_eq!(parse_level(Some(" 3 ")), 3);
-        assert_eq!(parse_level(Some("9")), 4);
-        assert_eq!(parse_level(Some("loud")), DEFAULT_LEVEL);
-        assert_eq!(parse_level(Some("-1")), DEFAULT_LEVEL);
-        assert_eq!(check_level(Some("2")), Ok(2));
+    fn levels_parse_on_hami_cores_scale() {
+        let shown = |v: Option<&str>| parse_level(v);
+        assert_eq!(shown(None), Level::Warn as u8, "default: warnings");
+        assert_eq!(shown(Some("0")), Level::Error as u8);
+        assert_eq!(shown(Some("1")), Level::Error as u8);
+        assert_eq!(shown(Some("2")), Level::Warn as u8);
+        assert_eq!(shown(Some(" 3 ")), Level::Info as u8);
+        assert_eq!(shown(Some("4")), Level::Debug as u8);
+        assert_eq!(shown(Some("5")), Level::Trace as u8);
+        assert_eq!(shown(Some("9")), Level::Trace as u8);
+        assert_eq!(shown(Some("loud")), DEFAULT_LEVEL);
+        assert_eq!(shown(Some("-1")), DEFAULT_LEVEL);
+        assert_eq!(check_level(Some("3")), Ok(Level::Info as u8));
         assert_eq!(check_level(None), Ok(DEFAULT_LEVEL));
         let e = check_level(Some("debug")).unwrap_err();
         assert!(
-            e.contains("LIBCUDA_LOG_LEVEL=\"debug\"") && e.contains("using 1"),
+            e.starts_with("invalid LIBCUDA_LOG_LEVEL=\"debug\": ") && e.ends_with("using 2"),
             "{e}"
         );
     }

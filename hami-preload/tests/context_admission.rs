@@ -126,7 +126,7 @@ fn two_processes_at_the_same_moment_stay_within_the_quota_without_per_process_nv
 fn same_moment(hide_pids: bool) {
     let mut env = env()
         .env("FAKE_CUDA_CTX_CREATE_DELAY_MS", "400")
-        .env("LIBCUDA_LOG_LEVEL", "2");
+        .env("LIBCUDA_LOG_LEVEL", "3");
     if hide_pids {
         env = env.env("FAKE_NVML_HIDE_PROCESSES", "1");
     }
@@ -202,7 +202,7 @@ fn same_moment(hide_pids: bool) {
 /// to another one's context and data is then refused with the stored figure.
 #[test]
 fn the_footprint_measured_first_is_stored_and_admitted_by_the_next_process() {
-    let env = env().env("LIBCUDA_LOG_LEVEL", "2");
+    let env = env().env("LIBCUDA_LOG_LEVEL", "3");
     let first = env.run_probe(&["init", "ctx", "exit", "0"]);
     assert!(first.all_ok(), "{}", first.dump());
     assert_eq!(
@@ -246,7 +246,7 @@ fn one(env: &TestEnv, alloc: &str) -> ProbeOutput {
 /// replaced.
 #[test]
 fn a_footprint_that_changed_is_corrected_by_the_next_measurement() {
-    let env = env().env("LIBCUDA_LOG_LEVEL", "2");
+    let env = env().env("LIBCUDA_LOG_LEVEL", "3");
     assert!(one(&env, "1M").all_ok());
     let rw = Region::open_existing(env.region_path(), true).expect("region");
     // Too small: admitted 100 MiB, the driver took 300: charged 300.

@@ -331,7 +331,7 @@ fn global_and_module_lookups_are_first_uses() {
 /// load) is read at the load.
 #[test]
 fn a_static_image_is_read_at_the_first_use_and_a_heap_image_at_the_load() {
-    let env = env("4G").env("LIBCUDA_LOG_LEVEL", "3");
+    let env = env("4G").env("LIBCUDA_LOG_LEVEL", "4");
     let path = single(&env, "g_comp.fatbin");
     // Lazy loading: the data (globals, constant banks); the code comes per kernel.
     let need = format!("the image's statics need {} bytes", 0x6000_0000u64 + 0x5010);

@@ -127,7 +127,7 @@ fn concurrent_probes(env: &Env, n: usize, ops: &[&str]) -> Vec<Probe> {
         .map(|_| {
             env.command(hprobe(), true)
                 .args(ops)
-                .env("LIBCUDA_LOG_LEVEL", "2")
+                .env("LIBCUDA_LOG_LEVEL", "3")
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -411,7 +411,7 @@ fn without_nvml_contexts_are_measured_through_the_driver() {
         Env::new()
             .set("CUDA_DEVICE_MEMORY_LIMIT", "2G")
             .set("FAKE_CUDA_CTX_OVERHEAD", "300M")
-            .set("LIBCUDA_LOG_LEVEL", "2"),
+            .set("LIBCUDA_LOG_LEVEL", "3"),
     );
     // hprobe retains the primary context p and sets it current (stack [p]); the creation
     // pushes c (stack [p, c]): popping gives c, then p, then nothing.

@@ -266,7 +266,7 @@ fn print_lines(lines: &[String]) {
 
 fn print_stderr(out: &ProbeOutput) {
     if !out.stderr.trim().is_empty() {
-        println!("\nthe preload's log (stderr, LIBCUDA_LOG_LEVEL=2):");
+        println!("\nthe preload's log (stderr, LIBCUDA_LOG_LEVEL=3):");
     }
     for l in out.stderr.lines() {
         println!("    {l}");

@@ -305,7 +305,7 @@ impl Workload<'_> {
         self.driver.apply(&mut c, self.sb);
         c.env("CUDA_DEVICE_MEMORY_LIMIT", QUOTA)
             .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", self.sb.region())
-            .env("LIBCUDA_LOG_LEVEL", "2")
+            .env("LIBCUDA_LOG_LEVEL", "3")
             .current_dir(self.sb.path())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -178,7 +178,7 @@ pub(super) fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<(
         finding: None,
     });
     cases.push(Case {
-        name: "LIBCUDA_LOG_LEVEL=\"loud\" (warned, 1 used)".into(),
+        name: "LIBCUDA_LOG_LEVEL=\"loud\" (warned, 2 used)".into(),
         env: vec![("LIBCUDA_LOG_LEVEL".into(), "loud".into())],
         file: None,
         prepare: None,
