@@ -6,7 +6,7 @@
 //! Reading a whole environment with these parsers is [`crate::env`] (feature `std`).
 //!
 //! The reading of odd values, one rule for every variable (`docs/preload.md`,
-//! "Configuration"):
+//! "Environment variables"):
 //! * numbers (sizes, shares, levels, milliseconds, group ids) are decimal digits with
 //!   surrounding whitespace ignored; a sign, `0x10`, `1e3`, a fraction or an empty value is
 //!   malformed (HAMi-core's `strtoul(.., 0)` would read `0x10` as 16 and `010` as 8; HAMi's

@@ -18,6 +18,40 @@ use std::vec::Vec;
 use crate::config::*;
 use crate::layout::MAX_DEVICES;
 
+/// Every variable of the contract, by name (`_<i>`: one per CUDA ordinal, `0..16`). The
+/// variable tables of `README.md` and `docs/preload.md` list exactly these.
+pub const VARIABLES: &[&str] = &[
+    ENV_LIMIT,
+    "CUDA_DEVICE_MEMORY_LIMIT_<i>",
+    ENV_SM_LIMIT,
+    "CUDA_DEVICE_SM_LIMIT_<i>",
+    ENV_CORE_POLICY,
+    ENV_DISABLE_CONTROL,
+    ENV_TASK_PRIORITY,
+    ENV_REGION,
+    ENV_REGION_MODE,
+    ENV_REGION_GROUP,
+    ENV_LOG_LEVEL,
+    ENV_CONTEXT_OVERHEAD,
+    ENV_BACKSTOP_INTERVAL,
+    ENV_LOCK_TIMEOUT,
+    ENV_ADMISSION_RESERVE,
+    ENV_OVERSUBSCRIBE,
+];
+
+/// The variables of [`VARIABLES`] HAMi's device plugin injects (its `Allocate` and admission
+/// webhook, v2.4.0 - v2.9.0): `docs/hami.md`'s table of injected variables lists each.
+pub const HAMI_INJECTS: &[&str] = &[
+    "CUDA_DEVICE_MEMORY_LIMIT_<i>",
+    ENV_REGION,
+    ENV_SM_LIMIT,
+    ENV_CORE_POLICY,
+    ENV_TASK_PRIORITY,
+    ENV_DISABLE_CONTROL,
+    ENV_OVERSUBSCRIBE,
+    ENV_LOG_LEVEL,
+];
+
 /// Why a variable's value was rejected: what kind of value it should have been.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Reason {
@@ -353,7 +387,7 @@ const fn case(env: &'static [(&'static str, &'static str)], reading: Reading) ->
 const GIB: u64 = 1 << 30;
 
 /// The odd values both halves are tested against (the reading decided in
-/// [`crate::config`]'s rules; `docs/preload.md`, "Configuration"). `hami-preload` checks
+/// [`crate::config`]'s rules; `docs/preload.md`, "Environment variables"). `hami-preload` checks
 /// its `Config` and `CUDA_DISABLE_CONTROL` reading against every row, `hami-user` what it
 /// derives from a fake `/proc/<pid>/environ` holding the row's entries.
 pub const CROSS_READING: &[Case] = &[
@@ -586,5 +620,45 @@ mod tests {
         assert_eq!(e.region_group, Some(Ok(44)));
         assert_eq!(e.region_path(), (DEFAULT_REGION_PATH, false));
         assert!(e.errors().iter().all(|e| e.var == ENV_LOCK_TIMEOUT));
+    }
+
+    /// The variable names in the first column of the table under `heading` in `doc`.
+    fn table_variables(doc: &str, heading: &str) -> Vec<String> {
+        let section = doc.split(heading).nth(1).expect(heading);
+        let section = section.split("\n#").next().unwrap_or(section);
+        section
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `")?.split_once('`'))
+            .map(|(name, _)| name.to_string())
+            .collect()
+    }
+
+    /// README's and `docs/preload.md`'s variable tables list every variable of the
+    /// contract and nothing else, and `docs/hami.md`'s table of what HAMi injects has a row
+    /// for each variable HAMi sets.
+    #[test]
+    fn the_docs_list_every_variable_of_the_contract() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+        let mut want: Vec<String> = VARIABLES.iter().map(|v| v.to_string()).collect();
+        want.sort();
+        for (doc, heading) in [
+            ("README.md", "## Configuring the preload"),
+            ("docs/preload.md", "## Environment variables"),
+        ] {
+            let mut got = table_variables(&read(doc), heading);
+            got.sort();
+            assert_eq!(got, want, "{doc}");
+        }
+        let hami = table_variables(
+            &read("docs/hami.md"),
+            "## Every variable the device plugin injects",
+        );
+        for v in HAMI_INJECTS {
+            assert!(
+                hami.iter().any(|h| h == v),
+                "docs/hami.md has no row for {v}: {hami:?}"
+            );
+        }
     }
 }
