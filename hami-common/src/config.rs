@@ -3,7 +3,7 @@
 //! defaults, and the parser of each kind of value (sizes, shares, policies, booleans, log
 //! levels, milliseconds, region permissions). One parser per kind, so both halves can never
 //! disagree about what `CUDA_DEVICE_MEMORY_LIMIT=4g` or `CUDA_DISABLE_CONTROL=tRue` means.
-//! Reading a whole environment with these parsers is [`crate::env`] (feature `std`).
+//! Reading a whole environment with these parsers is `hami_common::env` (feature `std`).
 //!
 //! The reading of odd values, one rule for every variable (`docs/preload.md`,
 //! "Environment variables"):
@@ -18,7 +18,7 @@
 //!   preload off;
 //! * names (`default`, `force`, `disable`) are any case, whitespace ignored;
 //! * a malformed value is an error naming the variable and the value, and each variable
-//!   has its fail-closed fallback ([`crate::env`]).
+//!   has its fail-closed fallback (`hami_common::env`).
 
 use core::fmt;
 
@@ -28,7 +28,7 @@ pub const ENV_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
 pub const ENV_REGION: &str = "CUDA_DEVICE_MEMORY_SHARED_CACHE";
 /// HAMi's device plugin sets it to `true` when its `deviceMemoryScaling` is above 1 (device
 /// memory beyond the physical, backed by host memory). hami-preload does not implement that:
-/// a value that asks for it ([`oversubscribe_requested`]) is refused with a warning at the
+/// a value that asks for it (`hami_common::env::HamiEnv::oversubscribe_requested`) is refused with a warning at the
 /// first CUDA call, and every quota stays what `CUDA_DEVICE_MEMORY_LIMIT[_<i>]` says, within
 /// the GPU's physical memory (`docs/hami.md`). The agent reports such processes.
 pub const ENV_OVERSUBSCRIBE: &str = "CUDA_OVERSUBSCRIBE";
