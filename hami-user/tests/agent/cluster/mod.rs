@@ -19,6 +19,7 @@ use hami_test_harness::{workspace_root, AgentCommand, Artifacts, RunningProbe, T
 use crate::common::{require_root, AGENT};
 
 mod fixtures;
+mod hami_queries;
 mod helm;
 mod prometheus;
 
@@ -414,7 +415,7 @@ fn chart_renders_and_every_manifest_validates() {
         .arg(root.join("deploy/helm/hami-agent"))
         .arg(out_dir.path())
         .arg("{}")
-        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"perProcessMetrics":true,"allowUnhookedNamespaces":["gpu-raw"]},"runtimeClassName":"nvidia","seccompProfile":"Unconfined","hamiSwap":{"enabled":true},"serviceMonitor":{"enabled":true},"prometheusRule":{"enabled":true}}"#)
+        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"hamiVersion":"2.9","hamiMetricsPort":9394,"perProcessMetrics":true,"allowUnhookedNamespaces":["gpu-raw"]},"runtimeClassName":"nvidia","seccompProfile":"Unconfined","hamiSwap":{"enabled":true},"serviceMonitor":{"enabled":true},"prometheusRule":{"enabled":true}}"#)
         .arg(r#"{"hamiSwap":{"enabled":true,"mode":"rollback","vgpuDir":"/opt/hami/vgpu"}}"#)
         .arg(r#"{"hamiSwap":{"enabled":true,"removeStaleFolders":true}}"#)
         .output()
@@ -488,6 +489,22 @@ fn chart_renders_and_every_manifest_validates() {
     .unwrap();
     // The agent's namespace/pod/container/node labels win over the target's.
     assert!(sm.contains("honorLabels: true"), "{sm}");
+    // HAMi's families: the release's label sets, and alone on HAMi's monitor port, which
+    // the Service and the ServiceMonitor carry too; by default with the agent's.
+    assert!(!ds.contains("--hami-"), "{ds}");
+    assert!(ds_reclaim.contains("- --hami-compat\n"), "{ds_reclaim}");
+    assert!(ds_reclaim.contains("- --hami-version=2.9\n"));
+    assert!(ds_reclaim.contains("- --hami-metrics-addr=:9394\n"));
+    assert!(ds_reclaim.contains("- name: hami-metrics\n              containerPort: 9394\n"));
+    assert_eq!(sm.matches("- port: ").count(), 2, "{sm}");
+    assert!(sm.contains("- port: hami-metrics\n"), "{sm}");
+    assert_eq!(sm.matches("honorLabels: true").count(), 2, "{sm}");
+    let svc = std::fs::read_to_string(out_dir.path().join("1-hami-agent_templates_service.yaml"))
+        .unwrap();
+    assert!(
+        svc.contains("port: 9394\n      targetPort: hami-metrics\n"),
+        "{svc}"
+    );
     // The agent's `node` label: the pod's node, through the downward API.
     assert!(
         ds.contains("- name: NODE_NAME\n              valueFrom:\n                fieldRef:\n                  fieldPath: spec.nodeName\n"),
@@ -589,6 +606,26 @@ fn real_helm_lints_strict_and_renders_the_hami_swap_option() {
         err.contains("hamiSwap.mode must be install or rollback") && err.contains("sideways"),
         "{err}"
     );
+    // HAMi's families: a release whose label sets are known, a port of their own only with
+    // them and not the agent's.
+    for (set, why) in [
+        (
+            &["agent.hamiCompat=true", "agent.hamiVersion=2.8"][..],
+            "hamiVersion",
+        ),
+        (
+            &["agent.hamiMetricsPort=9394"][..],
+            "agent.hamiMetricsPort needs agent.hamiCompat=true",
+        ),
+        (
+            &["agent.hamiCompat=true", "agent.hamiMetricsPort=9494"][..],
+            "agent.hamiMetricsPort must differ from metricsPort",
+        ),
+    ] {
+        let out = render(set);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{set:?}: {err}");
+    }
 }
 
 /// ServiceMonitor and PrometheusRule need prometheus-operator's CRDs: rendered by default only
