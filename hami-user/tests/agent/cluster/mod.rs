@@ -111,6 +111,30 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
         uuid.starts_with("GPU-") && gpu_total > 0.0,
         "{uuid} {gpu_total}"
     );
+    // HAMi's host GPU family from the same NVML (--hami-compat): the GPU's UUID, its NVML
+    // name as HAMi's device_type, HAMi 2.10's node label and HAMi's zone.
+    let (_, t) = http_get(agent_addr, "/metrics").unwrap();
+    let (l, used) = sample(
+        &t,
+        "hami_host_gpu_memory_used_bytes",
+        &[&format!(r#"device_uuid="{uuid}""#)],
+    )
+    .unwrap_or_else(|| panic!("no HAMi host GPU series:\n{t}"));
+    for want in [
+        r#"device_index="0""#,
+        r#"device_type="NVIDIA-"#,
+        r#"node="gpu-node-1""#,
+        r#"zone="vGPU""#,
+    ] {
+        assert!(l.contains(want), "{want}: {l}");
+    }
+    // The same NVML figure as the agent's own family, in the same scrape.
+    let ours = sample(
+        &t,
+        "hami_gpu_memory_used_bytes",
+        &[&format!(r#"UUID="{uuid}""#)],
+    );
+    assert_eq!(ours.map(|(_, v)| v), Some(used), "{t}");
     // dcgm-exporter's framebuffer family for that GPU (MiB), as it labels it.
     const DCGM_USED_MIB: u64 = 2048;
     let dcgm = serve_exposition(format!(
@@ -254,7 +278,8 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     );
 
     // HAMi's breakdown families: the 256 MiB are the container's buffer, its context is
-    // context, and the total with its parts as labels.
+    // context, and the total (HAMi 2.10, the default: without the parts as labels; the older
+    // name keeps them).
     let b = prom_query(
         prom_addr,
         r#"hami_vgpu_memory_buffer_bytes{pod="trainer-0",vdevice_index="0"} == 256 * 1024 * 1024"#,
@@ -267,9 +292,19 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     assert_eq!(c.len(), 1, "{c:?}");
     let d = prom_query(
         prom_addr,
-        r#"hami_container_device_memory_bytes{pod="trainer-0",buffer_size="268435456"}"#,
+        r#"hami_container_device_memory_bytes{pod="trainer-0",vdevice_index="0"} > 256 * 1024 * 1024"#,
     );
     assert_eq!(d.len(), 1, "{d:?}");
+    let parts = prom_query(
+        prom_addr,
+        r#"hami_container_device_memory_bytes{buffer_size!=""}"#,
+    );
+    assert!(parts.is_empty(), "2.10 has no breakdown labels: {parts:?}");
+    let legacy = prom_query(
+        prom_addr,
+        r#"Device_memory_desc_of_container{podname="trainer-0",data="268435456"}"#,
+    );
+    assert_eq!(legacy.len(), 1, "{legacy:?}");
     // The hooked workload counts under hami_rs.
     let hooks = prom_query(prom_addr, r#"hami_processes_by_hook{hook="hami_rs"} >= 1"#);
     assert_eq!(hooks.len(), 1, "{hooks:?}");
