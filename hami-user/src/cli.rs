@@ -62,6 +62,13 @@ pub fn parse_millis(s: &str) -> Result<u64, String> {
     Ok(v)
 }
 
+/// `--hami-version`: the HAMi release whose monitor's label sets the HAMi families follow
+/// (`2.9`, `2.10`, `v2.10.0`, ...).
+pub fn parse_hami_version(s: &str) -> Result<crate::metrics::HamiVersion, String> {
+    s.parse()
+        .map_err(|e: crate::metrics::HamiVersionError| e.to_string())
+}
+
 /// The environment variable the node's name is read from when `--node-name` is not given
 /// (the chart sets it from the pod's `spec.nodeName`).
 pub const NODE_NAME_ENV: &str = "NODE_NAME";
@@ -189,6 +196,29 @@ mod tests {
         let e = node_name(None, None, || None).unwrap_err();
         assert!(e.contains("--node-name"), "{e}");
         assert!(node_name(None, None, || Some("  ".into())).is_err());
+    }
+
+    #[test]
+    fn hami_versions_name_a_release_with_known_label_sets() {
+        use crate::metrics::HamiVersion;
+        for (s, v) in [
+            ("2.9", HamiVersion::V2_9),
+            ("v2.9.0", HamiVersion::V2_9),
+            ("2.9.3", HamiVersion::V2_9),
+            ("2.10", HamiVersion::V2_10),
+            (" v2.10.0 ", HamiVersion::V2_10),
+            ("2.10.1", HamiVersion::V2_10),
+        ] {
+            assert_eq!(parse_hami_version(s), Ok(v), "{s:?}");
+            assert_eq!(parse_hami_version(v.as_str()), Ok(v));
+        }
+        for bad in [
+            "", "2", "2.8", "2.1", "2.100", "3.10", "2.10.", "2.10.x", "2.10.0.1", "latest",
+            "vv2.9",
+        ] {
+            let e = parse_hami_version(bad).unwrap_err();
+            assert!(e.contains("2.9 or 2.10"), "{bad:?}: {e}");
+        }
     }
 
     #[test]

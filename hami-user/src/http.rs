@@ -78,15 +78,37 @@ impl Health {
     }
 }
 
+/// What an endpoint's `/metrics` serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Exposition {
+    /// The agent's families ([`Metrics::render`]): `--metrics-addr`.
+    #[default]
+    Agent,
+    /// HAMi's vGPU monitor families alone ([`Metrics::render_hami`]):
+    /// `--hami-metrics-addr`, in place of HAMi's monitor on its port.
+    Hami,
+}
+
 #[derive(Clone)]
 struct AppState {
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     max_age: Duration,
+    exposition: Exposition,
 }
 
 /// The router: `/metrics`, `/healthz`, `/`.
 pub fn router(metrics: Arc<Metrics>, health: Arc<Health>, max_age: Duration) -> Router {
+    router_for(metrics, health, max_age, Exposition::Agent)
+}
+
+/// The router of one endpoint: `/metrics` (serving `exposition`), `/healthz`, `/`.
+pub fn router_for(
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    max_age: Duration,
+    exposition: Exposition,
+) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(healthz_handler))
@@ -95,6 +117,7 @@ pub fn router(metrics: Arc<Metrics>, health: Arc<Health>, max_age: Duration) -> 
             metrics,
             health,
             max_age,
+            exposition,
         })
 }
 
@@ -104,7 +127,10 @@ async fn metrics_handler(State(s): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        s.metrics.render(),
+        match s.exposition {
+            Exposition::Agent => s.metrics.render(),
+            Exposition::Hami => s.metrics.render_hami(),
+        },
     )
 }
 
@@ -151,6 +177,18 @@ pub async fn serve(
     serve_with(listener, metrics, health, max_age, ServeLimits::default()).await
 }
 
+/// Serves `exposition` on `listener` until the task is dropped, with the default limits.
+pub async fn serve_exposition(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    max_age: Duration,
+    exposition: Exposition,
+) -> std::io::Result<()> {
+    let app = router_for(metrics, health, max_age, exposition);
+    serve_router(listener, app, ServeLimits::default()).await
+}
+
 /// [`serve`] with explicit limits.
 ///
 /// At most [`ServeLimits::max_connections`] connections are open at once; a new one when
@@ -166,7 +204,15 @@ pub async fn serve_with(
     max_age: Duration,
     limits: ServeLimits,
 ) -> std::io::Result<()> {
-    let app = router(metrics, health, max_age);
+    serve_router(listener, router(metrics, health, max_age), limits).await
+}
+
+/// Serves `app` on `listener` within `limits` (see [`serve_with`]).
+async fn serve_router(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    limits: ServeLimits,
+) -> std::io::Result<()> {
     let open = Arc::new(OpenConnections::default());
     let max = limits.max_connections.max(1);
     let mut next_id: u64 = 0;

@@ -19,7 +19,7 @@ use hami_user::cli;
 use hami_user::compute::ComputeOptions;
 use hami_user::findings::Tolerance;
 use hami_user::http::parse_listen_addr;
-use hami_user::metrics::{MetricsOptions, DEFAULT_METRICS_ADDR};
+use hami_user::metrics::{HamiVersion, MetricsOptions, DEFAULT_METRICS_ADDR};
 use hami_user::report;
 use hami_user::runner::{self, RunOptions};
 use hami_user::tenantfs;
@@ -48,10 +48,19 @@ enum Cmd {
         /// Export `hami_process_observed_bytes` per pid (one series per GPU process).
         #[arg(long)]
         per_process_metrics: bool,
-        /// Also export HAMi's vGPU monitor memory metrics (`hami_vgpu_memory_*`,
-        /// `vGPU_device_memory_*`) for containers that use hami-preload.
+        /// Also export HAMi's vGPU monitor families (`hami_vgpu_memory_*`,
+        /// `hami_container_device_*`, `hami_host_gpu_*`, their older names, all with
+        /// `zone="vGPU"`) for containers that use hami-preload and for the node's GPUs.
         #[arg(long)]
         hami_compat: bool,
+        /// The HAMi release whose monitor's label sets the HAMi families follow: 2.9 or
+        /// 2.10 (a patch release or a leading v is accepted; 2.4-2.8: 2.9).
+        #[arg(long, value_name = "VERSION", default_value = "2.10", value_parser = cli::parse_hami_version)]
+        hami_version: HamiVersion,
+        /// Serve HAMi's families alone at /metrics on this address (HAMi's monitor's port:
+        /// :9394), and not on --metrics-addr. Needs --hami-compat.
+        #[arg(long, value_name = "ADDR", value_parser = parse_listen_addr, requires = "hami_compat")]
+        hami_metrics_addr: Option<SocketAddr>,
         /// The node's name, the `node` label of every metric (default: `NODE_NAME` from the
         /// environment, else the host name).
         #[arg(long, value_name = "NAME", value_parser = cli::parse_node_name)]
@@ -213,6 +222,7 @@ impl Common {
             discovery_interval: Duration::from_millis(500),
             nvml_interval: Duration::from_millis(self.nvml_interval.max(10)),
             metrics_addr,
+            hami_metrics_addr: None,
             duration,
             log_findings: log,
             metrics: MetricsOptions::default(),
@@ -341,6 +351,8 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
             json_log,
             per_process_metrics,
             hami_compat,
+            hami_version,
+            hami_metrics_addr,
             node_name,
             common,
         } => {
@@ -362,9 +374,12 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
                 }
             };
             let mut opts = common.options(Some(metrics_addr), None, true);
+            opts.hami_metrics_addr = hami_metrics_addr;
             opts.metrics = MetricsOptions {
                 per_process: per_process_metrics,
                 hami_compat,
+                hami_version,
+                hami_separate: hami_metrics_addr.is_some(),
                 node,
             };
             let rep = run_agent(opts)?.context("hami-agent run")?;

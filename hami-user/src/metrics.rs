@@ -13,6 +13,8 @@
 
 mod hami_compat;
 
+pub use hami_compat::{HamiVersion, HamiVersionError, ZONE as HAMI_ZONE};
+
 use std::collections::{BTreeMap, HashMap};
 
 use prometheus::{
@@ -64,8 +66,15 @@ pub enum MetricsError {
 pub struct MetricsOptions {
     /// `hami_process_observed_bytes` per pid (one series per GPU process: opt-in).
     pub per_process: bool,
-    /// HAMi's vGPU monitor families (`hami_vgpu_memory_*`, `vGPU_device_memory_*`).
+    /// HAMi's vGPU monitor families (`hami_vgpu_memory_*`, `hami_host_gpu_*`,
+    /// `hami_container_device_*`, their older names).
     pub hami_compat: bool,
+    /// The HAMi release whose monitor's label sets they follow.
+    pub hami_version: HamiVersion,
+    /// HAMi's families are served on a port of their own (`--hami-metrics-addr`, as HAMi's
+    /// monitor serves them on 9394): [`Metrics::render_hami`] has them, [`Metrics::render`]
+    /// not, so that a Prometheus scraping both ports stores each series once.
+    pub hami_separate: bool,
     /// The node's name, the `node` label of every family but HAMi's (`run` always sets
     /// one: `--node-name`, `NODE_NAME`, the host name); empty: no `node` label.
     pub node: String,
@@ -125,6 +134,11 @@ pub struct GpuSeries {
     pub memory_total: Option<u64>,
     /// Used memory in bytes (`nvmlDeviceGetMemoryInfo`), when NVML gave it.
     pub memory_used: Option<u64>,
+    /// Product name (`nvmlDeviceGetName`), when NVML gave it (HAMi's `device_type`).
+    pub name: Option<String>,
+    /// Memory controller utilisation in percent (`nvmlDeviceGetUtilizationRates`,
+    /// `memory`), when NVML gave it.
+    pub memory_utilization: Option<u32>,
 }
 
 /// One process for the opt-in per-process gauge.
@@ -467,7 +481,7 @@ impl Metrics {
             prometheus::process_collector::ProcessCollector::for_self(),
         ))?;
         let hami = if opts.hami_compat {
-            Some(HamiCompat::new()?)
+            Some(HamiCompat::new(opts.hami_version, &opts.node)?)
         } else {
             None
         };
@@ -608,6 +622,9 @@ impl Metrics {
                 }
             }
         }
+        if let Some(h) = &self.hami {
+            h.set_gpus(gpus);
+        }
     }
 
     /// Replaces the per-process gauge (only filled with `per_process`) and the process count.
@@ -699,15 +716,34 @@ impl Metrics {
         v
     }
 
-    /// The text exposition format (version 0.0.4).
-    pub fn render(&self) -> String {
+    /// The text exposition format (version 0.0.4) of `families`.
+    fn encode(families: &[prometheus::proto::MetricFamily]) -> String {
         let mut buf = Vec::new();
         let enc = prometheus::TextEncoder::new();
         // Encoding fixed, valid metric families into a Vec cannot fail.
-        if enc.encode(&self.gather(), &mut buf).is_err() {
+        if enc.encode(families, &mut buf).is_err() {
             return String::new();
         }
         String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// The text exposition format (version 0.0.4) of the agent's `/metrics`: its own
+    /// families and, with `hami_compat` unless `hami_separate`, HAMi's.
+    pub fn render(&self) -> String {
+        if self.opts.hami_separate {
+            Self::encode(&self.registry.gather())
+        } else {
+            Self::encode(&self.gather())
+        }
+    }
+
+    /// HAMi's families alone, as HAMi's monitor serves them on its port (empty without
+    /// `hami_compat`).
+    pub fn render_hami(&self) -> String {
+        match &self.hami {
+            Some(h) => Self::encode(&h.registry.gather()),
+            None => String::new(),
+        }
     }
 
     /// Names of every family registered (those with labels appear in `render` once set).
@@ -736,7 +772,11 @@ impl Metrics {
             v.push(f.to_string());
         }
         if self.opts.hami_compat {
-            v.extend(hami_compat::FAMILIES.iter().map(|f| f.to_string()));
+            v.extend(
+                hami_compat::families(self.opts.hami_version)
+                    .iter()
+                    .map(|f| f.to_string()),
+            );
         }
         v.sort();
         v.dedup();
@@ -937,6 +977,7 @@ mod tests {
                 utilization: Some(97),
                 memory_total: Some(80 << 30),
                 memory_used: Some(3 << 30),
+                ..Default::default()
             },
             // A GPU whose utilisation NVML did not give: its memory still shows.
             GpuSeries {
@@ -945,6 +986,7 @@ mod tests {
                 utilization: None,
                 memory_total: Some(1 << 30),
                 memory_used: None,
+                ..Default::default()
             },
         ]);
         let t = m.render();
@@ -1074,32 +1116,211 @@ mod tests {
         .unwrap();
         m.set_regions(&[series("main", 1)]);
         let t = m.render();
-        // HAMi's families carry HAMi's labels only (no `node`); the agent's carry it.
+        // HAMi's families carry HAMi's labels and its `zone` (no agent `node`); the agent's
+        // carry `node` and no `zone`.
         for l in t.lines().filter(|l| !l.starts_with('#')) {
             let hamis = [
                 "hami_vgpu_",
                 "vGPU_",
                 "Device_",
-                "hami_container_device_memory_bytes",
+                "hami_container_device_",
+                "hami_host_gpu_",
+                "Host",
             ]
             .iter()
             .any(|p| l.starts_with(p));
             assert_eq!(!hamis, l.contains(r#"node="gpu-node-1""#), "{l}");
+            assert_eq!(hamis, l.contains(r#"zone="vGPU""#), "{l}");
         }
         let u = "GPU-0a1b2c3d-0000-1111-2222-333344445555";
-        assert!(t.contains(&format!(r#"hami_vgpu_memory_used_bytes{{container="main",device_uuid="{u}",namespace="ml",pod="trainer-0",vdevice_index="1"}} 50"#)), "{t}");
-        assert!(t.contains(&format!(r#"hami_vgpu_memory_limit_bytes{{container="main",device_uuid="{u}",namespace="ml",pod="trainer-0",vdevice_index="1"}} 100"#)));
-        assert!(t.contains(&format!(r#"vGPU_device_memory_usage_in_bytes{{ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1"}} 50"#)));
-        assert!(t.contains(&format!(r#"vGPU_device_memory_limit_in_bytes{{ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1"}} 100"#)));
-        // The container's compute share under HAMi's monitor's name, only where measured.
+        let h = format!(
+            r#"container="main",device_uuid="{u}",namespace="ml",pod="trainer-0",vdevice_index="1",zone="vGPU""#
+        );
+        let legacy = format!(
+            r#"ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1",zone="vGPU""#
+        );
+        assert!(
+            t.contains(&format!("hami_vgpu_memory_used_bytes{{{h}}} 50\n")),
+            "{t}"
+        );
+        assert!(t.contains(&format!("hami_vgpu_memory_limit_bytes{{{h}}} 100\n")));
+        assert!(t.contains(&format!(
+            "vGPU_device_memory_usage_in_bytes{{{legacy}}} 50\n"
+        )));
+        assert!(t.contains(&format!(
+            "vGPU_device_memory_limit_in_bytes{{{legacy}}} 100\n"
+        )));
+        // The container's SM utilisation under HAMi's names, only where measured.
         assert!(!t.contains("Device_utilization_desc_of_container{"), "{t}");
+        assert!(
+            !t.contains("hami_container_device_utilization_ratio{"),
+            "{t}"
+        );
         let mut busy = series("main", 1);
         busy.compute_share = Some(37.5);
         m.set_regions(&[busy]);
         let t = m.render();
-        assert!(t.contains(&format!(r#"Device_utilization_desc_of_container{{ctrname="main",deviceuuid="{u}",podname="trainer-0",podnamespace="ml",vdeviceid="1"}} 37.5"#)), "{t}");
+        assert!(
+            t.contains(&format!(
+                "hami_container_device_utilization_ratio{{{h}}} 37.5\n"
+            )),
+            "{t}"
+        );
+        assert!(t.contains(&format!(
+            "Device_utilization_desc_of_container{{{legacy}}} 37.5\n"
+        )));
+        assert!(t.contains("# TYPE hami_container_device_utilization_ratio gauge"));
         m.set_regions(&[]);
-        assert!(!m.render().contains("vGPU_device_memory_usage_in_bytes{"));
+        let t = m.render();
+        assert!(!t.contains("vGPU_device_memory_usage_in_bytes{"));
+        assert!(!t.contains("hami_container_device_utilization_ratio{"));
+    }
+
+    /// GPUs as NVML gives them, for the host GPU families.
+    fn gpus() -> Vec<GpuSeries> {
+        vec![
+            GpuSeries {
+                index: 0,
+                uuid: "GPU-0a1b2c3d-0000-1111-2222-333344445555".into(),
+                utilization: Some(97),
+                memory_total: Some(80 << 30),
+                memory_used: Some(3 << 30),
+                name: Some("NVIDIA H200".into()),
+                memory_utilization: Some(41),
+            },
+            // Without a name HAMi's monitor serves no host family for the device.
+            GpuSeries {
+                index: 1,
+                uuid: "GPU-1".into(),
+                utilization: Some(5),
+                memory_total: Some(1 << 30),
+                memory_used: Some(1 << 20),
+                name: None,
+                memory_utilization: Some(1),
+            },
+            // Memory figures but no utilisation.
+            GpuSeries {
+                index: 2,
+                uuid: "GPU-2".into(),
+                utilization: None,
+                memory_total: Some(1 << 30),
+                memory_used: Some(2 << 20),
+                name: Some("NVIDIA H200".into()),
+                memory_utilization: None,
+            },
+        ]
+    }
+
+    #[test]
+    fn hami_host_gpu_families_follow_nvml_per_version() {
+        let u = "GPU-0a1b2c3d-0000-1111-2222-333344445555";
+        for v in HamiVersion::ALL {
+            let m = Metrics::new(MetricsOptions {
+                hami_compat: true,
+                hami_version: v,
+                node: "gpu-node-1".into(),
+                ..Default::default()
+            })
+            .unwrap();
+            m.set_gpus(&gpus());
+            let t = m.render();
+            let (node, nodeid) = match v {
+                HamiVersion::V2_9 => ("", ""),
+                HamiVersion::V2_10 => (r#",node="gpu-node-1""#, r#",nodeid="gpu-node-1""#),
+            };
+            let dev =
+                format!(r#"device_index="0",device_type="NVIDIA-NVIDIA H200",device_uuid="{u}""#);
+            let legacy =
+                format!(r#"deviceidx="0",devicetype="NVIDIA-NVIDIA H200",deviceuuid="{u}""#);
+            for want in [
+                format!(r#"hami_host_gpu_memory_used_bytes{{{dev}{node},zone="vGPU"}} 3221225472"#),
+                format!(r#"hami_host_gpu_utilization_ratio{{{dev}{node},zone="vGPU"}} 97"#),
+                format!(r#"HostGPUMemoryUsage{{{legacy}{nodeid},zone="vGPU"}} 3221225472"#),
+                format!(r#"HostCoreUtilization{{{legacy}{nodeid},zone="vGPU"}} 97"#),
+                format!(
+                    r#"hami_host_gpu_memory_used_bytes{{device_index="2",device_type="NVIDIA-NVIDIA H200",device_uuid="GPU-2"{node},zone="vGPU"}} 2097152"#
+                ),
+            ] {
+                assert!(t.contains(&format!("{want}\n")), "{v}: {want}\n{t}");
+            }
+            let ctrl = format!(
+                "hami_host_gpu_memory_controller_utilization_ratio{{{dev},zone=\"vGPU\"}} 41\n"
+            );
+            assert_eq!(t.contains(&ctrl), v == HamiVersion::V2_10, "{v}: {t}");
+            // No name: no host family; no utilisation: no utilisation series.
+            assert!(!t.contains(r#"device_uuid="GPU-1""#), "{t}");
+            assert!(!t.contains(r#"deviceuuid="GPU-1""#), "{t}");
+            assert!(
+                !t.contains(r#"hami_host_gpu_utilization_ratio{device_index="2""#),
+                "{t}"
+            );
+            // The agent's own per-GPU families are unchanged.
+            assert!(
+                t.contains(
+                    r#"hami_gpu_memory_used_bytes{UUID="GPU-1",gpu="1",node="gpu-node-1"} 1048576"#
+                ),
+                "{t}"
+            );
+            m.set_gpus(&[]);
+            assert!(!m.render().contains("hami_host_gpu_"), "{v}");
+        }
+        // Without --hami-compat: none of them.
+        let off = Metrics::new(MetricsOptions::default()).unwrap();
+        off.set_gpus(&gpus());
+        let t = off.render();
+        assert!(
+            !t.contains("hami_host_gpu_") && !t.contains("HostGPU"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn hami_families_move_to_their_own_port_when_asked() {
+        let m = Metrics::new(MetricsOptions {
+            hami_compat: true,
+            hami_separate: true,
+            node: "gpu-node-1".into(),
+            ..Default::default()
+        })
+        .unwrap();
+        let mut s = series("main", 0);
+        s.compute_share = Some(3.0);
+        m.set_regions(&[s]);
+        m.set_gpus(&gpus());
+        let agent = m.render();
+        let hami = m.render_hami();
+        assert!(agent.contains("hami_container_limit_bytes{"), "{agent}");
+        assert!(agent.contains("hami_gpu_memory_used_bytes{"), "{agent}");
+        for fam in hami_compat::families(HamiVersion::default()) {
+            assert!(
+                !agent.contains(&format!("\n{fam}{{")),
+                "{fam} on both:\n{agent}"
+            );
+            assert!(
+                hami.contains(&format!("# TYPE {fam} gauge")),
+                "{fam}:\n{hami}"
+            );
+        }
+        // Only HAMi's, each with its zone.
+        for l in hami.lines().filter(|l| !l.starts_with('#')) {
+            assert!(l.contains(r#"zone="vGPU""#), "{l}");
+            assert!(
+                !l.starts_with("hami_container_limit") && !l.starts_with("process_"),
+                "{l}"
+            );
+        }
+        // Not separate: one exposition with both.
+        let one = Metrics::new(MetricsOptions {
+            hami_compat: true,
+            ..Default::default()
+        })
+        .unwrap();
+        one.set_regions(&[series("main", 0)]);
+        assert!(one.render().contains("hami_vgpu_memory_used_bytes{"));
+        assert!(Metrics::new(MetricsOptions::default())
+            .unwrap()
+            .render_hami()
+            .is_empty());
     }
 
     /// The label sets of a family in the exposition (sorted label names per sample).
@@ -1118,13 +1339,14 @@ mod tests {
             .collect()
     }
 
-    /// Every per-container memory family HAMi's vGPU monitor serves, with its labels, from
-    /// its source (cmd/vGPUmonitor/metrics.go, v2.9.0; the older names as in v2.4.0-v2.5.x,
-    /// which v2.9.0 keeps behind --legacy-metrics): each one is served with exactly those
-    /// labels.
+    /// Every family HAMi's vGPU monitor serves, with its labels, as its source has them
+    /// (`cmd/vGPUmonitor/metrics.go` and `main.go` of v2.9.0 and v2.10.0: `zone="vGPU"` on
+    /// every one; the older names with `--legacy-metrics`, as in v2.4.0-v2.8.x). Each one the
+    /// agent serves is served with exactly those labels, in the version chosen; the ones it
+    /// does not serve are named (HAMi-core's kernel records, the scheduler's MIG annotations).
     #[test]
     fn hami_compat_matches_hamis_monitor_families_and_labels() {
-        const CURRENT: [&str; 5] = [
+        const CTR: [&str; 5] = [
             "namespace",
             "pod",
             "container",
@@ -1138,70 +1360,137 @@ mod tests {
             "vdeviceid",
             "deviceuuid",
         ];
-        let hami: Vec<(&str, Vec<&str>)> = vec![
-            ("hami_vgpu_memory_used_bytes", CURRENT.to_vec()),
-            ("hami_vgpu_memory_limit_bytes", CURRENT.to_vec()),
-            ("hami_vgpu_memory_context_bytes", CURRENT.to_vec()),
-            ("hami_vgpu_memory_module_bytes", CURRENT.to_vec()),
-            ("hami_vgpu_memory_buffer_bytes", CURRENT.to_vec()),
-            (
-                "hami_container_device_memory_bytes",
+        const HOST: [&str; 3] = ["device_index", "device_uuid", "device_type"];
+        const LEGACY_HOST: [&str; 3] = ["deviceidx", "deviceuuid", "devicetype"];
+        let monitor = |v: HamiVersion| -> Vec<(&str, Vec<&str>)> {
+            let v10 = v == HamiVersion::V2_10;
+            let host = if v10 {
+                [&["node"][..], &HOST].concat()
+            } else {
+                HOST.to_vec()
+            };
+            let legacy_host = if v10 {
+                [&["nodeid"][..], &LEGACY_HOST].concat()
+            } else {
+                LEGACY_HOST.to_vec()
+            };
+            let desc = if v10 {
+                CTR.to_vec()
+            } else {
                 [
-                    &CURRENT[..],
+                    &CTR[..],
                     &["context_size", "module_size", "buffer_size", "offset"],
                 ]
-                .concat(),
-            ),
-            ("vGPU_device_memory_usage_in_bytes", LEGACY.to_vec()),
-            ("vGPU_device_memory_limit_in_bytes", LEGACY.to_vec()),
-            (
-                "Device_memory_desc_of_container",
-                [&LEGACY[..], &["context", "module", "data", "offset"]].concat(),
-            ),
+                .concat()
+            };
+            let mut f = vec![
+                ("hami_host_gpu_memory_used_bytes", host.clone()),
+                ("hami_host_gpu_utilization_ratio", host),
+                ("hami_vgpu_memory_used_bytes", CTR.to_vec()),
+                ("hami_vgpu_memory_limit_bytes", CTR.to_vec()),
+                ("hami_container_device_memory_bytes", desc),
+                ("hami_container_device_utilization_ratio", CTR.to_vec()),
+                ("hami_vgpu_memory_context_bytes", CTR.to_vec()),
+                ("hami_vgpu_memory_module_bytes", CTR.to_vec()),
+                ("hami_vgpu_memory_buffer_bytes", CTR.to_vec()),
+                ("HostGPUMemoryUsage", legacy_host.clone()),
+                ("HostCoreUtilization", legacy_host),
+                ("vGPU_device_memory_usage_in_bytes", LEGACY.to_vec()),
+                ("vGPU_device_memory_limit_in_bytes", LEGACY.to_vec()),
+                (
+                    "Device_memory_desc_of_container",
+                    [&LEGACY[..], &["context", "module", "data", "offset"]].concat(),
+                ),
+                ("Device_utilization_desc_of_container", LEGACY.to_vec()),
+            ];
+            if v10 {
+                f.push((
+                    "hami_host_gpu_memory_controller_utilization_ratio",
+                    HOST.to_vec(),
+                ));
+            }
+            f
+        };
+        // Served by HAMi's monitor from what only HAMi-core or the scheduler records.
+        let not_served = [
+            "hami_container_last_kernel_elapsed_seconds",
+            "hami_mig_device_info",
+            "Device_last_kernel_of_container",
+            "MigInfo",
         ];
-        let m = Metrics::new(MetricsOptions {
-            hami_compat: true,
-            ..Default::default()
-        })
-        .unwrap();
-        let mut s = series("main", 0);
-        s.accounted = 60;
-        m.set_regions(&[s]);
-        let t = m.render();
-        for (fam, labels) in &hami {
-            let mut want: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
-            want.sort();
-            assert_eq!(label_names(&t, fam), vec![want], "{fam}:\n{t}");
-            assert!(m.family_names().contains(&fam.to_string()), "{fam}");
+        for v in HamiVersion::ALL {
+            let m = Metrics::new(MetricsOptions {
+                hami_compat: true,
+                hami_version: v,
+                node: "gpu-node-1".into(),
+                ..Default::default()
+            })
+            .unwrap();
+            let mut s = series("main", 0);
+            s.accounted = 60;
+            s.compute_share = Some(12.0);
+            m.set_regions(&[s]);
+            m.set_gpus(&gpus()[..1]);
+            let t = m.render();
+            let hami = monitor(v);
+            for (fam, labels) in &hami {
+                let mut want: Vec<String> = labels.iter().map(|l| l.to_string()).collect();
+                want.push("zone".into());
+                want.sort();
+                assert_eq!(label_names(&t, fam), vec![want], "{v} {fam}:\n{t}");
+                assert!(m.family_names().contains(&fam.to_string()), "{v} {fam}");
+            }
+            // Nothing beyond them is served as HAMi's.
+            let mut ours = hami_compat::families(v);
+            ours.sort();
+            let mut theirs: Vec<&str> = hami.iter().map(|(f, _)| *f).collect();
+            theirs.sort();
+            assert_eq!(ours, theirs, "{v}");
+            for fam in not_served {
+                assert!(!t.contains(fam), "{v} {fam}");
+            }
+            let u = "GPU-0a1b2c3d-0000-1111-2222-333344445555";
+            let h = format!(
+                r#"container="main",device_uuid="{u}",namespace="ml",pod="trainer-0",vdevice_index="0""#
+            );
+            assert!(
+                t.contains(&format!(
+                    "hami_vgpu_memory_context_bytes{{{h},zone=\"vGPU\"}} 6\n"
+                )),
+                "{t}"
+            );
+            assert!(t.contains(&format!(
+                "hami_vgpu_memory_module_bytes{{{h},zone=\"vGPU\"}} 3\n"
+            )));
+            assert!(t.contains(&format!(
+                "hami_vgpu_memory_buffer_bytes{{{h},zone=\"vGPU\"}} 40\n"
+            )));
+            // HAMi's offset: the total less the three parts (60 - 6 - 3 - 40).
+            let desc = match v {
+                HamiVersion::V2_9 => format!(
+                    r#"hami_container_device_memory_bytes{{buffer_size="40",container="main",context_size="6",device_uuid="{u}",module_size="3",namespace="ml",offset="11",pod="trainer-0",vdevice_index="0",zone="vGPU"}} 60"#
+                ),
+                HamiVersion::V2_10 => {
+                    format!("hami_container_device_memory_bytes{{{h},zone=\"vGPU\"}} 60")
+                }
+            };
+            assert!(t.contains(&format!("{desc}\n")), "{v}: {t}");
+            assert!(t.contains(
+                r#"Device_memory_desc_of_container{context="6",ctrname="main",data="40","#
+            ));
+            // Gone with the region.
+            m.set_regions(&[]);
+            assert!(!m.render().contains("hami_vgpu_memory_buffer_bytes{"));
         }
-        let u = "GPU-0a1b2c3d-0000-1111-2222-333344445555";
-        let h = format!(
-            r#"container="main",device_uuid="{u}",namespace="ml",pod="trainer-0",vdevice_index="0""#
-        );
-        assert!(
-            t.contains(&format!("hami_vgpu_memory_context_bytes{{{h}}} 6")),
-            "{t}"
-        );
-        assert!(t.contains(&format!("hami_vgpu_memory_module_bytes{{{h}}} 3")));
-        assert!(t.contains(&format!("hami_vgpu_memory_buffer_bytes{{{h}}} 40")));
-        // HAMi's offset: the total less the three parts (60 - 6 - 3 - 40).
-        assert!(
-            t.contains(&format!(r#"hami_container_device_memory_bytes{{buffer_size="40",container="main",context_size="6",device_uuid="{u}",module_size="3",namespace="ml",offset="11",pod="trainer-0",vdevice_index="0"}} 60"#)),
-            "{t}"
-        );
-        assert!(
-            t.contains(r#"Device_memory_desc_of_container{context="6",ctrname="main",data="40","#)
-        );
         // Off: none of them.
         let off = Metrics::new(MetricsOptions::default()).unwrap();
         off.set_regions(&[series("main", 0)]);
+        off.set_gpus(&gpus());
         let t = off.render();
-        for (fam, _) in &hami {
+        for (fam, _) in &monitor(HamiVersion::V2_10) {
             assert!(!t.contains(&format!("{fam}{{")), "{fam}");
         }
-        // Gone with the region.
-        m.set_regions(&[]);
-        assert!(!m.render().contains("hami_vgpu_memory_buffer_bytes{"));
+        assert!(!t.contains("zone="), "{t}");
     }
 
     #[test]

@@ -67,6 +67,12 @@ pub struct NvmlSnapshot {
     /// NVML device -> utilisation of the whole device in percent
     /// (`nvmlDeviceGetUtilizationRates`, `gpu`), when NVML gave it.
     pub gpu_util: BTreeMap<u32, u32>,
+    /// NVML device -> utilisation of its memory controller in percent
+    /// (`nvmlDeviceGetUtilizationRates`, `memory`: the time device memory was read or
+    /// written), when NVML gave it.
+    pub mem_util: BTreeMap<u32, u32>,
+    /// NVML device -> product name (`nvmlDeviceGetName`), when NVML gave it.
+    pub names: BTreeMap<u32, String>,
 }
 
 impl NvmlSnapshot {
@@ -430,6 +436,10 @@ impl Nvml {
             });
             if let Ok(u) = dev.utilization_rates() {
                 snap.gpu_util.insert(index, u.gpu.min(100));
+                snap.mem_util.insert(index, u.memory.min(100));
+            }
+            if let Ok(name) = dev.name() {
+                snap.names.insert(index, name);
             }
             self.sample_utilization(&mut snap, index, &dev);
             // Without the compute list nothing is known about this device's processes.

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::agent::{Agent, AgentOptions, TickOutcome};
 use crate::findings::Finding;
+use crate::http::Exposition;
 use crate::http::Health;
 use crate::metrics::{Metrics, MetricsOptions};
 use crate::nvml::retry::{Backoff, Poll, Retry, FIRST_RETRY, MAX_RETRY};
@@ -54,6 +55,9 @@ pub struct RunOptions {
     pub nvml_interval: Duration,
     /// Where to serve `/metrics` (`None`: no server).
     pub metrics_addr: Option<SocketAddr>,
+    /// Where to serve HAMi's vGPU monitor families alone, at `/metrics`, as HAMi's monitor
+    /// does on its port 9394 (`None`: they are on `metrics_addr`, with `hami_compat`).
+    pub hami_metrics_addr: Option<SocketAddr>,
     /// Stop after this long (`audit`); `None`: until interrupted.
     pub duration: Option<Duration>,
     /// Log findings as they are raised (`run`).
@@ -446,25 +450,33 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
     let stop = Arc::new(AtomicBool::new(false));
     spawn_term_watchdog(Arc::clone(&stop));
     let mut r = start(&opts, &stop)?;
-    let server = match opts.metrics_addr {
-        Some(addr) => {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|source| RunError::Bind { addr, source })?;
-            let local = l.local_addr().unwrap_or(addr);
-            // `/healthz` too; tools and tests match this message.
-            tracing::info!(addr = %local, "serving /metrics");
-            // Unhealthy when the loop has not ticked for 10 periods (at least 10 s).
-            let max_age = (opts.interval * 10).max(Duration::from_secs(10));
-            let (m, h) = (Arc::clone(&r.metrics), Arc::clone(&r.health));
-            Some(tokio::spawn(async move {
-                if let Err(e) = crate::http::serve(l, m, h, max_age).await {
-                    tracing::error!(error = %e, "the /metrics server stopped");
-                }
-            }))
+    // Unhealthy when the loop has not ticked for 10 periods (at least 10 s).
+    let max_age = (opts.interval * 10).max(Duration::from_secs(10));
+    let mut servers = Vec::new();
+    let endpoints = [
+        (opts.metrics_addr, Exposition::Agent),
+        (opts.hami_metrics_addr, Exposition::Hami),
+    ];
+    for (addr, exposition) in endpoints {
+        let Some(addr) = addr else { continue };
+        let l = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| RunError::Bind { addr, source })?;
+        let local = l.local_addr().unwrap_or(addr);
+        // `/healthz` too; tools and tests match these messages.
+        match exposition {
+            Exposition::Agent => tracing::info!(addr = %local, "serving /metrics"),
+            Exposition::Hami => {
+                tracing::info!(addr = %local, "serving HAMi's monitor families at /metrics")
+            }
         }
-        None => None,
-    };
+        let (m, h) = (Arc::clone(&r.metrics), Arc::clone(&r.health));
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = crate::http::serve_exposition(l, m, h, max_age, exposition).await {
+                tracing::error!(error = %e, ?exposition, "a /metrics server stopped");
+            }
+        }));
+    }
     // Tests and scripts wait for this line on stderr before starting workloads (a closed
     // stderr is no reason to stop).
     let _ = writeln!(
@@ -517,7 +529,7 @@ pub async fn run(opts: RunOptions) -> Result<AuditReport, RunError> {
         r.consume(&ev);
     }
     r.on_tick(opts.log_findings, &mut last_nvml, opts.nvml_interval);
-    if let Some(s) = server {
+    for s in servers {
         s.abort();
     }
     let report = r.report(t0.elapsed().as_secs_f64());

@@ -83,7 +83,8 @@ impl Agent {
         self.compute.at_ns = Some(super::regions::monotonic_ns());
     }
 
-    /// Each GPU at the latest NVML sample: its utilisation and memory, where NVML gave them.
+    /// Each GPU at the latest NVML sample: its utilisation, memory and name, where NVML gave
+    /// them.
     pub fn gpu_series(&self) -> Vec<crate::metrics::GpuSeries> {
         let Some(n) = &self.nvml else {
             return Vec::new();
@@ -96,6 +97,8 @@ impl Agent {
                 utilization: n.gpu_util.get(&d.index).copied(),
                 memory_total: d.total,
                 memory_used: d.used,
+                name: n.names.get(&d.index).cloned(),
+                memory_utilization: n.mem_util.get(&d.index).copied(),
             })
             .collect()
     }

@@ -19,6 +19,7 @@ use hami_test_harness::{workspace_root, AgentCommand, Artifacts, RunningProbe, T
 use crate::common::{require_root, AGENT};
 
 mod fixtures;
+mod hami_queries;
 mod helm;
 mod prometheus;
 
@@ -110,6 +111,30 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
         uuid.starts_with("GPU-") && gpu_total > 0.0,
         "{uuid} {gpu_total}"
     );
+    // HAMi's host GPU family from the same NVML (--hami-compat): the GPU's UUID, its NVML
+    // name as HAMi's device_type, HAMi 2.10's node label and HAMi's zone.
+    let (_, t) = http_get(agent_addr, "/metrics").unwrap();
+    let (l, used) = sample(
+        &t,
+        "hami_host_gpu_memory_used_bytes",
+        &[&format!(r#"device_uuid="{uuid}""#)],
+    )
+    .unwrap_or_else(|| panic!("no HAMi host GPU series:\n{t}"));
+    for want in [
+        r#"device_index="0""#,
+        r#"device_type="NVIDIA-"#,
+        r#"node="gpu-node-1""#,
+        r#"zone="vGPU""#,
+    ] {
+        assert!(l.contains(want), "{want}: {l}");
+    }
+    // The same NVML figure as the agent's own family, in the same scrape.
+    let ours = sample(
+        &t,
+        "hami_gpu_memory_used_bytes",
+        &[&format!(r#"UUID="{uuid}""#)],
+    );
+    assert_eq!(ours.map(|(_, v)| v), Some(used), "{t}");
     // dcgm-exporter's framebuffer family for that GPU (MiB), as it labels it.
     const DCGM_USED_MIB: u64 = 2048;
     let dcgm = serve_exposition(format!(
@@ -253,7 +278,8 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     );
 
     // HAMi's breakdown families: the 256 MiB are the container's buffer, its context is
-    // context, and the total with its parts as labels.
+    // context, and the total (HAMi 2.10, the default: without the parts as labels; the older
+    // name keeps them).
     let b = prom_query(
         prom_addr,
         r#"hami_vgpu_memory_buffer_bytes{pod="trainer-0",vdevice_index="0"} == 256 * 1024 * 1024"#,
@@ -266,9 +292,19 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     assert_eq!(c.len(), 1, "{c:?}");
     let d = prom_query(
         prom_addr,
-        r#"hami_container_device_memory_bytes{pod="trainer-0",buffer_size="268435456"}"#,
+        r#"hami_container_device_memory_bytes{pod="trainer-0",vdevice_index="0"} > 256 * 1024 * 1024"#,
     );
     assert_eq!(d.len(), 1, "{d:?}");
+    let parts = prom_query(
+        prom_addr,
+        r#"hami_container_device_memory_bytes{buffer_size!=""}"#,
+    );
+    assert!(parts.is_empty(), "2.10 has no breakdown labels: {parts:?}");
+    let legacy = prom_query(
+        prom_addr,
+        r#"Device_memory_desc_of_container{podname="trainer-0",data="268435456"}"#,
+    );
+    assert_eq!(legacy.len(), 1, "{legacy:?}");
     // The hooked workload counts under hami_rs.
     let hooks = prom_query(prom_addr, r#"hami_processes_by_hook{hook="hami_rs"} >= 1"#);
     assert_eq!(hooks.len(), 1, "{hooks:?}");
@@ -414,7 +450,7 @@ fn chart_renders_and_every_manifest_validates() {
         .arg(root.join("deploy/helm/hami-agent"))
         .arg(out_dir.path())
         .arg("{}")
-        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"perProcessMetrics":true,"allowUnhookedNamespaces":["gpu-raw"]},"runtimeClassName":"nvidia","seccompProfile":"Unconfined","hamiSwap":{"enabled":true},"serviceMonitor":{"enabled":true},"prometheusRule":{"enabled":true}}"#)
+        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"hamiVersion":"2.9","hamiMetricsPort":9394,"perProcessMetrics":true,"allowUnhookedNamespaces":["gpu-raw"]},"runtimeClassName":"nvidia","seccompProfile":"Unconfined","hamiSwap":{"enabled":true},"serviceMonitor":{"enabled":true},"prometheusRule":{"enabled":true}}"#)
         .arg(r#"{"hamiSwap":{"enabled":true,"mode":"rollback","vgpuDir":"/opt/hami/vgpu"}}"#)
         .arg(r#"{"hamiSwap":{"enabled":true,"removeStaleFolders":true}}"#)
         .output()
@@ -488,6 +524,22 @@ fn chart_renders_and_every_manifest_validates() {
     .unwrap();
     // The agent's namespace/pod/container/node labels win over the target's.
     assert!(sm.contains("honorLabels: true"), "{sm}");
+    // HAMi's families: the release's label sets, and alone on HAMi's monitor port, which
+    // the Service and the ServiceMonitor carry too; by default with the agent's.
+    assert!(!ds.contains("--hami-"), "{ds}");
+    assert!(ds_reclaim.contains("- --hami-compat\n"), "{ds_reclaim}");
+    assert!(ds_reclaim.contains("- --hami-version=2.9\n"));
+    assert!(ds_reclaim.contains("- --hami-metrics-addr=:9394\n"));
+    assert!(ds_reclaim.contains("- name: hami-metrics\n              containerPort: 9394\n"));
+    assert_eq!(sm.matches("- port: ").count(), 2, "{sm}");
+    assert!(sm.contains("- port: hami-metrics\n"), "{sm}");
+    assert_eq!(sm.matches("honorLabels: true").count(), 2, "{sm}");
+    let svc = std::fs::read_to_string(out_dir.path().join("1-hami-agent_templates_service.yaml"))
+        .unwrap();
+    assert!(
+        svc.contains("port: 9394\n      targetPort: hami-metrics\n"),
+        "{svc}"
+    );
     // The agent's `node` label: the pod's node, through the downward API.
     assert!(
         ds.contains("- name: NODE_NAME\n              valueFrom:\n                fieldRef:\n                  fieldPath: spec.nodeName\n"),
@@ -589,6 +641,26 @@ fn real_helm_lints_strict_and_renders_the_hami_swap_option() {
         err.contains("hamiSwap.mode must be install or rollback") && err.contains("sideways"),
         "{err}"
     );
+    // HAMi's families: a release whose label sets are known, a port of their own only with
+    // them and not the agent's.
+    for (set, why) in [
+        (
+            &["agent.hamiCompat=true", "agent.hamiVersion=2.8"][..],
+            "hamiVersion",
+        ),
+        (
+            &["agent.hamiMetricsPort=9394"][..],
+            "agent.hamiMetricsPort needs agent.hamiCompat=true",
+        ),
+        (
+            &["agent.hamiCompat=true", "agent.hamiMetricsPort=9494"][..],
+            "agent.hamiMetricsPort must differ from metricsPort",
+        ),
+    ] {
+        let out = render(set);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(why), "{set:?}: {err}");
+    }
 }
 
 /// ServiceMonitor and PrometheusRule need prometheus-operator's CRDs: rendered by default only

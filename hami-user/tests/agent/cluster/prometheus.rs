@@ -196,15 +196,22 @@ pub(super) fn assert_exposition_is_valid(promtool: &Path, python: &Path, dir: &P
         .write_all(text.as_bytes())
         .unwrap();
     let out = lint.wait_with_output().unwrap();
-    // Clean but for HAMi's older names (`vGPU_device_memory_*`,
-    // `Device_utilization_desc_of_container`), which are HAMi's, kept exactly as HAMi spells
-    // them for its dashboards (`--hami-compat` only).
+    // Clean but for HAMi's older names (`vGPU_device_memory_*`, `HostGPUMemoryUsage`,
+    // `HostCoreUtilization`, `Device_*_desc_of_container`), which are HAMi's, kept exactly
+    // as HAMi spells them for its dashboards (`--hami-compat` only).
     let complaints: Vec<String> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .chain(String::from_utf8_lossy(&out.stderr).lines())
         .filter(|l| {
-            !((l.starts_with("vGPU_device_memory_")
-                || l.starts_with("Device_utilization_desc_of_container"))
+            !([
+                "vGPU_device_memory_",
+                "HostGPUMemoryUsage",
+                "HostCoreUtilization",
+                "Device_utilization_desc_of_container",
+                "Device_memory_desc_of_container",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
                 && l.ends_with("not 'camelCase'"))
         })
         .map(String::from)
