@@ -12,17 +12,23 @@
 //!   start of the executable segment ([`load_and_exit_code_together`]).
 //! * on x86_64, `-z separate-loadable-segments` ([`page_aligned_segments`]).
 //!
+//! * glibc 2.17's symbol versions: the link takes glibc 2.17 stubs made by zig
+//!   ([`glibc_floor`]).
+//!
 //! It also generates the hooked section of the symbol tables from the intercept table
 //! (`build/hooked_rows.rs`).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "build/glibc_floor.rs"]
+mod glibc_floor;
 #[path = "build/hooked_rows.rs"]
 mod hooked_rows;
 
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
+    glibc_floor::apply();
     static_unwinder();
     hooked_rows::generate();
     load_and_exit_code_together();

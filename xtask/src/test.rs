@@ -1,4 +1,5 @@
-//! `cargo xtask test`: setup (if needed), build everything, run every test, then the short
+//! `cargo xtask test`: setup (if needed), build everything, run every test, the preload's
+//! integration tests a second time under glibc 2.31 (`test_old_glibc.rs`), then the short
 //! profile of `cargo xtask torture`.
 //!
 //! The eBPF tests load programs into the kernel and need root (CI runs as root); they are
@@ -47,6 +48,9 @@ pub fn test(opts: &TestOptions) -> Result<()> {
     let mut cmd = cargo(&root);
     cmd.args(["test", "--workspace"]).args(&opts.cargo_args);
     run_checked(&mut cmd)?;
+
+    step("the preload's integration tests under glibc 2.31");
+    crate::test_old_glibc::test(&root)?;
 
     step("cargo xtask torture (short profile)");
     crate::torture::torture(&crate::torture::TortureOptions::default())

@@ -148,8 +148,9 @@ fn enter_gated(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'static>> {
         return None;
     }
     let region = state::global().region.as_ref().ok()?;
-    // SAFETY: gettid has no preconditions.
-    let token = unsafe { libc::gettid() } as u64 + 1;
+    // SAFETY: the gettid system call has no preconditions. (Not glibc's `gettid`, which
+    // exists only since glibc 2.30: the preload's floor is 2.17, `docs/deploy.md`.)
+    let token = unsafe { libc::syscall(libc::SYS_gettid) } as u64 + 1;
     let t = gate::Target {
         dev,
         ctx,

@@ -124,12 +124,19 @@ fn locate_binary(exe: &Path) -> (PathBuf, PathBuf, String, Option<String>) {
     }
 }
 
-/// Copies `from` to `to` atomically (copy to a temp name in the same dir, then rename), so
-/// that concurrent test binaries never see a half-written file.
+/// Puts `from` at `to` atomically (a temp name in the same dir, then rename), so that
+/// concurrent test binaries never see a half-written file. A hard link where the two are on
+/// one file system, else a copy: a copy holds the new file open for writing, and a process
+/// that another test thread forks meanwhile inherits that descriptor until it execs, so that
+/// running the new file can fail with `ETXTBSY` ("Text file busy"; seen in
+/// `multiuser::a_malformed_region_mode_fails_closed_naming_the_variable`).
 pub(crate) fn install(from: &Path, to: &Path) {
     let tmp = to.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::copy(from, &tmp)
-        .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), tmp.display()));
+    let _ = std::fs::remove_file(&tmp);
+    if std::fs::hard_link(from, &tmp).is_err() {
+        std::fs::copy(from, &tmp)
+            .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), tmp.display()));
+    }
     std::fs::rename(&tmp, to).unwrap_or_else(|e| panic!("rename to {}: {e}", to.display()));
 }
 
@@ -185,7 +192,11 @@ impl Artifacts {
         install(&profile_dir.join("libnvidia_ml.so"), &fake_libnvml);
         symlink("libcuda.so.1", &fake_lib_dir.join("libcuda.so"));
         symlink("libnvidia-ml.so.1", &fake_lib_dir.join("libnvidia-ml.so"));
-        let programs_dir = profile_dir.join("test-programs");
+        // Programs for an old glibc (built by zig) apart from the host's.
+        let programs_dir = profile_dir.join(match crate::glibc::requested() {
+            Some(_) => "test-programs-old-glibc",
+            None => "test-programs",
+        });
         std::fs::create_dir_all(&programs_dir).expect("create test-programs dir");
         let libdir = format!("-L{}", fake_lib_dir.display());
         let cudaprobe = crate::programs::compile(

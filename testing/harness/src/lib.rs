@@ -7,6 +7,9 @@
 //!   fakes out as
 //!   `<target>/<profile>/fake-driver/{libcuda.so.1,libcuda.so,libnvidia-ml.so.1,libnvidia-ml.so}`
 //!   and compiles the C programs (`testing/programs/*.c`) into `<target>/<profile>/test-programs/`.
+//! * [`glibc`]: what a built library needs of glibc ([`glibc::Needs`]), the zig whose glibc
+//!   2.17 stubs the preload links against, and the older glibc userland ([`glibc::OldGlibc`])
+//!   that the preload's tests run under a second time.
 //! * [`programs`]: [`cc`], the one C compiler invocation, and its wrappers.
 //! * [`sandbox`]: [`TestEnv`], one test's sandbox: a temp dir with its own fake-driver state
 //!   file (`FAKE_CUDA_STATE`) and shared-region path (`CUDA_DEVICE_MEMORY_SHARED_CACHE`), and
@@ -30,6 +33,7 @@ use std::time::Duration;
 
 pub mod agent;
 pub mod artifacts;
+pub mod glibc;
 pub mod lines;
 pub mod nvml;
 pub mod probe;

@@ -24,11 +24,31 @@ pub fn c_compiler() -> String {
 /// `$CC -o <tmp> <src> ARGS...` (so `-l...` in `args` come after the source). The output is
 /// written under a temp name and renamed into place, so concurrent test binaries never run a
 /// half-written program. Panics with the compiler's output if it fails.
+///
+/// Under an old glibc ([`crate::glibc::requested`]) the compiler is zig's (`zig cc -target
+/// <arch>-linux-gnu.2.17`), so that the program runs on that glibc: one linked against the
+/// host's needs its versions (`__libc_start_main@GLIBC_2.34`).
 pub fn cc(src: &Path, out: &Path, args: &[&str]) {
     let name = out.file_name().and_then(|n| n.to_str()).unwrap_or("out");
     let tmp = out.with_file_name(format!(".{name}.tmp{}", std::process::id()));
-    let cc = c_compiler();
+    let (cc, prefix) = match crate::glibc::requested() {
+        Some(_) => (
+            crate::glibc::zig(&workspace_root()).display().to_string(),
+            vec![
+                "cc".to_string(),
+                "-target".to_string(),
+                format!(
+                    "{}-linux-gnu.{}.{}",
+                    std::env::consts::ARCH,
+                    crate::glibc::FLOOR.0,
+                    crate::glibc::FLOOR.1
+                ),
+            ],
+        ),
+        None => (c_compiler(), Vec::new()),
+    };
     let o = Command::new(&cc)
+        .args(&prefix)
         .arg("-o")
         .arg(&tmp)
         .arg(src)

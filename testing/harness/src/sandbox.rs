@@ -177,20 +177,48 @@ impl TestEnv {
 
     /// A command running `program` against the fakes: `LD_LIBRARY_PATH` = the fake lib dir,
     /// the sandbox environment, `LD_PRELOAD` if enabled; stdin null, stdout/stderr piped.
+    /// Under an old glibc ([`crate::glibc::requested`]): that glibc's loader runs `program`
+    /// with its libraries and the fake lib dir as library path and the preload as
+    /// `--preload`.
     pub fn command(&self, program: &Path) -> Command {
+        self.command_with_preload(program, self.preload)
+    }
+
+    /// [`TestEnv::command`] with the preload on or off whatever the sandbox says.
+    fn command_with_preload(&self, program: &Path, preload: bool) -> Command {
         let a = Artifacts::get();
         let (lib_dir, preload_so) = match &self.shared {
             Some(s) => (&s.lib_dir, &s.preload_so),
             None => (&a.fake_lib_dir, &a.preload_so),
         };
-        let mut c = Command::new(program);
-        c.env("LD_LIBRARY_PATH", lib_dir);
-        c.env_remove("LD_PRELOAD");
+        let mut c = match crate::glibc::requested() {
+            // Under the old glibc's loader, with the preload through its `--preload` (what
+            // `/etc/ld.so.preload` does for a container's programs).
+            // `--library-path` outranks `LD_LIBRARY_PATH`: a sandbox's own (a test that hides
+            // the fake NVML) takes the fake lib dir's place.
+            Some(g) => {
+                let own: Option<Vec<PathBuf>> = self
+                    .vars
+                    .get("LD_LIBRARY_PATH")
+                    .map(|p| std::env::split_paths(p).collect());
+                let libs: Vec<&Path> = match &own {
+                    Some(dirs) => dirs.iter().map(PathBuf::as_path).collect(),
+                    None => vec![lib_dir.as_path()],
+                };
+                g.command(program, &libs, preload.then_some(&**preload_so))
+            }
+            None => {
+                let mut c = Command::new(program);
+                c.env("LD_LIBRARY_PATH", lib_dir);
+                c.env_remove("LD_PRELOAD");
+                if preload {
+                    c.env("LD_PRELOAD", preload_so);
+                }
+                c
+            }
+        };
         for (k, v) in &self.vars {
             c.env(k, v);
-        }
-        if self.preload {
-            c.env("LD_PRELOAD", preload_so);
         }
         c.current_dir(self.dir.path());
         c.stdin(Stdio::null())
@@ -256,9 +284,14 @@ impl TestEnv {
     /// its quota and its processes with their region usage; run [`TestEnv::nvmlprobe_cmd`]
     /// for that).
     pub fn nvml(&self) -> NvmlSnapshot {
-        let mut c = self.nvmlprobe_cmd();
-        c.env_remove("LD_PRELOAD");
-        let out = c.output().expect("spawn nvmlprobe");
+        let prog = self
+            .shared
+            .as_ref()
+            .map_or(&Artifacts::get().nvmlprobe, |s| &s.nvmlprobe);
+        let out = self
+            .command_with_preload(prog, false)
+            .output()
+            .expect("spawn nvmlprobe");
         NvmlSnapshot::parse(&String::from_utf8_lossy(&out.stdout))
     }
 }
