@@ -799,18 +799,31 @@ fn image_without_lib_with_hami_swap(rel: &'static Release) {
     n.container_gets(&v2, "a container allocated after the upgrade");
     n.device_plugin_start();
     n.all_untouched("after the upgrade and a restart");
-    let log = n.swap_ok(&["rollback"]);
-    n.container_gets_hami_core(&format!("a container allocated after the rollback:\n{log}"));
-    n.all_untouched("after the rollback");
-
-    // Back to HAMi's own image (the last step of the rollback).
-    n.set_image(Image::Stock);
-    let log = n.device_plugin_start();
+    // Rollback (docs/deploy.md). 2.5+: HAMi's own image first (its start creates
+    // libvgpu.so.<version> as a new file, which watch moves aside), then hami-swap.sh
+    // rollback gives it back. 2.4: hami-swap.sh rollback first (HAMi's own 2.4 image would
+    // cp HAMi-core into hami-preload), then HAMi's own image.
     if rel.versioned() {
+        n.set_image(Image::Stock);
+        let log = n.device_plugin_start();
         n.all_untouched(&format!("after the restart with HAMi's image:\n{log}"));
+        let log = n.swap_ok(&["install", "--device-plugin-without-lib"]);
+        n.container_gets(
+            &v2,
+            &format!("a container allocated between the steps:\n{log}"),
+        );
+        let log = n.swap_ok(&["rollback"]);
+        n.container_gets_hami_core(&format!("a container allocated after the rollback:\n{log}"));
+        let log = n.device_plugin_start();
+        n.all_untouched(&format!("after the rollback and a restart:\n{log}"));
     } else {
+        let log = n.swap_ok(&["rollback"]);
+        n.container_gets_hami_core(&format!("a container allocated after the rollback:\n{log}"));
+        n.all_untouched("after the rollback");
+        n.set_image(Image::Stock);
+        let log = n.device_plugin_start();
         // HAMi 2.4's own start rewrites its libvgpu.so in place (identical bytes) under
-        // HAMi-core's containers; hami-preload's are untouched.
+        // HAMi-core's containers, as at every start; hami-preload's are untouched.
         let errs: Vec<String> = n
             .mapped
             .iter_mut()
