@@ -429,6 +429,8 @@ impl Drop for Mapped {
 
 /// A scratch node: HAMi's host folder, its device plugin's image, a root to chroot into.
 struct Node {
+    /// First: its processes end before the folders go.
+    mapped: Vec<Mapped>,
     dir: tempfile::TempDir,
     rel: &'static Release,
     vgpu: PathBuf,
@@ -438,7 +440,6 @@ struct Node {
     /// The real `libhami_preload.so`.
     ours: Vec<u8>,
     lib: PathBuf,
-    mapped: Vec<Mapped>,
 }
 
 fn require_root_for_namespaces() {
@@ -833,6 +834,24 @@ fn image_without_lib_with_hami_swap(rel: &'static Release) {
         assert!(errs.is_empty(), "{log}\n{}", errs.join("\n"));
     }
     n.container_gets_hami_core("a container allocated at the end");
+}
+
+/// The fixtures are HAMi's files, byte for byte (every other test checks it too, first).
+#[test]
+fn hami_fixtures_are_unmodified() {
+    verify_fixtures();
+    assert_eq!(V240.image_lib_name(), "libvgpu.so");
+    assert_eq!(V2100.image_lib_name(), "libvgpu.so.v2.10.0");
+    assert_eq!(
+        V240.post_start(),
+        "cp -f /k8s-vgpu/lib/nvidia/* /usr/local/vgpu/"
+    );
+    assert_eq!(
+        V2100.post_start(),
+        "/k8s-vgpu/bin/vgpu-init.sh /usr/local/vgpu/"
+    );
+    assert_eq!(V290.image_preload(), b"/usr/local/vgpu/libvgpu.so\n");
+    assert_eq!(V2100.image_preload(), b"/usr/local/vgpu/libvgpu.so");
 }
 
 #[test]
