@@ -463,7 +463,7 @@ fn hami_210_restart_rewrites_ld_so_preload_and_watch_reacts_within_a_look() {
     assert!(!log.contains("wrote"), "HAMi 2.10's line is right: {log}");
     assert_eq!(fs::metadata(&pre).unwrap().ino(), hamis);
 
-    let mut child = Command::new("sh")
+    let child = Command::new("sh")
         .arg(workspace_root().join("deploy/hami-swap.sh"))
         .arg("watch")
         .arg("--vgpu-dir")
@@ -516,7 +516,7 @@ fn watch_on_a_refused_node_retries_at_its_interval_only() {
     let h = Hami::v24();
     let n = Node::new(&h);
     let before = n.snapshot();
-    let mut child = Command::new("sh")
+    let child = Command::new("sh")
         .arg(workspace_root().join("deploy/hami-swap.sh"))
         .args(["watch", "--interval", "1", "--check-ms", "20", "--vgpu-dir"])
         .arg(&n.vgpu)
