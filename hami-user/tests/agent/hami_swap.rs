@@ -526,15 +526,17 @@ fn watch_on_a_refused_node_retries_at_its_interval_only() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(2500));
+    std::thread::sleep(Duration::from_millis(3500));
     // SAFETY: kill(2) on a child we spawned and have not reaped.
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     let refusals = err.matches("not installing").count();
+    // One pass at the start and one a second (a slower second under load), not one per
+    // 20 ms look (about 170).
     assert!(
-        (2..=4).contains(&refusals),
-        "{refusals} refusals in 2.5 s:\n{err}"
+        (2..=5).contains(&refusals),
+        "{refusals} refusals in 3.5 s:\n{err}"
     );
     assert_eq!(n.snapshot(), before);
 }
