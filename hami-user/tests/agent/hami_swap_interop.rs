@@ -32,6 +32,7 @@
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -384,10 +385,12 @@ impl Mapped {
         let mut line = String::new();
         if !asked || self.stdout.read_line(&mut line).unwrap_or(0) == 0 {
             let st = self.child.wait().unwrap();
-            return Err(format!(
-                "{}: the process died ({st:?}; a SIGBUS is its library truncated under it)",
-                self.what
-            ));
+            let how = match st.signal() {
+                Some(libc::SIGBUS) => "killed by SIGBUS: its library was truncated under it".into(),
+                Some(sig) => format!("killed by signal {sig}"),
+                None => format!("exited: {st:?}"),
+            };
+            return Err(format!("{}: the process died, {how}", self.what));
         }
         let (sum, changes, ino, mtime) = (
             field(&line, "sum"),
