@@ -16,6 +16,8 @@
 //!   Dockerfile                         (`docker buildx build --platform linux/amd64,linux/arm64 .`
 //!                                       in this folder: the multi-arch agent image)
 //!   hami-swap.sh                       (hami-preload in HAMi's place: the chart's hamiSwap)
+//!   hami-device-plugin/Dockerfile      (option B: HAMi's device-plugin image without its
+//!                                       library, `--build-arg HAMI_IMAGE=projecthami/hami:<v>`)
 //!   MANIFEST.txt
 //! ```
 
@@ -85,6 +87,12 @@ pub fn dist(root: &Path) -> Result<PathBuf> {
         ),
         (root.join("deploy/Dockerfile"), "Dockerfile", false),
         (root.join("deploy/hami-swap.sh"), "hami-swap.sh", false),
+        // Option B (docs/deploy.md): HAMi's image without its library; no COPY, one RUN.
+        (
+            root.join("deploy/hami-device-plugin/Dockerfile"),
+            "hami-device-plugin/Dockerfile",
+            false,
+        ),
         // The alerts' runbook_url names its sections (docs/runbooks.md#<alert>).
         (root.join("docs/runbooks.md"), "docs/runbooks.md", false),
     ];

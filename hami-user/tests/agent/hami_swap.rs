@@ -1,13 +1,17 @@
-//! `deploy/hami-swap.sh` against fake host folders laid out as HAMi 2.4 and HAMi 2.5-2.9
-//! leave them, with HAMi's documented behaviour as the reference (read from its sources,
-//! v2.4.0, v2.5.0, v2.9.0; docs/deploy.md):
+//! `deploy/hami-swap.sh` against fake host folders laid out as HAMi 2.4, 2.5-2.9 and 2.10
+//! leave them, with HAMi's behaviour as the reference (read from its sources, v2.4.0, v2.5.0,
+//! v2.9.0, v2.10.0; docs/hami.md). This file EMULATES the device plugin's start; the real
+//! start scripts run in `hami_swap_interop.rs`.
 //!
 //! * which host file the device plugin mounts at `<hook>/vgpu/libvgpu.so` in a container:
 //!   2.4 always `<vgpu>/libvgpu.so`; 2.5+ `<vgpu>/libvgpu.so.<version>` when it exists, else
 //!   `<vgpu>/libvgpu.so`;
 //! * what a device-plugin (re)start does to the folder: 2.4's postStart copies every image
 //!   file over the host's (`cp -f`, in place); 2.5+'s `vgpu-init.sh` copies each image file
-//!   whose content differs (in place too when the file exists).
+//!   whose content differs (in place too when the file exists); 2.10's skips the image's
+//!   `ld.so.preload` and rewrites the host's in place at every start (`<vgpu>/libvgpu.so`);
+//! * HAMi 2.4 is emulated with the image of option B (no library: what hami-swap.sh requires
+//!   there, `--device-plugin-without-lib`).
 
 use std::fs;
 use std::io::Write;
@@ -20,6 +24,7 @@ use hami_test_harness::workspace_root;
 
 const HAMI_CORE_V24: &[u8] = b"\x7fELF fake HAMi-core libvgpu.so built for v2.4.0\n";
 const HAMI_CORE_V29: &[u8] = b"\x7fELF fake HAMi-core libvgpu.so built for v2.9.0\n";
+const HAMI_CORE_V210: &[u8] = b"\x7fELF fake HAMi-core libvgpu.so built for v2.10.0\n";
 const HAMI_CORE_V29_NEWER: &[u8] = b"\x7fELF fake HAMi-core libvgpu.so v2.9.0, rebuilt\n";
 const OURS: &[u8] = b"\x7fELF fake libhami_preload.so defines hami_preload_marker, build 2\n";
 const OURS_OLD: &[u8] = b"\x7fELF fake libhami_preload.so defines hami_preload_marker, build 1\n";
@@ -30,23 +35,47 @@ const PRELOAD_LINE: &str = "/usr/local/vgpu/libvgpu.so";
 struct Hami {
     /// `None`: 2.4 (no versioned name); `Some("v2.9.0")`: 2.5 and later.
     version: Option<&'static str>,
-    /// The image's `/k8s-vgpu/lib/nvidia/libvgpu.so[.<version>]`.
-    lib: &'static [u8],
+    /// The image's `/k8s-vgpu/lib/nvidia/libvgpu.so[.<version>]`; `None`: the image of
+    /// option B (`deploy/hami-device-plugin/Dockerfile`), which has none.
+    lib: Option<&'static [u8]>,
+    /// 2.10: `vgpu-init.sh` skips the image's `ld.so.preload` and rewrites the host's in
+    /// place at every start.
+    regenerates_preload: bool,
 }
 
 impl Hami {
     fn v24() -> Hami {
         Hami {
             version: None,
-            lib: HAMI_CORE_V24,
+            lib: Some(HAMI_CORE_V24),
+            regenerates_preload: false,
         }
     }
 
     fn v29() -> Hami {
         Hami {
             version: Some("v2.9.0"),
-            lib: HAMI_CORE_V29,
+            lib: Some(HAMI_CORE_V29),
+            regenerates_preload: false,
         }
+    }
+
+    fn v210() -> Hami {
+        Hami {
+            version: Some("v2.10.0"),
+            lib: Some(HAMI_CORE_V210),
+            regenerates_preload: true,
+        }
+    }
+
+    /// The same device plugin from the image of option B (no library).
+    fn without_lib(self) -> Hami {
+        Hami { lib: None, ..self }
+    }
+
+    /// The image's library (HAMi-core): what a rollback must give back.
+    fn core(&self) -> &'static [u8] {
+        self.lib.expect("an image with HAMi-core")
     }
 
     fn image_lib_name(&self) -> String {
@@ -58,10 +87,13 @@ impl Hami {
 
     /// The device plugin's (re)start: its image's files land in the host folder.
     fn start(&self, vgpu: &Path) {
-        let files: [(String, &[u8]); 2] = [
-            (self.image_lib_name(), self.lib),
-            ("ld.so.preload".into(), PRELOAD_LINE.as_bytes()),
-        ];
+        let mut files: Vec<(String, &[u8])> = Vec::new();
+        if let Some(lib) = self.lib {
+            files.push((self.image_lib_name(), lib));
+        }
+        if !self.regenerates_preload {
+            files.push(("ld.so.preload".into(), PRELOAD_LINE.as_bytes()));
+        }
         for (name, body) in files {
             let dst = vgpu.join(&name);
             let copy = match self.version {
@@ -82,6 +114,17 @@ impl Hami {
                     .unwrap();
             }
         }
+        if self.regenerates_preload {
+            // printf '%s/libvgpu.so\n' "$DEST_DIR" > "$DEST_DIR/ld.so.preload": in place.
+            fs::OpenOptions::new()
+                .create(true)
+                .write(true)
+                .truncate(true)
+                .open(vgpu.join("ld.so.preload"))
+                .unwrap()
+                .write_all(format!("{PRELOAD_LINE}\n").as_bytes())
+                .unwrap();
+        }
     }
 
     /// The host file the device plugin mounts into a container allocated now.
@@ -100,6 +143,8 @@ struct Node {
     _dir: tempfile::TempDir,
     vgpu: PathBuf,
     lib: PathBuf,
+    /// Given to every hami-swap.sh run (`--device-plugin-without-lib` on 2.4 nodes).
+    flags: Vec<&'static str>,
 }
 
 impl Node {
@@ -114,7 +159,16 @@ impl Node {
             _dir: dir,
             vgpu,
             lib,
+            flags: Vec::new(),
         }
+    }
+
+    /// A node that ran `hami` and now runs its device plugin from the image of option B:
+    /// hami-swap.sh gets `--device-plugin-without-lib`.
+    fn option_b(hami: &Hami) -> Node {
+        let mut n = Node::new(hami);
+        n.flags.push("--device-plugin-without-lib");
+        n
     }
 
     fn swap(&self, mode: &str) -> Output {
@@ -129,6 +183,7 @@ impl Node {
             .arg(&self.vgpu)
             .arg("--lib")
             .arg(&self.lib)
+            .args(&self.flags)
             .output()
             .unwrap();
         out
@@ -175,8 +230,24 @@ fn read(p: &Path) -> Vec<u8> {
 #[test]
 fn hami_24_mounts_hami_preload_after_install_and_hami_core_after_rollback() {
     let h = Hami::v24();
-    let n = Node::new(&h);
+    let mut n = Node::new(&h);
     assert_eq!(read(&h.mounted(&n.vgpu)), HAMI_CORE_V24);
+    // HAMi 2.4's own image: refused (its next start would cp HAMi-core into ours), nothing
+    // changed.
+    let before = n.snapshot();
+    let out = n.swap("install");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--device-plugin-without-lib") && err.contains("option B"),
+        "{err}"
+    );
+    assert_eq!(n.snapshot(), before);
+    // The device plugin restarts from the image of option B: it copies ld.so.preload only.
+    let b = Hami::v24().without_lib();
+    b.start(&n.vgpu);
+    assert_eq!(read(&b.mounted(&n.vgpu)), HAMI_CORE_V24);
+    n.flags.push("--device-plugin-without-lib");
     let log = n.ok("install");
     assert!(log.contains("layout 2.4"), "{log}");
     assert_eq!(read(&h.mounted(&n.vgpu)), OURS, "{log}");
@@ -189,6 +260,15 @@ fn hami_24_mounts_hami_preload_after_install_and_hami_core_after_rollback() {
     let st = n.swap("status");
     assert_eq!(st.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&st.stdout).contains("hami-preload"));
+    // Its restarts never touch the library.
+    let ours = fs::metadata(n.vgpu.join("libvgpu.so")).unwrap();
+    b.start(&n.vgpu);
+    let after = fs::metadata(n.vgpu.join("libvgpu.so")).unwrap();
+    assert_eq!(
+        (after.ino(), after.mtime_nsec()),
+        (ours.ino(), ours.mtime_nsec())
+    );
+    assert_eq!(n.ok("install"), "");
 
     let log = n.ok("rollback");
     assert_eq!(read(&h.mounted(&n.vgpu)), HAMI_CORE_V24, "{log}");
@@ -219,7 +299,7 @@ fn hami_29_falls_back_to_libvgpu_so_and_a_restart_never_writes_into_ours() {
     // The device plugin restarts with a rebuilt image: vgpu-init.sh writes a new
     // libvgpu.so.v2.9.0, not into the file containers of hami-preload map.
     let h2 = Hami {
-        lib: HAMI_CORE_V29_NEWER,
+        lib: Some(HAMI_CORE_V29_NEWER),
         ..Hami::v29()
     };
     h2.start(&n.vgpu);
@@ -255,8 +335,12 @@ fn hami_29_falls_back_to_libvgpu_so_and_a_restart_never_writes_into_ours() {
 
 #[test]
 fn install_is_idempotent_and_upgrades_an_older_hami_rs_without_keeping_it() {
-    for h in [Hami::v24(), Hami::v29()] {
-        let n = Node::new(&h);
+    for h in [Hami::v24(), Hami::v29(), Hami::v210()] {
+        let n = if h.version.is_none() {
+            Node::option_b(&h)
+        } else {
+            Node::new(&h)
+        };
         n.ok("install");
         let before = n.snapshot();
         let log = n.ok("install");
@@ -271,13 +355,13 @@ fn install_is_idempotent_and_upgrades_an_older_hami_rs_without_keeping_it() {
         n.ok("install");
         assert_eq!(read(&h.mounted(&n.vgpu)), OURS);
         let kept = n.vgpu.join("hami-rs-orig").join(h.image_lib_name());
-        assert_eq!(read(&kept), h.lib);
+        assert_eq!(read(&kept), h.core());
         // Rolling back twice is harmless.
         n.ok("rollback");
         let after = n.snapshot();
         assert!(n.ok("rollback").contains("nothing to roll back"));
         assert_eq!(n.snapshot(), after);
-        assert_eq!(read(&h.mounted(&n.vgpu)), h.lib);
+        assert_eq!(read(&h.mounted(&n.vgpu)), h.core());
     }
 }
 
@@ -364,6 +448,99 @@ fn watch_puts_hami_preload_back_after_a_device_plugin_restart() {
     assert!(st.success(), "{st:?}");
 }
 
+/// HAMi 2.10 (commit 229130af) rewrites `ld.so.preload` in place at every start, with the line
+/// hami-preload needs already: install leaves it alone; a restart's re-copied
+/// `libvgpu.so.v2.10.0` is moved aside by `watch` within one look (0.5 s by default), not at
+/// its 10 s pass.
+#[test]
+fn hami_210_restart_rewrites_ld_so_preload_and_watch_reacts_within_a_look() {
+    let h = Hami::v210();
+    let n = Node::new(&h);
+    let pre = n.vgpu.join("ld.so.preload");
+    assert_eq!(read(&pre), format!("{PRELOAD_LINE}\n").as_bytes());
+    let hamis = fs::metadata(&pre).unwrap().ino();
+    let log = n.ok("install");
+    assert!(!log.contains("wrote"), "HAMi 2.10's line is right: {log}");
+    assert_eq!(fs::metadata(&pre).unwrap().ino(), hamis);
+
+    let child = Command::new("sh")
+        .arg(workspace_root().join("deploy/hami-swap.sh"))
+        .arg("watch")
+        .arg("--vgpu-dir")
+        .arg(&n.vgpu)
+        .arg("--lib")
+        .arg(&n.lib)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lib = n.vgpu.join("libvgpu.so");
+    let wait_ours = |what: &str| -> Duration {
+        let t0 = Instant::now();
+        while h.mounted(&n.vgpu) != lib {
+            assert!(t0.elapsed() < Duration::from_secs(15), "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        t0.elapsed()
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    for i in 0..3 {
+        h.start(&n.vgpu);
+        assert_eq!(h.mounted(&n.vgpu), n.vgpu.join("libvgpu.so.v2.10.0"));
+        let took = wait_ours("watch never moved the re-copied libvgpu.so.v2.10.0 aside");
+        assert!(
+            took < Duration::from_millis(1500),
+            "restart {i}: HAMi-core was mounted for {took:?}, not one 0.5 s look"
+        );
+        assert_eq!(read(&lib), OURS);
+        assert_eq!(read(&pre), format!("{PRELOAD_LINE}\n").as_bytes());
+        std::thread::sleep(Duration::from_millis(170));
+    }
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        log.matches("kept HAMi's libvgpu.so.v2.10.0").count(),
+        3,
+        "{log}"
+    );
+    assert!(!log.contains("wrote"), "{log}");
+}
+
+/// A refused install (HAMi 2.4's own image) is retried at the full pass, not at every look:
+/// one error per `--interval`, and nothing changes.
+#[test]
+fn watch_on_a_refused_node_retries_at_its_interval_only() {
+    let h = Hami::v24();
+    let n = Node::new(&h);
+    let before = n.snapshot();
+    let child = Command::new("sh")
+        .arg(workspace_root().join("deploy/hami-swap.sh"))
+        .args(["watch", "--interval", "1", "--check-ms", "20", "--vgpu-dir"])
+        .arg(&n.vgpu)
+        .arg("--lib")
+        .arg(&n.lib)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(3500));
+    // SAFETY: kill(2) on a child we spawned and have not reaped.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let refusals = err.matches("not installing").count();
+    // One pass at the start and one a second (a slower second under load), not one per
+    // 20 ms look (about 170).
+    assert!(
+        (2..=5).contains(&refusals),
+        "{refusals} refusals in 3.5 s:\n{err}"
+    );
+    assert_eq!(n.snapshot(), before);
+}
+
 /// With HAMi's monitor turned off, `--pod-logs` does its folder cleanup: the per-container
 /// folder of a pod that left the node (no `<ns>_<name>_<uid>` under the kubelet's
 /// `/var/log/pods`) goes once it is old enough; the folders of pods still there, recent
@@ -431,7 +608,8 @@ fn a_node_upgraded_from_24_to_25_keeps_both_originals() {
     let n = Node::new(&old);
     let h = Hami {
         version: Some("v2.5.0"),
-        lib: b"\x7fELF fake HAMi-core libvgpu.so built for v2.5.0\n",
+        lib: Some(b"\x7fELF fake HAMi-core libvgpu.so built for v2.5.0\n"),
+        regenerates_preload: false,
     };
     h.start(&n.vgpu);
     assert_eq!(h.mounted(&n.vgpu), n.vgpu.join("libvgpu.so.v2.5.0"));
@@ -440,10 +618,13 @@ fn a_node_upgraded_from_24_to_25_keeps_both_originals() {
     assert_eq!(h.mounted(&n.vgpu), n.vgpu.join("libvgpu.so"));
     assert_eq!(read(&h.mounted(&n.vgpu)), OURS);
     assert_eq!(read(&n.vgpu.join("hami-rs-orig/libvgpu.so")), HAMI_CORE_V24);
-    assert_eq!(read(&n.vgpu.join("hami-rs-orig/libvgpu.so.v2.5.0")), h.lib);
+    assert_eq!(
+        read(&n.vgpu.join("hami-rs-orig/libvgpu.so.v2.5.0")),
+        h.core()
+    );
     n.ok("rollback");
     assert_eq!(h.mounted(&n.vgpu), n.vgpu.join("libvgpu.so.v2.5.0"));
-    assert_eq!(read(&h.mounted(&n.vgpu)), h.lib);
+    assert_eq!(read(&h.mounted(&n.vgpu)), h.core());
     assert_eq!(read(&n.vgpu.join("libvgpu.so")), HAMI_CORE_V24);
 }
 

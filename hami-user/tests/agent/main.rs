@@ -9,6 +9,8 @@
 //! * [`cluster`]: a real Prometheus scraping the agent, the chart's rules and the Helm chart.
 //! * [`ebpf_smoke`]: the probes loaded into the kernel, each row's event checked.
 //! * [`hami_swap`]: `deploy/hami-swap.sh` on fake host folders.
+//! * [`hami_swap_interop`]: HAMi's real device-plugin start scripts (v2.4.0, v2.9.0,
+//!   v2.10.0) with hami-rs's procedure, in a scratch root, under mapped libraries.
 //! * [`hostile_tenant`]: a tenant cannot blind, kill or mislead the agent (issue 9).
 //! * [`regressions`]: one test per bug fixed, each naming the bug it guards.
 //!
@@ -22,5 +24,6 @@ mod cli;
 mod cluster;
 mod ebpf_smoke;
 mod hami_swap;
+mod hami_swap_interop;
 mod hostile_tenant;
 mod regressions;

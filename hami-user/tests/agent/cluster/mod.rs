@@ -450,7 +450,7 @@ fn chart_renders_and_every_manifest_validates() {
         .arg(root.join("deploy/helm/hami-agent"))
         .arg(out_dir.path())
         .arg("{}")
-        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"hamiVersion":"2.9","hamiMetricsPort":9394,"perProcessMetrics":true,"allowUnhookedNamespaces":["gpu-raw"]},"runtimeClassName":"nvidia","seccompProfile":"Unconfined","hamiSwap":{"enabled":true},"serviceMonitor":{"enabled":true},"prometheusRule":{"enabled":true}}"#)
+        .arg(r#"{"agent":{"reclaim":true,"hamiCompat":true,"hamiVersion":"2.9","hamiMetricsPort":9394,"perProcessMetrics":true,"allowUnhookedNamespaces":["gpu-raw"]},"runtimeClassName":"nvidia","seccompProfile":"Unconfined","hamiSwap":{"enabled":true,"devicePluginWithoutLib":true},"serviceMonitor":{"enabled":true},"prometheusRule":{"enabled":true}}"#)
         .arg(r#"{"hamiSwap":{"enabled":true,"mode":"rollback","vgpuDir":"/opt/hami/vgpu"}}"#)
         .arg(r#"{"hamiSwap":{"enabled":true,"removeStaleFolders":true}}"#)
         .output()
@@ -481,12 +481,18 @@ fn chart_renders_and_every_manifest_validates() {
     assert!(ds_reclaim.contains("/usr/lib/hami/hami-swap.sh"));
     assert!(ds_reclaim.contains("- watch\n"), "{ds_reclaim}");
     assert!(ds_reclaim.contains("- --interval=10\n"));
+    assert!(ds_reclaim.contains("- --check-ms=500\n"));
+    assert!(ds_reclaim.contains("- --device-plugin-without-lib\n"));
     assert!(ds_reclaim.contains("path: /usr/local/vgpu\n"));
     let ds_rollback =
         std::fs::read_to_string(out_dir.path().join("2-hami-agent_templates_daemonset.yaml"))
             .unwrap();
     assert!(ds_rollback.contains("- rollback\n"), "{ds_rollback}");
     assert!(ds_rollback.contains("- --hold\n"));
+    assert!(
+        !ds_rollback.contains("--check-ms"),
+        "watch's settings only: {ds_rollback}"
+    );
     assert!(ds_rollback.contains("path: /opt/hami/vgpu\n"));
     assert!(
         !ds_reclaim.contains("--pod-logs"),
@@ -630,8 +636,27 @@ fn real_helm_lints_strict_and_renders_the_hami_swap_option() {
     );
     assert!(y.contains("- name: hami-swap"), "{y}");
     assert!(y.contains("- watch\n") && y.contains("- --vgpu-dir=/host/vgpu\n"));
+    assert!(y.contains("- --check-ms=500\n"), "{y}");
+    assert!(
+        !y.contains("--device-plugin-without-lib"),
+        "HAMi's own image is the default: {y}"
+    );
     assert!(y.contains("path: /opt/hami/vgpu\n"));
     assert!(y.contains("- --allow-unhooked-namespace=gpu-raw\n"));
+    // Option B (HAMi's device plugin without its library; required on HAMi 2.4).
+    let out = render(&[
+        "hamiSwap.enabled=true",
+        "hamiSwap.devicePluginWithoutLib=true",
+        "hamiSwap.checkMs=200",
+    ]);
+    let yb = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(yb.contains("- --device-plugin-without-lib\n"), "{yb}");
+    assert!(yb.contains("- --check-ms=200\n"), "{yb}");
     let out = render(&[]);
     assert!(!String::from_utf8_lossy(&out.stdout).contains("hami-swap"));
     let out = render(&["hamiSwap.enabled=true", "hamiSwap.mode=sideways"]);
