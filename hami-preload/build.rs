@@ -28,7 +28,8 @@ mod hooked_rows;
 fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic");
-    glibc_floor::apply();
+    glibc_floor::apply(&["dl", "pthread"]);
+    wrap_libdl_and_libpthread();
     static_unwinder();
     hooked_rows::generate();
     load_and_exit_code_together();
@@ -36,6 +37,46 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=CC");
     println!("cargo:rerun-if-env-changed=RUSTC_LINKER");
+}
+
+/// The functions glibc before 2.34 kept in `libdl.so.2` and `libpthread.so.0` that the
+/// library (our code, std, the static unwinder) calls: every reference goes to
+/// `__wrap_<name>` (`src/glibc_compat.rs`), which finds the function at run time, so that the
+/// library does not name those two libraries (`DT_NEEDED`) and no exec loads them.
+const WRAPPED: &[&str] = &[
+    "dlopen",
+    "dlvsym",
+    "dladdr",
+    "pthread_key_create",
+    "__pthread_key_create",
+    "pthread_key_delete",
+    "pthread_setspecific",
+    "pthread_once",
+    "pthread_mutex_consistent",
+    "pthread_mutex_timedlock",
+    "pthread_mutex_trylock",
+    "pthread_mutexattr_init",
+    "pthread_mutexattr_destroy",
+    "pthread_mutexattr_setpshared",
+    "pthread_mutexattr_setrobust",
+];
+
+/// `--wrap=<name>` for each of [`WRAPPED`] (Linux GNU targets), and the list for the crate's
+/// check (`$OUT_DIR/glibc_wrapped.rs`).
+fn wrap_libdl_and_libpthread() {
+    let var = |k: &str| std::env::var(k).unwrap_or_default();
+    let out = PathBuf::from(var("OUT_DIR"));
+    let gnu = var("CARGO_CFG_TARGET_OS") == "linux" && var("CARGO_CFG_TARGET_ENV") == "gnu";
+    let names: &[&str] = if gnu { WRAPPED } else { &[] };
+    for n in names {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,--wrap={n}");
+    }
+    let list = format!(
+        "/// The names `build.rs` passes to `--wrap`.\n#[allow(dead_code)]\npub const WRAPPED_BY_LINK: &[&str] = &{names:?};\n"
+    );
+    if let Err(e) = std::fs::write(out.join("glibc_wrapped.rs"), list) {
+        panic!("writing {}: {e}", out.join("glibc_wrapped.rs").display());
+    }
 }
 
 /// Links `libgcc_eh.a` (whole: std's `-lgcc_s` comes first on the command line, and is then

@@ -16,8 +16,10 @@
 //! The stubs go to `$OUT_DIR/glibc-2.17/` with the link names `-lc`, `-ldl`, ... look for,
 //! and that directory is searched before the system's for the cdylib only. On glibc 2.34 and
 //! later `libdl.so.2` and `libpthread.so.0` are empty compatibility libraries; on older ones
-//! they hold `dlopen` and the `pthread_key` / mutex-attribute family, which is why the
-//! library names them (`DT_NEEDED`) as every program linked on such a glibc does.
+//! they hold `dlopen` and the `pthread_key` / mutex-attribute family. The preload does not
+//! name them (loading them would cost every exec): its build passes `dl` and `pthread` as
+//! `empty` and reaches those functions at run time (`src/glibc_compat.rs`); the fakes link
+//! them as every program linked on such a glibc does.
 //!
 //! The fake driver and fake NVML (`testing/fake-cuda`, `testing/fake-nvml`) include this file
 //! in their build scripts too, so that the preload's tests can run under an older glibc
@@ -42,7 +44,12 @@ const STUBS: &[(&str, &str)] = &[
 
 /// Makes the stubs and puts their directory on the cdylib's library path (see the module
 /// documentation). Only for `*-linux-gnu`; a missing zig is a build error naming the fix.
-pub fn apply() {
+///
+/// `empty`: link names (`"pthread"`, `"dl"`) that get an empty archive instead of their stub:
+/// the preload reaches those libraries' functions at run time (`src/glibc_compat.rs`) and
+/// must not name them; what glibc 2.17 also has in `libc.so.6` (the `pthread_mutex_lock`
+/// family) then binds there.
+pub fn apply(empty: &[&str]) {
     println!("cargo:rerun-if-env-changed=HAMI_ZIG");
     println!("cargo:rerun-if-env-changed=HAMI_GLIBC_FLOOR");
     let var = |k: &str| std::env::var(k).unwrap_or_default();
@@ -58,7 +65,7 @@ pub fn apply() {
     }
     let arch = var("CARGO_CFG_TARGET_ARCH");
     let out = PathBuf::from(var("OUT_DIR"));
-    if let Err(e) = make_stubs(&arch, &out) {
+    if let Err(e) = make_stubs(&arch, &out, empty) {
         panic!(
             "hami-preload links against glibc {FLOOR} stubs made by zig: {e}. Run `cargo xtask \
              setup` (it installs zig into .tools/zig), set HAMI_ZIG to a zig binary, or set \
@@ -88,7 +95,7 @@ fn zig() -> Result<PathBuf, String> {
     }
 }
 
-fn make_stubs(arch: &str, out: &Path) -> Result<(), String> {
+fn make_stubs(arch: &str, out: &Path, empty: &[&str]) -> Result<(), String> {
     let zig = zig()?;
     let (zig_arch, loader) = match arch {
         "x86_64" => ("x86_64", "ld-linux-x86-64.so.2"),
@@ -137,13 +144,18 @@ fn make_stubs(arch: &str, out: &Path) -> Result<(), String> {
     let nonshared = copy(&find("libc_nonshared.a")?, "libc_nonshared.a")?;
     let ld = copy(&find("libld.so.2")?, loader)?;
     for (link, stub) in STUBS {
-        copy(&find(stub)?, link)?;
+        let name = link.trim_start_matches("lib").trim_end_matches(".so");
+        if !empty.contains(&name) {
+            copy(&find(stub)?, link)?;
+        }
     }
     // `-lrt`: nothing. std links it for `clock_gettime` and `clock_nanosleep`, which glibc
     // 2.17 moved into `libc.so.6` (at `GLIBC_2.17`); librt's older copies would make
-    // `librt.so.1` one more library every exec loads.
-    std::fs::write(dir.join("librt.a"), "!<arch>\n")
-        .map_err(|e| format!("writing {}: {e}", dir.join("librt.a").display()))?;
+    // `librt.so.1` one more library every exec loads. Likewise the caller's `empty` ones.
+    for name in std::iter::once("rt").chain(empty.iter().copied()) {
+        let a = dir.join(format!("lib{name}.a"));
+        std::fs::write(&a, "!<arch>\n").map_err(|e| format!("writing {}: {e}", a.display()))?;
+    }
     // `-lc`: the stub, the static wrappers, and the loader (for `__tls_get_addr`) only where
     // used, as glibc's own `libc.so` script says.
     let script = format!(

@@ -17,7 +17,8 @@
 //! [`module_memory`] (module and library memory), [`lmem`] (context limits and local
 //! memory), [`backstop`] (what no hook saw), [`gate`] (the compute share), [`policy`] (views
 //! and estimates), [`proclist`] (NVML's process lists inside the container) with [`hostpid`]
-//! (this process's host pid), [`config`]. [`unwind`]: the panic guard's unwinder, linked in
+//! (this process's host pid), [`config`]. [`glibc_compat`]: what glibc before 2.34 kept in
+//! `libdl` and `libpthread`, found at run time. [`unwind`]: the panic guard's unwinder, linked in
 //! so that no exec pays for `libgcc_s` (`docs/preload.md`, "At load").
 //!
 //! The modules form layers, each using only those below it (no cycle):
@@ -39,6 +40,7 @@ pub mod ctx_devices;
 pub mod cuda;
 pub mod dlsym;
 pub mod gate;
+pub mod glibc_compat;
 pub mod hooks;
 pub mod hostpid;
 pub mod images;

@@ -39,7 +39,7 @@ struct Entry {
 mod glibc_floor;
 
 fn main() {
-    glibc_floor::apply();
+    glibc_floor::apply(&[]);
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libcuda.so.1");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-Bsymbolic-functions");
     println!("cargo:rerun-if-changed=build.rs");

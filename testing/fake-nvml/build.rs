@@ -5,7 +5,7 @@
 mod glibc_floor;
 
 fn main() {
-    glibc_floor::apply();
+    glibc_floor::apply(&[]);
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libnvidia-ml.so.1");
     println!("cargo:rerun-if-changed=build.rs");
 }
