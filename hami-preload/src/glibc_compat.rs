@@ -372,14 +372,13 @@ mod tests {
         // SAFETY: a valid key out-parameter, no destructor.
         assert_eq!(unsafe { wrappers::pthread_key_create(&mut key, None) }, 0);
         // SAFETY: the key just created.
-        assert_eq!(
-            unsafe { wrappers::pthread_setspecific(key, 7 as *const c_void) },
-            0
-        );
+        let set = unsafe { wrappers::pthread_setspecific(key, 7 as *const c_void) };
+        assert_eq!(set, 0);
         // SAFETY: read back through libc itself.
         assert_eq!(unsafe { libc::pthread_getspecific(key) } as usize, 7);
         // SAFETY: the key just created.
         assert_eq!(unsafe { wrappers::pthread_key_delete(key) }, 0);
+        // SAFETY: `Dl_info` is plain C data (pointers), valid when zeroed.
         let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
         let here = gnu_hash as *const c_void;
         // SAFETY: an address of this binary, a valid out-parameter.
