@@ -117,7 +117,12 @@ unsafe fn write_entry(array: *mut u8, k: usize, pid: u32, used: u64, name: &str)
 }
 
 /// A process-list slot: `which`'s processes with their names.
-fn slot_list(which: ProcessList, device: *mut c_void, count: *mut c_uint, array: *mut u8) -> NvmlReturn {
+fn slot_list(
+    which: ProcessList,
+    device: *mut c_void,
+    count: *mut c_uint,
+    array: *mut u8,
+) -> NvmlReturn {
     process_list(which, device, count, array.is_null(), |k, pid, used| {
         let name = fake_state::process_name(pid.wrapping_sub(crate::pid_shift()));
         // SAFETY: `array` holds at least *count (checked >= k + 1) entries (the slot's
@@ -126,15 +131,27 @@ fn slot_list(which: ProcessList, device: *mut c_void, count: *mut c_uint, array:
     })
 }
 
-unsafe extern "C" fn slot_compute(device: *mut c_void, count: *mut c_uint, array: *mut u8) -> NvmlReturn {
+unsafe extern "C" fn slot_compute(
+    device: *mut c_void,
+    count: *mut c_uint,
+    array: *mut u8,
+) -> NvmlReturn {
     slot_list(ProcessList::Compute, device, count, array)
 }
 
-unsafe extern "C" fn slot_graphics(device: *mut c_void, count: *mut c_uint, array: *mut u8) -> NvmlReturn {
+unsafe extern "C" fn slot_graphics(
+    device: *mut c_void,
+    count: *mut c_uint,
+    array: *mut u8,
+) -> NvmlReturn {
     slot_list(ProcessList::Graphics, device, count, array)
 }
 
-unsafe extern "C" fn slot_mps(device: *mut c_void, count: *mut c_uint, array: *mut u8) -> NvmlReturn {
+unsafe extern "C" fn slot_mps(
+    device: *mut c_void,
+    count: *mut c_uint,
+    array: *mut u8,
+) -> NvmlReturn {
     slot_list(ProcessList::Mps, device, count, array)
 }
 
