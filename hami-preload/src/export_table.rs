@@ -100,7 +100,7 @@ impl std::fmt::Display for PassThrough {
 
 /// Whether the size word `size` can be the table's (see [`PassThrough::Size`]).
 pub fn size_ok(size: u64) -> bool {
-    size % 8 == 0 && (MIN_TABLE_BYTES..=MAX_TABLE_BYTES).contains(&size)
+    size.is_multiple_of(8) && (MIN_TABLE_BYTES..=MAX_TABLE_BYTES).contains(&size)
 }
 
 /// The branch (major version) of a driver version string (`"580.159.04"` → 580).
@@ -293,7 +293,7 @@ mod tests {
         assert!(!size_ok(0x1004), "not a multiple of 8");
         assert!(!size_ok(64 * 1024 + 8));
         assert!(!size_ok(0));
-        assert!(!size_ok(u64::MAX & !7));
+        assert!(!size_ok(!7));
     }
 
     #[test]

@@ -177,7 +177,7 @@ fn decide(table: usize) -> Result<Wrapped, PassThrough> {
     }
     xt::branch_known(&driver_version().ok_or(PassThrough::NoDriverVersion)?)?;
     let maps = std::fs::read_to_string("/proc/self/maps").map_err(|_| PassThrough::Unreadable)?;
-    if table % 8 != 0 || !xt::range_readable(&maps, table, 8) {
+    if !table.is_multiple_of(8) || !xt::range_readable(&maps, table, 8) {
         return Err(PassThrough::Unreadable);
     }
     // SAFETY: 8 readable, aligned bytes (checked above): the size word.
