@@ -356,6 +356,9 @@ pub const INTERCEPTS: &[Intercept] = &[
     nvml_hook("nvmlDeviceGetMPSComputeRunningProcesses_v2"),
     nvml_hook("nvmlDeviceGetMPSComputeRunningProcesses_v3"),
     nvml_hook("nvmlDeviceGetRunningProcessDetailList"),
+    // NVML's private export table, through which nvidia-smi 580 reads its process table
+    // (issue 28): its process-list slots narrowed like the lists above.
+    nvml_hook("nvmlInternalGetExportTable"),
 ];
 
 /// `a == b`, usable in constants.
@@ -724,7 +727,7 @@ mod tests {
         // Probed only.
         assert!(!is_hooked(Library::Cuda, b"cuCtxSetCurrent"));
         assert!(!is_hooked(Library::Cuda, b"cuMemAlloc"));
-        assert_eq!(hooked_count(Library::Nvml), 12);
+        assert_eq!(hooked_count(Library::Nvml), 13);
         assert_eq!(
             hooked_count(Library::Cuda) + hooked_count(Library::Nvml),
             INTERCEPTS.iter().filter(|r| r.hooked).count()

@@ -320,6 +320,8 @@ pub type FnNvmlProcsV2 =
 pub type FnNvmlGetCount = unsafe extern "C" fn(*mut c_uint) -> nvmlReturn_t;
 /// `nvmlDeviceGetHandleByIndex_v2`.
 pub type FnNvmlHandleByIndex = unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
+/// `nvmlSystemGetDriverVersion`.
+pub type FnNvmlDriverVersion = unsafe extern "C" fn(*mut c_char, c_uint) -> nvmlReturn_t;
 
 /// Parses an NVML UUID string (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`) into its 16 bytes.
 /// Any prefix before the first hex group (e.g. `GPU-`) is accepted only if it is `GPU-`.

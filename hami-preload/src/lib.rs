@@ -28,7 +28,7 @@
 //! * the tables they hold ([`accounting`], [`context`], [`pool_reservations`],
 //!   [`module_memory`], [`lmem`], [`backstop`], [`gate`], [`hostpid`]) and the plain helpers
 //!   ([`ctx_devices`], `keymap`, [`spin`], [`policy`], [`proclist`], [`images`], [`config`],
-//!   [`log`], [`refusals`]);
+//!   [`log`], [`refusals`], [`export_table`]);
 //! * [`shim`], [`symbols`] (the real functions, by name) over [`real`], and [`cuda`] (the
 //!   driver's types).
 
@@ -39,6 +39,7 @@ pub mod context;
 pub mod ctx_devices;
 pub mod cuda;
 pub mod dlsym;
+pub mod export_table;
 pub mod gate;
 pub mod glibc_compat;
 pub mod hooks;

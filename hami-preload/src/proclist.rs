@@ -75,9 +75,44 @@ pub fn container_view(
     members: &[Member],
     pids_are_host: bool,
 ) -> Vec<ProcEntry> {
-    let mut out: Vec<ProcEntry> = Vec::new();
+    let kept = kept_entries(driver, members, pids_are_host);
+    let mut out: Vec<ProcEntry> = kept.entries.iter().map(|&(_, e)| e).collect();
+    if kind == ListKind::Compute {
+        for (i, m) in members.iter().enumerate() {
+            if !kept.matched[i] && m.host_pid.is_none() && m.alive && m.used > 0 {
+                out.push(ProcEntry {
+                    pid: m.pid,
+                    used: m.used,
+                    gpu_instance: NO_INSTANCE,
+                    compute_instance: NO_INSTANCE,
+                    cc_protected: 0,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The driver's entries that are the container's ([`kept_entries`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kept {
+    /// `(index in the driver's list, the entry as the container sees it)`, in the driver's
+    /// order.
+    pub entries: Vec<(usize, ProcEntry)>,
+    /// Per member: whether some driver entry is its.
+    pub matched: Vec<bool>,
+}
+
+/// The membership rule every view of a driver list shares (the public lists through
+/// [`container_view`], NVML's export table through `crate::export_table`): an entry whose
+/// host pid is a member's (`host_pid`, or its `pid` when `pids_are_host`) is kept, with the
+/// member's pid and its usage from the region (on the first entry of a process the driver
+/// lists more than once, [`NVML_VALUE_NOT_AVAILABLE`] on the others); the instance ids and
+/// the protected memory stay the driver's. Every other entry is left out.
+pub fn kept_entries(driver: &[ProcEntry], members: &[Member], pids_are_host: bool) -> Kept {
+    let mut entries = Vec::new();
     let mut matched = vec![false; members.len()];
-    for e in driver {
+    for (k, e) in driver.iter().enumerate() {
         let found = members.iter().position(|m| match m.host_pid {
             Some(h) => h == e.pid,
             None => pids_are_host && m.pid == e.pid,
@@ -90,26 +125,16 @@ pub fn container_view(
             m.used
         };
         matched[i] = true;
-        out.push(ProcEntry {
-            pid: m.pid,
-            used,
-            ..*e
-        });
+        entries.push((
+            k,
+            ProcEntry {
+                pid: m.pid,
+                used,
+                ..*e
+            },
+        ));
     }
-    if kind == ListKind::Compute {
-        for (i, m) in members.iter().enumerate() {
-            if !matched[i] && m.host_pid.is_none() && m.alive && m.used > 0 {
-                out.push(ProcEntry {
-                    pid: m.pid,
-                    used: m.used,
-                    gpu_instance: NO_INSTANCE,
-                    compute_instance: NO_INSTANCE,
-                    cc_protected: 0,
-                });
-            }
-        }
-    }
-    out
+    Kept { entries, matched }
 }
 
 /// What a process-list call answers for `n` entries, given the caller's `*infoCount`

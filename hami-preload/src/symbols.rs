@@ -130,6 +130,7 @@ nvml_hooked! {
             nvmlDeviceGetHandleByUUID,
             nvmlDeviceGetCount_v2,
             nvmlDeviceGetHandleByIndex_v2,
+            nvmlSystemGetDriverVersion,
         }
     }
 }

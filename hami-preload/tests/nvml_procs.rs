@@ -332,3 +332,269 @@ fn in_a_pid_namespace_the_lists_show_the_containers_pids_and_none_of_anothers() 
     assert_eq!(host, want, "{text}");
     b1.kill();
 }
+
+// ------------------------------------------------ nvidia-smi's way: NVML's export table
+
+/// The export table's process-list slots (nvidia-smi 580).
+const SLOTS: [&str; 3] = ["213", "214", "215"];
+
+/// Another id the fake also serves its table under in some tests (not the preload's).
+const ALIAS_ID: &str = "00112233445566778899aabbccddeeff";
+
+/// What `nvmlprobe --export` printed.
+struct Export(Probe);
+
+impl Export {
+    /// Runs `nvmlprobe --index 0 --export ID` under `env` (with its preload if `preload`),
+    /// every list on, with the extra variables `vars`.
+    fn run(env: &Env, preload: bool, id: &str, vars: &[(&str, &str)]) -> Export {
+        let mut c = env.command(&Artifacts::get().nvmlprobe, preload);
+        c.env(ALL_LISTS.0, ALL_LISTS.1)
+            .args(["--index", "0", "--export", id]);
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        let p = Probe::from(c.output().expect("run nvmlprobe"));
+        assert!(p.ok(), "{}", p.dump());
+        Export(p)
+    }
+
+    fn line(&self, head: &str, slot: Option<&str>) -> &std::collections::BTreeMap<String, String> {
+        self.0
+            .lines
+            .iter()
+            .find(|(h, f)| {
+                h == head && slot.is_none_or(|s| f.get("slot").map(String::as_str) == Some(s))
+            })
+            .map(|(_, f)| f)
+            .unwrap_or_else(|| panic!("no {head} line (slot {slot:?}): {}", self.0.dump()))
+    }
+
+    /// The `export` line's field `key`.
+    fn table(&self, key: &str) -> &str {
+        &self.line("export", None)[key]
+    }
+
+    /// `(pid, used, name)` of every entry slot `slot` returned.
+    fn procs(&self, slot: &str) -> BTreeSet<(u32, u64, String)> {
+        let l = self.line("xlist", Some(slot));
+        assert_eq!(l["rc"], "0", "slot {slot}: {}", self.0.dump());
+        let v: BTreeSet<(u32, u64, String)> = self
+            .0
+            .lines
+            .iter()
+            .filter(|(h, f)| h == "xproc" && f["slot"] == slot)
+            .map(|(_, f)| {
+                (
+                    f["pid"].parse().unwrap(),
+                    f["used"].parse().unwrap(),
+                    f["name"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            l["count"],
+            v.len().to_string(),
+            "slot {slot}: {}",
+            self.0.dump()
+        );
+        v
+    }
+
+    /// `(pid, used)` of slot `slot`'s entries.
+    fn usage(&self, slot: &str) -> BTreeSet<(u32, u64)> {
+        self.procs(slot)
+            .into_iter()
+            .map(|(p, u, _)| (p, u))
+            .collect()
+    }
+
+    /// The name slot `slot` gave `pid`.
+    fn name(&self, slot: &str, pid: u32) -> String {
+        self.procs(slot)
+            .into_iter()
+            .find(|(p, _, _)| *p == pid)
+            .map(|(_, _, n)| n)
+            .unwrap_or_else(|| panic!("no entry for {pid} in slot {slot}: {}", self.0.dump()))
+    }
+
+    /// The object the slot's function lies in.
+    fn slot_object(&self, slot: &str) -> &str {
+        &self.line("xlist", Some(slot))["slot_obj"]
+    }
+
+    /// How many stderr lines contain `text`.
+    fn logged(&self, text: &str) -> usize {
+        self.0.stderr().lines().filter(|l| l.contains(text)).count()
+    }
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+/// nvidia-smi 580 reads its process table through slots 213-215 of the export table, not the
+/// public lists: under container A's preload those slots list A's processes only, with
+/// their names, pids as A sees them and A's region usage; under B's, B's.
+#[test]
+fn nvidia_smis_export_table_shows_only_the_containers_processes_with_their_names() {
+    let (a, b) = containers();
+    let a1 = holder(&a, "256M");
+    let a2 = holder(&a, "512M");
+    let b1 = holder(&b, "768M");
+    let ctx = 300 * MB;
+    let nvml = file_name(&Artifacts::get().fake_libnvml);
+    let preload = file_name(&Artifacts::get().preload_so);
+
+    // Without the preload: the driver's table, every process with the driver's figure.
+    let plain = Export::run(&a, false, "nvsmi", &[]);
+    assert_eq!(plain.table("rc"), "0", "{}", plain.0.dump());
+    assert_eq!(plain.table("table_obj"), nvml, "{}", plain.0.dump());
+    for s in SLOTS {
+        assert_eq!(
+            plain.usage(s),
+            BTreeSet::from([
+                (a1.pid, 256 * MB + ctx),
+                (a2.pid, 512 * MB + ctx),
+                (b1.pid, 768 * MB + ctx)
+            ]),
+            "slot {s}: {}",
+            plain.0.dump()
+        );
+        assert_eq!(plain.slot_object(s), nvml);
+        for p in [a1.pid, a2.pid, b1.pid] {
+            assert_ne!(plain.name(s, p), "-", "{}", plain.0.dump());
+        }
+    }
+
+    // Under A's preload: our copy of the table (the same one each time), whose process
+    // slots are ours and list A's two processes, each with the driver's name.
+    let in_a = Export::run(&a, true, "nvsmi", &[]);
+    assert_eq!(in_a.table("rc"), "0", "{}", in_a.0.dump());
+    assert_eq!(in_a.table("table_obj"), "none", "{}", in_a.0.dump());
+    assert_eq!(in_a.table("again_same"), "1", "{}", in_a.0.dump());
+    assert_eq!(in_a.table("size"), plain.table("size"));
+    for s in SLOTS {
+        assert_eq!(in_a.slot_object(s), preload, "{}", in_a.0.dump());
+        assert_eq!(
+            in_a.usage(s),
+            BTreeSet::from([(a1.pid, 256 * MB), (a2.pid, 512 * MB)]),
+            "slot {s}: {}",
+            in_a.0.dump()
+        );
+        for p in [a1.pid, a2.pid] {
+            assert_eq!(in_a.name(s, p), plain.name(s, p), "slot {s}");
+        }
+    }
+    // Under B's: B's one.
+    let in_b = Export::run(&b, true, "nvsmi", &[]);
+    for s in SLOTS {
+        assert_eq!(
+            in_b.usage(s),
+            BTreeSet::from([(b1.pid, 768 * MB)]),
+            "slot {s}: {}",
+            in_b.0.dump()
+        );
+        assert_eq!(in_b.name(s, b1.pid), plain.name(s, b1.pid));
+    }
+    // A container without a quota: the slots answer as the driver does.
+    let free = Env::new().set(
+        "FAKE_CUDA_STATE",
+        a.dir().join("fake-cuda.state").to_str().unwrap(),
+    );
+    let open = Export::run(&free, true, "nvsmi", &[]);
+    for s in SLOTS {
+        assert_eq!(open.procs(s), plain.procs(s), "slot {s}: {}", open.0.dump());
+    }
+    for p in [a1, a2, b1] {
+        p.kill();
+    }
+}
+
+/// Every table the preload does not know how to read is the driver's, untouched: another
+/// id (served by the driver or not), a driver branch whose layout is unknown, a size word
+/// that cannot hold the process slots. Each reason is logged once (the probe asks twice).
+#[test]
+fn tables_the_preload_does_not_know_pass_through_untouched() {
+    let (a, b) = containers();
+    let a1 = holder(&a, "256M");
+    let b1 = holder(&b, "768M");
+    let nvml = file_name(&Artifacts::get().fake_libnvml);
+    let all = BTreeSet::from([a1.pid, b1.pid]);
+    let pids =
+        |e: &Export, s: &str| -> BTreeSet<u32> { e.usage(s).into_iter().map(|(p, _)| p).collect() };
+
+    // Another id the driver serves: its table as is, the driver's slots.
+    let alias = [("FAKE_NVML_EXPORT_ALIAS", ALIAS_ID)];
+    let other = Export::run(&a, true, ALIAS_ID, &alias);
+    assert_eq!(other.table("rc"), "0", "{}", other.0.dump());
+    assert_eq!(other.table("table_obj"), nvml, "{}", other.0.dump());
+    assert_eq!(other.table("again_same"), "1");
+    for s in SLOTS {
+        assert_eq!(other.slot_object(s), nvml);
+        assert_eq!(pids(&other, s), all, "slot {s}: {}", other.0.dump());
+    }
+    // ... while nvidia-smi's id in the same process is wrapped (the alias changes nothing).
+    let same = Export::run(&a, true, "nvsmi", &alias);
+    assert_eq!(same.table("table_obj"), "none", "{}", same.0.dump());
+    // An id the driver does not serve: the driver's error.
+    let none = Export::run(&a, true, "ffeeddccbbaa99887766554433221100", &[]);
+    assert_eq!(none.table("rc"), "3", "{}", none.0.dump());
+
+    // A driver of another branch: the layout is not known.
+    let branch = Export::run(
+        &a,
+        true,
+        "nvsmi",
+        &[("FAKE_NVML_DRIVER_VERSION", "575.57.08")],
+    );
+    assert_eq!(branch.table("table_obj"), nvml, "{}", branch.0.dump());
+    for s in SLOTS {
+        assert_eq!(branch.slot_object(s), nvml);
+        assert_eq!(pids(&branch, s), all, "slot {s}: {}", branch.0.dump());
+    }
+    assert_eq!(
+        branch.logged("575.57.08 is not of a branch"),
+        1,
+        "{}",
+        branch.0.dump()
+    );
+
+    // A size word too small to hold slot 215, and one far too large.
+    for size in ["1024", "1048576"] {
+        let e = Export::run(&a, true, "nvsmi", &[("FAKE_NVML_EXPORT_SIZE", size)]);
+        assert_eq!(e.table("table_obj"), nvml, "{}", e.0.dump());
+        assert_eq!(e.table("size"), size);
+        assert_eq!(e.logged(&format!("size word {size}")), 1, "{}", e.0.dump());
+    }
+    a1.kill();
+    b1.kill();
+}
+
+/// A slot answer the preload does not understand (here a name without its NUL) is left as
+/// the driver wrote it, and the preload says so once.
+#[test]
+fn a_corrupt_answer_is_left_as_the_driver_gave_it() {
+    let (a, b) = containers();
+    let a1 = holder(&a, "256M");
+    let b1 = holder(&b, "768M");
+    let corrupt = [("FAKE_NVML_EXPORT_NAMES", "unterminated")];
+    let plain = Export::run(&a, false, "nvsmi", &corrupt);
+    let in_a = Export::run(&a, true, "nvsmi", &corrupt);
+    // The table is wrapped ...
+    assert_eq!(in_a.table("table_obj"), "none", "{}", in_a.0.dump());
+    for s in SLOTS {
+        assert_eq!(in_a.slot_object(s), file_name(&Artifacts::get().preload_so));
+        // ... but each answer is the driver's, B's process included.
+        assert_eq!(in_a.procs(s), plain.procs(s), "slot {s}: {}", in_a.0.dump());
+        assert_eq!(in_a.procs(s).len(), 2);
+    }
+    assert_eq!(
+        in_a.logged("name is not NUL-terminated"),
+        1,
+        "{}",
+        in_a.0.dump()
+    );
+    a1.kill();
+    b1.kill();
+}

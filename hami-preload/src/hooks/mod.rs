@@ -16,6 +16,7 @@
 //! * [`context`] — context creation and destruction (and the host pid found around it);
 //! * [`views`] — memory queries answered with the quota;
 //! * [`nvml_procs`] — NVML's process lists narrowed to the container's processes;
+//! * [`nvml_export`] — NVML's export table, whose process-list slots nvidia-smi reads, likewise;
 //! * [`vmm`] — mapping, unmapping and retaining `cuMemCreate` handles;
 //! * [`procaddr`] — `cuGetProcAddress(_v2)`;
 //! * [`table`] — our hooks' addresses, generated from the hooked rows of the intercept table.
@@ -26,6 +27,7 @@ pub mod context;
 pub mod launch;
 pub mod limits;
 pub mod modules;
+pub mod nvml_export;
 pub mod nvml_procs;
 pub mod pools;
 pub mod procaddr;
@@ -38,6 +40,7 @@ pub use context::*;
 pub use launch::*;
 pub use limits::*;
 pub use modules::*;
+pub use nvml_export::*;
 pub use nvml_procs::*;
 pub use pools::*;
 pub use procaddr::*;

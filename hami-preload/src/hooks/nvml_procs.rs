@@ -171,7 +171,7 @@ pub(crate) fn driver_host_pids(device: nvmlDevice_t) -> Option<Vec<u32>> {
 
 /// The container's processes on `device` and whether slot pids are host pids; `None` (pass
 /// through) for a device the preload does not know or without a quota, or without a region.
-fn container_of(device: nvmlDevice_t) -> Option<(Vec<Member>, bool)> {
+pub(crate) fn container_of(device: nvmlDevice_t) -> Option<(Vec<Member>, bool)> {
     let dev = nvml_ordinal(device)?;
     if dev >= MAX_DEVICES {
         return None;

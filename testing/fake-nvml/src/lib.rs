@@ -18,19 +18,31 @@ use std::sync::OnceLock;
 
 use fake_state::Shared;
 
+mod export_table;
 mod utilization;
+pub use export_table::*;
 pub use utilization::*;
 
 type NvmlReturn = c_int;
 const NVML_SUCCESS: NvmlReturn = 0;
 const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
 const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
 const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
-/// Driver version string reported by `nvmlSystemGetDriverVersion`.
+/// Driver version string reported by `nvmlSystemGetDriverVersion` unless
+/// `FAKE_NVML_DRIVER_VERSION` names another (a test asking for a branch whose export-table
+/// layout is unknown).
 const DRIVER_VERSION: &str = "580.159.04";
+
+fn driver_version() -> &'static str {
+    static V: OnceLock<String> = OnceLock::new();
+    V.get_or_init(|| {
+        std::env::var("FAKE_NVML_DRIVER_VERSION").unwrap_or_else(|_| DRIVER_VERSION.to_string())
+    })
+}
 
 /// `nvmlMemory_t`.
 #[repr(C)]
@@ -189,7 +201,7 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
 ) -> NvmlReturn {
     run(|| {
         shared()?;
-        copy_str(version, length, DRIVER_VERSION)
+        copy_str(version, length, driver_version())
     })
 }
 
@@ -213,7 +225,7 @@ pub unsafe extern "C" fn nvmlDeviceGetCount(count: *mut c_uint) -> NvmlReturn {
     device_count(count)
 }
 
-fn handle_by_index(index: c_uint, device: *mut *mut c_void) -> NvmlReturn {
+pub(crate) fn handle_by_index(index: c_uint, device: *mut *mut c_void) -> NvmlReturn {
     run(|| {
         let sh = shared()?;
         nonnull(device)?;
@@ -347,13 +359,22 @@ fn hide_processes() -> bool {
     *V.get_or_init(|| std::env::var("FAKE_NVML_HIDE_PROCESSES").is_ok_and(|v| v == "1"))
 }
 
+/// What the lists add to every pid ([`HIDDEN_PID_OFFSET`] under `FAKE_NVML_HIDE_PROCESSES=1`).
+fn pid_shift() -> u32 {
+    if hide_processes() {
+        HIDDEN_PID_OFFSET
+    } else {
+        0
+    }
+}
+
 /// Which process lists report the device's processes: `FAKE_NVML_PROCESS_LISTS`, a comma
 /// list of `compute`, `graphics`, `mps` (default `compute`). The fake has no graphics
 /// contexts and no MPS server: naming `graphics` models processes that also hold a graphics
 /// context (nvidia-smi's type `C+G`), `mps` processes that are MPS clients; a list not named
 /// is empty.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum ProcessList {
+pub(crate) enum ProcessList {
     Compute,
     Graphics,
     Mps,
@@ -375,10 +396,11 @@ fn lists_processes(list: ProcessList) -> bool {
     }
 }
 
-/// Shared body of the `Get*RunningProcesses` families; `write(k, pid, used)` fills entry k.
+/// Shared body of the `Get*RunningProcesses` families (and of the export table's process
+/// lists); `write(k, pid, used)` fills entry k.
 /// Pids are the host's ([`fake_state::host_pid`] of each process, as the real driver reports
 /// them whatever pid namespace the caller is in).
-fn running_processes(
+pub(crate) fn process_list(
     which: ProcessList,
     device: *mut c_void,
     count: *mut c_uint,
@@ -393,10 +415,8 @@ fn running_processes(
         } else {
             Vec::new()
         };
-        if hide_processes() {
-            for (pid, _) in &mut list {
-                *pid = pid.wrapping_add(HIDDEN_PID_OFFSET);
-            }
+        for (pid, _) in &mut list {
+            *pid = pid.wrapping_add(pid_shift());
         }
         // SAFETY: checked non-NULL; C contract.
         let cap = unsafe { count.read() } as usize;
@@ -430,7 +450,7 @@ fn processes_v1(
     count: *mut c_uint,
     infos: *mut ProcessInfoV1,
 ) -> NvmlReturn {
-    running_processes(which, device, count, infos.is_null(), |k, pid, used| {
+    process_list(which, device, count, infos.is_null(), |k, pid, used| {
         // SAFETY: `infos` holds at least *count (checked >= k + 1) entries (C contract).
         unsafe {
             infos.add(k).write(ProcessInfoV1 {
@@ -447,7 +467,7 @@ fn processes_v2(
     count: *mut c_uint,
     infos: *mut ProcessInfoV2,
 ) -> NvmlReturn {
-    running_processes(which, device, count, infos.is_null(), |k, pid, used| {
+    process_list(which, device, count, infos.is_null(), |k, pid, used| {
         // SAFETY: `infos` holds at least *count (checked >= k + 1) entries (C contract).
         unsafe {
             infos.add(k).write(ProcessInfoV2 {
@@ -578,7 +598,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
         _ => return NVML_ERROR_INVALID_ARGUMENT,
     };
     let infos = l.proc_array;
-    running_processes(
+    process_list(
         which,
         device,
         &mut l.num_proc_array_entries,

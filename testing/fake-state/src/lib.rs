@@ -621,6 +621,19 @@ pub fn host_pid() -> u32 {
         .unwrap_or(own)
 }
 
+/// The name NVML gives host pid `pid`: the path of its executable (`<host proc>/<pid>/exe`,
+/// see [`host_pid`]), else its `comm`, else empty (the real driver's name field of a process
+/// it cannot name).
+pub fn process_name(pid: u32) -> String {
+    let dir = host_proc().unwrap_or_else(|| "/proc".into());
+    if let Ok(l) = std::fs::read_link(dir.join(format!("{pid}/exe"))) {
+        return l.to_string_lossy().into_owned();
+    }
+    std::fs::read_to_string(dir.join(format!("{pid}/comm")))
+        .map(|s| s.trim_end().to_string())
+        .unwrap_or_default()
+}
+
 /// `(state, start_time)` of a process from `/proc/<pid>/stat` (the host's `/proc`, see
 /// [`host_pid`]).
 fn proc_stat(pid: u32) -> Option<(u8, u64)> {
