@@ -39,6 +39,7 @@ pub mod ctx_devices;
 pub mod cuda;
 pub mod dlsym;
 pub mod gate;
+pub mod graph_memory;
 pub mod hooks;
 pub mod hostpid;
 pub mod images;

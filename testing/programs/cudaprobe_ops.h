@@ -153,7 +153,9 @@ static void usage(void) {
        "  bench-launch N [IDX] | launchcoop [IDX]\n"
        "  kernel | launch-ns NS [COUNT] | launch-cost N | coop-ns NS [COUNT] | launch-for SECONDS NS | streamquery\n"
        "  evcreate [FLAGS] | evrecord [IDX] | evquery [IDX] | evsync [IDX] | elapsed IDX IDX | evdestroy IDX\n"
-       "  graph-capture NS COUNT | graph-launch N [IDX] | graphdestroy IDX | streamsync-t | ctxsync-t\n"
+       "  graph-capture NS COUNT | graph-launch N [IDX] | graphdestroy IDX\n"
+       "  gmem-alloc SIZE | gmem-free | gmem-inst [FLAGS] | gmem-inst-upload | gmem-upload [IDX] | gmem-memfree\n"
+       "  gmem-attr | gmem-trim | streamsync-t | ctxsync-t\n"
        "  rq (this thread's runqueue wait so far, rq_ns=) | sleep SECONDS | wait | exit CODE");
 }
 

@@ -7,6 +7,7 @@
 
 mod clock;
 mod context;
+pub mod graphs;
 pub mod limits;
 mod memory;
 mod modules;
@@ -285,6 +286,8 @@ pub struct Inner {
     pub capturing: std::collections::HashSet<u64>,
     /// Simulated device time: stream tails, events, graphs (`clock.rs`).
     pub clock: clock::Timeline,
+    /// Graph nodes, executable graphs' memory nodes and the graph pools (`graphs.rs`).
+    pub gmem: graphs::GraphMem,
     next_handle: u64,
     next_va: u64,
 }
@@ -320,6 +323,7 @@ static INNER: LazyLock<Mutex<Inner>> = LazyLock::new(|| {
         modules: HashMap::new(),
         lib_resident: HashMap::new(),
         clock: clock::Timeline::default(),
+        gmem: graphs::GraphMem::default(),
         next_handle: 0x5000_0000,
         next_va: 0,
     })
