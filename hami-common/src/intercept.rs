@@ -353,6 +353,9 @@ pub const INTERCEPTS: &[Intercept] = &[
     hook("cuGraphUpload_ptsz"),
     hook("cuGraphExecDestroy"),
     hook("cuDeviceGraphMemTrim"),
+    // Green contexts: admitted and charged as context memory (hami-preload/src/green.rs).
+    hook("cuGreenCtxCreate"),
+    hook("cuGreenCtxDestroy"),
     nvml_hook("nvmlDeviceGetMemoryInfo"),
     nvml_hook("nvmlDeviceGetMemoryInfo_v2"),
     // NVML's process lists: the container's own processes (issue 20).

@@ -40,6 +40,7 @@ pub mod cuda;
 pub mod dlsym;
 pub mod gate;
 pub mod graph_memory;
+pub mod green;
 pub mod hooks;
 pub mod hostpid;
 pub mod images;

@@ -814,3 +814,63 @@ fn graph_upload_over_the_quota_is_refused_issue_31() {
         p.dump()
     );
 }
+
+// ---- issue 31: green contexts admitted and charged ----
+
+/// Issue 31: green contexts took about 5 MiB each on the H200 and were charged to no one.
+/// Each is now admitted before the driver creates it and charged what it measures (context
+/// memory), given back at `cuGreenCtxDestroy`; in a full container the creation is refused
+/// with `CUDA_ERROR_OUT_OF_MEMORY` and the driver stays within the quota.
+#[test]
+fn green_contexts_are_admitted_and_charged_issue_31() {
+    let env = graph_env();
+    let mut ops = vec!["init", "ctx"];
+    ops.extend(std::iter::repeat_n("greenctx", 8));
+    let mut p = env.spawn_probe(&[ops.as_slice(), &["wait"]].concat());
+    p.wait_for("wait");
+    let charged: u64 = env
+        .region()
+        .snapshot()
+        .slots
+        .iter()
+        .map(|s| s.usage[0][hami_common::layout::UsageKind::Context.index()])
+        .sum();
+    p.resume();
+    let out = p.finish();
+    assert!(
+        out.find("greenctx").iter().all(|o| o.rc() == Some(0)),
+        "{}",
+        out.dump()
+    );
+    assert_eq!(
+        charged,
+        8 * 5 * MB,
+        "8 green contexts of 5 MiB: {}",
+        out.dump()
+    );
+
+    // A full container: refused before the driver, which stays within the quota.
+    let env = graph_env();
+    let p = run_graph_ops(
+        &env,
+        &[
+            "init",
+            "ctx",
+            "alloc",
+            "1020M",
+            "greenctx",
+            "free",
+            "last",
+            "greenctx",
+            "greenctxdestroy",
+            "last",
+            "alloc",
+            "1020M",
+        ],
+    );
+    let g = p.find("greenctx");
+    assert_eq!(g[0].rc(), Some(GOOM), "{}", p.dump());
+    assert_eq!(g[1].rc(), Some(0), "room again: {}", p.dump());
+    assert_eq!(p.last("greenctxdestroy").rc(), Some(0), "{}", p.dump());
+    assert_eq!(p.last("alloc").rc(), Some(0), "given back: {}", p.dump());
+}

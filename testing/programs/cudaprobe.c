@@ -343,6 +343,25 @@ int main(int argc, char **argv) {
       rc = 0; double t0 = now_ns();
       for (long k = 0; !rc && k < n; k++) rc = cu.GraphLaunch(recs[i].obj, stream);
       printf(" idx=%ld host_ns=%.0f", i, now_ns() - t0); end(rc);
+    } else if (!strcmp(op, "greenctx") || !strcmp(op, "greenctxdestroy")) {
+      /* greenctx: the device's SM resource, a descriptor of it, a green context
+         (CU_GREEN_CTX_DEFAULT_STREAM): idx=; greenctxdestroy IDX. */
+      printf("op=%s", op);
+      if (!cu.GreenCtxCreate || !cu.GreenCtxDestroy || !cu.DeviceGetDevResource || !cu.DevResourceGenerateDesc) {
+        printf(" error=missing-function\n"); fflush(stdout); continue;
+      }
+      if (op[8]) {
+        NEED(1); long i = pick(argv[++a], 1u << K_GREEN);
+        if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+        printf(" idx=%ld", i); end(free_rec((size_t)i)); continue;
+      }
+      unsigned char res[512]; memset(res, 0, sizeof res);
+      void *desc = NULL, *g = NULL;
+      rc = cu.DeviceGetDevResource(device, res, 1 /* CU_DEV_RESOURCE_TYPE_SM */);
+      if (!rc) rc = cu.DevResourceGenerateDesc(&desc, res, 1);
+      if (!rc) rc = cu.GreenCtxCreate(&g, desc, device, 1 /* CU_GREEN_CTX_DEFAULT_STREAM */);
+      if (!rc) printf(" idx=%zu green=%p", add_rec((rec_t){.kind = K_GREEN, .obj = g}), g);
+      end(rc);
     } else if (!strncmp(op, "gmem-", 5)) {
       /* Graph memory nodes: gmem-alloc SIZE (a graph being built, created at its first node;
          an allocation node of SIZE on the current device: dptr=), gmem-free (a free node of the

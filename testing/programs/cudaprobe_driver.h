@@ -138,6 +138,11 @@ WEAK CUresult cuGraphUpload(void *, CUstream);
 WEAK CUresult cuGraphInstantiateWithParams(void **, void *, CUDA_GRAPH_INSTANTIATE_PARAMS *);
 WEAK CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
 WEAK CUresult cuDeviceGraphMemTrim(CUdevice);
+/* Green contexts (greenctx ops); CUdevResource is handled as opaque bytes. */
+WEAK CUresult cuDeviceGetDevResource(CUdevice, void *, int);
+WEAK CUresult cuDevResourceGenerateDesc(void **, void *, unsigned int);
+WEAK CUresult cuGreenCtxCreate(void **, void *, CUdevice, unsigned int);
+WEAK CUresult cuGreenCtxDestroy(void *);
 
 /* The function table every operation goes through. */
 static struct {
@@ -232,6 +237,10 @@ static struct {
   CUresult (*GraphInstantiateWithParams)(void **, void *, CUDA_GRAPH_INSTANTIATE_PARAMS *);
   CUresult (*DeviceGetGraphMemAttribute)(CUdevice, int, void *);
   CUresult (*DeviceGraphMemTrim)(CUdevice);
+  CUresult (*DeviceGetDevResource)(CUdevice, void *, int);
+  CUresult (*DevResourceGenerateDesc)(void **, void *, unsigned int);
+  CUresult (*GreenCtxCreate)(void **, void *, CUdevice, unsigned int);
+  CUresult (*GreenCtxDestroy)(void *);
 } cu;
 
 enum { CTX_V2 = 2, CTX_V3 = 3, CTX_V4 = 4 };
@@ -242,9 +251,9 @@ static int device = 0;
 static int cuda_version = 12000;
 static void *libcuda;
 
-enum { K_LINEAR = 1, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_CTX, K_MIPMAP, K_MODULE, K_LIBRARY, K_FUNC, K_KERNEL, K_EVENT, K_GRAPH };
+enum { K_LINEAR = 1, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_CTX, K_MIPMAP, K_MODULE, K_LIBRARY, K_FUNC, K_KERNEL, K_EVENT, K_GRAPH, K_GREEN };
 static const char *kind_name[] = {"", "linear", "pitch", "managed", "async", "pool", "vmm", "array", "ctx",
-                                  "mipmap", "module", "library", "function", "kernel", "event", "graph"};
+                                  "mipmap", "module", "library", "function", "kernel", "event", "graph", "green"};
 typedef struct {
   int kind, live;
   int handle_refs; /* K_VMM: references to the handle this program still holds */
@@ -372,6 +381,8 @@ static void resolve(void) {
     cu.GraphAddMemFreeNode = cuGraphAddMemFreeNode; cu.GraphUpload = cuGraphUpload;
     cu.GraphInstantiateWithParams = cuGraphInstantiateWithParams;
     cu.DeviceGetGraphMemAttribute = cuDeviceGetGraphMemAttribute; cu.DeviceGraphMemTrim = cuDeviceGraphMemTrim;
+    cu.DeviceGetDevResource = cuDeviceGetDevResource; cu.DevResourceGenerateDesc = cuDevResourceGenerateDesc;
+    cu.GreenCtxCreate = cuGreenCtxCreate; cu.GreenCtxDestroy = cuGreenCtxDestroy;
     libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     return;
   }
@@ -416,6 +427,8 @@ static void resolve(void) {
     O(GraphAddMemFreeNode, cuGraphAddMemFreeNode); O(GraphUpload, cuGraphUpload);
     O(GraphInstantiateWithParams, cuGraphInstantiateWithParams);
     O(DeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute); O(DeviceGraphMemTrim, cuDeviceGraphMemTrim);
+    O(DeviceGetDevResource, cuDeviceGetDevResource); O(DevResourceGenerateDesc, cuDevResourceGenerateDesc);
+    O(GreenCtxCreate, cuGreenCtxCreate); O(GreenCtxDestroy, cuGreenCtxDestroy);
 #undef O
     return;
   }
@@ -460,6 +473,8 @@ static void resolve(void) {
   Q(GraphAddMemFreeNode, cuGraphAddMemFreeNode); Q(GraphUpload, cuGraphUpload);
   Q(GraphInstantiateWithParams, cuGraphInstantiateWithParams);
   Q(DeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute); Q(DeviceGraphMemTrim, cuDeviceGraphMemTrim);
+  Q(DeviceGetDevResource, cuDeviceGetDevResource); Q(DevResourceGenerateDesc, cuDevResourceGenerateDesc);
+  Q(GreenCtxCreate, cuGreenCtxCreate); Q(GreenCtxDestroy, cuGreenCtxDestroy);
 #undef Q
   ctx_create_variant = cuda_version >= 12050 ? CTX_V4 : cuda_version >= 11040 ? CTX_V3 : CTX_V2;
   ctx_v13 = cuda_version >= 13000;

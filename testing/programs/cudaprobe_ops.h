@@ -64,6 +64,7 @@ static CUresult free_rec(size_t i) {
       rc = cu.GraphExecDestroy(r->obj);
       if (!rc) rc = cu.GraphDestroy(r->obj2);
       break;
+    case K_GREEN: rc = cu.GreenCtxDestroy(r->obj); break;
     default: rc = cu.MemFree(r->ptr);
   }
   if (!rc) r->live = 0;
@@ -155,7 +156,7 @@ static void usage(void) {
        "  evcreate [FLAGS] | evrecord [IDX] | evquery [IDX] | evsync [IDX] | elapsed IDX IDX | evdestroy IDX\n"
        "  graph-capture NS COUNT | graph-launch N [IDX] | graphdestroy IDX\n"
        "  gmem-alloc SIZE | gmem-free | gmem-inst [FLAGS] | gmem-inst-upload | gmem-upload [IDX] | gmem-memfree\n"
-       "  gmem-attr | gmem-trim | streamsync-t | ctxsync-t\n"
+       "  gmem-attr | gmem-trim | greenctx | greenctxdestroy IDX | streamsync-t | ctxsync-t\n"
        "  rq (this thread's runqueue wait so far, rq_ns=) | sleep SECONDS | wait | exit CODE");
 }
 

@@ -8,6 +8,7 @@
 mod clock;
 mod context;
 pub mod graphs;
+pub mod green;
 pub mod limits;
 mod memory;
 mod modules;
@@ -288,6 +289,8 @@ pub struct Inner {
     pub clock: clock::Timeline,
     /// Graph nodes, executable graphs' memory nodes and the graph pools (`graphs.rs`).
     pub gmem: graphs::GraphMem,
+    /// Green contexts and resource descriptors (`green.rs`).
+    pub greens: green::Greens,
     next_handle: u64,
     next_va: u64,
 }
@@ -324,6 +327,7 @@ static INNER: LazyLock<Mutex<Inner>> = LazyLock::new(|| {
         lib_resident: HashMap::new(),
         clock: clock::Timeline::default(),
         gmem: graphs::GraphMem::default(),
+        greens: green::Greens::default(),
         next_handle: 0x5000_0000,
         next_va: 0,
     })
