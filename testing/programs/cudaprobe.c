@@ -188,6 +188,7 @@ int main(int argc, char **argv) {
       } else {
         void *graph = NULL; rc = cu.StreamEndCapture(stream, &graph);
         capturing = 0;
+        if (!rc) gmem_graph = graph; /* gmem-inst instantiates it */
       }
       end(rc);
     } else if (!strcmp(op, "eventsync")) {
@@ -370,7 +371,9 @@ int main(int argc, char **argv) {
          CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD on the current stream), gmem-upload [IDX]
          (cuGraphUpload), gmem-memfree (cuMemFree_v2 of the last allocation's address), gmem-attr
          (used= reserved= of the current device's graph pool), gmem-trim (cuDeviceGraphMemTrim). */
-      static void *bgraph; static CUdeviceptr last_dptr;
+      static CUdeviceptr last_dptr;
+      void **bg = &gmem_graph;
+#define bgraph (*bg)
       printf("op=%s", op);
       if (!cu.GraphCreate || !cu.GraphAddMemAllocNode || !cu.DeviceGetGraphMemAttribute || !cu.DeviceGraphMemTrim) {
         printf(" error=missing-function\n"); fflush(stdout); continue;
@@ -416,6 +419,7 @@ int main(int argc, char **argv) {
       } else {
         die("unknown op '%s'", op);
       }
+#undef bgraph
       end(rc);
     } else if (!strcmp(op, "graphdestroy")) {
       NEED(1); long i = pick(argv[++a], 1u << K_GRAPH);

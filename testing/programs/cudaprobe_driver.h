@@ -268,6 +268,7 @@ static size_t nrecs, caprecs;
 static CUmemoryPool pool;
 static CUstream stream;  /* the stream of async / freeasync / pool ops (streamnew), NULL by default */
 static int capturing;    /* capture-begin .. capture-end: no synchronisation after those ops */
+static void *gmem_graph; /* the graph gmem-* ops build (or capture-end made), until gmem-inst */
 
 static void die(const char *fmt, const char *arg) {
   fprintf(stderr, "cudaprobe: ");
