@@ -343,6 +343,19 @@ pub const INTERCEPTS: &[Intercept] = &[
     hook("cuLaunchCooperativeKernel_ptsz"),
     hook("cuGraphLaunch"),
     hook("cuGraphLaunch_ptsz"),
+    // Graph memory nodes: admitted at upload / launch (hami-preload/src/graph_memory.rs).
+    hook("cuGraphInstantiateWithFlags"),
+    hook("cuGraphInstantiate_v2"),
+    hook("cuGraphInstantiateWithParams"),
+    hook("cuGraphInstantiateWithParams_ptsz"),
+    hook("cuGraphExecUpdate_v2"),
+    hook("cuGraphUpload"),
+    hook("cuGraphUpload_ptsz"),
+    hook("cuGraphExecDestroy"),
+    hook("cuDeviceGraphMemTrim"),
+    // Green contexts: admitted and charged as context memory (hami-preload/src/green.rs).
+    hook("cuGreenCtxCreate"),
+    hook("cuGreenCtxDestroy"),
     nvml_hook("nvmlDeviceGetMemoryInfo"),
     nvml_hook("nvmlDeviceGetMemoryInfo_v2"),
     // NVML's process lists: the container's own processes (issue 20).

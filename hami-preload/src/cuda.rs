@@ -369,3 +369,73 @@ mod tests {
         assert_eq!(parse_uuid("MIG-00000000-0000-0000-0000-000000000000"), None);
     }
 }
+
+// ---- graphs with memory nodes (hami-preload/src/graph_memory.rs) ----
+
+/// A `CUgraph`.
+pub type CUgraph = *mut c_void;
+/// A `CUgraphNode`.
+pub type CUgraphNode = *mut c_void;
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`.
+pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+/// `CU_GRAPH_NODE_TYPE_MEM_FREE`.
+pub const CU_GRAPH_NODE_TYPE_MEM_FREE: c_int = 11;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH`.
+pub const CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: u64 = 1;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` (`cuGraphInstantiateWithParams` only).
+pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: u64 = 2;
+/// `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`.
+pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: c_int = 0;
+/// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1 and v2 share the layout): `CUmemPoolProps` (88 bytes:
+/// allocType, handleTypes, location at 8, the rest not read), then the access descriptors,
+/// the size and the address the driver assigns.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    /// `poolProps`' leading fields.
+    pub pool_props: CUmemPoolPropsHead,
+    /// The rest of `poolProps` (win32 attributes, maxSize, usage, reserved).
+    pub pool_props_rest: [u64; 9],
+    /// `accessDescs`.
+    pub access_descs: *const c_void,
+    /// `accessDescCount`.
+    pub access_desc_count: usize,
+    /// `bytesize`.
+    pub bytesize: usize,
+    /// `dptr`.
+    pub dptr: CUdeviceptr,
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUDA_GRAPH_INSTANTIATE_PARAMS {
+    /// `CUgraphInstantiate_flags`.
+    pub flags: u64,
+    /// `hUploadStream`.
+    pub upload_stream: CUstream,
+    /// `hErrNode_out`.
+    pub err_node_out: CUgraphNode,
+    /// `result_out` (`CUgraphInstantiateResult`).
+    pub result_out: c_int,
+}
+
+/// `cuGraphGetNodes(CUgraph, CUgraphNode *nodes, size_t *numNodes)`.
+pub type FnGraphGetNodes = unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult;
+/// `cuGraphNodeGetType(CUgraphNode, CUgraphNodeType *)`.
+pub type FnGraphNodeGetType = unsafe extern "C" fn(CUgraphNode, *mut c_int) -> CUresult;
+/// `cuGraphMemAllocNodeGetParams(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *)`.
+pub type FnGraphMemAllocNodeGetParams =
+    unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
+/// `cuGraphMemFreeNodeGetParams(CUgraphNode, CUdeviceptr *)`.
+pub type FnGraphMemFreeNodeGetParams =
+    unsafe extern "C" fn(CUgraphNode, *mut CUdeviceptr) -> CUresult;
+/// `cuDeviceGetGraphMemAttribute(CUdevice, CUgraphMem_attribute, void *)` (`cuuint64_t`).
+pub type FnDeviceGetGraphMemAttribute =
+    unsafe extern "C" fn(CUdevice, c_int, *mut c_void) -> CUresult;
+
+const _: () = assert!(std::mem::size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>() == 120);
+const _: () = assert!(std::mem::size_of::<CUDA_GRAPH_INSTANTIATE_PARAMS>() == 32);

@@ -42,6 +42,8 @@ pub mod dlsym;
 pub mod export_table;
 pub mod gate;
 pub mod glibc_compat;
+pub mod graph_memory;
+pub mod green;
 pub mod hooks;
 pub mod hostpid;
 pub mod images;

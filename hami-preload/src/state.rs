@@ -215,6 +215,10 @@ pub struct Holdings {
     pub contexts: ContextTable,
     /// Stream-ordered pools.
     pub pools: crate::pool_reservations::PoolTable,
+    /// Executable graphs with memory nodes and the graph pools' charge.
+    pub graphs: crate::graph_memory::GraphTable,
+    /// Green contexts.
+    pub greens: crate::green::GreenTable,
     /// Mapped `cuMemCreate` handles, which outlive their release while mapped.
     pub mappings: crate::vmm::Mappings,
     /// Modules and libraries.
@@ -238,6 +242,8 @@ impl Holdings {
             accounts: Accounts::default(),
             contexts: ContextTable::default(),
             pools: Default::default(),
+            graphs: Default::default(),
+            greens: Default::default(),
             mappings: Default::default(),
             modules: Default::default(),
             backstop: Default::default(),

@@ -117,6 +117,11 @@ cuda_hooked! {
             cuEventElapsedTime,
             cuEventElapsedTime_v2,
             cuThreadExchangeStreamCaptureMode,
+            cuGraphGetNodes,
+            cuGraphNodeGetType,
+            cuGraphMemAllocNodeGetParams,
+            cuGraphMemFreeNodeGetParams,
+            cuDeviceGetGraphMemAttribute,
         }
     }
 }

@@ -188,6 +188,7 @@ int main(int argc, char **argv) {
       } else {
         void *graph = NULL; rc = cu.StreamEndCapture(stream, &graph);
         capturing = 0;
+        if (!rc) gmem_graph = graph; /* gmem-inst instantiates it */
       }
       end(rc);
     } else if (!strcmp(op, "eventsync")) {
@@ -343,6 +344,83 @@ int main(int argc, char **argv) {
       rc = 0; double t0 = now_ns();
       for (long k = 0; !rc && k < n; k++) rc = cu.GraphLaunch(recs[i].obj, stream);
       printf(" idx=%ld host_ns=%.0f", i, now_ns() - t0); end(rc);
+    } else if (!strcmp(op, "greenctx") || !strcmp(op, "greenctxdestroy")) {
+      /* greenctx: the device's SM resource, a descriptor of it, a green context
+         (CU_GREEN_CTX_DEFAULT_STREAM): idx=; greenctxdestroy IDX. */
+      printf("op=%s", op);
+      if (!cu.GreenCtxCreate || !cu.GreenCtxDestroy || !cu.DeviceGetDevResource || !cu.DevResourceGenerateDesc) {
+        printf(" error=missing-function\n"); fflush(stdout); continue;
+      }
+      if (op[8]) {
+        NEED(1); long i = pick(argv[++a], 1u << K_GREEN);
+        if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+        printf(" idx=%ld", i); end(free_rec((size_t)i)); continue;
+      }
+      unsigned char res[512]; memset(res, 0, sizeof res);
+      void *desc = NULL, *g = NULL;
+      rc = cu.DeviceGetDevResource(device, res, 1 /* CU_DEV_RESOURCE_TYPE_SM */);
+      if (!rc) rc = cu.DevResourceGenerateDesc(&desc, res, 1);
+      if (!rc) rc = cu.GreenCtxCreate(&g, desc, device, 1 /* CU_GREEN_CTX_DEFAULT_STREAM */);
+      if (!rc) printf(" idx=%zu green=%p", add_rec((rec_t){.kind = K_GREEN, .obj = g}), g);
+      end(rc);
+    } else if (!strncmp(op, "gmem-", 5)) {
+      /* Graph memory nodes: gmem-alloc SIZE (a graph being built, created at its first node;
+         an allocation node of SIZE on the current device: dptr=), gmem-free (a free node of the
+         last allocation), gmem-inst [FLAGS] (cuGraphInstantiateWithFlags of the graph being
+         built: a K_GRAPH record), gmem-inst-upload (cuGraphInstantiateWithParams with
+         CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD on the current stream), gmem-upload [IDX]
+         (cuGraphUpload), gmem-memfree (cuMemFree_v2 of the last allocation's address), gmem-attr
+         (used= reserved= of the current device's graph pool), gmem-trim (cuDeviceGraphMemTrim). */
+      static CUdeviceptr last_dptr;
+      void **bg = &gmem_graph;
+#define bgraph (*bg)
+      printf("op=%s", op);
+      if (!cu.GraphCreate || !cu.GraphAddMemAllocNode || !cu.DeviceGetGraphMemAttribute || !cu.DeviceGraphMemTrim) {
+        printf(" error=missing-function\n"); fflush(stdout); continue;
+      }
+      rc = 0;
+      if (!strcmp(op, "gmem-alloc")) {
+        NEED(1); size_t sz = parse_size(argv[++a]);
+        if (!bgraph) rc = cu.GraphCreate(&bgraph, 0);
+        CUDA_MEM_ALLOC_NODE_PARAMS p; memset(&p, 0, sizeof p);
+        p.poolProps.allocType = 1; p.poolProps.location.type = 1; p.poolProps.location.id = device; p.bytesize = sz;
+        void *node = NULL;
+        if (!rc) rc = cu.GraphAddMemAllocNode(&node, bgraph, NULL, 0, &p);
+        if (!rc) { last_dptr = p.dptr; printf(" size=%zu dptr=0x%llx", sz, (unsigned long long)p.dptr); }
+      } else if (!strcmp(op, "gmem-free")) {
+        void *node = NULL; rc = cu.GraphAddMemFreeNode(&node, bgraph, NULL, 0, last_dptr);
+      } else if (!strcmp(op, "gmem-inst") || !strcmp(op, "gmem-inst-upload")) {
+        void *exec = NULL;
+        if (op[9] == '-') {
+          CUDA_GRAPH_INSTANTIATE_PARAMS ip = {2 /* UPLOAD */, stream, NULL, -1};
+          rc = cu.GraphInstantiateWithParams(&exec, bgraph, &ip);
+          printf(" result=%d", ip.result_out);
+        } else {
+          unsigned long long fl = 0;
+          const char *t = opt_idx(argc, argv, &a);
+          if (t) fl = strtoull(t, NULL, 0);
+          rc = cu.GraphInstantiateWithFlags(&exec, bgraph, fl);
+        }
+        if (!rc) { printf(" idx=%zu exec=%p", add_rec((rec_t){.kind = K_GRAPH, .obj = exec, .obj2 = bgraph}), exec); bgraph = NULL; }
+      } else if (!strcmp(op, "gmem-upload")) {
+        const char *t = opt_idx(argc, argv, &a);
+        long i = pick(t, 1u << K_GRAPH);
+        if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
+        rc = cu.GraphUpload(recs[i].obj, stream);
+      } else if (!strcmp(op, "gmem-memfree")) {
+        rc = cu.MemFree(last_dptr);
+      } else if (!strcmp(op, "gmem-attr")) {
+        unsigned long long used = 0, reserved = 0;
+        rc = cu.DeviceGetGraphMemAttribute(device, 0, &used);
+        if (!rc) rc = cu.DeviceGetGraphMemAttribute(device, 2, &reserved);
+        printf(" used=%llu reserved=%llu", used, reserved);
+      } else if (!strcmp(op, "gmem-trim")) {
+        rc = cu.DeviceGraphMemTrim(device);
+      } else {
+        die("unknown op '%s'", op);
+      }
+#undef bgraph
+      end(rc);
     } else if (!strcmp(op, "graphdestroy")) {
       NEED(1); long i = pick(argv[++a], 1u << K_GRAPH);
       printf("op=graphdestroy");

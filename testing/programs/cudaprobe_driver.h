@@ -124,6 +124,25 @@ WEAK CUresult cuGraphInstantiateWithFlags(void **, void *, unsigned long long);
 WEAK CUresult cuGraphLaunch(void *, CUstream);
 WEAK CUresult cuGraphExecDestroy(void *);
 WEAK CUresult cuGraphDestroy(void *);
+/* Graph memory nodes (gmem-* ops). */
+typedef struct {
+  unsigned int allocType, handleTypes; struct { unsigned int type; int id; } location;
+  void *win32; size_t maxSize; unsigned short usage; unsigned char reserved[54];
+} CUmemPoolPropsFull;
+typedef struct { CUmemPoolPropsFull poolProps; const void *accessDescs; size_t accessDescCount; size_t bytesize; CUdeviceptr dptr; } CUDA_MEM_ALLOC_NODE_PARAMS;
+typedef struct { unsigned long long flags; CUstream hUploadStream; void *hErrNode_out; int result_out; } CUDA_GRAPH_INSTANTIATE_PARAMS;
+WEAK CUresult cuGraphCreate(void **, unsigned int);
+WEAK CUresult cuGraphAddMemAllocNode(void **, void *, void *const *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+WEAK CUresult cuGraphAddMemFreeNode(void **, void *, void *const *, size_t, CUdeviceptr);
+WEAK CUresult cuGraphUpload(void *, CUstream);
+WEAK CUresult cuGraphInstantiateWithParams(void **, void *, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+WEAK CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
+WEAK CUresult cuDeviceGraphMemTrim(CUdevice);
+/* Green contexts (greenctx ops); CUdevResource is handled as opaque bytes. */
+WEAK CUresult cuDeviceGetDevResource(CUdevice, void *, int);
+WEAK CUresult cuDevResourceGenerateDesc(void **, void *, unsigned int);
+WEAK CUresult cuGreenCtxCreate(void **, void *, CUdevice, unsigned int);
+WEAK CUresult cuGreenCtxDestroy(void *);
 
 /* The function table every operation goes through. */
 static struct {
@@ -211,6 +230,17 @@ static struct {
   CUresult (*GraphLaunch)(void *, CUstream);
   CUresult (*GraphExecDestroy)(void *);
   CUresult (*GraphDestroy)(void *);
+  CUresult (*GraphCreate)(void **, unsigned int);
+  CUresult (*GraphAddMemAllocNode)(void **, void *, void *const *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+  CUresult (*GraphAddMemFreeNode)(void **, void *, void *const *, size_t, CUdeviceptr);
+  CUresult (*GraphUpload)(void *, CUstream);
+  CUresult (*GraphInstantiateWithParams)(void **, void *, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+  CUresult (*DeviceGetGraphMemAttribute)(CUdevice, int, void *);
+  CUresult (*DeviceGraphMemTrim)(CUdevice);
+  CUresult (*DeviceGetDevResource)(CUdevice, void *, int);
+  CUresult (*DevResourceGenerateDesc)(void **, void *, unsigned int);
+  CUresult (*GreenCtxCreate)(void **, void *, CUdevice, unsigned int);
+  CUresult (*GreenCtxDestroy)(void *);
 } cu;
 
 enum { CTX_V2 = 2, CTX_V3 = 3, CTX_V4 = 4 };
@@ -221,9 +251,9 @@ static int device = 0;
 static int cuda_version = 12000;
 static void *libcuda;
 
-enum { K_LINEAR = 1, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_CTX, K_MIPMAP, K_MODULE, K_LIBRARY, K_FUNC, K_KERNEL, K_EVENT, K_GRAPH };
+enum { K_LINEAR = 1, K_PITCH, K_MANAGED, K_ASYNC, K_POOL, K_VMM, K_ARRAY, K_CTX, K_MIPMAP, K_MODULE, K_LIBRARY, K_FUNC, K_KERNEL, K_EVENT, K_GRAPH, K_GREEN };
 static const char *kind_name[] = {"", "linear", "pitch", "managed", "async", "pool", "vmm", "array", "ctx",
-                                  "mipmap", "module", "library", "function", "kernel", "event", "graph"};
+                                  "mipmap", "module", "library", "function", "kernel", "event", "graph", "green"};
 typedef struct {
   int kind, live;
   int handle_refs; /* K_VMM: references to the handle this program still holds */
@@ -238,6 +268,7 @@ static size_t nrecs, caprecs;
 static CUmemoryPool pool;
 static CUstream stream;  /* the stream of async / freeasync / pool ops (streamnew), NULL by default */
 static int capturing;    /* capture-begin .. capture-end: no synchronisation after those ops */
+static void *gmem_graph; /* the graph gmem-* ops build (or capture-end made), until gmem-inst */
 
 static void die(const char *fmt, const char *arg) {
   fprintf(stderr, "cudaprobe: ");
@@ -347,6 +378,12 @@ static void resolve(void) {
     cu.EventQuery = cuEventQuery; cu.EventElapsedTime = cuEventElapsedTime; cu.StreamQuery = cuStreamQuery;
     cu.LaunchCooperativeKernel = cuLaunchCooperativeKernel; cu.GraphInstantiateWithFlags = cuGraphInstantiateWithFlags;
     cu.GraphLaunch = cuGraphLaunch; cu.GraphExecDestroy = cuGraphExecDestroy; cu.GraphDestroy = cuGraphDestroy;
+    cu.GraphCreate = cuGraphCreate; cu.GraphAddMemAllocNode = cuGraphAddMemAllocNode;
+    cu.GraphAddMemFreeNode = cuGraphAddMemFreeNode; cu.GraphUpload = cuGraphUpload;
+    cu.GraphInstantiateWithParams = cuGraphInstantiateWithParams;
+    cu.DeviceGetGraphMemAttribute = cuDeviceGetGraphMemAttribute; cu.DeviceGraphMemTrim = cuDeviceGraphMemTrim;
+    cu.DeviceGetDevResource = cuDeviceGetDevResource; cu.DevResourceGenerateDesc = cuDevResourceGenerateDesc;
+    cu.GreenCtxCreate = cuGreenCtxCreate; cu.GreenCtxDestroy = cuGreenCtxDestroy;
     libcuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     return;
   }
@@ -387,6 +424,12 @@ static void resolve(void) {
     O(EventQuery, cuEventQuery); O(EventElapsedTime, cuEventElapsedTime); O(StreamQuery, cuStreamQuery);
     O(LaunchCooperativeKernel, cuLaunchCooperativeKernel); O(GraphInstantiateWithFlags, cuGraphInstantiateWithFlags);
     O(GraphLaunch, cuGraphLaunch); O(GraphExecDestroy, cuGraphExecDestroy); O(GraphDestroy, cuGraphDestroy);
+    O(GraphCreate, cuGraphCreate); O(GraphAddMemAllocNode, cuGraphAddMemAllocNode);
+    O(GraphAddMemFreeNode, cuGraphAddMemFreeNode); O(GraphUpload, cuGraphUpload);
+    O(GraphInstantiateWithParams, cuGraphInstantiateWithParams);
+    O(DeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute); O(DeviceGraphMemTrim, cuDeviceGraphMemTrim);
+    O(DeviceGetDevResource, cuDeviceGetDevResource); O(DevResourceGenerateDesc, cuDevResourceGenerateDesc);
+    O(GreenCtxCreate, cuGreenCtxCreate); O(GreenCtxDestroy, cuGreenCtxDestroy);
 #undef O
     return;
   }
@@ -427,6 +470,12 @@ static void resolve(void) {
   Q(EventQuery, cuEventQuery); Q(EventElapsedTime, cuEventElapsedTime); Q(StreamQuery, cuStreamQuery);
   Q(LaunchCooperativeKernel, cuLaunchCooperativeKernel); Q(GraphInstantiateWithFlags, cuGraphInstantiateWithFlags);
   Q(GraphLaunch, cuGraphLaunch); Q(GraphExecDestroy, cuGraphExecDestroy); Q(GraphDestroy, cuGraphDestroy);
+  Q(GraphCreate, cuGraphCreate); Q(GraphAddMemAllocNode, cuGraphAddMemAllocNode);
+  Q(GraphAddMemFreeNode, cuGraphAddMemFreeNode); Q(GraphUpload, cuGraphUpload);
+  Q(GraphInstantiateWithParams, cuGraphInstantiateWithParams);
+  Q(DeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute); Q(DeviceGraphMemTrim, cuDeviceGraphMemTrim);
+  Q(DeviceGetDevResource, cuDeviceGetDevResource); Q(DevResourceGenerateDesc, cuDevResourceGenerateDesc);
+  Q(GreenCtxCreate, cuGreenCtxCreate); Q(GreenCtxDestroy, cuGreenCtxDestroy);
 #undef Q
   ctx_create_variant = cuda_version >= 12050 ? CTX_V4 : cuda_version >= 11040 ? CTX_V3 : CTX_V2;
   ctx_v13 = cuda_version >= 13000;

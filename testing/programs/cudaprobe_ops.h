@@ -64,6 +64,7 @@ static CUresult free_rec(size_t i) {
       rc = cu.GraphExecDestroy(r->obj);
       if (!rc) rc = cu.GraphDestroy(r->obj2);
       break;
+    case K_GREEN: rc = cu.GreenCtxDestroy(r->obj); break;
     default: rc = cu.MemFree(r->ptr);
   }
   if (!rc) r->live = 0;
@@ -153,7 +154,9 @@ static void usage(void) {
        "  bench-launch N [IDX] | launchcoop [IDX]\n"
        "  kernel | launch-ns NS [COUNT] | launch-cost N | coop-ns NS [COUNT] | launch-for SECONDS NS | streamquery\n"
        "  evcreate [FLAGS] | evrecord [IDX] | evquery [IDX] | evsync [IDX] | elapsed IDX IDX | evdestroy IDX\n"
-       "  graph-capture NS COUNT | graph-launch N [IDX] | graphdestroy IDX | streamsync-t | ctxsync-t\n"
+       "  graph-capture NS COUNT | graph-launch N [IDX] | graphdestroy IDX\n"
+       "  gmem-alloc SIZE | gmem-free | gmem-inst [FLAGS] | gmem-inst-upload | gmem-upload [IDX] | gmem-memfree\n"
+       "  gmem-attr | gmem-trim | greenctx | greenctxdestroy IDX | streamsync-t | ctxsync-t\n"
        "  rq (this thread's runqueue wait so far, rq_ns=) | sleep SECONDS | wait | exit CODE");
 }
 

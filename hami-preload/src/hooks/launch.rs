@@ -62,11 +62,15 @@ hook! {
 }
 
 hook! {
-    /// Hook of `cuGraphLaunch`: the whole graph is metered as one submission.
+    /// Hook of `cuGraphLaunch`: the graph pool's growth its memory nodes may cause is
+    /// admitted first ([`super::graphs::with_graph_memory`]); the whole graph is metered as
+    /// one submission.
     fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult;
     |f| {
-        // SAFETY: forwarded arguments.
-        gated(stream, false, || unsafe { f(exec, stream) })
+        super::graphs::with_graph_memory("cuGraphLaunch", exec, true, || {
+            // SAFETY: forwarded arguments.
+            gated(stream, false, || unsafe { f(exec, stream) })
+        })
     }
 }
 
@@ -74,8 +78,10 @@ hook! {
     /// Hook of `cuGraphLaunch_ptsz`.
     fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult;
     |f| {
-        // SAFETY: forwarded arguments.
-        gated(stream, true, || unsafe { f(exec, stream) })
+        super::graphs::with_graph_memory("cuGraphLaunch_ptsz", exec, true, || {
+            // SAFETY: forwarded arguments.
+            gated(stream, true, || unsafe { f(exec, stream) })
+        })
     }
 }
 

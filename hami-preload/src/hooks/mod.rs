@@ -12,6 +12,8 @@
 //! * [`pools`] — stream-ordered pools and synchronisations;
 //! * [`modules`] — modules, libraries, lookups and launches;
 //! * [`launch`] — cooperative and graph launches, and the launch gate's way in;
+//! * [`green`] — green contexts, admitted and charged as context memory;
+//! * [`graphs`] — graphs with memory nodes: instantiation, upload, launch admission, trims;
 //! * [`limits`] — context limits (`cuCtxSetLimit`) and the local memory launches reserve;
 //! * [`context`] — context creation and destruction (and the host pid found around it);
 //! * [`views`] — memory queries answered with the quota;
@@ -24,6 +26,8 @@
 
 pub mod alloc;
 pub mod context;
+pub mod graphs;
+pub mod green;
 pub mod launch;
 pub mod limits;
 pub mod modules;
@@ -37,6 +41,8 @@ pub mod vmm;
 
 pub use alloc::*;
 pub use context::*;
+pub use graphs::*;
+pub use green::*;
 pub use launch::*;
 pub use limits::*;
 pub use modules::*;

@@ -268,3 +268,93 @@ pub unsafe extern "C" fn cuCtxGetLimit(pvalue: *mut usize, limit: c_int) -> CUre
         Ok(())
     })
 }
+
+// ---------------------------------------------------------------------------------------------
+// Green contexts (CUDA 12.4)
+
+/// `CU_DEV_RESOURCE_TYPE_SM`.
+const CU_DEV_RESOURCE_TYPE_SM: c_int = 1;
+/// Bytes of `CUdevResource` the fake writes: the type and, at offset 96 (after the 92 bytes
+/// of internal padding), `CUdevSmResource::smCount`.
+const RESOURCE_SM_COUNT_AT: usize = 96;
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetDevResource(
+    dev: CUdevice,
+    resource: *mut c_void,
+    ty: c_int,
+) -> CUresult {
+    run(|| {
+        let g = inited()?;
+        nonnull(resource)?;
+        g.phys_of(dev)?;
+        if ty != CU_DEV_RESOURCE_TYPE_SM {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = resource as *mut u8;
+        // SAFETY: the caller's CUdevResource (at least 144 bytes in every CUDA 12.4+ header):
+        // its type, zeroed padding, the SM count; the device's ordinal is kept in the
+        // padding so that a descriptor knows its device.
+        unsafe {
+            std::ptr::write_bytes(p, 0, RESOURCE_SM_COUNT_AT + 4);
+            (p as *mut c_int).write_unaligned(ty);
+            (p.add(8) as *mut c_int).write_unaligned(dev);
+            (p.add(RESOURCE_SM_COUNT_AT) as *mut c_uint).write_unaligned(132);
+        }
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDevResourceGenerateDesc(
+    desc: *mut *mut c_void,
+    resources: *mut c_void,
+    n: c_uint,
+) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(desc)?;
+        nonnull(resources)?;
+        if n == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = resources as *const u8;
+        // SAFETY: the caller's first CUdevResource, as cuDeviceGetDevResource wrote it.
+        let (ty, dev) = unsafe {
+            (
+                (p as *const c_int).read_unaligned(),
+                (p.add(8) as *const c_int).read_unaligned(),
+            )
+        };
+        if ty != CU_DEV_RESOURCE_TYPE_SM {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        g.phys_of(dev)?;
+        let h = g.green_desc(dev as usize);
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(desc, h as *mut c_void) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGreenCtxCreate(
+    ctx: *mut *mut c_void,
+    desc: *mut c_void,
+    dev: CUdevice,
+    flags: c_uint,
+) -> CUresult {
+    run(|| {
+        let mut g = inited()?;
+        nonnull(ctx)?;
+        let h = g.green_create(desc as u64, dev, flags)?;
+        // SAFETY: checked non-NULL; C contract.
+        unsafe { put(ctx, h as *mut c_void) };
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGreenCtxDestroy(ctx: *mut c_void) -> CUresult {
+    run(|| inited()?.green_destroy(ctx as u64))
+}

@@ -193,6 +193,10 @@ pub fn error_text(code: CUresult) -> Option<(&'static str, &'static str)> {
             "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
             "operation not permitted when stream is capturing",
         ),
+        910 => (
+            "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE",
+            "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update",
+        ),
         999 => ("CUDA_ERROR_UNKNOWN", "unknown error"),
         _ => return None,
     })
@@ -216,3 +220,56 @@ pub fn error_cstr(code: CUresult, want_name: bool) -> Option<*const std::ffi::c_
     });
     table.get(&(code, want_name)).map(|c| c.as_ptr())
 }
+
+/// `CUmemPoolProps` whole (88 bytes, CUDA 12.2+ layout), as graph allocation nodes carry it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUmemPoolPropsFull {
+    pub alloc_type: c_uint,
+    pub handle_types: c_uint,
+    pub location: CUmemLocation,
+    pub win32_security_attributes: *mut c_void,
+    pub max_size: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1 and v2 have one layout).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    pub pool_props: CUmemPoolPropsFull,
+    pub access_descs: *const CUmemAccessDesc,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+
+/// `CUgraphNodeParams` (CUDA 12.2+): the node type, then a 232-byte union at offset 16.
+#[repr(C)]
+pub struct CUgraphNodeParams {
+    pub type_: c_int,
+    pub reserved0: [c_int; 3],
+    pub union: [u64; 29],
+    pub reserved2: i64,
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
+#[repr(C)]
+pub struct CUDA_GRAPH_INSTANTIATE_PARAMS {
+    pub flags: u64,
+    pub h_upload_stream: CUstream,
+    pub h_err_node_out: *mut c_void,
+    pub result_out: c_int,
+}
+
+/// `CUgraphExecUpdateResultInfo`.
+#[repr(C)]
+pub struct CUgraphExecUpdateResultInfo {
+    pub result: c_int,
+    pub error_node: *mut c_void,
+    pub error_from_node: *mut c_void,
+}
+
+/// `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`.
+pub const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;

@@ -820,3 +820,83 @@ fn context_limits_and_local_memory_take_what_the_h200_takes() {
     // 32 KiB would take another 2112 MiB: more than is left.
     assert_eq!(s[5].rc(), Some(OUT_OF_MEMORY), "{}", o.dump());
 }
+
+/// Graph memory nodes (docs/fake-driver.md, "Graphs"): an allocation node takes an address and
+/// no memory; the launch maps it from the device's graph pool (reserved), an allocation not
+/// freed in the graph stays live (used) until `cuMemFree`; a second launch while it is live is
+/// `CUDA_ERROR_INVALID_VALUE`; the pool keeps freed memory until `cuDeviceGraphMemTrim`; a
+/// launch the device cannot back is `CUDA_ERROR_OUT_OF_MEMORY`.
+#[test]
+fn graph_memory_is_mapped_at_launch_and_kept_by_the_graph_pool_until_trimmed() {
+    let e = env().env("FAKE_CUDA_TOTAL_MEM", "2G");
+    let out = e.run_probe(&[
+        "init",
+        "ctx",
+        "streamnew",
+        "gmem-alloc",
+        "512M",
+        "gmem-inst",
+        "gmem-attr",
+        "meminfo",
+        "graph-launch",
+        "1",
+        "streamsync",
+        "gmem-attr",
+        "meminfo",
+        "graph-launch",
+        "1",
+        "gmem-memfree",
+        "gmem-attr",
+        "meminfo",
+        "gmem-trim",
+        "gmem-attr",
+        "meminfo",
+        "gmem-alloc",
+        "3G",
+        "gmem-inst",
+        "graph-launch",
+        "1",
+        "gmem-alloc",
+        "3G",
+        "gmem-inst-upload",
+    ]);
+    let attrs = out.find("gmem-attr");
+    let free: Vec<u64> = out
+        .find("meminfo")
+        .iter()
+        .map(|o| meminfo_free(o))
+        .collect();
+    let nums = |i: usize| (attrs[i].num("used"), attrs[i].num("reserved"));
+    assert_eq!(nums(0), (Some(0), Some(0)), "{}", out.dump());
+    assert_eq!(free[0], 2 * GIB, "an allocation node takes no memory");
+    assert_eq!(
+        nums(1),
+        (Some(512 * MIB), Some(512 * MIB)),
+        "{}",
+        out.dump()
+    );
+    assert_eq!(free[1], 2 * GIB - 512 * MIB);
+    assert_eq!(
+        out.find("graph-launch")[1].rc(),
+        Some(INVALID_VALUE),
+        "{}",
+        out.dump()
+    );
+    assert_eq!(nums(2), (Some(0), Some(512 * MIB)), "freed: in the pool");
+    assert_eq!(free[2], 2 * GIB - 512 * MIB);
+    assert_eq!(nums(3), (Some(0), Some(0)), "trimmed");
+    assert_eq!(free[3], 2 * GIB);
+    assert_eq!(out.last("gmem-alloc").rc(), Some(SUCCESS), "{}", out.dump());
+    assert_eq!(
+        out.last("graph-launch").rc(),
+        Some(OUT_OF_MEMORY),
+        "{}",
+        out.dump()
+    );
+    assert_eq!(
+        out.last("gmem-inst-upload").rc(),
+        Some(OUT_OF_MEMORY),
+        "{}",
+        out.dump()
+    );
+}

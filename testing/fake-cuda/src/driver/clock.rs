@@ -455,13 +455,21 @@ impl Inner {
     pub fn clock_capture_ended(&mut self, s: u64, g: u64) {
         let ns = self.clock.capture.remove(&s).unwrap_or(0);
         self.clock.graphs.insert(g, ns);
+        self.graph_captured(g);
     }
 
-    /// `cuGraphInstantiate*`: an executable graph of graph `g`.
-    pub fn graph_instantiate(&mut self, g: u64) -> R<u64> {
+    /// A graph made by `cuGraphCreate`: no work yet.
+    pub fn clock_graph_created(&mut self, g: u64) {
+        self.clock.graphs.insert(g, 0);
+    }
+
+    /// `cuGraphInstantiate*` (`flags`: `CUgraphInstantiate_flags`): an executable graph of
+    /// graph `g`.
+    pub fn graph_instantiate(&mut self, g: u64, flags: u64) -> R<u64> {
         let ns = *self.clock.graphs.get(&g).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         self.current()?;
         let h = self.handle(0x6b);
+        self.graph_exec_created(h, g, flags)?;
         self.clock.execs.insert(h, ns);
         Ok(h)
     }
@@ -477,6 +485,7 @@ impl Inner {
 
     /// `cuGraphDestroy`.
     pub fn graph_destroy(&mut self, g: u64) -> R<()> {
+        self.graph_forget(g);
         self.clock
             .graphs
             .remove(&g)
@@ -486,6 +495,7 @@ impl Inner {
 
     /// `cuGraphExecDestroy`.
     pub fn graph_exec_destroy(&mut self, x: u64) -> R<()> {
+        self.graph_exec_forget(x);
         self.clock
             .execs
             .remove(&x)

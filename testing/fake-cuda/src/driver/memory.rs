@@ -51,6 +51,8 @@ impl Inner {
                 }
                 Ok(())
             }
+            // A graph allocation: its memory goes back to the graph pool.
+            None if self.graph_free_live(ptr) => Ok(()),
             None => Err(CUDA_ERROR_INVALID_VALUE),
         }
     }

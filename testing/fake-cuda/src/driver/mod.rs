@@ -7,6 +7,8 @@
 
 mod clock;
 mod context;
+pub mod graphs;
+pub mod green;
 pub mod limits;
 mod memory;
 mod modules;
@@ -285,6 +287,10 @@ pub struct Inner {
     pub capturing: std::collections::HashSet<u64>,
     /// Simulated device time: stream tails, events, graphs (`clock.rs`).
     pub clock: clock::Timeline,
+    /// Graph nodes, executable graphs' memory nodes and the graph pools (`graphs.rs`).
+    pub gmem: graphs::GraphMem,
+    /// Green contexts and resource descriptors (`green.rs`).
+    pub greens: green::Greens,
     next_handle: u64,
     next_va: u64,
 }
@@ -320,6 +326,8 @@ static INNER: LazyLock<Mutex<Inner>> = LazyLock::new(|| {
         modules: HashMap::new(),
         lib_resident: HashMap::new(),
         clock: clock::Timeline::default(),
+        gmem: graphs::GraphMem::default(),
+        greens: green::Greens::default(),
         next_handle: 0x5000_0000,
         next_va: 0,
     })
