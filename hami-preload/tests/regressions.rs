@@ -847,3 +847,56 @@ fn parse(uuid: &str) -> [u8; 16] {
     let hex: String = uuid[4..].chars().filter(|&c| c != '-').collect();
     std::array::from_fn(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
 }
+
+/// Issue 29, multi-GPU work under a share: two processes of one container, one on the
+/// container's device 0 (sees all), one narrowed to device 1 (`CUDA_VISIBLE_DEVICES=1`),
+/// `CUDA_DEVICE_SM_LIMIT=50`. The gate is per device: each gets half of its own device (before,
+/// the narrowed one drew on device 0's budget and both got a quarter), each device's record
+/// meters its own work, and neither run stalls (each ends its synchronisation in time).
+#[test]
+fn two_processes_on_two_gpus_each_get_their_own_gpus_share() {
+    let e = two_gpus("1G", "1G").env("CUDA_DEVICE_SM_LIMIT", "50");
+    let args = ["init", "ctx", "kernel", "launch-for", "3", "1ms"];
+    let spawn = |cvd: Option<&str>| {
+        let mut c = e.cudaprobe_cmd(&args);
+        match cvd {
+            Some(v) => c.env("CUDA_VISIBLE_DEVICES", v),
+            None => c.env_remove("CUDA_VISIBLE_DEVICES"),
+        };
+        c.stdin(std::process::Stdio::piped());
+        RunningProbe::start(c)
+    };
+    let (a, b) = (spawn(None), spawn(Some("1")));
+    let (a, b) = (a.finish(), b.finish());
+    assert!(a.all_ok() && b.all_ok(), "{}\n{}", a.dump(), b.dump());
+    let num = |o: &ProbeOutput, k: &str| -> u64 {
+        o.last("launch-for")
+            .get(k)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {k}= in {}", o.dump())) as u64
+    };
+    for (o, dev) in [(&a, 0usize), (&b, 1)] {
+        let (from, to) = (num(o, "start_ns"), num(o, "end_ns"));
+        let w = e.device_busy(dev, from, to);
+        let pid = o.pid.unwrap();
+        let busy = w.per_pid.iter().find(|p| p.0 == pid).map_or(0, |p| p.1);
+        let share = busy as f64 / (to - from) as f64;
+        assert!(
+            (0.40..0.62).contains(&share),
+            "physical device {dev}: busy {share:.3} of the run (50 % wanted): {}",
+            o.dump()
+        );
+        assert!(num(o, "wall_ns") < 4_500_000_000, "no stall: {}", o.dump());
+    }
+    use std::sync::atomic::Ordering::Relaxed;
+    let r = e.region();
+    let consumed = |d: usize| r.compute_cells(d).unwrap().consumed_ns.load(Relaxed);
+    let kernels = |o: &ProbeOutput| num(o, "kernels") * 1_000_000;
+    for (d, o) in [(0, &a), (1, &b)] {
+        let (got, ran) = (consumed(d), kernels(o));
+        assert!(
+            got as f64 > ran as f64 * 0.9 && got <= ran + 100_000_000,
+            "device {d}'s record metered {got} ns for {ran} ns of its own kernels"
+        );
+    }
+}
