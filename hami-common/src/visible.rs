@@ -148,6 +148,57 @@ pub fn place(
     }
 }
 
+/// Whether the `GPU-`/`MIG-` entry `text` names `raw`: its hex digits (dashes ignored, any
+/// case) are a prefix of `raw`'s.
+fn entry_names(text: &str, raw: &[u8; 16]) -> bool {
+    let Some(hex) = text.get(4..) else {
+        return false;
+    };
+    let mut n = 0usize;
+    for c in hex.chars().filter(|&c| c != '-') {
+        let (Some(v), Some(&b)) = (c.to_digit(16), raw.get(n / 2)) else {
+            return false;
+        };
+        let nibble = if n % 2 == 0 { b >> 4 } else { b & 0xf };
+        if u32::from(nibble) != v {
+            return false;
+        }
+        n += 1;
+    }
+    n > 0
+}
+
+/// [`place`] for an observer that cannot ask the process's driver for its UUIDs (the node
+/// agent, which reads the process's environment): a UUID entry is matched by its text, a
+/// unique prefix among the UUIDs the region recorded. An ordinal beyond the entries the
+/// text gives, or a UUID entry that matches no recorded UUID or several, is unknown.
+pub fn place_by_entry(ordinal: usize, visible: Option<&str>, recorded: &[[u8; 16]]) -> Placement {
+    let at = |index: usize, by| {
+        if index < MAX_DEVICES {
+            Placement::At { index, by }
+        } else {
+            Placement::Unknown(Unknown::BeyondMax)
+        }
+    };
+    let Some(v) = visible else {
+        return at(ordinal, Basis::Unnarrowed);
+    };
+    match entries(v).nth(ordinal) {
+        Some(Entry::Index(n)) => at(n as usize, Basis::Index),
+        Some(Entry::Uuid(text)) => {
+            let mut found = recorded
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.iter().any(|&b| b != 0) && entry_names(text, r));
+            match (found.next(), found.next()) {
+                (Some((i, _)), None) => at(i, Basis::Recorded),
+                _ => Placement::Unknown(Unknown::NotRecorded),
+            }
+        }
+        None => Placement::Unknown(Unknown::NotRecorded),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,5 +320,54 @@ mod tests {
         );
         assert!(!Basis::Recorded.authoritative());
         assert!(Basis::Index.authoritative() && Basis::Unnarrowed.authoritative());
+    }
+
+    #[test]
+    fn an_observer_places_uuid_entries_by_their_text() {
+        let mut rec = [[0u8; 16]; MAX_DEVICES];
+        rec[0] = uuid(0);
+        rec[1] = uuid(1);
+        let full1 = "GPU-fafafafa-fafa-fafa-fafa-fafafafafa01";
+        assert_eq!(
+            place_by_entry(0, Some(full1), &rec),
+            Placement::At {
+                index: 1,
+                by: Basis::Recorded
+            }
+        );
+        assert_eq!(
+            place_by_entry(0, Some("gpu-FAFAFAFA-fafa-fafa-fafa-fafafafafa00"), &rec),
+            Placement::At {
+                index: 0,
+                by: Basis::Recorded
+            }
+        );
+        // A prefix shared by both: ambiguous (the driver would have stopped there too).
+        assert_eq!(
+            place_by_entry(0, Some("GPU-fafa"), &rec),
+            Placement::Unknown(Unknown::NotRecorded)
+        );
+        assert_eq!(
+            place_by_entry(0, Some("GPU-0123"), &rec),
+            Placement::Unknown(Unknown::NotRecorded)
+        );
+        assert_eq!(
+            place_by_entry(1, Some("1,0"), &rec),
+            Placement::At {
+                index: 0,
+                by: Basis::Index
+            }
+        );
+        assert_eq!(
+            place_by_entry(2, None, &rec),
+            Placement::At {
+                index: 2,
+                by: Basis::Unnarrowed
+            }
+        );
+        assert_eq!(
+            place_by_entry(1, Some("1"), &rec),
+            Placement::Unknown(Unknown::NotRecorded)
+        );
     }
 }
