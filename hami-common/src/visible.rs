@@ -159,7 +159,7 @@ fn entry_names(text: &str, raw: &[u8; 16]) -> bool {
         let (Some(v), Some(&b)) = (c.to_digit(16), raw.get(n / 2)) else {
             return false;
         };
-        let nibble = if n % 2 == 0 { b >> 4 } else { b & 0xf };
+        let nibble = if n.is_multiple_of(2) { b >> 4 } else { b & 0xf };
         if u32::from(nibble) != v {
             return false;
         }
