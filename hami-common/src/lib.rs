@@ -9,6 +9,8 @@
 //! * [`intercept`]: the one list of functions the preload hooks and the agent probes.
 //! * [`uuid`]: the one GPU UUID formatter (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
 //! * `region` (feature `std`): opening, creating, locking and updating a region.
+//! * [`visible`]: `CUDA_VISIBLE_DEVICES` as the driver reads it, and which of the container's
+//!   devices a process's CUDA ordinal is.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
 
@@ -27,3 +29,5 @@ pub mod region;
 // Formatting code the eBPF programs have no use for.
 #[cfg(not(target_arch = "bpf"))]
 pub mod uuid;
+#[cfg(not(target_arch = "bpf"))]
+pub mod visible;

@@ -48,6 +48,10 @@ pub enum Deny {
         /// The region file.
         region: &'static Path,
     },
+    /// The process's CUDA device `.0` is not one of the container's devices the region knows
+    /// (`docs/shared-region.md`, "Which device"), and the container has limits: fail closed.
+    #[error("CUDA device {0} is not a device of the container the shared region knows (CUDA_VISIBLE_DEVICES names it by a UUID no process that sees it by index, or sees every device, has recorded): allocations on it refused")]
+    UnknownDevice(usize),
     /// The process is exiting: its slot is being released.
     #[error("process is exiting: allocations refused")]
     Exiting,

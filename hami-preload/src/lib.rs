@@ -26,7 +26,8 @@
 //! * [`measure`]: the real driver's and NVML's readings, the current context's device;
 //! * [`state`]: the configuration, the region and this process's [`state::Holdings`];
 //! * the tables they hold ([`accounting`], [`context`], [`pool_reservations`],
-//!   [`module_memory`], [`lmem`], [`backstop`], [`gate`], [`hostpid`]) and the plain helpers
+//!   [`module_memory`], [`lmem`], [`backstop`], [`gate`], [`hostpid`], [`devmap`]: which
+//!   container device each CUDA ordinal is) and the plain helpers
 //!   ([`ctx_devices`], `keymap`, [`spin`], [`policy`], [`proclist`], [`images`], [`config`],
 //!   [`log`], [`refusals`], [`export_table`]);
 //! * [`shim`], [`symbols`] (the real functions, by name) over [`real`], and [`cuda`] (the
@@ -38,6 +39,7 @@ pub mod config;
 pub mod context;
 pub mod ctx_devices;
 pub mod cuda;
+pub mod devmap;
 pub mod dlsym;
 pub mod export_table;
 pub mod gate;

@@ -15,9 +15,8 @@
 use crate::accounting::{Accounts, Deny, Ledger, NoSlot};
 use crate::config::Config;
 use crate::context::ContextTable;
-use crate::cuda::{CUdevice, CUuuid, CUDA_SUCCESS};
+pub use crate::devmap::Placed;
 use crate::log::Level;
-use crate::symbols::{self, Cu};
 use hami_common::layout::{UsageKind, MAX_DEVICES};
 use hami_common::region::{
     compute_policy_name, DenyReason, OpenOutcome, ProcessId, Region, RegionConfig, SlotId,
@@ -59,18 +58,7 @@ fn global_slow() -> &'static Global {
 }
 
 fn device_count() -> u32 {
-    // SAFETY: FnDeviceGetCount is the type of cuDeviceGetCount.
-    let Some(f) = (unsafe { symbols::cu::<crate::cuda::FnDeviceGetCount>(Cu::cuDeviceGetCount) })
-    else {
-        return 0;
-    };
-    let mut n = 0;
-    // SAFETY: valid out pointer.
-    if unsafe { f(&mut n) } == CUDA_SUCCESS {
-        n.max(0) as u32
-    } else {
-        0
-    }
+    crate::devmap::driver_count().map_or(0, |n| n as u32)
 }
 
 fn build_global() -> (Global, Vec<(Level, String)>) {
@@ -303,7 +291,7 @@ impl Holdings {
                 }
             }
         }
-        record_uuids(region);
+        crate::devmap::record_all(region);
         crate::hostpid::on_registered(region, s);
         g.current = Some(s);
         let boxed: &'static SlotId = match g.published {
@@ -329,27 +317,39 @@ impl Holdings {
     }
 }
 
-/// Records the number of devices this process sees (`cuDeviceGetCount`) and the UUID of
-/// each (ordinals after `CUDA_VISIBLE_DEVICES`). Called at registration, after `cuInit`.
-fn record_uuids(region: &Region) {
-    let n = device_count().min(MAX_DEVICES as u32);
-    region.set_device_count(n);
-    for dev in 0..n {
-        if let Some(u) = device_uuid(dev as CUdevice) {
-            region.set_uuid(dev as usize, u);
-        }
+/// Where CUDA ordinal `ord` of this process lies among the container's devices
+/// ([`crate::devmap`]): the region's index, or what to do with a device the region does not
+/// know.
+#[inline]
+pub fn placed(ord: usize) -> Placed {
+    let g = global();
+    crate::devmap::placed(ord, g.region.as_ref().ok(), || container_limited(g))
+}
+
+/// Adds one to the region's refusal counter of the container's device that this process's
+/// CUDA ordinal `ord` is (nothing for a device the region does not know).
+pub fn count_refusal(ord: usize) {
+    if let (Ok(region), Placed::Index(c)) = (&global().region, placed(ord)) {
+        region.count_refusal(c);
     }
 }
 
-/// The UUID of CUDA device `dev` (real `cuDeviceGetUuid_v2`, else `cuDeviceGetUuid`).
-pub fn device_uuid(dev: CUdevice) -> Option<[u8; 16]> {
-    // SAFETY: FnDeviceGetUuid is the type of both functions.
-    let f = unsafe { symbols::cu::<crate::cuda::FnDeviceGetUuid>(Cu::cuDeviceGetUuid_v2) }
-        // SAFETY: as above.
-        .or_else(|| unsafe { symbols::cu::<crate::cuda::FnDeviceGetUuid>(Cu::cuDeviceGetUuid) })?;
-    let mut u = CUuuid::default();
-    // SAFETY: valid out pointer.
-    (unsafe { f(&mut u, dev) } == CUDA_SUCCESS).then_some(u.bytes)
+/// Whether the container has any memory limit or compute share (an unknown device then
+/// fails closed).
+pub fn container_limited_now() -> bool {
+    container_limited(global())
+}
+
+/// Whether the container has any memory limit or compute share (an unknown device then
+/// fails closed). Without a region everything fails closed anyway.
+fn container_limited(g: &Global) -> bool {
+    let c = &g.config;
+    let local =
+        (0..MAX_DEVICES).any(|d| c.limits[d] != 0 || c.limit_flags[d] != 0 || c.sm_limits[d] != 0);
+    local
+        || g.region.as_ref().map_or(true, |r| {
+            (0..MAX_DEVICES).any(|d| r.limit(d) != 0 || r.limit_flags(d) != 0 || r.sm_limit(d) != 0)
+        })
 }
 
 static PROC: AtomicPtr<Holdings> = AtomicPtr::new(std::ptr::null_mut());
@@ -441,41 +441,51 @@ impl ProcLedger {
         g.region.as_ref().map_err(|e| Deny::NoRegion(e.as_str()))
     }
 
-    /// Bytes this process has charged on `dev` other than context memory (0 before it
-    /// registers).
+    /// Bytes this process has charged on its CUDA ordinal `dev` other than context memory (0
+    /// before it registers, and for a device the region does not know).
     pub fn own_non_context(&self, dev: usize) -> u64 {
         let (Ok(region), Some(slot)) = (self.region(), self.p.slot()) else {
+            return 0;
+        };
+        let Placed::Index(cdev) = placed(dev) else {
             return 0;
         };
         UsageKind::ALL
             .iter()
             .filter(|&&k| k != UsageKind::Context)
-            .map(|&k| region.slot_usage(slot, dev, k))
+            .map(|&k| region.slot_usage(slot, cdev, k))
             .fold(0u64, u64::saturating_add)
     }
 
-    fn local_invalid(&self, dev: usize) -> bool {
+    fn local_invalid(&self, cdev: usize) -> bool {
         self.g
             .config
             .limit_flags
-            .get(dev)
+            .get(cdev)
             .is_some_and(|f| f & hami_common::layout::LIMIT_FLAG_INVALID != 0)
     }
 }
 
+/// The [`Ledger`]'s `dev` is this process's CUDA ordinal (what its tables and the driver
+/// use); the region is charged at the container's index of that device ([`placed`]).
 impl Ledger for ProcLedger {
     fn try_charge(&self, dev: usize, kind: UsageKind, bytes: u64) -> Result<(), Deny> {
         if self.p.exiting.load(Ordering::Relaxed) {
             return Err(Deny::Exiting);
         }
-        if self.local_invalid(dev) {
-            return Err(Deny::LocalConfig(dev));
+        let cdev = match placed(dev) {
+            Placed::Index(c) => c,
+            Placed::Untracked => return Ok(()),
+            Placed::Refused => return Err(Deny::UnknownDevice(dev)),
+        };
+        if self.local_invalid(cdev) {
+            return Err(Deny::LocalConfig(cdev));
         }
         let region = self.region()?;
         let mut retried = false;
         loop {
             let slot = self.p.ensure_slot(region)?;
-            match region.try_charge(slot, dev, kind, bytes) {
+            match region.try_charge(slot, cdev, kind, bytes) {
                 Ok(()) => return Ok(()),
                 Err(d) if !retried && d.reason == DenyReason::SlotLost => {
                     crate::warn!(
@@ -500,16 +510,22 @@ impl Ledger for ProcLedger {
         if bytes == 0 || self.p.exiting.load(Ordering::Relaxed) {
             return;
         }
+        let Placed::Index(cdev) = placed(dev) else {
+            return;
+        };
         if let Ok(region) = self.region() {
             if let Ok(slot) = self.p.ensure_slot(region) {
-                region.force_charge(slot, dev, kind, bytes);
+                region.force_charge(slot, cdev, kind, bytes);
             }
         }
     }
 
     fn uncharge(&self, dev: usize, kind: UsageKind, bytes: u64) {
+        let Placed::Index(cdev) = placed(dev) else {
+            return;
+        };
         if let (Ok(region), Some(slot)) = (self.region(), self.p.slot()) {
-            region.uncharge(slot, dev, kind, bytes);
+            region.uncharge(slot, cdev, kind, bytes);
         }
     }
 }

@@ -29,8 +29,8 @@ use hami_compat::HamiCompat;
 /// Default listen address of `/metrics`.
 pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9494";
 
-/// Labels of the per-container, per-device families. `cuda_device` is the device ordinal
-/// inside the container (CUDA's numbering there, HAMi's `vdevice_index`), not
+/// Labels of the per-container, per-device families. `cuda_device` is the container's device
+/// index (CUDA's numbering there without `CUDA_VISIBLE_DEVICES`, HAMi's `vdevice_index`), not
 /// dcgm-exporter's `device` (`nvidia0`) nor its `gpu` (the node's NVML index).
 pub const CONTAINER_LABELS: [&str; 6] = [
     "namespace",
@@ -87,7 +87,8 @@ pub struct RegionSeries {
     pub identity: Identity,
     /// Region path as its processes name it.
     pub region: String,
-    /// Device ordinal inside the container (CUDA's numbering there).
+    /// The container's device index (the region's; CUDA's numbering there without
+    /// `CUDA_VISIBLE_DEVICES`).
     pub device: u32,
     /// GPU UUID (`GPU-...`), empty when neither the region nor NVML names it.
     pub uuid: String,

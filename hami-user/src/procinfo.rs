@@ -196,6 +196,9 @@ pub struct ProcInfo {
     pub env_limits: EnvLimits,
     /// Credentials from `/proc/<pid>/status` (who the kernel checks file access for).
     pub creds: Option<Creds>,
+    /// `CUDA_VISIBLE_DEVICES` in its environment (`None`: unset): how its CUDA ordinals map
+    /// to the container's devices (`hami_common::visible`).
+    pub visible_devices: Option<String>,
 }
 
 /// Parse `/proc/<pid>/environ` contents (NUL-separated `KEY=VALUE`, converted lossily).
@@ -528,8 +531,13 @@ pub fn read_proc(proc_root: &Path, pid: u32) -> Result<ProcInfo, ProcError> {
         .map(|c| parse_cgroup(&c))
         .unwrap_or_else(|_| "/".to_string());
     let maps = read_maps(proc_root, pid).unwrap_or_default();
-    let env = read_bytes(dir.join("environ"))
-        .map(|raw| env_contract(&parse_environ(&raw)))
+    let environ = read_bytes(dir.join("environ")).map(|raw| parse_environ(&raw));
+    let visible_devices = environ.as_ref().ok().and_then(|e| {
+        e.get(hami_common::visible::ENV_CUDA_VISIBLE_DEVICES)
+            .cloned()
+    });
+    let env = environ
+        .map(|e| env_contract(&e))
         .unwrap_or_else(|_| HamiEnv::from_lookup(|_| None));
     let (region_path, region_from_env) = env.region_path();
     let region_path = region_path.to_string();
@@ -552,6 +560,7 @@ pub fn read_proc(proc_root: &Path, pid: u32) -> Result<ProcInfo, ProcError> {
         region_from_env,
         env_limits: EnvLimits::from_env(&env),
         creds: status.as_ref().map(Creds::from_status),
+        visible_devices,
     })
 }
 

@@ -354,7 +354,7 @@ impl AuditReport {
         if !self.processes.is_empty() {
             let _ = writeln!(
             out,
-            "DEVICE = the CUDA ordinals (as the process numbers its devices) its memory is on, from the probes and its region slot"
+            "DEVICE = the container's devices (its region's indices, whatever the process's CUDA_VISIBLE_DEVICES) its memory is on, from the probes and its region slot"
         );
         }
         if self.processes.iter().any(|p| p.unknown_device) {

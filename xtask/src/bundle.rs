@@ -3,7 +3,7 @@
 //! Builds, in release, `libhami_preload.so` (`-p hami-preload`) and `hami-agent`
 //! (`-p hami-user`, eBPF object embedded; needs `bpf-linker`, which `setup` provides), strips
 //! them, and copies them with the acceptance runner (`gpu/run_acceptance.py`, its packages
-//! `gpu/acceptance/` and `gpu/runner/`, `gpu/README.md`, `gpu/workloads/`, the two-GPU checks `gpu/multi_gpu_check.py` and
+//! `gpu/acceptance/` and `gpu/runner/`, `gpu/README.md`, `gpu/workloads/`, the two-GPU checks `gpu/multi_gpu_check.py`, `gpu/multi_gpu_container.py` (issue 29) and
 //! `gpu/library_two_devices.sh`) and the C test programs (`testing/programs/*.c` and the `*.h` they include) into
 //! the git-ignored `<root>/gpu-bundle/`:
 //!
@@ -86,6 +86,7 @@ pub fn gpu_bundle_with(root: &Path, opts: &BundleOptions) -> Result<PathBuf> {
     // nvidia-smi inside a container.
     for name in [
         "multi_gpu_check.py",
+        "multi_gpu_container.py",
         "library_two_devices.sh",
         "library_two_contexts.sh",
         "nvsmi_container.sh",

@@ -14,6 +14,7 @@ use crate::gate;
 use crate::shim::hook;
 use crate::state;
 use hami_common::layout::MAX_DEVICES;
+use hami_common::region::{ComputeCells, Region};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
@@ -119,9 +120,24 @@ fn arm() -> bool {
     any
 }
 
-/// The effective share of device `dev` (0 = none), once [`armed`].
+/// The effective share of this process's CUDA ordinal `dev` (0 = none), once [`armed`]: the
+/// share of the container's device it is. A device the region does not know has no gate (no
+/// other device's budget); in a container with limits nothing can be allocated on it, a
+/// context included.
 fn share(dev: usize) -> u32 {
-    SHARES.get(dev).map_or(0, |s| s.load(Ordering::Relaxed))
+    match state::placed(dev) {
+        state::Placed::Index(c) => SHARES.get(c).map_or(0, |s| s.load(Ordering::Relaxed)),
+        _ => 0,
+    }
+}
+
+/// The shared budget of this process's CUDA ordinal `dev`: the compute record of the
+/// container's device it is.
+fn cells(region: &Region, dev: usize) -> Option<ComputeCells<'_>> {
+    match state::placed(dev) {
+        state::Placed::Index(c) => region.compute_cells(c),
+        _ => None,
+    }
 }
 
 // ---- the gate around a submission ----
@@ -168,7 +184,7 @@ fn enter_gated(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'static>> {
         &state::holdings().gate,
         &gate::RealDriver,
         &gate::RealClock,
-        |d| region.compute_cells(d),
+        |d| cells(region, d),
         pct,
         t,
     )
@@ -191,6 +207,6 @@ pub(crate) fn gate_on_sync() {
     if let Ok(region) = &state::global().region {
         state::holdings()
             .gate
-            .harvest(&gate::RealDriver, |d| region.compute_cells(d));
+            .harvest(&gate::RealDriver, |d| cells(region, d));
     }
 }

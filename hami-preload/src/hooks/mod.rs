@@ -69,9 +69,7 @@ use hami_common::layout::{UsageKind, MAX_DEVICES};
 /// per interval saying how many were refused since the last; a fail-closed refusal is an
 /// error the first time, debug after.
 pub(crate) fn report_denial(what: &str, p: &Holdings, dev: usize, d: &Deny) {
-    if let Ok(region) = &state::global().region {
-        region.count_refusal(dev);
-    }
+    state::count_refusal(dev);
     if d.is_over_limit() {
         match crate::refusals::REFUSAL_LOG.on_refusal(dev, backstop::now_ms()) {
             Some(r) if r.first => crate::warn!(
@@ -246,15 +244,15 @@ pub(crate) fn backstop_tick(l: &ProcLedger, dev: usize) {
     if l.g.config.backstop_interval_ms.is_none() {
         return;
     }
-    if let Ok(r) = &l.g.region {
-        if backstop::headroom_small(r.limit(dev), r.admitted(dev)) {
+    if let (Ok(r), state::Placed::Index(c)) = (&l.g.region, state::placed(dev)) {
+        if backstop::headroom_small(r.limit(c), r.admitted(c)) {
             backstop_poll(Some(dev));
         }
     }
 }
 
-/// Refreshes "other" on `only` (or on every device this process has charges on), for each
-/// device at most once per interval.
+/// Refreshes "other" on CUDA ordinal `only` (or on every ordinal whose container device this
+/// process has charges on), for each device at most once per interval.
 #[cold]
 pub(crate) fn backstop_poll(only: Option<usize>) {
     let g = state::global();
@@ -269,18 +267,26 @@ pub(crate) fn backstop_poll(only: Option<usize>) {
         return;
     };
     let now = backstop::now_ms();
-    let devs: Vec<usize> = match only {
-        Some(d) if d < MAX_DEVICES => vec![d],
+    let charged = |c: usize| {
+        UsageKind::ALL
+            .iter()
+            .any(|&k| region.slot_usage(slot, c, k) != 0)
+    };
+    // (ordinal: for the driver and NVML, container index: for the region)
+    let devs: Vec<(usize, usize)> = match only {
+        Some(d) if d < MAX_DEVICES => match state::placed(d) {
+            state::Placed::Index(c) => vec![(d, c)],
+            _ => return,
+        },
         Some(_) => return,
-        None => (0..MAX_DEVICES)
-            .filter(|&d| {
-                UsageKind::ALL
-                    .iter()
-                    .any(|&k| region.slot_usage(slot, d, k) != 0)
+        None => (0..crate::devmap::driver_count().unwrap_or(0).min(MAX_DEVICES))
+            .filter_map(|d| match state::placed(d) {
+                state::Placed::Index(c) if charged(c) => Some((d, c)),
+                _ => None,
             })
             .collect(),
     };
-    for dev in devs {
+    for (dev, c) in devs {
         if !p.backstop.claim(dev, now, interval) || !nvml_ready() {
             continue;
         }
@@ -290,15 +296,15 @@ pub(crate) fn backstop_poll(only: Option<usize>) {
         let accounted = UsageKind::ALL
             .iter()
             .filter(|&&k| k != UsageKind::Other)
-            .map(|&k| region.slot_usage(slot, dev, k))
+            .map(|&k| region.slot_usage(slot, c, k))
             .fold(0u64, u64::saturating_add);
-        let current = region.slot_usage(slot, dev, UsageKind::Other);
+        let current = region.slot_usage(slot, c, UsageKind::Other);
         let target = backstop::other_target(own, accounted);
         let l = ProcLedger::current();
         let change = Backstop::apply(&l, dev, current, target);
         if change != 0 {
             crate::debug!(
-                "backstop: device {dev}: the driver reports {own} bytes for this process, {accounted} accounted: other = {target} bytes"
+                "backstop: device {dev} (the container's device {c}): the driver reports {own} bytes for this process, {accounted} accounted: other = {target} bytes"
             );
         }
     }

@@ -9,7 +9,7 @@
 
 use crate::cuda::*;
 use crate::hostpid;
-use crate::measure::nvml::nvml_ordinal;
+use crate::measure::nvml::nvml_container_dev;
 use crate::proclist::{self, ListKind, Member, ProcEntry, Reading, Reply, NO_INSTANCE};
 use crate::shim::hook;
 use crate::state;
@@ -172,7 +172,7 @@ pub(crate) fn driver_host_pids(device: nvmlDevice_t) -> Option<Vec<u32>> {
 /// The container's processes on `device` and whether slot pids are host pids; `None` (pass
 /// through) for a device the preload does not know or without a quota, or without a region.
 pub(crate) fn container_of(device: nvmlDevice_t) -> Option<(Vec<Member>, bool)> {
-    let dev = nvml_ordinal(device)?;
+    let dev = nvml_container_dev(device)?;
     if dev >= MAX_DEVICES {
         return None;
     }

@@ -5,13 +5,28 @@
 
 use crate::cuda::*;
 use crate::measure::current_dev_ctx;
-use crate::measure::nvml::nvml_ordinal;
+use crate::measure::nvml::nvml_container_dev;
 use crate::policy::{self, DeviceQuota};
 use crate::shim::hook;
-use crate::state::{self};
+use crate::state::{self, Placed};
 use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
 
-/// The quota of CUDA ordinal `dev` (None: not tracked, report the physical values).
+/// The quota of this process's CUDA ordinal `ord` (None: not tracked, report the physical
+/// values). A device the region does not know in a container with limits shows nothing free
+/// ([`crate::devmap::Placed::Refused`]); never another device's quota.
+fn ordinal_quota(ord: usize) -> Option<DeviceQuota> {
+    match state::placed(ord) {
+        Placed::Index(c) => quota(c),
+        Placed::Untracked => None,
+        Placed::Refused => Some(DeviceQuota {
+            limit: 0,
+            invalid: true,
+            used: 0,
+        }),
+    }
+}
+
+/// The quota of the container's device `dev` (None: not tracked, report the physical values).
 fn quota(dev: usize) -> Option<DeviceQuota> {
     if dev >= MAX_DEVICES {
         return None;
@@ -50,7 +65,7 @@ hook! {
             return r;
         };
         super::backstop_poll(Some(dev));
-        if let Some(q) = quota(dev) {
+        if let Some(q) = ordinal_quota(dev) {
             // SAFETY: non-null out pointers the driver just wrote.
             unsafe {
                 let (fr, to) = policy::mem_view(q, *free as u64, *total as u64);
@@ -75,7 +90,7 @@ hook! {
         // SAFETY: forwarded arguments.
         let r = unsafe { f(bytes, dev) };
         if r == CUDA_SUCCESS && dev >= 0 {
-            if let Some(q) = quota(dev as usize) {
+            if let Some(q) = ordinal_quota(dev as usize) {
                 // SAFETY: non-null out pointer the driver just wrote.
                 unsafe { *bytes = policy::total_view(q, *bytes as u64) as usize };
             }
@@ -84,8 +99,23 @@ hook! {
     }
 }
 
+/// The quota of an NVML device: the container's device with its UUID
+/// ([`nvml_container_dev`]); one the region does not know shows nothing free when the
+/// container has limits.
+fn nvml_placed(device: nvmlDevice_t) -> Option<DeviceQuota> {
+    match nvml_container_dev(device) {
+        Some(c) => quota(c),
+        None if state::container_limited_now() => Some(DeviceQuota {
+            limit: 0,
+            invalid: true,
+            used: 0,
+        }),
+        None => None,
+    }
+}
+
 fn nvml_view(device: nvmlDevice_t, free: &mut u64, total: &mut u64, used: &mut u64) {
-    let Some(q) = nvml_ordinal(device).and_then(quota) else {
+    let Some(q) = nvml_placed(device) else {
         return;
     };
     if q.limit == 0 && !q.invalid {

@@ -78,10 +78,21 @@ fn own_data(dev: usize) -> u64 {
         .saturating_add(l.p.limits.on_device(dev))
 }
 
-/// Non-context charges of every process sharing the region on `dev`.
+/// The container index of this process's CUDA ordinal `dev`, when the region knows it.
+fn cdev(dev: usize) -> Option<usize> {
+    match state::placed(dev) {
+        state::Placed::Index(c) => Some(c),
+        _ => None,
+    }
+}
+
+/// Non-context charges of every process sharing the region on CUDA ordinal `dev`'s device.
 fn region_data(dev: usize) -> u64 {
     let Ok(region) = &state::global().region else {
         return 0;
+    };
+    let Some(c) = cdev(dev) else {
+        return state::holdings().limits.on_device(dev);
     };
     let kinds: Vec<usize> = hami_common::layout::UsageKind::ALL
         .iter()
@@ -92,38 +103,41 @@ fn region_data(dev: usize) -> u64 {
         .snapshot()
         .slots
         .iter()
-        .filter_map(|s| s.usage.get(dev))
+        .filter_map(|s| s.usage.get(c))
         .flat_map(|u| kinds.iter().map(move |&k| u[k]))
         .fold(0u64, u64::saturating_add)
         // This process's limit memory on the device (as in `own_data`).
         .saturating_add(state::holdings().limits.on_device(dev))
 }
 
-/// Everything every process sharing the region has charged on `dev`, all kinds.
+/// Everything every process sharing the region has charged on CUDA ordinal `dev`'s device,
+/// all kinds.
 fn region_used(dev: usize) -> u64 {
-    let Ok(region) = &state::global().region else {
+    let (Ok(region), Some(c)) = (&state::global().region, cdev(dev)) else {
         return 0;
     };
     region
         .snapshot()
         .slots
         .iter()
-        .filter_map(|s| s.usage.get(dev))
+        .filter_map(|s| s.usage.get(c))
         .flat_map(|u| u.iter().copied())
         .fold(0u64, u64::saturating_add)
 }
 
-/// The region's context footprint of `dev` (0: not measured yet, or no region).
+/// The region's context footprint of CUDA ordinal `dev`'s device (0: not measured yet, no
+/// region, or a device the region does not know).
 fn footprint(dev: usize) -> u64 {
-    state::global()
-        .region
-        .as_ref()
-        .map_or(0, |r| r.context_footprint(dev))
+    let (Ok(r), Some(c)) = (&state::global().region, cdev(dev)) else {
+        return 0;
+    };
+    r.context_footprint(c)
 }
 
-/// Stores a measured context footprint of `dev` in the region.
+/// Stores a measured context footprint of CUDA ordinal `dev`'s device in the region.
 fn set_footprint(dev: usize, bytes: u64) {
-    if let Ok(r) = &state::global().region {
+    if let (Ok(r), Some(c)) = (&state::global().region, cdev(dev)) {
+        let dev = c;
         if r.context_footprint(dev) != bytes {
             crate::debug!("device {dev}: context footprint {bytes} bytes stored in the region");
             r.set_context_footprint(dev, bytes);
@@ -199,9 +213,7 @@ pub(crate) fn meter() -> Meter<'static> {
 pub(crate) fn log_context_outcome(what: &str, dev: usize, outcome: Option<ContextOutcome>) {
     let Some(o) = outcome else { return };
     if matches!(o, ContextOutcome::Refused { .. }) {
-        if let Ok(region) = &crate::state::global().region {
-            region.count_refusal(dev);
-        }
+        state::count_refusal(dev);
     }
     match o {
         ContextOutcome::Refused {

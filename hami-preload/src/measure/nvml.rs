@@ -8,7 +8,7 @@ use crate::cuda::*;
 use crate::state;
 use crate::symbols::{self, Cu, Nv};
 use hami_common::layout::MAX_DEVICES;
-use std::ffi::{c_char, c_int, c_uint, CStr};
+use std::ffi::{c_char, c_uint, CStr};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 /// NVML handles of CUDA ordinals, for measuring context memory.
@@ -36,7 +36,7 @@ pub(crate) fn nvml_handle(dev: usize) -> Option<nvmlDevice_t> {
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
     if cache[dev] == 0 {
-        let uuid = state::device_uuid(dev as CUdevice)?;
+        let uuid = crate::devmap::device_uuid(dev as CUdevice)?;
         cache[dev] = nvml_handle_for_uuid(&uuid)? as usize;
     }
     Some(cache[dev] as nvmlDevice_t)
@@ -174,46 +174,38 @@ pub(crate) fn nvml_uuid(device: nvmlDevice_t) -> Option<[u8; 16]> {
     parse_uuid(&s)
 }
 
-/// CUDA ordinals of NVML devices already identified.
-static NVML_ORDINALS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+/// Container indices of NVML devices already identified.
+static NVML_INDICES: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 
-/// The CUDA ordinal (as this process numbers devices) of an NVML device, by UUID.
-pub(crate) fn nvml_ordinal(device: nvmlDevice_t) -> Option<usize> {
+/// The container's index of an NVML device (NVML lists every device of the container,
+/// whatever `CUDA_VISIBLE_DEVICES` says): where the region recorded its UUID. When it is not
+/// recorded yet (e.g. `nvidia-smi` first), this process initialises the driver and records
+/// what it can place itself ([`crate::devmap::record_all`]), then looks again. `None`: the
+/// region does not know the device.
+pub(crate) fn nvml_container_dev(device: nvmlDevice_t) -> Option<usize> {
     {
-        let known = NVML_ORDINALS.lock().unwrap_or_else(PoisonError::into_inner);
+        let known = NVML_INDICES.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(&(_, o)) = known.iter().find(|(h, _)| *h == device as usize) {
             return Some(o);
         }
     }
     let uuid = nvml_uuid(device)?;
     let g = state::global();
-    let region = g.region.as_ref().ok();
-    let mut found = region.and_then(|r| (0..MAX_DEVICES).find(|&d| r.uuid(d) == uuid));
+    let region = g.region.as_ref().ok()?;
+    let find = || (0..MAX_DEVICES).find(|&d| region.uuid(d) == uuid);
+    let mut found = find();
     if found.is_none() {
-        // No CUDA process recorded the UUIDs yet (e.g. nvidia-smi first): ask the driver.
-        // SAFETY: documented types.
-        let init = unsafe { symbols::cu::<FnInit>(Cu::cuInit) };
-        // SAFETY: documented types.
-        let count = unsafe { symbols::cu::<FnDeviceGetCount>(Cu::cuDeviceGetCount) };
-        if let (Some(init), Some(count)) = (init, count) {
-            let mut n: c_int = 0;
-            // SAFETY: plain calls with valid out pointers.
-            if unsafe { init(0) } == CUDA_SUCCESS && unsafe { count(&mut n) } == CUDA_SUCCESS {
-                for d in 0..(n.max(0) as usize).min(MAX_DEVICES) {
-                    if let Some(u) = state::device_uuid(d as CUdevice) {
-                        if let Some(r) = region {
-                            r.set_uuid(d, u);
-                        }
-                        if u == uuid {
-                            found = Some(d);
-                        }
-                    }
-                }
+        // SAFETY: documented type.
+        if let Some(init) = unsafe { symbols::cu::<FnInit>(Cu::cuInit) } {
+            // SAFETY: a plain call; an error leaves the driver uninitialised (nothing placed).
+            if unsafe { init(0) } == CUDA_SUCCESS {
+                crate::devmap::record_all(region);
+                found = find();
             }
         }
     }
     let o = found?;
-    NVML_ORDINALS
+    NVML_INDICES
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push((device as usize, o));

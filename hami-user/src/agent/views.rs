@@ -98,7 +98,13 @@ impl Agent {
                             .as_ref()
                             .map(|err| format!("region unreadable: {err}"))
                     }),
-                    observed: p.by_device(),
+                    observed: container_devices(
+                        p.by_device(),
+                        info.visible_devices.as_deref(),
+                        e.region
+                            .and_then(|i| self.regions.get(i)?.snapshot.as_ref())
+                            .map(|s| &s.uuids[..]),
+                    ),
                     alloc_events: p.alloc_events,
                     peak_bytes: p.peak_bytes,
                     pre_existing: p.baseline.is_pre_existing(),
@@ -361,9 +367,10 @@ impl Agent {
             };
             // A process whose events were lost shows its rebuilt figures (see views()).
             let rebuilt = p.events_lost.then_some(view).flatten();
-            let by_device = rebuilt.map_or_else(|| p.by_device(), |v| v.observed.clone());
+            // By the container's device (the view maps the probes' ordinals, issue 29).
+            let by_device = view.map_or_else(|| p.by_device(), |v| v.observed.clone());
             let unknown_device = by_device.contains_key(&None);
-            // CUDA ordinals (as the process numbers its devices): where the probes saw
+            // The container's devices (its region's indices): where the probes saw
             // allocations and where its region slot holds usage.
             let mut devices: Vec<u32> = by_device.keys().filter_map(|d| *d).collect();
             if let Some(s) = slot {
@@ -516,8 +523,10 @@ pub struct ProcessRow {
     pub observed: u64,
     /// Observed by device (`unknown` when the context's device was not seen).
     pub observed_by_device: BTreeMap<String, u64>,
-    /// CUDA device ordinals (as the process numbers them) its memory is on: where the probes
-    /// saw its allocations and where its region slot holds usage; sorted, no duplicates.
+    /// The container's devices (its region's indices, `docs/shared-region.md`, "Which
+    /// device") its memory is on: where the probes saw its allocations (their CUDA ordinals
+    /// mapped through its `CUDA_VISIBLE_DEVICES`) and where its region slot holds usage; the
+    /// process's ordinals for a process without a region; sorted, no duplicates.
     pub devices: Vec<u32>,
     /// NVML device indexes (the node's numbering) where NVML reports memory used by it.
     pub nvml_devices: Vec<u32>,
@@ -606,4 +615,31 @@ pub fn shown_devices(s: &RegionSnapshot) -> usize {
             })
             .map_or(1, |d| d + 1)
     })
+}
+
+/// A process's observed bytes keyed by the container's device (the region's index) instead
+/// of the process's CUDA ordinal (what the probes see): through its `CUDA_VISIBLE_DEVICES`
+/// and the UUIDs its region recorded (`hami_common::visible::place_by_entry`; issue 29). An
+/// ordinal that cannot be placed is an unknown device (`None`), never another device.
+pub(crate) fn container_devices(
+    by_ordinal: BTreeMap<Option<u32>, u64>,
+    visible: Option<&str>,
+    recorded: Option<&[[u8; 16]]>,
+) -> BTreeMap<Option<u32>, u64> {
+    use hami_common::visible::{place_by_entry, Placement};
+    if visible.is_none() {
+        return by_ordinal;
+    }
+    let mut out = BTreeMap::new();
+    for (ord, bytes) in by_ordinal {
+        let key =
+            ord.and_then(
+                |o| match place_by_entry(o as usize, visible, recorded.unwrap_or(&[])) {
+                    Placement::At { index, .. } => Some(index as u32),
+                    Placement::Unknown(_) => None,
+                },
+            );
+        *out.entry(key).or_insert(0) += bytes;
+    }
+    out
 }

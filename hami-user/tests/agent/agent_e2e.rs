@@ -319,7 +319,8 @@ fn process_that_cannot_write_its_region_is_reported_locked_out() {
 /// says 1.75 GiB in a 1 GiB container. The workload cannot find itself in NVML either
 /// (`FAKE_NVML_HIDE_PROCESSES=1`), so no NVML-based correction in the preload can make it
 /// see the memory. It runs on the second of two GPUs (`CUDA_VISIBLE_DEVICES=1`): its
-/// device 0 is NVML's GPU 1, matched through the UUID the region records.
+/// ordinal 0 is the container's device 1 (issue 29), NVML's GPU 1, matched through the UUID
+/// the region records there.
 #[test]
 fn nvml_catches_a_blind_preload_as_drift_and_over_limit() {
     let _g = serial();
@@ -352,7 +353,10 @@ fn nvml_catches_a_blind_preload_as_drift_and_over_limit() {
     assert_eq!(drift[0]["bytes"], 1536 * MIB);
     assert_eq!(drift[0]["observed"], held);
     assert_eq!(drift[0]["accounted"], 256 * MIB);
-    assert_eq!(drift[0]["device"], 0);
+    assert_eq!(
+        drift[0]["device"], 1,
+        "the container's device, not the ordinal"
+    );
     assert!(
         drift[0]["detail"].as_str().unwrap().contains("NVML GPU 1"),
         "{:#}",
