@@ -332,6 +332,40 @@ pub(crate) fn git_describe(root: &Path) -> String {
     }
 }
 
+/// `oldglibc/`: Debian 11's glibc 2.31 (from `.tools/glibc-2.31`, `cargo xtask setup`) and
+/// `cudaprobe` built for glibc 2.17 by zig, for `gpu/oldglibc_check.sh`: the released preload
+/// and the real driver in a process of an older glibc (a container on an older base image).
+fn old_glibc(root: &Path, out: &Path) -> Result<()> {
+    use hami_test_harness::glibc;
+    let src = root.join(glibc::OLD_GLIBC_DIR);
+    anyhow::ensure!(
+        glibc::OldGlibc::at(&src).is_some(),
+        "no glibc 2.31 userland in {} (cargo xtask setup)",
+        src.display()
+    );
+    let dst = out.join("oldglibc");
+    // `cp -a`: the userland's symlinks (the loader, the libraries' sonames) stay links.
+    fs::create_dir_all(&dst)?;
+    run_checked(
+        std::process::Command::new("cp")
+            .arg("-a")
+            .arg(&src)
+            .arg(dst.join("root")),
+    )?;
+    eprintln!("==> gpu-bundle: cargo build --release -p fake-cuda (to link cudaprobe against)");
+    run_checked(cargo(root).args(["build", "--release", "-p", "fake-cuda"]))?;
+    let lib = target_dir(root).join("release");
+    run_checked(
+        std::process::Command::new(glibc::zig(root))
+            .args(["cc", "-target", "x86_64-linux-gnu.2.17", "-O2", "-o"])
+            .arg(dst.join("cudaprobe"))
+            .arg(root.join("testing/programs/cudaprobe.c"))
+            .arg(format!("-L{}", lib.display()))
+            .args(["-lcuda", "-ldl", "-lpthread"]),
+    )?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,38 +426,4 @@ mod tests {
         assert_eq!(bundle_size(&dst).unwrap(), 3);
         fs::remove_dir_all(&base).unwrap();
     }
-}
-
-/// `oldglibc/`: Debian 11's glibc 2.31 (from `.tools/glibc-2.31`, `cargo xtask setup`) and
-/// `cudaprobe` built for glibc 2.17 by zig, for `gpu/oldglibc_check.sh`: the released preload
-/// and the real driver in a process of an older glibc (a container on an older base image).
-fn old_glibc(root: &Path, out: &Path) -> Result<()> {
-    use hami_test_harness::glibc;
-    let src = root.join(glibc::OLD_GLIBC_DIR);
-    anyhow::ensure!(
-        glibc::OldGlibc::at(&src).is_some(),
-        "no glibc 2.31 userland in {} (cargo xtask setup)",
-        src.display()
-    );
-    let dst = out.join("oldglibc");
-    // `cp -a`: the userland's symlinks (the loader, the libraries' sonames) stay links.
-    fs::create_dir_all(&dst)?;
-    run_checked(
-        std::process::Command::new("cp")
-            .arg("-a")
-            .arg(&src)
-            .arg(dst.join("root")),
-    )?;
-    eprintln!("==> gpu-bundle: cargo build --release -p fake-cuda (to link cudaprobe against)");
-    run_checked(cargo(root).args(["build", "--release", "-p", "fake-cuda"]))?;
-    let lib = target_dir(root).join("release");
-    run_checked(
-        std::process::Command::new(glibc::zig(root))
-            .args(["cc", "-target", "x86_64-linux-gnu.2.17", "-O2", "-o"])
-            .arg(dst.join("cudaprobe"))
-            .arg(root.join("testing/programs/cudaprobe.c"))
-            .arg(format!("-L{}", lib.display()))
-            .args(["-lcuda", "-ldl", "-lpthread"]),
-    )?;
-    Ok(())
 }
