@@ -6,6 +6,7 @@
 //! and real region files.
 
 mod compute;
+mod exited;
 pub mod history;
 mod pidfds;
 mod processes;
@@ -210,6 +211,12 @@ pub struct Agent {
     /// The tracked processes' pidfds (see [`pidfds`]); `None` when `proc_root` is not this
     /// kernel's `/proc` (its pids are not ours to open) or there is no tokio runtime.
     exits: Option<pidfds::ExitWatch>,
+    /// Findings about processes that exited before a tick evaluated them (judged from what
+    /// the agent recorded while they lived: [`Agent::judge_exit`]), raised at the next tick.
+    exited: Vec<Finding>,
+    /// Processes that allocated and exited before the agent could read their `/proc` at
+    /// their first event: not classified (hooked or not unknown), counted and logged.
+    unclassified_exits: u64,
 }
 
 /// The exit watch, when `proc_root` is a procfs of the agent's own pid namespace (its pids
@@ -292,6 +299,8 @@ impl Agent {
             tick_stats: HashMap::new(),
             early_tick: false,
             exits: exit_watch_for(&opts.proc_root),
+            exited: Vec::new(),
+            unclassified_exits: 0,
             opts,
         };
         for p in a.opts.regions.clone() {
@@ -329,6 +338,7 @@ impl Agent {
     pub fn on_event(&mut self, ev: &Event) -> Applied {
         let kind = ev.kind;
         if kind == EventKind::ProcessExit {
+            self.judge_exit(ev.tgid);
             self.entries.remove(&ev.tgid);
             return self.procs.apply(ev);
         }
@@ -417,6 +427,7 @@ impl Agent {
             }
         }
         let mut out = self.settle(found, now);
+        self.raise_exited(&mut out);
         if self.opts.reclaim {
             out.reclaimed = self.reclaim();
             self.reclaimed.extend(out.reclaimed.iter().cloned());

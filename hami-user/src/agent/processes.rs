@@ -325,6 +325,7 @@ impl Agent {
                 },
             };
             if gone {
+                self.judge_exit(pid);
                 self.entries.remove(&pid);
                 self.procs.remove(pid);
                 continue;

@@ -35,6 +35,12 @@ fn rebuild_from_region(v: &mut ProcView, regions: &[RegionView]) {
 impl Agent {
     /// The views the pure rules take.
     pub(super) fn views(&self) -> (Vec<ProcView>, Vec<RegionView>) {
+        self.views_of(None)
+    }
+
+    /// [`Agent::views`] with only process `only` (every process: `None`) among the
+    /// processes; the regions all the same.
+    pub(super) fn views_of(&self, only: Option<u32>) -> (Vec<ProcView>, Vec<RegionView>) {
         // Unreadable regions are left out; `index[i]` is region i's place in the views.
         let mut index: Vec<Option<usize>> = Vec::with_capacity(self.regions.len());
         let regions: Vec<RegionView> = self
@@ -69,6 +75,7 @@ impl Agent {
         let procs = self
             .procs
             .iter()
+            .filter(|p| only.is_none_or(|o| o == p.pid))
             .filter_map(|p| {
                 let e = self.entries.get(&p.pid)?;
                 let info = e.info.as_ref()?;

@@ -13,6 +13,7 @@
 //!   v2.10.0) with hami-rs's procedure, in a scratch root, under mapped libraries.
 //! * [`hostile_tenant`]: a tenant cannot blind, kill or mislead the agent (issue 9).
 //! * [`regressions`]: one test per bug fixed, each naming the bug it guards.
+//! * [`short_lived`]: every short-lived unhooked process reported (issue 31).
 //!
 //! Needs root (CI runs as root) and the agent built with its eBPF object; without them the
 //! root tests fail and say why, never skip.
@@ -27,3 +28,4 @@ mod hami_swap;
 mod hami_swap_interop;
 mod hostile_tenant;
 mod regressions;
+mod short_lived;

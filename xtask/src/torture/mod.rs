@@ -36,6 +36,9 @@
 //!   20 phases, each phase from a fresh copy of the driver reached by two paths: the agent's
 //!   `VmRSS` at the start, middle and end must stay within a bound, discovery's sets within
 //!   their caps and, at the end, hold only what is live ([`churn`]).
+//! * **Short-lived bypasses** (`--long` or `--only short`, root; issue 31): 1000 unhooked
+//!   processes that allocate 64 MiB and exit 200 ms later, beside hooked ones: at least 99 %
+//!   reported as `bypass` with their pid, no hooked one reported ([`short`]).
 //! * **Scale** (`--long` or `--only scale`, root): R region files and P hooked processes
 //!   (1000 / 5000 in the long profile, 100 / 500 otherwise), measured at a fifth of that size
 //!   and whole: `hami-agent audit`'s wall time, CPU time and peak RSS, and `hami-agent run`'s
@@ -55,6 +58,7 @@ mod bad_inputs;
 mod churn;
 mod race;
 mod scale;
+mod short;
 mod stops;
 mod storm;
 mod worker;
@@ -170,6 +174,8 @@ pub enum Scenario {
     Fuzz,
     /// The agent's memory under 10 000 short-lived CUDA processes (root).
     Churn,
+    /// 1000 short-lived unhooked processes, each reported as a bypass (root, issue 31).
+    Short,
 }
 
 /// Options of `cargo xtask torture`.
@@ -263,6 +269,13 @@ pub fn torture(opts: &TortureOptions) -> Result<()> {
             churn::PROCS
         ));
         churn::churn(&mut r).context("churn")?;
+    }
+    if (opts.long && opts.only.is_none()) || opts.only == Some(Scenario::Short) {
+        step(&format!(
+            "short-lived bypasses: {} unhooked processes that allocate and exit 200 ms later",
+            short::PROCS
+        ));
+        short::short_lived(&mut r).context("short-lived bypasses")?;
     }
     if (opts.long && opts.only.is_none()) || opts.only == Some(Scenario::Fuzz) {
         step("fuzz targets (60 s each)");

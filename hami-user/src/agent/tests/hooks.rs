@@ -2,7 +2,7 @@
 
 use super::*;
 
-fn libvgpu_process(w: &World, pid: u32, marker: bool) {
+pub(super) fn libvgpu_process(w: &World, pid: u32, marker: bool) {
     libvgpu_process_env(w, pid, marker, &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")]);
 }
 

@@ -13,6 +13,7 @@ use std::os::unix::fs::MetadataExt;
 
 mod compute;
 mod drops;
+mod exited;
 mod hooks;
 mod nvml;
 mod pidfd;
