@@ -9,13 +9,18 @@
 //! * **Debited with the driver's own timing**: every metered submission is bracketed by two
 //!   events recorded on its stream; when the second has completed (checked with
 //!   `cuEventQuery` at later submissions and at synchronisations) `cuEventElapsedTime` is
-//!   debited from the budget and added to `consumed_ns`. Kernels of several streams (or
-//!   processes) that overlap on the device are each counted in full: the sum is
-//!   conservative.
+//!   debited from the budget and added to `consumed_ns`: the **union** of the process's
+//!   intervals ([`union_add`]), so that kernels of several streams that overlap on the device
+//!   are charged once for the wall time they occupy. Each interval is placed on the device's
+//!   timeline by its end event's distance from the latest end seen (the *horizon*, an event
+//!   kept per context); what overlaps intervals already charged within the last
+//!   [`UNION_KEEP_NS`] is not charged again, everything else is (conservative: what the
+//!   gate no longer remembers, or cannot place, is charged in full). Work of several
+//!   processes is not merged (their events cannot be compared): each pays its own.
 //! * **Waiting sleeps**: a submission that finds the budget negative sleeps for the deficit
 //!   at the refill rate (at most [`MAX_SLEEP_NS`] at a time) and checks again.
-//! * **Bounded queue**: at most [`inflight_limit`] metered submissions per device and
-//!   process are in flight (not yet debited): about [`QUEUE_AHEAD_NS`] of device time, one
+//! * **Bounded queue**: at most [`inflight_limit`] metered submissions per stream (and
+//!   [`MAX_INFLIGHT`] per device) and process are in flight (not yet debited): about [`QUEUE_AHEAD_NS`] of device time, one
 //!   kernel when kernels are long, so that a kernel is never preempted half done by the
 //!   GPU's time slicing between processes (its event pair would then count the other
 //!   process's slice); past it the submission polls the oldest with `cuEventQuery` and short
@@ -63,6 +68,12 @@ pub const QUEUE_AHEAD_NS: u64 = 250_000;
 /// Longest wait for the oldest submission in flight; past it the submission goes ahead
 /// (a kernel that never finishes must not hang the gate forever).
 pub const INFLIGHT_WAIT_NS: u64 = 2_000_000_000;
+/// How far back (ns of device time before the latest end seen) the gate remembers the
+/// intervals it charged, to charge an overlapping one only for what is new; an interval
+/// reaching further back is charged in full for that part.
+pub const UNION_KEEP_NS: i64 = 100_000_000;
+/// Most disjoint intervals remembered per context (the oldest are forgotten first).
+pub const UNION_MAX_INTERVALS: usize = 64;
 /// Events kept for reuse per process.
 const POOL_MAX: usize = 64;
 /// A submission lock held longer than this is taken over (its holder is stopped or dead;
@@ -118,6 +129,53 @@ pub fn debit(c: &ComputeCells<'_>, ns: u64) {
             Some(b.saturating_sub(d))
         });
     c.consumed_ns.fetch_add(ns, Ordering::Relaxed);
+}
+
+/// Adds the interval `[a, b)` (ns relative to the horizon, the latest end charged so far; `b`
+/// may lie beyond it) to `busy`, the disjoint, sorted intervals already charged since
+/// `known_from`, and returns the ns of it not charged before: its length less its overlap
+/// with `busy` (what lies before `known_from` is not remembered and counts as new: the
+/// conservative direction). When `b > 0` the horizon moves to `b` (everything is shifted by
+/// `-b`); intervals ending more than [`UNION_KEEP_NS`] before the horizon, and past
+/// [`UNION_MAX_INTERVALS`] the oldest, are forgotten (`known_from` moves up).
+pub fn union_add(busy: &mut Vec<(i64, i64)>, known_from: &mut i64, a: i64, b: i64) -> u64 {
+    if b <= a {
+        return 0;
+    }
+    let covered: i64 = busy
+        .iter()
+        .map(|&(x, y)| (y.min(b) - x.max(a).max(*known_from)).max(0))
+        .sum();
+    let new = ((b - a) - covered).max(0) as u64;
+    // Insert and merge.
+    let (mut lo, mut hi) = (a, b);
+    busy.retain(|&(x, y)| {
+        if y < lo || x > hi {
+            true
+        } else {
+            lo = lo.min(x);
+            hi = hi.max(y);
+            false
+        }
+    });
+    let at = busy.partition_point(|&(x, _)| x < lo);
+    busy.insert(at, (lo, hi));
+    if b > 0 {
+        for iv in busy.iter_mut() {
+            *iv = (iv.0 - b, iv.1 - b);
+        }
+        *known_from = known_from.saturating_sub(b);
+    }
+    let keep_from = -UNION_KEEP_NS;
+    if *known_from < keep_from {
+        *known_from = keep_from;
+    }
+    busy.retain(|&(_, y)| y > *known_from);
+    while busy.len() > UNION_MAX_INTERVALS {
+        let (_, y) = busy.remove(0);
+        *known_from = (*known_from).max(y);
+    }
+    new
 }
 
 /// After a refill: how long a submission must sleep before checking again (`None`: go).
@@ -200,6 +258,12 @@ pub trait Driver {
     fn query(&self, ev: usize) -> Query;
     /// Nanoseconds between two completed events (`cuEventElapsedTime`).
     fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64>;
+    /// Nanoseconds from `start` to `end`, negative when `end` completed first (where the
+    /// driver says so; one that will not is asked the other way round: [`offset_ns`]).
+    fn elapsed_signed_ns(&self, start: usize, end: usize) -> Option<i64> {
+        self.elapsed_ns(start, end)
+            .map(|v| i64::try_from(v).unwrap_or(i64::MAX))
+    }
     /// Runs `f` with this thread allowed to query events while another stream capture is
     /// under way (`cuThreadExchangeStreamCaptureMode` to relaxed and back).
     fn relaxed(&self, f: &mut dyn FnMut()) {
@@ -215,19 +279,60 @@ pub trait Clock {
     fn sleep_ns(&self, ns: u64);
 }
 
+/// A stream as the gate tells them apart: the handle as passed, and for the per-thread
+/// default stream (`CU_STREAM_PER_THREAD`, or NULL through a `_ptsz` entry point) the
+/// thread's token.
+type StreamKey = (usize, u64);
+
+const CU_STREAM_PER_THREAD: usize = 2;
+
+fn stream_key(t: &Target) -> StreamKey {
+    if t.stream == CU_STREAM_PER_THREAD || (t.ptsz && t.stream == 0) {
+        (CU_STREAM_PER_THREAD, t.token)
+    } else {
+        (t.stream, 0)
+    }
+}
+
 /// One metered submission, not yet debited.
 #[derive(Clone, Copy, Debug)]
 struct Pending {
     dev: usize,
     ctx: usize,
+    stream: StreamKey,
     start: usize,
     end: usize,
+}
+
+/// What this process charged on one device in one context: the intervals, relative to the
+/// horizon event (the latest end charged), see [`union_add`].
+struct Union {
+    dev: usize,
+    ctx: usize,
+    horizon: usize,
+    busy: Vec<(i64, i64)>,
+    known_from: i64,
+}
+
+/// The position of event `x` relative to event `h` (ns, negative when `x` completed first).
+/// Asked forwards, then (if that is not positive) backwards, so that a driver that reports
+/// no negative distances places `x` right.
+pub fn offset_ns<D: Driver>(d: &D, h: usize, x: usize) -> Option<i64> {
+    let fwd = d.elapsed_signed_ns(h, x);
+    if let Some(v) = fwd.filter(|&v| v > 0) {
+        return Some(v);
+    }
+    match d.elapsed_signed_ns(x, h) {
+        Some(back) => Some(-back.max(0)),
+        None => fwd,
+    }
 }
 
 /// A process's metering state: submissions in flight and spare events.
 #[derive(Default)]
 struct Meter {
     pending: VecDeque<Pending>,
+    unions: Vec<Union>,
     /// Spare events and the context each was created in.
     pool: Vec<(usize, usize)>,
     /// Average measured duration of a submission, per device (ns; 0 = none yet).
@@ -237,6 +342,54 @@ struct Meter {
 impl Meter {
     fn in_flight(&self, dev: usize) -> usize {
         self.pending.iter().filter(|p| p.dev == dev).count()
+    }
+
+    fn in_flight_on(&self, dev: usize, stream: StreamKey) -> usize {
+        self.pending
+            .iter()
+            .filter(|p| p.dev == dev && p.stream == stream)
+            .count()
+    }
+
+    /// The device time a completed submission adds to the union of what this process ran
+    /// there (`ns`: its own event-measured length). The end event becomes the horizon when
+    /// it is the latest; returns whether it did (then it must not go back to the pool).
+    fn charge<D: Driver>(&mut self, d: &D, p: &Pending, ns: u64) -> (u64, bool) {
+        let len = i64::try_from(ns).unwrap_or(i64::MAX);
+        let i = self
+            .unions
+            .iter()
+            .position(|u| u.dev == p.dev && u.ctx == p.ctx);
+        let placed = i.and_then(|i| offset_ns(d, self.unions[i].horizon, p.end).map(|b| (i, b)));
+        match placed {
+            Some((i, b)) => {
+                let u = &mut self.unions[i];
+                let new = union_add(&mut u.busy, &mut u.known_from, b.saturating_sub(len), b);
+                if b > 0 {
+                    let old = std::mem::replace(&mut u.horizon, p.end);
+                    self.give_event(d, p.ctx, old);
+                    (new, true)
+                } else {
+                    (new, false)
+                }
+            }
+            None => {
+                // The first on this context, or the horizon can no longer be compared (its
+                // context went): start afresh from this one, charged in full.
+                if let Some(i) = i {
+                    let u = self.unions.swap_remove(i);
+                    d.destroy_event(u.horizon);
+                }
+                self.unions.push(Union {
+                    dev: p.dev,
+                    ctx: p.ctx,
+                    horizon: p.end,
+                    busy: vec![(-len, 0)],
+                    known_from: -len,
+                });
+                (ns, true)
+            }
+        }
     }
 
     fn take_event<D: Driver>(&mut self, d: &D, ctx: usize) -> Option<usize> {
@@ -270,9 +423,12 @@ impl Meter {
                 match d.query(p.end) {
                     Query::Pending => keep.push_back(*p),
                     Query::Done => {
+                        let mut kept_end = false;
                         if let Some(ns) = d.elapsed_ns(p.start, p.end) {
+                            let (new, horizon) = self.charge(d, p, ns);
+                            kept_end = horizon;
                             if let Some(c) = cells(p.dev) {
-                                debit(&c, ns);
+                                debit(&c, new);
                             }
                             let a = &mut self.avg_ns[p.dev];
                             *a = if *a == 0 {
@@ -283,7 +439,9 @@ impl Meter {
                             .max(1);
                         }
                         self.give_event(d, p.ctx, p.start);
-                        self.give_event(d, p.ctx, p.end);
+                        if !kept_end {
+                            self.give_event(d, p.ctx, p.end);
+                        }
                     }
                     Query::Failed => {
                         d.destroy_event(p.start);
@@ -295,9 +453,12 @@ impl Meter {
         self.pending = keep;
     }
 
-    /// The oldest submission in flight on `dev`.
-    fn oldest(&self, dev: usize) -> Option<Pending> {
-        self.pending.iter().find(|p| p.dev == dev).copied()
+    /// The oldest submission in flight on `dev` (on `stream`, if given).
+    fn oldest(&self, dev: usize, stream: Option<StreamKey>) -> Option<Pending> {
+        self.pending
+            .iter()
+            .find(|p| p.dev == dev && stream.is_none_or(|s| p.stream == s))
+            .copied()
     }
 }
 
@@ -408,13 +569,27 @@ pub fn before<'g, D: Driver, C: Clock>(
     let mut waited = 0u64;
     let mut inflight_since: Option<u64> = None;
     loop {
+        let key = stream_key(&t);
         let (count, avg, oldest) = {
             let mut m = gate.meter();
             m.harvest(d, &cells);
-            (m.in_flight(t.dev), m.avg_ns[t.dev], m.oldest(t.dev))
+            let avg = m.avg_ns[t.dev];
+            let on_stream = m.in_flight_on(t.dev, key);
+            if on_stream >= inflight_limit(pct, avg) {
+                (on_stream, avg, m.oldest(t.dev, Some(key)))
+            } else {
+                let all = m.in_flight(t.dev);
+                (
+                    all,
+                    avg,
+                    (all >= MAX_INFLIGHT)
+                        .then(|| m.oldest(t.dev, None))
+                        .flatten(),
+                )
+            }
         };
         let now = clock.now_ns();
-        if count >= inflight_limit(pct, avg) && oldest.is_some() {
+        if oldest.is_some() {
             let since = *inflight_since.get_or_insert(now);
             if now.saturating_sub(since) < INFLIGHT_WAIT_NS {
                 // A 32nd of the queue's expected drain time (20 to 50 us), then look again:
@@ -485,6 +660,7 @@ pub fn after<D: Driver>(ticket: Option<Ticket<'_>>, d: &D, r: CUresult) -> CUres
         meter.pending.push_back(Pending {
             dev: t.dev,
             ctx: t.ctx,
+            stream: stream_key(&t),
             start,
             end,
         });
@@ -590,6 +766,19 @@ impl Driver for RealDriver {
             return None;
         }
         (ms.is_finite() && ms >= 0.0).then(|| (f64::from(ms) * 1e6) as u64)
+    }
+
+    fn elapsed_signed_ns(&self, start: usize, end: usize) -> Option<i64> {
+        // SAFETY: documented type (both versions have it).
+        let f = unsafe { symbols::cu::<FnEventElapsedTime>(Cu::cuEventElapsedTime_v2) }
+            // SAFETY: as above.
+            .or_else(|| unsafe { symbols::cu::<FnEventElapsedTime>(Cu::cuEventElapsedTime) })?;
+        let mut ms: f32 = 0.0;
+        // SAFETY: events this gate created; valid out pointer.
+        if unsafe { f(&mut ms, start as CUevent, end as CUevent) } != CUDA_SUCCESS {
+            return None;
+        }
+        ms.is_finite().then(|| (f64::from(ms) * 1e6) as i64)
     }
 
     fn relaxed(&self, f: &mut dyn FnMut()) {

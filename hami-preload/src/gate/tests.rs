@@ -608,3 +608,51 @@ fn the_submission_lock_brackets_the_pair_and_a_stale_one_is_taken_over() {
     unlock_submissions(&cells.lock, 99);
     assert_eq!(cells.lock.load(Ordering::Relaxed), 7);
 }
+
+#[test]
+fn overlapping_intervals_are_charged_once() {
+    let (mut busy, mut known) = (Vec::new(), i64::MIN);
+    // The first interval: all new; the horizon moves to its end.
+    assert_eq!(union_add(&mut busy, &mut known, -1000, 0), 1000);
+    // Four streams' kernels that ran together: each adds only what lies beyond the others.
+    assert_eq!(union_add(&mut busy, &mut known, -995, 5), 5);
+    assert_eq!(union_add(&mut busy, &mut known, -1000, 3), 3);
+    assert_eq!(busy, vec![(-1008, 0)]);
+    // Inside what was charged: nothing.
+    assert_eq!(union_add(&mut busy, &mut known, -500, -100), 0);
+    // A gap below the horizon is filled exactly once.
+    assert_eq!(union_add(&mut busy, &mut known, 100, 200), 100);
+    assert_eq!(busy, vec![(-1208, -200), (-100, 0)]);
+    assert_eq!(union_add(&mut busy, &mut known, -250, -50), 100 - 50 + 50);
+    assert_eq!(busy, vec![(-1208, 0)]);
+    // Empty intervals add nothing.
+    assert_eq!(union_add(&mut busy, &mut known, 10, 10), 0);
+}
+
+#[test]
+fn what_the_union_forgot_is_charged_in_full() {
+    let (mut busy, mut known) = (Vec::new(), i64::MIN);
+    assert_eq!(union_add(&mut busy, &mut known, -(MS as i64), 0), MS);
+    // 200 ms later: the old interval is forgotten ...
+    assert_eq!(
+        union_add(&mut busy, &mut known, 199 * MS as i64, 200 * MS as i64),
+        MS
+    );
+    assert_eq!(known, -UNION_KEEP_NS);
+    assert_eq!(busy, vec![(-(MS as i64), 0)]);
+    // ... so an interval placed where it was is charged again (conservative).
+    assert_eq!(
+        union_add(&mut busy, &mut known, -201 * MS as i64, -200 * MS as i64),
+        MS
+    );
+    // At most UNION_MAX_INTERVALS disjoint intervals are kept.
+    let (mut busy, mut known) = (Vec::new(), i64::MIN);
+    for i in 0..(UNION_MAX_INTERVALS as i64 + 10) {
+        union_add(&mut busy, &mut known, i * 100, i * 100 + 10);
+    }
+    assert_eq!(busy.len(), UNION_MAX_INTERVALS);
+    // The forgotten ones are charged in full again; a remembered one is not.
+    assert_eq!(union_add(&mut busy, &mut known, -100_000, -99_990), 10);
+    let last = *busy.last().unwrap();
+    assert_eq!(union_add(&mut busy, &mut known, last.0, last.1), 0);
+}
