@@ -9,6 +9,8 @@
 //! * [`intercept`]: the one list of functions the preload hooks and the agent probes.
 //! * [`uuid`]: the one GPU UUID formatter (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
 //! * `region` (feature `std`): opening, creating, locking and updating a region.
+//! * `arbiter` (feature `std`): the node agent's decision of what each container may use of
+//!   each GPU, and the rule the launch gate applies to it.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
 
@@ -20,6 +22,8 @@ pub mod intercept;
 #[cfg(not(target_arch = "bpf"))]
 pub mod layout;
 
+#[cfg(feature = "std")]
+pub mod arbiter;
 #[cfg(feature = "std")]
 pub mod env;
 #[cfg(feature = "std")]

@@ -3,9 +3,12 @@
 //! "Compute share".
 //!
 //! * **One budget per device, shared by the container** ([`ComputeCells`] in the region): a
-//!   token bucket of device nanoseconds, refilled at `share` % of wall time (lock-free: a
+//!   token bucket of device nanoseconds, refilled at the device's *rate* (lock-free: a
 //!   compare-and-swap advances `refilled_at_ns`, the winner adds the elapsed time's worth),
-//!   capped at [`WINDOW_NS`] x share.
+//!   capped at [`WINDOW_NS`] x rate. The rate, in basis points of the GPU's time, is the
+//!   share, or what the node agent's arbiter grants under `default` (more when it lends idle
+//!   time, 0 while a higher priority is busy: `hami_common::arbiter::rate_bp`), read again
+//!   at every check.
 //! * **Debited with the driver's own timing**: every metered submission is bracketed by two
 //!   events recorded on its stream; when the second has completed (checked with
 //!   `cuEventQuery` at later submissions and at synchronisations) `cuEventElapsedTime` is
@@ -80,17 +83,20 @@ const POOL_MAX: usize = 64;
 /// holding it takes microseconds: two event records and a launch).
 pub const LOCK_STEAL_NS: u64 = 2_000_000;
 
-/// The cap of the bucket for a share of `pct` %.
-pub fn burst_ns(pct: u32) -> i64 {
-    (WINDOW_NS * u64::from(pct.min(100)) / 100) as i64
+/// Basis points (1/100 of a percent) of the GPU: the whole of it.
+pub const FULL_BP: u32 = hami_common::arbiter::FULL_BP;
+
+/// The cap of the bucket at a rate of `bp` basis points.
+pub fn burst_ns(bp: u32) -> i64 {
+    (WINDOW_NS * u64::from(bp.min(FULL_BP)) / u64::from(FULL_BP)) as i64
 }
 
-/// Refills the shared bucket up to `now_ns` at `pct` % of wall time; the result is capped
-/// at [`burst_ns`] (a debt is repaid in full). Lock-free: the process whose compare-and-swap advances `refilled_at_ns`
+/// Refills the shared bucket up to `now_ns` at `bp` basis points of wall time; the result
+/// is capped at [`burst_ns`] (a debt is repaid in full). Lock-free: the process whose compare-and-swap advances `refilled_at_ns`
 /// adds the elapsed interval's worth; the others see no interval left. A clock behind the
 /// recorded instant adds nothing.
-pub fn refill(c: &ComputeCells<'_>, pct: u32, now_ns: u64) {
-    let cap = burst_ns(pct);
+pub fn refill(c: &ComputeCells<'_>, bp: u32, now_ns: u64) {
+    let cap = burst_ns(bp);
     let mut last = c.refilled_at_ns.load(Ordering::Acquire);
     loop {
         if now_ns <= last {
@@ -107,7 +113,8 @@ pub fn refill(c: &ComputeCells<'_>, pct: u32, now_ns: u64) {
         }
     }
     // The cap bounds what is saved up, not what repays a debt.
-    let add = (u128::from(now_ns - last) * u128::from(pct) / 100).min(i64::MAX as u128) as i64;
+    let add = (u128::from(now_ns - last) * u128::from(bp) / u128::from(FULL_BP))
+        .min(i64::MAX as u128) as i64;
     let _ = c
         .budget_ns
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
@@ -178,26 +185,28 @@ pub fn union_add(busy: &mut Vec<(i64, i64)>, known_from: &mut i64, a: i64, b: i6
     new
 }
 
-/// After a refill: how long a submission must sleep before checking again (`None`: go).
-/// The deficit is repaid at `pct` % of wall time; the sleep is that long, within
-/// [`MIN_SLEEP_NS`]..=[`MAX_SLEEP_NS`].
-pub fn wait_needed(c: &ComputeCells<'_>, pct: u32, now_ns: u64) -> Option<u64> {
-    if pct == 0 {
-        return None;
+/// After a refill at `bp` basis points: how long a submission must sleep before checking
+/// again (`None`: go). The deficit is repaid at that rate; the sleep is that long, within
+/// [`MIN_SLEEP_NS`]..=[`MAX_SLEEP_NS`]. `None`: no limit. A rate of 0 (suspended by the
+/// arbiter for a higher priority) sleeps [`MAX_SLEEP_NS`] and checks again.
+pub fn wait_needed(c: &ComputeCells<'_>, bp: Option<u32>, now_ns: u64) -> Option<u64> {
+    let bp = bp?;
+    refill(c, bp, now_ns);
+    if bp == 0 {
+        return Some(MAX_SLEEP_NS);
     }
-    refill(c, pct, now_ns);
     let b = c.budget_ns.load(Ordering::Acquire);
     if b >= 0 {
         return None;
     }
-    let repay = u128::from(b.unsigned_abs()) * 100 / u128::from(pct);
+    let repay = u128::from(b.unsigned_abs()) * u128::from(FULL_BP) / u128::from(bp);
     Some((repay.min(u128::from(MAX_SLEEP_NS)) as u64).max(MIN_SLEEP_NS))
 }
 
-/// Metered submissions a process may keep in flight on a device, from its share and the
-/// average measured duration of its submissions there ([`MIN_INFLIGHT`] before anything was
-/// measured):
-/// * a share of at most 50 %: about [`QUEUE_AHEAD_NS`] (250 us) of device time, one kernel
+/// Metered submissions a process may keep in flight on one stream of a device, from its
+/// rate (basis points) and the average measured duration of its submissions there
+/// ([`MIN_INFLIGHT`] before anything was measured):
+/// * a rate of at most 50 %: about [`QUEUE_AHEAD_NS`] (250 us) of device time, one kernel
 ///   when kernels are long;
 /// * above 50 %: about a quarter of the bucket's burst (a 70 % share and 4 ms kernels: 4),
 ///   within [`MIN_INFLIGHT`]..=[`MAX_INFLIGHT`].
@@ -213,12 +222,12 @@ pub fn wait_needed(c: &ComputeCells<'_>, pct: u32, now_ns: u64) -> Option<u64> {
 /// between the processes, about 100 us on the H200, so that a share above one half cannot be
 /// reached beside another busy process (70 % beside 30 %: 59 %): those keep a queue, and pay
 /// for it only the other process's slices that land inside their pairs.
-pub fn inflight_limit(pct: u32, avg_ns: u64) -> usize {
+pub fn inflight_limit(bp: u32, avg_ns: u64) -> usize {
     if avg_ns == 0 {
         return MIN_INFLIGHT;
     }
-    let n = if pct > 50 {
-        burst_ns(pct) as u64 / 4 / avg_ns
+    let n = if bp > FULL_BP / 2 {
+        burst_ns(bp) as u64 / 4 / avg_ns
     } else {
         QUEUE_AHEAD_NS / avg_ns
     };
@@ -550,32 +559,37 @@ pub struct Ticket<'g> {
     lock: &'g AtomicU64,
 }
 
-/// The gate before a submission at a share of `pct` % on `t.dev`: waits while the
-/// container's budget is in debt or too much of this process's work is in flight, then
-/// records the start event. `cells(dev)` gives a device's shared budget. `None`: submit
-/// unmetered (no share, a capturing stream, no event to be had).
+/// The gate before a submission on `t.dev`, at the rate `rate(now)` gives (basis points of
+/// the GPU, read again at every check; `None`: no limit): waits while the container's
+/// budget is in debt, the rate is 0 (held for a higher priority) or too much of this
+/// process's work is in flight, then records the start event. `cells(dev)` gives a device's
+/// shared budget. `None`: submit unmetered (no limit, a capturing stream, no event to be
+/// had).
 pub fn before<'g, D: Driver, C: Clock>(
     gate: &'g Gate,
     d: &D,
     clock: &C,
     cells: impl Fn(usize) -> Option<ComputeCells<'g>>,
-    pct: u32,
+    rate: impl Fn(u64) -> Option<u32>,
     t: Target,
 ) -> Option<Ticket<'g>> {
     let own = cells(t.dev)?;
-    if pct == 0 || d.capturing(t.stream, t.ptsz) {
+    if rate(clock.now_ns()).is_none() || d.capturing(t.stream, t.ptsz) {
         return None;
     }
     let mut waited = 0u64;
     let mut inflight_since: Option<u64> = None;
     loop {
         let key = stream_key(&t);
+        let now = clock.now_ns();
+        let bp = rate(now);
+        let limit_bp = bp.unwrap_or(FULL_BP);
         let (count, avg, oldest) = {
             let mut m = gate.meter();
             m.harvest(d, &cells);
             let avg = m.avg_ns[t.dev];
             let on_stream = m.in_flight_on(t.dev, key);
-            if on_stream >= inflight_limit(pct, avg) {
+            if on_stream >= inflight_limit(limit_bp, avg) {
                 (on_stream, avg, m.oldest(t.dev, Some(key)))
             } else {
                 let all = m.in_flight(t.dev);
@@ -588,7 +602,6 @@ pub fn before<'g, D: Driver, C: Clock>(
                 )
             }
         };
-        let now = clock.now_ns();
         if oldest.is_some() {
             let since = *inflight_since.get_or_insert(now);
             if now.saturating_sub(since) < INFLIGHT_WAIT_NS {
@@ -602,7 +615,7 @@ pub fn before<'g, D: Driver, C: Clock>(
                 continue;
             }
         }
-        match wait_needed(&own, pct, now) {
+        match wait_needed(&own, bp, now) {
             Some(ns) => {
                 clock.sleep_ns(ns);
                 waited += ns;
@@ -677,11 +690,11 @@ pub fn submit<'a, D: Driver, C: Clock>(
     d: &D,
     clock: &C,
     cells: impl Fn(usize) -> Option<ComputeCells<'a>>,
-    pct: u32,
+    rate: impl Fn(u64) -> Option<u32>,
     t: Target,
     real: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let ticket = before(gate, d, clock, cells, pct, t);
+    let ticket = before(gate, d, clock, cells, rate, t);
     let r = real();
     after(ticket, d, r)
 }

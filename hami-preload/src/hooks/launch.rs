@@ -143,8 +143,7 @@ pub(crate) fn gate_enter(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'s
 #[inline(never)]
 fn enter_gated(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'static>> {
     let (dev, ctx) = crate::measure::current_dev_ctx().ok()?;
-    let pct = share(dev);
-    if pct == 0 {
+    if share(dev) == 0 {
         return None;
     }
     let region = state::global().region.as_ref().ok()?;
@@ -163,7 +162,7 @@ fn enter_gated(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'static>> {
         &gate::RealDriver,
         &gate::RealClock,
         |d| region.compute_cells(d),
-        pct,
+        |now| region.compute_rate_bp(dev, now),
         t,
     )
 }

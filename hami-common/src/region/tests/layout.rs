@@ -27,7 +27,10 @@ fn layout_matches_documentation() {
     assert_eq!(offset_of!(H, stale_lock_breaks), 736);
     assert_eq!(offset_of!(H, reserve_reclaims), 744);
     assert_eq!(offset_of!(H, context_footprint), 752);
-    assert_eq!(offset_of!(H, _reserved), 880);
+    assert_eq!(offset_of!(H, task_priority), 880);
+    assert_eq!(offset_of!(H, arbiter_at_ns), 888);
+    assert_eq!(offset_of!(H, grants), 896);
+    assert_eq!(offset_of!(H, _reserved), 960);
     assert_eq!(size_of::<H>(), 1024);
     assert_eq!(offset_of!(Slot, pid), 0);
     assert_eq!(offset_of!(Slot, status), 4);
