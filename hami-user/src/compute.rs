@@ -166,6 +166,17 @@ pub struct ComputeView {
     pub throttled_ns: u64,
     /// Memory requests the preload refused on the device (the region's refusal counter).
     pub refusals: u64,
+    /// The container's `CUDA_TASK_PRIORITY` as its region records it (0 the highest).
+    pub priority: u32,
+    /// What the agent's arbiter lets it use now, in percent of the device (`None`: no
+    /// decision: no share, or the arbiter is off).
+    pub grant: Option<f64>,
+    /// Of the grant, the percent above the share: idle time lent to it.
+    pub lent: f64,
+    /// Held back (suspended) while a container of a higher priority is busy.
+    pub held: bool,
+    /// Busy in the arbiter's eyes (used the device in the last 300 ms).
+    pub busy: bool,
 }
 
 impl ComputeView {
