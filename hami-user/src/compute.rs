@@ -182,8 +182,14 @@ pub struct ComputeView {
 impl ComputeView {
     /// Whether the mean share over the whole window exceeds the limit by more than the
     /// tolerance, the container having been measured for at least the window: the
-    /// `compute_over_limit` rule. Returns the mean share and the limit when it does.
+    /// `compute_over_limit` rule. Returns the mean share and the limit when it does. Not
+    /// while the arbiter lends the container idle time (its latest grant is above its share):
+    /// a heuristic, the window's mean may still hold time used before the loan.
     pub fn over_limit(&self, opts: &ComputeOptions) -> Option<(f64, u32)> {
+        // Lent idle time by the arbiter (`default`): using it is no excess (issue 30).
+        if self.lent > 0.0 {
+            return None;
+        }
         let limit = self.limit?;
         let share = self.window_share?;
         if self.watched_secs + 1e-9 < opts.window.as_secs_f64() {

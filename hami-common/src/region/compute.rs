@@ -63,6 +63,13 @@ pub fn write_arbiter(
     use crate::layout::RegionHeader;
     use core::mem::offset_of;
     use std::os::unix::fs::FileExt;
+    // Never grow a file that is no (longer a) region: a truncated one stays truncated.
+    if file.metadata()?.len() != crate::layout::REGION_SIZE as u64 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a region's size: not written",
+        ));
+    }
     for &(d, w) in grants {
         if d < MAX_DEVICES {
             let off = offset_of!(RegionHeader, grants) + 4 * d;
