@@ -194,7 +194,7 @@ class Table(unittest.TestCase):
         text = report.render_markdown({"compute": cg})
         self.assertIn("## Compute shares (compute group, issue 18)", text)
         self.assertIn("1 pass, 1 fail, 0 error, 0 skipped, 1 info (of 3)", text)
-        self.assertIn("| alone-30: CUDA_DEVICE_SM_LIMIT=30, alone | PASS | 30.4 % (186.6 vs "
+        self.assertIn("| alone-30: force, CUDA_DEVICE_SM_LIMIT=30, alone | PASS | 30.4 % (186.6 vs "
                       "614.0/s) |", text)
         self.assertIn("| FAIL | 47.4 + 34.8 % = 82.2 % |", text)
         self.assertNotIn("| workload |", text)
@@ -202,3 +202,53 @@ class Table(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class Issue30(unittest.TestCase):
+    """default with the agent's arbiter, 4 streams, priorities (issue 30)."""
+
+    def test_per_second_lines_and_latency(self):
+        lines = ["SECOND i=0 kernels=300", "SECOND i=1 kernels=610",
+                 "RESULT rc=0 name=cudaSuccess kernels=5000 seconds=3.0 kps=1666.7 "
+                 "p50_ms=0.2100 p99_ms=0.2400 max_ms=1.0 t0=1.0 t1=4.0", "DONE rc=0"]
+        self.assertEqual(compute.parse_seconds(lines), [300, 610])
+        lat = compute.parse_latency(lines)
+        self.assertEqual((lat["p50_ms"], lat["p99_ms"], lat["count"]), (0.21, 0.24, 5000))
+        self.assertIsNone(compute.parse_latency(result(300)))
+
+    def test_default_alone_wants_the_whole_gpu_after_the_first_second(self):
+        ok = compute.eval_default_alone(parsed(590), [400, 600, 605], NATIVE)
+        self.assertEqual(ok[0], "pass", ok)
+        self.assertEqual(ok[2]["per_second_pct"][0], round(400 / NATIVE * 100, 1))
+        # Held at its 30 % share (no arbiter): fails.
+        st, why, _ = compute.eval_default_alone(parsed(184), [184, 184, 184], NATIVE)
+        self.assertEqual(st, "fail")
+        self.assertIn("agent", why)
+        self.assertEqual(compute.eval_default_alone(None, [], NATIVE)[0], "fail")
+        self.assertEqual(compute.eval_default_alone(parsed(590), [], None)[0], "error")
+
+    def test_default_together_is_proportional_and_work_conserving(self):
+        rs = [parsed(NATIVE * 0.375), parsed(NATIVE * 0.62)]
+        st, why, figs = compute.eval_default_together(rs, [30, 50], NATIVE)
+        self.assertEqual(st, "pass", (why, figs))
+        self.assertEqual(figs["limits"], [37.5, 62.5])
+        # Each held at its share (force, or no arbiter): 30 / 50 fails.
+        rs = [parsed(NATIVE * 0.30), parsed(NATIVE * 0.50)]
+        self.assertEqual(compute.eval_default_together(rs, [30, 50], NATIVE)[0], "fail")
+        # In proportion but the GPU idle: fails on the sum.
+        rs = [parsed(NATIVE * 0.34), parsed(NATIVE * 0.58)]
+        st, why, _ = compute.eval_default_together(rs, [30, 50], NATIVE)
+        self.assertEqual(st, "fail")
+        self.assertIn("together", why)
+
+    def test_priority_latency(self):
+        alone = {"p99_ms": 0.212}
+        ok = compute.eval_latency(alone, {"p99_ms": 0.30}, parsed(20))
+        self.assertEqual(ok[0], "pass", ok)
+        # The issue's figures beside a busy neighbour (2.611 ms) and a 30 % one (1.387 ms).
+        for p99 in (2.611, 1.387):
+            st, why, figs = compute.eval_latency(alone, {"p99_ms": p99}, parsed(300))
+            self.assertEqual(st, "fail")
+            self.assertGreater(figs["p99_ratio"], 1.5)
+        self.assertEqual(compute.eval_latency(None, {"p99_ms": 1}, None)[0], "error")
+        self.assertEqual(compute.eval_latency(alone, None, None)[0], "fail")

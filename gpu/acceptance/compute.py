@@ -233,3 +233,97 @@ def eval_hami(result, native, limit, loaded):
 
 def _r(x, nd=3):
     return None if x is None else round(x, nd)
+
+
+# ---- issue 30: default (work-conserving, with the agent's arbiter), streams, priorities ----
+
+DEFAULT_ALONE_MIN_PCT = 95.0
+DEFAULT_TOGETHER_MIN_PCT = 95.0
+LATENCY_MAX_RATIO = 1.5
+
+
+def parse_seconds(lines):
+    """The SECOND lines of compute_spin.cu: kernels completed in each whole second, in order."""
+    out = []
+    for line in lines:
+        tag, kv = parse_line(line)
+        if tag == "SECOND":
+            out.append(to_int(kv.get("kernels"), 0))
+    return out
+
+
+def parse_latency(lines):
+    """The latency loop's RESULT: {"p50_ms", "p99_ms", "max_ms", "count"}, or None."""
+    kv = find_tag(lines, "RESULT")
+    if kv is None or "p99_ms" not in kv:
+        return None
+    return {"p50_ms": to_float(kv.get("p50_ms")), "p99_ms": to_float(kv.get("p99_ms")),
+            "max_ms": to_float(kv.get("max_ms")), "count": to_int(kv.get("kernels"))}
+
+
+def second_shares(seconds, native):
+    """Each whole second's throughput as a percentage of the native throughput."""
+    if not native:
+        return []
+    return [_r(k / native * 100.0, 1) for k in seconds]
+
+
+def eval_default_alone(result, seconds, native, min_pct=DEFAULT_ALONE_MIN_PCT):
+    """`default` alone at a share, with the agent's arbiter: the whole GPU is lent. Pass when
+    the throughput from the second second on (the first holds the arbiter's first decision:
+    within 1 s of starting) is at least min_pct of native, the run's whole too within 5."""
+    figs = {"native_rate": _r(native), "per_second_pct": second_shares(seconds, native)}
+    if native is None:
+        return "error", "no native throughput to compare with", figs
+    if result is None:
+        return "fail", "no RESULT line", figs
+    if result.get("error"):
+        return "fail", result["error"], figs
+    whole = share_pct(result.get("rate"), native)
+    figs["share_pct"] = _r(whole, 1)
+    after = seconds[1:]
+    if after:
+        late = sum(after) / len(after) / native * 100.0
+        figs["after_first_second_pct"] = _r(late, 1)
+    else:
+        late = whole
+    if late is None or late < min_pct:
+        return "fail", (f"{late:.1f} % of native after the first second, want >= {min_pct:g} "
+                        "(is the agent running? --no-arbiter?)"), figs
+    return "pass", "", figs
+
+
+def eval_default_together(results, shares, native, tol=SHARE_TOL_POINTS,
+                          min_sum=DEFAULT_TOGETHER_MIN_PCT):
+    """`default`, containers at `shares` % all busy, with the agent's arbiter: each gets its
+    share plus the idle time in proportion (30 and 50: 37.5 and 62.5) within tol, together
+    at least min_sum of native."""
+    total = float(sum(shares))
+    want = [s * 100.0 / total if total < 100 else float(s) for s in shares]
+    st, why, figs = eval_together(results, [_r(w, 1) for w in want], native, "each", tol)
+    figs["shares_set"] = list(shares)
+    if st != "pass":
+        return st, why, figs
+    got = sum(figs["shares_pct"])
+    figs["sum_pct"] = _r(got, 1)
+    if got < min_sum:
+        return "fail", f"together {got:.1f} % of native, want >= {min_sum:g}", figs
+    return "pass", "", figs
+
+
+def eval_latency(alone, beside, low_result, max_ratio=LATENCY_MAX_RATIO):
+    """The priority case: the high-priority request loop's p99 beside a busy low-priority
+    container, against the loop alone (same run): pass when within max_ratio. The low
+    container's throughput is shown (it is held while the loop runs)."""
+    figs = {"alone": alone, "beside": beside,
+            "low_rate": _r((low_result or {}).get("rate"))}
+    if not alone or not alone.get("p99_ms"):
+        return "error", "no latency figures for the loop alone", figs
+    if not beside or not beside.get("p99_ms"):
+        return "fail", "no latency figures beside the low-priority container", figs
+    ratio = beside["p99_ms"] / alone["p99_ms"]
+    figs["p99_ratio"] = _r(ratio, 2)
+    if ratio > max_ratio:
+        return "fail", (f"p99 {beside['p99_ms']:.3f} ms beside, {alone['p99_ms']:.3f} ms alone "
+                        f"({ratio:.2f}x, want <= {max_ratio:g}x)"), figs
+    return "pass", "", figs

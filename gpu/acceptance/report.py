@@ -165,6 +165,12 @@ def compute_short_figure(c):
     f = c.get("figures", {}) or {}
     if c["status"] == "skipped":
         return ""
+    if "p99_ratio" in f:
+        a, b = f.get("alone") or {}, f.get("beside") or {}
+        return (f"p99 {b.get('p99_ms')} vs {a.get('p99_ms')} ms alone ({f['p99_ratio']}x); "
+                f"low per s {f.get('low_kernels_per_second')}")
+    if "per_second_pct" in f and "shares_pct" not in f:
+        return (f"{f.get('share_pct')} % of native; per second {f['per_second_pct']} %")
     if "shares_pct" in f:
         s = " + ".join(str(x) for x in f["shares_pct"])
         return f"{s} %" + (f" = {f['sum_pct']} %" if "sum_pct" in f else "")

@@ -10,9 +10,11 @@ import shutil
 import threading
 import time
 
-from acceptance.compute import (agent_share_values, eval_agent_share, eval_hami,
+from acceptance.compute import (agent_share_values, eval_agent_share, eval_default_alone,
+                                eval_default_together, eval_hami, eval_latency,
                                 eval_launch_cost, eval_share, eval_together, hami_loaded,
-                                native_reference, parse_launch, parse_result, share_pct)
+                                native_reference, parse_latency, parse_launch, parse_result,
+                                parse_seconds, second_shares, share_pct)
 from acceptance.evaluate import cell
 from acceptance.parse import find_tag, parse_prometheus, to_int
 from acceptance.spec import (AGENT_SHARE_SECONDS, AGENT_SHARE_WINDOW_SECONDS, COMPUTE_CELLS,
@@ -34,8 +36,11 @@ class ComputePhases:
         self.save()
 
     def sm_env(self, region, limit, extra=None):
-        """A container at `limit` percent (None: no CUDA_DEVICE_SM_LIMIT) under the preload."""
-        ex = {"WL_SECONDS": str(self.args.share_seconds)}
+        """A container at `limit` percent (None: no CUDA_DEVICE_SM_LIMIT) under the preload,
+        policy `force` unless `extra` names another (issue 30: `default` lends idle time when
+        the agent's arbiter runs)."""
+        ex = {"WL_SECONDS": str(self.args.share_seconds),
+              "GPU_CORE_UTILIZATION_POLICY": "force"}
         if limit is not None:
             ex["CUDA_DEVICE_SM_LIMIT"] = str(limit)
         ex.update(extra or {})
@@ -198,6 +203,78 @@ class ComputePhases:
         figs["polls"] = len(polls)
         self.add_compute_cell(cell(name, "agent", st, why, figs))
 
+    # ---- issue 30: default with the agent's arbiter, priorities ----
+
+    def with_agent(self, names, fn):
+        """Runs fn() while `hami-agent run` (the GPU's arbiter) watches; the cells `names`
+        are skipped when there is no agent or it does not start."""
+        if not self.agent_path:
+            for c in names:
+                self.add_compute_cell(cell(c, "arbiter", "skipped", "hami-agent not found"))
+            return
+        if not self.agent.start(self.base_env()):
+            for c in names:
+                self.add_compute_cell(cell(c, "arbiter", "skipped",
+                                           f"agent did not start: {self.agent.error}"))
+            return
+        try:
+            # The agent decides at its ticks (250 ms): let it find nothing first.
+            time.sleep(0.5)
+            fn()
+        finally:
+            self.agent.stop()
+
+    def default_cells(self, sel, n):
+        """default-alone-30, default-30-50 and priority-latency under one agent."""
+        dflt = {"GPU_CORE_UTILIZATION_POLICY": "default"}
+        secs = max(3.0, self.args.share_seconds)
+
+        def run():
+            if "default-alone-30" in sel:
+                got = self.run_together([("compute default alone 30", "spin",
+                                          self.sm_env("cmp-dflt-alone-30", 30,
+                                                      dict(dflt, WL_SECONDS=str(secs))))],
+                                        secs)
+                res, p, _ = got[0]
+                st, why, figs = eval_default_alone(res, parse_seconds(p.lines) if p else [], n)
+                self.add_compute_cell(cell("default-alone-30", "arbiter", st, why, figs))
+            if "default-30-50" in sel:
+                got = self.run_together(
+                    [("compute default 30", "spin",
+                      self.sm_env("cmp-dflt-30", 30, dict(dflt, WL_SECONDS=str(secs)))),
+                     ("compute default 50", "spin",
+                      self.sm_env("cmp-dflt-50", 50, dict(dflt, WL_SECONDS=str(secs))))], secs)
+                st, why, figs = eval_default_together([r for r, _, _ in got], [30, 50], n)
+                figs["per_second_pct"] = [second_shares(parse_seconds(p.lines), n)
+                                          for _, p, _ in got if p]
+                self.add_compute_cell(cell("default-30-50", "arbiter", st, why, figs))
+            if "priority-latency" in sel:
+                self.priority_cell(dflt, secs)
+
+        names = [c for c in ("default-alone-30", "default-30-50", "priority-latency") if c in sel]
+        if names:
+            self.with_agent(names, run)
+
+    def priority_cell(self, dflt, secs):
+        """The loop alone (native), then at priority 0 (default, 30 %) beside a busy
+        priority-1 training container (default, 50 %) that runs 2 s longer: p99 against
+        alone; the low container's per-second throughput shows it held, then resumed."""
+        lat = {"WL_SECONDS": str(secs), "WL_LAT_SKIP_S": "1"}
+        alone = self.run_together([("compute latency alone", "latency",
+                                    self.native_env(lat))], secs)
+        a = parse_latency(alone[0][1].lines) if alone[0][1] else None
+        got = self.run_together(
+            [("compute latency high", "latency",
+              self.sm_env("cmp-prio-high", 30, dict(dflt, CUDA_TASK_PRIORITY="0", **lat))),
+             ("compute latency low", "spin",
+              self.sm_env("cmp-prio-low", 50, dict(dflt, CUDA_TASK_PRIORITY="1",
+                                                   WL_SECONDS=str(secs + 2))))], secs + 2)
+        (hr, hp, _), (lr, lp, _) = got
+        b = parse_latency(hp.lines) if hp else None
+        st, why, figs = eval_latency(a, b, lr)
+        figs["low_kernels_per_second"] = parse_seconds(lp.lines) if lp else []
+        self.add_compute_cell(cell("priority-latency", "arbiter", st, why, figs))
+
     # ---- HAMi-core ----
 
     def hami_build(self):
@@ -319,6 +396,12 @@ class ComputePhases:
                 [("compute neighbour 30", "spin", self.sm_env("cmp-neigh-30", 30)),
                  ("compute neighbour native", "spin", self.native_env())],
                 lambda rs: eval_together(rs, [30, None], n, "each"))))
+        if "pair-50-50" in sel:
+            plan.append(("pair-50-50", self.share_cell, (
+                "pair-50-50",
+                [("compute pair 50 a", "spin", self.sm_env("cmp-pair-50a", 50)),
+                 ("compute pair 50 b", "spin", self.sm_env("cmp-pair-50b", 50))],
+                lambda rs: eval_together(rs, [50, 50], n, "each"))))
         if "two-of-50" in sel:
             plan.append(("two-of-50", self.share_cell, (
                 "two-of-50",
@@ -344,6 +427,23 @@ class ComputePhases:
                                 lambda rs: eval_share(rs[0], nr, 50))
 
             self.step(f"compute {name}", run)
+        streams = [c for c in ("streams4-30", "streams4-50") if c in sel]
+        if streams:
+            def run_streams():
+                nat = self.native_rate("streams", "streams4")
+                ns, _ = native_reference([nat])
+                for c in streams:
+                    lim = int(c.split("-")[1])
+                    if ns is None:
+                        why = (nat or {}).get("error") or "no native RESULT"
+                        self.add_compute_cell(cell(c, "share", "error",
+                                                   f"native 4-stream run failed: {why}"))
+                        continue
+                    self.share_cell(c, [(f"compute {c}", "streams",
+                                         self.sm_env(f"cmp-{c}", lim))],
+                                    lambda rs, lim=lim: eval_share(rs[0], ns, lim))
+            self.step("compute streams", run_streams)
+        self.step("compute default and priorities", self.default_cells, sel, n)
         if "launch-nolimit" in sel:
             def launch():
                 st, why, figs = self.launch_cost(self.sm_env("cmp-launch", None), "compute")

@@ -43,8 +43,15 @@ pub const ENV_CORE_POLICY: &str = "GPU_CORE_UTILIZATION_POLICY";
 /// A boolean ([`parse_bool`]): `true` turns the preload off (every call passes through,
 /// memory included, no region). HAMi's device plugin then mounts no `ld.so.preload`.
 pub const ENV_DISABLE_CONTROL: &str = "CUDA_DISABLE_CONTROL";
-/// HAMi's task priority: ignored by hami-rs, reported once by the preload.
+/// HAMi's task priority ([`parse_task_priority`]): `0` is the highest, HAMi's default `1`
+/// ([`DEFAULT_TASK_PRIORITY`]). Recorded in the region by its creator; the node agent's
+/// arbiter holds a container back while one of a higher priority is busy on the same GPU.
 pub const ENV_TASK_PRIORITY: &str = "CUDA_TASK_PRIORITY";
+/// [`ENV_TASK_PRIORITY`] when unset or malformed: HAMi's default (its `nvidia.com/priority`
+/// `1`, the low one).
+pub const DEFAULT_TASK_PRIORITY: u32 = 1;
+/// Largest accepted [`ENV_TASK_PRIORITY`] (HAMi uses 0 and 1).
+pub const MAX_TASK_PRIORITY: u32 = 99;
 /// Milliseconds between two refreshes of the preload's backstop per device; `0` = off.
 pub const ENV_BACKSTOP_INTERVAL: &str = "HAMI_BACKSTOP_INTERVAL_MS";
 /// Default of [`ENV_BACKSTOP_INTERVAL`] (off when [`ENV_CONTEXT_OVERHEAD`] is set).
@@ -134,6 +141,16 @@ pub fn parse_sm_limit(value: &str) -> Result<u32, NumberError> {
     match decimal(value) {
         Ok(n) if n <= 100 => Ok(n as u32),
         Ok(_) | Err(NumberError::Overflow) => Err(NumberError::Above(100)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Parses a task priority ([`ENV_TASK_PRIORITY`]): decimal, at most [`MAX_TASK_PRIORITY`]
+/// (a sign, as HAMi-core's `atoi` would read `-1`, is malformed).
+pub fn parse_task_priority(value: &str) -> Result<u32, NumberError> {
+    match decimal(value) {
+        Ok(n) if n <= u64::from(MAX_TASK_PRIORITY) => Ok(n as u32),
+        Ok(_) | Err(NumberError::Overflow) => Err(NumberError::Above(u64::from(MAX_TASK_PRIORITY))),
         Err(e) => Err(e),
     }
 }

@@ -127,8 +127,8 @@ pub struct HamiEnv {
     pub disable_control: Setting<bool>,
     /// [`ENV_OVERSUBSCRIBE`].
     pub oversubscribe: Setting<bool>,
-    /// [`ENV_TASK_PRIORITY`], as set (ignored by hami-rs; the preload reports it).
-    pub task_priority: Option<String>,
+    /// [`ENV_TASK_PRIORITY`] ([`HamiEnv::priority`]).
+    pub task_priority: Setting<u32>,
     /// [`ENV_REGION`], as set (see [`HamiEnv::region_path`]).
     pub region: Option<String>,
     /// [`ENV_REGION_MODE`].
@@ -188,7 +188,7 @@ impl HamiEnv {
             core_policy: setting(&get, ENV_CORE_POLICY, parse_core_policy, Reason::Policy),
             disable_control: read_disable_control(&get),
             oversubscribe: setting(&get, ENV_OVERSUBSCRIBE, parse_bool, Reason::Bool),
-            task_priority: get(ENV_TASK_PRIORITY),
+            task_priority: setting(&get, ENV_TASK_PRIORITY, parse_task_priority, Reason::Number),
             region: get(ENV_REGION),
             region_mode: setting(&get, ENV_REGION_MODE, parse_region_mode, Reason::Perm),
             region_group: setting(&get, ENV_REGION_GROUP, parse_region_group, Reason::Perm),
@@ -248,6 +248,16 @@ impl HamiEnv {
             None => 0,
             Some(Ok(n)) => n,
             Some(Err(_)) => SM_LIMIT_FALLBACK,
+        }
+    }
+
+    /// The task priority the container is recorded with: as set, or
+    /// [`DEFAULT_TASK_PRIORITY`] (HAMi's default, the low one) when unset or malformed (a
+    /// malformed value never raises a container above the others).
+    pub fn priority(&self) -> u32 {
+        match self.task_priority {
+            Some(Ok(p)) => p,
+            _ => DEFAULT_TASK_PRIORITY,
         }
     }
 
@@ -315,6 +325,7 @@ impl HamiEnv {
         out.extend(err(&self.core_policy));
         out.extend(err(&self.disable_control));
         out.extend(err(&self.oversubscribe));
+        out.extend(err(&self.task_priority));
         out.extend(err(&self.region_mode));
         out.extend(err(&self.region_group));
         out.extend(err(&self.log_level));
@@ -616,7 +627,27 @@ mod tests {
         ));
         assert_eq!(e.backstop_interval_ms, Some(Ok(0)));
         assert_eq!(e.admission_reserve, Some(Ok(1 << 20)));
-        assert_eq!(e.task_priority.as_deref(), Some("1"));
+        assert_eq!(e.task_priority, Some(Ok(1)));
+        assert_eq!(e.priority(), 1);
+        for (v, want) in [
+            ("0", 0),
+            (" 0 ", 0),
+            ("-1", 1),
+            ("high", 1),
+            ("100", 1),
+            ("", 1),
+        ] {
+            let e = HamiEnv::from_lookup(|k: &str| (k == ENV_TASK_PRIORITY).then(|| v.to_string()));
+            assert_eq!(e.priority(), want, "{v:?}");
+            assert_eq!(
+                e.task_priority.as_ref().is_some_and(|r| r.is_err()),
+                want == 1
+            );
+        }
+        assert_eq!(
+            HamiEnv::from_lookup(lookup(&[])).priority(),
+            DEFAULT_TASK_PRIORITY
+        );
         assert_eq!(e.region_group, Some(Ok(44)));
         assert_eq!(e.region_path(), (DEFAULT_REGION_PATH, false));
         assert!(e.errors().iter().all(|e| e.var == ENV_LOCK_TIMEOUT));

@@ -147,9 +147,23 @@ pub struct RegionHeader {
     /// what was measured; the measurement replaces the figure. Written without the lock
     /// (a plain store of the latest measurement).
     pub context_footprint: [AtomicU64; MAX_DEVICES],
+    /// The container's `CUDA_TASK_PRIORITY` plus one, recorded by the creator; 0 = not
+    /// recorded (an older file): HAMi's default priority (`config::DEFAULT_TASK_PRIORITY`).
+    /// Taken from `_reserved` (issue 30).
+    pub task_priority: AtomicU32,
+    /// Padding.
+    pub _pad2: u32,
+    /// `CLOCK_MONOTONIC` ns of the node agent's latest arbiter decision for this container
+    /// (0 = never): grants older than `arbiter::GRANT_TTL_NS` are ignored. Written by the
+    /// agent only (issue 30).
+    pub arbiter_at_ns: AtomicU64,
+    /// Per device, what the node agent's arbiter lets the container use
+    /// (`arbiter::encode_grant`: a self-checking word; 0 = no decision). Written by the agent
+    /// only (issue 30).
+    pub grants: [AtomicU32; MAX_DEVICES],
     /// Reserved for future use; zero (pads the header to 1024 bytes, so that slots start on a
     /// cache-line boundary).
-    pub _reserved: [u64; 18],
+    pub _reserved: [u64; 8],
 }
 
 /// One process slot.

@@ -11,6 +11,8 @@
 //! * `region` (feature `std`): opening, creating, locking and updating a region.
 //! * [`visible`]: `CUDA_VISIBLE_DEVICES` as the driver reads it, and which of the container's
 //!   devices a process's CUDA ordinal is.
+//! * `arbiter` (feature `std`): the node agent's decision of what each container may use of
+//!   each GPU, and the rule the launch gate applies to it.
 #![cfg_attr(not(feature = "std"), no_std)]
 #![warn(missing_docs)]
 
@@ -22,6 +24,8 @@ pub mod intercept;
 #[cfg(not(target_arch = "bpf"))]
 pub mod layout;
 
+#[cfg(feature = "std")]
+pub mod arbiter;
 #[cfg(feature = "std")]
 pub mod env;
 #[cfg(feature = "std")]

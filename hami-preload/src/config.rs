@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 pub use hami_common::config::{
     parse_region_group, parse_region_mode, parse_size, PermError, SizeError,
     DEFAULT_ADMISSION_RESERVE, DEFAULT_BACKSTOP_INTERVAL_MS, DEFAULT_LOCK_TIMEOUT_MS,
-    DEFAULT_REGION_MODE, DEFAULT_REGION_PATH, ENV_ADMISSION_RESERVE, ENV_BACKSTOP_INTERVAL,
-    ENV_CONTEXT_OVERHEAD, ENV_CORE_POLICY, ENV_DISABLE_CONTROL, ENV_LIMIT, ENV_LOCK_TIMEOUT,
-    ENV_LOG_LEVEL, ENV_OVERSUBSCRIBE, ENV_REGION, ENV_REGION_GROUP, ENV_REGION_MODE, ENV_SM_LIMIT,
-    ENV_TASK_PRIORITY, SM_LIMIT_FALLBACK,
+    DEFAULT_REGION_MODE, DEFAULT_REGION_PATH, DEFAULT_TASK_PRIORITY, ENV_ADMISSION_RESERVE,
+    ENV_BACKSTOP_INTERVAL, ENV_CONTEXT_OVERHEAD, ENV_CORE_POLICY, ENV_DISABLE_CONTROL, ENV_LIMIT,
+    ENV_LOCK_TIMEOUT, ENV_LOG_LEVEL, ENV_OVERSUBSCRIBE, ENV_REGION, ENV_REGION_GROUP,
+    ENV_REGION_MODE, ENV_SM_LIMIT, ENV_TASK_PRIORITY, SM_LIMIT_FALLBACK,
 };
 /// A configuration error for one variable: its name, its value and why
 /// (`hami_common::env`, the one reading of the environment).
@@ -96,6 +96,8 @@ pub fn consequence(e: &ConfigError) -> Option<String> {
         "the `default` policy applies".to_string()
     } else if var == ENV_CONTEXT_OVERHEAD {
         "each context's memory is measured instead".to_string()
+    } else if var == ENV_TASK_PRIORITY {
+        format!("the container is recorded with HAMi's default priority, {DEFAULT_TASK_PRIORITY}")
     } else if var == ENV_ADMISSION_RESERVE {
         format!(
             "the default reserve, {} MiB, applies",
@@ -139,8 +141,9 @@ pub struct Config {
     pub sm_limits: [u32; MAX_DEVICES],
     /// `COMPUTE_POLICY_*` ([`ENV_CORE_POLICY`]; a malformed value gives `default`).
     pub compute_policy: u32,
-    /// [`ENV_TASK_PRIORITY`] as set (ignored; reported).
-    pub task_priority: Option<String>,
+    /// [`ENV_TASK_PRIORITY`] ([`DEFAULT_TASK_PRIORITY`] when unset or malformed), recorded
+    /// in a region this process creates.
+    pub task_priority: u32,
     /// The [`ENV_OVERSUBSCRIBE`] value when it asks for oversubscription (refused).
     pub oversubscribe_refused: Option<String>,
 }
@@ -199,7 +202,7 @@ impl Config {
             admission_reserve: value(&env.admission_reserve).unwrap_or(DEFAULT_ADMISSION_RESERVE),
             sm_limits: core::array::from_fn(|d| env.recorded_sm_limit(d)),
             compute_policy: env.policy() as u32,
-            task_priority: env.task_priority.clone(),
+            task_priority: env.priority(),
             oversubscribe_refused: if env.oversubscribe_requested() {
                 get(ENV_OVERSUBSCRIBE)
             } else {
@@ -427,7 +430,7 @@ mod tests {
         let c = cfg(&[]);
         assert_eq!(c.sm_limits, [0; MAX_DEVICES], "unset: no compute limit");
         assert_eq!(c.compute_policy, COMPUTE_POLICY_DEFAULT);
-        assert_eq!(c.task_priority, None);
+        assert_eq!(c.task_priority, DEFAULT_TASK_PRIORITY);
         let c = cfg(&[
             ("CUDA_DEVICE_SM_LIMIT", " 30 "),
             ("CUDA_DEVICE_SM_LIMIT_1", "50"),
@@ -501,9 +504,14 @@ mod tests {
             msg.contains("GPU_CORE_UTILIZATION_POLICY") && msg.contains("strict"),
             "{msg}"
         );
-        let c = cfg(&[("CUDA_TASK_PRIORITY", "1")]);
-        assert_eq!(c.task_priority.as_deref(), Some("1"));
-        assert!(c.errors.is_empty(), "an ignored variable is no error");
+        let c = cfg(&[("CUDA_TASK_PRIORITY", "0")]);
+        assert_eq!(c.task_priority, 0);
+        let c = cfg(&[("CUDA_TASK_PRIORITY", "-1")]);
+        assert_eq!(c.task_priority, DEFAULT_TASK_PRIORITY);
+        assert!(
+            c.errors.iter().any(|e| e.var == "CUDA_TASK_PRIORITY"),
+            "reported"
+        );
     }
 
     #[test]

@@ -3,19 +3,27 @@
 //! "Compute share".
 //!
 //! * **One budget per device, shared by the container** ([`ComputeCells`] in the region): a
-//!   token bucket of device nanoseconds, refilled at `share` % of wall time (lock-free: a
+//!   token bucket of device nanoseconds, refilled at the device's *rate* (lock-free: a
 //!   compare-and-swap advances `refilled_at_ns`, the winner adds the elapsed time's worth),
-//!   capped at [`WINDOW_NS`] x share.
+//!   capped at [`WINDOW_NS`] x rate. The rate, in basis points of the GPU's time, is the
+//!   share, or what the node agent's arbiter grants under `default` (more when it lends idle
+//!   time, 0 while a higher priority is busy: `hami_common::arbiter::rate_bp`), read again
+//!   at every check.
 //! * **Debited with the driver's own timing**: every metered submission is bracketed by two
 //!   events recorded on its stream; when the second has completed (checked with
 //!   `cuEventQuery` at later submissions and at synchronisations) `cuEventElapsedTime` is
-//!   debited from the budget and added to `consumed_ns`. Kernels of several streams (or
-//!   processes) that overlap on the device are each counted in full: the sum is
-//!   conservative.
+//!   debited from the budget and added to `consumed_ns`: the **union** of the process's
+//!   intervals ([`union_add`]), so that kernels of several streams that overlap on the device
+//!   are charged once for the wall time they occupy. Each interval is placed on the device's
+//!   timeline by its end event's distance from the latest end seen (the *horizon*, an event
+//!   kept per context); what overlaps intervals already charged within the last
+//!   [`UNION_KEEP_NS`] is not charged again, everything else is (conservative: what the
+//!   gate no longer remembers, or cannot place, is charged in full). Work of several
+//!   processes is not merged (their events cannot be compared): each pays its own.
 //! * **Waiting sleeps**: a submission that finds the budget negative sleeps for the deficit
 //!   at the refill rate (at most [`MAX_SLEEP_NS`] at a time) and checks again.
-//! * **Bounded queue**: at most [`inflight_limit`] metered submissions per device and
-//!   process are in flight (not yet debited): about [`QUEUE_AHEAD_NS`] of device time, one
+//! * **Bounded queue**: at most [`inflight_limit`] metered submissions per stream (and
+//!   [`MAX_INFLIGHT`] per device) and process are in flight (not yet debited): about [`QUEUE_AHEAD_NS`] of device time, one
 //!   kernel when kernels are long, so that a kernel is never preempted half done by the
 //!   GPU's time slicing between processes (its event pair would then count the other
 //!   process's slice); past it the submission polls the oldest with `cuEventQuery` and short
@@ -63,23 +71,32 @@ pub const QUEUE_AHEAD_NS: u64 = 250_000;
 /// Longest wait for the oldest submission in flight; past it the submission goes ahead
 /// (a kernel that never finishes must not hang the gate forever).
 pub const INFLIGHT_WAIT_NS: u64 = 2_000_000_000;
+/// How far back (ns of device time before the latest end seen) the gate remembers the
+/// intervals it charged, to charge an overlapping one only for what is new; an interval
+/// reaching further back is charged in full for that part.
+pub const UNION_KEEP_NS: i64 = 100_000_000;
+/// Most disjoint intervals remembered per context (the oldest are forgotten first).
+pub const UNION_MAX_INTERVALS: usize = 64;
 /// Events kept for reuse per process.
 const POOL_MAX: usize = 64;
 /// A submission lock held longer than this is taken over (its holder is stopped or dead;
 /// holding it takes microseconds: two event records and a launch).
 pub const LOCK_STEAL_NS: u64 = 2_000_000;
 
-/// The cap of the bucket for a share of `pct` %.
-pub fn burst_ns(pct: u32) -> i64 {
-    (WINDOW_NS * u64::from(pct.min(100)) / 100) as i64
+/// Basis points (1/100 of a percent) of the GPU: the whole of it.
+pub const FULL_BP: u32 = hami_common::arbiter::FULL_BP;
+
+/// The cap of the bucket at a rate of `bp` basis points.
+pub fn burst_ns(bp: u32) -> i64 {
+    (WINDOW_NS * u64::from(bp.min(FULL_BP)) / u64::from(FULL_BP)) as i64
 }
 
-/// Refills the shared bucket up to `now_ns` at `pct` % of wall time; the result is capped
-/// at [`burst_ns`] (a debt is repaid in full). Lock-free: the process whose compare-and-swap advances `refilled_at_ns`
+/// Refills the shared bucket up to `now_ns` at `bp` basis points of wall time; the result
+/// is capped at [`burst_ns`] (a debt is repaid in full). Lock-free: the process whose compare-and-swap advances `refilled_at_ns`
 /// adds the elapsed interval's worth; the others see no interval left. A clock behind the
 /// recorded instant adds nothing.
-pub fn refill(c: &ComputeCells<'_>, pct: u32, now_ns: u64) {
-    let cap = burst_ns(pct);
+pub fn refill(c: &ComputeCells<'_>, bp: u32, now_ns: u64) {
+    let cap = burst_ns(bp);
     let mut last = c.refilled_at_ns.load(Ordering::Acquire);
     loop {
         if now_ns <= last {
@@ -96,7 +113,8 @@ pub fn refill(c: &ComputeCells<'_>, pct: u32, now_ns: u64) {
         }
     }
     // The cap bounds what is saved up, not what repays a debt.
-    let add = (u128::from(now_ns - last) * u128::from(pct) / 100).min(i64::MAX as u128) as i64;
+    let add = (u128::from(now_ns - last) * u128::from(bp) / u128::from(FULL_BP))
+        .min(i64::MAX as u128) as i64;
     let _ = c
         .budget_ns
         .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
@@ -120,26 +138,75 @@ pub fn debit(c: &ComputeCells<'_>, ns: u64) {
     c.consumed_ns.fetch_add(ns, Ordering::Relaxed);
 }
 
-/// After a refill: how long a submission must sleep before checking again (`None`: go).
-/// The deficit is repaid at `pct` % of wall time; the sleep is that long, within
-/// [`MIN_SLEEP_NS`]..=[`MAX_SLEEP_NS`].
-pub fn wait_needed(c: &ComputeCells<'_>, pct: u32, now_ns: u64) -> Option<u64> {
-    if pct == 0 {
-        return None;
+/// Adds the interval `[a, b)` (ns relative to the horizon, the latest end charged so far; `b`
+/// may lie beyond it) to `busy`, the disjoint, sorted intervals already charged since
+/// `known_from`, and returns the ns of it not charged before: its length less its overlap
+/// with `busy` (what lies before `known_from` is not remembered and counts as new: the
+/// conservative direction). When `b > 0` the horizon moves to `b` (everything is shifted by
+/// `-b`); intervals ending more than [`UNION_KEEP_NS`] before the horizon, and past
+/// [`UNION_MAX_INTERVALS`] the oldest, are forgotten (`known_from` moves up).
+pub fn union_add(busy: &mut Vec<(i64, i64)>, known_from: &mut i64, a: i64, b: i64) -> u64 {
+    if b <= a {
+        return 0;
     }
-    refill(c, pct, now_ns);
+    let covered: i64 = busy
+        .iter()
+        .map(|&(x, y)| (y.min(b) - x.max(a).max(*known_from)).max(0))
+        .sum();
+    let new = ((b - a) - covered).max(0) as u64;
+    // Insert and merge.
+    let (mut lo, mut hi) = (a, b);
+    busy.retain(|&(x, y)| {
+        if y < lo || x > hi {
+            true
+        } else {
+            lo = lo.min(x);
+            hi = hi.max(y);
+            false
+        }
+    });
+    let at = busy.partition_point(|&(x, _)| x < lo);
+    busy.insert(at, (lo, hi));
+    if b > 0 {
+        for iv in busy.iter_mut() {
+            *iv = (iv.0 - b, iv.1 - b);
+        }
+        *known_from = known_from.saturating_sub(b);
+    }
+    let keep_from = -UNION_KEEP_NS;
+    if *known_from < keep_from {
+        *known_from = keep_from;
+    }
+    busy.retain(|&(_, y)| y > *known_from);
+    while busy.len() > UNION_MAX_INTERVALS {
+        let (_, y) = busy.remove(0);
+        *known_from = (*known_from).max(y);
+    }
+    new
+}
+
+/// After a refill at `bp` basis points: how long a submission must sleep before checking
+/// again (`None`: go). The deficit is repaid at that rate; the sleep is that long, within
+/// [`MIN_SLEEP_NS`]..=[`MAX_SLEEP_NS`]. `None`: no limit. A rate of 0 (suspended by the
+/// arbiter for a higher priority) sleeps [`MAX_SLEEP_NS`] and checks again.
+pub fn wait_needed(c: &ComputeCells<'_>, bp: Option<u32>, now_ns: u64) -> Option<u64> {
+    let bp = bp?;
+    refill(c, bp, now_ns);
+    if bp == 0 {
+        return Some(MAX_SLEEP_NS);
+    }
     let b = c.budget_ns.load(Ordering::Acquire);
     if b >= 0 {
         return None;
     }
-    let repay = u128::from(b.unsigned_abs()) * 100 / u128::from(pct);
+    let repay = u128::from(b.unsigned_abs()) * u128::from(FULL_BP) / u128::from(bp);
     Some((repay.min(u128::from(MAX_SLEEP_NS)) as u64).max(MIN_SLEEP_NS))
 }
 
-/// Metered submissions a process may keep in flight on a device, from its share and the
-/// average measured duration of its submissions there ([`MIN_INFLIGHT`] before anything was
-/// measured):
-/// * a share of at most 50 %: about [`QUEUE_AHEAD_NS`] (250 us) of device time, one kernel
+/// Metered submissions a process may keep in flight on one stream of a device, from its
+/// rate (basis points) and the average measured duration of its submissions there
+/// ([`MIN_INFLIGHT`] before anything was measured):
+/// * a rate of at most 50 %: about [`QUEUE_AHEAD_NS`] (250 us) of device time, one kernel
 ///   when kernels are long;
 /// * above 50 %: about a quarter of the bucket's burst (a 70 % share and 4 ms kernels: 4),
 ///   within [`MIN_INFLIGHT`]..=[`MAX_INFLIGHT`].
@@ -155,12 +222,12 @@ pub fn wait_needed(c: &ComputeCells<'_>, pct: u32, now_ns: u64) -> Option<u64> {
 /// between the processes, about 100 us on the H200, so that a share above one half cannot be
 /// reached beside another busy process (70 % beside 30 %: 59 %): those keep a queue, and pay
 /// for it only the other process's slices that land inside their pairs.
-pub fn inflight_limit(pct: u32, avg_ns: u64) -> usize {
+pub fn inflight_limit(bp: u32, avg_ns: u64) -> usize {
     if avg_ns == 0 {
         return MIN_INFLIGHT;
     }
-    let n = if pct > 50 {
-        burst_ns(pct) as u64 / 4 / avg_ns
+    let n = if bp > FULL_BP / 2 {
+        burst_ns(bp) as u64 / 4 / avg_ns
     } else {
         QUEUE_AHEAD_NS / avg_ns
     };
@@ -200,6 +267,12 @@ pub trait Driver {
     fn query(&self, ev: usize) -> Query;
     /// Nanoseconds between two completed events (`cuEventElapsedTime`).
     fn elapsed_ns(&self, start: usize, end: usize) -> Option<u64>;
+    /// Nanoseconds from `start` to `end`, negative when `end` completed first (where the
+    /// driver says so; one that will not is asked the other way round: [`offset_ns`]).
+    fn elapsed_signed_ns(&self, start: usize, end: usize) -> Option<i64> {
+        self.elapsed_ns(start, end)
+            .map(|v| i64::try_from(v).unwrap_or(i64::MAX))
+    }
     /// Runs `f` with this thread allowed to query events while another stream capture is
     /// under way (`cuThreadExchangeStreamCaptureMode` to relaxed and back).
     fn relaxed(&self, f: &mut dyn FnMut()) {
@@ -215,19 +288,60 @@ pub trait Clock {
     fn sleep_ns(&self, ns: u64);
 }
 
+/// A stream as the gate tells them apart: the handle as passed, and for the per-thread
+/// default stream (`CU_STREAM_PER_THREAD`, or NULL through a `_ptsz` entry point) the
+/// thread's token.
+type StreamKey = (usize, u64);
+
+const CU_STREAM_PER_THREAD: usize = 2;
+
+fn stream_key(t: &Target) -> StreamKey {
+    if t.stream == CU_STREAM_PER_THREAD || (t.ptsz && t.stream == 0) {
+        (CU_STREAM_PER_THREAD, t.token)
+    } else {
+        (t.stream, 0)
+    }
+}
+
 /// One metered submission, not yet debited.
 #[derive(Clone, Copy, Debug)]
 struct Pending {
     dev: usize,
     ctx: usize,
+    stream: StreamKey,
     start: usize,
     end: usize,
+}
+
+/// What this process charged on one device in one context: the intervals, relative to the
+/// horizon event (the latest end charged), see [`union_add`].
+struct Union {
+    dev: usize,
+    ctx: usize,
+    horizon: usize,
+    busy: Vec<(i64, i64)>,
+    known_from: i64,
+}
+
+/// The position of event `x` relative to event `h` (ns, negative when `x` completed first).
+/// Asked forwards, then (if that is not positive) backwards, so that a driver that reports
+/// no negative distances places `x` right.
+pub fn offset_ns<D: Driver>(d: &D, h: usize, x: usize) -> Option<i64> {
+    let fwd = d.elapsed_signed_ns(h, x);
+    if let Some(v) = fwd.filter(|&v| v > 0) {
+        return Some(v);
+    }
+    match d.elapsed_signed_ns(x, h) {
+        Some(back) => Some(-back.max(0)),
+        None => fwd,
+    }
 }
 
 /// A process's metering state: submissions in flight and spare events.
 #[derive(Default)]
 struct Meter {
     pending: VecDeque<Pending>,
+    unions: Vec<Union>,
     /// Spare events and the context each was created in.
     pool: Vec<(usize, usize)>,
     /// Average measured duration of a submission, per device (ns; 0 = none yet).
@@ -237,6 +351,54 @@ struct Meter {
 impl Meter {
     fn in_flight(&self, dev: usize) -> usize {
         self.pending.iter().filter(|p| p.dev == dev).count()
+    }
+
+    fn in_flight_on(&self, dev: usize, stream: StreamKey) -> usize {
+        self.pending
+            .iter()
+            .filter(|p| p.dev == dev && p.stream == stream)
+            .count()
+    }
+
+    /// The device time a completed submission adds to the union of what this process ran
+    /// there (`ns`: its own event-measured length). The end event becomes the horizon when
+    /// it is the latest; returns whether it did (then it must not go back to the pool).
+    fn charge<D: Driver>(&mut self, d: &D, p: &Pending, ns: u64) -> (u64, bool) {
+        let len = i64::try_from(ns).unwrap_or(i64::MAX);
+        let i = self
+            .unions
+            .iter()
+            .position(|u| u.dev == p.dev && u.ctx == p.ctx);
+        let placed = i.and_then(|i| offset_ns(d, self.unions[i].horizon, p.end).map(|b| (i, b)));
+        match placed {
+            Some((i, b)) => {
+                let u = &mut self.unions[i];
+                let new = union_add(&mut u.busy, &mut u.known_from, b.saturating_sub(len), b);
+                if b > 0 {
+                    let old = std::mem::replace(&mut u.horizon, p.end);
+                    self.give_event(d, p.ctx, old);
+                    (new, true)
+                } else {
+                    (new, false)
+                }
+            }
+            None => {
+                // The first on this context, or the horizon can no longer be compared (its
+                // context went): start afresh from this one, charged in full.
+                if let Some(i) = i {
+                    let u = self.unions.swap_remove(i);
+                    d.destroy_event(u.horizon);
+                }
+                self.unions.push(Union {
+                    dev: p.dev,
+                    ctx: p.ctx,
+                    horizon: p.end,
+                    busy: vec![(-len, 0)],
+                    known_from: -len,
+                });
+                (ns, true)
+            }
+        }
     }
 
     fn take_event<D: Driver>(&mut self, d: &D, ctx: usize) -> Option<usize> {
@@ -270,9 +432,12 @@ impl Meter {
                 match d.query(p.end) {
                     Query::Pending => keep.push_back(*p),
                     Query::Done => {
+                        let mut kept_end = false;
                         if let Some(ns) = d.elapsed_ns(p.start, p.end) {
+                            let (new, horizon) = self.charge(d, p, ns);
+                            kept_end = horizon;
                             if let Some(c) = cells(p.dev) {
-                                debit(&c, ns);
+                                debit(&c, new);
                             }
                             let a = &mut self.avg_ns[p.dev];
                             *a = if *a == 0 {
@@ -283,7 +448,9 @@ impl Meter {
                             .max(1);
                         }
                         self.give_event(d, p.ctx, p.start);
-                        self.give_event(d, p.ctx, p.end);
+                        if !kept_end {
+                            self.give_event(d, p.ctx, p.end);
+                        }
                     }
                     Query::Failed => {
                         d.destroy_event(p.start);
@@ -295,9 +462,12 @@ impl Meter {
         self.pending = keep;
     }
 
-    /// The oldest submission in flight on `dev`.
-    fn oldest(&self, dev: usize) -> Option<Pending> {
-        self.pending.iter().find(|p| p.dev == dev).copied()
+    /// The oldest submission in flight on `dev` (on `stream`, if given).
+    fn oldest(&self, dev: usize, stream: Option<StreamKey>) -> Option<Pending> {
+        self.pending
+            .iter()
+            .find(|p| p.dev == dev && stream.is_none_or(|s| p.stream == s))
+            .copied()
     }
 }
 
@@ -389,32 +559,50 @@ pub struct Ticket<'g> {
     lock: &'g AtomicU64,
 }
 
-/// The gate before a submission at a share of `pct` % on `t.dev`: waits while the
-/// container's budget is in debt or too much of this process's work is in flight, then
-/// records the start event. `cells(dev)` gives a device's shared budget. `None`: submit
-/// unmetered (no share, a capturing stream, no event to be had).
+/// The gate before a submission on `t.dev`, at the rate `rate(now)` gives (basis points of
+/// the GPU, read again at every check; `None`: no limit): waits while the container's
+/// budget is in debt, the rate is 0 (held for a higher priority) or too much of this
+/// process's work is in flight, then records the start event. `cells(dev)` gives a device's
+/// shared budget. `None`: submit unmetered (no limit, a capturing stream, no event to be
+/// had).
 pub fn before<'g, D: Driver, C: Clock>(
     gate: &'g Gate,
     d: &D,
     clock: &C,
     cells: impl Fn(usize) -> Option<ComputeCells<'g>>,
-    pct: u32,
+    rate: impl Fn(u64) -> Option<u32>,
     t: Target,
 ) -> Option<Ticket<'g>> {
     let own = cells(t.dev)?;
-    if pct == 0 || d.capturing(t.stream, t.ptsz) {
+    if rate(clock.now_ns()).is_none() || d.capturing(t.stream, t.ptsz) {
         return None;
     }
     let mut waited = 0u64;
     let mut inflight_since: Option<u64> = None;
     loop {
+        let key = stream_key(&t);
+        let now = clock.now_ns();
+        let bp = rate(now);
+        let limit_bp = bp.unwrap_or(FULL_BP);
         let (count, avg, oldest) = {
             let mut m = gate.meter();
             m.harvest(d, &cells);
-            (m.in_flight(t.dev), m.avg_ns[t.dev], m.oldest(t.dev))
+            let avg = m.avg_ns[t.dev];
+            let on_stream = m.in_flight_on(t.dev, key);
+            if on_stream >= inflight_limit(limit_bp, avg) {
+                (on_stream, avg, m.oldest(t.dev, Some(key)))
+            } else {
+                let all = m.in_flight(t.dev);
+                (
+                    all,
+                    avg,
+                    (all >= MAX_INFLIGHT)
+                        .then(|| m.oldest(t.dev, None))
+                        .flatten(),
+                )
+            }
         };
-        let now = clock.now_ns();
-        if count >= inflight_limit(pct, avg) && oldest.is_some() {
+        if oldest.is_some() {
             let since = *inflight_since.get_or_insert(now);
             if now.saturating_sub(since) < INFLIGHT_WAIT_NS {
                 // A 32nd of the queue's expected drain time (20 to 50 us), then look again:
@@ -427,7 +615,7 @@ pub fn before<'g, D: Driver, C: Clock>(
                 continue;
             }
         }
-        match wait_needed(&own, pct, now) {
+        match wait_needed(&own, bp, now) {
             Some(ns) => {
                 clock.sleep_ns(ns);
                 waited += ns;
@@ -485,6 +673,7 @@ pub fn after<D: Driver>(ticket: Option<Ticket<'_>>, d: &D, r: CUresult) -> CUres
         meter.pending.push_back(Pending {
             dev: t.dev,
             ctx: t.ctx,
+            stream: stream_key(&t),
             start,
             end,
         });
@@ -501,11 +690,11 @@ pub fn submit<'a, D: Driver, C: Clock>(
     d: &D,
     clock: &C,
     cells: impl Fn(usize) -> Option<ComputeCells<'a>>,
-    pct: u32,
+    rate: impl Fn(u64) -> Option<u32>,
     t: Target,
     real: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let ticket = before(gate, d, clock, cells, pct, t);
+    let ticket = before(gate, d, clock, cells, rate, t);
     let r = real();
     after(ticket, d, r)
 }
@@ -590,6 +779,19 @@ impl Driver for RealDriver {
             return None;
         }
         (ms.is_finite() && ms >= 0.0).then(|| (f64::from(ms) * 1e6) as u64)
+    }
+
+    fn elapsed_signed_ns(&self, start: usize, end: usize) -> Option<i64> {
+        // SAFETY: documented type (both versions have it).
+        let f = unsafe { symbols::cu::<FnEventElapsedTime>(Cu::cuEventElapsedTime_v2) }
+            // SAFETY: as above.
+            .or_else(|| unsafe { symbols::cu::<FnEventElapsedTime>(Cu::cuEventElapsedTime) })?;
+        let mut ms: f32 = 0.0;
+        // SAFETY: events this gate created; valid out pointer.
+        if unsafe { f(&mut ms, start as CUevent, end as CUevent) } != CUDA_SUCCESS {
+            return None;
+        }
+        ms.is_finite().then(|| (f64::from(ms) * 1e6) as i64)
     }
 
     fn relaxed(&self, f: &mut dyn FnMut()) {

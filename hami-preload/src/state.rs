@@ -72,15 +72,6 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
         };
         messages.push((Level::Error, format!("{e}; {consequence}")));
     }
-    if let Some(v) = &config.task_priority {
-        messages.push((
-            Level::Warn,
-            format!(
-                "{}={v:?} is ignored: hami-rs has no priority scheduling between containers (HAMi's node monitor uses it to pause lower-priority containers); each container's compute share applies on its own",
-                crate::config::ENV_TASK_PRIORITY
-            ),
-        ));
-    }
     if let Some(v) = &config.lock_timeout_invalid {
         messages.push((
             Level::Warn,
@@ -122,6 +113,7 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
         group: config.region_group,
         sm_limits: config.sm_limits,
         compute_policy: config.compute_policy,
+        task_priority: config.task_priority,
     };
     let opened = match config.region_error() {
         // Fail closed: neither create nor use a region with permissions nobody asked for.

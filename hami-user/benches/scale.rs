@@ -89,6 +89,7 @@ fn fleet(regions: usize) -> (Vec<ProcView>, Vec<RegionView>) {
                 context_footprint: [0; MAX_DEVICES],
                 slots,
                 compute: Default::default(),
+                arbiter: Default::default(),
                 consistent: true,
             },
             liveness,

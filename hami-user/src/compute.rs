@@ -166,13 +166,30 @@ pub struct ComputeView {
     pub throttled_ns: u64,
     /// Memory requests the preload refused on the device (the region's refusal counter).
     pub refusals: u64,
+    /// The container's `CUDA_TASK_PRIORITY` as its region records it (0 the highest).
+    pub priority: u32,
+    /// What the agent's arbiter lets it use now, in percent of the device (`None`: no
+    /// decision: no share, or the arbiter is off).
+    pub grant: Option<f64>,
+    /// Of the grant, the percent above the share: idle time lent to it.
+    pub lent: f64,
+    /// Held back (suspended) while a container of a higher priority is busy.
+    pub held: bool,
+    /// Busy in the arbiter's eyes (used the device in the last 300 ms).
+    pub busy: bool,
 }
 
 impl ComputeView {
     /// Whether the mean share over the whole window exceeds the limit by more than the
     /// tolerance, the container having been measured for at least the window: the
-    /// `compute_over_limit` rule. Returns the mean share and the limit when it does.
+    /// `compute_over_limit` rule. Returns the mean share and the limit when it does. Not
+    /// while the arbiter lends the container idle time (its latest grant is above its share):
+    /// a heuristic, the window's mean may still hold time used before the loan.
     pub fn over_limit(&self, opts: &ComputeOptions) -> Option<(f64, u32)> {
+        // Lent idle time by the arbiter (`default`): using it is no excess (issue 30).
+        if self.lent > 0.0 {
+            return None;
+        }
         let limit = self.limit?;
         let share = self.window_share?;
         if self.watched_secs + 1e-9 < opts.window.as_secs_f64() {

@@ -105,6 +105,10 @@ struct Common {
     /// Release leaked slots (dead or replaced owner) through the region's protocol.
     #[arg(long)]
     reclaim: bool,
+    /// Do not act as the GPUs' arbiter of compute shares (no grants written: every container
+    /// under `default` is held to its share, as `force`).
+    #[arg(long)]
+    no_arbiter: bool,
     /// A libcuda file to probe at start (repeatable; discovery keeps looking for others).
     #[arg(long = "libcuda", value_name = "PATH")]
     libcuda: Vec<PathBuf>,
@@ -208,6 +212,7 @@ impl Common {
                 settle: Duration::from_millis(self.settle_ms),
                 nvml_settle: Duration::from_millis(self.nvml_settle_ms),
                 reclaim: self.reclaim,
+                arbiter: !self.no_arbiter,
                 regions: self.regions.clone(),
                 log_root: self.kubelet_log_dir.clone(),
                 compute: ComputeOptions {

@@ -114,6 +114,15 @@ pub struct RegionSeries {
     /// Memory requests the preload refused on the device for the container (the region's
     /// `DeviceCompute::refusals`; only grows).
     pub quota_refusals: u64,
+    /// What the agent's arbiter lets the container use now, percent of the device (`None`:
+    /// no decision).
+    pub compute_grant: Option<f64>,
+    /// Of the grant, the percent above the share (idle time lent).
+    pub compute_lent: f64,
+    /// Held back while a container of a higher priority is busy on the GPU.
+    pub compute_held: bool,
+    /// The container's `CUDA_TASK_PRIORITY` (0 the highest).
+    pub priority: u32,
     /// Accounted context bytes (HAMi's `context`).
     pub context: u64,
     /// Accounted module bytes (HAMi's `module`).
@@ -196,6 +205,14 @@ pub struct Metrics {
     pub compute_limit: IntGaugeVec,
     /// `hami_container_compute_share_percent`.
     pub compute_share: GaugeVec,
+    /// `hami_container_compute_grant_percent`.
+    pub compute_grant: GaugeVec,
+    /// `hami_container_compute_lent_percent`.
+    pub compute_lent: GaugeVec,
+    /// `hami_container_compute_held`.
+    pub compute_held: IntGaugeVec,
+    /// `hami_container_priority`.
+    pub priority: IntGaugeVec,
     /// `hami_container_compute_seconds_total`.
     pub compute_seconds: CounterVec,
     /// `hami_container_compute_throttled_total`.
@@ -333,6 +350,31 @@ impl Metrics {
             cl,
         )?;
         r.register(Box::new(compute_share.clone()))?;
+        let fgauge = |name: &str, help: &str| -> prometheus::Result<GaugeVec> {
+            let g = GaugeVec::new(Opts::new(name, help), cl)?;
+            r.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let compute_grant = fgauge(
+            "hami_container_compute_grant_percent",
+            "What the agent's arbiter lets the container use of the device now, in percent (default policy: the share plus idle time lent, 0 while held for a higher priority; force: the share; absent without a share or with the arbiter off)",
+        )?;
+        let compute_lent = fgauge(
+            "hami_container_compute_lent_percent",
+            "Of the arbiter's grant, the percent of the device above the container's share: idle time lent to it",
+        )?;
+        let compute_held = gauge_vec(
+            &r,
+            "hami_container_compute_held",
+            "1 while the arbiter holds the container back (suspended) because a container of a higher CUDA_TASK_PRIORITY is busy on the GPU, else 0",
+            cl,
+        )?;
+        let priority = gauge_vec(
+            &r,
+            "hami_container_priority",
+            "The container's CUDA_TASK_PRIORITY as its region records it (0 the highest; HAMi's default 1)",
+            cl,
+        )?;
         let counter_vec = |name: &str, help: &str| -> prometheus::Result<CounterVec> {
             let c = CounterVec::new(Opts::new(name, help), cl)?;
             r.register(Box::new(c.clone()))?;
@@ -498,6 +540,10 @@ impl Metrics {
             accounted_data,
             observed,
             compute_limit,
+            compute_grant,
+            compute_lent,
+            compute_held,
+            priority,
             compute_share,
             compute_seconds,
             compute_throttled,
@@ -542,10 +588,14 @@ impl Metrics {
             &self.accounted_data,
             &self.observed,
             &self.compute_limit,
+            &self.compute_held,
+            &self.priority,
         ] {
             f.reset();
         }
         self.compute_share.reset();
+        self.compute_grant.reset();
+        self.compute_lent.reset();
         for f in [
             &self.compute_seconds,
             &self.compute_throttled,
@@ -580,6 +630,18 @@ impl Metrics {
                 .set(i64::from(s.compute_limit));
             if let Some(share) = s.compute_share {
                 self.compute_share.with_label_values(&l).set(share);
+            }
+            if let Some(g) = s.compute_grant {
+                self.compute_grant.with_label_values(&l).set(g);
+                self.compute_lent.with_label_values(&l).set(s.compute_lent);
+                self.compute_held
+                    .with_label_values(&l)
+                    .set(i64::from(s.compute_held));
+            }
+            if s.compute_limit != 0 {
+                self.priority
+                    .with_label_values(&l)
+                    .set(i64::from(s.priority));
             }
             self.compute_seconds
                 .with_label_values(&l)
@@ -758,6 +820,10 @@ impl Metrics {
             "hami_container_observed_bytes",
             "hami_container_compute_limit_percent",
             "hami_container_compute_share_percent",
+            "hami_container_compute_grant_percent",
+            "hami_container_compute_lent_percent",
+            "hami_container_compute_held",
+            "hami_container_priority",
             "hami_container_compute_seconds_total",
             "hami_container_compute_throttled_total",
             "hami_container_compute_throttled_seconds_total",
@@ -956,6 +1022,53 @@ mod tests {
         assert!(t.contains(r#"hami_findings_standing{kind="leaked_slot"} 0"#));
         m.set_findings(&[]);
         assert!(!m.render().contains("hami_finding{"));
+    }
+
+    #[test]
+    fn the_arbiters_grant_lent_time_and_priority_are_exported() {
+        let m = Metrics::new(MetricsOptions::default()).unwrap();
+        let mut lent = series("alone", 0);
+        lent.compute_limit = 30;
+        lent.compute_grant = Some(100.0);
+        lent.compute_lent = 70.0;
+        lent.priority = 1;
+        let mut held = series("low", 1);
+        held.compute_limit = 50;
+        held.compute_grant = Some(0.0);
+        held.compute_held = true;
+        held.priority = 1;
+        let mut off = series("native", 2);
+        off.compute_limit = 0;
+        m.set_regions(&[lent, held, off]);
+        let t = m.render();
+        let l = |ctr: &str, dev: u32| {
+            format!(
+                r#"{{UUID="GPU-0a1b2c3d-0000-1111-2222-333344445555",container="{ctr}",cuda_device="{dev}",namespace="ml",pod="trainer-0",region="/tmp/r"}}"#
+            )
+        };
+        for line in [
+            format!("hami_container_compute_grant_percent{} 100", l("alone", 0)),
+            format!("hami_container_compute_lent_percent{} 70", l("alone", 0)),
+            format!("hami_container_compute_held{} 0", l("alone", 0)),
+            format!("hami_container_priority{} 1", l("alone", 0)),
+            format!("hami_container_compute_grant_percent{} 0", l("low", 1)),
+            format!("hami_container_compute_held{} 1", l("low", 1)),
+        ] {
+            assert!(t.contains(&line), "{line}\n{t}");
+        }
+        // No share: no grant, no priority series.
+        assert!(
+            !t.contains(r#"container="native""#)
+                || !t.contains(&format!(
+                    "hami_container_compute_grant_percent{}",
+                    l("native", 2)
+                )),
+            "{t}"
+        );
+        assert!(
+            !t.contains(&format!("hami_container_priority{}", l("native", 2))),
+            "{t}"
+        );
     }
 
     #[test]

@@ -280,6 +280,34 @@ int main(int argc, char **argv) {
       printf(" kernels=%llu busy_ns=%.0f wall_ns=%.0f nominal_ns=%llu start_ns=%.0f end_ns=%.0f elapsed_rc=%d", kernels,
              busy, t1 - t0, kernels * ns, t0, t1, mrc);
       end(rc);
+    } else if (!strcmp(op, "streams-for")) {
+      /* N new non-blocking streams, kernels launched round-robin on them back to back for
+       * SECONDS of wall time (no events of its own); then every stream is synchronised.
+       * Prints kernels=, start_ns=/end_ns= (first launch, end of the last synchronisation). */
+      NEED(3); double sec = atof(argv[++a]); unsigned long long ns = parse_ns(argv[++a]);
+      int n = atoi(argv[++a]);
+      if (n < 1 || n > 64) die("streams-for: %d streams, not 1..64", n);
+      printf("op=streams-for seconds=%g ns=%llu streams=%d", sec, ns, n);
+      rc = spin_kernel();
+      if (rc == -1 || !cu.LaunchKernel || !cu.StreamCreate) {
+        printf(" error=missing-function\n"); fflush(stdout); continue;
+      }
+      CUstream sts[64]; memset(sts, 0, sizeof sts);
+      for (int k = 0; !rc && k < n; k++) rc = cu.StreamCreate(&sts[k], 1 /* NON_BLOCKING */);
+      CUstream saved = stream;
+      double t0 = now_ns(), stop = t0 + sec * 1e9;
+      unsigned long long kernels = 0;
+      while (!rc && now_ns() < stop) {
+        stream = sts[kernels % (unsigned)n];
+        rc = spin_launch(ns, 0);
+        if (!rc) kernels++;
+      }
+      for (int k = 0; !rc && k < n; k++) rc = cu.StreamSynchronize(sts[k]);
+      stream = saved;
+      double t1 = now_ns();
+      printf(" kernels=%llu wall_ns=%.0f nominal_ns=%llu start_ns=%.0f end_ns=%.0f", kernels, t1 - t0,
+             kernels * ns, t0, t1);
+      end(rc);
     } else if (!strcmp(op, "streamquery")) {
       printf("op=streamquery");
       if (!cu.StreamQuery) { printf(" error=missing-function\n"); fflush(stdout); continue; }

@@ -152,7 +152,7 @@ static void usage(void) {
        "  getglobal [IDX] | libgetglobal [IDX] | libgetmodule [IDX]\n"
        "  setlimit stack|printf|heap|syncdepth|pending|N SIZE | getlimit NAME | funcattr ATTR [IDX]\n"
        "  bench-launch N [IDX] | launchcoop [IDX]\n"
-       "  kernel | launch-ns NS [COUNT] | launch-cost N | coop-ns NS [COUNT] | launch-for SECONDS NS | streamquery\n"
+       "  kernel | launch-ns NS [COUNT] | launch-cost N | coop-ns NS [COUNT] | launch-for SECONDS NS | streams-for SECONDS NS N | streamquery\n"
        "  evcreate [FLAGS] | evrecord [IDX] | evquery [IDX] | evsync [IDX] | elapsed IDX IDX | evdestroy IDX\n"
        "  graph-capture NS COUNT | graph-launch N [IDX] | graphdestroy IDX\n"
        "  gmem-alloc SIZE | gmem-free | gmem-inst [FLAGS] | gmem-inst-upload | gmem-upload [IDX] | gmem-memfree\n"

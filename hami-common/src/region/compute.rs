@@ -44,6 +44,44 @@ pub struct ComputeDifference {
     pub requested_policy: u32,
 }
 
+/// The task priority a region's `task_priority` field holds (the value + 1; 0: HAMi's
+/// default).
+pub fn task_priority_of(raw: u32) -> u32 {
+    raw.checked_sub(1)
+        .unwrap_or(crate::config::DEFAULT_TASK_PRIORITY)
+}
+
+/// Writes an arbiter decision into the region open as `file` with `pwrite` (the agent's way:
+/// no mapping, no lock): each device's grant word (4 aligned bytes), then the stamp. A
+/// word torn by a concurrent reader's view decodes as no grant (the share applies for that
+/// instant); see `docs/shared-region.md`, "The arbiter's fields".
+pub fn write_arbiter(
+    file: &std::fs::File,
+    grants: &[(usize, u32)],
+    at_ns: u64,
+) -> std::io::Result<()> {
+    use crate::layout::RegionHeader;
+    use core::mem::offset_of;
+    use std::os::unix::fs::FileExt;
+    // Never grow a file that is no (longer a) region: a truncated one stays truncated.
+    if file.metadata()?.len() != crate::layout::REGION_SIZE as u64 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "not a region's size: not written",
+        ));
+    }
+    for &(d, w) in grants {
+        if d < MAX_DEVICES {
+            let off = offset_of!(RegionHeader, grants) + 4 * d;
+            file.write_all_at(&w.to_le_bytes(), off as u64)?;
+        }
+    }
+    file.write_all_at(
+        &at_ns.to_le_bytes(),
+        offset_of!(RegionHeader, arbiter_at_ns) as u64,
+    )
+}
+
 /// Name of a `COMPUTE_POLICY_*` value, as `GPU_CORE_UTILIZATION_POLICY` spells it.
 pub fn compute_policy_name(policy: u32) -> &'static str {
     crate::config::CorePolicy::from_region(policy).map_or("unknown", |p| p.name())
@@ -96,6 +134,69 @@ impl Region {
                 submit_lock: &*addr_of!((*c).compute[dev].submit_lock),
             })
         }
+    }
+
+    fn h_grant(&self, d: usize) -> &AtomicU32 {
+        // SAFETY: atomic field of the live mapping; d < MAX_DEVICES (callers check).
+        unsafe { &*addr_of!((*self.map.as_ptr()).header.grants[d]) }
+    }
+
+    fn h_arbiter_at(&self) -> &AtomicU64 {
+        // SAFETY: atomic field of the live mapping.
+        unsafe { &*addr_of!((*self.map.as_ptr()).header.arbiter_at_ns) }
+    }
+
+    /// The container's `CUDA_TASK_PRIORITY` as its creator recorded it (HAMi's default,
+    /// [`crate::config::DEFAULT_TASK_PRIORITY`], in a file that records none).
+    pub fn task_priority(&self) -> u32 {
+        // SAFETY: atomic field of the live mapping.
+        let raw = unsafe { &*addr_of!((*self.map.as_ptr()).header.task_priority) };
+        task_priority_of(raw.load(Ordering::Relaxed))
+    }
+
+    /// The arbiter's grant word of device `dev` (0: none; [`crate::arbiter::decode_grant`]).
+    pub fn arbiter_grant(&self, dev: usize) -> u32 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        self.h_grant(dev).load(Ordering::Acquire)
+    }
+
+    /// `CLOCK_MONOTONIC` ns of the arbiter's latest decision (0: never).
+    pub fn arbiter_at_ns(&self) -> u64 {
+        self.h_arbiter_at().load(Ordering::Acquire)
+    }
+
+    /// The rate (basis points) the launch gate holds device `dev` to at `now_ns`
+    /// ([`crate::arbiter::rate_bp`]); `None`: no limit.
+    pub fn compute_rate_bp(&self, dev: usize, now_ns: u64) -> Option<u32> {
+        if dev >= MAX_DEVICES {
+            return None;
+        }
+        let at = self.arbiter_at_ns();
+        crate::arbiter::rate_bp(
+            self.sm_limit(dev),
+            self.compute_policy(dev),
+            self.arbiter_grant(dev),
+            at,
+            now_ns,
+        )
+    }
+
+    /// Writes an arbiter decision through this mapping: each device's grant word, then the
+    /// decision's stamp (`at_ns`, `CLOCK_MONOTONIC`). Nothing on a read-only mapping. (The
+    /// agent, which does not map regions, writes the same words with
+    /// [`super::write_arbiter`].)
+    pub fn set_arbiter(&self, grants: &[(usize, u32)], at_ns: u64) {
+        if !self.writable {
+            return;
+        }
+        for &(d, w) in grants {
+            if d < MAX_DEVICES {
+                self.h_grant(d).store(w, Ordering::Release);
+            }
+        }
+        self.h_arbiter_at().store(at_ns, Ordering::Release);
     }
 
     fn c_refusals(&self, d: usize) -> &AtomicU64 {

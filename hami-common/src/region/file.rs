@@ -473,6 +473,10 @@ pub(super) unsafe fn init_region(
             .unwrap_or(0);
         addr_of_mut!((*h).created_unix).write(now);
         addr_of_mut!((*h).boot_id).write(boot_id);
+        (*addr_of!((*h).task_priority)).store(
+            cfg.task_priority.min(crate::config::MAX_TASK_PRIORITY) + 1,
+            Ordering::Relaxed,
+        );
         for d in 0..MAX_DEVICES {
             (*addr_of!((*h).limits[d])).store(cfg.limits[d], Ordering::Relaxed);
             (*addr_of!((*h).limit_flags[d])).store(cfg.limit_flags[d], Ordering::Relaxed);

@@ -165,6 +165,8 @@ pub struct RegionConfig {
     pub sm_limits: [u32; MAX_DEVICES],
     /// `COMPUTE_POLICY_*` of every device (`layout::DeviceCompute::policy`).
     pub compute_policy: u32,
+    /// The container's `CUDA_TASK_PRIORITY` (`layout::RegionHeader::task_priority`).
+    pub task_priority: u32,
 }
 
 impl Default for RegionConfig {
@@ -177,6 +179,7 @@ impl Default for RegionConfig {
             group: None,
             sm_limits: [0; MAX_DEVICES],
             compute_policy: layout::COMPUTE_POLICY_DEFAULT,
+            task_priority: crate::config::DEFAULT_TASK_PRIORITY,
         }
     }
 }

@@ -127,10 +127,23 @@ pub struct RegionSnapshot {
     pub slots: Vec<SlotSnapshot>,
     /// Per-device compute records (share limit, policy, the gate's budget and consumption).
     pub compute: [ComputeSnapshot; MAX_DEVICES],
+    /// The container's priority and the arbiter's latest decision (issue 30).
+    pub arbiter: ArbiterSnapshot,
     /// Whether the copy is from one instant (no writer was mid-update). When writers are
     /// very busy, a copy after several retries may not be; then `used` and the slots may
     /// disagree by in-flight updates.
     pub consistent: bool,
+}
+
+/// The header's priority and arbiter fields, as copied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArbiterSnapshot {
+    /// The container's `CUDA_TASK_PRIORITY` ([`super::task_priority_of`] applied).
+    pub task_priority: u32,
+    /// `CLOCK_MONOTONIC` ns of the arbiter's latest decision (0: never).
+    pub at_ns: u64,
+    /// Per device, the grant word ([`crate::arbiter::decode_grant`]).
+    pub grants: [u32; MAX_DEVICES],
 }
 
 impl RegionSnapshot {
@@ -283,6 +296,11 @@ impl Region {
             stale_lock_breaks: self.h_stale_breaks().load(Ordering::Relaxed),
             reserve_reclaims: self.h_reserve_reclaims().load(Ordering::Relaxed),
             context_footprint: core::array::from_fn(|d| self.context_footprint(d)),
+            arbiter: ArbiterSnapshot {
+                task_priority: self.task_priority(),
+                at_ns: self.arbiter_at_ns(),
+                grants: core::array::from_fn(|d| self.arbiter_grant(d)),
+            },
             limits,
             limit_flags,
             uuids,
@@ -458,6 +476,11 @@ pub(super) fn parse_snapshot(buf: &[u8]) -> RegionSnapshot {
         context_footprint: core::array::from_fn(|d| {
             r64(offset_of!(RegionHeader, context_footprint) + 8 * d)
         }),
+        arbiter: ArbiterSnapshot {
+            task_priority: super::task_priority_of(r32(offset_of!(RegionHeader, task_priority))),
+            at_ns: r64(offset_of!(RegionHeader, arbiter_at_ns)),
+            grants: core::array::from_fn(|d| r32(offset_of!(RegionHeader, grants) + 4 * d)),
+        },
         limits,
         limit_flags,
         uuids,

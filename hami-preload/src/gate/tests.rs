@@ -128,6 +128,11 @@ impl Clock for Sim {
     }
 }
 
+/// The rate of a share of `pct` % (0: no limit), as the hooks pass it.
+fn pct_rate(pct: u32) -> impl Fn(u64) -> Option<u32> {
+    move |_| (pct != 0).then_some(pct * 100)
+}
+
 fn target() -> Target {
     Target {
         dev: 0,
@@ -152,7 +157,7 @@ fn run_alone(pct: u32, kernel_ns: u64, secs: u64) -> f64 {
             &sim,
             &sim,
             |_| Some(cells.cells()),
-            pct,
+            pct_rate(pct),
             target(),
             || sim.kernel(kernel_ns),
         );
@@ -199,7 +204,7 @@ fn two_processes_share_one_budget() {
                 &sim,
                 &sim,
                 |_| Some(cells.cells()),
-                50,
+                pct_rate(50),
                 target(),
                 || sim.kernel(MS),
             );
@@ -226,7 +231,7 @@ fn a_kernel_longer_than_the_window_puts_the_budget_into_debt() {
         &sim,
         &sim,
         |_| Some(cells.cells()),
-        pct,
+        pct_rate(pct),
         target(),
         || sim.kernel(1_000 * MS),
     );
@@ -247,7 +252,7 @@ fn a_kernel_longer_than_the_window_puts_the_budget_into_debt() {
         &sim,
         &sim,
         |_| Some(cells.cells()),
-        pct,
+        pct_rate(pct),
         target(),
         || sim.kernel(MS),
     );
@@ -280,7 +285,7 @@ fn capturing_launches_are_neither_throttled_nor_metered() {
         &sim,
         &sim,
         |_| Some(cells.cells()),
-        30,
+        pct_rate(30),
         target(),
         || CUDA_SUCCESS,
     );
@@ -300,7 +305,7 @@ fn no_share_is_a_plain_call() {
         &sim,
         &sim,
         |_| Some(cells.cells()),
-        0,
+        pct_rate(0),
         target(),
         || sim.kernel(MS),
     );
@@ -322,7 +327,7 @@ fn a_dead_or_stopped_process_never_starves_the_others() {
             &sim,
             &sim,
             |_| Some(cells.cells()),
-            50,
+            pct_rate(50),
             target(),
             || sim.kernel(10 * MS),
         );
@@ -340,7 +345,7 @@ fn a_dead_or_stopped_process_never_starves_the_others() {
             &sim,
             &sim,
             |_| Some(cells.cells()),
-            50,
+            pct_rate(50),
             target(),
             || sim.kernel(MS),
         );
@@ -363,13 +368,13 @@ fn the_work_in_flight_is_bounded() {
             &sim,
             &sim,
             |_| Some(cells.cells()),
-            90,
+            pct_rate(90),
             target(),
             || sim.kernel(MS),
         );
         most = most.max(gate.in_flight(0));
     }
-    let limit = inflight_limit(90, MS);
+    let limit = inflight_limit(9000, MS);
     assert!(most <= limit, "{most} in flight, limit {limit}");
     assert!(most >= limit - 1, "{most} in flight, limit {limit}");
     // A kernel that never completes holds the gate at most INFLIGHT_WAIT_NS.
@@ -380,7 +385,7 @@ fn the_work_in_flight_is_bounded() {
             &sim,
             &sim,
             |_| Some(cells.cells()),
-            90,
+            pct_rate(90),
             target(),
             || sim.kernel(1 << 50),
         );
@@ -391,7 +396,7 @@ fn the_work_in_flight_is_bounded() {
         &sim,
         &sim,
         |_| Some(cells.cells()),
-        90,
+        pct_rate(90),
         target(),
         || CUDA_SUCCESS,
     );
@@ -413,7 +418,7 @@ fn a_failed_record_submits_unmetered() {
         &sim,
         &sim,
         |_| Some(cells.cells()),
-        30,
+        pct_rate(30),
         target(),
         || sim.kernel(MS),
     );
@@ -426,7 +431,7 @@ fn a_failed_record_submits_unmetered() {
         &sim,
         &sim,
         |_| Some(cells.cells()),
-        30,
+        pct_rate(30),
         target(),
         || CUDA_ERROR_INVALID_VALUE,
     );
@@ -438,49 +443,61 @@ fn a_failed_record_submits_unmetered() {
 fn refill_caps_and_ignores_a_clock_behind() {
     let c = Cells::default();
     let cells = c.cells();
-    refill(&cells, 30, 5_000 * MS);
+    refill(&cells, 3000, 5_000 * MS);
     assert_eq!(
         c.budget.load(Ordering::Relaxed),
-        burst_ns(30),
+        burst_ns(3000),
         "a fresh region fills up"
     );
-    assert_eq!(burst_ns(30), 30 * MS as i64);
+    assert_eq!(burst_ns(3000), 30 * MS as i64);
     debit(&cells, 40 * MS);
     assert_eq!(c.budget.load(Ordering::Relaxed), -(10 * MS as i64));
     assert_eq!(c.consumed.load(Ordering::Relaxed), 40 * MS);
-    refill(&cells, 30, 4_000 * MS);
+    refill(&cells, 3000, 4_000 * MS);
     assert_eq!(
         c.budget.load(Ordering::Relaxed),
         -(10 * MS as i64),
         "clock behind"
     );
-    refill(&cells, 30, 5_010 * MS);
+    refill(&cells, 3000, 5_010 * MS);
     assert_eq!(
         c.budget.load(Ordering::Relaxed),
         -(7 * MS as i64),
         "10 ms at 30 %"
     );
-    assert_eq!(wait_needed(&cells, 30, 5_010 * MS), Some(7 * MS * 100 / 30));
-    refill(&cells, 30, 9_000 * MS);
+    assert_eq!(
+        wait_needed(&cells, Some(3000), 5_010 * MS),
+        Some(7 * MS * 10_000 / 3000)
+    );
+    refill(&cells, 3000, 9_000 * MS);
     assert_eq!(
         c.budget.load(Ordering::Relaxed),
-        burst_ns(30),
+        burst_ns(3000),
         "never above the cap"
     );
     debit(&cells, 1_000 * MS);
-    refill(&cells, 30, 10_000 * MS);
+    refill(&cells, 3000, 10_000 * MS);
     assert_eq!(
         c.budget.load(Ordering::Relaxed),
         -(670 * MS as i64),
         "a debt is repaid in full: 1 s at 30 %"
     );
     assert_eq!(
-        wait_needed(&cells, 30, 10_000 * MS),
+        wait_needed(&cells, Some(3000), 10_000 * MS),
         Some(MAX_SLEEP_NS),
         "capped sleep"
     );
-    assert_eq!(wait_needed(&cells, 0, 10_000 * MS), None, "no share: never");
-    assert_eq!(wait_needed(&cells, 30, 13_000 * MS), None, "repaid");
+    assert_eq!(
+        wait_needed(&cells, None, 10_000 * MS),
+        None,
+        "no share: never"
+    );
+    assert_eq!(
+        wait_needed(&cells, Some(0), 10_000 * MS),
+        Some(MAX_SLEEP_NS),
+        "held for a higher priority: sleep and look again"
+    );
+    assert_eq!(wait_needed(&cells, Some(3000), 13_000 * MS), None, "repaid");
 }
 
 /// Concurrent refills from many threads add exactly the elapsed time's worth once.
@@ -495,7 +512,7 @@ fn concurrent_refills_add_each_interval_once() {
             s.spawn(|| {
                 for _ in 0..20_000 {
                     let now = clock.fetch_add(100, Ordering::Relaxed) + 100;
-                    refill(&c.cells(), 50, now);
+                    refill(&c.cells(), 5000, now);
                 }
             });
         }
@@ -521,24 +538,24 @@ fn shares_and_limits() {
     assert_eq!(effective_share(0, COMPUTE_POLICY_FORCE), 0);
     assert_eq!(effective_share(100, COMPUTE_POLICY_FORCE), 0);
     assert_eq!(
-        inflight_limit(30, 0),
+        inflight_limit(3000, 0),
         MIN_INFLIGHT,
         "one until a duration is known"
     );
     assert_eq!(
-        inflight_limit(30, MS),
+        inflight_limit(3000, MS),
         1,
         "long kernels at a small share: one in flight"
     );
-    assert_eq!(inflight_limit(50, 100 * MS), MIN_INFLIGHT);
-    assert_eq!(inflight_limit(50, 50_000), 5, "250 us of short kernels");
-    assert_eq!(inflight_limit(30, 1_000), MAX_INFLIGHT);
+    assert_eq!(inflight_limit(5000, 100 * MS), MIN_INFLIGHT);
+    assert_eq!(inflight_limit(5000, 50_000), 5, "250 us of short kernels");
+    assert_eq!(inflight_limit(3000, 1_000), MAX_INFLIGHT);
     assert_eq!(
-        inflight_limit(70, 4 * MS),
+        inflight_limit(7000, 4 * MS),
         4,
         "above half: a quarter of the burst"
     );
-    assert_eq!(inflight_limit(90, 100 * MS), MIN_INFLIGHT);
+    assert_eq!(inflight_limit(9000, 100 * MS), MIN_INFLIGHT);
 }
 
 /// The split form the launch hook uses: the waits and the start event in `before`, the
@@ -548,19 +565,41 @@ fn before_and_after_bracket_one_submission() {
     let sim = Sim::new();
     let cells = Cells::default();
     let gate = Gate::default();
-    assert!(before(&gate, &sim, &sim, |_| Some(cells.cells()), 0, target()).is_none());
-    assert!(before(&gate, &sim, &sim, |_| None, 30, target()).is_none());
+    assert!(before(
+        &gate,
+        &sim,
+        &sim,
+        |_| Some(cells.cells()),
+        pct_rate(0),
+        target()
+    )
+    .is_none());
+    assert!(before(&gate, &sim, &sim, |_| None, pct_rate(30), target()).is_none());
     assert_eq!(
         after(None, &sim, CUDA_ERROR_INVALID_VALUE),
         CUDA_ERROR_INVALID_VALUE
     );
-    let t = before(&gate, &sim, &sim, |_| Some(cells.cells()), 30, target());
+    let t = before(
+        &gate,
+        &sim,
+        &sim,
+        |_| Some(cells.cells()),
+        pct_rate(30),
+        target(),
+    );
     assert!(t.is_some());
     assert_eq!(sim.records.get(), 1, "the start event");
     sim.kernel(MS);
     assert_eq!(after(t, &sim, CUDA_SUCCESS), CUDA_SUCCESS);
     assert_eq!(gate.in_flight(0), 1);
-    let t = before(&gate, &sim, &sim, |_| Some(cells.cells()), 30, target());
+    let t = before(
+        &gate,
+        &sim,
+        &sim,
+        |_| Some(cells.cells()),
+        pct_rate(30),
+        target(),
+    );
     assert_eq!(
         after(t, &sim, CUDA_ERROR_INVALID_VALUE),
         CUDA_ERROR_INVALID_VALUE
@@ -581,7 +620,14 @@ fn the_submission_lock_brackets_the_pair_and_a_stale_one_is_taken_over() {
     let sim = Sim::new();
     let cells = Cells::default();
     let gate = Gate::default();
-    let t = before(&gate, &sim, &sim, |_| Some(cells.cells()), 30, target());
+    let t = before(
+        &gate,
+        &sim,
+        &sim,
+        |_| Some(cells.cells()),
+        pct_rate(30),
+        target(),
+    );
     assert_eq!(
         cells.lock.load(Ordering::Relaxed),
         7,
@@ -595,7 +641,14 @@ fn the_submission_lock_brackets_the_pair_and_a_stale_one_is_taken_over() {
     gate.harvest(&sim, |_| Some(cells.cells()));
     cells.lock.store(99, Ordering::Relaxed); // a holder that never comes back
     let at = sim.now.get();
-    let t = before(&gate, &sim, &sim, |_| Some(cells.cells()), 30, target());
+    let t = before(
+        &gate,
+        &sim,
+        &sim,
+        |_| Some(cells.cells()),
+        pct_rate(30),
+        target(),
+    );
     let waited = sim.now.get() - at;
     assert!(
         (LOCK_STEAL_NS..LOCK_STEAL_NS + MS).contains(&waited),
@@ -607,4 +660,52 @@ fn the_submission_lock_brackets_the_pair_and_a_stale_one_is_taken_over() {
     cells.lock.store(7, Ordering::Relaxed);
     unlock_submissions(&cells.lock, 99);
     assert_eq!(cells.lock.load(Ordering::Relaxed), 7);
+}
+
+#[test]
+fn overlapping_intervals_are_charged_once() {
+    let (mut busy, mut known) = (Vec::new(), i64::MIN);
+    // The first interval: all new; the horizon moves to its end.
+    assert_eq!(union_add(&mut busy, &mut known, -1000, 0), 1000);
+    // Four streams' kernels that ran together: each adds only what lies beyond the others.
+    assert_eq!(union_add(&mut busy, &mut known, -995, 5), 5);
+    assert_eq!(union_add(&mut busy, &mut known, -1000, 3), 3);
+    assert_eq!(busy, vec![(-1008, 0)]);
+    // Inside what was charged: nothing.
+    assert_eq!(union_add(&mut busy, &mut known, -500, -100), 0);
+    // A gap below the horizon is filled exactly once.
+    assert_eq!(union_add(&mut busy, &mut known, 100, 200), 100);
+    assert_eq!(busy, vec![(-1208, -200), (-100, 0)]);
+    assert_eq!(union_add(&mut busy, &mut known, -250, -50), 100 - 50 + 50);
+    assert_eq!(busy, vec![(-1208, 0)]);
+    // Empty intervals add nothing.
+    assert_eq!(union_add(&mut busy, &mut known, 10, 10), 0);
+}
+
+#[test]
+fn what_the_union_forgot_is_charged_in_full() {
+    let (mut busy, mut known) = (Vec::new(), i64::MIN);
+    assert_eq!(union_add(&mut busy, &mut known, -(MS as i64), 0), MS);
+    // 200 ms later: the old interval is forgotten ...
+    assert_eq!(
+        union_add(&mut busy, &mut known, 199 * MS as i64, 200 * MS as i64),
+        MS
+    );
+    assert_eq!(known, -UNION_KEEP_NS);
+    assert_eq!(busy, vec![(-(MS as i64), 0)]);
+    // ... so an interval placed where it was is charged again (conservative).
+    assert_eq!(
+        union_add(&mut busy, &mut known, -201 * MS as i64, -200 * MS as i64),
+        MS
+    );
+    // At most UNION_MAX_INTERVALS disjoint intervals are kept.
+    let (mut busy, mut known) = (Vec::new(), i64::MIN);
+    for i in 0..(UNION_MAX_INTERVALS as i64 + 10) {
+        union_add(&mut busy, &mut known, i * 100, i * 100 + 10);
+    }
+    assert_eq!(busy.len(), UNION_MAX_INTERVALS);
+    // The forgotten ones are charged in full again; a remembered one is not.
+    assert_eq!(union_add(&mut busy, &mut known, -100_000, -99_990), 10);
+    let last = *busy.last().unwrap();
+    assert_eq!(union_add(&mut busy, &mut known, last.0, last.1), 0);
 }

@@ -140,6 +140,16 @@ fn cells(region: &Region, dev: usize) -> Option<ComputeCells<'_>> {
     }
 }
 
+/// The rate the gate holds the process's CUDA ordinal `dev` to at `now_ns` (basis points:
+/// the share, or the node agent's grant; `None`: not gated), that of the container's device it
+/// is ([`cells`]).
+fn rate_bp(region: &Region, dev: usize, now_ns: u64) -> Option<u32> {
+    match state::placed(dev) {
+        state::Placed::Index(c) => region.compute_rate_bp(c, now_ns),
+        _ => None,
+    }
+}
+
 // ---- the gate around a submission ----
 
 /// A kernel submission from a hook: through the gate when the current device has a share,
@@ -165,8 +175,7 @@ pub(crate) fn gate_enter(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'s
 #[inline(never)]
 fn enter_gated(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'static>> {
     let (dev, ctx) = crate::measure::current_dev_ctx().ok()?;
-    let pct = share(dev);
-    if pct == 0 {
+    if share(dev) == 0 {
         return None;
     }
     let region = state::global().region.as_ref().ok()?;
@@ -185,7 +194,7 @@ fn enter_gated(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'static>> {
         &gate::RealDriver,
         &gate::RealClock,
         |d| cells(region, d),
-        pct,
+        |now| rate_bp(region, dev, now),
         t,
     )
 }

@@ -124,8 +124,16 @@ impl Agent {
                     throttled: rec.throttled,
                     throttled_ns: rec.throttled_ns,
                     refusals: rec.refusals,
+                    priority: snap.arbiter.task_priority,
                     ..ComputeView::default()
                 };
+                if let Some(dec) = self.decision(file, d) {
+                    let bp = f64::from(dec.grant.bp);
+                    v.grant = Some(bp / 100.0);
+                    v.lent = ((bp - f64::from(dec.share) * 100.0) / 100.0).max(0.0);
+                    v.held = dec.grant.held;
+                    v.busy = dec.busy;
+                }
                 if let (Some((h, parts)), Some(at)) =
                     (self.compute.histories.get(&(file, d)), self.compute.at)
                 {

@@ -5,6 +5,7 @@
 //! Nothing here needs root or eBPF: tests drive it with synthetic events, a fake `/proc` tree
 //! and real region files.
 
+mod arbiter;
 mod compute;
 mod exited;
 pub mod history;
@@ -59,6 +60,9 @@ pub struct AgentOptions {
     pub nvml_settle: Duration,
     /// Release leaked slots through the region's protocol.
     pub reclaim: bool,
+    /// Act as every GPU's arbiter of compute shares (`hami_common::arbiter`): decide what
+    /// each container may use and write it into its region (opened read-write for it).
+    pub arbiter: bool,
     /// Regions to watch even if no live process names them (host paths; slot pids are taken
     /// to be in the agent's own pid namespace).
     pub regions: Vec<PathBuf>,
@@ -81,6 +85,7 @@ impl Default for AgentOptions {
             settle: Duration::from_millis(300),
             nvml_settle: Duration::from_millis(1000),
             reclaim: false,
+            arbiter: true,
             regions: Vec::new(),
             log_root: PathBuf::from(identity::DEFAULT_LOG_ROOT),
             compute: ComputeOptions::default(),
@@ -173,6 +178,7 @@ pub struct Agent {
     nvml_regions: HashMap<usize, RegionSnapshot>,
     /// Compute shares measured at the NVML samples.
     compute: compute::ComputeRecord,
+    arbiter: arbiter::ArbiterState,
     pending: HashMap<FindingKey, Instant>,
     /// For findings that need NVML confirmation: the NVML sample they were first seen in.
     pending_nvml: HashMap<FindingKey, u64>,
@@ -281,6 +287,7 @@ impl Agent {
             nvml_seq: 0,
             nvml_regions: HashMap::new(),
             compute: compute::ComputeRecord::default(),
+            arbiter: arbiter::ArbiterState::default(),
             pending: HashMap::new(),
             pending_nvml: HashMap::new(),
             standing: BTreeMap::new(),
@@ -409,6 +416,9 @@ impl Agent {
         }
         self.refresh_regions();
         self.release_idle_regions();
+        if self.opts.arbiter {
+            self.arbitrate();
+        }
         self.rebuild_lost();
         let (procs, regions) = self.views();
         let mut found = findings::evaluate_all(

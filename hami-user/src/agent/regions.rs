@@ -83,7 +83,7 @@ impl Agent {
         let pidns = info.pidns;
         // The path is the tenant's: resolved inside the process's root, regular files only.
         let root = self.opts.proc_root.join(info.pid.to_string()).join("root");
-        let reclaim = self.opts.reclaim;
+        let reclaim = self.opts.reclaim || self.opts.arbiter;
         let shown = PathBuf::from(&name);
         let opened = {
             let (root, name, shown) = (root.clone(), name.clone(), shown.clone());
@@ -129,7 +129,7 @@ impl Agent {
         identity: Identity,
         pidns: Option<u64>,
     ) -> Result<usize, String> {
-        let reclaim = self.opts.reclaim;
+        let reclaim = self.opts.reclaim || self.opts.arbiter;
         let path = host.to_path_buf();
         let file = tenantfs::bounded(format!("region {name}"), INPUT_DEADLINE, None, move || {
             if reclaim {

@@ -237,6 +237,10 @@ impl Agent {
                 compute_throttled: compute.throttled,
                 compute_throttled_ns: compute.throttled_ns,
                 quota_refusals: compute.refusals,
+                compute_grant: compute.grant,
+                compute_lent: compute.lent,
+                compute_held: compute.held,
+                priority: compute.priority,
             });
         }
         out

@@ -36,6 +36,7 @@ pub(crate) fn snapshot(limit0: u64, slots: Vec<SlotSnapshot>) -> RegionSnapshot 
         used,
         slots,
         compute: Default::default(),
+        arbiter: Default::default(),
         consistent: true,
     }
 }

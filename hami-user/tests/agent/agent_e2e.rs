@@ -681,6 +681,9 @@ fn compute_share_follows_the_device_clock_and_over_limit_is_found() {
         &env,
         "7",
         &[
+            // Without the arbiter: region A is held to its 30 % share (under `default` the
+            // arbiter would lend it the idle device, and over its grant it is not).
+            "--no-arbiter",
             "--nvml-interval",
             "200",
             "--compute-share-window-secs",
@@ -869,4 +872,54 @@ fn hami_core_process_gets_the_migration_reason_and_an_opted_out_one_is_unhooked(
     core.resume();
     opted_out.resume();
     plain.resume();
+}
+
+/// Issue 30 end to end, the real agent as the GPU's arbiter: a `default` container at 30 %
+/// alone on the fake GPU gets (nearly) all of it while `hami-agent run` runs; with the agent
+/// stopped (`SIGSTOP`) or killed (`SIGKILL`) it is back at 30 % within the grants' 500 ms
+/// lifetime (plus the lent burst).
+#[test]
+fn the_agent_lends_the_idle_gpu_and_its_loss_falls_back_to_the_share() {
+    let _g = serial();
+    const MS: u64 = 1_000_000;
+    for sig in [libc::SIGSTOP, libc::SIGKILL] {
+        let env = hooked_env("1g")
+            .env("CUDA_DEVICE_SM_LIMIT", "30")
+            .env("GPU_CORE_UTILIZATION_POLICY", "default")
+            .env("FAKE_CUDA_CTX_OVERHEAD", "0")
+            .env("HAMI_CONTEXT_OVERHEAD", "0");
+        let agent = AgentProcess::run_json(AGENT, &env, &[]);
+        let p = env.spawn_probe(&["init", "ctx", "kernel", "launch-for", "6", "1ms"]);
+        std::thread::sleep(Duration::from_millis(3_000));
+        let lost_at = hami_test_harness::device_clock_now_ns();
+        agent.signal(sig);
+        let out = p.finish();
+        agent.signal(libc::SIGKILL);
+        drop(agent);
+        assert!(out.all_ok(), "{}", out.dump());
+        let l = out.last("launch-for");
+        let num = |k: &str| l.get(k).and_then(|v| v.parse::<f64>().ok()).unwrap() as u64;
+        let (from, to) = (num("start_ns"), num("end_ns"));
+        let pid = out.pid.unwrap();
+        let share = |a: u64, b: u64| {
+            let w = env.device_busy(0, a, b);
+            let ns: u64 = w.per_pid.iter().filter(|x| x.0 == pid).map(|x| x.1).sum();
+            ns as f64 / (b - a) as f64
+        };
+        // The agent finds the process and its region at a tick; lent from then on.
+        let lent = share(from + 1_500 * MS, lost_at);
+        assert!(
+            lent > 0.8,
+            "signal {sig}: with the agent {lent:.3}: {}",
+            out.dump()
+        );
+        let back = lost_at + 800 * MS;
+        assert!(to > back + 1_000 * MS, "{}", out.dump());
+        let got = share(back, to);
+        assert!(
+            (got - 0.3).abs() < 0.07,
+            "signal {sig}: agent lost, {got:.3} of the device: {}",
+            out.dump()
+        );
+    }
 }

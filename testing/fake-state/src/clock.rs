@@ -1,12 +1,18 @@
-//! The simulated device clock: every fake device executes kernels one at a time, on the real
-//! `CLOCK_MONOTONIC`, shared by every process through the state file.
+//! The simulated device clock: every fake device executes one process's work at a time
+//! (processes time-slice), on the real `CLOCK_MONOTONIC`, shared by every process through the
+//! state file.
 //!
 //! A submission of `d` ns that may start at `earliest` starts at `max(earliest, device tail)`
-//! and ends `d` later; the device tail moves to its end ([`Shared::schedule`]). Each busy
-//! interval is kept in a per-device ring of [`RING`] segments (merged with the previous one
-//! when the same process continues back to back), so that the busy time of each process over
-//! any recent window can be read ([`Shared::busy_between`]): that is what the fake NVML
-//! reports as per-process and device utilisation. See `docs/fake-driver.md`.
+//! and ends `d` later; the device tail moves to its end ([`Shared::schedule`]). A process may
+//! ask for up to [`MAX_LANES`] lanes (`FAKE_CUDA_STREAM_LANES`, [`Shared::schedule_lanes`]):
+//! then its submissions on different streams run at the same time, on the earliest free lane,
+//! as long as no other process booked the device meanwhile (kernels that each fill a part of
+//! the GPU's SMs; another process's work still waits for all of them, and theirs for it).
+//! Each busy interval is kept in a per-device ring of [`RING`] segments (merged with the
+//! previous one when the same process continues back to back or overlaps it), so that the
+//! busy time of each process over any recent window can be read ([`Shared::busy_between`]:
+//! the union of its intervals, the wall time it occupied the device): that is what the fake
+//! NVML reports as per-process and device utilisation. See `docs/fake-driver.md`.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -15,6 +21,8 @@ use crate::{proc_stat, Shared, MAX_DEVICES};
 /// Busy segments remembered per device (older ones are overwritten: a window reaching further
 /// back is clipped to what the ring still covers, see [`BusyWindow::covered_from`]).
 pub const RING: usize = 8192;
+/// Most lanes (concurrent submissions of one process) a device runs.
+pub const MAX_LANES: usize = 8;
 /// Longest segment length (2^40 ns, about 18 minutes); a longer submission takes several.
 const LEN_MASK: u64 = (1 << 40) - 1;
 /// A `DeviceClock::lock` held longer than this by a process that is gone or stopped is
@@ -89,10 +97,20 @@ pub struct DeviceClock {
     pub locked_at: AtomicU64,
     /// The device is busy until then (ns): end of the last submitted work.
     pub tail: AtomicU64,
-    /// Busy ns ever submitted (including work still queued).
+    /// Busy ns ever submitted (including work still queued; overlapping submissions of
+    /// concurrent lanes each count in full).
     pub busy_total: AtomicU64,
     /// Segments ever written; segment `i` lives at `ring[i % RING]`.
     pub head: AtomicU64,
+    /// The process whose concurrent group of submissions is the device's latest booking
+    /// (0: none, or the latest booking was serial). Changed under `lock`.
+    pub group_pid: AtomicU32,
+    _pad2: u32,
+    /// The earliest instant the current group's submissions may start (the device's tail
+    /// when the group began: whatever another process booked before runs first).
+    pub group_floor: AtomicU64,
+    /// End of the last submission on each lane of the current group.
+    pub lane_end: [AtomicU64; MAX_LANES],
     /// The busy segments, in time order.
     pub ring: [Segment; RING],
 }
@@ -183,9 +201,11 @@ impl DeviceClock {
             let ls = last.start.load(Ordering::Relaxed);
             let lw = last.word.load(Ordering::Relaxed);
             let (lpid, llen) = ((lw >> 40) as u32, lw & LEN_MASK);
-            if lpid == pid & 0xff_ffff && ls + llen == start && llen + len <= LEN_MASK {
+            // Back to back, or overlapping (concurrent lanes): one segment, their union.
+            let (le, e) = (ls + llen, start.saturating_add(len));
+            if lpid == pid & 0xff_ffff && start >= ls && start <= le && e.max(le) - ls <= LEN_MASK {
                 last.word
-                    .store(((pid as u64) << 40) | (llen + len), Ordering::Relaxed);
+                    .store(((pid as u64) << 40) | (e.max(le) - ls), Ordering::Relaxed);
                 return;
             }
         }
@@ -208,6 +228,24 @@ impl Shared {
     /// `(start, end)`; an unknown device schedules nothing (`(earliest, earliest + dur)`).
     /// Work of zero length takes no lock and records nothing.
     pub fn schedule(&self, dev: usize, slot: Option<usize>, earliest: u64, dur: u64) -> (u64, u64) {
+        self.schedule_lanes(dev, slot, earliest, dur, 1)
+    }
+
+    /// [`Shared::schedule`] for a process whose submissions may run `lanes` at a time
+    /// (`1..=`[`MAX_LANES`]; 1 = one at a time, as [`Shared::schedule`]). While this process
+    /// made the device's latest bookings (its *group*, begun when another process's work or a
+    /// serial booking was the latest), a submission starts at `max(earliest, the group's
+    /// floor, the end of the earliest-free lane)`, so that up to `lanes` of its submissions
+    /// overlap; once another process books, that one waits for the whole group and a new
+    /// group begins after it (processes time-slice, never overlap).
+    pub fn schedule_lanes(
+        &self,
+        dev: usize,
+        slot: Option<usize>,
+        earliest: u64,
+        dur: u64,
+        lanes: usize,
+    ) -> (u64, u64) {
         let Some(c) = self.clock(dev) else {
             return (earliest, earliest.saturating_add(dur));
         };
@@ -216,28 +254,44 @@ impl Shared {
             return (start, start);
         }
         let pid = std::process::id();
-        // The schedule itself is lock-free: a stopped or killed process never holds it.
-        let mut tail = c.tail.load(Ordering::Acquire);
-        let (start, end) = loop {
-            let start = earliest.max(tail);
-            let end = start.saturating_add(dur);
-            match c
-                .tail
-                .compare_exchange_weak(tail, end, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break (start, end),
-                Err(t) => tail = t,
-            }
-        };
-        {
+        let lanes = lanes.clamp(1, MAX_LANES);
+        let (start, end) = {
+            // A stopped or killed holder is taken over (`DeviceClock::lock`).
             let _g = c.lock();
+            let tail = c.tail.load(Ordering::Acquire);
+            let start = if lanes == 1 {
+                c.group_pid.store(0, Ordering::Relaxed);
+                earliest.max(tail)
+            } else {
+                if c.group_pid.load(Ordering::Relaxed) != pid {
+                    c.group_pid.store(pid, Ordering::Relaxed);
+                    c.group_floor.store(tail, Ordering::Relaxed);
+                    for l in &c.lane_end {
+                        l.store(tail, Ordering::Relaxed);
+                    }
+                }
+                let (i, free) = c.lane_end[..lanes]
+                    .iter()
+                    .map(|l| l.load(Ordering::Relaxed))
+                    .enumerate()
+                    .min_by_key(|x| x.1)
+                    .unwrap_or((0, tail));
+                let start = earliest
+                    .max(c.group_floor.load(Ordering::Relaxed))
+                    .max(free);
+                c.lane_end[i].store(start.saturating_add(dur), Ordering::Relaxed);
+                start
+            };
+            let end = start.saturating_add(dur);
+            c.tail.store(tail.max(end), Ordering::Release);
             let mut at = start;
             while at < end {
                 let len = (end - at).min(LEN_MASK);
                 c.push(pid, at, len);
                 at += len;
             }
-        }
+            (start, end)
+        };
         c.busy_total.fetch_add(dur, Ordering::AcqRel);
         if let Some(s) = slot.filter(|&s| s < self.file().procs.len()) {
             if dev < MAX_DEVICES {
@@ -378,6 +432,38 @@ mod tests {
         assert_eq!(w.per_pid, vec![(me, 30 + 5)]);
         assert_eq!(sh.busy_between(0, t + 1010, t + 5000).per_pid, vec![]);
         assert_eq!(sh.busy_between(1, t, t + 2000).device, 0);
+        drop(sh);
+        let _ = std::fs::remove_file(&p);
+    }
+
+    #[test]
+    fn lanes_overlap_one_process_and_time_slice_between_processes() {
+        let (sh, p) = open("lanes");
+        let slot = sh.slot_for(std::process::id());
+        let t = 1_000_000_000_000u64;
+        // Four lanes: four submissions at once, the fifth when the first lane frees.
+        for i in 0..4 {
+            assert_eq!(
+                sh.schedule_lanes(0, slot, t + i, 100, 4),
+                (t + i, t + i + 100)
+            );
+        }
+        assert_eq!(sh.schedule_lanes(0, slot, t, 100, 4), (t + 100, t + 200));
+        assert_eq!(sh.device_tail(0), t + 200);
+        // The busy time is their union, not their sum.
+        let me = std::process::id();
+        assert_eq!(sh.busy_between(0, t, t + 1000).per_pid, vec![(me, 200)]);
+        assert_eq!(sh.device_busy_total(0), 500);
+        // Another process's (serial) booking waits for the whole group ...
+        let c = &sh.file().devices[0].clock;
+        c.group_pid.store(0, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(sh.schedule(0, slot, t, 50), (t + 200, t + 250));
+        // ... and a new group starts after it, even on a lane that was free earlier.
+        assert_eq!(sh.schedule_lanes(0, slot, t, 10, 4), (t + 250, t + 260));
+        assert_eq!(sh.schedule_lanes(0, slot, t, 10, 4), (t + 250, t + 260));
+        // One lane is the serial model.
+        assert_eq!(sh.schedule_lanes(0, slot, t, 10, 1), (t + 260, t + 270));
+        assert_eq!(sh.schedule_lanes(0, slot, t, 10, 1), (t + 270, t + 280));
         drop(sh);
         let _ = std::fs::remove_file(&p);
     }

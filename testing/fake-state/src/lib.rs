@@ -21,13 +21,14 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 mod clock;
 pub use clock::{
-    now_ns, parse_duration_ns, realtime_offset_ns, BusyWindow, DeviceClock, Segment, RING,
+    now_ns, parse_duration_ns, realtime_offset_ns, BusyWindow, DeviceClock, Segment, MAX_LANES,
+    RING,
 };
 
 /// First bytes of a state file.
 pub const MAGIC: [u8; 8] = *b"FAKECUDA";
 /// Layout version; bumped on any incompatible change (an old file is re-initialised).
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 /// Maximum number of fake devices.
 pub const MAX_DEVICES: usize = 16;
 /// Number of per-process slots.

@@ -27,7 +27,10 @@ fn layout_matches_documentation() {
     assert_eq!(offset_of!(H, stale_lock_breaks), 736);
     assert_eq!(offset_of!(H, reserve_reclaims), 744);
     assert_eq!(offset_of!(H, context_footprint), 752);
-    assert_eq!(offset_of!(H, _reserved), 880);
+    assert_eq!(offset_of!(H, task_priority), 880);
+    assert_eq!(offset_of!(H, arbiter_at_ns), 888);
+    assert_eq!(offset_of!(H, grants), 896);
+    assert_eq!(offset_of!(H, _reserved), 960);
     assert_eq!(size_of::<H>(), 1024);
     assert_eq!(offset_of!(Slot, pid), 0);
     assert_eq!(offset_of!(Slot, status), 4);
@@ -56,4 +59,49 @@ fn layout_matches_documentation() {
     assert_eq!(REGION_SIZE, 1024 + 1024 * 1024 + 16 * 64);
     assert_eq!(REGION_SIZE, 1_050_624);
     const { assert!(MAX_SLOTS >= 1024 && MAX_DEVICES >= 16) };
+}
+
+/// The arbiter's words written with `pwrite` (the agent's way) are what a mapping reads, and
+/// a file that is not a region's size is never written (nor grown).
+#[test]
+fn arbiter_words_written_with_pwrite_reach_the_mapping() {
+    use crate::arbiter::{decode_grant, encode_grant, Grant};
+    let dir = std::env::temp_dir().join(format!("hami-arbiter-pwrite-{}", std::process::id()));
+    let _ = std::fs::remove_file(&dir);
+    let cfg = RegionConfig {
+        sm_limits: [30; MAX_DEVICES],
+        task_priority: 0,
+        ..RegionConfig::default()
+    };
+    let (r, _) = Region::open_or_create(&dir, &cfg).unwrap();
+    assert_eq!(r.task_priority(), 0);
+    assert_eq!(r.arbiter_grant(1), 0);
+    let g = Grant {
+        bp: 6250,
+        held: false,
+        lent: true,
+    };
+    let f = std::fs::OpenOptions::new().write(true).open(&dir).unwrap();
+    crate::region::write_arbiter(&f, &[(1, encode_grant(g))], 123).unwrap();
+    assert_eq!(decode_grant(r.arbiter_grant(1)), Some(g));
+    assert_eq!(r.arbiter_at_ns(), 123);
+    assert_eq!(r.compute_rate_bp(1, 123), Some(6250));
+    assert_eq!(
+        r.compute_rate_bp(1, 123 + crate::arbiter::GRANT_TTL_NS + 1),
+        Some(3000)
+    );
+    let s = r.snapshot();
+    assert_eq!((s.arbiter.task_priority, s.arbiter.at_ns), (0, 123));
+    assert_eq!(s.arbiter.grants[1], encode_grant(g));
+    drop(r);
+    let short = dir.with_extension("short");
+    std::fs::write(&short, b"HAMIRSv\x01").unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&short)
+        .unwrap();
+    assert!(crate::region::write_arbiter(&f, &[(0, 1)], 1).is_err());
+    assert_eq!(std::fs::metadata(&short).unwrap().len(), 8);
+    let _ = std::fs::remove_file(&dir);
+    let _ = std::fs::remove_file(&short);
 }

@@ -38,11 +38,13 @@ fn prometheus_scrapes_the_agent_like_a_servicemonitor_and_every_dashboard_query_
     let promtool = tool("promtool");
     let python = venv_python();
     let a = Artifacts::get();
-    // A one-GPU container with a global limit (the limit applies to every device index).
+    // A one-GPU container with a global limit (the limit applies to every device index),
+    // and a compute share (the arbiter's panel: its grant, lent time and priority).
     let env = TestEnv::new()
         .preload(true)
         .env("FAKE_CUDA_DEVICE_COUNT", "1")
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+        .env("CUDA_DEVICE_SM_LIMIT", "50");
     // What the kubelet writes on every node: the container's log link names it.
     let logs = env.dir().join("var-log");
     std::fs::create_dir_all(logs.join("containers")).unwrap();

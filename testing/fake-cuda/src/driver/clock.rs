@@ -3,8 +3,9 @@
 //! (`fake_state::Shared::schedule`); this module keeps what is process-local.
 //!
 //! Model (see `docs/fake-driver.md`): a device runs one piece of work at a time, across all
-//! processes and streams, in submission order. A submission of `d` ns starts at
-//! `max(now, its stream's tail, the device's tail)`; an event recorded on a stream completes
+//! processes and streams, in submission order (with `FAKE_CUDA_STREAM_LANES` > 1 up to that
+//! many of one process's submissions at once: [`stream_lanes`]). A submission of `d` ns starts
+//! at `max(now, its stream's tail, the device's tail)`; an event recorded on a stream completes
 //! at `max(now, the stream's tail, the device's tail)`.
 
 use std::collections::{HashMap, VecDeque};
@@ -94,6 +95,22 @@ pub fn queue_ahead_ns() -> u64 {
             .ok()
             .and_then(|v| parse_duration_ns(&v))
             .unwrap_or(2_000_000)
+    })
+}
+
+/// `FAKE_CUDA_STREAM_LANES`: how many of this process's submissions (on different streams) a
+/// device runs at the same time (default 1: one at a time; at most
+/// [`fake_state::MAX_LANES`]). As kernels that each fill a part of the GPU's SMs: work of
+/// several streams overlaps, while another process's work still waits for all of it (the
+/// GPU time-slices between contexts).
+pub fn stream_lanes() -> usize {
+    static V: OnceLock<usize> = OnceLock::new();
+    *V.get_or_init(|| {
+        std::env::var("FAKE_CUDA_STREAM_LANES")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(1)
+            .clamp(1, fake_state::MAX_LANES)
     })
 }
 
@@ -249,7 +266,9 @@ impl Inner {
         }
         let from = waited.map_or(now, |w| w.min(now));
         let earliest = from.max(self.clock.streams.get(&key).map_or(0, |c| c.tail));
-        let (start, end) = self.shared().schedule(phys, self.slot, earliest, dur);
+        let (start, end) =
+            self.shared()
+                .schedule_lanes(phys, self.slot, earliest, dur, stream_lanes());
         self.clock.pending.entry(phys).or_default().push_back(end);
         if let Some(list) = self.clock.markers.remove(&key) {
             for e in list {

@@ -1,0 +1,541 @@
+//! The GPU's arbiter of compute shares (issue 30): what each container may use of each GPU,
+//! decided by the node agent at most every [`PERIOD_NS`] and written into the container's
+//! region (`RegionHeader::grants`, `arbiter_at_ns`), and the rule the launch gate applies to
+//! it ([`rate_bp`]). See `docs/preload.md`, "Compute share", and `docs/shared-region.md`,
+//! "The arbiter's fields".
+//!
+//! * **`default` is work-conserving**: a container is guaranteed its share; while several
+//!   are busy on a GPU, the time no one is guaranteed is lent to the busy ones in proportion
+//!   to their shares (30 % and 50 % both busy: 37.5 % and 62.5 %; one alone: the whole GPU).
+//! * **`force` is a hard cap**: never more than the share (a grant can only lower it, for a
+//!   priority). **`disable`** and no share: never limited, never granted.
+//! * **Priorities with HAMi's meanings** (`CUDA_TASK_PRIORITY`, 0 the highest, 1 HAMi's
+//!   default): while a container of a higher priority is busy on the GPU, every container of a
+//!   lower one there is **suspended** (granted 0: its submissions wait at the gate), as HAMi's
+//!   monitor blocks them; they resume at the first decision after it went idle.
+//! * **Without an arbiter** (no decision, or the latest older than [`GRANT_TTL_NS`]): the
+//!   share, as `force`.
+//!
+//! [`decide`] is the pure decision for one GPU; [`Arbiter`] keeps what it needs between
+//! decisions (who was busy, what it wrote) and turns observations of regions into grant
+//! words; the agent reads and writes the regions.
+
+use std::collections::HashMap;
+use std::vec::Vec;
+
+use crate::config::{share_percent, CorePolicy};
+
+/// Most often the arbiter decides (ns): every 100 ms.
+pub const PERIOD_NS: u64 = 100_000_000;
+/// A decision older than this (ns of `CLOCK_MONOTONIC`) is ignored by the gate: a killed or
+/// stopped arbiter leaves every container at its share (as `force`) within this much after
+/// its last decision.
+pub const GRANT_TTL_NS: u64 = 500_000_000;
+/// A decision stamped further than this in the future is not believed (a torn or
+/// hand-written stamp).
+pub const FUTURE_SLACK_NS: u64 = 1_000_000_000;
+/// A container that used device time (or waited at the gate) within this long is busy.
+pub const BUSY_WINDOW_NS: u64 = 300_000_000;
+/// The whole GPU, in basis points (1/100 of a percent).
+pub const FULL_BP: u32 = 10_000;
+
+/// What one container may use of one GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Grant {
+    /// Basis points of the GPU's time, `0..=FULL_BP` (0: suspended).
+    pub bp: u32,
+    /// Held back (suspended) because a container of a higher priority is busy.
+    pub held: bool,
+    /// Above the container's share: idle time lent to it.
+    pub lent: bool,
+}
+
+const HELD_BIT: u32 = 1 << 14;
+const LENT_BIT: u32 = 1 << 15;
+const BP_MASK: u32 = (1 << 14) - 1;
+
+/// A grant as the region holds it: the low half carries the basis points and the flags, the
+/// high half their complement, so that a torn write, a zero or a hand-made value decodes as
+/// no grant ([`decode_grant`]).
+pub fn encode_grant(g: Grant) -> u32 {
+    let lo =
+        g.bp.min(FULL_BP) | if g.held { HELD_BIT } else { 0 } | if g.lent { LENT_BIT } else { 0 };
+    lo | ((!lo & 0xffff) << 16)
+}
+
+/// The grant a region's word holds, `None` when it holds none (0) or an inconsistent value.
+pub fn decode_grant(word: u32) -> Option<Grant> {
+    let lo = word & 0xffff;
+    if word >> 16 != !lo & 0xffff || lo & BP_MASK > FULL_BP {
+        return None;
+    }
+    Some(Grant {
+        bp: lo & BP_MASK,
+        held: lo & HELD_BIT != 0,
+        lent: lo & LENT_BIT != 0,
+    })
+}
+
+/// Whether a decision stamped `at_ns` holds at `now_ns` (both `CLOCK_MONOTONIC`): not
+/// older than [`GRANT_TTL_NS`], not further ahead than [`FUTURE_SLACK_NS`].
+pub fn fresh(at_ns: u64, now_ns: u64) -> bool {
+    at_ns != 0
+        && at_ns <= now_ns.saturating_add(FUTURE_SLACK_NS)
+        && now_ns.saturating_sub(at_ns) <= GRANT_TTL_NS
+}
+
+/// The rate (basis points of the GPU's time) the launch gate holds a device to, from the
+/// region's share (`sm_limit`), policy, grant word and decision stamp; `None`: no limit.
+/// Without a fresh, well-formed grant: the share. `force`: the share, or less if granted
+/// less (a priority). `default`: the grant (more than the share when lent, 0 when held).
+pub fn rate_bp(sm_limit: u32, policy: u32, grant: u32, at_ns: u64, now_ns: u64) -> Option<u32> {
+    let share = share_percent(sm_limit, policy)? * 100;
+    let g = fresh(at_ns, now_ns).then(|| decode_grant(grant)).flatten();
+    Some(match g {
+        None => share,
+        Some(g) if policy == CorePolicy::Force as u32 => share.min(g.bp),
+        Some(g) => g.bp,
+    })
+}
+
+/// One container on one GPU, as the arbiter sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tenant {
+    /// The share it is held to (percent, `1..=99`), `None` without one (no limit, or
+    /// `disable`).
+    pub share: Option<u32>,
+    /// Its `COMPUTE_POLICY_*`.
+    pub policy: u32,
+    /// Its `CUDA_TASK_PRIORITY` (0 the highest).
+    pub priority: u32,
+    /// Whether it used the GPU recently ([`BUSY_WINDOW_NS`]).
+    pub busy: bool,
+}
+
+/// The decision for one GPU: per tenant, in order, its grant (`None`: none, it has no share).
+///
+/// * The *top* priority is the highest (numerically lowest) of the busy tenants; tenants of a
+///   lower priority are held (0), busy or not, so that one starting meanwhile does not run
+///   either.
+/// * `force` tenants at the top get their share (a hard cap).
+/// * Busy `default` tenants at the top share what the busy `force` ones there leave, in
+///   proportion to their shares, and never less than their share.
+/// * Idle tenants at the top get their share: guaranteed the moment they start (the others
+///   are brought back to theirs at the next decision).
+pub fn decide(tenants: &[Tenant]) -> Vec<Option<Grant>> {
+    let top = tenants.iter().filter(|t| t.busy).map(|t| t.priority).min();
+    let runs = |t: &Tenant| top.is_none_or(|p| t.priority <= p);
+    let force = CorePolicy::Force as u32;
+    let forced: u32 = tenants
+        .iter()
+        .filter(|t| t.busy && runs(t) && t.policy == force)
+        .filter_map(|t| t.share)
+        .map(|s| s * 100)
+        .sum();
+    let weights: u32 = tenants
+        .iter()
+        .filter(|t| t.busy && runs(t) && t.policy != force)
+        .filter_map(|t| t.share)
+        .sum();
+    let spare = FULL_BP.saturating_sub(forced);
+    tenants
+        .iter()
+        .map(|t| {
+            let own = t.share? * 100;
+            Some(if !runs(t) {
+                Grant {
+                    bp: 0,
+                    held: true,
+                    lent: false,
+                }
+            } else if t.policy != force && t.busy && weights > 0 {
+                let bp = (u64::from(spare) * u64::from(own / 100) / u64::from(weights)) as u32;
+                let bp = bp.max(own).min(FULL_BP);
+                Grant {
+                    bp,
+                    held: false,
+                    lent: bp > own,
+                }
+            } else {
+                Grant {
+                    bp: own,
+                    held: false,
+                    lent: false,
+                }
+            })
+        })
+        .collect()
+}
+
+/// One container's device as the agent read it from its region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Observed {
+    /// The region (any key that stays the same while the region is open: its file id).
+    pub region: u64,
+    /// The region's device ordinal.
+    pub dev: usize,
+    /// The GPU (its UUID as the region records it; all zero: unknown, not arbitrated).
+    pub gpu: [u8; 16],
+    /// `DeviceCompute::sm_limit`.
+    pub sm_limit: u32,
+    /// `DeviceCompute::policy`.
+    pub policy: u32,
+    /// The container's priority (`Region::task_priority`).
+    pub priority: u32,
+    /// `DeviceCompute::consumed_ns`.
+    pub consumed_ns: u64,
+    /// `DeviceCompute::throttled`.
+    pub throttled: u64,
+    /// The grant word the region holds now.
+    pub grant: u32,
+}
+
+/// A grant to write into a region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// [`Observed::region`].
+    pub region: u64,
+    /// [`Observed::dev`].
+    pub dev: usize,
+    /// The decision.
+    pub grant: Grant,
+    /// The container's share (percent).
+    pub share: u32,
+    /// Whether it is busy.
+    pub busy: bool,
+    /// The word the region held differed from the one the arbiter wrote last: someone else
+    /// wrote it (tampering, undone by this write).
+    pub tampered: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Activity {
+    consumed: u64,
+    throttled: u64,
+    last_active: Option<u64>,
+}
+
+/// The arbiter's memory between decisions: when each container's device was last busy, and
+/// the word written last.
+#[derive(Debug, Default)]
+pub struct Arbiter {
+    activity: HashMap<(u64, usize), Activity>,
+    written: HashMap<(u64, usize), u32>,
+}
+
+impl Arbiter {
+    /// A new arbiter (every container idle until seen using the GPU).
+    pub fn new() -> Arbiter {
+        Arbiter::default()
+    }
+
+    /// Decides for every GPU from `obs` (every open region's devices, read at `now_ns`):
+    /// the grants to write, with the tampering seen. Forgets regions no longer observed.
+    pub fn tick(&mut self, now_ns: u64, obs: &[Observed]) -> Vec<Decision> {
+        let mut busy = Vec::with_capacity(obs.len());
+        for o in obs {
+            let a = self.activity.entry((o.region, o.dev)).or_insert(Activity {
+                consumed: o.consumed_ns,
+                throttled: o.throttled,
+                last_active: None,
+            });
+            if o.consumed_ns != a.consumed || o.throttled != a.throttled {
+                a.last_active = Some(now_ns);
+            }
+            a.consumed = o.consumed_ns;
+            a.throttled = o.throttled;
+            busy.push(
+                a.last_active
+                    .is_some_and(|t| now_ns.saturating_sub(t) <= BUSY_WINDOW_NS),
+            );
+        }
+        let keys: std::collections::HashSet<_> = obs.iter().map(|o| (o.region, o.dev)).collect();
+        self.activity.retain(|k, _| keys.contains(k));
+        self.written.retain(|k, _| keys.contains(k));
+        let mut gpus: Vec<[u8; 16]> = obs
+            .iter()
+            .map(|o| o.gpu)
+            .filter(|g| *g != [0; 16])
+            .collect();
+        gpus.sort_unstable();
+        gpus.dedup();
+        let mut out = Vec::new();
+        for gpu in gpus {
+            let members: Vec<usize> = (0..obs.len()).filter(|&i| obs[i].gpu == gpu).collect();
+            let tenants: Vec<Tenant> = members
+                .iter()
+                .map(|&i| Tenant {
+                    share: share_percent(obs[i].sm_limit, obs[i].policy),
+                    policy: obs[i].policy,
+                    priority: obs[i].priority,
+                    busy: busy[i],
+                })
+                .collect();
+            for (k, g) in decide(&tenants).into_iter().enumerate() {
+                let (o, t) = (&obs[members[k]], &tenants[k]);
+                let (Some(grant), Some(share)) = (g, t.share) else {
+                    continue;
+                };
+                let key = (o.region, o.dev);
+                let tampered = self.written.get(&key).is_some_and(|&w| w != o.grant);
+                self.written.insert(key, encode_grant(grant));
+                out.push(Decision {
+                    region: o.region,
+                    dev: o.dev,
+                    grant,
+                    share,
+                    busy: t.busy,
+                    tampered,
+                });
+            }
+        }
+        out
+    }
+
+    /// Forgets what was written into a region's device (it could not be written: the next
+    /// word seen there is not taken for tampering).
+    pub fn unwritten(&mut self, region: u64, dev: usize) {
+        self.written.remove(&(region, dev));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEFAULT: u32 = CorePolicy::Default as u32;
+    const FORCE: u32 = CorePolicy::Force as u32;
+    const DISABLE: u32 = CorePolicy::Disable as u32;
+
+    fn t(share: u32, policy: u32, priority: u32, busy: bool) -> Tenant {
+        Tenant {
+            share: share_percent(share, policy),
+            policy,
+            priority,
+            busy,
+        }
+    }
+
+    fn bps(ts: &[Tenant]) -> Vec<Option<u32>> {
+        decide(ts).iter().map(|g| g.map(|g| g.bp)).collect()
+    }
+
+    #[test]
+    fn grants_are_self_checking_words() {
+        for g in [
+            Grant::default(),
+            Grant {
+                bp: FULL_BP,
+                held: false,
+                lent: true,
+            },
+            Grant {
+                bp: 0,
+                held: true,
+                lent: false,
+            },
+            Grant {
+                bp: 3750,
+                held: false,
+                lent: true,
+            },
+        ] {
+            assert_eq!(decode_grant(encode_grant(g)), Some(g));
+        }
+        assert_eq!(decode_grant(0), None, "no decision");
+        let w = encode_grant(Grant {
+            bp: 3000,
+            ..Grant::default()
+        });
+        // A torn write (one half new, one old) or a hand-made value is no grant.
+        let other = encode_grant(Grant {
+            bp: FULL_BP,
+            ..Grant::default()
+        });
+        assert_eq!(decode_grant((w & 0xffff) | (other & 0xffff_0000)), None);
+        assert_eq!(decode_grant(10_000), None);
+        assert_eq!(decode_grant(u32::MAX), None);
+        // Above the whole GPU: none.
+        let lo = 12_000u32;
+        assert_eq!(decode_grant(lo | ((!lo & 0xffff) << 16)), None);
+    }
+
+    #[test]
+    fn the_gate_takes_a_fresh_grant_else_the_share() {
+        let now = 10_000_000_000u64;
+        let full = encode_grant(Grant {
+            bp: FULL_BP,
+            held: false,
+            lent: true,
+        });
+        let held = encode_grant(Grant {
+            bp: 0,
+            held: true,
+            lent: false,
+        });
+        // default: the grant, lent or held.
+        assert_eq!(rate_bp(30, DEFAULT, full, now, now), Some(FULL_BP));
+        assert_eq!(rate_bp(30, DEFAULT, held, now, now), Some(0));
+        // force: never above the share, lowered by a hold.
+        assert_eq!(rate_bp(30, FORCE, full, now, now), Some(3000));
+        assert_eq!(rate_bp(30, FORCE, held, now, now), Some(0));
+        // disable or no share: no limit, whatever is granted.
+        assert_eq!(rate_bp(30, DISABLE, held, now, now), None);
+        assert_eq!(rate_bp(0, DEFAULT, held, now, now), None);
+        assert_eq!(rate_bp(100, DEFAULT, held, now, now), None);
+        // Stale, never written, stamped in the future, malformed: the share.
+        assert_eq!(
+            rate_bp(30, DEFAULT, full, now - GRANT_TTL_NS - 1, now),
+            Some(3000)
+        );
+        assert_eq!(
+            rate_bp(30, DEFAULT, full, now - GRANT_TTL_NS, now),
+            Some(FULL_BP)
+        );
+        assert_eq!(rate_bp(30, DEFAULT, full, 0, now), Some(3000));
+        assert_eq!(
+            rate_bp(30, DEFAULT, full, now + FUTURE_SLACK_NS + 1, now),
+            Some(3000)
+        );
+        assert_eq!(rate_bp(30, DEFAULT, 0, now, now), Some(3000));
+        assert_eq!(rate_bp(30, DEFAULT, full ^ 1, now, now), Some(3000));
+    }
+
+    #[test]
+    fn default_lends_idle_time_in_proportion_to_shares() {
+        // Both busy: 37.5 / 62.5 %.
+        assert_eq!(
+            bps(&[t(30, DEFAULT, 1, true), t(50, DEFAULT, 1, true)]),
+            vec![Some(3750), Some(6250)]
+        );
+        // One alone: the whole GPU; the idle one keeps its share ready.
+        assert_eq!(
+            bps(&[t(30, DEFAULT, 1, true), t(50, DEFAULT, 1, false)]),
+            vec![Some(FULL_BP), Some(5000)]
+        );
+        assert!(decide(&[t(30, DEFAULT, 1, true)])[0].unwrap().lent);
+        // Nobody busy: everyone at its share.
+        assert_eq!(
+            bps(&[t(30, DEFAULT, 1, false), t(50, DEFAULT, 1, false)]),
+            vec![Some(3000), Some(5000)]
+        );
+        // A busy force neighbour keeps its share, the default one gets the rest.
+        assert_eq!(
+            bps(&[t(30, DEFAULT, 1, true), t(50, FORCE, 1, true)]),
+            vec![Some(5000), Some(5000)]
+        );
+        assert_eq!(bps(&[t(30, FORCE, 1, true)]), vec![Some(3000)]);
+        // Oversubscribed shares: nobody below its share (the GPU time-slices the excess).
+        assert_eq!(
+            bps(&[t(60, DEFAULT, 1, true), t(70, DEFAULT, 1, true)]),
+            vec![Some(6000), Some(7000)]
+        );
+        // No share, disable: no grant; they do not count in the split.
+        assert_eq!(
+            bps(&[
+                t(0, DEFAULT, 1, true),
+                t(40, DISABLE, 1, true),
+                t(40, DEFAULT, 1, true)
+            ]),
+            vec![None, None, Some(FULL_BP)]
+        );
+    }
+
+    #[test]
+    fn a_busy_higher_priority_holds_the_lower_ones() {
+        // Priority 0 (high) busy: the priority-1 containers are suspended, busy or not, force
+        // or default.
+        let g = decide(&[
+            t(30, DEFAULT, 0, true),
+            t(50, DEFAULT, 1, true),
+            t(20, FORCE, 1, false),
+        ]);
+        assert_eq!(g[0].unwrap().bp, FULL_BP * 30 / 30);
+        assert_eq!(
+            g[1],
+            Some(Grant {
+                bp: 0,
+                held: true,
+                lent: false
+            })
+        );
+        assert_eq!(
+            g[2],
+            Some(Grant {
+                bp: 0,
+                held: true,
+                lent: false
+            })
+        );
+        // The high one idle: the low one runs, and lends the whole GPU.
+        assert_eq!(
+            bps(&[t(30, DEFAULT, 0, false), t(50, DEFAULT, 1, true)]),
+            vec![Some(3000), Some(FULL_BP)]
+        );
+        // Same priority: no hold, shares split.
+        assert_eq!(
+            bps(&[t(30, DEFAULT, 0, true), t(50, DEFAULT, 0, true)]),
+            vec![Some(3750), Some(6250)]
+        );
+        // A busy high-priority container without a share still holds the lower ones.
+        assert_eq!(
+            bps(&[t(0, DEFAULT, 0, true), t(50, DEFAULT, 1, true)]),
+            vec![None, Some(0)]
+        );
+    }
+
+    fn obs(region: u64, sm: u32, prio: u32, consumed: u64, grant: u32) -> Observed {
+        Observed {
+            region,
+            dev: 0,
+            gpu: [7; 16],
+            sm_limit: sm,
+            policy: DEFAULT,
+            priority: prio,
+            consumed_ns: consumed,
+            throttled: 0,
+            grant,
+        }
+    }
+
+    #[test]
+    fn the_arbiter_sees_who_is_busy_and_what_was_tampered_with() {
+        let mut a = Arbiter::new();
+        let ms = 1_000_000u64;
+        let mut now = 1_000 * ms;
+        // First sight: nobody is known busy yet.
+        let d = a.tick(now, &[obs(1, 30, 1, 5, 0), obs(2, 50, 1, 9, 0)]);
+        assert_eq!(
+            d.iter().map(|d| d.grant.bp).collect::<Vec<_>>(),
+            vec![3000, 5000]
+        );
+        assert!(d.iter().all(|d| !d.tampered), "nothing written before");
+        let w1 = encode_grant(d[0].grant);
+        let w2 = encode_grant(d[1].grant);
+        // Container 1 used the GPU: it gets all of it.
+        now += 100 * ms;
+        let d = a.tick(now, &[obs(1, 30, 1, 500, w1), obs(2, 50, 1, 9, w2)]);
+        assert_eq!(d[0].grant.bp, FULL_BP);
+        assert!(d[0].busy && !d[1].busy);
+        let w1 = encode_grant(d[0].grant);
+        // Both busy: proportional. Container 2 wrote its own word: tampering.
+        now += 100 * ms;
+        let d = a.tick(now, &[obs(1, 30, 1, 900, w1), obs(2, 50, 1, 99, w1)]);
+        assert_eq!(d[0].grant.bp, 3750);
+        assert_eq!(d[1].grant.bp, 6250);
+        assert!(!d[0].tampered && d[1].tampered);
+        // Container 2 stops: after the busy window it is idle again and 1 gets it all.
+        let (w1, w2) = (encode_grant(d[0].grant), encode_grant(d[1].grant));
+        now += BUSY_WINDOW_NS + ms;
+        let d = a.tick(now, &[obs(1, 30, 1, 1900, w1), obs(2, 50, 1, 99, w2)]);
+        assert_eq!(d[0].grant.bp, FULL_BP);
+        assert_eq!(d[1].grant.bp, 5000);
+        // Another GPU's containers are decided apart; an unknown GPU is not arbitrated.
+        let mut o = obs(3, 30, 0, 0, 0);
+        o.gpu = [9; 16];
+        let mut u = obs(4, 30, 0, 0, 0);
+        u.gpu = [0; 16];
+        let d = a.tick(now, &[obs(1, 30, 1, 2900, 0), o, u]);
+        assert_eq!(d.len(), 2);
+    }
+}
