@@ -286,7 +286,7 @@ int main(int argc, char **argv) {
        * Prints kernels=, start_ns=/end_ns= (first launch, end of the last synchronisation). */
       NEED(3); double sec = atof(argv[++a]); unsigned long long ns = parse_ns(argv[++a]);
       int n = atoi(argv[++a]);
-      if (n < 1 || n > 64) die("streams-for: %d streams, not 1..64", n);
+      if (n < 1 || n > 64) die("streams-for: %s streams, not 1..64", argv[a]);
       printf("op=streams-for seconds=%g ns=%llu streams=%d", sec, ns, n);
       rc = spin_kernel();
       if (rc == -1 || !cu.LaunchKernel || !cu.StreamCreate) {
