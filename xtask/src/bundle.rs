@@ -238,11 +238,14 @@ pub(crate) fn strip(p: &Path) -> Result<()> {
 fn list_files(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
     let mut out = Vec::new();
     for entry in sorted_entries(dir)? {
-        if entry.is_dir() {
+        // Links are listed as links (the old glibc's loader and sonames are links, some of
+        // them absolute: followed here they would name the host's files, or nothing).
+        let meta = fs::symlink_metadata(&entry)
+            .with_context(|| format!("reading {}", entry.display()))?;
+        if meta.is_dir() {
             out.extend(list_files(&entry)?);
         } else {
-            let size = fs::metadata(&entry)?.len();
-            out.push((entry, size));
+            out.push((entry, meta.len()));
         }
     }
     Ok(out)
