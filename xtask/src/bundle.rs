@@ -240,8 +240,8 @@ fn list_files(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
     for entry in sorted_entries(dir)? {
         // Links are listed as links (the old glibc's loader and sonames are links, some of
         // them absolute: followed here they would name the host's files, or nothing).
-        let meta = fs::symlink_metadata(&entry)
-            .with_context(|| format!("reading {}", entry.display()))?;
+        let meta =
+            fs::symlink_metadata(&entry).with_context(|| format!("reading {}", entry.display()))?;
         if meta.is_dir() {
             out.extend(list_files(&entry)?);
         } else {
