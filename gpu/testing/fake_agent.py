@@ -17,6 +17,7 @@ import http.server
 import json
 import os
 import sys
+import threading
 import time
 
 MIB = 1 << 20
@@ -129,15 +130,27 @@ def main():
         secs = float(a[a.index("--seconds") + 1])
         print("fake audit: probes attached", file=sys.stderr, flush=True)
         seen = {}
+        lock = threading.Lock()
         end = time.time() + secs
+
+        def watch():
+            # A scan of /proc can be slow or block on one process (reading its environ
+            # waits for its memory map): it runs beside the deadline, never in its way.
+            while True:
+                found = workloads()
+                with lock:
+                    for p in found:
+                        seen[p["pid"]] = p
+                time.sleep(0.1)
+
+        threading.Thread(target=watch, daemon=True).start()
         try:  # SIGINT ends the watch early, like hami-agent's Ctrl-C
             while time.time() < end:
-                for p in workloads():
-                    seen[p["pid"]] = p
-                time.sleep(0.1)
+                time.sleep(0.05)
         except KeyboardInterrupt:
             pass
-        procs = list(seen.values())
+        with lock:
+            procs = [dict(p) for p in seen.values()]
         findings = [{"kind": "bypass", "reason": "no_preload", "pid": p["pid"],
                      "bytes": p["observed"], "standing": True}
                     for p in procs if not p["hooked"]]
@@ -160,7 +173,9 @@ def main():
         print(json.dumps({"version": 1, "seconds": secs, "processes": procs, "regions": [],
                           "findings": findings, "reclaimed": [], "failed": bool(findings)}),
               flush=True)
-        return 2 if findings else 0  # hami-user/src/report.rs EXIT_FINDINGS
+        sys.stderr.flush()
+        # Not a return: the watching thread may be inside a blocked /proc read.
+        os._exit(2 if findings else 0)  # hami-user/src/report.rs EXIT_FINDINGS
     elif a[:1] == ["inspect"]:
         import struct
         data = open(a[1], "rb").read()
