@@ -161,9 +161,13 @@ pub struct RegionHeader {
     /// (`arbiter::encode_grant`: a self-checking word; 0 = no decision). Written by the agent
     /// only (issue 30).
     pub grants: [AtomicU32; MAX_DEVICES],
-    /// Reserved for future use; zero (pads the header to 1024 bytes, so that slots start on a
+    /// Per device, the turn the node agent's arbiter gives the container in every
+    /// `arbiter::TURN_PERIOD_NS` while several containers contend for the GPU
+    /// (`arbiter::encode_turn`: a self-checking word; 0 = no turn, submit at any time).
+    /// Valid with the same `arbiter_at_ns` as the grants. Written by the agent only. Taken
+    /// from `_reserved` (issue 30; it pads the header to 1024 bytes, so that slots start on a
     /// cache-line boundary).
-    pub _reserved: [u64; 8],
+    pub turns: [AtomicU32; MAX_DEVICES],
 }
 
 /// One process slot.

@@ -46,6 +46,7 @@
 
 use crate::cuda::*;
 use crate::symbols::{self, Cu};
+use hami_common::arbiter::Turn;
 use hami_common::layout::MAX_DEVICES;
 use hami_common::region::ComputeCells;
 use std::collections::VecDeque;
@@ -85,6 +86,36 @@ pub const LOCK_STEAL_NS: u64 = 2_000_000;
 
 /// Basis points (1/100 of a percent) of the GPU: the whole of it.
 pub const FULL_BP: u32 = hami_common::arbiter::FULL_BP;
+
+/// What the gate holds a device to at an instant: a rate, and the turn the arbiter gives the
+/// container while several contend for the GPU (`hami_common::arbiter::Turn`: submissions
+/// go only inside it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pace {
+    /// Basis points of the GPU's time (0: held).
+    pub bp: u32,
+    /// The container's window of every `TURN_PERIOD_NS`; `None`: any time.
+    pub turn: Option<Turn>,
+}
+
+/// What a `rate` callback of [`before`] may answer: a rate alone (`Option<u32>`, basis
+/// points) or a [`Pace`]; `None`: no limit.
+pub trait AsPace {
+    /// As a pace.
+    fn pace(self) -> Option<Pace>;
+}
+
+impl AsPace for Option<u32> {
+    fn pace(self) -> Option<Pace> {
+        self.map(|bp| Pace { bp, turn: None })
+    }
+}
+
+impl AsPace for Option<Pace> {
+    fn pace(self) -> Option<Pace> {
+        self
+    }
+}
 
 /// The cap of the bucket at a rate of `bp` basis points.
 pub fn burst_ns(bp: u32) -> i64 {
@@ -232,6 +263,17 @@ pub fn inflight_limit(bp: u32, avg_ns: u64) -> usize {
         QUEUE_AHEAD_NS / avg_ns
     };
     (n as usize).clamp(MIN_INFLIGHT, MAX_INFLIGHT)
+}
+
+/// Inside a turn of its own the container has the GPU alone (the others wait for theirs), so
+/// nothing preempts its kernels and a second one may wait queued behind the running one (the
+/// device does not idle between them while the gate polls): at least 2 per stream.
+pub fn in_turn_limit(limit: usize, turn: bool) -> usize {
+    if turn {
+        limit.max(2)
+    } else {
+        limit
+    }
 }
 
 /// The effective share of a device from the region's record: `1..=99` with any policy but
@@ -559,22 +601,23 @@ pub struct Ticket<'g> {
     lock: &'g AtomicU64,
 }
 
-/// The gate before a submission on `t.dev`, at the rate `rate(now)` gives (basis points of
-/// the GPU, read again at every check; `None`: no limit): waits while the container's
-/// budget is in debt, the rate is 0 (held for a higher priority) or too much of this
-/// process's work is in flight, then records the start event. `cells(dev)` gives a device's
-/// shared budget. `None`: submit unmetered (no limit, a capturing stream, no event to be
-/// had).
-pub fn before<'g, D: Driver, C: Clock>(
+/// The gate before a submission on `t.dev`, at the pace `rate(now)` gives (basis points of
+/// the GPU and the container's turn, read again at every check; `None`: no limit): waits
+/// while too much of this process's work is in flight, outside the container's turn (or too
+/// near its end for the work queued to finish in it), while the container's budget is in
+/// debt or the rate is 0 (held for a higher priority); then records the start event.
+/// `cells(dev)` gives a device's shared budget. `None`: submit unmetered (no limit, a
+/// capturing stream, no event to be had).
+pub fn before<'g, D: Driver, C: Clock, P: AsPace>(
     gate: &'g Gate,
     d: &D,
     clock: &C,
     cells: impl Fn(usize) -> Option<ComputeCells<'g>>,
-    rate: impl Fn(u64) -> Option<u32>,
+    rate: impl Fn(u64) -> P,
     t: Target,
 ) -> Option<Ticket<'g>> {
     let own = cells(t.dev)?;
-    if rate(clock.now_ns()).is_none() || d.capturing(t.stream, t.ptsz) {
+    if rate(clock.now_ns()).pace().is_none() || d.capturing(t.stream, t.ptsz) {
         return None;
     }
     let mut waited = 0u64;
@@ -582,14 +625,16 @@ pub fn before<'g, D: Driver, C: Clock>(
     loop {
         let key = stream_key(&t);
         let now = clock.now_ns();
-        let bp = rate(now);
+        let pace = rate(now).pace();
+        let turn = pace.and_then(|p| p.turn);
+        let bp = pace.map(|p| p.bp);
         let limit_bp = bp.unwrap_or(FULL_BP);
         let (count, avg, oldest) = {
             let mut m = gate.meter();
             m.harvest(d, &cells);
             let avg = m.avg_ns[t.dev];
             let on_stream = m.in_flight_on(t.dev, key);
-            if on_stream >= inflight_limit(limit_bp, avg) {
+            if on_stream >= in_turn_limit(inflight_limit(limit_bp, avg), turn.is_some()) {
                 (on_stream, avg, m.oldest(t.dev, Some(key)))
             } else {
                 let all = m.in_flight(t.dev);
@@ -612,6 +657,18 @@ pub fn before<'g, D: Driver, C: Clock>(
                 let step = (avg.saturating_mul(count as u64) / 32).clamp(MIN_SLEEP_NS, 50_000);
                 clock.sleep_ns(step);
                 waited += step;
+                continue;
+            }
+        }
+        if let Some(turn) = turn {
+            // What this process has queued there, and this submission up to its middle, must
+            // run in the turn (so that on average a turn is neither wasted nor overrun).
+            let need = avg.saturating_mul(count as u64).saturating_add(avg / 2);
+            let w = turn.wait_ns(now, need);
+            if w > 0 {
+                let w = w.clamp(MIN_SLEEP_NS, MAX_SLEEP_NS);
+                clock.sleep_ns(w);
+                waited += w;
                 continue;
             }
         }
@@ -685,12 +742,12 @@ pub fn after<D: Driver>(ticket: Option<Ticket<'_>>, d: &D, r: CUresult) -> CUres
 }
 
 /// Submits `real` through the gate: [`before`], `real`, [`after`].
-pub fn submit<'a, D: Driver, C: Clock>(
+pub fn submit<'a, D: Driver, C: Clock, P: AsPace>(
     gate: &'a Gate,
     d: &D,
     clock: &C,
     cells: impl Fn(usize) -> Option<ComputeCells<'a>>,
-    rate: impl Fn(u64) -> Option<u32>,
+    rate: impl Fn(u64) -> P,
     t: Target,
     real: impl FnOnce() -> CUresult,
 ) -> CUresult {

@@ -1163,10 +1163,14 @@ fn two_processes_on_two_gpus_each_get_their_own_gpus_share() {
     let r = e.region();
     let consumed = |d: usize| r.compute_cells(d).unwrap().consumed_ns.load(Relaxed);
     let kernels = |o: &ProbeOutput| num(o, "kernels") * 1_000_000;
+    // Metering is conservative (an event pair spans the gap before its kernel too), and under
+    // emulation (the aarch64 pass runs this under qemu) those gaps grow: 1.53 s were metered
+    // for 1.34 s of kernels there. What this checks is that no device is charged the other's
+    // work, which would show as about twice its own: half of that is the bound.
     for (d, o) in [(0, &a), (1, &b)] {
         let (got, ran) = (consumed(d), kernels(o));
         assert!(
-            got as f64 > ran as f64 * 0.9 && got <= ran + 100_000_000,
+            got as f64 > ran as f64 * 0.9 && (got as f64) < ran as f64 * 1.5,
             "device {d}'s record metered {got} ns for {ran} ns of its own kernels"
         );
     }

@@ -51,13 +51,17 @@ pub fn task_priority_of(raw: u32) -> u32 {
         .unwrap_or(crate::config::DEFAULT_TASK_PRIORITY)
 }
 
+/// One device's words of an arbiter decision: (device, grant word
+/// ([`crate::arbiter::encode_grant`]), turn word ([`crate::arbiter::encode_turn`])).
+pub type ArbiterWords = (usize, u32, u32);
+
 /// Writes an arbiter decision into the region open as `file` with `pwrite` (the agent's way:
-/// no mapping, no lock): each device's grant word (4 aligned bytes), then the stamp. A
-/// word torn by a concurrent reader's view decodes as no grant (the share applies for that
-/// instant); see `docs/shared-region.md`, "The arbiter's fields".
+/// no mapping, no lock): each device's grant and turn words (4 aligned bytes each), then the
+/// stamp. A word torn by a concurrent reader's view decodes as no grant (the share applies
+/// for that instant) or no turn; see `docs/shared-region.md`, "The arbiter's fields".
 pub fn write_arbiter(
     file: &std::fs::File,
-    grants: &[(usize, u32)],
+    words: &[ArbiterWords],
     at_ns: u64,
 ) -> std::io::Result<()> {
     use crate::layout::RegionHeader;
@@ -70,10 +74,12 @@ pub fn write_arbiter(
             "not a region's size: not written",
         ));
     }
-    for &(d, w) in grants {
+    for &(d, g, t) in words {
         if d < MAX_DEVICES {
             let off = offset_of!(RegionHeader, grants) + 4 * d;
-            file.write_all_at(&w.to_le_bytes(), off as u64)?;
+            file.write_all_at(&g.to_le_bytes(), off as u64)?;
+            let off = offset_of!(RegionHeader, turns) + 4 * d;
+            file.write_all_at(&t.to_le_bytes(), off as u64)?;
         }
     }
     file.write_all_at(
@@ -141,6 +147,25 @@ impl Region {
         unsafe { &*addr_of!((*self.map.as_ptr()).header.grants[d]) }
     }
 
+    fn h_turn(&self, d: usize) -> &AtomicU32 {
+        // SAFETY: atomic field of the live mapping; d < MAX_DEVICES (callers check).
+        unsafe { &*addr_of!((*self.map.as_ptr()).header.turns[d]) }
+    }
+
+    /// The arbiter's turn word of device `dev` (0: none; [`crate::arbiter::decode_turn`]).
+    pub fn arbiter_turn(&self, dev: usize) -> u32 {
+        if dev >= MAX_DEVICES {
+            return 0;
+        }
+        self.h_turn(dev).load(Ordering::Acquire)
+    }
+
+    /// The turn the launch gate keeps to on device `dev` at `now_ns`
+    /// ([`crate::arbiter::turn_at`]); `None`: submit at any time.
+    pub fn compute_turn(&self, dev: usize, now_ns: u64) -> Option<crate::arbiter::Turn> {
+        crate::arbiter::turn_at(self.arbiter_turn(dev), self.arbiter_at_ns(), now_ns)
+    }
+
     fn h_arbiter_at(&self) -> &AtomicU64 {
         // SAFETY: atomic field of the live mapping.
         unsafe { &*addr_of!((*self.map.as_ptr()).header.arbiter_at_ns) }
@@ -183,17 +208,18 @@ impl Region {
         )
     }
 
-    /// Writes an arbiter decision through this mapping: each device's grant word, then the
-    /// decision's stamp (`at_ns`, `CLOCK_MONOTONIC`). Nothing on a read-only mapping. (The
-    /// agent, which does not map regions, writes the same words with
+    /// Writes an arbiter decision through this mapping: each device's grant and turn words,
+    /// then the decision's stamp (`at_ns`, `CLOCK_MONOTONIC`). Nothing on a read-only
+    /// mapping. (The agent, which does not map regions, writes the same words with
     /// [`super::write_arbiter`].)
-    pub fn set_arbiter(&self, grants: &[(usize, u32)], at_ns: u64) {
+    pub fn set_arbiter(&self, words: &[ArbiterWords], at_ns: u64) {
         if !self.writable {
             return;
         }
-        for &(d, w) in grants {
+        for &(d, g, t) in words {
             if d < MAX_DEVICES {
-                self.h_grant(d).store(w, Ordering::Release);
+                self.h_grant(d).store(g, Ordering::Release);
+                self.h_turn(d).store(t, Ordering::Release);
             }
         }
         self.h_arbiter_at().store(at_ns, Ordering::Release);

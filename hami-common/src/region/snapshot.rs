@@ -144,6 +144,8 @@ pub struct ArbiterSnapshot {
     pub at_ns: u64,
     /// Per device, the grant word ([`crate::arbiter::decode_grant`]).
     pub grants: [u32; MAX_DEVICES],
+    /// Per device, the turn word ([`crate::arbiter::decode_turn`]).
+    pub turns: [u32; MAX_DEVICES],
 }
 
 impl RegionSnapshot {
@@ -300,6 +302,7 @@ impl Region {
                 task_priority: self.task_priority(),
                 at_ns: self.arbiter_at_ns(),
                 grants: core::array::from_fn(|d| self.arbiter_grant(d)),
+                turns: core::array::from_fn(|d| self.arbiter_turn(d)),
             },
             limits,
             limit_flags,
@@ -480,6 +483,7 @@ pub(super) fn parse_snapshot(buf: &[u8]) -> RegionSnapshot {
             task_priority: super::task_priority_of(r32(offset_of!(RegionHeader, task_priority))),
             at_ns: r64(offset_of!(RegionHeader, arbiter_at_ns)),
             grants: core::array::from_fn(|d| r32(offset_of!(RegionHeader, grants) + 4 * d)),
+            turns: core::array::from_fn(|d| r32(offset_of!(RegionHeader, turns) + 4 * d)),
         },
         limits,
         limit_flags,

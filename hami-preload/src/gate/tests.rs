@@ -709,3 +709,100 @@ fn what_the_union_forgot_is_charged_in_full() {
     let last = *busy.last().unwrap();
     assert_eq!(union_add(&mut busy, &mut known, last.0, last.1), 0);
 }
+
+/// Issue 30, turns: with the arbiter's turn (the first half of every period), 1 ms kernels at
+/// 50 % run only inside it, none reaching more than half a kernel into the next container's
+/// turn, and the container still gets its share. A stale turn (`None`)
+/// lets them go at any time.
+#[test]
+fn a_turn_confines_submissions_to_the_containers_window() {
+    use hami_common::arbiter::{Turn, TURN_PERIOD_NS, TURN_UNITS};
+    let turn = Turn {
+        start: 0,
+        len: (TURN_UNITS / 2) as u8,
+    };
+    let end = u64::from(turn.len) * Turn::UNIT_NS;
+    let sim = Sim::new();
+    let cells = Cells::default();
+    let gate = Gate::default();
+    let from = sim.now_ns();
+    let mut spans = Vec::new();
+    while sim.now_ns() < from + 2_000 * MS {
+        submit(
+            &gate,
+            &sim,
+            &sim,
+            |_| Some(cells.cells()),
+            |_| {
+                Some(Pace {
+                    bp: 5000,
+                    turn: Some(turn),
+                })
+            },
+            target(),
+            || {
+                let start = sim.tail.get().max(sim.now.get() + sim.launch_cost);
+                spans.push((start, start + MS));
+                sim.kernel(MS)
+            },
+        );
+    }
+    let to = sim.now_ns();
+    let share = sim.busy_until(to) as f64 / (to - from) as f64;
+    assert!((0.45..0.55).contains(&share), "share {share:.3}");
+    let outside: Vec<_> = spans
+        .iter()
+        .filter(|&&(a, b)| {
+            // Started in the turn, ended at most half a kernel after it (the gate lets a
+            // submission go while its middle falls in the turn).
+            let pa = a % TURN_PERIOD_NS;
+            pa >= end || pa + (b - a) > end + MS / 2
+        })
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "{} of {} kernels ran outside the turn (first: {:?})",
+        outside.len(),
+        spans.len(),
+        outside
+            .first()
+            .map(|(a, b)| (a % TURN_PERIOD_NS, b % TURN_PERIOD_NS))
+    );
+    assert!(
+        cells.throttled.load(Ordering::Relaxed) > 0,
+        "waits are counted"
+    );
+
+    // Without a turn, the same container's kernels land in every part of the period.
+    let sim = Sim::new();
+    let cells = Cells::default();
+    let gate = Gate::default();
+    let from = sim.now_ns();
+    let mut late = 0;
+    while sim.now_ns() < from + 2_000 * MS {
+        submit(
+            &gate,
+            &sim,
+            &sim,
+            |_| Some(cells.cells()),
+            |_| {
+                Some(Pace {
+                    bp: 5000,
+                    turn: None,
+                })
+            },
+            target(),
+            || {
+                let start = sim.tail.get().max(sim.now.get() + sim.launch_cost);
+                if start % TURN_PERIOD_NS >= end {
+                    late += 1;
+                }
+                sim.kernel(MS)
+            },
+        );
+    }
+    assert!(
+        late > 100,
+        "{late} kernels in the second half without a turn"
+    );
+}

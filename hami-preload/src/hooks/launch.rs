@@ -140,12 +140,15 @@ fn cells(region: &Region, dev: usize) -> Option<ComputeCells<'_>> {
     }
 }
 
-/// The rate the gate holds the process's CUDA ordinal `dev` to at `now_ns` (basis points:
-/// the share, or the node agent's grant; `None`: not gated), that of the container's device it
-/// is ([`cells`]).
-fn rate_bp(region: &Region, dev: usize, now_ns: u64) -> Option<u32> {
+/// The pace the gate holds the process's CUDA ordinal `dev` to at `now_ns` (basis points:
+/// the share, or the node agent's grant, and the arbiter's turn; `None`: not gated), that of
+/// the container's device it is ([`cells`]).
+fn pace(region: &Region, dev: usize, now_ns: u64) -> Option<gate::Pace> {
     match state::placed(dev) {
-        state::Placed::Index(c) => region.compute_rate_bp(c, now_ns),
+        state::Placed::Index(c) => region.compute_rate_bp(c, now_ns).map(|bp| gate::Pace {
+            bp,
+            turn: region.compute_turn(c, now_ns),
+        }),
         _ => None,
     }
 }
@@ -194,7 +197,7 @@ fn enter_gated(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'static>> {
         &gate::RealDriver,
         &gate::RealClock,
         |d| cells(region, d),
-        |now| rate_bp(region, dev, now),
+        |now| pace(region, dev, now),
         t,
     )
 }

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use hami_common::arbiter::{encode_grant, Decision, Observed, PERIOD_NS};
+use hami_common::arbiter::{encode_grant, encode_turn, Decision, Observed, PERIOD_NS};
 use hami_common::region;
 
 use super::regions::monotonic_ns;
@@ -68,15 +68,16 @@ impl Agent {
         }
         let decisions = self.arbiter.arbiter.tick(now, &obs);
         self.arbiter.latest.clear();
-        let mut words: HashMap<u64, Vec<(usize, u32)>> = HashMap::new();
+        let mut words: HashMap<u64, Vec<region::ArbiterWords>> = HashMap::new();
         for d in decisions {
             if d.tampered {
                 self.arbiter.tampered += 1;
             }
-            words
-                .entry(d.region)
-                .or_default()
-                .push((d.dev, encode_grant(d.grant)));
+            words.entry(d.region).or_default().push((
+                d.dev,
+                encode_grant(d.grant),
+                encode_turn(d.turn),
+            ));
             self.arbiter.latest.insert((d.region, d.dev), d);
         }
         for (key, words) in words {
@@ -103,7 +104,7 @@ impl Agent {
             .and_then(|r| r);
             if let Err(e) = done {
                 tracing::debug!(region = %r.name, error = %e, "cannot write the arbiter's decision (region read-only?)");
-                for (dev, _) in words {
+                for (dev, _, _) in words {
                     self.arbiter.arbiter.unwritten(key, dev);
                 }
             }

@@ -373,6 +373,31 @@ impl Shared {
         w.per_pid = acc;
         w
     }
+
+    /// How many times device `dev` went from one process's work to another's inside
+    /// `[from, to)`: the busy segments there in time order, counted where the pid changes (on
+    /// a real GPU each is a context switch; the arbiter's turns make them rare).
+    pub fn switches_between(&self, dev: usize, from: u64, to: u64) -> u64 {
+        let Some(c) = self.clock(dev) else {
+            return 0;
+        };
+        let mut segs: Vec<(u64, u32)> = Vec::new();
+        {
+            let _g = c.lock();
+            let head = c.head.load(Ordering::Relaxed);
+            for i in head.saturating_sub(RING as u64)..head {
+                let seg = &c.ring[(i % RING as u64) as usize];
+                let s = seg.start.load(Ordering::Relaxed);
+                let word = seg.word.load(Ordering::Relaxed);
+                let e = s.saturating_add(word & LEN_MASK);
+                if e > from && s < to && word & LEN_MASK > 0 {
+                    segs.push((s, (word >> 40) as u32));
+                }
+            }
+        }
+        segs.sort_unstable();
+        segs.windows(2).filter(|w| w[0].1 != w[1].1).count() as u64
+    }
 }
 
 #[cfg(test)]

@@ -261,6 +261,17 @@ impl TestEnv {
         self.command(prog)
     }
 
+    /// How many times device `dev` went from one process's work to another's inside
+    /// `[from, to)` (see `fake_state::Shared::switches_between`).
+    pub fn device_switches(&self, dev: usize, from: u64, to: u64) -> u64 {
+        if !self.state_path.exists() {
+            return 0;
+        }
+        let sh = fake_state::Shared::open(&self.state_path, fake_state::Config::from_env)
+            .unwrap_or_else(|e| panic!("open {}: {e}", self.state_path.display()));
+        sh.switches_between(dev, from, to)
+    }
+
     /// The fake device clock's ground truth: the busy ns of physical device `dev` per pid
     /// inside `[from, to)` (ns of `CLOCK_MONOTONIC`, as [`crate::device_clock_now_ns`] and
     /// `cudaprobe launch-for`'s `start_ns=`/`end_ns=`), read from this sandbox's state file

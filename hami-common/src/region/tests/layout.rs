@@ -30,7 +30,7 @@ fn layout_matches_documentation() {
     assert_eq!(offset_of!(H, task_priority), 880);
     assert_eq!(offset_of!(H, arbiter_at_ns), 888);
     assert_eq!(offset_of!(H, grants), 896);
-    assert_eq!(offset_of!(H, _reserved), 960);
+    assert_eq!(offset_of!(H, turns), 960);
     assert_eq!(size_of::<H>(), 1024);
     assert_eq!(offset_of!(Slot, pid), 0);
     assert_eq!(offset_of!(Slot, status), 4);
@@ -82,8 +82,24 @@ fn arbiter_words_written_with_pwrite_reach_the_mapping() {
         lent: true,
     };
     let f = std::fs::OpenOptions::new().write(true).open(&dir).unwrap();
-    crate::region::write_arbiter(&f, &[(1, encode_grant(g))], 123).unwrap();
+    let turn = crate::arbiter::Turn {
+        start: 93,
+        len: 156,
+    };
+    crate::region::write_arbiter(
+        &f,
+        &[(1, encode_grant(g), crate::arbiter::encode_turn(Some(turn)))],
+        123,
+    )
+    .unwrap();
     assert_eq!(decode_grant(r.arbiter_grant(1)), Some(g));
+    assert_eq!(r.compute_turn(1, 123), Some(turn));
+    assert_eq!(r.compute_turn(0, 123), None, "no turn written for device 0");
+    assert_eq!(
+        r.compute_turn(1, 123 + crate::arbiter::GRANT_TTL_NS + 1),
+        None,
+        "a stale decision's turn is not kept"
+    );
     assert_eq!(r.arbiter_at_ns(), 123);
     assert_eq!(r.compute_rate_bp(1, 123), Some(6250));
     assert_eq!(
@@ -93,6 +109,7 @@ fn arbiter_words_written_with_pwrite_reach_the_mapping() {
     let s = r.snapshot();
     assert_eq!((s.arbiter.task_priority, s.arbiter.at_ns), (0, 123));
     assert_eq!(s.arbiter.grants[1], encode_grant(g));
+    assert_eq!(s.arbiter.turns[1], crate::arbiter::encode_turn(Some(turn)));
     drop(r);
     let short = dir.with_extension("short");
     std::fs::write(&short, b"HAMIRSv\x01").unwrap();
@@ -100,7 +117,7 @@ fn arbiter_words_written_with_pwrite_reach_the_mapping() {
         .write(true)
         .open(&short)
         .unwrap();
-    assert!(crate::region::write_arbiter(&f, &[(0, 1)], 1).is_err());
+    assert!(crate::region::write_arbiter(&f, &[(0, 1, 0)], 1).is_err());
     assert_eq!(std::fs::metadata(&short).unwrap().len(), 8);
     let _ = std::fs::remove_file(&dir);
     let _ = std::fs::remove_file(&short);
