@@ -155,7 +155,8 @@ SHARE_TOL_POINTS = 5.0
 SHARE_SECONDS = 3.0
 COMPUTE_CELLS = ["nolimit", "alone-30", "alone-50", "alone-70", "pair-30-70", "pair-50-50",
                  "neighbour-30", "two-of-50", "torch-50", "graph-50", "streams4-30",
-                 "streams4-50", "default-alone-30", "default-30-50", "priority-latency",
+                 "streams4-50", "default-alone-30", "default-30-50", "arb-pair-30-70",
+                 "arb-pair-50-50", "priority-latency",
                  "launch-nolimit", "agent-share", "hami-30", "hami-50"]
 COMPUTE_TITLES = {
     "nolimit": "preloaded, no SM limit (expect 100)",
@@ -168,6 +169,8 @@ COMPUTE_TITLES = {
     "streams4-50": "4 concurrent streams at 50 % (share of native 4-stream throughput)",
     "default-alone-30": "default at 30 % alone, agent (arbiter) running: >= 95 % of native",
     "default-30-50": "default 30 % and 50 % both busy, agent running: 37.5 / 62.5 %",
+    "arb-pair-30-70": "force 30 % against 70 %, agent running (turns): each +-5",
+    "arb-pair-50-50": "force: two 50 % containers, agent running (turns): each +-5",
     "priority-latency": "200 us requests at priority 0 beside busy priority-1 training: p99 vs alone",
     "neighbour-30": "30 % against an unlimited native neighbour",
     "two-of-50": "two processes of one 50 % container (sum)",

@@ -248,10 +248,24 @@ class ComputePhases:
                 figs["per_second_pct"] = [second_shares(parse_seconds(p.lines), n)
                                           for _, p, _ in got if p]
                 self.add_compute_cell(cell("default-30-50", "arbiter", st, why, figs))
+            # Issue 30's turns: the force pairs again, with the arbiter giving each busy
+            # container its window of every 40 ms (without it, pair-30-70 and pair-50-50).
+            for name, lims in (("arb-pair-30-70", (30, 70)), ("arb-pair-50-50", (50, 50))):
+                if name not in sel:
+                    continue
+                got = self.run_together(
+                    [(f"compute {name} {chr(97 + i)}", "spin",
+                      self.sm_env(f"cmp-{name}-{chr(97 + i)}", lim, {"WL_SECONDS": str(secs)}))
+                     for i, lim in enumerate(lims)], secs)
+                st, why, figs = eval_together([r for r, _, _ in got], list(lims), n, "each")
+                figs["per_second_pct"] = [second_shares(parse_seconds(p.lines), n)
+                                          for _, p, _ in got if p]
+                self.add_compute_cell(cell(name, "arbiter", st, why, figs))
             if "priority-latency" in sel:
                 self.priority_cell(dflt, secs)
 
-        names = [c for c in ("default-alone-30", "default-30-50", "priority-latency") if c in sel]
+        names = [c for c in ("default-alone-30", "default-30-50", "arb-pair-30-70",
+                             "arb-pair-50-50", "priority-latency") if c in sel]
         if names:
             self.with_agent(names, run)
 
