@@ -241,6 +241,26 @@ class Issue30(unittest.TestCase):
         self.assertEqual(st, "fail")
         self.assertIn("together", why)
 
+    def test_borrower_is_back_within_a_second(self):
+        n = NATIVE
+        pct = lambda *xs: [n * x / 100 for x in xs]  # noqa: E731
+        ok = compute.eval_borrow_back(pct(90, 99, 60, 37, 38), pct(50, 62, 63), n, 2, [30, 50])
+        self.assertEqual(ok[0], "pass", ok)
+        self.assertEqual(ok[2]["want_pct"], [37.5, 62.5])
+        # Still borrowing a second after the newcomer came: fails, and says which.
+        st, why, _ = compute.eval_borrow_back(pct(90, 99, 90, 80, 38), pct(10, 15, 60), n, 2,
+                                              [30, 50])
+        self.assertEqual(st, "fail")
+        self.assertIn("borrower", why)
+        self.assertIn("newcomer", why)
+        # Never lent (no arbiter): fails on the lone seconds.
+        st, why, _ = compute.eval_borrow_back(pct(30, 30, 30, 37, 38), pct(50, 62, 63), n, 2,
+                                              [30, 50])
+        self.assertIn("lent", why)
+        self.assertEqual(compute.eval_borrow_back([1], [1], n, 2, [30, 50])[0], "fail")
+        self.assertEqual(compute.eval_borrow_back([1] * 5, [1] * 3, None, 2, [30, 50])[0],
+                         "error")
+
     def test_priority_latency(self):
         alone = {"p99_ms": 0.212}
         ok = compute.eval_latency(alone, {"p99_ms": 0.30}, parsed(20))

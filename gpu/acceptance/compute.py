@@ -311,6 +311,39 @@ def eval_default_together(results, shares, native, tol=SHARE_TOL_POINTS,
     return "pass", "", figs
 
 
+def eval_borrow_back(lender_seconds, borrower_seconds, native, delay_s, shares,
+                     tol=SHARE_TOL_POINTS, lent_min_pct=90.0):
+    """`default`: a container at shares[0] % alone (lent the GPU), then one at shares[1] %
+    starting delay_s later, agent running. Pass when the first one is lent the GPU in its
+    last whole second alone (at least lent_min_pct of native), and within 1 s of the
+    newcomer's start each is within tol of its part while both are busy (30 and 50: 37.5 and
+    62.5): the borrower's second [delay_s + 1, delay_s + 2) and the newcomer's [1, 2).
+    Shares over 1 s windows, printed."""
+    total = float(sum(shares))
+    want = [s * 100.0 / total if total < 100 else float(s) for s in shares]
+    a = second_shares(lender_seconds, native)
+    b = second_shares(borrower_seconds, native)
+    figs = {"native_rate": _r(native), "per_second_pct": [a, b], "delay_s": delay_s,
+            "want_pct": [_r(w, 1) for w in want]}
+    if native is None:
+        return "error", "no native throughput to compare with", figs
+    d = int(delay_s)
+    if len(a) < d + 2 or len(b) < 2 or d < 1:
+        return "fail", (f"too few whole seconds: {len(a)} and {len(b)} (need {d + 2} and 2)"), figs
+    alone, back, newcomer = a[d - 1], a[d + 1], b[1]
+    figs.update({"lent_pct": alone, "back_pct": back, "newcomer_pct": newcomer})
+    bad = []
+    if alone < lent_min_pct:
+        bad.append(f"alone {alone:.1f} % of native, want >= {lent_min_pct:g} (lent)")
+    if not within(back, want[0], tol):
+        bad.append(f"the borrower at {back:.1f} % 1-2 s after the newcomer started, "
+                   f"want {want[0]:.1f} (+-{tol:g})")
+    if not within(newcomer, want[1], tol):
+        bad.append(f"the newcomer at {newcomer:.1f} % in its second second, "
+                   f"want {want[1]:.1f} (+-{tol:g})")
+    return ("fail", "; ".join(bad), figs) if bad else ("pass", "", figs)
+
+
 def eval_latency(alone, beside, low_result, max_ratio=LATENCY_MAX_RATIO):
     """The priority case: the high-priority request loop's p99 beside a busy low-priority
     container, against the loop alone (same run): pass when within max_ratio. The low

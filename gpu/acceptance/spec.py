@@ -156,7 +156,7 @@ SHARE_SECONDS = 3.0
 COMPUTE_CELLS = ["nolimit", "alone-30", "alone-50", "alone-70", "pair-30-70", "pair-50-50",
                  "neighbour-30", "two-of-50", "torch-50", "graph-50", "streams4-30",
                  "streams4-50", "default-alone-30", "default-30-50", "arb-pair-30-70",
-                 "arb-pair-50-50", "priority-latency",
+                 "arb-pair-50-50", "default-borrow-back", "priority-latency",
                  "launch-nolimit", "agent-share", "hami-30", "hami-50"]
 COMPUTE_TITLES = {
     "nolimit": "preloaded, no SM limit (expect 100)",
@@ -171,6 +171,7 @@ COMPUTE_TITLES = {
     "default-30-50": "default 30 % and 50 % both busy, agent running: 37.5 / 62.5 %",
     "arb-pair-30-70": "force 30 % against 70 %, agent running (turns): each +-5",
     "arb-pair-50-50": "force: two 50 % containers, agent running (turns): each +-5",
+    "default-borrow-back": "default 30 % lent the GPU, then a busy 50 % neighbour: both at 37.5 / 62.5 within 1 s",
     "priority-latency": "200 us requests at priority 0 beside busy priority-1 training: p99 vs alone",
     "neighbour-30": "30 % against an unlimited native neighbour",
     "two-of-50": "two processes of one 50 % container (sum)",

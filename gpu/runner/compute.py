@@ -10,7 +10,8 @@ import shutil
 import threading
 import time
 
-from acceptance.compute import (agent_share_values, eval_agent_share, eval_default_alone,
+from acceptance.compute import (agent_share_values, eval_agent_share, eval_borrow_back,
+                                eval_default_alone,
                                 eval_default_together, eval_hami, eval_latency,
                                 eval_launch_cost, eval_share, eval_together, hami_loaded,
                                 native_reference, parse_latency, parse_launch, parse_result,
@@ -58,10 +59,10 @@ class ComputePhases:
         exe = self.bins.get("compute_spin")
         return [exe, mode] if exe else None
 
-    def run_together(self, specs, seconds):
+    def run_together(self, specs, seconds, delays=None):
         """Start every (label, mode, env) process, wait until all are READY, tell them to go
-        at the same moment, gather their lines. Returns [(parsed RESULT or None, proc or
-        None, note)]."""
+        at the same moment (or each `delays[i]` seconds after the first), gather their
+        lines. Returns [(parsed RESULT or None, proc or None, note)]."""
         procs = []
         for label, mode, env in specs:
             argv = self.spin_argv(mode)
@@ -77,7 +78,12 @@ class ComputePhases:
             tag, kv, _ = p.expect(["READY", "DONE"], 90)
             if tag == "READY":
                 ready.append(p)
-        for p in ready:
+        t0 = time.monotonic()
+        for i, (p, _) in enumerate(procs):
+            if p not in ready:
+                continue
+            if delays:
+                time.sleep(max(0.0, t0 + delays[i] - time.monotonic()))
             p.send("go")
         out = []
         for p, err in procs:
@@ -261,11 +267,25 @@ class ComputePhases:
                 figs["per_second_pct"] = [second_shares(parse_seconds(p.lines), n)
                                           for _, p, _ in got if p]
                 self.add_compute_cell(cell(name, "arbiter", st, why, figs))
+            if "default-borrow-back" in sel:
+                # The 30 % one alone for 2 s (lent the GPU), then a 50 % one: both within
+                # 1 s at 37.5 / 62.5.
+                delay = 2
+                got = self.run_together(
+                    [("compute borrow 30", "spin",
+                      self.sm_env("cmp-borrow-30", 30, dict(dflt, WL_SECONDS=str(delay + 3)))),
+                     ("compute newcomer 50", "spin",
+                      self.sm_env("cmp-borrow-50", 50, dict(dflt, WL_SECONDS="3")))],
+                    delay + 3, delays=[0, delay])
+                secs_of = [parse_seconds(p.lines) if p else [] for _, p, _ in got]
+                st, why, figs = eval_borrow_back(secs_of[0], secs_of[1], n, delay, [30, 50])
+                self.add_compute_cell(cell("default-borrow-back", "arbiter", st, why, figs))
             if "priority-latency" in sel:
                 self.priority_cell(dflt, secs)
 
         names = [c for c in ("default-alone-30", "default-30-50", "arb-pair-30-70",
-                             "arb-pair-50-50", "priority-latency") if c in sel]
+                             "arb-pair-50-50", "default-borrow-back", "priority-latency")
+                 if c in sel]
         if names:
             self.with_agent(names, run)
 
