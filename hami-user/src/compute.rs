@@ -175,6 +175,9 @@ pub struct ComputeView {
     pub lent: f64,
     /// Held back (suspended) while a container of a higher priority is busy.
     pub held: bool,
+    /// The container's turn while several contend for the GPU, as a percent of the turn
+    /// period (0: no turn, it submits at any time).
+    pub turn: f64,
     /// Busy in the arbiter's eyes (used the device in the last 300 ms).
     pub busy: bool,
 }

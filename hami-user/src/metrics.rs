@@ -121,6 +121,8 @@ pub struct RegionSeries {
     pub compute_lent: f64,
     /// Held back while a container of a higher priority is busy on the GPU.
     pub compute_held: bool,
+    /// The container's turn of the GPU's period while several contend, percent (0: none).
+    pub compute_turn: f64,
     /// The container's `CUDA_TASK_PRIORITY` (0 the highest).
     pub priority: u32,
     /// Accounted context bytes (HAMi's `context`).
@@ -211,6 +213,8 @@ pub struct Metrics {
     pub compute_lent: GaugeVec,
     /// `hami_container_compute_held`.
     pub compute_held: IntGaugeVec,
+    /// `hami_container_compute_turn_percent`.
+    pub compute_turn: GaugeVec,
     /// `hami_container_priority`.
     pub priority: IntGaugeVec,
     /// `hami_container_compute_seconds_total`.
@@ -362,6 +366,10 @@ impl Metrics {
         let compute_lent = fgauge(
             "hami_container_compute_lent_percent",
             "Of the arbiter's grant, the percent of the device above the container's share: idle time lent to it",
+        )?;
+        let compute_turn = fgauge(
+            "hami_container_compute_turn_percent",
+            "The container's turn of every 40 ms while several containers contend for the GPU, in percent of that period (its launches wait for it); 0: no turn, it launches at any time",
         )?;
         let compute_held = gauge_vec(
             &r,
@@ -543,6 +551,7 @@ impl Metrics {
             compute_grant,
             compute_lent,
             compute_held,
+            compute_turn,
             priority,
             compute_share,
             compute_seconds,
@@ -596,6 +605,7 @@ impl Metrics {
         self.compute_share.reset();
         self.compute_grant.reset();
         self.compute_lent.reset();
+        self.compute_turn.reset();
         for f in [
             &self.compute_seconds,
             &self.compute_throttled,
@@ -634,6 +644,7 @@ impl Metrics {
             if let Some(g) = s.compute_grant {
                 self.compute_grant.with_label_values(&l).set(g);
                 self.compute_lent.with_label_values(&l).set(s.compute_lent);
+                self.compute_turn.with_label_values(&l).set(s.compute_turn);
                 self.compute_held
                     .with_label_values(&l)
                     .set(i64::from(s.compute_held));
@@ -822,6 +833,7 @@ impl Metrics {
             "hami_container_compute_share_percent",
             "hami_container_compute_grant_percent",
             "hami_container_compute_lent_percent",
+            "hami_container_compute_turn_percent",
             "hami_container_compute_held",
             "hami_container_priority",
             "hami_container_compute_seconds_total",
@@ -1031,6 +1043,10 @@ mod tests {
         lent.compute_limit = 30;
         lent.compute_grant = Some(100.0);
         lent.compute_lent = 70.0;
+        let mut turn = series("contending", 3);
+        turn.compute_limit = 50;
+        turn.compute_grant = Some(50.0);
+        turn.compute_turn = 50.0;
         lent.priority = 1;
         let mut held = series("low", 1);
         held.compute_limit = 50;
@@ -1039,7 +1055,7 @@ mod tests {
         held.priority = 1;
         let mut off = series("native", 2);
         off.compute_limit = 0;
-        m.set_regions(&[lent, held, off]);
+        m.set_regions(&[lent, held, off, turn]);
         let t = m.render();
         let l = |ctr: &str, dev: u32| {
             format!(
@@ -1053,6 +1069,11 @@ mod tests {
             format!("hami_container_priority{} 1", l("alone", 0)),
             format!("hami_container_compute_grant_percent{} 0", l("low", 1)),
             format!("hami_container_compute_held{} 1", l("low", 1)),
+            format!("hami_container_compute_turn_percent{} 0", l("alone", 0)),
+            format!(
+                "hami_container_compute_turn_percent{} 50",
+                l("contending", 3)
+            ),
         ] {
             assert!(t.contains(&line), "{line}\n{t}");
         }

@@ -132,6 +132,9 @@ impl Agent {
                     v.grant = Some(bp / 100.0);
                     v.lent = ((bp - f64::from(dec.share) * 100.0) / 100.0).max(0.0);
                     v.held = dec.grant.held;
+                    v.turn = dec.turn.map_or(0.0, |t| {
+                        f64::from(t.len) * 100.0 / f64::from(hami_common::arbiter::TURN_UNITS)
+                    });
                     v.busy = dec.busy;
                 }
                 if let (Some((h, parts)), Some(at)) =

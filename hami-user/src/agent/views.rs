@@ -240,6 +240,7 @@ impl Agent {
                 compute_grant: compute.grant,
                 compute_lent: compute.lent,
                 compute_held: compute.held,
+                compute_turn: compute.turn,
                 priority: compute.priority,
             });
         }
