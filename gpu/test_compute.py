@@ -247,6 +247,8 @@ class Issue30(unittest.TestCase):
         ok = compute.eval_borrow_back(pct(90, 99, 60, 37, 38), pct(50, 62, 63), n, 2, [30, 50])
         self.assertEqual(ok[0], "pass", ok)
         self.assertEqual(ok[2]["want_pct"], [37.5, 62.5])
+        short = report.compute_short_figure({"status": "pass", "figures": ok[2]})
+        self.assertIn("then 37.0 + 62.0 %", short)
         # Still borrowing a second after the newcomer came: fails, and says which.
         st, why, _ = compute.eval_borrow_back(pct(90, 99, 90, 80, 38), pct(10, 15, 60), n, 2,
                                               [30, 50])

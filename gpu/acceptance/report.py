@@ -169,6 +169,10 @@ def compute_short_figure(c):
         a, b = f.get("alone") or {}, f.get("beside") or {}
         return (f"p99 {b.get('p99_ms')} vs {a.get('p99_ms')} ms alone ({f['p99_ratio']}x); "
                 f"low per s {f.get('low_kernels_per_second')}")
+    if "back_pct" in f:
+        return (f"alone {f.get('lent_pct')} %, then {f.get('back_pct')} + "
+                f"{f.get('newcomer_pct')} % (want {f.get('want_pct')}); "
+                f"per second {f['per_second_pct']} %")
     if "per_second_pct" in f and "shares_pct" not in f:
         return (f"{f.get('share_pct')} % of native; per second {f['per_second_pct']} %")
     if "shares_pct" in f:
