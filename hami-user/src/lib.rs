@@ -23,6 +23,7 @@ pub mod agent;
 pub mod cli;
 pub mod compute;
 pub mod findings;
+pub mod heap;
 pub mod http;
 pub mod identity;
 pub mod metrics;

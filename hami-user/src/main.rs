@@ -361,6 +361,7 @@ fn real_main(cli: Cli) -> Result<ExitCode> {
             node_name,
             common,
         } => {
+            hami_user::heap::pin_mmap_threshold();
             init_logging(if json_log {
                 LogFormat::Json
             } else {

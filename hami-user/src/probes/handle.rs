@@ -138,6 +138,7 @@ pub(super) fn rescan(shared: &Shared, proc_root: &Path, st: &mut ScanState) -> V
             attached = m.attached,
             "discovery memory"
         );
+        crate::heap::give_back();
     }
     let taken = st.classifier.take_watched();
     if !unlinked.is_empty() {

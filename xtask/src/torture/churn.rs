@@ -29,10 +29,14 @@ pub const PHASES: usize = 20;
 /// Processes running at once.
 pub const PARALLEL: usize = 12;
 /// Most growth of `VmRSS` from the start (after the first phase: allocator arenas, the
-/// ring buffer's pages and the first copy's attach are in) to the end, KiB.
-pub const GROWTH_BOUND_KIB: u64 = 16 << 10;
-/// Most growth of `VmRSS` over the second half of the processes, KiB.
-pub const HALF_GROWTH_BOUND_KIB: u64 = 8 << 10;
+/// ring buffer's pages and the first copy's attach are in) to the end, KiB. Measured
+/// (issue 31, 2-core VM): 11.2 MiB before the agent pinned glibc's mmap threshold and
+/// trimmed its heap after full scans (`hami_user::heap`), 3.8 MiB after; of those about
+/// 2 MiB are the audit's findings history (the 1000 bypass findings of this scenario, kept
+/// up to `HISTORY_MAX` = 4096): with the history capped at 16 the growth was 1.8 MiB.
+pub const GROWTH_BOUND_KIB: u64 = 8 << 10;
+/// Most growth of `VmRSS` over the second half of the processes, KiB (measured 1.3 MiB).
+pub const HALF_GROWTH_BOUND_KIB: u64 = 4 << 10;
 /// How long the phase's long-lived processes run before the short ones start (discovery
 /// passes every 500 ms).
 const ANCHOR_LEAD: Duration = Duration::from_millis(1200);
