@@ -16,8 +16,8 @@
 //! * **Without an arbiter** (no decision, or the latest older than [`GRANT_TTL_NS`]): the
 //!   share, as `force`.
 //! * **Turns** ([`Turn`]): while two or more containers with a share contend for a GPU (each
-//!   waited at its gate within [`BUSY_WINDOW_NS`], and no busy container there runs
-//!   without a share), each is given a window of every [`TURN_PERIOD_NS`] as long as its
+//!   waited at its gate and used at least [`HOT_FRACTION`] of its grant within
+//!   [`BUSY_WINDOW_NS`], and no busy container there runs without a share), each is given a window of every [`TURN_PERIOD_NS`] as long as its
 //!   grant's part of it, one after the other. The gate submits only inside its window, so
 //!   that the GPU switches between them twice a period instead of at every kernel, and no
 //!   container's kernel is preempted by another's time slice (on the H100, two busy 50 %
@@ -277,7 +277,8 @@ pub fn decide(tenants: &[Tenant]) -> Vec<Option<Grant>> {
 }
 
 /// The turns of one GPU's tenants (in order) from their grants: given to the tenants that
-/// run (not held), have a share and contend (`contending(k)`: waited at the gate recently),
+/// run (not held), have a share and contend (`contending(k)`: waited at the gate recently
+/// and used most of their grant, [`HOT_FRACTION`]),
 /// when there are at least two of them and no busy tenant there runs without a share (its
 /// work would land in the others' turns). `None` for the rest.
 pub fn turns_for(
@@ -358,9 +359,20 @@ struct Activity {
     consumed: u64,
     throttled: u64,
     last_active: Option<u64>,
-    /// When it was last seen waiting at its gate (wanting more than it was given).
+    /// When it was last seen waiting at its gate.
     last_throttled: Option<u64>,
+    /// When it was last seen using most of what it was granted ([`HOT_FRACTION`]).
+    hot_at: Option<u64>,
+    /// When it was observed last (the start of the interval its use is measured over).
+    seen_at: Option<u64>,
 }
+
+/// A container that used at least this fraction of its grant since the previous decision
+/// wants all it is given: with waits at its gate, it contends for the GPU (turns). A
+/// container in turns waits for its turn whatever it wants, so waiting alone does not say
+/// it wants more: an inference server between bursts uses far less than its grant and is
+/// let out of turns (its requests then do not wait for a window).
+pub const HOT_FRACTION: f64 = 0.75;
 
 /// The arbiter's memory between decisions: when each container's device was last busy, and
 /// the word written last.
@@ -383,11 +395,20 @@ impl Arbiter {
         let mut contending = Vec::with_capacity(obs.len());
         let recent = |t: Option<u64>| t.is_some_and(|t| now_ns.saturating_sub(t) <= BUSY_WINDOW_NS);
         for o in obs {
-            let a = self.activity.entry((o.region, o.dev)).or_insert(Activity {
+            let key = (o.region, o.dev);
+            let granted_bp = self
+                .written
+                .get(&key)
+                .and_then(|&w| decode_grant(w))
+                .map(|g| g.bp)
+                .or_else(|| share_percent(o.sm_limit, o.policy).map(|s| s * 100));
+            let a = self.activity.entry(key).or_insert(Activity {
                 consumed: o.consumed_ns,
                 throttled: o.throttled,
                 last_active: None,
                 last_throttled: None,
+                hot_at: None,
+                seen_at: None,
             });
             if o.consumed_ns != a.consumed || o.throttled != a.throttled {
                 a.last_active = Some(now_ns);
@@ -395,10 +416,19 @@ impl Arbiter {
             if o.throttled != a.throttled {
                 a.last_throttled = Some(now_ns);
             }
+            if let (Some(prev), Some(bp)) = (a.seen_at, granted_bp) {
+                let dt = now_ns.saturating_sub(prev) as f64;
+                let used = o.consumed_ns.saturating_sub(a.consumed) as f64;
+                let granted = dt * f64::from(bp) / f64::from(FULL_BP);
+                if dt > 0.0 && bp > 0 && used >= HOT_FRACTION * granted {
+                    a.hot_at = Some(now_ns);
+                }
+            }
+            a.seen_at = Some(now_ns);
             a.consumed = o.consumed_ns;
             a.throttled = o.throttled;
             busy.push(recent(a.last_active));
-            contending.push(recent(a.last_throttled));
+            contending.push(recent(a.last_throttled) && recent(a.hot_at));
         }
         let keys: std::collections::HashSet<_> = obs.iter().map(|o| (o.region, o.dev)).collect();
         self.activity.retain(|k, _| keys.contains(k));
@@ -817,13 +847,18 @@ mod tests {
             ..obs(r, if r == 1 { 30 } else { 50 }, 1, consumed, 0)
         };
         a.tick(now, &[at(1, 0, 0), at(2, 0, 0)]);
-        // Both use the GPU, neither waits: no turns.
+        // Both use the GPU (all of their shares: 30 and 50 ms in 100 ms), neither waits: no
+        // turns.
         now += 100 * ms;
-        let d = a.tick(now, &[at(1, 10, 0), at(2, 10, 0)]);
+        let (mut c1, mut c2) = (30 * ms, 50 * ms);
+        let d = a.tick(now, &[at(1, c1, 0), at(2, c2, 0)]);
         assert!(d.iter().all(|d| d.turn.is_none()), "{d:?}");
-        // Both wait at their gates: turns in proportion to 37.5 / 62.5 %.
+        // Both wait at their gates and use their grants (37.5 / 62.5 ms in 100 ms): turns in
+        // proportion.
         now += 100 * ms;
-        let d = a.tick(now, &[at(1, 20, 5), at(2, 20, 5)]);
+        c1 += 37 * ms;
+        c2 += 62 * ms;
+        let d = a.tick(now, &[at(1, c1, 5), at(2, c2, 5)]);
         assert_eq!(d[0].turn, Some(Turn { start: 0, len: 93 }));
         assert_eq!(
             d[1].turn,
@@ -832,9 +867,27 @@ mod tests {
                 len: 156
             })
         );
-        // One stops waiting (its demand fell below its grant): after the window, no turns.
+        // Container 1 keeps waiting (for its turn) but uses a tenth of its grant (an
+        // inference server between bursts): after the window it is let out of turns, and
+        // with one contender left nobody takes turns.
+        for i in 6..10 {
+            now += 100 * ms;
+            c1 += 4 * ms;
+            c2 += 62 * ms;
+            a.tick(now, &[at(1, c1, i), at(2, c2, i)]);
+        }
+        now += 100 * ms;
+        let d = a.tick(now, &[at(1, c1 + 4 * ms, 10), at(2, c2 + 62 * ms, 10)]);
+        assert!(d.iter().all(|d| d.turn.is_none()), "{d:?}");
+        // One stops waiting altogether: no turns either.
+        let mut b = Arbiter::new();
+        let mut now = 1_000 * ms;
+        b.tick(now, &[at(1, 0, 0), at(2, 0, 0)]);
+        now += 100 * ms;
+        let d = b.tick(now, &[at(1, 38 * ms, 5), at(2, 62 * ms, 5)]);
+        assert!(d.iter().all(|d| d.turn.is_some()), "{d:?}");
         now += BUSY_WINDOW_NS + ms;
-        let d = a.tick(now, &[at(1, 30, 9), at(2, 30, 5)]);
+        let d = b.tick(now, &[at(1, 200 * ms, 5), at(2, 300 * ms, 9)]);
         assert!(d.iter().all(|d| d.turn.is_none()), "{d:?}");
     }
 }
