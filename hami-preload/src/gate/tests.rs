@@ -47,6 +47,7 @@ struct Sim {
     next: Cell<usize>,
     capturing: Cell<bool>,
     records: Cell<u64>,
+    queries: Cell<u64>,
     fail_records: Cell<bool>,
     /// CPU time one launch takes.
     launch_cost: u64,
@@ -106,6 +107,7 @@ impl Driver for Sim {
         }
     }
     fn query(&self, ev: usize) -> Query {
+        self.queries.set(self.queries.get() + 1);
         match self.events.borrow().get(&ev) {
             Some(Some(t)) if *t <= self.now.get() => Query::Done,
             Some(Some(_)) => Query::Pending,
@@ -804,5 +806,42 @@ fn a_turn_confines_submissions_to_the_containers_window() {
     assert!(
         late > 100,
         "{late} kernels in the second half without a turn"
+    );
+}
+
+/// Work on one stream completes in order: with many short submissions in flight there, the
+/// gate asks the driver about the oldest only until one is found not done (one
+/// `cuEventQuery` per launch in a steady queue, not one per submission in flight).
+#[test]
+fn a_streams_later_submissions_are_not_queried_while_an_earlier_one_runs() {
+    let sim = Sim::new();
+    let cells = Cells::default();
+    let gate = Gate::default();
+    // 70 %: a queue of up to 16 short kernels.
+    let launch = |ns| {
+        submit(
+            &gate,
+            &sim,
+            &sim,
+            |_| Some(cells.cells()),
+            pct_rate(70),
+            target(),
+            || sim.kernel(ns),
+        )
+    };
+    // Learn the average (one kernel), then queue 10 kernels of 1 ms each.
+    launch(MS);
+    sim.sleep_ns(10 * MS);
+    for _ in 0..10 {
+        launch(MS);
+    }
+    let in_flight = gate.in_flight(0);
+    assert!(in_flight >= 8, "{in_flight} in flight");
+    let q = sim.queries.get();
+    launch(MS);
+    assert_eq!(
+        sim.queries.get() - q,
+        1,
+        "one query for the oldest of the stream, not one per submission in flight"
     );
 }
