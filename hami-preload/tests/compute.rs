@@ -705,3 +705,47 @@ fn contending_containers_take_turns_instead_of_switching_at_every_kernel() {
         "without an arbiter: {free:.0} switches a second, with turns {turns:.0}\n{dump}"
     );
 }
+
+/// Issue 30, turns without their arbiter: two busy `force` 50 % containers in turns, then the
+/// arbiter stops (killed or stopped: nothing more is written). Their turns go stale with the
+/// decision (500 ms): neither waits for a window that no one keeps any more, each goes on at
+/// its share, and the device switches between them at every kernel again.
+#[test]
+fn turns_lapse_with_a_stopped_arbiter_and_nobody_stalls() {
+    let env = env().env("GPU_CORE_UTILIZATION_POLICY", "force");
+    let other = env.dir().join("other.cache");
+    let mut arb = TestArbiter::start(vec![env.region_path().to_path_buf(), other.clone()]);
+    let args = "init ctx kernel launch-for 4 1ms";
+    let vars = [("CUDA_DEVICE_SM_LIMIT", "50")];
+    let a = container(&env, env.region_path(), &vars, args);
+    let b = container(&env, &other, &vars, args);
+    std::thread::sleep(std::time::Duration::from_millis(1_700));
+    let stopped_at = hami_test_harness::device_clock_now_ns();
+    arb.stop();
+    let (a, b) = (a.finish(), b.finish());
+    assert!(a.all_ok() && b.all_ok(), "{}\n{}", a.dump(), b.dump());
+    let (la, lb) = (a.last("launch-for"), b.last("launch-for"));
+    let start = num(la, "start_ns").max(num(lb, "start_ns"));
+    let end = num(la, "end_ns").min(num(lb, "end_ns"));
+    let rate =
+        |from: u64, to: u64| env.device_switches(0, from, to) as f64 * 1e9 / (to - from) as f64;
+    let in_turns = rate(start + 700 * MS, stopped_at);
+    // After the decision's lifetime (and the budget's burst, 100 ms).
+    let after = stopped_at + GRANT_TTL_NS + 200 * MS;
+    assert!(end > after + 800 * MS, "{}\n{}", a.dump(), b.dump());
+    let lapsed = rate(after, end);
+    let (sa, sb) = (
+        share_of(&env, a.pid.unwrap(), after, end),
+        share_of(&env, b.pid.unwrap(), after, end),
+    );
+    assert!(
+        in_turns < 120.0 && lapsed > 3.0 * in_turns,
+        "switches a second: {in_turns:.0} in turns, {lapsed:.0} after the arbiter stopped"
+    );
+    assert!(
+        (sa - 0.5).abs() < TOL && (sb - 0.5).abs() < TOL,
+        "after the arbiter stopped: {sa:.3} and {sb:.3}\n{}\n{}",
+        a.dump(),
+        b.dump()
+    );
+}
