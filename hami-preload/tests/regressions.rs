@@ -4,6 +4,9 @@ mod support;
 use hami_test_harness::{cc, NvmlSnapshot, ProbeOutput, RunningProbe};
 use std::process::Command;
 use support::*;
+#[path = "regressions/fixtures.rs"]
+mod fixtures;
+use fixtures::*;
 
 /// Our exported `dlsym` must keep glibc's `RTLD_NEXT` semantics for other libraries: a shim
 /// preloaded after us that wraps `puts` with `dlsym(RTLD_NEXT, "puts")` must get libc's, not
@@ -119,37 +122,6 @@ fn unknown_and_double_frees_return_the_drivers_error() {
     }
 }
 
-/// Starts `n` preloaded probes at the same moment (each retains its primary context at
-/// start, which the fake makes take `FAKE_CUDA_CTX_CREATE_DELAY_MS`), runs `ops` in each and
-/// returns their outputs.
-fn concurrent_probes(env: &Env, n: usize, ops: &[&str]) -> Vec<Probe> {
-    let children: Vec<_> = (0..n)
-        .map(|_| {
-            env.command(hprobe(), true)
-                .args(ops)
-                .env("LIBCUDA_LOG_LEVEL", "3")
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("spawn hprobe")
-        })
-        .collect();
-    children
-        .into_iter()
-        .map(|c| Probe::from(c.wait_with_output().expect("wait hprobe")))
-        .collect()
-}
-
-/// Context memory charged to each slot of the region on device 0.
-fn context_charges(env: &Env) -> Vec<u64> {
-    env.region()
-        .snapshot()
-        .slots
-        .iter()
-        .map(|s| s.usage[0][hami_common::layout::UsageKind::Context.index()])
-        .collect()
-}
-
 /// Found on the H200: two processes sharing a region created their contexts at the same
 /// moment; context memory was the NVML device-level delta, so one of them was charged both
 /// contexts (1,097,990,144 bytes for 2 x 518 MiB) and both 2.5 GiB allocations in a 4 GiB
@@ -205,29 +177,6 @@ fn concurrent_context_creation_without_per_process_nvml_is_serialized() {
     assert!(t.elapsed() >= std::time::Duration::from_millis(3 * 400 + 3000));
 }
 
-/// Runs `cmd` for at most `limit`; kills it (and fails the test) if it takes longer.
-fn output_within(mut cmd: Command, limit: std::time::Duration) -> std::process::Output {
-    let mut child = cmd
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let start = std::time::Instant::now();
-    while child.try_wait().expect("try_wait").is_none() {
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("wait");
-            panic!(
-                "hung for {limit:?} (killed)\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("wait")
-}
-
 /// A driver other than ours (`tests/programs/minifake.c`): linked without `-Bsymbolic`, so
 /// its internal calls to its own exported functions land in our hooks (primary retain calls
 /// `cuCtxCreate_v2`, primary release calls `cuCtxDestroy_v2`, pitch calls `cuMemAlloc_v2`);
@@ -249,74 +198,6 @@ fn other_driver_nested_calls_pass_through_once() {
 #[test]
 fn other_driver_without_soname_is_found() {
     other_driver(false);
-}
-
-/// Builds `minifake.c` (as `libcuda.so.1` with that soname, or as a `libcuda.so` without
-/// one) and `minimain.c`, runs it with the preload and checks every step.
-fn other_driver(soname: bool) {
-    let env = Env::new();
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/programs");
-    let lib = env.dir().join("lib");
-    std::fs::create_dir_all(&lib).unwrap();
-    let (file, soname_arg, link) = if soname {
-        (
-            "libcuda.so.1",
-            "-Wl,-soname,libcuda.so.1",
-            "-l:libcuda.so.1",
-        )
-    } else {
-        ("libcuda.so", "-Wl,--no-undefined", "-lcuda")
-    };
-    cc(
-        &src.join("minifake.c"),
-        &lib.join(file),
-        &["-shared", "-fPIC", soname_arg, "-ldl"],
-    );
-    let main = env.dir().join("minimain");
-    let libdir = format!("-L{}", lib.display());
-    cc(&src.join("minimain.c"), &main, &[&libdir, link]);
-    let mut cmd = Command::new(&main);
-    cmd.env("LD_LIBRARY_PATH", &lib)
-        .env("LD_PRELOAD", &Artifacts::get().preload_so)
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "512M")
-        .env("HAMI_CONTEXT_OVERHEAD", "32M")
-        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", env.region_path());
-    let p = Probe::from(output_within(cmd, std::time::Duration::from_secs(20)));
-    assert!(p.ok(), "{}", p.dump());
-    let ops: Vec<&str> = p.lines.iter().map(|(op, _)| op.as_str()).collect();
-    assert_eq!(ops.len(), 20, "{}", p.dump());
-    // Before cuInit: the driver's own code, not ours.
-    assert_eq!(p.rc(0), 3, "{}", p.dump());
-    let free_at = |n: usize| p.field(n, "free").parse::<u64>().unwrap();
-    assert_eq!(p.field(3, "total"), (512 * MB).to_string(), "{}", p.dump());
-    assert_eq!(free_at(3), 480 * MB, "primary context charged once");
-    assert_eq!(p.rc(4), 0, "pitch 200 MiB in 480 MiB: {}", p.dump());
-    assert_eq!(free_at(5), 280 * MB, "pitch charged once: {}", p.dump());
-    // cuGetProcAddress_v2 via dlsym(RTLD_DEFAULT) returned our hook: still enforced, once.
-    assert_eq!(p.rc(6), 0);
-    assert_eq!(p.rc(7), 0, "usage + request == limit passes: {}", p.dump());
-    assert_eq!(p.rc(8), OOM, "one byte more fails: {}", p.dump());
-    // Unknown and double frees: the driver's own code (400), nothing uncharged.
-    assert_eq!((p.rc(9), p.rc(10), p.rc(11)), (400, 0, 400), "{}", p.dump());
-    assert_eq!(free_at(12), 200 * MB, "{}", p.dump());
-    assert_eq!(p.rc(13), 0);
-    assert_eq!(free_at(14), 480 * MB);
-    // The legacy cuCtxCreate / cuCtxDestroy (identical semantics) are hooked too.
-    assert_eq!(p.rc(15), 0);
-    assert_eq!(
-        free_at(16),
-        448 * MB,
-        "cuCtxCreate (v1) charged: {}",
-        p.dump()
-    );
-    assert_eq!(p.rc(17), 0);
-    assert_eq!(free_at(18), 480 * MB, "cuCtxDestroy (v1) uncharged");
-    assert_eq!(
-        p.rc(19),
-        0,
-        "primary release (nested cuCtxDestroy_v2) did not hang"
-    );
-    assert_eq!(env.region().used(0), 0, "{}", p.dump());
 }
 
 /// Found in review: a malformed `LIBCUDA_LOG_LEVEL` silently meant the default. It now says
@@ -345,17 +226,6 @@ fn malformed_log_level_is_reported_once_and_defaults() {
         err.lines().all(|l| l.starts_with("[hami-preload pid=")),
         "{err}"
     );
-}
-
-/// An environment whose library path holds only the fake driver, no libnvidia-ml.so.1 (the
-/// sandbox's variables override the harness's LD_LIBRARY_PATH).
-fn without_nvml(env: Env) -> Env {
-    let libdir = env.dir().join("no-nvml");
-    std::fs::create_dir_all(&libdir).unwrap();
-    std::os::unix::fs::symlink(&Artifacts::get().fake_libcuda, libdir.join("libcuda.so.1"))
-        .unwrap();
-    let path = libdir.to_str().unwrap().to_string();
-    env.set("LD_LIBRARY_PATH", &path)
 }
 
 /// With `HAMI_CONTEXT_OVERHEAD` set nothing is measured, so context creations take no
@@ -395,11 +265,6 @@ fn configured_overhead_context_creations_are_not_serialized() {
         "context creations were serialized: {took:?}"
     );
 }
-
-const DRIVER_FIRST: &str =
-    "context charged 314572800 bytes (measured from cuMemGetInfo (no NVML): device used after";
-const DRIVER_DELTA: &str =
-    "context charged 314572800 bytes (measured from cuMemGetInfo (no NVML): free before";
 
 /// Without NVML, context memory is measured through the driver: the primary context (first
 /// context of the process: device used minus the region's usage) and a created context
@@ -538,46 +403,6 @@ fn mem_create_on_a_device_beyond_the_region_returns_the_drivers_code() {
     }
 }
 
-/// Runs `ctxrace MODE OBJ HOW` then `info` for every object and teardown, each in a fresh
-/// sandbox (1 GiB quota, contexts charged nothing) with the fake driver's `knob` delay at
-/// 400 ms (the teardown comes 200 ms after the racing thread is about to call), all at the
-/// same time. Returns what is wrong: the teardown or `info` failed, the thread's call
-/// succeeded when it must fail or failed when it must succeed (`op_ok`), or something is
-/// still charged.
-fn context_races(mode: &str, knob: &str, op_ok: bool) -> Vec<String> {
-    let cases: Vec<(&str, &str)> = ["ptr", "array"]
-        .into_iter()
-        .flat_map(|o| ["destroy", "release", "reset"].map(|h| (o, h)))
-        .collect();
-    let outs: Vec<Probe> = std::thread::scope(|s| {
-        let hs: Vec<_> = cases
-            .iter()
-            .map(|&(obj, how)| {
-                s.spawn(move || {
-                    let env = Env::new()
-                        .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
-                        .set("HAMI_CONTEXT_OVERHEAD", "0")
-                        .set(knob, "400");
-                    env.probe(&["ctxrace", mode, obj, how, "info"])
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let mut bad = Vec::new();
-    for ((obj, how), p) in cases.iter().zip(&outs) {
-        if p.rcs() != vec![0, 0] || (p.field(0, "op") == "0") != op_ok {
-            bad.push(format!("{obj} {how}: unexpected results: {}", p.dump()));
-        } else if p.field(1, "free") != GB.to_string() {
-            bad.push(format!(
-                "{obj} {how}: the object went with its context but {} bytes stay charged",
-                GB - p.field(1, "free").parse::<u64>().unwrap_or(0)
-            ));
-        }
-    }
-    bad
-}
-
 /// Noticed in the last closing note: a context destroyed while a release of one of its
 /// objects is in flight leaked that object's charge. The release had taken the object's entry
 /// out of the table before calling the driver, so the teardown's sweep of the context's
@@ -604,47 +429,6 @@ fn a_context_destroyed_while_an_allocation_in_it_is_in_flight_leaks_nothing() {
 }
 
 // ---- issue 31: graph memory nodes admitted before the driver maps them ----
-
-/// A sandbox with a 1 GiB quota, no context overhead, no backstop (so that only the graph
-/// hooks can keep the driver within the quota) and no admission reserve.
-/// `CUDA_ERROR_OUT_OF_MEMORY` as `cudaprobe` prints it.
-const GOOM: i32 = 2;
-
-fn graph_env() -> TestEnv {
-    TestEnv::new()
-        .env("FAKE_CUDA_TOTAL_MEM", "16G")
-        .env("FAKE_CUDA_CTX_OVERHEAD", "0")
-        .env("HAMI_BACKSTOP_INTERVAL_MS", "0")
-        .env("HAMI_ADMISSION_RESERVE", "0")
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "1G")
-        .preload(true)
-}
-
-/// Runs `ops` then `wait`; the driver's per-process figure (fake NVML) must be within 1 GiB.
-fn run_graph_ops(env: &TestEnv, ops: &[&str]) -> ProbeOutput {
-    let mut args = ops.to_vec();
-    args.push("wait");
-    let mut p = env.spawn_probe(&args);
-    p.wait_for("wait");
-    let used = env.nvml().process_used(0, p.pid);
-    let region_pool: u64 = env
-        .region()
-        .snapshot()
-        .slots
-        .iter()
-        .map(|s| s.usage[0][hami_common::layout::UsageKind::Pool.index()])
-        .sum();
-    p.resume();
-    let out = p.finish();
-    assert!(
-        used <= 1024 * MB,
-        "the driver holds {} MiB for the process, over the 1024 MiB quota: {}",
-        used / MB,
-        out.dump()
-    );
-    println!("region pool charge at wait: {} MiB", region_pool / MB);
-    out
-}
 
 /// Issue 31: `cudaGraphAddMemAllocNode` of 1.5 GiB (not freed in the graph), instantiate,
 /// launch, in a 1 GiB container: every call succeeded and the driver held the 1.5 GiB (2056 MiB
@@ -882,53 +666,6 @@ fn green_contexts_are_admitted_and_charged_issue_31() {
 // process used its own ordinal: a narrowed process got another device's limit and charged
 // another device's usage, and overwrote the region's UUID list.
 
-const UUID_0: &str = "GPU-facec0da-0000-4000-8000-000000000000";
-const UUID_1: &str = "GPU-facec0da-0000-4000-8000-000000000001";
-
-/// Two fake devices of 4 GiB, no context memory (so every figure is the allocations'),
-/// no admission reserves, the preload on.
-fn two_gpus(limit_0: &str, limit_1: &str) -> TestEnv {
-    TestEnv::new()
-        .env("FAKE_CUDA_DEVICE_COUNT", "2")
-        .env("FAKE_CUDA_TOTAL_MEM", "4G")
-        .env("FAKE_CUDA_CTX_OVERHEAD", "0")
-        .env("HAMI_CONTEXT_OVERHEAD", "0")
-        .env("HAMI_ADMISSION_RESERVE", "0")
-        .env("CUDA_DEVICE_MEMORY_LIMIT_0", limit_0)
-        .env("CUDA_DEVICE_MEMORY_LIMIT_1", limit_1)
-        .preload(true)
-}
-
-/// `cudaprobe ARGS` with `CUDA_VISIBLE_DEVICES=cvd` (`None`: unset), run to completion.
-fn probe_seeing(e: &TestEnv, cvd: Option<&str>, args: &[&str]) -> ProbeOutput {
-    let mut c = e.cudaprobe_cmd(args);
-    match cvd {
-        Some(v) => c.env("CUDA_VISIBLE_DEVICES", v),
-        None => c.env_remove("CUDA_VISIBLE_DEVICES"),
-    };
-    ProbeOutput::from_output(c.output().expect("run cudaprobe"))
-}
-
-/// The same, left running at its `wait` op.
-fn spawn_seeing(e: &TestEnv, cvd: Option<&str>, args: &[&str]) -> RunningProbe {
-    let mut c = e.cudaprobe_cmd(args);
-    match cvd {
-        Some(v) => c.env("CUDA_VISIBLE_DEVICES", v),
-        None => c.env_remove("CUDA_VISIBLE_DEVICES"),
-    };
-    c.stdin(std::process::Stdio::piped());
-    let mut p = RunningProbe::start(c);
-    p.wait_for("wait");
-    p
-}
-
-fn totals(out: &ProbeOutput) -> Vec<u64> {
-    out.find("meminfo")
-        .iter()
-        .map(|l| l.num("total").expect("total="))
-        .collect()
-}
-
 /// Issue 29, first case: `CUDA_VISIBLE_DEVICES=1` sees the container's device 1 as its
 /// ordinal 0 and must get device 1's limit (1 GiB), not device 0's (256 MiB); its usage is
 /// the container's device 1's.
@@ -1112,11 +849,6 @@ fn a_gpu_named_by_uuid_gets_its_own_limit_once_the_region_knows_it() {
     );
     assert_eq!(totals(&out), vec![GB], "{}", out.dump());
     assert_eq!(out.last("alloc").rc(), Some(0), "{}", out.dump());
-}
-
-fn parse(uuid: &str) -> [u8; 16] {
-    let hex: String = uuid[4..].chars().filter(|&c| c != '-').collect();
-    std::array::from_fn(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
 }
 
 /// Issue 29, multi-GPU work under a share: two processes of one container, one on the

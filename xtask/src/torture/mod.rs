@@ -54,6 +54,7 @@
 //! workers and the end-of-scenario region check they share are in [`worker`].
 
 mod agent;
+mod bad_files;
 mod bad_inputs;
 mod churn;
 mod race;
