@@ -17,6 +17,8 @@ use hami_test_harness::{
 use serde_json::Value;
 
 use crate::common::AGENT;
+mod fixtures;
+use fixtures::*;
 
 const MIB: u64 = 1 << 20;
 
@@ -224,10 +226,6 @@ fn agent_exits_promptly_after_sigterm_and_still_reports() {
         Some(0),
         "{audit:#}"
     );
-}
-
-fn inspect(region: &Path) -> Value {
-    inspect_json(AGENT, region)
 }
 
 #[test]
@@ -550,47 +548,6 @@ fn nvml_appearing_after_start_is_loaded_by_a_retry_and_used() {
     before.resume();
 }
 
-/// The eBPF program ids process `pid` holds (`prog_id:` in `/proc/<pid>/fdinfo/*`: program
-/// and link descriptors).
-fn bpf_prog_ids(pid: u32) -> Vec<u32> {
-    let mut ids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .flat_map(|t| {
-            t.lines()
-                .filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse().ok())
-                .collect::<Vec<u32>>()
-        })
-        .collect();
-    ids.sort_unstable();
-    ids.dedup();
-    ids
-}
-
-/// Whether the kernel still has eBPF program `id` (`BPF_PROG_GET_FD_BY_ID`): a probe left
-/// attached keeps its program alive.
-fn bpf_prog_exists(id: u32) -> bool {
-    const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
-    // union bpf_attr for this command: prog_id, next_id, open_flags.
-    let attr: [u32; 3] = [id, 0, 0];
-    // SAFETY: the attr buffer is valid for its size; the command only reads it.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_GET_FD_BY_ID,
-            attr.as_ptr(),
-            std::mem::size_of_val(&attr) as libc::c_uint,
-        )
-    };
-    if fd >= 0 {
-        // SAFETY: a descriptor the kernel just gave us.
-        unsafe { libc::close(fd as libc::c_int) };
-    }
-    fd >= 0
-}
-
 /// Issue 12 (agent faults): an agent SIGKILLed mid-workload runs no exit path, so its probes
 /// go only when the kernel closes its descriptors. Once a new agent runs, none of the killed
 /// agent's programs is left in the kernel (no uprobe or uretprobe still attached to the
@@ -649,19 +606,6 @@ fn sigkilled_agent_leaves_no_probe_behind_once_a_new_agent_runs() {
             );
         }
     }
-}
-
-/// Writes `sm_limit` into device 0's compute record of a region file (the share the launch
-/// gate holds the container to; a region created with `CUDA_DEVICE_SM_LIMIT` has it).
-fn set_sm_limit(region: &Path, percent: u32) {
-    use core::mem::offset_of;
-    use hami_common::layout::{DeviceCompute, Region};
-    let off = (offset_of!(Region, compute) + offset_of!(DeviceCompute, sm_limit)) as u64;
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .open(region)
-        .expect("open region");
-    std::os::unix::fs::FileExt::write_all_at(&f, &percent.to_le_bytes(), off).unwrap();
 }
 
 /// Issue 18, item 3, end to end: three processes share one fake device whose kernels take

@@ -2,36 +2,11 @@
 //! semantics (checked against the table measured on a real driver), cross-process accounting,
 //! NVML agreement and CUDA_VISIBLE_DEVICES.
 
-use hami_test_harness::{OpLine, ProbeOutput, TestEnv};
+use hami_test_harness::TestEnv;
 
-const MIB: u64 = 1 << 20;
-const GIB: u64 = 1 << 30;
-
-// CUresult codes.
-const SUCCESS: i32 = 0;
-const INVALID_VALUE: i32 = 1;
-const OUT_OF_MEMORY: i32 = 2;
-const NOT_INITIALIZED: i32 = 3;
-const NO_DEVICE: i32 = 100;
-const INVALID_DEVICE: i32 = 101;
-const INVALID_CONTEXT: i32 = 201;
-const NOT_FOUND: i32 = 500;
-const CONTEXT_IS_DESTROYED: i32 = 709;
-
-fn env() -> TestEnv {
-    TestEnv::new().env("FAKE_CUDA_CTX_OVERHEAD", "0")
-}
-
-fn rc_of(out: &ProbeOutput, i: usize) -> i32 {
-    out.op(i)
-        .rc()
-        .unwrap_or_else(|| panic!("no rc on line {i}:\n{}", out.dump()))
-}
-
-fn meminfo_free(o: &OpLine) -> u64 {
-    assert!(o.ok(), "{}", o.raw);
-    o.num("free").expect("free")
-}
+#[path = "fake_driver/fixtures.rs"]
+mod fixtures;
+use fixtures::*;
 
 #[test]
 fn not_initialized_before_cuinit() {
@@ -302,71 +277,7 @@ fn get_proc_address_flags_and_errors() {
 /// name in the fake, for the functions the fake exports.
 #[test]
 fn get_proc_address_matches_the_real_driver_table() {
-    let table = include_str!("../../fake-cuda/tests/data/real-procaddr-580.txt");
-    let versions = [
-        0, 1000, 2000, 3000, 3020, 4000, 6000, 7000, 10020, 11000, 11020, 11030, 11040, 12000,
-        12050, 13000, 13010, 99000,
-    ];
-    // 32-bit legacy variants the fake does not export (it reports VERSION_NOT_SUFFICIENT).
-    let legacy = [
-        "cuDeviceTotalMem",
-        "cuMemAlloc",
-        "cuMemFree",
-        "cuMemGetInfo",
-        "cuMemAllocPitch",
-        "cuMemGetAddressRange",
-        "cuArrayCreate",
-        "cuArray3DCreate",
-        "cuMemAllocHost",
-    ];
-    // Real functions the fake does not implement at all.
-    let absent = ["cuMemHostAlloc", "cuMemAllocHost", "cuMemcpyHtoD"];
-    let mut args: Vec<String> = Vec::new();
-    let mut expect: Vec<(String, i32, u64, String, i32, i32)> = Vec::new();
-    for line in table
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-    {
-        let mut it = line.split_whitespace();
-        let name = it.next().unwrap().to_string();
-        let flags: u64 = it.next().unwrap().parse().unwrap();
-        let trans: Vec<(i32, String, i32, i32)> = it
-            .map(|t| {
-                let (v, rest) = t.split_once(':').unwrap();
-                let p: Vec<&str> = rest.split('/').collect();
-                (
-                    v.parse().unwrap(),
-                    p[0].to_string(),
-                    p[1].parse().unwrap(),
-                    p[2].parse().unwrap(),
-                )
-            })
-            .collect();
-        if name == "<empty>" {
-            continue;
-        }
-        for &v in &versions {
-            let (_, sym, rc, status) = trans.iter().rev().find(|t| t.0 <= v).unwrap().clone();
-            let (sym, status) = if absent.contains(&name.as_str()) && rc == 0 {
-                ("NULL".to_string(), 1)
-            } else if legacy.contains(&name.as_str())
-                && !sym.ends_with("_v2")
-                && sym != "NULL"
-                && sym != "UNTOUCHED"
-            {
-                ("NULL".to_string(), 2)
-            } else {
-                (sym, status)
-            };
-            args.extend([
-                "getproc".to_string(),
-                name.clone(),
-                v.to_string(),
-                flags.to_string(),
-            ]);
-            expect.push((name.clone(), v, flags, sym, rc, status));
-        }
-    }
+    let (args, expect) = real_procaddr_cases();
     assert!(
         expect.len() > 3000,
         "table not parsed: {} cases",
