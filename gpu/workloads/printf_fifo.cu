@@ -1,17 +1,27 @@
-// What the driver takes for the printf FIFO (issue 31): the process's device memory (the
-// driver's per-process figure, nvidia-smi) after the context, after cudaDeviceSetLimit(
-// cudaLimitPrintfFifoSize, N), after a launch of a kernel without printf, and after a launch
-// of one with printf; N from argv[1] in MiB (0: the default FIFO, no set call).
-// Build: nvcc -O2 -o printf_fifo printf_fifo.cu; run: ./printf_fifo 1024
+// What the driver takes for the printf FIFO and the malloc heap (issue 31): the process's
+// device memory (the driver's per-process figure, nvidia-smi) and the device's used memory
+// (cudaMemGetInfo) after the context, after cudaDeviceSetLimit(N), after a launch of a
+// kernel using neither, after the printf (heap: malloc) kernel is loaded without running,
+// after a launch of it that takes its printf (malloc) branch never, and after two launches
+// that do. Usage: ./printf_fifo fifo|heap MiB (0: the default size, no set call).
+// Build: nvcc -O2 -o printf_fifo printf_fifo.cu
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <unistd.h>
 
 __global__ void plain(int *p) {
   if (p) *p = 1;
 }
 __global__ void says(int v) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) printf("PRINTF v=%d\n", v);
+  if (v >= 0 && threadIdx.x == 0 && blockIdx.x == 0) printf("PRINTF v=%d\n", v);
+}
+__global__ void takes(int v, int *out) {
+  if (v >= 0 && threadIdx.x == 0 && blockIdx.x == 0) {
+    char *p = (char *)malloc(1 << 20);
+    if (out) *out = p != 0;
+    if (p) free(p);
+  }
 }
 
 static long used_mib() {
@@ -29,30 +39,46 @@ static long used_mib() {
   return v;
 }
 
+static long dev_used_mib() {
+  size_t fr = 0, tot = 0;
+  if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return -1;
+  return (long)((tot - fr) >> 20);
+}
+
+static void step(const char *what, cudaError_t e) {
+  fflush(stdout);
+  printf("STEP %s rc=%d name=%s used_mib=%ld dev_used_mib=%ld\n", what, (int)e,
+         cudaGetErrorName(e), used_mib(), dev_used_mib());
+  fflush(stdout);
+}
+
 int main(int argc, char **argv) {
-  size_t mib = argc > 1 ? strtoull(argv[1], 0, 10) : 0;
+  int heap = argc > 1 && !strcmp(argv[1], "heap");
+  size_t mib = argc > 2 ? strtoull(argv[2], 0, 10) : 0;
+  cudaLimit lim = heap ? cudaLimitMallocHeapSize : cudaLimitPrintfFifoSize;
+  int *out = 0;
   cudaFree(0);
-  printf("STEP ctx used_mib=%ld\n", used_mib());
+  step("ctx", cudaSuccess);
+  cudaMalloc(&out, 4);
+  step("alloc4", cudaSuccess);
+  size_t got = 0;
+  cudaDeviceGetLimit(&got, lim);
+  printf("LIMIT before=%zu\n", got);
   if (mib) {
-    cudaError_t e = cudaDeviceSetLimit(cudaLimitPrintfFifoSize, mib << 20);
-    size_t got = 0;
-    cudaDeviceGetLimit(&got, cudaLimitPrintfFifoSize);
-    printf("STEP set fifo_mib=%zu rc=%d name=%s limit=%zu used_mib=%ld\n", mib, (int)e,
-           cudaGetErrorName(e), got, used_mib());
-  } else {
-    size_t got = 0;
-    cudaDeviceGetLimit(&got, cudaLimitPrintfFifoSize);
-    printf("STEP default limit=%zu used_mib=%ld\n", got, used_mib());
+    cudaError_t e = cudaDeviceSetLimit(lim, mib << 20);
+    cudaDeviceGetLimit(&got, lim);
+    printf("LIMIT after=%zu\n", got);
+    step("set", e);
   }
   plain<<<1, 1>>>(0);
-  cudaError_t e = cudaDeviceSynchronize();
-  printf("STEP plain rc=%d used_mib=%ld\n", (int)e, used_mib());
-  says<<<1, 1>>>(7);
-  e = cudaDeviceSynchronize();
-  fflush(stdout);
-  printf("STEP printf rc=%d name=%s used_mib=%ld\n", (int)e, cudaGetErrorName(e), used_mib());
-  says<<<1, 1>>>(8);
-  e = cudaDeviceSynchronize();
-  printf("STEP printf2 rc=%d used_mib=%ld\n", (int)e, used_mib());
+  step("plain", cudaDeviceSynchronize());
+  cudaFuncAttributes a;
+  step("load", heap ? cudaFuncGetAttributes(&a, takes) : cudaFuncGetAttributes(&a, says));
+  if (heap) takes<<<1, 1>>>(-1, out); else says<<<1, 1>>>(-1);
+  step("unused", cudaDeviceSynchronize());
+  if (heap) takes<<<1, 1>>>(7, out); else says<<<1, 1>>>(7);
+  step("used", cudaDeviceSynchronize());
+  if (heap) takes<<<1, 1>>>(8, out); else says<<<1, 1>>>(8);
+  step("used2", cudaDeviceSynchronize());
   return 0;
 }

@@ -1,30 +1,26 @@
-//! ELF cubins (64-bit little-endian): the section table and what its allocated sections take.
+//! ELF cubins (64-bit little-endian): the section table and what its allocated sections take,
+//! read with the `object` crate.
 
-use crate::{u16_at, u32_at, u64_at, Extent, ImageError, Statics, MAX_IMAGE};
+use crate::{Extent, ImageError, Statics, MAX_IMAGE};
+use object::elf::{FileHeader64, SectionHeader64, SHF_ALLOC, SHT_NOBITS};
+use object::read::elf::{FileHeader, SectionHeader};
+use object::LittleEndian as LE;
 
 const EHDR: usize = 64;
-const SHDR: usize = 64;
-const SHT_NOBITS: u32 = 8;
-const SHF_ALLOC: u64 = 0x2;
+const SHDR: u64 = 64;
 /// Most sections a cubin may have (a large library's cubin has some thousands).
 const MAX_SECTIONS: u64 = 1 << 20;
 /// Largest section size believed (a `__device__` array larger than any GPU's memory is
 /// garbage).
 const MAX_SECTION: u64 = 1 << 40;
 
-/// One section header, as far as it matters here.
-struct Shdr {
-    name: u32,
-    kind: u32,
-    flags: u64,
-    offset: u64,
-    size: u64,
-    align: u64,
+/// The ELF error `object` gives, as this crate's.
+fn elf(e: object::read::Error) -> ImageError {
+    ImageError::Elf(e.to_string())
 }
 
-/// The header fields: (section table offset, count, string table index, program header
-/// table end).
-fn header(b: &[u8]) -> Result<(u64, u64, usize, u64), ImageError> {
+/// The file header of `b`, checked to be a 64-bit little-endian ELF.
+fn header(b: &[u8]) -> Result<&FileHeader64<LE>, ImageError> {
     if b.len() < EHDR {
         return Err(ImageError::Truncated {
             what: "ELF header",
@@ -32,46 +28,65 @@ fn header(b: &[u8]) -> Result<(u64, u64, usize, u64), ImageError> {
             have: b.len() as u64,
         });
     }
-    if b[4] != 2 {
-        return Err(ImageError::Elf("not a 64-bit ELF"));
+    // The class and byte order first: `object` would read a 32-bit or big-endian header
+    // with other offsets and say less about why it is not one.
+    if b[4] != object::elf::ELFCLASS64 {
+        return Err(ImageError::Elf("not a 64-bit ELF".into()));
     }
-    if b[5] != 1 {
-        return Err(ImageError::Elf("not little-endian"));
+    if b[5] != object::elf::ELFDATA2LSB {
+        return Err(ImageError::Elf("not little-endian".into()));
     }
-    let field = |at| u64_at(b, at).ok_or(ImageError::Elf("header"));
-    let half = |at| u16_at(b, at).ok_or(ImageError::Elf("header"));
-    let phoff = field(0x20)?;
-    let shoff = field(0x28)?;
-    let phentsize = u64::from(half(0x36)?);
-    let phnum = u64::from(half(0x38)?);
-    let shentsize = half(0x3a)?;
-    let shnum = u64::from(half(0x3c)?);
-    let shstrndx = usize::from(half(0x3e)?);
-    if shnum > 0 && usize::from(shentsize) != SHDR {
-        return Err(ImageError::Elf("section header size is not 64"));
+    FileHeader64::<LE>::parse(b).map_err(elf)
+}
+
+/// Where the section table ends (the header's offset and count; a count past
+/// [`MAX_SECTIONS`] is garbage).
+fn end_of_table(h: &FileHeader64<LE>, b: &[u8]) -> Result<u64, ImageError> {
+    let shoff = h.e_shoff(LE);
+    if shoff == 0 {
+        return Ok(0);
     }
-    if shnum > MAX_SECTIONS {
-        return Err(ImageError::Elf("too many sections"));
+    if usize::from(h.e_shentsize(LE)) != SHDR as usize {
+        return Err(ImageError::Elf("section header size is not 64".into()));
     }
-    let phend = if phnum == 0 {
-        0
-    } else {
-        phoff
-            .checked_add(phnum * phentsize)
-            .ok_or(ImageError::Elf("program header table past 2^64"))?
+    // An extended count lives in section 0, which must be there to be read.
+    let shnum = match h.e_shnum(LE) {
+        0 => {
+            let s0 = shoff.saturating_add(SHDR);
+            if (b.len() as u64) < s0 {
+                return Err(ImageError::Truncated {
+                    what: "ELF section 0",
+                    need: s0,
+                    have: b.len() as u64,
+                });
+            }
+            h.shnum(LE, b).map_err(elf)? as u64
+        }
+        n => u64::from(n),
     };
-    Ok((shoff, shnum, shstrndx, phend))
-}
-
-fn end_of_table(shoff: u64, shnum: u64) -> Result<u64, ImageError> {
+    if shnum > MAX_SECTIONS {
+        return Err(ImageError::Elf("too many sections".into()));
+    }
     shoff
-        .checked_add(shnum * SHDR as u64)
-        .ok_or(ImageError::Elf("section table past 2^64"))
+        .checked_add(shnum * SHDR)
+        .ok_or(ImageError::Elf("section table past 2^64".into()))
 }
 
-fn sections(b: &[u8]) -> Result<(Vec<Shdr>, usize), ImageError> {
-    let (shoff, shnum, shstrndx, _) = header(b)?;
-    let end = end_of_table(shoff, shnum)?;
+/// The end of the program header table (0: none).
+fn end_of_programs(h: &FileHeader64<LE>) -> Result<u64, ImageError> {
+    let n = u64::from(h.e_phnum(LE));
+    if h.e_phoff(LE) == 0 || n == 0 {
+        return Ok(0);
+    }
+    h.e_phoff(LE)
+        .checked_add(n * u64::from(h.e_phentsize(LE)))
+        .ok_or(ImageError::Elf("program header table past 2^64".into()))
+}
+
+/// The section headers of a whole image.
+fn sections(b: &[u8]) -> Result<(&FileHeader64<LE>, &[SectionHeader64<LE>]), ImageError> {
+    let h = header(b)?;
+    let end = end_of_table(h, b)?;
     if end > b.len() as u64 {
         return Err(ImageError::Truncated {
             what: "ELF section table",
@@ -79,24 +94,7 @@ fn sections(b: &[u8]) -> Result<(Vec<Shdr>, usize), ImageError> {
             have: b.len() as u64,
         });
     }
-    let mut out = Vec::with_capacity(shnum as usize);
-    for i in 0..shnum as usize {
-        let at = shoff as usize + i * SHDR;
-        let s = &b[at..at + SHDR];
-        let r = |o| u64_at(s, o).unwrap_or(0);
-        out.push(Shdr {
-            name: u32_at(s, 0).unwrap_or(0),
-            kind: u32_at(s, 4).unwrap_or(0),
-            flags: r(8),
-            offset: r(0x18),
-            size: r(0x20),
-            align: r(0x30),
-        });
-    }
-    if shnum > 0 && shstrndx >= out.len() {
-        return Err(ImageError::Elf("section name table index out of range"));
-    }
-    Ok((out, shstrndx))
+    Ok((h, h.section_headers(LE, b).map_err(elf)?))
 }
 
 /// How much of an ELF image starting with `head` can be read (see [`crate::extent`]): the
@@ -105,8 +103,7 @@ pub fn elf_extent(head: &[u8]) -> Result<Extent, ImageError> {
     if head.len() < EHDR {
         return Ok(Extent::Need(EHDR as u64));
     }
-    let (shoff, shnum, _, phend) = header(head)?;
-    let table = end_of_table(shoff, shnum)?;
+    let h = header(head)?;
     let cap = |n: u64| {
         if n > MAX_IMAGE {
             Err(ImageError::TooLarge {
@@ -118,17 +115,25 @@ pub fn elf_extent(head: &[u8]) -> Result<Extent, ImageError> {
             Ok(n)
         }
     };
+    // An extended section count needs section 0 first.
+    if h.e_shoff(LE) != 0 && h.e_shnum(LE) == 0 {
+        let s0 = h.e_shoff(LE).saturating_add(SHDR);
+        if (head.len() as u64) < s0 {
+            return Ok(Extent::Need(cap(s0)?));
+        }
+    }
+    let table = end_of_table(h, head)?;
     if (head.len() as u64) < table {
         return Ok(Extent::Need(cap(table)?));
     }
-    let (secs, _) = sections(head)?;
-    let mut end = table.max(phend).max(EHDR as u64);
-    for s in &secs {
-        if s.kind != SHT_NOBITS {
+    let (_, secs) = sections(head)?;
+    let mut end = table.max(end_of_programs(h)?).max(EHDR as u64);
+    for s in secs {
+        if s.sh_type(LE) != SHT_NOBITS {
             let e = s
-                .offset
-                .checked_add(s.size)
-                .ok_or(ImageError::Elf("section past 2^64"))?;
+                .sh_offset(LE)
+                .checked_add(s.sh_size(LE))
+                .ok_or(ImageError::Elf("section past 2^64".into()))?;
             end = end.max(e);
         }
     }
@@ -152,36 +157,26 @@ fn is_code(name: &[u8]) -> bool {
 /// The device memory an ELF cubin's statics take: its allocated sections (see the crate's
 /// documentation), each rounded up to its alignment.
 pub fn elf_statics(b: &[u8]) -> Result<Statics, ImageError> {
-    let (secs, shstrndx) = sections(b)?;
-    let Some(strtab) = secs.get(shstrndx) else {
+    let (h, secs) = sections(b)?;
+    if secs.is_empty() {
         return Ok(Statics::default());
-    };
-    let strs = strtab
-        .offset
-        .checked_add(strtab.size)
-        .and_then(|e| b.get(usize::try_from(strtab.offset).ok()?..usize::try_from(e).ok()?))
-        .ok_or(ImageError::Truncated {
-            what: "ELF section name table",
-            need: strtab.offset.saturating_add(strtab.size),
-            have: b.len() as u64,
-        })?;
+    }
+    let strtab = h.section_strings(LE, b, secs).map_err(elf)?;
     let mut total = Statics::default();
-    for s in &secs {
-        if s.flags & SHF_ALLOC == 0 || s.size == 0 {
+    for s in secs {
+        if s.sh_flags(LE) & u64::from(SHF_ALLOC) == 0 || s.sh_size(LE) == 0 {
             continue;
         }
-        let name = strs
-            .get(s.name as usize..)
-            .and_then(|n| n.split(|&c| c == 0).next().filter(|_| n.contains(&0)))
-            .ok_or(ImageError::Elf("section name out of the name table"))?;
+        let name = s.name(LE, strtab).map_err(elf)?;
         if !takes_device_memory(name) {
             continue;
         }
-        if s.size > MAX_SECTION {
-            return Err(ImageError::Elf("section larger than 1 TiB"));
+        let size = s.sh_size(LE);
+        if size > MAX_SECTION {
+            return Err(ImageError::Elf("section larger than 1 TiB".into()));
         }
-        let align = s.align.clamp(1, 4096);
-        let size = s.size.div_ceil(align) * align;
+        let align = s.sh_addralign(LE).clamp(1, 4096);
+        let size = size.div_ceil(align) * align;
         if is_code(name) {
             total.code = total.code.saturating_add(size);
         } else {

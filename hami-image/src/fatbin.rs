@@ -1,8 +1,6 @@
 //! Fatbins: header, entries, the entry for a device, decompression.
 
-use crate::{
-    elf_statics, lz4, u16_at, u32_at, u64_at, ImageError, Statics, FATBIN_MAGIC, MAX_ENTRY,
-};
+use crate::{elf_statics, u16_at, u32_at, u64_at, ImageError, Statics, FATBIN_MAGIC, MAX_ENTRY};
 use std::borrow::Cow;
 
 const HEADER: usize = 16;
@@ -156,7 +154,7 @@ pub fn payload<'a>(fb: &'a [u8], e: &Entry) -> Result<Cow<'a, [u8]>, ImageError>
         why,
     };
     let out = if codec == "LZ4" {
-        lz4::block(src, cap).map_err(|w| fail(w.to_string()))?
+        lz4_block(src, cap).map_err(fail)?
     } else {
         zstd(src, cap).map_err(fail)?
     };
@@ -168,6 +166,20 @@ pub fn payload<'a>(fb: &'a [u8], e: &Entry) -> Result<Cow<'a, [u8]>, ImageError>
         )));
     }
     Ok(Cow::Owned(out))
+}
+
+/// The LZ4 block `src` (the fatbin's `--compress-mode=speed` entries: one raw block, no
+/// frame) into at most `cap` bytes. LZ4 expands at most 255 times, so a header claiming more
+/// than that costs nothing up front.
+fn lz4_block(src: &[u8], cap: usize) -> Result<Vec<u8>, String> {
+    let mut out = vec![0u8; cap.min(src.len().saturating_mul(255))];
+    // A decoder bug must not take the process down: it is garbage input all the same.
+    std::panic::catch_unwind(move || {
+        let n = lz4_flex::block::decompress_into(src, &mut out).map_err(|e| e.to_string())?;
+        out.truncate(n);
+        Ok(out)
+    })
+    .unwrap_or_else(|_| Err("decoder failed".to_string()))
 }
 
 /// zstd frames `src` into at most `cap` bytes (the output grows as it is decoded: a header
@@ -245,4 +257,27 @@ pub fn fatbin_statics(image: &[u8], sm: u32) -> Result<Option<Statics>, ImageErr
         });
     }
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lz4_block;
+
+    #[test]
+    fn lz4_blocks_decode_within_their_cap() {
+        // "abc" then a match of offset 3, length 9 ("abcabcabc"), then the literal "!".
+        let src = [0x35, b'a', b'b', b'c', 3, 0, 0x10, b'!'];
+        assert_eq!(lz4_block(&src, 64).unwrap(), b"abcabcabcabc!");
+        assert!(lz4_block(&src, 5).is_err(), "output beyond the cap");
+        // Offset 0, an offset past the output, truncations, nothing.
+        assert!(lz4_block(&[0x10, b'a', 0, 0], 64).is_err());
+        assert!(lz4_block(&[0x10, b'a', 2, 0], 64).is_err());
+        for n in 0..src.len() {
+            let _ = lz4_block(&src[..n], 64);
+        }
+        // Extended literal lengths.
+        let mut long = vec![0xf0, 0x00];
+        long.extend(std::iter::repeat_n(b'x', 15));
+        assert_eq!(lz4_block(&long, 15).unwrap().len(), 15);
+    }
 }

@@ -43,7 +43,6 @@
 
 mod elf;
 mod fatbin;
-mod lz4;
 
 pub use elf::{elf_extent, elf_statics};
 pub use fatbin::{entries, fatbin_statics, payload, Entry};
@@ -112,7 +111,7 @@ pub enum ImageError {
     },
     /// An ELF cubin that does not hold together.
     #[error("ELF: {0}")]
-    Elf(&'static str),
+    Elf(String),
     /// A wrapper's bytes were given where its fatbin was needed (follow
     /// [`Extent::Wrapper`]'s pointer).
     #[error("a fatbin wrapper holds a pointer, not the fatbin itself")]
