@@ -25,26 +25,12 @@ pub(super) fn bpf_prog_ids(pid: u32) -> Vec<u32> {
     ids
 }
 
-/// Whether the kernel still has eBPF program `id` (`BPF_PROG_GET_FD_BY_ID`): a probe left
-/// attached keeps its program alive.
+/// Whether the kernel still has eBPF program `id` (aya's listing of the loaded programs): a
+/// probe left attached keeps its program alive.
 pub(super) fn bpf_prog_exists(id: u32) -> bool {
-    const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
-    // union bpf_attr for this command: prog_id, next_id, open_flags.
-    let attr: [u32; 3] = [id, 0, 0];
-    // SAFETY: the attr buffer is valid for its size; the command only reads it.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_PROG_GET_FD_BY_ID,
-            attr.as_ptr(),
-            std::mem::size_of_val(&attr) as libc::c_uint,
-        )
-    };
-    if fd >= 0 {
-        // SAFETY: a descriptor the kernel just gave us.
-        unsafe { libc::close(fd as libc::c_int) };
-    }
-    fd >= 0
+    aya::programs::loaded_programs()
+        .flatten()
+        .any(|p| p.id() == id)
 }
 
 /// Writes `sm_limit` into device 0's compute record of a region file (the share the launch

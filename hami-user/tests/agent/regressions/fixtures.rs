@@ -158,7 +158,8 @@ pub(super) fn only_child(pid: u32) -> u32 {
 /// its descriptors (`/proc/<pid>/fdinfo`), opened with `BPF_LINK_GET_FD_BY_ID` and read
 /// with `BPF_OBJ_GET_INFO_BY_FD` (`struct bpf_link_info`, perf-event links of type uprobe
 /// or uretprobe). Only this process's links: other agents on the machine may probe the same
-/// files.
+/// files. Raw `bpf(2)`: aya's `loaded_links()` gives a link's type and program but not the
+/// uprobe's file name, which needs a buffer handed to the kernel.
 pub(super) fn uprobe_links_of(pid: u32) -> Vec<(u32, String)> {
     const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
     const BPF_LINK_GET_FD_BY_ID: libc::c_long = 30;
