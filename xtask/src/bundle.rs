@@ -93,6 +93,7 @@ pub fn gpu_bundle_with(root: &Path, opts: &BundleOptions) -> Result<PathBuf> {
         "agent_cost.sh",
         "issue31_check.sh",
         "oldglibc_check.sh",
+        "limit_footprint.sh",
     ] {
         copy_file(&gpu.join(name), &out.join("gpu").join(name))?;
     }
