@@ -704,10 +704,7 @@ mod tests {
         for k in EventKind::ALL {
             assert_eq!(key_space(k).is_some(), k.is_alloc() || k.is_free(), "{k:?}");
         }
-        assert_eq!(
-            Event::new(MemCreate).key_space(),
-            Some(KeySpace::Handle)
-        );
+        assert_eq!(Event::new(MemCreate).key_space(), Some(KeySpace::Handle));
         assert_eq!(Event::new(CtxCreate).key_space(), None);
         assert_eq!(space_of("cuMipmappedArrayCreate"), KeySpace::Mipmap);
         assert_eq!(space_of("cuMipmappedArrayDestroy"), KeySpace::Mipmap);
