@@ -578,10 +578,6 @@ pub fn workspace_circles(root: &Path) -> Result<Vec<Circle>> {
 pub const KNOWN: &[(&str, &[&str])] = &[
     (
         "hami-common (src/lib.rs)",
-        &["src/event.rs", "src/intercept.rs"],
-    ),
-    (
-        "hami-common (src/lib.rs)",
         &[
             "src/region/compute.rs",
             "src/region/file.rs",
@@ -698,7 +694,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
         "testing/harness (src/lib.rs)",
         &["src/artifacts.rs", "src/programs.rs"],
     ),
-    ("xtask (src/main.rs)", &["src/cross.rs", "src/setup.rs"]),
     (
         "xtask (src/main.rs)",
         &["src/demo/agent.rs", "src/demo/mod.rs", "src/demo/story.rs"],
