@@ -691,10 +691,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "testing/harness (src/lib.rs)",
-        &["src/artifacts.rs", "src/programs.rs"],
-    ),
-    (
         "xtask (src/main.rs)",
         &["src/demo/agent.rs", "src/demo/mod.rs", "src/demo/story.rs"],
     ),
