@@ -591,10 +591,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
     ),
     (
         "hami-preload (src/lib.rs)",
-        &["src/config.rs", "src/log.rs"],
-    ),
-    (
-        "hami-preload (src/lib.rs)",
         &["src/gate.rs", "src/gate/real.rs"],
     ),
     (
