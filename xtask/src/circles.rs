@@ -613,21 +613,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
     ),
     (
         "hami-user (src/lib.rs)",
-        &["src/access.rs", "src/procinfo.rs"],
-    ),
-    (
-        "hami-user (src/lib.rs)",
-        &[
-            "src/agent/arbiter.rs",
-            "src/agent/compute.rs",
-            "src/agent/mod.rs",
-            "src/agent/processes.rs",
-            "src/agent/regions.rs",
-            "src/agent/views.rs",
-        ],
-    ),
-    (
-        "hami-user (src/lib.rs)",
         &[
             "src/findings/against_nvml.rs",
             "src/findings/compute.rs",
@@ -704,6 +689,16 @@ pub const KNOWN: &[(&str, &[&str])] = &[
             "src/torture/stops.rs",
             "src/torture/storm.rs",
             "src/torture/worker.rs",
+        ],
+    ),
+    (
+        "hami-user (src/lib.rs)",
+        &[
+            "src/agent/arbiter.rs",
+            "src/agent/compute.rs",
+            "src/agent/mod.rs",
+            "src/agent/regions.rs",
+            "src/agent/views.rs",
         ],
     ),
 ];
