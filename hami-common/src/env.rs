@@ -162,6 +162,12 @@ fn setting<T, E>(
     }))
 }
 
+/// The process's environment as the contract reads it: a variable's value, lossily
+/// converted when it is not UTF-8 (then malformed, not unset: a limit fails closed).
+pub fn getenv(var: &str) -> Option<String> {
+    std::env::var_os(var).map(|v| v.to_string_lossy().into_owned())
+}
+
 /// [`ENV_DISABLE_CONTROL`] alone, through `get` (what the preload reads before anything
 /// else, on its hot path's first call).
 pub fn read_disable_control(get: impl Fn(&str) -> Option<String>) -> Setting<bool> {

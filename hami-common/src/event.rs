@@ -178,12 +178,6 @@ impl Event {
             extra: 0,
         }
     }
-
-    /// The key space the event allocates or releases in, `None` for a non-memory event
-    /// (from the rows of [`crate::intercept::INTERCEPTS`] probed with this kind).
-    pub const fn key_space(&self) -> Option<crate::intercept::KeySpace> {
-        crate::intercept::key_space(self.kind)
-    }
 }
 
 /// Counters shared through a per-CPU array map, indexed by these values.
@@ -240,7 +234,6 @@ mod tests {
             (ev.tgid, ev.tid, ev.ts_ns, ev.size, ev.addr, ev.ctx, ev.extra),
             (7, 8, 9, 10, 11, 12, 13)
         );
-        assert_eq!(ev.key_space(), Some(crate::intercept::KeySpace::Handle));
         for bad in [0, 10, 15, 21, 37, 63, 65, u32::MAX] {
             let raw = CudaEvent { kind: bad, ..raw };
             assert_eq!(Event::decode(&raw), None, "kind {bad}");

@@ -24,7 +24,7 @@
 //!
 //! Adding a function: see `docs/contributing.md`.
 
-use crate::event::EventKind;
+use crate::event::{Event, EventKind};
 use KeySpace::{Array, Handle, Mipmap, Pointer};
 use Shape::{Array2d, Array3d, CtxOut, MemCreate, Mipmapped, OutSize, Pitch, Value};
 
@@ -538,6 +538,16 @@ pub const fn key_space(kind: EventKind) -> Option<KeySpace> {
     }
 }
 
+// In this module rather than beside `Event` (event.rs): the key spaces are this table's, and
+// the table names the event kinds (no circle between the two files).
+impl Event {
+    /// The key space the event allocates or releases in, `None` for a non-memory event
+    /// (from the rows of [`INTERCEPTS`] probed with this kind).
+    pub const fn key_space(&self) -> Option<KeySpace> {
+        key_space(self.kind)
+    }
+}
+
 // A probed row's memory agrees with its event kind: allocation kinds allocate, release kinds
 // release, other kinds neither; the rows of one kind share one key space.
 const _: () = {
@@ -694,6 +704,8 @@ mod tests {
         for k in EventKind::ALL {
             assert_eq!(key_space(k).is_some(), k.is_alloc() || k.is_free(), "{k:?}");
         }
+        assert_eq!(Event::new(MemCreate).key_space(), Some(KeySpace::Handle));
+        assert_eq!(Event::new(CtxCreate).key_space(), None);
         assert_eq!(space_of("cuMipmappedArrayCreate"), KeySpace::Mipmap);
         assert_eq!(space_of("cuMipmappedArrayDestroy"), KeySpace::Mipmap);
         assert_eq!(space_of("cuMemFreeAsync_ptsz"), KeySpace::Pointer);

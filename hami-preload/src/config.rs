@@ -19,11 +19,9 @@ pub use hami_common::config::{
 /// (`hami_common::env`, the one reading of the environment).
 pub use hami_common::env::{EnvError as ConfigError, Reason};
 
-/// The process's environment as the contract reads it: a variable's value, lossily
-/// converted when it is not UTF-8 (then malformed, not unset: a limit fails closed).
-pub fn getenv(var: &str) -> Option<String> {
-    std::env::var_os(var).map(|v| v.to_string_lossy().into_owned())
-}
+/// The process's environment as the contract reads it (in `hami_common::env`, which the
+/// log reads too).
+pub use hami_common::env::getenv;
 
 /// [`ENV_DISABLE_CONTROL`] from `get`: whether control is off, and the error of a
 /// malformed value (then control stays on: the safe side, and what HAMi's device plugin,

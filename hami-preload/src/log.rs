@@ -6,7 +6,7 @@
 //! trace.
 
 use hami_common::config::{LogLevel, DEFAULT_LOG_LEVEL, ENV_LOG_LEVEL};
-use hami_common::env::read_log_level;
+use hami_common::env::{getenv, read_log_level};
 use std::fmt;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -71,7 +71,7 @@ fn current_level() -> u8 {
     if l != UNSET {
         return l;
     }
-    let v = crate::config::getenv(ENV_LOG_LEVEL);
+    let v = getenv(ENV_LOG_LEVEL);
     match check_level(v.as_deref()) {
         Ok(l) => {
             LEVEL.store(l, Ordering::Relaxed);

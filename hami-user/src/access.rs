@@ -28,8 +28,8 @@ impl Creds {
 }
 
 impl Creds {
-    /// The fields of a parsed `/proc/<pid>/status` (see [`crate::procinfo::parse_status`])
-    /// that [`Creds`] holds.
+    /// The fields of a parsed `/proc/<pid>/status` (`procinfo::parse_status`, which
+    /// `procinfo::parse_creds` calls with this) that [`Creds`] holds.
     pub fn from_status(status: &procfs::process::Status) -> Creds {
         Creds {
             fsuid: status.fuid,
@@ -39,11 +39,6 @@ impl Creds {
             cap_eff: status.capeff,
         }
     }
-}
-
-/// The [`Creds`] of `/proc/<pid>/status` text; `None` if it does not parse.
-pub fn parse_creds(status: &str) -> Option<Creds> {
-    crate::procinfo::parse_status(status).map(|s| Creds::from_status(&s))
 }
 
 /// Owner, group and permission bits of a file.
@@ -91,14 +86,6 @@ pub fn write_denied(file: &FileMeta, creds: &Creds) -> Option<String> {
 mod tests {
     use super::*;
 
-    /// A whole `/proc/<pid>/status` (procfs's parser wants every field the kernel writes).
-    const STATUS: &str = "Name:\tcudaprobe\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t42\n\
-        Pid:\t42\nPPid:\t1\nTracerPid:\t0\nUid:\t1000\t1001\t1002\t1003\n\
-        Gid:\t2000\t2001\t2002\t2003\nFDSize:\t64\nGroups:\t10 44 \nThreads:\t1\n\
-        SigQ:\t0/1000\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000000\n\
-        SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000000\n\
-        CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n";
-
     fn creds(uid: u32, gid: u32, groups: &[u32]) -> Creds {
         Creds {
             fsuid: uid,
@@ -106,23 +93,6 @@ mod tests {
             groups: groups.to_vec(),
             cap_eff: 0,
         }
-    }
-
-    #[test]
-    fn parses_the_filesystem_ids_groups_and_capabilities() {
-        let c = parse_creds(STATUS).unwrap();
-        assert_eq!(c, creds(1003, 2003, &[10, 44]));
-        assert!(!c.dac_override());
-        let root = STATUS
-            .replace("Groups:\t10 44 ", "Groups:\t")
-            .replace("CapEff:\t0000000000000000", "CapEff:\t000001ffffffffff");
-        let r = parse_creds(&root).unwrap();
-        assert!(r.groups.is_empty());
-        assert!(r.dac_override());
-        assert_eq!(parse_creds("Name:\tx\n"), None);
-        assert_eq!(parse_creds(&STATUS.replace("1003", "x")), None);
-        // procfs reads gids as i32 (see `procinfo::parse_status`).
-        assert_eq!(parse_creds(&STATUS.replace("10 44", "10 3000000000")), None);
     }
 
     #[test]

@@ -282,6 +282,11 @@ pub fn parse_status(status: &str) -> Option<procfs::process::Status> {
     procfs::process::Status::from_read(status.as_bytes()).ok()
 }
 
+/// The [`Creds`] of `/proc/<pid>/status` text; `None` if it does not parse.
+pub fn parse_creds(status: &str) -> Option<Creds> {
+    parse_status(status).map(|s| Creds::from_status(&s))
+}
+
 /// The last `NSpid` entry of a parsed `/proc/<pid>/status` (the pid in the innermost
 /// namespace).
 pub fn status_nspid(status: &procfs::process::Status) -> Option<u32> {
@@ -610,6 +615,19 @@ pub fn now_ticks(proc_root: &Path) -> Option<u64> {
     // SAFETY: sysconf has no preconditions.
     let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     Some((secs * if tck > 0 { tck as f64 } else { 100.0 }) as u64)
+}
+
+/// `/proc/<pid>/stat`, read at most once per agent tick (`cache` is cleared when a tick
+/// starts).
+pub fn tick_stat<'a>(
+    cache: &'a mut std::collections::HashMap<u32, Option<Stat>>,
+    root: &Path,
+    pid: u32,
+) -> Option<&'a Stat> {
+    cache
+        .entry(pid)
+        .or_insert_with(|| read_stat(root, pid).ok())
+        .as_ref()
 }
 
 #[cfg(test)]
@@ -1039,5 +1057,41 @@ pub(crate) mod tests {
         assert!(p.start_time > 0);
         assert!(!p.hooked);
         assert!(p.pidns.is_some());
+    }
+
+    /// A whole `/proc/<pid>/status` (procfs's parser wants every field the kernel writes).
+    const CREDS_STATUS: &str = "Name:\tcudaprobe\nUmask:\t0022\nState:\tS (sleeping)\nTgid:\t42\n\
+        Pid:\t42\nPPid:\t1\nTracerPid:\t0\nUid:\t1000\t1001\t1002\t1003\n\
+        Gid:\t2000\t2001\t2002\t2003\nFDSize:\t64\nGroups:\t10 44 \nThreads:\t1\n\
+        SigQ:\t0/1000\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000000\n\
+        SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\nSigCgt:\t0000000000000000\n\
+        CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n";
+
+    #[test]
+    fn parses_the_filesystem_ids_groups_and_capabilities() {
+        let c = parse_creds(CREDS_STATUS).unwrap();
+        assert_eq!(
+            c,
+            Creds {
+                fsuid: 1003,
+                fsgid: 2003,
+                groups: vec![10, 44],
+                cap_eff: 0
+            }
+        );
+        assert!(!c.dac_override());
+        let root = CREDS_STATUS
+            .replace("Groups:\t10 44 ", "Groups:\t")
+            .replace("CapEff:\t0000000000000000", "CapEff:\t000001ffffffffff");
+        let r = parse_creds(&root).unwrap();
+        assert!(r.groups.is_empty());
+        assert!(r.dac_override());
+        assert_eq!(parse_creds("Name:\tx\n"), None);
+        assert_eq!(parse_creds(&CREDS_STATUS.replace("1003", "x")), None);
+        // procfs reads gids as i32 (see `parse_status`).
+        assert_eq!(
+            parse_creds(&CREDS_STATUS.replace("10 44", "10 3000000000")),
+            None
+        );
     }
 }

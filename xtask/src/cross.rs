@@ -119,13 +119,13 @@ pub fn cross_tools_present(t: CrossTarget) -> bool {
 }
 
 /// `setup` step: the cross toolchain and qemu-user, from Debian's packages if missing
-/// (installed by `setup`'s one apt step, [`crate::setup::apt_install`]).
+/// (installed by the one apt step of `setup`, [`crate::util::apt_install`]).
 pub fn ensure_cross_tools() -> Result<()> {
     let t = CrossTarget::Aarch64;
     if cross_tools_present(t) {
         return Ok(());
     }
-    crate::setup::apt_install(
+    crate::util::apt_install(
         DEB_PACKAGES,
         "the aarch64 cross build and its tests under qemu-user",
     )?;

@@ -8,10 +8,12 @@
 //! * `dist`: release agent, preload, dashboards, rules, chart, systemd unit, Dockerfile.
 //! * `torture`: kill storms, stopped lock holders, races to the limit, bad inputs (figures).
 //! * `fuzz`: the cargo-fuzz targets of `fuzz/`, each for a bounded time.
+//! * `circles`: no two files of a crate import each other in a circle (`circles.rs`).
 
 mod bench;
 mod bench_exec;
 mod bundle;
+mod circles;
 mod cross;
 mod demo;
 mod dist;
@@ -42,7 +44,7 @@ enum Task {
     /// Setup + fmt + clippy + build everything + run every test + the short torture profile
     /// (root, for the eBPF tests).
     Test {
-        /// Skip `cargo clippy --workspace --all-targets -- -D warnings`.
+        /// Skip `cargo xtask circles` and `cargo clippy --workspace --all-targets -- -D warnings`.
         #[arg(long)]
         no_lint: bool,
         /// Instead: cross-build for this architecture and run its test subset under
@@ -85,6 +87,8 @@ enum Task {
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         seconds: u64,
     },
+    /// Fail on two (or more) files of a crate that import each other in a circle.
+    Circles,
 }
 
 fn main() {
@@ -115,6 +119,7 @@ fn run(task: Task) -> Result<()> {
         Task::Fuzz { seconds } => fuzz::fuzz(seconds).map(|_| ()),
         Task::GpuBundle => bundle::gpu_bundle(&util::project_root()).map(|_| ()),
         Task::Dist => dist::dist(&util::project_root()).map(|_| ()),
+        Task::Circles => circles::check(&util::project_root()),
     }
 }
 
@@ -177,6 +182,7 @@ mod tests {
             })
         ));
         assert!(matches!(parse(&["fuzz"]), Ok(Task::Fuzz { seconds: 60 })));
+        assert!(matches!(parse(&["circles"]), Ok(Task::Circles)));
         assert!(matches!(
             parse(&["fuzz", "--seconds", "5"]),
             Ok(Task::Fuzz { seconds: 5 })
@@ -214,6 +220,7 @@ mod tests {
             "dist",
             "torture",
             "fuzz",
+            "circles",
         ] {
             assert!(help.contains(t), "{t} missing from:\n{help}");
         }

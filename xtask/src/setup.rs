@@ -30,11 +30,13 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context, Result};
 use hami_test_harness::glibc;
+
+use crate::util::{apt_install, output_of, run_echo};
 
 /// The bpf-linker version the project builds.
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -135,48 +137,6 @@ fn clean_cmd(program: &str) -> Command {
         c.env_remove(var);
     }
     c
-}
-
-/// Run a command, echoing it; fail with its name if it cannot start or fails.
-fn run_echo(cmd: &mut Command, what: &str) -> Result<()> {
-    println!("setup:   $ {}", show(cmd));
-    let status = cmd.status().with_context(|| {
-        format!(
-            "cannot run `{}` ({what})",
-            cmd.get_program().to_string_lossy()
-        )
-    })?;
-    if !status.success() {
-        bail!("`{}` failed with {status} ({what})", show(cmd));
-    }
-    Ok(())
-}
-
-/// Run a command quietly and return its trimmed stdout if it succeeded.
-fn output_of(cmd: &mut Command) -> Option<String> {
-    let out = cmd
-        .stderr(Stdio::null())
-        .stdin(Stdio::null())
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-fn show(cmd: &Command) -> String {
-    let mut s = String::new();
-    for (k, v) in cmd.get_envs() {
-        if let Some(v) = v {
-            s.push_str(&format!("{}={} ", k.to_string_lossy(), v.to_string_lossy()));
-        }
-    }
-    s.push_str(&cmd.get_program().to_string_lossy());
-    for a in cmd.get_args() {
-        s.push(' ');
-        s.push_str(&a.to_string_lossy());
-    }
-    s
 }
 
 fn check_rustup() -> Result<()> {
@@ -340,33 +300,6 @@ fn ensure_gcc() -> Result<()> {
 fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-}
-
-/// `apt-get install` of `pkgs` (after one `apt-get update`), or a clear error off Debian: the
-/// one install step of every `setup` step that needs Debian packages (the cross toolchain's
-/// in `cross.rs` too).
-pub(crate) fn apt_install(pkgs: &[&str], why: &str) -> Result<()> {
-    if output_of(Command::new("apt-get").arg("--version")).is_none() {
-        bail!(
-            "{} missing and this is not a Debian/Ubuntu system (no apt-get): install them ({why})",
-            pkgs.join(", ")
-        );
-    }
-    println!(
-        "setup:   installing {} with apt-get ({why})",
-        pkgs.join(" ")
-    );
-    run_echo(
-        Command::new("apt-get").arg("update").arg("-q"),
-        "refreshing the apt package lists",
-    )?;
-    run_echo(
-        Command::new("apt-get")
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(pkgs),
-        why,
-    )
 }
 
 fn ensure_prometheus() -> Result<()> {

@@ -14,7 +14,8 @@ use crate::util::{cargo, project_root, run_checked};
 /// Options of `cargo xtask test`.
 #[derive(Debug, Default)]
 pub struct TestOptions {
-    /// Skip `cargo clippy --workspace --all-targets -- -D warnings` (run by default).
+    /// Skip `cargo xtask circles` and `cargo clippy --workspace --all-targets -- -D warnings`
+    /// (run by default).
     pub no_lint: bool,
     /// Extra arguments passed to `cargo test` (after `--workspace`).
     pub cargo_args: Vec<String>,
@@ -33,6 +34,9 @@ pub fn test(opts: &TestOptions) -> Result<()> {
     run_checked(cargo(&root).args(["build", "--workspace", "--all-targets"]))?;
 
     if !opts.no_lint {
+        step("no circle between the files of a crate (cargo xtask circles)");
+        crate::circles::check(&root)?;
+
         step("cargo clippy");
         run_checked(cargo(&root).args([
             "clippy",

@@ -1,8 +1,8 @@
-//! Small helpers shared by the tasks.
+//! Small helpers shared by the tasks (running commands, the one `apt-get install` step).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
@@ -41,4 +41,74 @@ pub fn run_checked(cmd: &mut Command) -> Result<()> {
         bail!("{shown} failed with {status}");
     }
     Ok(())
+}
+
+/// Run a command, echoing it; fail with its name if it cannot start or fails.
+pub fn run_echo(cmd: &mut Command, what: &str) -> Result<()> {
+    println!("setup:   $ {}", show(cmd));
+    let status = cmd.status().with_context(|| {
+        format!(
+            "cannot run `{}` ({what})",
+            cmd.get_program().to_string_lossy()
+        )
+    })?;
+    if !status.success() {
+        bail!("`{}` failed with {status} ({what})", show(cmd));
+    }
+    Ok(())
+}
+
+/// Run a command quietly and return its trimmed stdout if it succeeded.
+pub fn output_of(cmd: &mut Command) -> Option<String> {
+    let out = cmd
+        .stderr(Stdio::null())
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// A command line as a shell would show it (its set environment variables first).
+fn show(cmd: &Command) -> String {
+    let mut s = String::new();
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            s.push_str(&format!("{}={} ", k.to_string_lossy(), v.to_string_lossy()));
+        }
+    }
+    s.push_str(&cmd.get_program().to_string_lossy());
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+/// `apt-get install` of `pkgs` (after one `apt-get update`), or a clear error off Debian: the
+/// one install step of every `setup` step that needs Debian packages (the cross toolchain's
+/// in `cross.rs` too).
+pub fn apt_install(pkgs: &[&str], why: &str) -> Result<()> {
+    if output_of(Command::new("apt-get").arg("--version")).is_none() {
+        bail!(
+            "{} missing and this is not a Debian/Ubuntu system (no apt-get): install them ({why})",
+            pkgs.join(", ")
+        );
+    }
+    println!(
+        "setup:   installing {} with apt-get ({why})",
+        pkgs.join(" ")
+    );
+    run_echo(
+        Command::new("apt-get").arg("update").arg("-q"),
+        "refreshing the apt package lists",
+    )?;
+    run_echo(
+        Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(pkgs),
+        why,
+    )
 }

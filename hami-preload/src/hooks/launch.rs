@@ -1,6 +1,6 @@
-//! Hooks of the cooperative launches and graph launches. A cooperative launch is a launch of a
-//! module's function like `cuLaunchKernel`: it takes the same path
-//! ([`super::modules::launch`]: local memory admitted, the module's first launch admitted and
+//! Hooks of the launches: `cuLaunchKernel(Ex)`, the cooperative launches and the graph
+//! launches. A launch of a module's function (`cuLaunchKernel*`, a cooperative launch) takes
+//! one path ([`launch`]: local memory admitted, the module's first launch admitted and
 //! measured, the gate). A graph launch goes through the launch gate only (`gated`).
 //!
 //! Below the hooks: the launch gate's way in for every submission and synchronisation hook
@@ -18,6 +18,113 @@ use hami_common::region::{ComputeCells, Region};
 use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
+/// A launch of `func` (a `CUfunction` or a `CUkernel`) on `stream` (`ptsz`: of a
+/// per-thread-stream entry point): local memory the kernel needs beyond what the context
+/// holds is admitted first ([`super::limits::before_launch`]; refused: the launch does not
+/// happen); then the launch gate ([`crate::gate::enter`] / [`crate::gate::leave`]: one atomic
+/// load without a compute share; its waits happen before any measurement starts) around the
+/// first-launch measurement of each module's kernels
+/// ([`super::modules::launch_measured`]).
+pub(crate) fn launch(
+    what: &str,
+    func: CUfunction,
+    stream: CUstream,
+    ptsz: bool,
+    real: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if let Some(refused) = super::limits::before_launch(what, func) {
+        return refused;
+    }
+    let real = super::limits::after_launch(real);
+    let ticket = gate_enter(stream, ptsz);
+    let r = super::modules::launch_measured(what, func, real);
+    gate_leave(ticket, r)
+}
+
+/// The stream of a `cuLaunchKernelEx` configuration (null for a null configuration: the
+/// driver then refuses the launch itself).
+fn ex_stream(config: *const c_void) -> CUstream {
+    if config.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a non-null `CUlaunchConfig*` from the caller starts with this head.
+    unsafe { (*config.cast::<CUlaunchConfigHead>()).stream }
+}
+
+hook! {
+    /// Hook of `cuLaunchKernel`.
+    fn cuLaunchKernel(
+        func: CUfunction,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        shared: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult;
+    |f| {
+        // SAFETY: forwarded arguments (every call below).
+        let call = || unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
+        launch("cuLaunchKernel", func, stream, false, call)
+    }
+}
+
+hook! {
+    /// Hook of `cuLaunchKernel_ptsz`.
+    fn cuLaunchKernel_ptsz(
+        func: CUfunction,
+        gx: c_uint,
+        gy: c_uint,
+        gz: c_uint,
+        bx: c_uint,
+        by: c_uint,
+        bz: c_uint,
+        shared: c_uint,
+        stream: CUstream,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult;
+    |f| {
+        // SAFETY: forwarded arguments (every call below).
+        let call = || unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
+        launch("cuLaunchKernel_ptsz", func, stream, true, call)
+    }
+}
+
+hook! {
+    /// Hook of `cuLaunchKernelEx`.
+    fn cuLaunchKernelEx(
+        config: *const c_void,
+        func: CUfunction,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult;
+    |f| {
+        // SAFETY: forwarded arguments (every call below).
+        let call = || unsafe { f(config, func, params, extra) };
+        launch("cuLaunchKernelEx", func, ex_stream(config), false, call)
+    }
+}
+
+hook! {
+    /// Hook of `cuLaunchKernelEx_ptsz`.
+    fn cuLaunchKernelEx_ptsz(
+        config: *const c_void,
+        func: CUfunction,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void,
+    ) -> CUresult;
+    |f| {
+        // SAFETY: forwarded arguments (every call below).
+        let call = || unsafe { f(config, func, params, extra) };
+        launch("cuLaunchKernelEx_ptsz", func, ex_stream(config), true, call)
+    }
+}
+
 hook! {
     /// Hook of `cuLaunchCooperativeKernel`.
     fn cuLaunchCooperativeKernel(
@@ -34,7 +141,7 @@ hook! {
     ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
-        super::modules::launch("cuLaunchCooperativeKernel", func, stream, false, || unsafe {
+        launch("cuLaunchCooperativeKernel", func, stream, false, || unsafe {
             f(func, gx, gy, gz, bx, by, bz, shared, stream, params)
         })
     }
@@ -56,7 +163,7 @@ hook! {
     ) -> CUresult;
     |f| {
         // SAFETY: forwarded arguments.
-        super::modules::launch("cuLaunchCooperativeKernel_ptsz", func, stream, true, || unsafe {
+        launch("cuLaunchCooperativeKernel_ptsz", func, stream, true, || unsafe {
             f(func, gx, gy, gz, bx, by, bz, shared, stream, params)
         })
     }

@@ -1,5 +1,6 @@
-//! Hooks of modules and libraries (eager and lazy loading), function lookups and kernel
-//! launches: module memory is measured where it arrives and charged ([`crate::module_memory`]).
+//! Hooks of modules and libraries (eager and lazy loading) and function lookups, and the
+//! first-launch measurement the launch hooks (`launch.rs`) call: module memory is measured
+//! where it arrives and charged ([`crate::module_memory`]).
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
@@ -531,31 +532,14 @@ hook! {
     }
 }
 
-/// A launch of `func` (a `CUfunction` or a `CUkernel`) on `stream` (`ptsz`: of a
-/// per-thread-stream entry point): local memory the kernel needs beyond what the context
-/// holds is admitted first ([`super::limits::before_launch`]; refused: the launch does not
-/// happen); then the launch gate ([`crate::gate::enter`] / [`crate::gate::leave`]: one atomic
-/// load without a compute share; its waits happen before any measurement starts) around the
-/// first-launch measurement of each module's kernels ([`launch_measured`]).
-pub(crate) fn launch(
+/// A launch (`super::launch::launch`, the launch hooks' one path) without the local-memory
+/// check and the gate: the first launch of each module's kernels is measured; otherwise (the
+/// usual case) one atomic load and the call.
+pub(crate) fn launch_measured(
     what: &str,
     func: CUfunction,
-    stream: CUstream,
-    ptsz: bool,
     real: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    if let Some(refused) = super::limits::before_launch(what, func) {
-        return refused;
-    }
-    let real = super::limits::after_launch(real);
-    let ticket = super::launch::gate_enter(stream, ptsz);
-    let r = launch_measured(what, func, real);
-    super::launch::gate_leave(ticket, r)
-}
-
-/// [`launch`] without the local-memory check and the gate: the first launch of each module's
-/// kernels is measured; otherwise (the usual case) one atomic load and the call.
-fn launch_measured(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult) -> CUresult {
     let p = state::holdings();
     if !p.modules.any_unlaunched() {
         return real();
@@ -563,89 +547,5 @@ fn launch_measured(what: &str, func: CUfunction, real: impl FnOnce() -> CUresult
     match p.modules.owner_of(func as u64) {
         Some(owner) => first_use(what, owner, Stage::Launch, real),
         None => real(),
-    }
-}
-
-/// The stream of a `cuLaunchKernelEx` configuration (null for a null configuration: the
-/// driver then refuses the launch itself).
-fn ex_stream(config: *const c_void) -> CUstream {
-    if config.is_null() {
-        return std::ptr::null_mut();
-    }
-    // SAFETY: a non-null `CUlaunchConfig*` from the caller starts with this head.
-    unsafe { (*config.cast::<CUlaunchConfigHead>()).stream }
-}
-
-hook! {
-    /// Hook of `cuLaunchKernel`.
-    fn cuLaunchKernel(
-        func: CUfunction,
-        gx: c_uint,
-        gy: c_uint,
-        gz: c_uint,
-        bx: c_uint,
-        by: c_uint,
-        bz: c_uint,
-        shared: c_uint,
-        stream: CUstream,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    ) -> CUresult;
-    |f| {
-        // SAFETY: forwarded arguments (every call below).
-        let call = || unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-        launch("cuLaunchKernel", func, stream, false, call)
-    }
-}
-
-hook! {
-    /// Hook of `cuLaunchKernel_ptsz`.
-    fn cuLaunchKernel_ptsz(
-        func: CUfunction,
-        gx: c_uint,
-        gy: c_uint,
-        gz: c_uint,
-        bx: c_uint,
-        by: c_uint,
-        bz: c_uint,
-        shared: c_uint,
-        stream: CUstream,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    ) -> CUresult;
-    |f| {
-        // SAFETY: forwarded arguments (every call below).
-        let call = || unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-        launch("cuLaunchKernel_ptsz", func, stream, true, call)
-    }
-}
-
-hook! {
-    /// Hook of `cuLaunchKernelEx`.
-    fn cuLaunchKernelEx(
-        config: *const c_void,
-        func: CUfunction,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    ) -> CUresult;
-    |f| {
-        // SAFETY: forwarded arguments (every call below).
-        let call = || unsafe { f(config, func, params, extra) };
-        launch("cuLaunchKernelEx", func, ex_stream(config), false, call)
-    }
-}
-
-hook! {
-    /// Hook of `cuLaunchKernelEx_ptsz`.
-    fn cuLaunchKernelEx_ptsz(
-        config: *const c_void,
-        func: CUfunction,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    ) -> CUresult;
-    |f| {
-        // SAFETY: forwarded arguments (every call below).
-        let call = || unsafe { f(config, func, params, extra) };
-        launch("cuLaunchKernelEx_ptsz", func, ex_stream(config), true, call)
     }
 }

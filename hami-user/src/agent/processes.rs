@@ -3,8 +3,6 @@
 //! their start (running before the agent, or listed by NVML), and dropping processes that
 //! are gone.
 
-use std::collections::HashMap;
-
 use crate::probes::discovery::memo::Memo;
 use std::path::Path;
 
@@ -318,7 +316,10 @@ impl Agent {
             let e = &self.entries[&pid];
             let gone = match e.pidfd.as_ref().and_then(|p| p.exited()) {
                 Some(exited) => exited,
-                None => match (tick_stat(&mut self.tick_stats, &root, pid), &e.info) {
+                None => match (
+                    procinfo::tick_stat(&mut self.tick_stats, &root, pid),
+                    &e.info,
+                ) {
                     (Some(st), Some(info)) => st.is_dead() || st.start_time != info.start_time,
                     (Some(st), None) => st.is_dead(),
                     (None, _) => true,
@@ -377,16 +378,4 @@ impl Agent {
             }
         }
     }
-}
-
-/// `/proc/<pid>/stat`, read at most once per tick (`cache` is cleared when a tick starts).
-pub(super) fn tick_stat<'a>(
-    cache: &'a mut HashMap<u32, Option<procinfo::Stat>>,
-    root: &Path,
-    pid: u32,
-) -> Option<&'a procinfo::Stat> {
-    cache
-        .entry(pid)
-        .or_insert_with(|| procinfo::read_stat(root, pid).ok())
-        .as_ref()
 }

@@ -16,7 +16,6 @@ use crate::identity::Identity;
 use crate::procinfo;
 use crate::tenantfs;
 
-use super::processes::tick_stat;
 use super::{Agent, ProcEntry, Reclaimed, RegionEntry, INPUT_DEADLINE};
 
 /// Owner, group and permission bits of a regular file.
@@ -234,7 +233,7 @@ impl Agent {
                     live.insert(s.index, SlotLiveness::Alive { host_pid: hp });
                     continue;
                 }
-                let l = match host_pid.map(|hp| (hp, tick_stat(stats, &root, hp))) {
+                let l = match host_pid.map(|hp| (hp, procinfo::tick_stat(stats, &root, hp))) {
                     None | Some((_, None)) => SlotLiveness::Dead,
                     Some((_, Some(st))) if st.is_dead() => SlotLiveness::Dead,
                     Some((hp, Some(st))) if s.start_time != 0 && st.start_time != s.start_time => {

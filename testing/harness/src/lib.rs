@@ -35,6 +35,7 @@ pub mod agent;
 pub mod artifacts;
 pub mod glibc;
 pub mod lines;
+pub mod locate;
 pub mod nvml;
 pub mod probe;
 pub mod process;

@@ -1,18 +1,18 @@
 //! Compiling C test programs: [`cc`] is the one compiler invocation; the harness's own
 //! programs (`testing/programs/*.c`), a crate's programs linked against the fake driver
-//! ([`Artifacts::compile_against_fake`]) and programs written by a test ([`compile_c`]) all go
-//! through it.
+//! ([`crate::Artifacts::compile_against_fake`]) and programs written by a test
+//! ([`compile_c`]) all go through it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::artifacts::{workspace_root, Artifacts};
+use crate::locate::{locate_target, workspace_root};
 
 /// The C compiler for the artifacts' target: `$CC_<triple>` (cc-rs's convention, the
 /// triple's `-` as `_`, e.g. `CC_aarch64_unknown_linux_gnu`) when the artifacts are built for
 /// a target triple, else `$CC`, else `gcc`.
 pub fn c_compiler() -> String {
-    let (_, _, _, triple) = crate::artifacts::locate_target();
+    let (_, _, _, triple) = locate_target();
     triple
         .and_then(|t| std::env::var(format!("CC_{}", t.replace('-', "_"))).ok())
         .or_else(|| std::env::var("CC").ok())
@@ -85,26 +85,4 @@ pub(crate) fn compile(name: &str, out_dir: &Path, extra: &[&str]) -> PathBuf {
     args.extend_from_slice(extra);
     cc(&src, &out, &args);
     out
-}
-
-impl Artifacts {
-    /// Compiles the C program `src` (one outside `testing/programs`, e.g. a crate's own test
-    /// program) into [`Artifacts::programs_dir`] under `name`, linked against the fake driver
-    /// like `cudaprobe` (`-O2 -Wall -L<fake_lib_dir> -lcuda -ldl -lpthread`), and returns its
-    /// path.
-    pub fn compile_against_fake(&self, src: &Path, name: &str) -> PathBuf {
-        self.compile_against_fake_with(src, name, &[])
-    }
-
-    /// [`Artifacts::compile_against_fake`] with `extra` compiler arguments before the
-    /// libraries (e.g. `-I<dir>` for a generated header).
-    pub fn compile_against_fake_with(&self, src: &Path, name: &str, extra: &[&str]) -> PathBuf {
-        let out = self.programs_dir.join(name);
-        let libdir = format!("-L{}", self.fake_lib_dir.display());
-        let mut args = vec!["-O2", "-Wall"];
-        args.extend_from_slice(extra);
-        args.extend([libdir.as_str(), "-lcuda", "-ldl", "-lpthread"]);
-        cc(src, &out, &args);
-        out
-    }
 }
