@@ -595,24 +595,10 @@ pub const KNOWN: &[(&str, &[&str])] = &[
     ),
     (
         "hami-preload (src/lib.rs)",
-        &["src/gate.rs", "src/gate/real.rs"],
-    ),
-    (
-        "hami-preload (src/lib.rs)",
         &[
-            "src/hooks/alloc.rs",
-            "src/hooks/context.rs",
-            "src/hooks/graphs.rs",
-            "src/hooks/green.rs",
-            "src/hooks/launch.rs",
-            "src/hooks/limits.rs",
             "src/hooks/mod.rs",
-            "src/hooks/modules.rs",
-            "src/hooks/pools.rs",
             "src/hooks/procaddr.rs",
             "src/hooks/table.rs",
-            "src/hooks/views.rs",
-            "src/hooks/vmm.rs",
         ],
     ),
     (

@@ -1,7 +1,7 @@
 //! The launch gate's FFI side: the real driver's events and capture state
 //! ([`RealDriver`], the gate's [`Driver`]) and `CLOCK_MONOTONIC` ([`RealClock`]).
 
-use super::{Clock, Driver, Query};
+use super::driver::{Clock, Driver, Query};
 use crate::cuda::*;
 use crate::symbols::{self, Cu};
 use std::ffi::{c_int, c_uint};

@@ -4,7 +4,7 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use super::{alloc_ptr, array_alloc, finish, release};
+use super::shared::{alloc_ptr, array_alloc, finish, release};
 use crate::accounting::{Allocated, KeySpace};
 use crate::cuda::*;
 use crate::measure::current_dev_ctx;

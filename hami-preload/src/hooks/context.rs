@@ -115,7 +115,7 @@ fn primary_release(f: FnDeviceOp, dev: CUdevice) -> CUresult {
             .primary_release(&l, &l.p.accounts, dev as usize, || unsafe { f(dev) });
     if r == CUDA_SUCCESS && before != 0 && l.p.contexts.primary_ctx(dev as usize) == 0 {
         // The last release destroyed the primary context.
-        super::context_gone(&l, before);
+        super::shared::context_gone(&l, before);
     }
     r
 }
@@ -133,7 +133,7 @@ fn primary_reset(f: FnDeviceOp, dev: CUdevice) -> CUresult {
         l.p.contexts
             .primary_reset(&l, &l.p.accounts, dev as usize, || unsafe { f(dev) });
     if r == CUDA_SUCCESS {
-        super::context_gone(&l, ctx);
+        super::shared::context_gone(&l, ctx);
     }
     r
 }
@@ -275,7 +275,7 @@ fn ctx_destroy(ctx: CUcontext, real: impl FnOnce() -> CUresult) -> CUresult {
     let l = ProcLedger::current();
     let r = l.p.contexts.destroy(&l, &l.p.accounts, ctx as usize, real);
     if r == CUDA_SUCCESS {
-        super::context_gone(&l, ctx as usize);
+        super::shared::context_gone(&l, ctx as usize);
     }
     r
 }

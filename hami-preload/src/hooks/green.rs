@@ -3,7 +3,7 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use super::report_denial;
+use super::shared::report_denial;
 use crate::cuda::*;
 use crate::measure::{current_dev_ctx, meter};
 use crate::policy::ContextCost;

@@ -4,7 +4,7 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use super::{backstop_poll, finish, report_denial};
+use super::shared::{backstop_poll, finish, report_denial};
 use crate::cuda::*;
 use crate::images::{self, EstimateError};
 use crate::measure::{current_dev_ctx, meter};

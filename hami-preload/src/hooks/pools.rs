@@ -5,34 +5,16 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use super::{alloc_ptr, backstop_poll, backstop_tick, finish, release};
+use super::shared::{alloc_ptr, backstop_poll, backstop_tick, finish, read_pool, release};
 use crate::accounting::KeySpace;
 use crate::cuda::*;
 use crate::measure::current_dev_ctx;
-use crate::pool_reservations::{PoolAlloc, PoolReading};
+use crate::pool_reservations::PoolAlloc;
 use crate::shim::{enter, hook};
 use crate::state::{self, ProcLedger};
 use crate::symbols::{self, Cu};
 use hami_common::layout::MAX_DEVICES;
 use std::ffi::{c_int, c_void};
-
-/// One `cuuint64_t` attribute of a pool (real `cuMemPoolGetAttribute`).
-fn pool_attr(pool: u64, attr: c_int) -> Option<u64> {
-    // SAFETY: documented type.
-    let get = unsafe { symbols::cu::<FnMemPoolAttribute>(Cu::cuMemPoolGetAttribute) }?;
-    let mut v: u64 = 0;
-    // SAFETY: a `cuuint64_t` attribute and a valid out pointer.
-    let r = unsafe { get(pool as CUmemoryPool, attr, (&mut v as *mut u64).cast()) };
-    (r == CUDA_SUCCESS).then_some(v)
-}
-
-/// Reserved and used bytes of `pool`, `None` if the driver cannot say (or the pool is gone).
-pub(crate) fn read_pool(pool: u64) -> Option<PoolReading> {
-    Some(PoolReading {
-        reserved: pool_attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
-        used: pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
-    })
-}
 
 /// Whether `stream` is being captured into a graph (`cuStreamIsCapturing`; the per-thread
 /// default stream for a `_ptsz` call on the NULL stream). Unknown counts as not capturing.

@@ -64,7 +64,7 @@ hook! {
         let Ok((dev, _)) = current_dev_ctx() else {
             return r;
         };
-        super::backstop_poll(Some(dev));
+        super::shared::backstop_poll(Some(dev));
         if let Some(q) = ordinal_quota(dev) {
             // SAFETY: non-null out pointers the driver just wrote.
             unsafe {

@@ -6,7 +6,7 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use super::release;
+use super::shared::release;
 use crate::accounting::KeySpace;
 use crate::cuda::*;
 use crate::shim::hook;
