@@ -7,6 +7,7 @@
 //! * [`array`]: the CUDA array footprint estimate shared by the preload and the probes.
 //! * [`event`]: the structs the eBPF programs send to user space.
 //! * [`intercept`]: the one list of functions the preload hooks and the agent probes.
+//! * [`procfs`]: the one reader of the `/proc/<pid>/stat` and `NSpid` fields both halves use.
 //! * [`uuid`]: the one GPU UUID formatter (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
 //! * `region` (feature `std`): opening, creating, locking and updating a region.
 //! * [`visible`]: `CUDA_VISIBLE_DEVICES` as the driver reads it, and which of the container's
@@ -20,6 +21,8 @@ pub mod array;
 pub mod config;
 pub mod event;
 pub mod intercept;
+#[cfg(not(target_arch = "bpf"))]
+pub mod procfs;
 // The BPF target has no 32-bit atomics, and the eBPF programs do not need the region layout.
 #[cfg(not(target_arch = "bpf"))]
 pub mod layout;

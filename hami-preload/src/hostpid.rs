@@ -65,15 +65,9 @@ pub fn in_host_pid_ns() -> bool {
 }
 
 /// The first `NSpid` entry of a `/proc/<pid>/status` text: the pid in the namespace of that
-/// `/proc` mount.
+/// `/proc` mount ([`hami_common::procfs::first_nspid`]).
 pub fn first_nspid(status: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
+    hami_common::procfs::first_nspid(status.as_bytes())
 }
 
 /// Rules 1 and 2 (no driver involved).

@@ -247,29 +247,45 @@ pub struct Stat {
 
 impl Stat {
     /// Whether the process is gone in all but name (a zombie with no live thread): its GPU
-    /// memory is already released.
+    /// memory is already released. The rule is the region's ([`hami_common::procfs`]).
     pub fn is_dead(&self) -> bool {
-        matches!(self.state, 'Z' | 'X') && self.num_threads <= 1
+        hami_common::procfs::StatFields {
+            state: u8::try_from(self.state).unwrap_or(b'?'),
+            num_threads: self.num_threads,
+            start_time: self.start_time,
+            comm: (0, 0),
+        }
+        .is_dead()
     }
 }
 
-/// Parse `/proc/<pid>/stat` with procfs's parser (the comm, the tenant's, may contain spaces
-/// and parentheses: it is taken up to the last `)`).
+/// Parse `/proc/<pid>/stat` with the project's one reader ([`hami_common::procfs`]; the
+/// comm, the tenant's, may contain spaces and parentheses: the fields are counted from the
+/// last `)`). A text that does not read `<pid> (<comm>) <fields>` as the kernel writes it (a
+/// fake tree may not) is refused.
 pub fn parse_stat(stat: &str) -> Option<Stat> {
-    // procfs slices around the parentheses unchecked: it would panic on a text that does not
-    // read `<pid> (<comm>) <fields>`, which the kernel always writes (a fake tree may not).
-    let t = stat.trim();
-    let (open, close) = (t.find('(')?, t.rfind(')')?);
-    let b = t.as_bytes();
-    if open == 0 || close < open || b[open - 1] != b' ' || b.get(close + 1) != Some(&b' ') {
+    parse_stat_bytes(stat.trim().as_bytes())
+}
+
+/// [`parse_stat`] of the bytes as read (a `comm` that is not UTF-8 is converted lossily).
+pub fn parse_stat_bytes(b: &[u8]) -> Option<Stat> {
+    let b = b.trim_ascii();
+    let open = b.iter().position(|&c| c == b'(')?;
+    let close = b.iter().rposition(|&c| c == b')')?;
+    if open == 0
+        || close < open
+        || b[open - 1] != b' '
+        || b.get(close + 1) != Some(&b' ')
+        || hami_common::procfs::parse_u64(&b[..open - 1]).is_none()
+    {
         return None;
     }
-    let s = procfs::process::Stat::from_read(b).ok()?;
+    let s = hami_common::procfs::parse_stat(b)?;
     Some(Stat {
-        comm: s.comm,
-        state: s.state,
-        num_threads: u64::try_from(s.num_threads).unwrap_or(0),
-        start_time: s.starttime,
+        comm: String::from_utf8_lossy(&b[s.comm.0..s.comm.1]).into_owned(),
+        state: char::from(s.state),
+        num_threads: s.num_threads,
+        start_time: s.start_time,
     })
 }
 
@@ -478,7 +494,7 @@ fn read_bytes(path: PathBuf) -> Result<Vec<u8>, ProcError> {
 /// process every discovery pass): one `read` into a stack buffer, since procfs hands the
 /// whole of a file this small (well under 1 KiB: 52 numbers and a 16-byte `comm`) to the
 /// first `read`. A file that fills the buffer is read again in full. The bytes go to
-/// procfs's parser ([`parse_stat`]).
+/// [`parse_stat_bytes`].
 pub fn read_stat(proc_root: &Path, pid: u32) -> Result<Stat, ProcError> {
     use std::io::Read;
     #[cfg(test)]
@@ -497,7 +513,7 @@ pub fn read_stat(proc_root: &Path, pid: u32) -> Result<Stat, ProcError> {
             source,
         })?;
     let parsed = if n < buf.len() {
-        parse_stat(&String::from_utf8_lossy(&buf[..n]))
+        parse_stat_bytes(&buf[..n])
     } else {
         parse_stat(&read_string(path.clone())?)
     };

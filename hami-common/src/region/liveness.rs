@@ -1,5 +1,6 @@
 //! Process identity and liveness: `ProcessId` (pid + start time) and `/proc/<pid>/stat`.
 
+use crate::procfs::{parse_stat, StatFields};
 use std::io;
 
 /// Identity of a process: pid plus start time, so that a reused pid is a different process.
@@ -75,7 +76,7 @@ impl LivenessProbe for ProcProbe {
             Ok(st) => {
                 // A zombie's resources (and its GPU memory) are gone. A zombie leader with live
                 // threads still runs: num_threads counts them.
-                if (st.state == b'Z' || st.state == b'X') && st.num_threads <= 1 {
+                if st.is_dead() {
                     Liveness::Dead
                 } else if who.start_time == 0 || st.start_time == who.start_time {
                     Liveness::Alive
@@ -102,12 +103,6 @@ impl LivenessProbe for ProcProbe {
 /// `false` only when it is certainly gone (no such pid, zombie, or pid reused).
 pub fn is_alive(who: &ProcessId) -> bool {
     ProcProbe.liveness(*who) != Liveness::Dead
-}
-
-pub(super) struct StatFields {
-    pub(super) state: u8,
-    pub(super) num_threads: u64,
-    pub(super) start_time: u64,
 }
 
 /// Writes `/proc/<pid>/stat\0` into `buf` (no allocation).
@@ -196,48 +191,6 @@ pub(super) fn read_stat(path: &[u8]) -> Result<StatFields, i32> {
     // SAFETY: fd is ours.
     unsafe { libc::close(fd) };
     parse_stat(&buf[..len]).ok_or(libc::EINVAL)
-}
-
-/// Parses the fields we need from a `/proc/<pid>/stat` line. `comm` (field 2) may contain
-/// spaces and parentheses, so fields are counted from the LAST `)`.
-pub(super) fn parse_stat(line: &[u8]) -> Option<StatFields> {
-    let close = line.iter().rposition(|&b| b == b')')?;
-    let rest = &line[close + 1..];
-    let mut fields = rest
-        .split(|b| b.is_ascii_whitespace())
-        .filter(|f| !f.is_empty());
-    // Field 3 is the first after ')'.
-    let state = *fields.next()?.first()?;
-    let mut num_threads = None;
-    let mut start_time = None;
-    for (i, f) in fields.enumerate() {
-        let field_no = i + 4;
-        if field_no == 20 {
-            num_threads = Some(parse_u64(f)?);
-        } else if field_no == 22 {
-            start_time = Some(parse_u64(f)?);
-            break;
-        }
-    }
-    Some(StatFields {
-        state,
-        num_threads: num_threads?,
-        start_time: start_time?,
-    })
-}
-
-pub(super) fn parse_u64(s: &[u8]) -> Option<u64> {
-    if s.is_empty() {
-        return None;
-    }
-    let mut v: u64 = 0;
-    for &b in s {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        v = v.checked_mul(10)?.checked_add((b - b'0') as u64)?;
-    }
-    Some(v)
 }
 
 pub(super) fn errno() -> i32 {

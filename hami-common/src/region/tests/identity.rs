@@ -1,6 +1,7 @@
 //! Process identity, liveness and snapshots.
 
 use super::*;
+use crate::procfs::parse_stat;
 
 #[test]
 fn parse_stat_handles_hostile_comm() {
