@@ -7,7 +7,14 @@
 //!   it takes `(new - current) x resident threads` at the set call; lowering it gives that back;
 //! * a launch of a kernel whose `CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES` exceeds the stack limit
 //!   raises the limit to it, taking the growth the same way (kept afterwards);
-//! * the heap and the printf FIFO take their size (at the next launch).
+//! * the heap takes its size (and a 2 MiB page) at the first launch of a kernel that calls
+//!   `malloc` (H100, driver 580: 1 GiB -> +1026 MiB; set and other launches take nothing);
+//! * the printf FIFO takes almost nothing: about 1/512 of its size in 2 MiB pages, on the
+//!   device but not in the process's figure, at the first launch of a kernel that calls
+//!   `printf` (H100, driver 580: a 1 GiB FIFO +2 MiB, 2 GiB +4 MiB, 64 MiB and the default
+//!   8.25 MiB nothing); the driver caps it at 2 GiB (a larger set succeeds and reads back
+//!   2 GiB). It is charged at [`fifo_bytes`], never at its size, which would refuse a
+//!   program the driver serves (`gpu/results/h100-limit-footprint-run1.txt`).
 //!
 //! So each growth is sized before the driver takes it and admitted first ([`Limits::set_limit`],
 //! [`Limits::before_launch`]); refused, the call fails with `CUDA_ERROR_OUT_OF_MEMORY` without
@@ -51,6 +58,29 @@ pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: i32 = 16;
 /// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR`.
 pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: i32 = 39;
 
+/// The printf FIFO's default size (`cuCtxGetLimit` of a fresh context, H100 and H200,
+/// driver 580): its footprint is part of the context's.
+pub const DEFAULT_PRINTF_FIFO: u64 = 8_650_752;
+/// The driver's device memory per byte of printf FIFO beyond the default: 1/512 (measured:
+/// 1 GiB -> 2 MiB, 2 GiB -> 4 MiB).
+pub const FIFO_DEVICE_RATIO: u64 = 512;
+/// The driver's page: device memory goes in 2 MiB steps.
+pub const DEVICE_PAGE: u64 = 2 << 20;
+
+/// The device memory a printf FIFO of `size` bytes takes beyond the default's: 1/512 of the
+/// growth, rounded up to a whole page (so never below what the driver was measured to take,
+/// and at most a page above).
+pub fn fifo_bytes(size: u64) -> u64 {
+    let grown = size.saturating_sub(DEFAULT_PRINTF_FIFO);
+    if grown == 0 {
+        return 0;
+    }
+    grown
+        .div_ceil(FIFO_DEVICE_RATIO)
+        .div_ceil(DEVICE_PAGE)
+        .saturating_mul(DEVICE_PAGE)
+}
+
 /// How a limit's memory is sized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sizing {
@@ -58,7 +88,7 @@ pub enum Sizing {
     PerThread,
     /// The limit is the bytes: malloc heap.
     Heap,
-    /// The limit is the bytes: printf FIFO.
+    /// The printf FIFO: a small part of its size ([`fifo_bytes`]).
     Fifo,
     /// Sized by nobody but the driver (device-runtime limits): measured around the call.
     Measured,
@@ -86,7 +116,8 @@ pub fn limit_change(sizing: Sizing, current: u64, new: u64, resident: u64) -> i1
     let d = i128::from(new) - i128::from(current);
     match sizing {
         Sizing::PerThread => d.saturating_mul(i128::from(resident)),
-        Sizing::Heap | Sizing::Fifo => d,
+        Sizing::Heap => d,
+        Sizing::Fifo => i128::from(fifo_bytes(new)) - i128::from(fifo_bytes(current)),
         Sizing::Measured | Sizing::None => 0,
     }
 }
@@ -350,6 +381,19 @@ impl Limits {
         if r != CUDA_SUCCESS {
             ledger.uncharge(dev, UsageKind::Context, grow);
             return Err(LimitError::Driver(r));
+        }
+        // The driver may have set less than asked (it caps the printf FIFO at 2 GiB): what
+        // it reads back is what is held; the admitted excess goes back.
+        let mut grow = grow;
+        if grow > 0 {
+            if let Ok(actual) = drv.get_limit(limit) {
+                let real = limit_change(s, current, actual, resident).max(0);
+                let real = u64::try_from(real).unwrap_or(u64::MAX);
+                if real < grow {
+                    ledger.uncharge(dev, UsageKind::Context, grow - real);
+                    grow = real;
+                }
+            }
         }
         let Some(e) = self.entry(&mut g, drv, dev, ctx) else {
             // Cannot be recorded (the driver stopped answering): nothing stays charged.

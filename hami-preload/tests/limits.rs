@@ -2,7 +2,8 @@
 //! malloc heap and the stack, and launches of kernels needing more local memory than the
 //! context holds, against the fake driver that takes that memory as the H200 does
 //! (docs/fake-driver.md: stack x 132 SMs x 2048 threads at the set, a raised heap at the next
-//! launch, local memory grown at launch). Each test fails without the preload's admission:
+//! launch, local memory grown at launch) and the printf FIFO as the H100 does (1/512 of it,
+//! capped at 2 GiB; issue 31). Each test fails without the preload's admission:
 //! the raise or the launch went through and the driver's figure exceeded the quota.
 
 use hami_test_harness::{ProbeOutput, TestEnv};
@@ -86,6 +87,79 @@ fn a_heap_raise_within_the_quota_is_charged_at_the_set() {
     assert_eq!(p.last("launch").rc(), Some(0), "{}", p.dump());
     let a = p.find("alloc");
     assert_eq!((a[0].rc(), a[1].rc()), (Some(OOM), Some(0)), "{}", p.dump());
+}
+
+/// Issue 31: a printf FIFO takes about 1/512 of its size (H100, driver 580: 1 GiB +2 MiB,
+/// capped at 2 GiB), so a 1 GiB FIFO in a 1 GiB container holding 518 MiB is granted as
+/// natively; the preload used to charge its size and refuse it.
+#[test]
+fn a_1_gib_printf_fifo_is_granted_where_the_driver_serves_it() {
+    for via in ["direct", "dlsym", "procaddr"] {
+        let env = env("1G");
+        let mut ops = vec!["--via", via];
+        ops.extend_from_slice(&[
+            "init", "ctx", "alloc", "518M", "meminfo", "setlimit", "printf", "1G", "getlimit",
+            "printf", "meminfo", "modload", "0", "getfunc", "launch", "alloc", "500M",
+        ]);
+        let p = run_within(&env, 1024 * MB, &ops);
+        assert_eq!(p.last("setlimit").rc(), Some(0), "{via}: {}", p.dump());
+        assert_eq!(p.last("getlimit").num("value"), Some(1024 * MB), "{via}");
+        assert_eq!(
+            free_at(&p, 0) - free_at(&p, 1),
+            2 * MB,
+            "{via}: {}",
+            p.dump()
+        );
+        assert_eq!(p.last("launch").rc(), Some(0), "{via}: {}", p.dump());
+        assert_eq!(p.last("alloc").rc(), Some(0), "{via}: {}", p.dump());
+    }
+}
+
+/// The driver sets at most 2 GiB of FIFO (a larger request succeeds and reads back 2 GiB):
+/// charged for what it set (4 MiB), not for what was asked.
+#[test]
+fn a_printf_fifo_is_charged_for_what_the_driver_set() {
+    let env = env("1G");
+    let p = run_within(
+        &env,
+        1024 * MB,
+        &[
+            "init", "ctx", "alloc", "518M", "meminfo", "setlimit", "printf", "16G", "getlimit",
+            "printf", "meminfo", "modload", "0", "getfunc", "launch", "alloc", "500M",
+        ],
+    );
+    assert_eq!(p.last("setlimit").rc(), Some(0), "{}", p.dump());
+    assert_eq!(
+        p.last("getlimit").num("value"),
+        Some(2048 * MB),
+        "{}",
+        p.dump()
+    );
+    assert_eq!(free_at(&p, 0) - free_at(&p, 1), 4 * MB, "{}", p.dump());
+    assert_eq!(p.last("alloc").rc(), Some(0), "{}", p.dump());
+}
+
+/// A FIFO that really does not fit (4 MiB for 2 GiB, 3 MiB left) is refused before the
+/// driver sets it; the program goes on.
+#[test]
+fn a_printf_fifo_that_does_not_fit_is_refused() {
+    let env = env("1G");
+    let p = run_within(
+        &env,
+        1024 * MB,
+        &[
+            "init", "ctx", "alloc", "1021M", "setlimit", "printf", "2G", "getlimit", "printf",
+            "modload", "0", "getfunc", "launch",
+        ],
+    );
+    assert_eq!(p.last("setlimit").rc(), Some(OOM), "{}", p.dump());
+    assert_eq!(
+        p.last("getlimit").num("value"),
+        Some(8_650_752),
+        "{}",
+        p.dump()
+    );
+    assert_eq!(p.last("launch").rc(), Some(0), "{}", p.dump());
 }
 
 #[test]

@@ -43,7 +43,12 @@ impl LimitDriver for Model {
         }
         match self.limits.borrow_mut().get_mut(limit as usize) {
             Some(v) => {
-                *v = value;
+                // The driver caps the printf FIFO at 2 GiB (H100, driver 580).
+                *v = if limit == 1 {
+                    value.min(2048 * MB)
+                } else {
+                    value
+                };
                 CUDA_SUCCESS
             }
             None => CUDA_ERROR_UNSUPPORTED_LIMIT,
@@ -139,7 +144,7 @@ fn a_refused_driver_call_keeps_nothing_charged() {
 }
 
 #[test]
-fn heap_and_fifo_raises_are_charged_by_their_size() {
+fn heap_raises_are_charged_by_their_size_fifo_raises_by_the_driver_s_footprint() {
     let l = MemLedger::with_limit(0, 1024 * MB);
     let d = Model::new();
     let t = Limits::default();
@@ -153,17 +158,73 @@ fn heap_and_fifo_raises_are_charged_by_their_size() {
     ));
     assert_eq!(d.sets.get(), 0);
     t.set_limit(&l, &d, 0, CTX, 2, 264 * MB).unwrap();
+    // 100 MiB of FIFO beyond the default: 1/512 of it, one 2 MiB page.
     t.set_limit(&l, &d, 0, CTX, 1, 8_650_752 + 100 * MB)
         .unwrap();
-    assert_eq!(l.used(0, UsageKind::Context), 356 * MB);
+    assert_eq!(l.used(0, UsageKind::Context), 256 * MB + 2 * MB);
     t.set_limit(&l, &d, 0, CTX, 2, 8 * MB).unwrap();
-    assert_eq!(l.used(0, UsageKind::Context), 100 * MB);
+    assert_eq!(l.used(0, UsageKind::Context), 2 * MB);
     // Device-runtime and other limits pass through, uncharged.
     t.set_limit(&l, &d, 0, CTX, 4, 4096).unwrap();
-    assert_eq!(l.used(0, UsageKind::Context), 100 * MB);
+    assert_eq!(l.used(0, UsageKind::Context), 2 * MB);
     t.drop_context(&l, CTX);
     assert_eq!(l.total(0), 0);
     assert_eq!(t.charges(CTX), None);
+}
+
+#[test]
+fn the_fifo_footprint_follows_the_measured_driver() {
+    assert_eq!(fifo_bytes(0), 0);
+    assert_eq!(fifo_bytes(DEFAULT_PRINTF_FIFO), 0);
+    assert_eq!(fifo_bytes(64 * MB), 2 * MB, "rounded up to a page");
+    // H100, driver 580: a 1 GiB FIFO +2 MiB, a 2 GiB one +4 MiB.
+    assert_eq!(fifo_bytes(1024 * MB), 2 * MB);
+    assert_eq!(fifo_bytes(2048 * MB), 4 * MB);
+    assert_eq!(
+        fifo_bytes(u64::MAX),
+        (u64::MAX / 512).div_ceil(2 * MB) * 2 * MB
+    );
+}
+
+#[test]
+fn a_1_gib_fifo_fits_a_1_gib_container_that_holds_518_mib() {
+    let l = MemLedger::with_limit(0, 1024 * MB);
+    l.try_charge(0, UsageKind::Context, 518 * MB).unwrap();
+    let d = Model::new();
+    let t = Limits::default();
+    t.set_limit(&l, &d, 0, CTX, 1, 1024 * MB).unwrap();
+    assert_eq!(d.get_limit(1), Ok(1024 * MB));
+    assert_eq!(l.used(0, UsageKind::Context), 520 * MB);
+    // Asked 16 GiB, the driver sets 2 GiB: charged for what it set (4 MiB), not for 32.
+    t.set_limit(&l, &d, 0, CTX, 1, 16384 * MB).unwrap();
+    assert_eq!(d.get_limit(1), Ok(2048 * MB));
+    assert_eq!(l.used(0, UsageKind::Context), 522 * MB);
+    // Lowered to the default: all of it back.
+    t.set_limit(&l, &d, 0, CTX, 1, DEFAULT_PRINTF_FIFO).unwrap();
+    assert_eq!(l.used(0, UsageKind::Context), 518 * MB);
+}
+
+#[test]
+fn a_fifo_that_does_not_fit_is_refused_before_the_driver() {
+    let l = MemLedger::with_limit(0, 1024 * MB);
+    l.try_charge(0, UsageKind::Context, 1021 * MB).unwrap();
+    let d = Model::new();
+    let t = Limits::default();
+    // 2 GiB of FIFO takes 4 MiB: 3 MiB are left.
+    let e = t.set_limit(&l, &d, 0, CTX, 1, 2048 * MB).unwrap_err();
+    assert!(matches!(
+        e,
+        LimitError::Denied {
+            what: "printf FIFO",
+            bytes,
+            ..
+        } if bytes == 4 * MB
+    ));
+    assert_eq!(d.sets.get(), 0);
+    assert_eq!(d.get_limit(1), Ok(DEFAULT_PRINTF_FIFO));
+    // 1 GiB (2 MiB) still fits.
+    t.set_limit(&l, &d, 0, CTX, 1, 1024 * MB).unwrap();
+    assert_eq!(l.used(0, UsageKind::Context), 1023 * MB);
 }
 
 #[test]

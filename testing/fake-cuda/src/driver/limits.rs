@@ -8,8 +8,11 @@
 //!   the limit to it and takes the growth (kept afterwards);
 //! * the malloc heap and the printf FIFO take nothing at the set call: a raised size is put on
 //!   the device at the next launch, and once a launch happened they cannot be changed
-//!   (`CUDA_ERROR_INVALID_VALUE`). The FIFO behaving like the heap is an assumption (only
-//!   "nothing at the set call" was measured).
+//!   (`CUDA_ERROR_INVALID_VALUE`). The heap takes its size; the FIFO takes 1/512 of its
+//!   size in whole 2 MiB pages, rounded down ([`fifo_bytes`]), and is capped at
+//!   2 GiB (a larger set succeeds and reads back 2 GiB). Measured on the H100 (driver 580):
+//!   the real driver takes both at the first launch of a kernel that calls `malloc` /
+//!   `printf`; the fake, which has no such kernels, at the next launch of any.
 //!
 //! The defaults are what a fresh H200 context reports; the memory of the defaults is part of
 //! the context's overhead, so only what a limit holds beyond its default is charged.
@@ -81,6 +84,17 @@ impl Default for Limits {
     }
 }
 
+/// The largest printf FIFO the driver sets (H100, driver 580): a larger request reads back
+/// this.
+pub const MAX_PRINTF_FIFO: u64 = 2 << 30;
+
+/// Device memory a printf FIFO of `size` bytes holds: 1/512 of it in whole 2 MiB pages
+/// (measured: 1 GiB +2 MiB, 2 GiB +4 MiB, 64 MiB and the default nothing).
+pub fn fifo_bytes(size: u64) -> u64 {
+    let page = 2 << 20;
+    size / 512 / page * page
+}
+
 /// Device memory a stack limit of `stack` bytes per thread holds beyond the default's.
 pub fn stack_bytes(stack: u64) -> u64 {
     stack
@@ -93,7 +107,7 @@ impl Limits {
     fn held(&self) -> u64 {
         stack_bytes(self.stack)
             .saturating_add(self.heap_resident.saturating_sub(DEFAULT_HEAP))
-            .saturating_add(self.printf_resident.saturating_sub(DEFAULT_PRINTF_FIFO))
+            .saturating_add(fifo_bytes(self.printf_resident))
     }
 
     /// The value of `limit`, or the documented error for an unknown / unsupported one.
@@ -134,7 +148,7 @@ impl Inner {
                 if limit == LIMIT_MALLOC_HEAP_SIZE {
                     l.heap = value;
                 } else {
-                    l.printf_fifo = value;
+                    l.printf_fifo = value.min(MAX_PRINTF_FIFO);
                 }
             }
             _ => l.stored[(limit - 3) as usize] = value,
@@ -207,6 +221,16 @@ mod tests {
         assert_eq!(l.get(7), Err(CUDA_ERROR_UNSUPPORTED_LIMIT));
         assert_eq!(l.get(10), Err(CUDA_ERROR_INVALID_VALUE));
         assert_eq!(l.get(-1), Err(CUDA_ERROR_INVALID_VALUE));
+    }
+
+    #[test]
+    fn the_fifo_holds_a_512th_of_its_size_in_whole_pages() {
+        assert_eq!(fifo_bytes(DEFAULT_PRINTF_FIFO), 0);
+        assert_eq!(fifo_bytes(64 << 20), 0);
+        assert_eq!(fifo_bytes((1 << 30) - 1), 0);
+        assert_eq!(fifo_bytes(1 << 30), 2 << 20);
+        assert_eq!(fifo_bytes(MAX_PRINTF_FIFO), 4 << 20);
+        assert_eq!(fifo_bytes(4 << 30), 8 << 20);
     }
 
     #[test]
