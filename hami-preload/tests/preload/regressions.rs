@@ -1,10 +1,8 @@
 //! Regression tests: behaviours that broke or could easily break.
 
-mod support;
+use crate::support::*;
 use hami_test_harness::{cc, NvmlSnapshot, ProbeOutput, RunningProbe};
 use std::process::Command;
-use support::*;
-#[path = "regressions/fixtures.rs"]
 mod fixtures;
 use fixtures::*;
 
