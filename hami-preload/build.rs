@@ -140,7 +140,7 @@ INSERT BEFORE .text;
 /// spread over the 750 KiB of code cost four such faults in every exec. This places
 /// `.plt`, `at_exit` and the argv capture right after `.init` and before `.text` (whose first
 /// input is the C runtime's `crtbeginS.o`): one window. Only on x86_64 (where it is measured
-/// and checked by `tests/load.rs`); a pattern that stops matching (a renamed function)
+/// and checked by `tests/preload/load.rs`); a pattern that stops matching (a renamed function)
 /// leaves the default layout, which the test then reports.
 fn load_and_exit_code_together() {
     let var = |k: &str| std::env::var(k).unwrap_or_default();

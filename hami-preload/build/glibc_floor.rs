@@ -27,7 +27,7 @@
 //!
 //! `HAMI_ZIG` names the zig binary to use instead of `.tools/zig/ziglang/zig`;
 //! `HAMI_GLIBC_FLOOR=host` builds against the host's glibc instead (a warning says so; the
-//! library then needs what the host's glibc gives, `tests/load.rs` fails on it).
+//! library then needs what the host's glibc gives, `tests/preload/load.rs` fails on it).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

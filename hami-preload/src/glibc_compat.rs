@@ -224,7 +224,8 @@ impl Real {
 macro_rules! wrapped {
     ($($name:ident: fn($($arg:ident: $ty:ty),*) -> $ret:ty = $missing:expr;)*) => {
         /// The functions whose references the link sends here (`build.rs` passes
-        /// `--wrap=<name>` for each; `tests/load.rs` checks that the library imports none).
+        /// `--wrap=<name>` for each; `tests/preload/load.rs` checks that the library imports
+        /// none).
         pub const WRAPPED: &[&str] = &[$(stringify!($name)),*];
 
         mod reals {

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Runs cudaprobe / nvmlprobe against a REAL driver with the op lists the fake driver's tests
-# use (testing/harness/tests/fake_driver.rs), so the expectations can be compared with the
+# use (testing/harness/tests/fakes/fake_driver.rs), so the expectations can be compared with the
 # real behaviour. Usage on a GPU machine: sh testing/programs/real-driver-check.sh OUTDIR
 set -u
 out=${1:-/tmp/real-driver-check}

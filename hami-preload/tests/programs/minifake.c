@@ -1,5 +1,5 @@
 /* minifake: a second, deliberately different fake CUDA driver for hami-preload's regression
- * tests (tests/regressions.rs). Unlike testing/fake-cuda it
+ * tests (tests/preload/regressions.rs). Unlike testing/fake-cuda it
  *  - is linked WITHOUT -Bsymbolic, so its internal calls to its own exported functions go
  *    through the PLT (and so into the preload's hooks): cuDevicePrimaryCtxRetain calls
  *    cuCtxCreate_v2, cuDevicePrimaryCtxRelease_v2 calls cuCtxDestroy_v2, cuMemAllocPitch_v2

@@ -61,7 +61,7 @@ pub(super) type ProcAddrCase = (String, i32, u64, String, i32, i32);
 /// what the fake must answer where it exports less, and the `cudaprobe` arguments asking
 /// them all.
 pub(super) fn real_procaddr_cases() -> (Vec<String>, Vec<ProcAddrCase>) {
-    let table = include_str!("../../../fake-cuda/tests/data/real-procaddr-580.txt");
+    let table = include_str!("../../../../fake-cuda/tests/data/real-procaddr-580.txt");
     let (versions, legacy, absent) = (PROCADDR_VERSIONS, LEGACY_32BIT, ABSENT);
     let mut args: Vec<String> = Vec::new();
     let mut expect: Vec<ProcAddrCase> = Vec::new();

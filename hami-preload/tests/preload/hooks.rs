@@ -1,11 +1,9 @@
 //! Each hook, reached each of the three ways (direct linking, dlsym, cuGetProcAddress),
 //! enforces the quota and accounts in the shared region.
 
-mod support;
-use support::*;
+use crate::support::*;
 
 /// Checks of the tests' lists against the intercept table.
-#[path = "hooks/table.rs"]
 mod table;
 
 const VIAS: [&str; 3] = ["direct", "dlsym", "procaddr"];

@@ -89,8 +89,8 @@ pub fn hprobe_header() -> String {
     h.push_str(
         "/* hprobe_fns.h: hprobe's function tables, one entry per CUDA function the preload\n \
          * hooks (the rows of hami_common::intercept::INTERCEPTS with hooked: true), generated\n \
-         * by hami-preload/tests/support/header.rs each time the tests compile hprobe: do not\n \
-         * edit. */\n#ifndef HPROBE_FNS_H\n#define HPROBE_FNS_H\n\n",
+         * by hami-preload/tests/preload/support/header.rs each time the tests compile\n \
+         * hprobe: do not edit. */\n#ifndef HPROBE_FNS_H\n#define HPROBE_FNS_H\n\n",
     );
     h.push_str("/* A row's probe Shape (how `call` passes its arguments; NONE: not probed). */\nenum hp_shape {");
     for (i, s) in SHAPES.iter().enumerate() {

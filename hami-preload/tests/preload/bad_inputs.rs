@@ -7,10 +7,9 @@
 //! Null out-pointers of `cuMemAlloc`, `cuMemGetInfo` (one of two) and `cuDeviceTotalMem`, and
 //! unknown and double frees, are in `regressions.rs`.
 
-mod support;
+use crate::support::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use support::*;
 
 const VIAS: [&str; 3] = ["direct", "dlsym", "procaddr"];
 /// `SIZE_MAX` on this (64-bit) platform, as hprobe's size parser reads it.

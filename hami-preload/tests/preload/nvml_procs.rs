@@ -7,13 +7,12 @@
 //! `unshare --pid --fork --mount` with its own `/proc` (the fake NVML reports host pids,
 //! like the real driver, through `FAKE_CUDA_HOST_PROC`).
 
-mod support;
+use crate::support::*;
 use hami_test_harness::RunningProbe;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use support::*;
 
 /// `tests/programs/nvmlprocs.c`, compiled once per binary.
 fn nvmlprocs() -> &'static PathBuf {

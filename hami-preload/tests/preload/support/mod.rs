@@ -5,7 +5,6 @@
 //! its shape), compiled against the fake driver with its function tables generated from the
 //! intercept table ([`header`]), and [`Env`], a sandbox with the fake's memory fixed at 16 GiB
 //! per device.
-#![allow(dead_code, unused_imports)]
 
 use hami_common::region::Region;
 pub use hami_test_harness::{

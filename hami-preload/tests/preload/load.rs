@@ -3,8 +3,7 @@
 //! in, the symbols the loader must look up, and the code that runs at load
 //! (`docs/preload.md`, "At load"). The figures themselves: `cargo xtask bench exec`.
 
-mod support;
-
+use crate::support::Artifacts;
 use hami_test_harness::glibc;
 use hami_test_harness::programs::compile_c;
 use object::read::elf::{Dyn as _, ElfFile64};
@@ -12,7 +11,6 @@ use object::read::elf::{Dyn as _, ElfFile64};
 use object::ObjectSection;
 use object::{Object, ObjectSymbol, RelocationTarget};
 use std::process::Command;
-use support::Artifacts;
 
 fn library() -> Vec<u8> {
     let p = &Artifacts::get().preload_so;

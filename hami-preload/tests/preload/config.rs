@@ -1,7 +1,6 @@
 //! Configuration errors, region problems, and programs that never use CUDA.
 
-mod support;
-use support::*;
+use crate::support::*;
 
 #[test]
 fn malformed_limits_fail_closed_with_the_variable_named() {

@@ -148,7 +148,7 @@ fn every_allocating_row_has_a_hook_test() {
         assert!(
             tested.iter().any(|(n, _)| *n == row.name)
                 || TESTED_ELSEWHERE.iter().any(|(n, _)| *n == row.name),
-            "{} allocates but has no line in hook_tests! (hami-preload/tests/hooks.rs)",
+            "{} allocates but has no line in hook_tests! (hami-preload/tests/preload/hooks.rs)",
             row.name
         );
     }

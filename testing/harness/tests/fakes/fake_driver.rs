@@ -4,7 +4,6 @@
 
 use hami_test_harness::TestEnv;
 
-#[path = "fake_driver/fixtures.rs"]
 mod fixtures;
 use fixtures::*;
 

@@ -1,9 +1,8 @@
 //! Several processes on one region: races, crashes, fork, exit.
 
-mod support;
+use crate::support::*;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
-use support::*;
 
 fn wait_deadline(mut c: Child, secs: u64) -> Probe {
     let deadline = Instant::now() + Duration::from_secs(secs);

@@ -2,9 +2,8 @@
 //! the context current at the time of each call, across context switches, creations and
 //! destructions (cudaprobe, two fake devices).
 
-mod support;
+use crate::support::*;
 use hami_test_harness::ProbeOutput;
-use support::*;
 
 /// Runs the harness's cudaprobe with the preload; returns (its output for messages, rc of
 /// every op line).

@@ -1,13 +1,27 @@
-//! Regression tests: behaviours that broke or could easily break.
+//! Regressions: each test pins one bug that was fixed (or, among the first tests, a behaviour
+//! that could easily break), and its doc comment opens with what it guards: "Guards issue N"
+//! with the commit that fixed it, or, for the bugs found before issues were filed (on the
+//! H200, in review), the bug by name with its commit ("no issue filed").
+//!
+//! * issue 12 (bad inputs): zero-sized allocations while failing closed, `cuMemCreate` on a
+//!   device beyond the region; its closing note: a context destroyed while a free of its
+//!   object or an allocation in it is in flight;
+//! * issue 29: a container's GPUs known by UUID, processes narrowed with
+//!   `CUDA_VISIBLE_DEVICES` (limits, charges, the compute share per device);
+//! * issue 31: graph memory nodes and green contexts admitted and charged;
+//! * no issue filed: `dlsym(RTLD_NEXT)` through the preload, null out-pointers, unknown and
+//!   double frees, concurrent context creations charged twice (H200), nested hooks and a
+//!   driver without a soname (review), a malformed log level, context measurement without
+//!   NVML.
 
-mod support;
+use crate::support::*;
 use hami_test_harness::{cc, NvmlSnapshot, ProbeOutput, RunningProbe};
 use std::process::Command;
-use support::*;
-#[path = "regressions/fixtures.rs"]
 mod fixtures;
 use fixtures::*;
 
+/// Guards the bug of an exported `dlsym` that resolves `RTLD_NEXT` from the preload, not from
+/// its caller (no issue filed; since the first tests, f62ad76).
 /// Our exported `dlsym` must keep glibc's `RTLD_NEXT` semantics for other libraries: a shim
 /// preloaded after us that wraps `puts` with `dlsym(RTLD_NEXT, "puts")` must get libc's, not
 /// its own (which would recurse).
@@ -64,6 +78,10 @@ int main(void) {
     );
 }
 
+/// Guards the bug of a hook that writes through a null out-pointer (no issue filed; since the
+/// first tests, f62ad76): `cuMemAlloc`, `cuMemGetInfo` and `cuDeviceTotalMem` with a null
+/// output are the driver API's `CUDA_ERROR_INVALID_VALUE`, each of the three ways, and charge
+/// nothing.
 #[test]
 fn null_output_pointers_are_invalid_value_not_a_crash() {
     let env = Env::new()
@@ -77,6 +95,8 @@ fn null_output_pointers_are_invalid_value_not_a_crash() {
     }
 }
 
+/// Guards the bug of a free the driver refuses uncharging twice or changing its code (no issue
+/// filed; since the first tests, f62ad76).
 /// The driver's own code for unknown and double frees, learnt by running without the
 /// preload, must come back unchanged through it, and nothing may be uncharged twice.
 #[test]
@@ -122,6 +142,7 @@ fn unknown_and_double_frees_return_the_drivers_error() {
     }
 }
 
+/// Guards the H200's context double charge (no issue filed; 236dba2).
 /// Found on the H200: two processes sharing a region created their contexts at the same
 /// moment; context memory was the NVML device-level delta, so one of them was charged both
 /// contexts (1,097,990,144 bytes for 2 x 518 MiB) and both 2.5 GiB allocations in a 4 GiB
@@ -148,6 +169,8 @@ fn concurrent_context_creation_charges_each_process_its_own_context() {
     assert_eq!(env.region().used(0), 3 * 1300 * MB);
 }
 
+/// Guards the H200's context double charge, without NVML's per-process list (no issue filed;
+/// 236dba2).
 /// The fallback when NVML does not list our pid (a container's own pid namespace; simulated
 /// with `FAKE_NVML_HIDE_PROCESSES`): the device-level delta, taken under the region-wide
 /// context-creation lock, so concurrent creations still charge one context each. Another
@@ -177,6 +200,7 @@ fn concurrent_context_creation_without_per_process_nvml_is_serialized() {
     assert!(t.elapsed() >= std::time::Duration::from_millis(3 * 400 + 3000));
 }
 
+/// Guards the review's nested-hook deadlock and double charge (no issue filed; cc1acda).
 /// A driver other than ours (`tests/programs/minifake.c`): linked without `-Bsymbolic`, so
 /// its internal calls to its own exported functions land in our hooks (primary retain calls
 /// `cuCtxCreate_v2`, primary release calls `cuCtxDestroy_v2`, pitch calls `cuMemAlloc_v2`);
@@ -192,6 +216,7 @@ fn other_driver_nested_calls_pass_through_once() {
     other_driver(true);
 }
 
+/// Guards the review's driver without a soname never found (no issue filed; 0133e8d).
 /// Found in review: a driver loaded under another name than `libcuda.so.1` (here a
 /// `libcuda.so` without a soname, linked with `-lcuda`) was never found: every hook returned
 /// `CUDA_ERROR_NOT_FOUND`. The object defining `cuInit` in the global scope is used now.
@@ -200,6 +225,7 @@ fn other_driver_without_soname_is_found() {
     other_driver(false);
 }
 
+/// Guards the review's silent malformed log level (no issue filed; 006d49a).
 /// Found in review: a malformed `LIBCUDA_LOG_LEVEL` silently meant the default. It now says
 /// so (once, as a warning, at the first CUDA call), in the usual one-line prefixed format.
 #[test]
@@ -228,6 +254,8 @@ fn malformed_log_level_is_reported_once_and_defaults() {
     );
 }
 
+/// Guards the context measurement without NVML against serializing what it need not (no issue
+/// filed; 74f7433).
 /// With `HAMI_CONTEXT_OVERHEAD` set nothing is measured, so context creations take no
 /// region-wide lock: three processes creating contexts at once overlap.
 #[test]
@@ -266,6 +294,8 @@ fn configured_overhead_context_creations_are_not_serialized() {
     );
 }
 
+/// Guards the context measurement without NVML (no issue filed; 74f7433): before, no NVML
+/// meant no measurement.
 /// Without NVML, context memory is measured through the driver: the primary context (first
 /// context of the process: device used minus the region's usage) and a created context
 /// (free before through the primary context minus free after) are each charged exactly the
@@ -324,6 +354,8 @@ fn without_nvml_contexts_are_measured_through_the_driver() {
     assert_eq!(err.matches(DRIVER_DELTA).count(), 1, "{}", p.dump());
 }
 
+/// Guards the context measurement without NVML under concurrent creations (no issue filed;
+/// 74f7433).
 /// Without NVML, three processes creating their first contexts at once are serialized by
 /// the region-wide lock, so each is charged exactly its own context.
 #[test]
@@ -349,9 +381,9 @@ fn without_nvml_concurrent_context_creations_are_serialized_and_exact() {
     assert_eq!(charged, vec![300 * MB; 3]);
 }
 
-/// Issue 12 (bad inputs): a zero-sized `cuMemAlloc` / `cuMemAllocManaged` is
-/// `CUDA_ERROR_INVALID_VALUE` by the driver API's documentation, whatever the quota says.
-/// While allocations fail closed (a malformed limit) the preload answered it with
+/// Guards issue 12 (d272326): a zero-sized `cuMemAlloc` / `cuMemAllocManaged` is
+/// `CUDA_ERROR_INVALID_VALUE` by the driver API's documentation, whatever the quota says. While
+/// allocations fail closed (a malformed limit) the preload answered it with
 /// `CUDA_ERROR_OUT_OF_MEMORY`, as if the quota had refused a real request.
 #[test]
 fn zero_sized_allocations_are_invalid_value_even_while_failing_closed() {
@@ -363,7 +395,7 @@ fn zero_sized_allocations_are_invalid_value_even_while_failing_closed() {
     }
 }
 
-/// Issue 12 (bad inputs): `cuMemCreate` located on a device ordinal beyond the region's
+/// Guards issue 12 (d272326): `cuMemCreate` located on a device ordinal beyond the region's
 /// devices (`MAX_DEVICES`) was refused with `CUDA_ERROR_OUT_OF_MEMORY` before the driver was
 /// asked; a device that does not exist is the driver's `CUDA_ERROR_INVALID_DEVICE`.
 #[test]
@@ -403,25 +435,26 @@ fn mem_create_on_a_device_beyond_the_region_returns_the_drivers_code() {
     }
 }
 
-/// Noticed in the last closing note: a context destroyed while a release of one of its
-/// objects is in flight leaked that object's charge. The release had taken the object's entry
-/// out of the table before calling the driver, so the teardown's sweep of the context's
-/// objects did not see it; the driver, which had destroyed the object with its context, then
-/// refused the release, and the entry was put back, under a context that no longer exists:
-/// charged for ever. The fake driver holds each release for 400 ms before it looks at its
-/// argument (`FAKE_CUDA_RELEASE_DELAY_MS`) and the probe tears the context down (destroy,
-/// last primary release, primary reset) 200 ms in: the release fails, nothing may stay
-/// charged.
+/// Guards issue 12 (its closing note of 2026-12-01; 7ebca7e): a context destroyed while a
+/// release of one of its objects is in flight leaked that object's charge. The release had
+/// taken the object's entry out of the table before calling the driver, so the teardown's sweep
+/// of the context's objects did not see it; the driver, which had destroyed the object with its
+/// context, then refused the release, and the entry was put back, under a context that no
+/// longer exists: charged for ever. The fake driver holds each release for 400 ms before it
+/// looks at its argument (`FAKE_CUDA_RELEASE_DELAY_MS`) and the probe tears the context down
+/// (destroy, last primary release, primary reset) 200 ms in: the release fails, nothing may
+/// stay charged.
 #[test]
 fn a_context_destroyed_while_a_free_of_its_object_is_in_flight_leaks_nothing() {
     let bad = context_races("free", "FAKE_CUDA_RELEASE_DELAY_MS", false);
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-/// The mirror: a context destroyed while an allocation in it is in flight. The driver made
-/// the object, then (`FAKE_CUDA_ALLOC_DELAY_MS`) the context was torn down with it before the
-/// allocation returned; the preload recorded it afterwards, under the destroyed context, after
-/// the teardown's sweep: charged for ever.
+/// Guards issue 12 (its closing note of 2026-12-01; 7ebca7e), the mirror of the test above: a
+/// context destroyed while an allocation in it is in flight. The driver made the object, then
+/// (`FAKE_CUDA_ALLOC_DELAY_MS`) the context was torn down with it before the allocation
+/// returned; the preload recorded it afterwards, under the destroyed context, after the
+/// teardown's sweep: charged for ever.
 #[test]
 fn a_context_destroyed_while_an_allocation_in_it_is_in_flight_leaks_nothing() {
     let bad = context_races("alloc", "FAKE_CUDA_ALLOC_DELAY_MS", true);
@@ -430,10 +463,11 @@ fn a_context_destroyed_while_an_allocation_in_it_is_in_flight_leaks_nothing() {
 
 // ---- issue 31: graph memory nodes admitted before the driver maps them ----
 
-/// Issue 31: `cudaGraphAddMemAllocNode` of 1.5 GiB (not freed in the graph), instantiate,
-/// launch, in a 1 GiB container: every call succeeded and the driver held the 1.5 GiB (2056 MiB
-/// with the context on the H100). The launch, where the driver maps the graph's memory, is
-/// refused with `CUDA_ERROR_OUT_OF_MEMORY` before the driver is called; the program goes on.
+/// Guards issue 31 (92866cf): `cudaGraphAddMemAllocNode` of 1.5 GiB (not freed in the graph),
+/// instantiate, launch, in a 1 GiB container: every call succeeded and the driver held the 1.5
+/// GiB (2056 MiB with the context on the H100). The launch, where the driver maps the graph's
+/// memory, is refused with `CUDA_ERROR_OUT_OF_MEMORY` before the driver is called; the program
+/// goes on.
 #[test]
 fn graph_alloc_node_over_the_quota_is_refused_at_launch_issue_31() {
     for via in ["direct", "dlsym", "procaddr"] {
@@ -476,8 +510,8 @@ fn graph_alloc_node_over_the_quota_is_refused_at_launch_issue_31() {
     }
 }
 
-/// Issue 31: graph memory that fits is charged while the graph pool holds it (a second
-/// allocation that would take the container over is refused), and given back by
+/// Guards issue 31 (92866cf): graph memory that fits is charged while the graph pool holds it
+/// (a second allocation that would take the container over is refused), and given back by
 /// `cuMemFree` of the graph allocation + `cuDeviceGraphMemTrim`.
 #[test]
 fn graph_memory_is_charged_while_the_graph_pool_holds_it_issue_31() {
@@ -530,7 +564,7 @@ fn graph_memory_is_charged_while_the_graph_pool_holds_it_issue_31() {
     assert_eq!(allocs[2].rc(), Some(0), "{}", p.dump());
 }
 
-/// Issue 31: `cuGraphUpload` and `cuGraphInstantiateWithParams` with
+/// Guards issue 31 (92866cf): `cuGraphUpload` and `cuGraphInstantiateWithParams` with
 /// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` map the graph's memory too: refused over the quota, and
 /// a relaunch of a graph whose memory the pool already holds needs no more room.
 #[test]
@@ -601,10 +635,10 @@ fn graph_upload_over_the_quota_is_refused_issue_31() {
 
 // ---- issue 31: green contexts admitted and charged ----
 
-/// Issue 31: green contexts took about 5 MiB each on the H200 and were charged to no one.
-/// Each is now admitted before the driver creates it and charged what it measures (context
-/// memory), given back at `cuGreenCtxDestroy`; in a full container the creation is refused
-/// with `CUDA_ERROR_OUT_OF_MEMORY` and the driver stays within the quota.
+/// Guards issue 31 (9012a4a): green contexts took about 5 MiB each on the H200 and were charged
+/// to no one. Each is now admitted before the driver creates it and charged what it measures
+/// (context memory), given back at `cuGreenCtxDestroy`; in a full container the creation is
+/// refused with `CUDA_ERROR_OUT_OF_MEMORY` and the driver stays within the quota.
 #[test]
 fn green_contexts_are_admitted_and_charged_issue_31() {
     let env = graph_env();
@@ -666,9 +700,9 @@ fn green_contexts_are_admitted_and_charged_issue_31() {
 // process used its own ordinal: a narrowed process got another device's limit and charged
 // another device's usage, and overwrote the region's UUID list.
 
-/// Issue 29, first case: `CUDA_VISIBLE_DEVICES=1` sees the container's device 1 as its
-/// ordinal 0 and must get device 1's limit (1 GiB), not device 0's (256 MiB); its usage is
-/// the container's device 1's.
+/// Guards issue 29 (b6257a8), first case: `CUDA_VISIBLE_DEVICES=1` sees the container's device
+/// 1 as its ordinal 0 and must get device 1's limit (1 GiB), not device 0's (256 MiB); its
+/// usage is the container's device 1's.
 #[test]
 fn a_process_narrowed_to_the_second_gpu_gets_that_gpus_limit() {
     let e = two_gpus("256M", "1G");
@@ -698,7 +732,8 @@ fn a_process_narrowed_to_the_second_gpu_gets_that_gpus_limit() {
     assert!(p.finish().all_ok());
 }
 
-/// Issue 29, second case: `CUDA_VISIBLE_DEVICES=1,0` swaps the ordinals, not the limits.
+/// Guards issue 29 (b6257a8), second case: `CUDA_VISIBLE_DEVICES=1,0` swaps the ordinals, not
+/// the limits.
 #[test]
 fn a_reordered_device_list_keeps_each_gpus_own_limit() {
     let e = two_gpus("256M", "1G");
@@ -726,10 +761,10 @@ fn a_reordered_device_list_keeps_each_gpus_own_limit() {
     );
 }
 
-/// Issue 29, third case: process A (`CUDA_VISIBLE_DEVICES=1`) holds 768 MiB on the
-/// container's device 1; process B, which sees both, gets 900 MiB on the empty device 0 and
-/// is refused 300 MiB more on device 1. Also the UUIDs the region keeps, and the NVML views
-/// of a narrowed `nvidia-smi`-like reader (NVML lists every device).
+/// Guards issue 29 (b6257a8), third case: process A (`CUDA_VISIBLE_DEVICES=1`) holds 768 MiB on
+/// the container's device 1; process B, which sees both, gets 900 MiB on the empty device 0 and
+/// is refused 300 MiB more on device 1. Also the UUIDs the region keeps, and the NVML views of
+/// a narrowed `nvidia-smi`-like reader (NVML lists every device).
 #[test]
 fn a_narrowed_process_is_charged_to_its_own_gpu_for_every_process_of_the_container() {
     let e = two_gpus("1G", "1G");
@@ -779,9 +814,9 @@ fn a_narrowed_process_is_charged_to_its_own_gpu_for_every_process_of_the_contain
     assert!(b.finish().all_ok());
 }
 
-/// Issue 29: a process that sees one device beside one that sees all, in one region, with a
-/// different limit per device: each device keeps its limit for both, and each sees the
-/// other's usage of the device they share.
+/// Guards issue 29 (b6257a8): a process that sees one device beside one that sees all, in one
+/// region, with a different limit per device: each device keeps its limit for both, and each
+/// sees the other's usage of the device they share.
 #[test]
 fn one_gpu_and_all_gpus_processes_share_each_gpus_own_limit() {
     let e = two_gpus("256M", "1G");
@@ -819,10 +854,10 @@ fn one_gpu_and_all_gpus_processes_share_each_gpus_own_limit() {
     assert_eq!(totals(&a), vec![GB], "{}", a.dump());
 }
 
-/// Issue 29: the UUID form of `CUDA_VISIBLE_DEVICES`. Before any process recorded the
-/// container's devices the UUID names a device the region does not know: fail closed (with
-/// the log line), never device 0's quota; once a process that sees every device ran, the
-/// UUID is the container's device 1 with its own limit.
+/// Guards issue 29 (b6257a8): the UUID form of `CUDA_VISIBLE_DEVICES`. Before any process
+/// recorded the container's devices the UUID names a device the region does not know: fail
+/// closed (with the log line), never device 0's quota; once a process that sees every device
+/// ran, the UUID is the container's device 1 with its own limit.
 #[test]
 fn a_gpu_named_by_uuid_gets_its_own_limit_once_the_region_knows_it() {
     let e = two_gpus("256M", "1G");
@@ -851,8 +886,8 @@ fn a_gpu_named_by_uuid_gets_its_own_limit_once_the_region_knows_it() {
     assert_eq!(out.last("alloc").rc(), Some(0), "{}", out.dump());
 }
 
-/// Issue 29, multi-GPU work under a share: two processes of one container, one on the
-/// container's device 0 (sees all), one narrowed to device 1 (`CUDA_VISIBLE_DEVICES=1`),
+/// Guards issue 29 (3e2fb47): multi-GPU work under a share: two processes of one container, one
+/// on the container's device 0 (sees all), one narrowed to device 1 (`CUDA_VISIBLE_DEVICES=1`),
 /// `CUDA_DEVICE_SM_LIMIT=50`. The gate is per device: each gets half of its own device (before,
 /// the narrowed one drew on device 0's budget and both got a quarter), each device's record
 /// meters its own work, and neither run stalls (each ends its synchronisation in time).
