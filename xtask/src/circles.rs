@@ -581,15 +581,6 @@ pub fn workspace_circles(root: &Path) -> Result<Vec<Circle>> {
 /// takes in `hooks/limits.rs`) wait for the gate and limits work in those files.
 pub const KNOWN: &[(&str, &[&str])] = &[
     (
-        "hami-common (src/lib.rs)",
-        &[
-            "src/region/compute.rs",
-            "src/region/file.rs",
-            "src/region/mod.rs",
-            "src/region/snapshot.rs",
-        ],
-    ),
-    (
         "hami-image (src/lib.rs)",
         &["src/elf.rs", "src/fatbin.rs", "src/lib.rs"],
     ),
