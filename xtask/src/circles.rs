@@ -581,10 +581,6 @@ pub fn workspace_circles(root: &Path) -> Result<Vec<Circle>> {
 /// takes in `hooks/limits.rs`) wait for the gate and limits work in those files.
 pub const KNOWN: &[(&str, &[&str])] = &[
     (
-        "hami-image (src/lib.rs)",
-        &["src/elf.rs", "src/fatbin.rs", "src/lib.rs"],
-    ),
-    (
         "hami-preload (src/lib.rs)",
         &["src/gate.rs", "src/gate/real.rs"],
     ),
