@@ -603,28 +603,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "hami-user (src/lib.rs)",
-        &[
-            "src/findings/against_nvml.rs",
-            "src/findings/compute.rs",
-            "src/findings/mod.rs",
-            "src/findings/rules.rs",
-        ],
-    ),
-    (
-        "hami-user (src/lib.rs)",
-        &["src/metrics.rs", "src/metrics/hami_compat.rs"],
-    ),
-    (
-        "hami-user (src/lib.rs)",
-        &[
-            "src/probes/discovery/mapped.rs",
-            "src/probes/discovery/mod.rs",
-            "src/probes/handle.rs",
-            "src/probes/mod.rs",
-        ],
-    ),
-    (
         "testing/fake-cuda (src/lib.rs)",
         &[
             "src/contexts.rs",
