@@ -660,16 +660,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
             "src/torture/worker.rs",
         ],
     ),
-    (
-        "hami-user (src/lib.rs)",
-        &[
-            "src/agent/arbiter.rs",
-            "src/agent/compute.rs",
-            "src/agent/mod.rs",
-            "src/agent/regions.rs",
-            "src/agent/views.rs",
-        ],
-    ),
 ];
 
 /// The circles of the workspace at `root` that are not in [`KNOWN`], and the entries of

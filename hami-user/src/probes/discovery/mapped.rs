@@ -81,6 +81,13 @@ pub fn is_mapped_file(path: &Path, dev: &str, inode: u64) -> bool {
         .is_ok_and(|m| m.is_file() && m.ino() == inode && maps_dev(m.dev()) == dev)
 }
 
+/// `st_dev` as `/proc/<pid>/maps` writes it (`major:minor`, hex, at least two digits each).
+pub fn maps_dev(dev: u64) -> String {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    format!("{major:02x}:{minor:02x}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,11 +160,4 @@ mod tests {
         assert!(is_mapped_file(&p, &exe.dev, exe.inode), "{p:?} {exe:?}");
         assert!(!is_mapped_file(&p, &exe.dev, exe.inode + 1));
     }
-}
-
-/// `st_dev` as `/proc/<pid>/maps` writes it (`major:minor`, hex, at least two digits each).
-pub fn maps_dev(dev: u64) -> String {
-    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
-    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
-    format!("{major:02x}:{minor:02x}")
 }
