@@ -628,10 +628,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
         &["src/export_table.rs", "src/lib.rs", "src/utilization.rs"],
     ),
     (
-        "testing/fake-state (src/lib.rs)",
-        &["src/clock.rs", "src/lib.rs"],
-    ),
-    (
         "testing/harness (src/lib.rs)",
         &[
             "src/agent.rs",
