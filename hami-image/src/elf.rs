@@ -1,7 +1,7 @@
 //! ELF cubins (64-bit little-endian): the section table and what its allocated sections take,
 //! read with the `object` crate.
 
-use crate::{Extent, ImageError, Statics, MAX_IMAGE};
+use crate::types::{Extent, ImageError, Statics, MAX_IMAGE};
 use object::elf::{FileHeader64, SectionHeader64, SHF_ALLOC, SHT_NOBITS};
 use object::read::elf::{FileHeader, SectionHeader};
 use object::LittleEndian as LE;

@@ -1,6 +1,8 @@
 //! Fatbins: header, entries, the entry for a device, decompression.
 
-use crate::{elf_statics, u16_at, u32_at, u64_at, ImageError, Statics, FATBIN_MAGIC, MAX_ENTRY};
+use crate::bytes::{u16_at, u32_at, u64_at};
+use crate::elf::elf_statics;
+use crate::types::{ImageError, Statics, FATBIN_MAGIC, MAX_ENTRY};
 use std::borrow::Cow;
 
 const HEADER: usize = 16;

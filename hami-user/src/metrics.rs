@@ -11,6 +11,7 @@
 //! saw. The whole list, with types, units, labels and cardinality bounds, is in
 //! `docs/agent.md`.
 
+mod families;
 mod hami_compat;
 mod series;
 mod update;
@@ -26,6 +27,7 @@ use prometheus::{
 };
 
 use crate::findings::FindingKind;
+use families::{clamp, counter, gauge, gauge_vec};
 use hami_compat::HamiCompat;
 
 /// Default listen address of `/metrics`.
@@ -169,29 +171,6 @@ impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Metrics").field("opts", &self.opts).finish()
     }
-}
-
-fn gauge_vec(
-    r: &Registry,
-    name: &str,
-    help: &str,
-    labels: &[&str],
-) -> prometheus::Result<IntGaugeVec> {
-    let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
-    r.register(Box::new(g.clone()))?;
-    Ok(g)
-}
-
-fn gauge(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntGauge> {
-    let g = IntGauge::new(name, help)?;
-    r.register(Box::new(g.clone()))?;
-    Ok(g)
-}
-
-fn counter(r: &Registry, name: &str, help: &str) -> prometheus::Result<IntCounter> {
-    let c = IntCounter::new(name, help)?;
-    r.register(Box::new(c.clone()))?;
-    Ok(c)
 }
 
 /// Buckets of `hami_tick_duration_seconds` (seconds): a tick of an idle node takes about a
@@ -559,10 +538,6 @@ impl Metrics {
         v.dedup();
         v
     }
-}
-
-fn clamp(v: u64) -> i64 {
-    v.min(i64::MAX as u64) as i64
 }
 
 #[cfg(test)]

@@ -581,46 +581,11 @@ pub fn workspace_circles(root: &Path) -> Result<Vec<Circle>> {
 /// takes in `hooks/limits.rs`) wait for the gate and limits work in those files.
 pub const KNOWN: &[(&str, &[&str])] = &[
     (
-        "hami-common (src/lib.rs)",
-        &[
-            "src/region/compute.rs",
-            "src/region/file.rs",
-            "src/region/mod.rs",
-            "src/region/snapshot.rs",
-        ],
-    ),
-    (
-        "hami-image (src/lib.rs)",
-        &["src/elf.rs", "src/fatbin.rs", "src/lib.rs"],
-    ),
-    (
         "hami-preload (src/lib.rs)",
         &[
             "src/hooks/mod.rs",
             "src/hooks/procaddr.rs",
             "src/hooks/table.rs",
-        ],
-    ),
-    (
-        "hami-user (src/lib.rs)",
-        &[
-            "src/findings/against_nvml.rs",
-            "src/findings/compute.rs",
-            "src/findings/mod.rs",
-            "src/findings/rules.rs",
-        ],
-    ),
-    (
-        "hami-user (src/lib.rs)",
-        &["src/metrics.rs", "src/metrics/hami_compat.rs"],
-    ),
-    (
-        "hami-user (src/lib.rs)",
-        &[
-            "src/probes/discovery/mapped.rs",
-            "src/probes/discovery/mod.rs",
-            "src/probes/handle.rs",
-            "src/probes/mod.rs",
         ],
     ),
     (
@@ -649,10 +614,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
         &["src/export_table.rs", "src/lib.rs", "src/utilization.rs"],
     ),
     (
-        "testing/fake-state (src/lib.rs)",
-        &["src/clock.rs", "src/lib.rs"],
-    ),
-    (
         "testing/harness (src/lib.rs)",
         &[
             "src/agent.rs",
@@ -679,16 +640,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
             "src/torture/stops.rs",
             "src/torture/storm.rs",
             "src/torture/worker.rs",
-        ],
-    ),
-    (
-        "hami-user (src/lib.rs)",
-        &[
-            "src/agent/arbiter.rs",
-            "src/agent/compute.rs",
-            "src/agent/mod.rs",
-            "src/agent/regions.rs",
-            "src/agent/views.rs",
         ],
     ),
 ];

@@ -7,8 +7,9 @@
 use core::ptr::addr_of;
 use core::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
-use super::*;
-use crate::layout::COMPUTE_POLICY_DEFAULT;
+use super::handle::*;
+use super::types::*;
+use crate::layout::{COMPUTE_POLICY_DEFAULT, MAX_DEVICES};
 
 /// The launch gate's shared atomics of one device (references into the mapping, or into
 /// any other storage: unit tests build them from local atomics).

@@ -9,7 +9,9 @@ use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use super::*;
+use super::handle::*;
+use super::liveness::*;
+use super::types::*;
 use crate::layout::{self, RegionHeader, INIT_READY, MAGIC, MAX_DEVICES, REGION_SIZE, VERSION};
 
 /// Closes an fd and releases its flock on drop.

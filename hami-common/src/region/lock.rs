@@ -5,7 +5,9 @@ use core::sync::atomic::{fence, AtomicU32, Ordering};
 use std::io;
 use std::time::{Duration, Instant};
 
-use super::*;
+use super::handle::*;
+use super::liveness::*;
+use super::types::*;
 use crate::layout::{UsageKind, MAX_DEVICES, MAX_SLOTS, SLOT_ACTIVE, SLOT_FREE, USAGE_KINDS};
 
 /// Longest single `pthread_mutex_timedlock` wait: between slices, the waiter checks the

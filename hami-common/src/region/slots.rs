@@ -3,7 +3,9 @@
 use core::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::*;
+use super::handle::*;
+use super::liveness::*;
+use super::types::*;
 use crate::layout::{MAX_SLOTS, SLOT_ACTIVE};
 
 impl Region {

@@ -6,7 +6,9 @@ use std::io;
 use std::path::Path;
 
 use super::file::*;
-use super::*;
+use super::handle::*;
+use super::liveness::*;
+use super::types::*;
 use crate::layout::{
     self, DeviceCompute, RegionHeader, LIMIT_FLAG_INVALID, MAX_DEVICES, MAX_SLOTS, REGION_SIZE,
     SLOT_ACTIVE, USAGE_KINDS,
@@ -480,7 +482,10 @@ pub(super) fn parse_snapshot(buf: &[u8]) -> RegionSnapshot {
             r64(offset_of!(RegionHeader, context_footprint) + 8 * d)
         }),
         arbiter: ArbiterSnapshot {
-            task_priority: super::task_priority_of(r32(offset_of!(RegionHeader, task_priority))),
+            task_priority: super::compute::task_priority_of(r32(offset_of!(
+                RegionHeader,
+                task_priority
+            ))),
             at_ns: r64(offset_of!(RegionHeader, arbiter_at_ns)),
             grants: core::array::from_fn(|d| r32(offset_of!(RegionHeader, grants) + 4 * d)),
             turns: core::array::from_fn(|d| r32(offset_of!(RegionHeader, turns) + 4 * d)),

@@ -13,25 +13,13 @@ use hami_common::arbiter::{encode_grant, encode_turn, Decision, Observed, PERIOD
 use hami_common::region;
 
 use super::regions::monotonic_ns;
+use super::types::{Agent, INPUT_DEADLINE};
 use super::views::shown_devices;
-use super::{Agent, INPUT_DEADLINE};
 use crate::tenantfs;
 
 /// A region's key for the arbiter: its file id (device, inode), folded.
 pub(super) fn region_key(file_id: (u64, u64)) -> u64 {
     file_id.1 ^ file_id.0.rotate_left(48)
-}
-
-/// The arbiter's state in the agent.
-#[derive(Debug, Default)]
-pub(super) struct ArbiterState {
-    arbiter: hami_common::arbiter::Arbiter,
-    /// When it last decided (`CLOCK_MONOTONIC` ns).
-    at: Option<u64>,
-    /// The latest decision per (region key, device).
-    pub(super) latest: HashMap<(u64, usize), Decision>,
-    /// Grant words found changed by someone else, in total.
-    pub(super) tampered: u64,
 }
 
 impl Agent {

@@ -9,31 +9,12 @@ use hami_common::region::RegionSnapshot;
 
 use crate::compute::{container_share, ComputeView, ShareHistory};
 
+use super::types::Agent;
 use super::views::shown_devices;
-use super::Agent;
 
 /// Observations kept beyond the longest window (a sample late by up to this much still
 /// finds the previous ones).
 const KEEP_SLACK: Duration = Duration::from_secs(5);
-
-/// A region file (device, inode) and one of its devices.
-type RegionDevice = ((u64, u64), usize);
-
-/// The measured share over time (from the container's first busy sample: the idle time
-/// before its first kernel, context creation and loading, is not averaged in), and the
-/// busy processes (pid, SM %) at the latest sample.
-type Measured = (Option<ShareHistory>, Vec<(u32, u32)>);
-
-/// Per region file and region device: what was measured.
-#[derive(Debug, Default)]
-pub(super) struct ComputeRecord {
-    histories: HashMap<RegionDevice, Measured>,
-    /// When the latest NVML sample was observed: the windows end there.
-    at: Option<Instant>,
-    /// The same instant in ns of `CLOCK_MONOTONIC` (shown, so that others can measure the
-    /// same window).
-    at_ns: Option<u64>,
-}
 
 impl Agent {
     /// Observes the latest NVML sample's compute shares (called by

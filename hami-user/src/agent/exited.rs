@@ -9,7 +9,8 @@
 
 use crate::findings::{self, Finding, FindingKind};
 
-use super::{history::HISTORY_MAX, Agent, TickOutcome};
+use super::history::HISTORY_MAX;
+use super::types::{Agent, TickOutcome};
 
 /// The detail an exited process's finding gets, after the rule's own.
 pub(super) fn exited_note(comm: &str, pid: u32, peak: u64) -> String {

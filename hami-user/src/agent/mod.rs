@@ -11,219 +11,33 @@ mod exited;
 pub mod history;
 mod pidfds;
 mod processes;
+mod records;
 mod regions;
 #[cfg(test)]
 mod tests;
+mod types;
 mod views;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Instant;
 
 use tokio::runtime::Handle;
 
 use hami_common::event::{Event, EventKind};
-use hami_common::region::RegionSnapshot;
-use serde::Serialize;
 
-use crate::access::FileMeta;
-use crate::compute::ComputeOptions;
-use crate::findings::{self, Finding, FindingKey, SlotLiveness, Tolerance};
+use crate::findings::{self, Finding, FindingKey};
 use crate::identity::{self, Identity, Resolver};
-use crate::nvml::NvmlSnapshot;
-use crate::procinfo::{self, ProcInfo};
+use crate::procinfo;
 use crate::state::{Applied, Processes};
 
 pub use pidfds::raise_nofile_limit;
+use types::DROP_SCAN_PERIOD;
+pub use types::{
+    Agent, AgentOptions, Reclaimed, TickOutcome, EVENTS_LOST_NOTE, INPUT_DEADLINE,
+    PRELOAD_FILES_MAX,
+};
 pub use views::{real_devices, shown_devices, ProcessRow, RegionRow};
-
-/// How long one region read, one `/proc` read of a process or one reclaim may take before
-/// the agent gives up on it for this tick (it never blocks the rest).
-pub const INPUT_DEADLINE: Duration = Duration::from_secs(2);
-
-/// Options of the agent core.
-#[derive(Clone, Debug)]
-pub struct AgentOptions {
-    /// Where `/proc` is.
-    pub proc_root: PathBuf,
-    /// Tolerance between observed and accounted.
-    pub tolerance: Tolerance,
-    /// Tolerance between NVML's figures and the region's (or the limit).
-    pub nvml_tolerance: Tolerance,
-    /// How long a racy finding must persist before it is reported.
-    pub settle: Duration,
-    /// How long a finding against NVML must persist (and it must also hold in two NVML
-    /// samples): a context is in NVML before the preload has measured and charged it.
-    pub nvml_settle: Duration,
-    /// Release leaked slots through the region's protocol.
-    pub reclaim: bool,
-    /// Act as every GPU's arbiter of compute shares (`hami_common::arbiter`): decide what
-    /// each container may use and write it into its region (opened read-write for it).
-    pub arbiter: bool,
-    /// Regions to watch even if no live process names them (host paths; slot pids are taken
-    /// to be in the agent's own pid namespace).
-    pub regions: Vec<PathBuf>,
-    /// Where the kubelet's logs are (`/var/log`): names of pods and containers, see
-    /// [`crate::identity`].
-    pub log_root: PathBuf,
-    /// How compute shares are smoothed and judged.
-    pub compute: ComputeOptions,
-    /// Namespaces whose GPU processes run without the preload on purpose: reported as
-    /// `unhooked`, not `bypass` (`--allow-unhooked-namespace`).
-    pub allow_unhooked_namespaces: Vec<String>,
-}
-
-impl Default for AgentOptions {
-    fn default() -> Self {
-        AgentOptions {
-            proc_root: PathBuf::from("/proc"),
-            tolerance: Tolerance::default(),
-            nvml_tolerance: Tolerance::NVML_DEFAULT,
-            settle: Duration::from_millis(300),
-            nvml_settle: Duration::from_millis(1000),
-            reclaim: false,
-            arbiter: true,
-            regions: Vec::new(),
-            log_root: PathBuf::from(identity::DEFAULT_LOG_ROOT),
-            compute: ComputeOptions::default(),
-            allow_unhooked_namespaces: Vec::new(),
-        }
-    }
-}
-
-/// A process the agent knows (from events or from the baseline scan).
-#[derive(Debug)]
-struct ProcEntry {
-    info: Option<ProcInfo>,
-    region: Option<usize>,
-    region_error: Option<String>,
-    /// Namespace, pod and container names (resolved when the process is learned).
-    identity: Identity,
-    /// Its pidfd in the agent's [`pidfds::ExitWatch`]: while it is not readable the process
-    /// is alive, without a `/proc/<pid>/stat` read. `None`: polled through its stat.
-    pidfd: Option<pidfds::Pidfd>,
-}
-
-/// An open region: a descriptor opened safely (see [`tenantfs`]) and read with `pread`
-/// ([`region::read_snapshot`]), never mapped except for the short writes of a reclaim.
-struct RegionEntry {
-    fd: Arc<File>,
-    name: String,
-    host_path: PathBuf,
-    container: String,
-    /// Namespace, pod and container names of the region's container.
-    identity: Identity,
-    /// Named with `--region`: watched even when no process uses it.
-    explicit: bool,
-    pidns: Option<u64>,
-    file_id: (u64, u64),
-    snapshot: Option<RegionSnapshot>,
-    /// Why the last read failed (truncated, replaced, too slow): the region is then left out
-    /// of the evaluation and its processes are reported with this reason.
-    error: Option<String>,
-    /// Set while a read of this region is outstanding on a helper thread.
-    busy: Arc<AtomicBool>,
-    /// `CLOCK_MONOTONIC` just before the snapshot was read.
-    read_at_ns: u64,
-    liveness: BTreeMap<usize, SlotLiveness>,
-    /// Owner, group and mode, refreshed every tick (`fstat` of the opened file: this
-    /// region's own inode, whatever the path names now).
-    file: Option<FileMeta>,
-}
-
-/// A slot released by `--reclaim`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Reclaimed {
-    /// Region name.
-    pub region: String,
-    /// Container.
-    pub container: String,
-    /// Slot index.
-    pub slot: usize,
-    /// Pid the slot held (its namespace).
-    pub pid: u32,
-    /// Start time the slot held.
-    pub start_time: u64,
-    /// Bytes released.
-    pub bytes: u64,
-}
-
-/// What one [`Agent::tick`] produced.
-#[derive(Clone, Debug, Default)]
-pub struct TickOutcome {
-    /// Findings reported for the first time.
-    pub raised: Vec<Finding>,
-    /// Findings that stopped standing.
-    pub cleared: Vec<Finding>,
-    /// Slots reclaimed.
-    pub reclaimed: Vec<Reclaimed>,
-}
-
-/// The agent core. See the module docs.
-pub struct Agent {
-    opts: AgentOptions,
-    own_pidns: Option<u64>,
-    procs: Processes,
-    entries: HashMap<u32, ProcEntry>,
-    regions: Vec<RegionEntry>,
-    region_ids: HashMap<(u64, u64), usize>,
-    region_errors: BTreeMap<String, String>,
-    nvml: Option<NvmlSnapshot>,
-    /// NVML samples taken so far.
-    nvml_seq: u64,
-    /// Each open region (by index) as read right after the latest NVML sample.
-    nvml_regions: HashMap<usize, RegionSnapshot>,
-    /// Compute shares measured at the NVML samples.
-    compute: compute::ComputeRecord,
-    arbiter: arbiter::ArbiterState,
-    pending: HashMap<FindingKey, Instant>,
-    /// For findings that need NVML confirmation: the NVML sample they were first seen in.
-    pending_nvml: HashMap<FindingKey, u64>,
-    standing: BTreeMap<FindingKey, Finding>,
-    /// Findings reported since start, bounded (see [`history`]).
-    history: history::History,
-    reclaimed: Vec<Reclaimed>,
-    /// `/proc/<pid>/maps` identities of the probed libcuda files (any file name).
-    libcuda_ids: HashSet<(String, u64)>,
-    /// The agent's own start time (ticks since boot), to tell processes that started after it.
-    started_at: Option<u64>,
-    /// Names processes the way a cluster does.
-    resolver: Resolver,
-    /// Regions released since start because no process used them any more.
-    released_regions: u64,
-    /// Mapped files checked for the preload's marker, by `/proc/<pid>/maps` identity (the
-    /// least recently looked up forgotten beyond [`PRELOAD_FILES_MAX`]: read again).
-    preload_files: crate::probes::discovery::memo::Memo<(String, u64), bool>,
-    /// Ring-buffer drops counted so far ([`Agent::note_dropped`]).
-    dropped_seen: u64,
-    /// When drops were last noticed (ticks since boot): a process learned later that had
-    /// started before may have lost events too.
-    drops_noticed_at: Option<u64>,
-    /// Pids to mark as having lost events once they are tracked.
-    lost_pending: HashSet<u32>,
-    /// Drops were noticed since the last scan for processes the agent may not know at all
-    /// (every event of theirs lost); and when that scan last ran.
-    scan_after_drops: bool,
-    last_drop_scan: Option<Instant>,
-    /// `/proc/<pid>/stat` as read in the current tick (cleared at its start): the process
-    /// refresh and the slots' liveness read each pid once per tick.
-    tick_stats: HashMap<u32, Option<procinfo::Stat>>,
-    /// A process not seen before allocated without the preload since the last tick: a
-    /// bypass to report now rather than at the next periodic tick ([`Agent::wants_early_tick`]).
-    early_tick: bool,
-    /// The tracked processes' pidfds (see [`pidfds`]); `None` when `proc_root` is not this
-    /// kernel's `/proc` (its pids are not ours to open) or there is no tokio runtime.
-    exits: Option<pidfds::ExitWatch>,
-    /// Findings about processes that exited before a tick evaluated them (judged from what
-    /// the agent recorded while they lived: [`Agent::judge_exit`]), raised at the next tick.
-    exited: Vec<Finding>,
-    /// Processes that allocated and exited before the agent could read their `/proc` at
-    /// their first event: not classified (hooked or not unknown), counted and logged.
-    unclassified_exits: u64,
-}
 
 /// The exit watch, when `proc_root` is a procfs of the agent's own pid namespace (its pids
 /// are the ones `pidfd_open` takes; a fake tree's pids name nothing, or other processes) and
@@ -247,26 +61,6 @@ fn exit_watch_for(proc_root: &Path) -> Option<pidfds::ExitWatch> {
     }
 }
 
-/// `libvgpu.so*` files whose marker check the agent remembers at most.
-pub const PRELOAD_FILES_MAX: usize = 1024;
-
-/// Least time between two `/proc` scans for processes whose every event was dropped.
-const DROP_SCAN_PERIOD: Duration = Duration::from_secs(2);
-
-/// Why a process's observed figures are not its own events (shown in the report).
-pub const EVENTS_LOST_NOTE: &str = "events lost (probe ring buffer full): observed figures \
-     rebuilt from the region's accounting until the process holds no data (then its events \
-     count again)";
-
-impl std::fmt::Debug for Agent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Agent")
-            .field("processes", &self.procs.len())
-            .field("regions", &self.regions.len())
-            .finish()
-    }
-}
-
 impl Agent {
     /// A new agent; opens the explicitly named regions (errors are kept for the report).
     pub fn new(opts: AgentOptions) -> Agent {
@@ -286,8 +80,8 @@ impl Agent {
             nvml: None,
             nvml_seq: 0,
             nvml_regions: HashMap::new(),
-            compute: compute::ComputeRecord::default(),
-            arbiter: arbiter::ArbiterState::default(),
+            compute: records::ComputeRecord::default(),
+            arbiter: records::ArbiterState::default(),
             pending: HashMap::new(),
             pending_nvml: HashMap::new(),
             standing: BTreeMap::new(),

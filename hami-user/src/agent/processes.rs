@@ -13,7 +13,7 @@ use crate::state::Baseline;
 use crate::tenantfs;
 
 use super::regions::read_region;
-use super::{Agent, ProcEntry, INPUT_DEADLINE};
+use super::types::{Agent, ProcEntry, INPUT_DEADLINE};
 
 /// HAMi-core's library file name, which HAMi's device plugin mounts into containers.
 pub(super) const HAMI_CORE_NAME: &str = "libvgpu.so";

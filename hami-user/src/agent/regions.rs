@@ -16,7 +16,7 @@ use crate::identity::Identity;
 use crate::procinfo;
 use crate::tenantfs;
 
-use super::{Agent, ProcEntry, Reclaimed, RegionEntry, INPUT_DEADLINE};
+use super::types::{Agent, ProcEntry, Reclaimed, RegionEntry, INPUT_DEADLINE};
 
 /// Owner, group and permission bits of a regular file.
 pub(super) fn file_meta(md: &std::fs::Metadata) -> Option<FileMeta> {

@@ -12,7 +12,7 @@ use crate::identity::Identity;
 use crate::metrics::{FindingSeries, ProcessSample, RegionSeries};
 use crate::state::Baseline;
 
-use super::{Agent, RegionEntry, EVENTS_LOST_NOTE};
+use super::types::{Agent, RegionEntry, EVENTS_LOST_NOTE};
 
 /// A process whose events were lost: its observed data is the region's accounting for its
 /// slot (exact, and the preload's own), its event history no longer counts for the rules

@@ -1,7 +1,8 @@
 //! The physical check: what NVML says processes and regions hold on each GPU, against
 //! what the regions account and allow.
 
-use super::{human_bytes, reason, slot_in, Finding, FindingKind, ProcView, RegionView, Tolerance};
+use super::finding::{human_bytes, reason, Finding, FindingKind, Tolerance};
+use super::view::{slot_in, ProcView, RegionView};
 
 /// The physical check of one hooked process: on each device of its region, what NVML says
 /// it holds against what its slot accounts there (all kinds), both read at the NVML sample.

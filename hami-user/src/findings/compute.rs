@@ -2,7 +2,8 @@
 //! NVML measures it (its processes' SM utilisation, summed, averaged over the window)
 //! against the share its region holds it to.
 
-use super::{reason, Finding, FindingKind, RegionView};
+use super::finding::{reason, Finding, FindingKind};
+use super::view::RegionView;
 use crate::compute::ComputeOptions;
 
 /// `compute_over_limit` for each device of `r` whose mean share over the whole window is

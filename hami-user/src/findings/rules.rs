@@ -7,9 +7,9 @@ use hami_common::layout::MAX_DEVICES;
 use crate::access::write_denied;
 use crate::procinfo::EnvLimit;
 
-use super::{
-    human_bytes, human_or_unlimited, nvml_note, observed_on, reason, slot_data, slot_probe_ceiling,
-    Finding, FindingKind, ProcView, RegionView, SlotLiveness, Tolerance,
+use super::finding::{human_bytes, human_or_unlimited, reason, Finding, FindingKind, Tolerance};
+use super::view::{
+    nvml_note, observed_on, slot_data, slot_probe_ceiling, ProcView, RegionView, SlotLiveness,
 };
 
 /// Findings about one process against its region (the probes' figures, its environment).

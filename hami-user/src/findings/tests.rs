@@ -1,8 +1,11 @@
 //! Unit tests of the audit rules, and region/process builders other modules' tests use.
 #![allow(clippy::cloned_ref_to_slice_refs, clippy::field_reassign_with_default)]
 use super::*;
-use crate::procinfo::EnvLimit;
-use hami_common::layout::USAGE_KINDS;
+use crate::access::{Creds, FileMeta};
+use crate::compute::ComputeView;
+use crate::procinfo::{EnvLimit, EnvLimits};
+use hami_common::layout::{UsageKind, USAGE_KINDS};
+use hami_common::region::{RegionSnapshot, SlotSnapshot};
 
 const MIB: u64 = 1 << 20;
 

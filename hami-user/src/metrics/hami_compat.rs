@@ -19,7 +19,8 @@ use std::str::FromStr;
 
 use prometheus::{GaugeVec, IntGaugeVec, Opts, Registry};
 
-use super::{clamp, gauge_vec, GpuSeries, RegionSeries};
+use super::families::{clamp, gauge_vec};
+use super::series::{GpuSeries, RegionSeries};
 
 /// The constant label HAMi's monitor registers every family under, and its value.
 pub const ZONE: (&str, &str) = ("zone", "vGPU");

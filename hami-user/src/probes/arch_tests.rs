@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
-use super::EBPF_OBJECT;
+use super::attach::EBPF_OBJECT;
 
 /// `BPF_LDX | BPF_MEM | size` opcodes (bytes, half, word, double word).
 const LDX_MEM: [u8; 4] = [0x71, 0x69, 0x61, 0x79];

@@ -7,13 +7,20 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use aya::maps::{MapData, PerCpuArray};
+use hami_common::event::Event;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::stream::{read_counters, UserCounters};
-use super::{
-    discovery, Announce, AttachOutcome, AttachedLibrary, ProbeCounters, ProbeError, ProbeLinks,
-    Probes,
+use super::attach::{
+    Announce, AttachOutcome, AttachedLibrary, DiscoveryOptions, ProbeError, Probes,
 };
+use super::discovery;
+use super::stamp::FileStamp;
+use super::stream::{pump, second_handle, ProbeCounters};
+use super::stream::{read_counters, UserCounters};
+use super::teardown::ProbeLinks;
 
 /// What the handle and the discovery task share.
 pub(super) struct Shared {
@@ -251,33 +258,6 @@ impl ScanState {
     }
 }
 
-/// What identifies one version of a file: device, inode, size and modification time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct FileStamp {
-    id: (u64, u64),
-    len: u64,
-    mtime: (i64, i64),
-}
-
-impl FileStamp {
-    /// The stamp of the file `path` names now (symlinks followed); `None` if it cannot be
-    /// read.
-    pub(super) fn of(path: &Path) -> Option<FileStamp> {
-        std::fs::metadata(path).ok().map(|m| FileStamp::from(&m))
-    }
-}
-
-impl From<&std::fs::Metadata> for FileStamp {
-    fn from(m: &std::fs::Metadata) -> FileStamp {
-        use std::os::unix::fs::MetadataExt;
-        FileStamp {
-            id: (m.dev(), m.ino()),
-            len: m.len(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-        }
-    }
-}
-
 /// Handle on running probes (see [`Probes::spawn`]). Dropping it stops the event and
 /// discovery tasks and detaches every probe.
 pub struct ProbeHandle {
@@ -382,5 +362,77 @@ impl Drop for ProbeHandle {
         for t in &self.tasks {
             t.abort();
         }
+    }
+}
+
+impl Probes {
+    /// Start streaming: a tokio task reads the ring buffer into the returned channel, and
+    /// (unless `discovery.interval` is `None`) a task re-runs libcuda discovery periodically
+    /// and attaches new files. Must be called inside a tokio runtime (with the `net` driver
+    /// enabled, i.e. `enable_io`). Dropping the [`ProbeHandle`] stops both tasks and detaches
+    /// the probes.
+    pub fn spawn(
+        mut self,
+        discovery: DiscoveryOptions,
+    ) -> Result<(mpsc::Receiver<Event>, ProbeHandle), ProbeError> {
+        let ring = self
+            .ring
+            .take()
+            .ok_or_else(|| ProbeError::Missing("ring buffer (already taken)".into()))?;
+        // SAFETY: the ring buffer owns its fd, which stays open and unchanged until the
+        // AsyncFd (which owns the RingBuf) is dropped.
+        let afd = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|e| ProbeError::Runtime(e.into_parts().1))?;
+        let (tx, rx) = mpsc::channel(discovery.channel_capacity.max(1));
+        let user = Arc::new(UserCounters::default());
+        let counters = second_handle(&self.counters);
+        let shared = Arc::new(Shared {
+            extra: discovery.extra.clone(),
+            scan: Mutex::default(),
+            announce: self.announce.clone(),
+            attached: Mutex::new(self.attached()),
+            probes: Mutex::new(self),
+            user: user.clone(),
+            counters,
+        });
+        let mut tasks = vec![tokio::spawn(pump(afd, tx, user))];
+        for p in &discovery.extra {
+            match shared.lock().attach_libcuda(p) {
+                Ok(_) | Err(ProbeError::Closed) => {}
+                Err(e) => tracing::warn!(path = %p.display(), error = %e, "cannot attach libcuda"),
+            }
+        }
+        let handle_shared = shared.clone();
+        if let Some(interval) = discovery.interval {
+            let proc_root = discovery.proc_root.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(interval);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let sh = shared.clone();
+                    let root = proc_root.clone();
+                    match tokio::task::spawn_blocking(move || {
+                        sh.rescan(&root);
+                    })
+                    .await
+                    {
+                        Ok(()) => {}
+                        Err(e) => {
+                            tracing::error!(error = %e, "libcuda discovery task failed");
+                            return;
+                        }
+                    }
+                }
+            }));
+        }
+        Ok((
+            rx,
+            ProbeHandle {
+                shared: handle_shared,
+                tasks,
+                proc_root: discovery.proc_root,
+            },
+        ))
     }
 }

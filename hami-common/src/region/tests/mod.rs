@@ -5,13 +5,17 @@
 #![allow(clippy::manual_is_multiple_of)]
 
 use super::file::*;
+use super::handle::*;
 use super::*;
-use crate::layout::{Slot, LIMIT_FLAG_INVALID, MAX_SLOTS};
+use crate::layout::{Slot, UsageKind, LIMIT_FLAG_INVALID, MAX_DEVICES, MAX_SLOTS, REGION_SIZE};
 use core::mem::{offset_of, size_of};
+use core::sync::atomic::Ordering;
 use std::collections::HashSet;
+use std::io;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,8 @@
 #![allow(clippy::cloned_ref_to_slice_refs, clippy::field_reassign_with_default)]
 use super::regions::monotonic_ns;
 use super::*;
-use crate::findings::FindingKind;
+use crate::findings::{FindingKind, SlotLiveness};
+use crate::nvml::NvmlSnapshot;
 use crate::procinfo::tests::fake_proc;
 use crate::state::tests::ev;
 use hami_common::layout::{RegionHeader, UsageKind, MAX_DEVICES};
@@ -10,6 +11,8 @@ use hami_common::region::RegionConfig;
 use hami_common::region::{ProcessId, Region, SlotId};
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::time::Duration;
 
 mod compute;
 mod drops;

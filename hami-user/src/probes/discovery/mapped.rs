@@ -78,7 +78,14 @@ pub fn map_files_path(proc_root: &Path, pid: &str, range: &str) -> Option<PathBu
 pub fn is_mapped_file(path: &Path, dev: &str, inode: u64) -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path)
-        .is_ok_and(|m| m.is_file() && m.ino() == inode && super::super::maps_dev(m.dev()) == dev)
+        .is_ok_and(|m| m.is_file() && m.ino() == inode && maps_dev(m.dev()) == dev)
+}
+
+/// `st_dev` as `/proc/<pid>/maps` writes it (`major:minor`, hex, at least two digits each).
+pub fn maps_dev(dev: u64) -> String {
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    format!("{major:02x}:{minor:02x}")
 }
 
 #[cfg(test)]
