@@ -120,3 +120,43 @@ fn a_short_lived_hami_core_process_is_reported_at_its_exit() {
         )]
     );
 }
+
+/// A bypass raised while the process lived, which then frees, exits and is found gone by
+/// both its exit event and `/proc`, is raised once in all (the churn run counted about two
+/// raises per unhooked process).
+#[test]
+fn a_bypass_raised_while_alive_is_not_raised_again_after_its_exit() {
+    let w = World::new();
+    w.spawn(500, 7, false, "100m");
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 500, 2 * MIB, 0x9000, 0));
+    let mut raised = a.tick(Instant::now()).raised.len();
+    a.on_event(&ev(EventKind::MemFree, 500, 0, 0x9000, 0));
+    raised += a.tick(Instant::now()).raised.len();
+    a.on_event(&ev(EventKind::ProcessExit, 500, 0, 0, 0));
+    raised += a.tick(Instant::now()).raised.len();
+    w.kill(500);
+    for _ in 0..3 {
+        raised += a.tick(Instant::now()).raised.len();
+    }
+    assert_eq!(raised, 1);
+}
+
+/// The same when the process is found gone by `/proc` first and its last events (the free,
+/// the exit) are read after that.
+#[test]
+fn late_events_of_a_process_found_gone_raise_nothing_again() {
+    let w = World::new();
+    w.spawn(501, 7, false, "100m");
+    let mut a = w.agent(false);
+    a.on_event(&ev(EventKind::MemAlloc, 501, 2 * MIB, 0x9000, 0));
+    let mut raised = a.tick(Instant::now()).raised.len();
+    w.kill(501);
+    raised += a.tick(Instant::now()).raised.len();
+    a.on_event(&ev(EventKind::MemFree, 501, 0, 0x9000, 0));
+    a.on_event(&ev(EventKind::ProcessExit, 501, 0, 0, 0));
+    for _ in 0..3 {
+        raised += a.tick(Instant::now()).raised.len();
+    }
+    assert_eq!(raised, 1);
+}
