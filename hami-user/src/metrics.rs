@@ -151,6 +151,9 @@ pub struct Metrics {
     pub region_errors: IntGauge,
     /// `hami_slots_reclaimed_total`: leaked slots released with `--reclaim`.
     pub reclaimed: IntCounter,
+    /// `hami_processes_unclassified_total`: processes that allocated through libcuda and were
+    /// gone or exiting before the agent could read whether they map the preload.
+    pub unclassified: IntCounter,
     /// `hami_nvml_available`: 1 when NVML is loaded.
     pub nvml_available: IntGauge,
     /// `hami_nvml_errors_total`: NVML device queries that failed.
@@ -356,6 +359,11 @@ impl Metrics {
             "hami_slots_reclaimed_total",
             "Leaked region slots released by --reclaim",
         )?;
+        let unclassified = counter(
+            &r,
+            "hami_processes_unclassified_total",
+            "Processes that allocated through libcuda and exited before the agent could read whether they map hami-preload (neither bypass nor hooked can be said)",
+        )?;
         let nvml_available = gauge(&r, "hami_nvml_available", "1 when NVML is loaded")?;
         let nvml_errors = counter(
             &r,
@@ -442,6 +450,7 @@ impl Metrics {
             processes,
             regions,
             regions_released,
+            unclassified,
             region_errors,
             reclaimed,
             nvml_available,

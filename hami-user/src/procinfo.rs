@@ -37,6 +37,14 @@ pub enum ProcError {
         /// The file.
         path: PathBuf,
     },
+    /// The process is exiting: a zombie, or its memory map already released (`maps` empty
+    /// or unreadable while `stat` still reads). What it mapped (the preload or not) can no
+    /// longer be told, so it is not classified.
+    #[error("process {pid} is exiting: its memory map is gone")]
+    Exiting {
+        /// The host pid.
+        pid: u32,
+    },
 }
 
 /// One limit variable as the environment sets it.
@@ -541,17 +549,37 @@ pub fn read_maps(proc_root: &Path, pid: u32) -> Result<String, ProcError> {
     read_string(proc_root.join(pid.to_string()).join("maps"))
 }
 
-/// Gather everything about one host pid. Fails only if the process is gone (its `stat` is
-/// unreadable); other unreadable files leave their fields at defaults.
+/// Gather everything about one host pid. Fails if the process is gone (its `stat` is
+/// unreadable) or exiting ([`ProcError::Exiting`]: a zombie, or no memory map left, so that
+/// whether it maps the preload cannot be told; a process is never judged unhooked from an
+/// empty map); other unreadable files leave their fields at defaults.
 pub fn read_proc(proc_root: &Path, pid: u32) -> Result<ProcInfo, ProcError> {
+    let st = read_stat(proc_root, pid)?;
+    if st.is_dead() {
+        return Err(ProcError::Exiting { pid });
+    }
     let Stat {
         comm, start_time, ..
-    } = read_stat(proc_root, pid)?;
+    } = st;
     let dir = proc_root.join(pid.to_string());
     let cgroup = read_string(dir.join("cgroup"))
         .map(|c| parse_cgroup(&c))
         .unwrap_or_else(|_| "/".to_string());
-    let maps = read_maps(proc_root, pid).unwrap_or_default();
+    let maps = match read_maps(proc_root, pid) {
+        // An exiting process's map reads empty (its memory is released before it is a
+        // zombie); no user process with a libcuda event has an empty one.
+        Ok(m) if m.trim().is_empty() => return Err(ProcError::Exiting { pid }),
+        Ok(m) => m,
+        // Gone meanwhile, or unreadable (permissions: then everything reads as unhooked,
+        // loudly, as before, rather than silently unclassified).
+        Err(e) => match read_stat(proc_root, pid) {
+            Ok(st) if !st.is_dead() && st.start_time == start_time => {
+                tracing::debug!(pid, error = %e, "maps unreadable: classified from nothing");
+                String::new()
+            }
+            _ => return Err(ProcError::Exiting { pid }),
+        },
+    };
     let environ = read_bytes(dir.join("environ")).map(|raw| parse_environ(&raw));
     let visible_devices = environ.as_ref().ok().and_then(|e| {
         e.get(hami_common::visible::ENV_CUDA_VISIBLE_DEVICES)
@@ -741,7 +769,16 @@ pub(crate) mod tests {
         let tmp = tempfile::tempdir().unwrap();
         for (i, c) in CROSS_READING.iter().enumerate() {
             let pid = 1000 + i as u32;
-            fake_proc(tmp.path(), pid, 1, &[pid], 1, "0::/\n", &[], c.env);
+            fake_proc(
+                tmp.path(),
+                pid,
+                1,
+                &[pid],
+                1,
+                "0::/\n",
+                &["/usr/lib/libcuda.so.1"],
+                c.env,
+            );
             let p = read_proc(tmp.path(), pid).unwrap();
             let d = c.device as u32;
             let limit = match p.env_limits.for_device(d) {
@@ -1064,6 +1101,31 @@ pub(crate) mod tests {
             Err(ProcError::Read { .. })
         ));
         assert_eq!(list_pids(tmp.path()), vec![4242]);
+    }
+
+    /// A process caught exiting (its memory map released, or a zombie) is not classified:
+    /// the churn run found hooked short-lived processes reported as `bypass` because their
+    /// empty `maps` showed no preload.
+    #[test]
+    fn an_exiting_process_is_not_classified_from_its_empty_map() {
+        let tmp = tempfile::tempdir().unwrap();
+        fake_proc(tmp.path(), 4243, 5, &[4243], 1, "0::/\n", &[], &[]);
+        assert!(matches!(
+            read_proc(tmp.path(), 4243),
+            Err(ProcError::Exiting { pid: 4243 })
+        ));
+        let maps = ["/usr/lib/libhami_preload.so", "/usr/lib/libcuda.so.1"];
+        fake_proc(tmp.path(), 4244, 5, &[4244], 1, "0::/\n", &maps, &[]);
+        assert!(read_proc(tmp.path(), 4244).unwrap().hooked);
+        fs::write(
+            tmp.path().join("4244/stat"),
+            tests::stat_line(4244, "cudaprobe", 'Z', 1, 5),
+        )
+        .unwrap();
+        assert!(matches!(
+            read_proc(tmp.path(), 4244),
+            Err(ProcError::Exiting { pid: 4244 })
+        ));
     }
 
     #[test]

@@ -232,6 +232,10 @@ impl Running {
         m.set_hooks(self.agent.hook_counts());
         m.regions.set(self.agent.region_count() as i64);
         let released = self.agent.released_regions();
+        let unclassified = self.agent.unclassified_exits();
+        if unclassified > m.unclassified.get() {
+            m.unclassified.inc_by(unclassified - m.unclassified.get());
+        }
         if released > m.regions_released.get() {
             m.regions_released
                 .inc_by(released - m.regions_released.get());

@@ -52,7 +52,9 @@ impl Agent {
         let peak = p.peak_bytes;
         let Some(info) = e.info.as_ref() else {
             self.unclassified_exits += 1;
-            tracing::warn!(
+            // Counted (`hami_processes_unclassified_total`), not a line each: short-lived
+            // hooked processes (a script's CUDA call) end up here too.
+            tracing::debug!(
                 pid,
                 "a process allocated and exited before the agent could read its /proc: not \
                  classified (hooked or not unknown)"
