@@ -29,6 +29,13 @@ for kind in fifo heap; do
       "$w/pf" $kind $n 2>&1 | grep -v '^PRINTF'
   done
 done
+# A FIFO that does not fit: 503 MiB more in the 1 GiB container (518 + 503 = 1021 MiB held),
+# then 2 GiB of FIFO (4 MiB): refused; 1 GiB (2 MiB) granted.
+for n in 2048 1024; do
+  echo "=== preload 1 GiB, 1021 MiB held, fifo $n MiB"
+  WL_PREALLOC_MIB=503 LD_PRELOAD=$pre CUDA_DEVICE_MEMORY_LIMIT=1g \
+    CUDA_DEVICE_MEMORY_SHARED_CACHE=$w/full.$n "$w/pf" fifo $n 2>&1 | grep -v '^PRINTF'
+done
 # compute_spin waits for `go` on stdin after READY.
 launch() { printf 'go\n' | env "$@" WL_ROUNDS=5 "$w/spin" launch 2>&1 | grep -E '^RESULT'; }
 i=0

@@ -3,7 +3,8 @@
 // (cudaMemGetInfo) after the context, after cudaDeviceSetLimit(N), after a launch of a
 // kernel using neither, after the printf (heap: malloc) kernel is loaded without running,
 // after a launch of it that takes its printf (malloc) branch never, and after two launches
-// that do. Usage: ./printf_fifo fifo|heap MiB (0: the default size, no set call).
+// that do. Usage: [WL_PREALLOC_MIB=N] ./printf_fifo fifo|heap MiB (0: the default size, no
+// set call).
 // Build: nvcc -O2 -o printf_fifo printf_fifo.cu
 #include <cstdio>
 #include <cstdlib>
@@ -61,6 +62,12 @@ int main(int argc, char **argv) {
   step("ctx", cudaSuccess);
   cudaMalloc(&out, 4);
   step("alloc4", cudaSuccess);
+  // WL_PREALLOC_MIB: that much allocated first (a container nearly full).
+  const char *pre = getenv("WL_PREALLOC_MIB");
+  if (pre && atoi(pre) > 0) {
+    void *p = 0;
+    step("prealloc", cudaMalloc(&p, (size_t)atoi(pre) << 20));
+  }
   size_t got = 0;
   cudaDeviceGetLimit(&got, lim);
   printf("LIMIT before=%zu\n", got);
