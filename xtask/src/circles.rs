@@ -614,15 +614,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
         &["src/export_table.rs", "src/lib.rs", "src/utilization.rs"],
     ),
     (
-        "testing/harness (src/lib.rs)",
-        &[
-            "src/agent.rs",
-            "src/lib.rs",
-            "src/probe.rs",
-            "src/sandbox.rs",
-        ],
-    ),
-    (
         "xtask (src/main.rs)",
         &["src/demo/agent.rs", "src/demo/mod.rs", "src/demo/story.rs"],
     ),
