@@ -610,10 +610,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "testing/fake-nvml (src/lib.rs)",
-        &["src/export_table.rs", "src/lib.rs", "src/utilization.rs"],
-    ),
-    (
         "xtask (src/main.rs)",
         &["src/demo/agent.rs", "src/demo/mod.rs", "src/demo/story.rs"],
     ),
