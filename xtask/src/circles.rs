@@ -600,16 +600,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "testing/fake-cuda (src/lib.rs)",
-        &[
-            "src/driver/clock.rs",
-            "src/driver/graphs.rs",
-            "src/driver/green.rs",
-            "src/driver/limits.rs",
-            "src/driver/mod.rs",
-        ],
-    ),
-    (
         "xtask (src/main.rs)",
         &["src/demo/agent.rs", "src/demo/mod.rs", "src/demo/story.rs"],
     ),

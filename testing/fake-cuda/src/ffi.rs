@@ -22,6 +22,9 @@ pub type CUmemoryPool = *mut c_void;
 /// `CUmemGenericAllocationHandle`.
 pub type CUmemGenericAllocationHandle = u64;
 
+/// Result of the fake's operations: `Err` carries the CUresult.
+pub type R<T> = Result<T, CUresult>;
+
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
 pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;

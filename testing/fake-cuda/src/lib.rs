@@ -21,7 +21,7 @@ mod procaddr;
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use driver::{inited, R};
+use driver::inited;
 
 #[cfg(test)]
 mod clock_tests;

@@ -3,7 +3,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::driver::{alloc_delay, inited, release_delay, Inner, Kind, GRANULARITY, PITCH_ALIGN, R};
+use crate::driver::{alloc_delay, inited, release_delay, Inner, Kind, GRANULARITY, PITCH_ALIGN};
 use crate::ffi::*;
 use crate::streams::location_ordinal;
 use crate::{nonnull, put, run};
