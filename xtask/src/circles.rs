@@ -589,17 +589,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
         ],
     ),
     (
-        "testing/fake-cuda (src/lib.rs)",
-        &[
-            "src/contexts.rs",
-            "src/events.rs",
-            "src/lib.rs",
-            "src/memory.rs",
-            "src/objects.rs",
-            "src/streams.rs",
-        ],
-    ),
-    (
         "xtask (src/main.rs)",
         &["src/demo/agent.rs", "src/demo/mod.rs", "src/demo/story.rs"],
     ),

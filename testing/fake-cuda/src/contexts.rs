@@ -5,7 +5,6 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use crate::driver::inited;
 use crate::ffi::*;
-use crate::{nonnull, put, run};
 
 // ---------------------------------------------------------------------------------------------
 // Contexts

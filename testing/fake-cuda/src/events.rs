@@ -6,7 +6,6 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use crate::driver::clock::{submit, wait_until};
 use crate::driver::{graph_mem, inited};
 use crate::ffi::*;
-use crate::{nonnull, put, run};
 
 /// `CUgraph`, `CUgraphExec`, `CUevent`, `CUgraphNode`: opaque.
 type Handle = *mut c_void;

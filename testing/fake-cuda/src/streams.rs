@@ -6,7 +6,6 @@ use std::ffi::c_uint;
 use crate::driver::clock::wait_until;
 use crate::driver::{inited, Kind};
 use crate::ffi::*;
-use crate::{nonnull, put, run};
 
 // ---------------------------------------------------------------------------------------------
 // Stream-ordered allocation and pools

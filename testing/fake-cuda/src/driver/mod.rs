@@ -32,6 +32,10 @@ use crate::ffi::*;
 pub const GRANULARITY: u64 = 2 << 20;
 /// Pitch alignment of `cuMemAllocPitch` (bytes), as measured on the real driver.
 pub const PITCH_ALIGN: u64 = 512;
+/// The largest array dimension the fake device states
+/// (`CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH`, as on a compute capability 9.0 device):
+/// array descriptors with a larger dimension are rejected with `CUDA_ERROR_INVALID_VALUE`.
+pub const MAX_ARRAY_DIM: u64 = 131_072;
 /// Driver version the fake reports (`cuDriverGetVersion`), CUDA 13.0 like the H200 machine.
 pub const DEFAULT_DRIVER_VERSION: i32 = 13000;
 
