@@ -592,22 +592,6 @@ pub const KNOWN: &[(&str, &[&str])] = &[
         "xtask (src/main.rs)",
         &["src/demo/agent.rs", "src/demo/mod.rs", "src/demo/story.rs"],
     ),
-    (
-        "xtask (src/main.rs)",
-        &[
-            "src/torture/agent.rs",
-            "src/torture/bad_files.rs",
-            "src/torture/bad_inputs.rs",
-            "src/torture/churn.rs",
-            "src/torture/mod.rs",
-            "src/torture/race.rs",
-            "src/torture/scale.rs",
-            "src/torture/short.rs",
-            "src/torture/stops.rs",
-            "src/torture/storm.rs",
-            "src/torture/worker.rs",
-        ],
-    ),
 ];
 
 /// The circles of the workspace at `root` that are not in [`KNOWN`], and the entries of
