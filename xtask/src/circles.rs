@@ -579,20 +579,14 @@ pub fn workspace_circles(root: &Path) -> Result<Vec<Circle>> {
 /// fix is to move the shared items into a child of their own (or the parent's callers into
 /// the children). `hami-preload`'s `gate.rs` / `gate/real.rs` and the `hooks/` circle (which
 /// takes in `hooks/limits.rs`) wait for the gate and limits work in those files.
-pub const KNOWN: &[(&str, &[&str])] = &[
-    (
-        "hami-preload (src/lib.rs)",
-        &[
-            "src/hooks/mod.rs",
-            "src/hooks/procaddr.rs",
-            "src/hooks/table.rs",
-        ],
-    ),
-    (
-        "xtask (src/main.rs)",
-        &["src/demo/agent.rs", "src/demo/mod.rs", "src/demo/story.rs"],
-    ),
-];
+pub const KNOWN: &[(&str, &[&str])] = &[(
+    "hami-preload (src/lib.rs)",
+    &[
+        "src/hooks/mod.rs",
+        "src/hooks/procaddr.rs",
+        "src/hooks/table.rs",
+    ],
+)];
 
 /// The circles of the workspace at `root` that are not in [`KNOWN`], and the entries of
 /// [`KNOWN`] that are no circle any more.
