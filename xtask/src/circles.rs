@@ -579,70 +579,14 @@ pub fn workspace_circles(root: &Path) -> Result<Vec<Circle>> {
 /// fix is to move the shared items into a child of their own (or the parent's callers into
 /// the children). `hami-preload`'s `gate.rs` / `gate/real.rs` and the `hooks/` circle (which
 /// takes in `hooks/limits.rs`) wait for the gate and limits work in those files.
-pub const KNOWN: &[(&str, &[&str])] = &[
-    (
-        "hami-preload (src/lib.rs)",
-        &[
-            "src/hooks/mod.rs",
-            "src/hooks/procaddr.rs",
-            "src/hooks/table.rs",
-        ],
-    ),
-    (
-        "testing/fake-cuda (src/lib.rs)",
-        &[
-            "src/contexts.rs",
-            "src/events.rs",
-            "src/lib.rs",
-            "src/memory.rs",
-            "src/objects.rs",
-            "src/streams.rs",
-        ],
-    ),
-    (
-        "testing/fake-cuda (src/lib.rs)",
-        &[
-            "src/driver/clock.rs",
-            "src/driver/graphs.rs",
-            "src/driver/green.rs",
-            "src/driver/limits.rs",
-            "src/driver/mod.rs",
-        ],
-    ),
-    (
-        "testing/fake-nvml (src/lib.rs)",
-        &["src/export_table.rs", "src/lib.rs", "src/utilization.rs"],
-    ),
-    (
-        "testing/harness (src/lib.rs)",
-        &[
-            "src/agent.rs",
-            "src/lib.rs",
-            "src/probe.rs",
-            "src/sandbox.rs",
-        ],
-    ),
-    (
-        "xtask (src/main.rs)",
-        &["src/demo/agent.rs", "src/demo/mod.rs", "src/demo/story.rs"],
-    ),
-    (
-        "xtask (src/main.rs)",
-        &[
-            "src/torture/agent.rs",
-            "src/torture/bad_files.rs",
-            "src/torture/bad_inputs.rs",
-            "src/torture/churn.rs",
-            "src/torture/mod.rs",
-            "src/torture/race.rs",
-            "src/torture/scale.rs",
-            "src/torture/short.rs",
-            "src/torture/stops.rs",
-            "src/torture/storm.rs",
-            "src/torture/worker.rs",
-        ],
-    ),
-];
+pub const KNOWN: &[(&str, &[&str])] = &[(
+    "hami-preload (src/lib.rs)",
+    &[
+        "src/hooks/mod.rs",
+        "src/hooks/procaddr.rs",
+        "src/hooks/table.rs",
+    ],
+)];
 
 /// The circles of the workspace at `root` that are not in [`KNOWN`], and the entries of
 /// [`KNOWN`] that are no circle any more.

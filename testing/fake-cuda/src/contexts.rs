@@ -5,7 +5,6 @@ use std::ffi::{c_int, c_uint, c_void};
 
 use crate::driver::inited;
 use crate::ffi::*;
-use crate::{nonnull, put, run};
 
 // ---------------------------------------------------------------------------------------------
 // Contexts
@@ -226,7 +225,7 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
         let g = inited()?;
         let (c, _) = g.current()?;
         let at = g.ctx_done_at(c);
-        let mut g = crate::driver::wait_until(g, Some(at))?;
+        let mut g = crate::driver::clock::wait_until(g, Some(at))?;
         g.pools_release_at_sync();
         Ok(())
     })
@@ -243,7 +242,7 @@ pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
             ctx as u64
         };
         let at = g.ctx_done_at(c);
-        let mut g = crate::driver::wait_until(g, Some(at))?;
+        let mut g = crate::driver::clock::wait_until(g, Some(at))?;
         g.pools_release_at_sync();
         Ok(())
     })

@@ -3,9 +3,9 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use crate::driver::{graphs, inited, submit, wait_until, R};
+use crate::driver::clock::{submit, wait_until};
+use crate::driver::{graph_mem, inited};
 use crate::ffi::*;
-use crate::{nonnull, put, run};
 
 /// `CUgraph`, `CUgraphExec`, `CUevent`, `CUgraphNode`: opaque.
 type Handle = *mut c_void;
@@ -17,7 +17,7 @@ fn graph_instantiate(exec: *mut Handle, graph: Handle, flags: u64) -> CUresult {
     run(|| {
         let mut g = inited()?;
         nonnull(exec)?;
-        if flags & graphs::FLAG_UPLOAD != 0 {
+        if flags & graph_mem::FLAG_UPLOAD != 0 {
             // Only cuGraphInstantiateWithParams takes the upload flag.
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -60,8 +60,8 @@ fn instantiate_with_params(
         // SAFETY: checked non-NULL; C contract.
         let p = unsafe { &mut *params };
         let flags = p.flags;
-        let h = g.graph_instantiate(graph as u64, flags & !graphs::FLAG_UPLOAD)?;
-        if flags & graphs::FLAG_UPLOAD != 0 {
+        let h = g.graph_instantiate(graph as u64, flags & !graph_mem::FLAG_UPLOAD)?;
+        if flags & graph_mem::FLAG_UPLOAD != 0 {
             g.check_stream(p.h_upload_stream as u64)?;
             if let Err(e) = g.graph_upload(h) {
                 let _ = g.graph_exec_destroy(h);
@@ -277,14 +277,14 @@ pub unsafe extern "C" fn cuGraphAddNode(
         // SAFETY: checked non-NULL; C contract.
         let p = unsafe { &mut *params };
         let n = match p.type_ {
-            graphs::NODE_MEM_ALLOC => {
+            graph_mem::NODE_MEM_ALLOC => {
                 // SAFETY: the union holds CUDA_MEM_ALLOC_NODE_PARAMS_v2 (120 of its 232
                 // bytes) for this type; the union is 8-aligned like the struct.
                 let a = unsafe { &mut *(p.union.as_mut_ptr() as *mut CUDA_MEM_ALLOC_NODE_PARAMS) };
                 add_alloc(&mut g, graph, &deps, a)?
             }
-            graphs::NODE_MEM_FREE => g.graph_add_free(graph as u64, &deps, p.union[0])?,
-            graphs::NODE_EMPTY => g.graph_add_empty(graph as u64, &deps)?,
+            graph_mem::NODE_MEM_FREE => g.graph_add_free(graph as u64, &deps, p.union[0])?,
+            graph_mem::NODE_EMPTY => g.graph_add_empty(graph as u64, &deps)?,
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
         // SAFETY: checked non-NULL; C contract.
@@ -327,9 +327,9 @@ pub unsafe extern "C" fn cuGraphNodeGetType(node: Handle, ty: *mut c_int) -> CUr
         let g = inited()?;
         nonnull(ty)?;
         let t = match g.graph_node(node as u64)? {
-            graphs::Node::Other(t) => t,
-            graphs::Node::Alloc { .. } => graphs::NODE_MEM_ALLOC,
-            graphs::Node::Free { .. } => graphs::NODE_MEM_FREE,
+            graph_mem::Node::Other(t) => t,
+            graph_mem::Node::Alloc { .. } => graph_mem::NODE_MEM_ALLOC,
+            graph_mem::Node::Free { .. } => graph_mem::NODE_MEM_FREE,
         };
         // SAFETY: checked non-NULL; C contract.
         unsafe { put(ty, t) };
@@ -345,7 +345,7 @@ pub unsafe extern "C" fn cuGraphMemAllocNodeGetParams(
     run(|| {
         let g = inited()?;
         nonnull(out)?;
-        let graphs::Node::Alloc {
+        let graph_mem::Node::Alloc {
             ordinal,
             size,
             dptr,
@@ -385,7 +385,7 @@ pub unsafe extern "C" fn cuGraphMemFreeNodeGetParams(
     run(|| {
         let g = inited()?;
         nonnull(out)?;
-        let graphs::Node::Free { dptr } = g.graph_node(node as u64)? else {
+        let graph_mem::Node::Free { dptr } = g.graph_node(node as u64)? else {
             return Err(CUDA_ERROR_INVALID_VALUE);
         };
         // SAFETY: checked non-NULL; C contract.

@@ -1,5 +1,7 @@
 //! C types, result codes and error strings of the CUDA driver API (values from `cuda.h`;
-//! strings as the real driver 580 returns them, see `tests/data/real-errors-580.txt`).
+//! strings as the real driver 580 returns them, see `tests/data/real-errors-580.txt`), and the
+//! glue every export answers through: [`run`] (a panic becomes `CUDA_ERROR_UNKNOWN`),
+//! [`nonnull`] and [`put`].
 
 #![allow(non_camel_case_types)]
 
@@ -21,6 +23,9 @@ pub type CUarray = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
 /// `CUmemGenericAllocationHandle`.
 pub type CUmemGenericAllocationHandle = u64;
+
+/// Result of the fake's operations: `Err` carries the CUresult.
+pub type R<T> = Result<T, CUresult>;
 
 pub const CUDA_SUCCESS: CUresult = 0;
 pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
@@ -273,3 +278,30 @@ pub struct CUgraphExecUpdateResultInfo {
 
 /// `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`.
 pub const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
+
+/// Runs `f`, mapping `Err(code)` to the code and a panic to `CUDA_ERROR_UNKNOWN`.
+pub(crate) fn run(f: impl FnOnce() -> R<()>) -> CUresult {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(Ok(())) => CUDA_SUCCESS,
+        Ok(Err(e)) => e,
+        Err(_) => CUDA_ERROR_UNKNOWN,
+    }
+}
+
+/// Fails with `CUDA_ERROR_INVALID_VALUE` if `p` is NULL.
+pub(crate) fn nonnull<T>(p: *const T) -> R<()> {
+    if p.is_null() {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    } else {
+        Ok(())
+    }
+}
+
+/// Writes `v` through an out-pointer already checked to be non-NULL.
+///
+/// # Safety
+/// `p` must be valid for writes of `T` (the caller's C contract).
+pub(crate) unsafe fn put<T>(p: *mut T, v: T) {
+    // SAFETY: per this function's contract.
+    unsafe { p.write_unaligned(v) }
+}

@@ -21,7 +21,7 @@ mod procaddr;
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use driver::{inited, R};
+use driver::{inited, MAX_ARRAY_DIM};
 
 #[cfg(test)]
 mod clock_tests;
@@ -32,43 +32,11 @@ mod objects;
 mod streams;
 
 pub use contexts::*;
-use ffi::*;
-
-/// The largest array dimension the fake device states
-/// (`CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH`, as on a compute capability 9.0 device):
-/// array descriptors with a larger dimension are rejected with `CUDA_ERROR_INVALID_VALUE`.
-pub(crate) const MAX_ARRAY_DIM: u64 = 131_072;
 pub use events::*;
+use ffi::*;
 pub use memory::*;
 pub use objects::*;
 pub use streams::*;
-
-/// Runs `f`, mapping `Err(code)` to the code and a panic to `CUDA_ERROR_UNKNOWN`.
-fn run(f: impl FnOnce() -> R<()>) -> CUresult {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(Ok(())) => CUDA_SUCCESS,
-        Ok(Err(e)) => e,
-        Err(_) => CUDA_ERROR_UNKNOWN,
-    }
-}
-
-/// Fails with `CUDA_ERROR_INVALID_VALUE` if `p` is NULL.
-fn nonnull<T>(p: *const T) -> R<()> {
-    if p.is_null() {
-        Err(CUDA_ERROR_INVALID_VALUE)
-    } else {
-        Ok(())
-    }
-}
-
-/// Writes `v` through an out-pointer already checked to be non-NULL.
-///
-/// # Safety
-/// `p` must be valid for writes of `T` (the caller's C contract).
-unsafe fn put<T>(p: *mut T, v: T) {
-    // SAFETY: per this function's contract.
-    unsafe { p.write_unaligned(v) }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Initialisation, version, errors

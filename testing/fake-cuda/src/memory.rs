@@ -3,10 +3,11 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 
-use crate::driver::{alloc_delay, inited, release_delay, Inner, Kind, GRANULARITY, PITCH_ALIGN, R};
+use crate::driver::{
+    alloc_delay, inited, release_delay, Inner, Kind, GRANULARITY, MAX_ARRAY_DIM, PITCH_ALIGN,
+};
 use crate::ffi::*;
 use crate::streams::location_ordinal;
-use crate::{nonnull, put, run};
 
 // ---------------------------------------------------------------------------------------------
 // Linear memory
@@ -287,7 +288,7 @@ fn array_bytes(w: usize, h: usize, d: usize, format: c_uint, channels: c_uint) -
     }
     // No array dimension beyond the device's largest texture size exists: the driver
     // rejects the descriptor, whatever memory is free.
-    if [w, h, d].iter().any(|&x| x as u64 > crate::MAX_ARRAY_DIM) {
+    if [w, h, d].iter().any(|&x| x as u64 > MAX_ARRAY_DIM) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     (w as u64)

@@ -4,9 +4,9 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 
-use crate::driver::{image_globals, image_kernel_time, image_local, inited, submit, KernelTime, R};
+use crate::driver::clock::submit;
+use crate::driver::{image_globals, image_kernel_time, image_local, inited, KernelTime};
 use crate::ffi::*;
-use crate::{nonnull, put, run};
 
 /// `CUmipmappedArray`, `CUmodule`, `CUlibrary`, `CUfunction`, `CUkernel`, `CUevent`: opaque.
 type Handle = *mut c_void;

@@ -6,7 +6,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
-use crate::driver::{driver_version, R};
+use crate::driver::driver_version;
 use crate::ffi::*;
 
 /// One base name: the exported functions it gives from each CUDA version on (ascending),

@@ -3,9 +3,9 @@
 
 use std::ffi::c_uint;
 
-use crate::driver::{inited, wait_until, Kind, R};
+use crate::driver::clock::wait_until;
+use crate::driver::{inited, Kind};
 use crate::ffi::*;
-use crate::{nonnull, put, run};
 
 // ---------------------------------------------------------------------------------------------
 // Stream-ordered allocation and pools

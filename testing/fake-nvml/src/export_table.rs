@@ -26,10 +26,11 @@ use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
 
-use crate::{
-    handle_by_index, process_list, NvmlReturn, ProcessList, NVML_ERROR_INVALID_ARGUMENT,
-    NVML_ERROR_NOT_SUPPORTED, NVML_SUCCESS,
+use crate::processes::{pid_shift, process_list, ProcessList};
+use crate::returns::{
+    NvmlReturn, NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_SUPPORTED, NVML_SUCCESS,
 };
+use crate::state::handle_by_index;
 
 /// Raw bytes of the id nvidia-smi asks for: GUID `6c3efec4-8fc9-4e6c-a327-ee696e12f7c4`
 /// (first 4 bytes, next 2, next 2 little-endian, then 8 bytes as is).
@@ -124,7 +125,7 @@ fn slot_list(
     array: *mut u8,
 ) -> NvmlReturn {
     process_list(which, device, count, array.is_null(), |k, pid, used| {
-        let name = fake_state::process_name(pid.wrapping_sub(crate::pid_shift()));
+        let name = fake_state::process_name(pid.wrapping_sub(pid_shift()));
         // SAFETY: `array` holds at least *count (checked >= k + 1) entries (the slot's
         // contract).
         unsafe { write_entry(array, k, pid, used, &name) }

@@ -10,11 +10,12 @@ use std::ffi::{c_uint, c_void};
 
 use fake_state::{now_ns, process_alive, realtime_offset_ns, BusyWindow, Shared};
 
-use crate::{
-    device_of, hide_processes, nonnull, run, NvmlReturn, HIDDEN_PID_OFFSET,
-    NVML_ERROR_ARGUMENT_VERSION_MISMATCH, NVML_ERROR_INSUFFICIENT_SIZE,
+use crate::processes::{hide_processes, HIDDEN_PID_OFFSET};
+use crate::returns::{
+    nonnull, run, NvmlReturn, NVML_ERROR_ARGUMENT_VERSION_MISMATCH, NVML_ERROR_INSUFFICIENT_SIZE,
     NVML_ERROR_INVALID_ARGUMENT,
 };
+use crate::state::device_of;
 
 /// `NVML_ERROR_NOT_FOUND`.
 pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;

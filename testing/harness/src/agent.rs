@@ -24,9 +24,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::artifacts::Artifacts;
 use crate::process::{forward_lines, require_root};
-use crate::sandbox::TestEnv;
-use crate::{Artifacts, ENV_FAKE_STATE};
+use crate::sandbox::{TestEnv, ENV_FAKE_STATE};
 
 /// What went wrong driving an agent, for callers that report instead of panicking
 /// (`cargo xtask demo` / `torture`); the tests' methods panic with the log instead.

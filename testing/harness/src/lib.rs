@@ -29,8 +29,6 @@
 //! Everything here is test support: failures to build or spawn panic with a clear message.
 #![warn(missing_docs)]
 
-use std::time::Duration;
-
 pub mod agent;
 pub mod artifacts;
 pub mod glibc;
@@ -52,15 +50,10 @@ pub use fake_state::{now_ns as device_clock_now_ns, BusyWindow};
 pub use hami_common::config::ENV_REGION;
 pub use lines::{field, parse_num, KvLine, KvOutput};
 pub use nvml::{NvmlDevice, NvmlSnapshot};
-pub use probe::{parse_probe_lines, OpLine, ProbeOutput, RunningProbe};
+pub use probe::{parse_probe_lines, OpLine, ProbeOutput, RunningProbe, LINE_TIMEOUT};
 pub use process::{forward_lines, process_groups, require_root, wait_for_group_gone};
 pub use programs::{cc, compile_c};
-pub use sandbox::{SharedCopies, TestEnv};
-
-/// Environment variable naming the fake driver's state file.
-pub const ENV_FAKE_STATE: &str = "FAKE_CUDA_STATE";
-/// How long [`RunningProbe`] waits for a line before panicking.
-pub const LINE_TIMEOUT: Duration = Duration::from_secs(60);
+pub use sandbox::{SharedCopies, TestEnv, ENV_FAKE_STATE};
 
 /// One MiB.
 pub const MB: u64 = 1 << 20;

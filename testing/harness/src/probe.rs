@@ -6,10 +6,13 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
 
 use crate::lines::{parse_num, KvLine};
 use crate::process::forward_lines;
-use crate::LINE_TIMEOUT;
+
+/// How long [`RunningProbe`] waits for a line before panicking.
+pub const LINE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One output line of `cudaprobe`: `op=NAME key=value ... rc=N name=CUDA_...`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,12 +6,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use hami_common::config::ENV_REGION;
 use hami_common::region::Region;
 
 use crate::artifacts::{install, symlink, Artifacts};
 use crate::nvml::NvmlSnapshot;
 use crate::probe::{ProbeOutput, RunningProbe};
-use crate::{ENV_FAKE_STATE, ENV_REGION};
+
+/// Environment variable naming the fake driver's state file.
+pub const ENV_FAKE_STATE: &str = "FAKE_CUDA_STATE";
 
 /// Copies of the artifacts inside a sandbox, readable by every uid (see
 /// [`TestEnv::shared_with_all_users`]).

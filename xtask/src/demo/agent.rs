@@ -12,7 +12,9 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use hami_test_harness::AgentProcess;
 use serde_json::Value;
 
-use super::{human, Driver, Sandbox};
+use super::driver::Driver;
+use super::output::human;
+use super::sandbox::Sandbox;
 
 /// A running `hami-agent run` (the harness's [`AgentProcess`]), its JSON log parsed line by
 /// line.

@@ -9,10 +9,25 @@ use anyhow::{anyhow, ensure, Result};
 use hami_test_harness::{Artifacts, OpLine, ProbeOutput, RunningProbe};
 
 use super::agent::{describe, inspect_json, metric, print_inspect, processes_using, Agent};
-use super::{
-    check, header, human, print_lines, print_stderr, Driver, Sandbox, CHUNK, CHUNKS, CHUNK_BYTES,
-    FILL, FILL_BYTES, FINDING_TIMEOUT, HELD, HELD_BYTES, QUOTA, QUOTA_BYTES,
-};
+use super::driver::Driver;
+use super::output::{check, header, human, print_lines, print_stderr, MIB};
+use super::sandbox::Sandbox;
+
+/// The quota of the demo's container.
+const QUOTA: &str = "1G";
+const QUOTA_BYTES: u64 = 1 << 30;
+/// Allocation size of steps 2 and 3 (five of them: 1.25 GiB, over the quota).
+const CHUNK: &str = "256M";
+const CHUNK_BYTES: u64 = 256 * MIB;
+const CHUNKS: usize = 5;
+/// What the process killed in step 4 holds (fits next to a real H200 context, ~520 MiB).
+const HELD: &str = "384M";
+const HELD_BYTES: u64 = 384 * MIB;
+/// Step size of the "full quota" allocation in step 4.
+const FILL: &str = "32M";
+const FILL_BYTES: u64 = 32 * MIB;
+/// How long the agent may take to report a finding (it evaluates every 250 ms).
+const FINDING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The story (steps 1 to 5).
 pub(super) fn story(

@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use hami_test_harness::{Artifacts, TestEnv};
 
+use super::profile::{Profile, LINE_WAIT};
+use super::report::Report;
+use super::sandbox::sandbox;
 use super::worker::{settle_and_check, Worker};
-use super::{sandbox, Profile, Report, LINE_WAIT};
 
 /// The eBPF program ids the process holds (`prog_id:` in `/proc/<pid>/fdinfo/*`: program
 /// and link descriptors).

@@ -7,8 +7,10 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 use hami_test_harness::TestEnv;
 
-use super::bad_inputs::*;
-use super::{sandbox, Report, CASE_TIMEOUT};
+use super::probe::{run_ops_as, run_probe};
+use super::profile::CASE_TIMEOUT;
+use super::report::Report;
+use super::sandbox::sandbox;
 
 pub(super) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.

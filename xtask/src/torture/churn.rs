@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::{sandbox, Report};
+use super::report::Report;
+use super::sandbox::sandbox;
 
 /// Short-lived processes run.
 pub const PROCS: usize = 10_000;

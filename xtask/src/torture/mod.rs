@@ -9,17 +9,18 @@
 //!   `cuMemCreate`, `cuArrayCreate_v2`) share one region and allocate/free under a limit they
 //!   keep hitting; random ones are SIGKILLed at random moments and replaced. Checked all
 //!   along: the region's `used` never exceeds the limit, no call (finished or in progress)
-//!   takes longer than [`BLOCK_BOUND`]. At the end the survivors stop, dead slots are
-//!   reclaimed, and each survivor's slot must hold exactly the bytes it reports holding (and
-//!   `used` their sum); after they exit and a last reclaim, `used` must be 0.
+//!   takes longer than [`BLOCK_BOUND`](profile::BLOCK_BOUND). At the end the survivors stop,
+//!   dead slots are reclaimed, and each survivor's slot must hold exactly the bytes it
+//!   reports holding (and `used` their sum); after they exit and a last reclaim, `used` must
+//!   be 0.
 //! * **Stopped processes**: random workers SIGSTOPped for up to a second and a half while the
 //!   others churn; then a process that takes the region lock itself and stops while holding
 //!   it (continued, then killed while stopped). The others' longest call is measured; they
-//!   must all resume within [`RESUME_BOUND`] of the holder being continued or killed. Then,
-//!   with `HAMI_LOCK_TIMEOUT_MS=500`: a holder ptrace-stopped (seize + interrupt, detach), a
-//!   holder at nice 19 behind a CPU hog per core (`--long`), and a process whose region
-//!   mapping is paged out before its calls: every call stays within the lock timeout (+ 1 s
-//!   of scheduling slack) and no byte is lost.
+//!   must all resume within [`RESUME_BOUND`](profile::RESUME_BOUND) of the holder being
+//!   continued or killed. Then, with `HAMI_LOCK_TIMEOUT_MS=500`: a holder ptrace-stopped
+//!   (seize + interrupt, detach), a holder at nice 19 behind a CPU hog per core (`--long`),
+//!   and a process whose region mapping is paged out before its calls: every call stays
+//!   within the lock timeout (+ 1 s of scheduling slack) and no byte is lost.
 //! * **Race to the limit**: P processes x 8 threads allocate fixed chunks (thread t uses
 //!   family t % 5) until refused; the total must be exactly `floor(limit / chunk) * chunk`.
 //! * **Bad inputs**: the region path pointing at truncated, random, wrong-magic/version/size
@@ -51,13 +52,20 @@
 //!
 //! One module per scenario ([`storm`], [`stops`], [`race`], [`bad_inputs`], [`agent`],
 //! [`scale`]); the
-//! workers and the end-of-scenario region check they share are in [`worker`].
+//! workers and the end-of-scenario region check they share are in [`worker`]; the profiles and
+//! bounds in [`profile`], the [`report`], the [`rng`], the [`sandbox`] and the `cudaprobe`
+//! runs ([`probe`]) they share have a file each.
 
 mod agent;
 mod bad_files;
 mod bad_inputs;
 mod churn;
+mod probe;
+mod profile;
 mod race;
+mod report;
+mod rng;
+mod sandbox;
 mod scale;
 mod short;
 mod stops;
@@ -67,94 +75,11 @@ mod worker;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
-use hami_test_harness::{Artifacts, TestEnv};
+use hami_test_harness::Artifacts;
 
-/// No call of a running (not stopped) process may take longer than this, in the kill storm.
-pub const BLOCK_BOUND: Duration = Duration::from_secs(5);
-/// After a stopped lock holder is continued or killed, every process must make progress
-/// again within this.
-pub const RESUME_BOUND: Duration = Duration::from_secs(2);
-/// How long a command may wait for one line of a workload before the scenario fails.
-const LINE_WAIT: Duration = Duration::from_secs(30);
-/// Per-case limit of the bad-input cases.
-const CASE_TIMEOUT: Duration = Duration::from_secs(15);
-/// Per-case limit of a case that is a known hang (reported as a finding).
-const FINDING_TIMEOUT: Duration = Duration::from_secs(3);
-const MIB: u64 = 1 << 20;
-
-/// One profile's sizes.
-#[derive(Debug, Clone)]
-struct Profile {
-    name: &'static str,
-    storm_procs: usize,
-    storm_threads: usize,
-    storm_secs: u64,
-    min_kills: u64,
-    kill_gap_ms: u64,
-    stops: usize,
-    hold_secs: u64,
-    race_procs: usize,
-    race_rounds: usize,
-    every_header_byte: bool,
-    /// How long the ptrace-stopped holder holds the lock, and the paged-out process runs.
-    variant_ms: u64,
-    /// Run the starved-holder variant (CPU hogs on every core: long profile only).
-    starved: bool,
-    /// Region files of the scale scenario.
-    scale_regions: usize,
-    /// Processes of the scale scenario (spread evenly over the regions).
-    scale_procs: usize,
-    /// Seconds the running agent is measured for, per size.
-    scale_window_secs: u64,
-    /// Bound on the growth of the tick's cost per process from a fifth of the fleet to all of
-    /// it (linear: about 1).
-    scale_max_ratio: f64,
-}
-
-const SHORT: Profile = Profile {
-    name: "short",
-    storm_procs: 8,
-    storm_threads: 3,
-    storm_secs: 15,
-    min_kills: 100,
-    kill_gap_ms: 50,
-    stops: 4,
-    hold_secs: 2,
-    race_procs: 4,
-    race_rounds: 30,
-    every_header_byte: false,
-    variant_ms: 2000,
-    starved: false,
-    scale_regions: 100,
-    scale_procs: 500,
-    scale_window_secs: 5,
-    scale_max_ratio: 2.0,
-};
-
-const LONG: Profile = Profile {
-    name: "long",
-    storm_procs: 32,
-    storm_threads: 4,
-    storm_secs: 60,
-    min_kills: 1000,
-    kill_gap_ms: 80,
-    stops: 20,
-    hold_secs: 5,
-    race_procs: 32,
-    race_rounds: 100,
-    every_header_byte: true,
-    variant_ms: 3000,
-    starved: true,
-    scale_regions: 1000,
-    scale_procs: 5000,
-    scale_window_secs: 10,
-    scale_max_ratio: 2.0,
-};
-
-// The sizes issue 12 asks for.
-const _: () = assert!(LONG.min_kills >= 1000 && LONG.storm_procs == 32 && SHORT.storm_procs == 8);
-const _: () = assert!(LONG.race_procs == 32 && LONG.race_rounds == 100);
-const _: () = assert!(LONG.scale_regions == 1000 && LONG.scale_procs == 5000);
+use profile::{LONG, SHORT};
+use report::Report;
+use rng::Rng;
 
 /// The scenarios `--only` can pick.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -187,28 +112,6 @@ pub struct TortureOptions {
     pub long: bool,
     /// Run only this scenario.
     pub only: Option<Scenario>,
-}
-
-/// Figures and failed checks gathered by the scenarios.
-#[derive(Default)]
-struct Report {
-    figures: Vec<(String, String)>,
-    failures: Vec<String>,
-}
-
-impl Report {
-    fn figure(&mut self, name: &str, value: impl std::fmt::Display) {
-        println!("    {name}: {value}");
-        self.figures.push((name.to_string(), value.to_string()));
-    }
-
-    fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
-        if !ok {
-            let w = what();
-            println!("    CHECK FAILED: {w}");
-            self.failures.push(w);
-        }
-    }
 }
 
 /// Run every scenario of the chosen profile.
@@ -311,47 +214,4 @@ pub fn torture(opts: &TortureOptions) -> Result<()> {
 
 fn step(what: &str) {
     println!("\n==> xtask torture: {what}");
-}
-
-/// xorshift64*: reproducible enough, no dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn new() -> Rng {
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64)
-            | 1;
-        println!("random seed {seed}");
-        Rng(seed)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 {
-            0
-        } else {
-            self.next() % n
-        }
-    }
-}
-
-/// A sandbox of one scenario: its own region and fake-driver state, the preload on, one
-/// device of 1 TiB (the limit is the region's), no context memory (so that `used` is data
-/// only and never legitimately above the limit).
-fn sandbox(limit: u64) -> TestEnv {
-    TestEnv::new()
-        .preload(true)
-        .env("CUDA_DEVICE_MEMORY_LIMIT", &limit.to_string())
-        .env("FAKE_CUDA_DEVICE_COUNT", "1")
-        .env("FAKE_CUDA_TOTAL_MEM", "1T")
-        .env("FAKE_CUDA_CTX_OVERHEAD", "0")
-        .env("HAMI_CONTEXT_OVERHEAD", "0")
-        .env("LIBCUDA_LOG_LEVEL", "0")
 }

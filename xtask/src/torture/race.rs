@@ -6,8 +6,10 @@ use std::time::Instant;
 use anyhow::Result;
 use hami_common::layout::UsageKind;
 
+use super::profile::{Profile, LINE_WAIT, MIB};
+use super::report::Report;
+use super::sandbox::sandbox;
 use super::worker::{consistent_snapshot, field, open_region, Worker};
-use super::{sandbox, Profile, Report, LINE_WAIT, MIB};
 
 pub(super) fn race(p: &Profile, load: &Path, r: &mut Report) -> Result<()> {
     let threads = 8usize;

@@ -32,7 +32,9 @@ use hami_test_harness::agent::{AgentProcess, READY_LINE};
 use hami_test_harness::{Artifacts, TestEnv};
 use serde_json::Value;
 
-use super::{sandbox, Profile, Report, MIB};
+use super::profile::{Profile, MIB};
+use super::report::Report;
+use super::sandbox::sandbox;
 
 /// Bytes every process allocates (its slot's data).
 const PROC_BYTES: u64 = MIB;

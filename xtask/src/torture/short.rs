@@ -9,7 +9,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use super::Report;
+use super::report::Report;
 
 /// Unhooked short-lived processes (the figure).
 pub const PROCS: usize = 1000;

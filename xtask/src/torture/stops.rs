@@ -8,8 +8,11 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Result};
 use hami_common::layout::RegionHeader;
 
+use super::profile::{Profile, LINE_WAIT, MIB, RESUME_BOUND};
+use super::report::Report;
+use super::rng::Rng;
+use super::sandbox::sandbox;
 use super::worker::{field, open_region, settle_and_check, Worker};
-use super::{sandbox, Profile, Report, Rng, LINE_WAIT, MIB, RESUME_BOUND};
 
 /// `State:` letter of `/proc/<pid>/stat`.
 pub(super) fn proc_state(pid: u32) -> Option<char> {
@@ -439,7 +442,7 @@ pub(super) fn held_variant(how: HeldBy, hold: Duration, load: &Path, r: &mut Rep
 /// (+ slack), with a log line naming the lock timeout (it said "I/O error: other error").
 fn newcomer(tag: &str, env: &hami_test_harness::TestEnv, r: &mut Report) -> Result<()> {
     let t = Instant::now();
-    let out = super::bad_inputs::run_probe(env, &[], LINE_WAIT)?;
+    let out = super::probe::run_probe(env, &[], LINE_WAIT)?;
     let took = t.elapsed();
     r.figure(
         &format!("{tag}: a new process's first allocation"),

@@ -7,8 +7,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
+use super::profile::{Profile, BLOCK_BOUND, LINE_WAIT, MIB};
+use super::report::Report;
+use super::rng::Rng;
+use super::sandbox::sandbox;
 use super::worker::{open_region, settle_and_check, Worker};
-use super::{sandbox, Profile, Report, Rng, BLOCK_BOUND, LINE_WAIT, MIB};
 
 pub(super) fn kill_storm(p: &Profile, load: &Path, rng: &mut Rng, r: &mut Report) -> Result<()> {
     let per_thread_hold = 8;

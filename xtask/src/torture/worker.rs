@@ -16,7 +16,8 @@ use hami_common::layout::UsageKind;
 use hami_common::region::{Region, RegionSnapshot};
 use hami_test_harness::TestEnv;
 
-use super::{Report, LINE_WAIT};
+use super::profile::LINE_WAIT;
+use super::report::Report;
 
 /// What a worker's reader thread gathered from its `tick` and `error` lines.
 #[derive(Default)]

@@ -1,7 +1,12 @@
 //! Contexts: creating, destroying and making current (regular and primary), the charge
-//! each one costs, and the memory query (`cuMemGetInfo`).
+//! each one costs, and the memory query (`cuMemGetInfo`); their limits (`limits.rs`) and
+//! green contexts (`green.rs`).
 
-use super::{ctx_create_delay, with_stack, Ctx, Inner, Owner, R};
+use super::green::green_overhead;
+use super::limits::{
+    Limits, LIMIT_MALLOC_HEAP_SIZE, LIMIT_PRINTF_FIFO_SIZE, LIMIT_STACK_SIZE, MAX_PRINTF_FIFO,
+};
+use super::{ctx_create_delay, with_stack, Ctx, Inner, Owner};
 use crate::ffi::*;
 
 impl Inner {
@@ -231,5 +236,113 @@ impl Inner {
         let total = sh.file().devices[c.phys].total;
         let used = sh.used(c.phys);
         Ok((total.saturating_sub(used), total))
+    }
+}
+
+impl Inner {
+    /// `cuCtxGetLimit` in the current context.
+    pub fn ctx_get_limit(&self, limit: i32) -> R<u64> {
+        let (_, c) = self.current()?;
+        c.limits.get(limit)
+    }
+
+    /// `cuCtxSetLimit` in the current context: the stack's growth is charged now (refused:
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, the limit unchanged), its lowering given back; heap and
+    /// FIFO are only recorded (charged at the next launch), and refused with
+    /// `CUDA_ERROR_INVALID_VALUE` once a kernel was launched.
+    pub fn ctx_set_limit(&mut self, limit: i32, value: u64) -> R<()> {
+        let (h, c) = self.current()?;
+        let mut l = c.limits;
+        l.get(limit)?;
+        match limit {
+            LIMIT_STACK_SIZE => l.stack = value,
+            LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => {
+                let cur = l.get(limit)?;
+                if l.launched && value != cur {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                if limit == LIMIT_MALLOC_HEAP_SIZE {
+                    l.heap = value;
+                } else {
+                    l.printf_fifo = value.min(MAX_PRINTF_FIFO);
+                }
+            }
+            _ => l.stored[(limit - 3) as usize] = value,
+        }
+        self.limits_apply(h, c.phys, c.limits, l)
+    }
+
+    /// A launch in context `h` of a kernel needing `local` bytes per thread: the stack limit
+    /// grows to it, a raised heap / FIFO goes on the device, each growth charged (refused:
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, nothing changed).
+    pub fn limits_at_launch(&mut self, h: u64, local: u64) -> R<()> {
+        let c = self.ctx(h)?;
+        let mut l = c.limits;
+        l.stack = l.stack.max(local);
+        l.heap_resident = l.heap;
+        l.printf_resident = l.printf_fifo;
+        l.launched = true;
+        self.limits_apply(h, c.phys, c.limits, l)
+    }
+
+    /// Moves context `h` from limits `old` to `new`, charging or giving back the difference
+    /// in what they hold.
+    fn limits_apply(&mut self, h: u64, phys: usize, old: Limits, new: Limits) -> R<()> {
+        let (was, now) = (old.held(), new.held());
+        if now > was {
+            self.charge(phys, now - was)?;
+        } else {
+            self.uncharge(phys, was - now);
+        }
+        if let Some(c) = self.contexts.get_mut(&h) {
+            c.limits = new;
+        }
+        Ok(())
+    }
+
+    /// Context `h` is destroyed or reset: what its limits hold goes back, the limits return
+    /// to their defaults.
+    pub fn limits_release(&mut self, h: u64) {
+        let Some(c) = self.contexts.get(&h).copied() else {
+            return;
+        };
+        self.uncharge(c.phys, c.limits.held());
+        if let Some(c) = self.contexts.get_mut(&h) {
+            c.limits = Limits::default();
+        }
+    }
+}
+
+impl Inner {
+    /// `cuDevResourceGenerateDesc` of resources of `ordinal`.
+    pub fn green_desc(&mut self, ordinal: usize) -> u64 {
+        let h = self.handle(0x6d);
+        self.greens.descs.insert(h, ordinal);
+        h
+    }
+
+    /// `cuGreenCtxCreate`: `CU_GREEN_CTX_DEFAULT_STREAM` (1) is required; the descriptor must
+    /// be one of `dev`.
+    pub fn green_create(&mut self, desc: u64, dev: CUdevice, flags: u32) -> R<u64> {
+        let phys = self.phys_of(dev)?;
+        if flags != 1 || self.greens.descs.get(&desc) != Some(&(dev as usize)) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let bytes = green_overhead();
+        self.charge(phys, bytes)?;
+        let h = self.handle(0x6e);
+        self.greens.ctxs.insert(h, (phys, bytes));
+        Ok(h)
+    }
+
+    /// `cuGreenCtxDestroy`.
+    pub fn green_destroy(&mut self, h: u64) -> R<()> {
+        let (phys, bytes) = self
+            .greens
+            .ctxs
+            .remove(&h)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.uncharge(phys, bytes);
+        Ok(())
     }
 }

@@ -17,7 +17,6 @@
 //! The defaults are what a fresh H200 context reports; the memory of the defaults is part of
 //! the context's overhead, so only what a limit holds beyond its default is charged.
 
-use super::{Inner, R};
 use crate::ffi::*;
 
 /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT` of the fake device (an H200).
@@ -61,13 +60,13 @@ pub struct Limits {
     /// `CU_LIMIT_MALLOC_HEAP_SIZE` as set.
     pub heap: u64,
     /// The FIFO size on the device (the default until a launch after a raise).
-    printf_resident: u64,
+    pub(super) printf_resident: u64,
     /// The heap size on the device (likewise).
-    heap_resident: u64,
+    pub(super) heap_resident: u64,
     /// Limits 3..=6.
-    stored: [u64; 4],
+    pub(super) stored: [u64; 4],
     /// A kernel was launched in the context: heap and FIFO are fixed.
-    launched: bool,
+    pub(super) launched: bool,
 }
 
 impl Default for Limits {
@@ -104,7 +103,7 @@ pub fn stack_bytes(stack: u64) -> u64 {
 
 impl Limits {
     /// Everything this context's limits hold on the device beyond the defaults.
-    fn held(&self) -> u64 {
+    pub(super) fn held(&self) -> u64 {
         stack_bytes(self.stack)
             .saturating_add(self.heap_resident.saturating_sub(DEFAULT_HEAP))
             .saturating_add(fifo_bytes(self.printf_resident))
@@ -119,80 +118,6 @@ impl Limits {
             l if STORED.contains(&l) => Ok(self.stored[(l - 3) as usize]),
             l if UNSUPPORTED.contains(&l) => Err(CUDA_ERROR_UNSUPPORTED_LIMIT),
             _ => Err(CUDA_ERROR_INVALID_VALUE),
-        }
-    }
-}
-
-impl Inner {
-    /// `cuCtxGetLimit` in the current context.
-    pub fn ctx_get_limit(&self, limit: i32) -> R<u64> {
-        let (_, c) = self.current()?;
-        c.limits.get(limit)
-    }
-
-    /// `cuCtxSetLimit` in the current context: the stack's growth is charged now (refused:
-    /// `CUDA_ERROR_OUT_OF_MEMORY`, the limit unchanged), its lowering given back; heap and
-    /// FIFO are only recorded (charged at the next launch), and refused with
-    /// `CUDA_ERROR_INVALID_VALUE` once a kernel was launched.
-    pub fn ctx_set_limit(&mut self, limit: i32, value: u64) -> R<()> {
-        let (h, c) = self.current()?;
-        let mut l = c.limits;
-        l.get(limit)?;
-        match limit {
-            LIMIT_STACK_SIZE => l.stack = value,
-            LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => {
-                let cur = l.get(limit)?;
-                if l.launched && value != cur {
-                    return Err(CUDA_ERROR_INVALID_VALUE);
-                }
-                if limit == LIMIT_MALLOC_HEAP_SIZE {
-                    l.heap = value;
-                } else {
-                    l.printf_fifo = value.min(MAX_PRINTF_FIFO);
-                }
-            }
-            _ => l.stored[(limit - 3) as usize] = value,
-        }
-        self.limits_apply(h, c.phys, c.limits, l)
-    }
-
-    /// A launch in context `h` of a kernel needing `local` bytes per thread: the stack limit
-    /// grows to it, a raised heap / FIFO goes on the device, each growth charged (refused:
-    /// `CUDA_ERROR_OUT_OF_MEMORY`, nothing changed).
-    pub fn limits_at_launch(&mut self, h: u64, local: u64) -> R<()> {
-        let c = self.ctx(h)?;
-        let mut l = c.limits;
-        l.stack = l.stack.max(local);
-        l.heap_resident = l.heap;
-        l.printf_resident = l.printf_fifo;
-        l.launched = true;
-        self.limits_apply(h, c.phys, c.limits, l)
-    }
-
-    /// Moves context `h` from limits `old` to `new`, charging or giving back the difference
-    /// in what they hold.
-    fn limits_apply(&mut self, h: u64, phys: usize, old: Limits, new: Limits) -> R<()> {
-        let (was, now) = (old.held(), new.held());
-        if now > was {
-            self.charge(phys, now - was)?;
-        } else {
-            self.uncharge(phys, was - now);
-        }
-        if let Some(c) = self.contexts.get_mut(&h) {
-            c.limits = new;
-        }
-        Ok(())
-    }
-
-    /// Context `h` is destroyed or reset: what its limits hold goes back, the limits return
-    /// to their defaults.
-    pub fn limits_release(&mut self, h: u64) {
-        let Some(c) = self.contexts.get(&h).copied() else {
-            return;
-        };
-        self.uncharge(c.phys, c.limits.held());
-        if let Some(c) = self.contexts.get_mut(&h) {
-            c.limits = Limits::default();
         }
     }
 }

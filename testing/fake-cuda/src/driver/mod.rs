@@ -5,15 +5,17 @@
 //! initialisation and the devices; the calls are grouped by concern in [`context`],
 //! [`memory`], [`pools`], [`streams`] and [`modules`], each an `impl Inner` block.
 
-mod clock;
+pub mod clock;
 mod context;
-pub mod graphs;
-pub mod green;
-pub mod limits;
+pub mod graph_mem;
+mod graphs;
+mod green;
+mod limits;
 mod memory;
 mod modules;
 mod pools;
 mod streams;
+mod timeline;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
@@ -22,7 +24,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
 
 use fake_state::Shared;
 
-pub use clock::{image_kernel_time, submit, wait_until, KernelTime};
+pub use timeline::{image_kernel_time, KernelTime};
 
 use crate::ffi::*;
 
@@ -30,6 +32,10 @@ use crate::ffi::*;
 pub const GRANULARITY: u64 = 2 << 20;
 /// Pitch alignment of `cuMemAllocPitch` (bytes), as measured on the real driver.
 pub const PITCH_ALIGN: u64 = 512;
+/// The largest array dimension the fake device states
+/// (`CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH`, as on a compute capability 9.0 device):
+/// array descriptors with a larger dimension are rejected with `CUDA_ERROR_INVALID_VALUE`.
+pub const MAX_ARRAY_DIM: u64 = 131_072;
 /// Driver version the fake reports (`cuDriverGetVersion`), CUDA 13.0 like the H200 machine.
 pub const DEFAULT_DRIVER_VERSION: i32 = 13000;
 
@@ -286,9 +292,9 @@ pub struct Inner {
     /// Streams being captured into a graph.
     pub capturing: std::collections::HashSet<u64>,
     /// Simulated device time: stream tails, events, graphs (`clock.rs`).
-    pub clock: clock::Timeline,
+    pub clock: timeline::Timeline,
     /// Graph nodes, executable graphs' memory nodes and the graph pools (`graphs.rs`).
-    pub gmem: graphs::GraphMem,
+    pub gmem: graph_mem::GraphMem,
     /// Green contexts and resource descriptors (`green.rs`).
     pub greens: green::Greens,
     next_handle: u64,
@@ -325,8 +331,8 @@ static INNER: LazyLock<Mutex<Inner>> = LazyLock::new(|| {
         streams: HashMap::new(),
         modules: HashMap::new(),
         lib_resident: HashMap::new(),
-        clock: clock::Timeline::default(),
-        gmem: graphs::GraphMem::default(),
+        clock: timeline::Timeline::default(),
+        gmem: graph_mem::GraphMem::default(),
         greens: green::Greens::default(),
         next_handle: 0x5000_0000,
         next_va: 0,
@@ -337,9 +343,6 @@ thread_local! {
     /// The calling thread's context stack (top = last).
     static STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
 }
-
-/// Result of the fake's operations: `Err` carries the CUresult.
-pub type R<T> = Result<T, CUresult>;
 
 /// Driver version reported (`FAKE_CUDA_DRIVER_VERSION` or 13000).
 pub fn driver_version() -> i32 {
