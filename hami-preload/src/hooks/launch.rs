@@ -5,13 +5,13 @@
 //!
 //! Below the hooks: the launch gate's way in for every submission and synchronisation hook
 //! (`gate_enter` / `gate_leave`, `gated`, `gate_on_sync`), over this process's
-//! [`crate::gate::Gate`] and the region's compute cells, behind a process-wide switch.
+//! [`crate::compute::gate::Gate`] and the region's compute cells, behind a process-wide switch.
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use crate::cuda::*;
-use crate::gate;
-use crate::shim::hook;
+use crate::compute::gate;
+use crate::ffi::cuda::*;
+use crate::ffi::shim::hook;
 use crate::state;
 use hami_common::layout::MAX_DEVICES;
 use hami_common::region::{ComputeCells, Region};
@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 /// A launch of `func` (a `CUfunction` or a `CUkernel`) on `stream` (`ptsz`: of a
 /// per-thread-stream entry point): local memory the kernel needs beyond what the context
 /// holds is admitted first ([`super::limits::before_launch`]; refused: the launch does not
-/// happen); then the launch gate ([`crate::gate::enter`] / [`crate::gate::leave`]: one atomic
+/// happen); then the launch gate ([`crate::compute::gate::enter`] / [`crate::compute::gate::leave`]: one atomic
 /// load without a compute share; its waits happen before any measurement starts) around the
 /// first-launch measurement of each module's kernels
 /// ([`super::modules::launch_measured`]).

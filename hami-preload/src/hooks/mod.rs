@@ -1,8 +1,8 @@
 //! The exported driver and NVML functions, each a thin shim defined with
-//! `hook!` ([`crate::shim`]): the prelude (panic guard, real function, re-entry check),
+//! `hook!` ([`crate::ffi::shim`]): the prelude (panic guard, real function, re-entry check),
 //! then the raw arguments checked and converted, one call into plain-Rust policy
-//! ([`crate::accounting`], [`crate::context`], [`crate::pool_reservations`],
-//! [`crate::module_memory`], [`crate::backstop`], [`crate::policy`]) with closures over the
+//! ([`crate::ledger::accounting`], [`crate::objects::context`], [`crate::objects::pool_reservations`],
+//! [`crate::objects::module_memory`], [`crate::ledger::backstop`], [`crate::ledger::policy`]) with closures over the
 //! real driver, and the result converted back. This file re-exports every hook ([`table`],
 //! the hook addresses `dlsym` and `cuGetProcAddress` hand out, finds them here); the glue
 //! they share (allocate-and-charge, release, refusal logging, the backstop's refresh and what
