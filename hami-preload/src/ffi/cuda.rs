@@ -370,7 +370,7 @@ mod tests {
     }
 }
 
-// ---- graphs with memory nodes (hami-preload/src/graph_memory.rs) ----
+// ---- graphs with memory nodes (hami-preload/src/objects/graph_memory.rs) ----
 
 /// A `CUgraph`.
 pub type CUgraph = *mut c_void;
