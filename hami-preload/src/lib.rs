@@ -35,7 +35,8 @@
 //!   [`objects::images`], [`objects::pool_reservations`] (what stream-ordered pools hold
 //!   reserved), [`objects::graph_memory`], [`objects::vmm`], [`objects::lmem`] (context limits
 //!   and local memory);
-//! * [`compute`]: the compute share ([`compute::gate`]);
+//! * [`compute`]: the compute share: [`compute::gate`] and its process-wide switch
+//!   ([`compute::arming`]);
 //! * [`state`]: the configuration, the region and this process's [`state::Holdings`] (every
 //!   table above);
 //! * [`measure`]: the real driver's and NVML's readings combined with the process's tables

@@ -11,7 +11,8 @@
 //! * [`alloc`] — allocations and releases (pointers, handles, arrays, mipmapped arrays);
 //! * [`pools`] — stream-ordered pools and synchronisations;
 //! * [`modules`] — modules, libraries, lookups and launches;
-//! * [`launch`] — cooperative and graph launches, and the launch gate's way in;
+//! * [`launch`] — the `cuLaunchKernel*`, cooperative and graph launches, and the launch
+//!   gate's way in (its switch is [`crate::compute::arming`]);
 //! * [`green`] — green contexts, admitted and charged as context memory;
 //! * [`graphs`] — graphs with memory nodes: instantiation, upload, launch admission, trims;
 //! * [`limits`] — context limits (`cuCtxSetLimit`) and the local memory launches reserve;
