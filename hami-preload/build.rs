@@ -41,7 +41,7 @@ fn main() {
 
 /// The functions glibc before 2.34 kept in `libdl.so.2` and `libpthread.so.0` that the
 /// library (our code, std, the static unwinder) calls: every reference goes to
-/// `__wrap_<name>` (`src/glibc_compat.rs`), which finds the function at run time, so that the
+/// `__wrap_<name>` (`src/ffi/glibc_compat.rs`), which finds the function at run time, so that the
 /// library does not name those two libraries (`DT_NEEDED`) and no exec loads them.
 const WRAPPED: &[&str] = &[
     "dlopen",
@@ -81,7 +81,7 @@ fn wrap_libdl_and_libpthread() {
 
 /// Links `libgcc_eh.a` (whole: std's `-lgcc_s` comes first on the command line, and is then
 /// dropped by `--as-needed`) and wraps its `_dl_find_object` (glibc 2.35) into
-/// `hami_preload::unwind::find_object` (see `src/unwind.rs`). Only for x86_64 Linux GNU
+/// `hami_preload::ffi::unwind::find_object` (see `src/ffi/unwind.rs`). Only for x86_64 Linux GNU
 /// targets and only when the C compiler that links knows the archive; otherwise the library
 /// keeps `libgcc_s` (a build warning says so).
 fn static_unwinder() {

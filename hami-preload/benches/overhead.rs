@@ -27,7 +27,7 @@
 //! * cost of registering a process when 1000 slots are live.
 //! * an empty-kernel launch (`cuLaunchKernel`, cudaprobe `bench-launch`), native vs preloaded,
 //!   runs alternating, medians of the rounds: the launch hook's cost (the local-memory check of
-//!   `lmem.rs`, the module table's first-launch check). Also for a kernel with 24 KiB of local
+//!   `objects/lmem.rs`, the module table's first-launch check). Also for a kernel with 24 KiB of local
 //!   memory per thread (after its one growth: the path that reads the current context).
 //!   `HAMI_BENCH_ONLY=launch` runs only these; `HAMI_BENCH_LAUNCHES` (default 200000) sets
 //!   the launches per run.

@@ -18,7 +18,7 @@
 //! later `libdl.so.2` and `libpthread.so.0` are empty compatibility libraries; on older ones
 //! they hold `dlopen` and the `pthread_key` / mutex-attribute family. The preload does not
 //! name them (loading them would cost every exec): its build passes `dl` and `pthread` as
-//! `empty` and reaches those functions at run time (`src/glibc_compat.rs`); the fakes link
+//! `empty` and reaches those functions at run time (`src/ffi/glibc_compat.rs`); the fakes link
 //! them as every program linked on such a glibc does.
 //!
 //! The fake driver and fake NVML (`testing/fake-cuda`, `testing/fake-nvml`) include this file
@@ -46,7 +46,7 @@ const STUBS: &[(&str, &str)] = &[
 /// documentation). Only for `*-linux-gnu`; a missing zig is a build error naming the fix.
 ///
 /// `empty`: link names (`"pthread"`, `"dl"`) that get an empty archive instead of their stub:
-/// the preload reaches those libraries' functions at run time (`src/glibc_compat.rs`) and
+/// the preload reaches those libraries' functions at run time (`src/ffi/glibc_compat.rs`) and
 /// must not name them; what glibc 2.17 also has in `libc.so.6` (the `pthread_mutex_lock`
 /// family) then binds there.
 pub fn apply(empty: &[&str]) {

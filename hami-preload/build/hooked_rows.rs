@@ -2,7 +2,7 @@
 //! `hami_common::intercept::INTERCEPTS` (the rows with `hooked: true`), so that a hooked
 //! function's row is the only list its name is typed in.
 //!
-//! Writes `$OUT_DIR/hooked_rows.rs`, included by `src/symbols.rs`: one callback macro per
+//! Writes `$OUT_DIR/hooked_rows.rs`, included by `src/ffi/symbols.rs`: one callback macro per
 //! library, `cuda_hooked!` and `nvml_hooked!`, each of which calls the macro it is given with
 //! that library's hooked names appended, in table order:
 //!
@@ -12,7 +12,7 @@
 //! symbol_table! { ARGS hooked { cuMemAlloc_v2, cuMemAllocPitch_v2, ... } }
 //! ```
 //!
-//! `symbols.rs` makes the `Cu` / `Nv` variants and the names from them, `hooks/table.rs`
+//! `ffi/symbols.rs` makes the `Cu` / `Nv` variants and the names from them, `hooks/table.rs`
 //! the hook addresses (`crate::hooks::<name>`: a hooked row without an exported hook of
 //! its name does not compile; a `hook!` without a hooked row names no `Cu` variant and does
 //! not compile either).

@@ -6,9 +6,9 @@
 //! [`hami_dlsym_decide`] whether the name is one we hook, and otherwise *jumps* (not calls)
 //! into the real `dlsym`, with the caller's return address still on the stack.
 
+use crate::ffi::real;
+use crate::ffi::symbols::{self, CUDA, NVML};
 use crate::hooks::table;
-use crate::real;
-use crate::symbols::{self, CUDA, NVML};
 use std::ffi::{c_char, c_void, CStr};
 
 /// Decides whether `dlsym(handle, name)` must return one of our hooks.
@@ -42,7 +42,7 @@ extern "C" fn hami_dlsym_decide(handle: *mut c_void, name: *const c_char) -> *mu
 fn decide_slow(handle: *mut c_void, name: *const c_char, cuda: bool) -> *mut c_void {
     // No panic may unwind into the trampoline.
     std::panic::catch_unwind(|| {
-        if real::resolving() || crate::config::control_disabled() {
+        if real::resolving() || crate::ffi::config::control_disabled() {
             return std::ptr::null_mut();
         }
         // SAFETY: non-null C string from the caller.

@@ -12,60 +12,47 @@
 //!   rewritten by address.
 //!
 //! The hooks ([`hooks`], one file per family) are thin, all defined with one prelude
-//! ([`shim`]); the decisions live in plain Rust: [`accounting`] (charge / call / record),
-//! [`context`] (contexts), [`pool_reservations`] (what stream-ordered pools hold reserved),
-//! [`module_memory`] (module and library memory), [`lmem`] (context limits and local
-//! memory), [`backstop`] (what no hook saw), [`gate`] (the compute share), [`policy`] (views
-//! and estimates), [`proclist`] (NVML's process lists inside the container) with [`hostpid`]
-//! (this process's host pid), [`config`]. [`glibc_compat`]: what glibc before 2.34 kept in
-//! `libdl` and `libpthread`, found at run time. [`unwind`]: the panic guard's unwinder, linked in
-//! so that no exec pays for `libgcc_s` (`docs/preload.md`, "At load").
-//!
-//! The modules form layers, each using only those below it (no cycle):
-//! * [`hooks`] (with [`hooks::table`], our hooks' addresses) and [`dlsym`], the exports;
-//! * [`measure`]: the real driver's and NVML's readings, the current context's device;
-//! * [`state`]: the configuration, the region and this process's [`state::Holdings`];
-//! * the tables they hold ([`accounting`], [`context`], [`pool_reservations`],
-//!   [`module_memory`], [`lmem`], [`backstop`], [`gate`], [`hostpid`], [`devmap`]: which
-//!   container device each CUDA ordinal is) and the plain helpers
-//!   ([`ctx_devices`], `keymap`, [`spin`], [`policy`], [`proclist`], [`images`], [`config`],
-//!   [`log`], [`refusals`], [`export_table`]);
-//! * [`shim`], [`symbols`] (the real functions, by name) over [`real`], and [`cuda`] (the
-//!   driver's types).
+//! ([`ffi::shim`]); the decisions live in plain Rust, in layers, each a folder named for what
+//! it holds and importing only from its own layer or those below (no import runs up a layer:
+//! `cargo xtask circles` checks it, `xtask/src/layers.rs`). Bottom to top:
+//! * [`ffi`]: the foreign interface and the environment: [`ffi::cuda`] (the driver's and
+//!   NVML's types), [`ffi::symbols`] (the real functions, by name) over [`ffi::real`] (the
+//!   real libraries and the real `dlsym`), [`ffi::shim`] (the hook prelude), [`ffi::unwind`]
+//!   (the panic guard's unwinder, linked in so that no exec pays for `libgcc_s`:
+//!   `docs/preload.md`, "At load"), [`ffi::log`], [`ffi::config`] (`docs/preload.md`),
+//!   [`ffi::glibc_compat`] (what glibc before 2.34 kept in `libdl` and `libpthread`, found at
+//!   run time);
+//! * [`driver`]: the real driver's and NVML's answers, read or rewritten, with no table of
+//!   ours: [`driver::devmap`] (which container device each CUDA ordinal is),
+//!   [`driver::proclist`] (NVML's process lists inside the container), [`driver::export_table`]
+//!   (NVML's private export table), [`driver::hostpid`] (this process's host pid);
+//! * [`ledger`]: what the process is charged: [`ledger::accounting`] (charge / call /
+//!   record) with its key map, its shards' lock ([`ledger::spin`]) and its context → device
+//!   cache ([`ledger::ctx_devices`]), [`ledger::backstop`] (what no hook saw),
+//!   [`ledger::refusals`], [`ledger::policy`] (views and estimates);
+//! * [`objects`]: the driver's objects we keep track of: [`objects::context`] (contexts),
+//!   [`objects::green`], [`objects::module_memory`] (module and library memory) with
+//!   [`objects::images`], [`objects::pool_reservations`] (what stream-ordered pools hold
+//!   reserved), [`objects::graph_memory`], [`objects::vmm`], [`objects::lmem`] (context limits
+//!   and local memory);
+//! * [`compute`]: the compute share: [`compute::gate`] and its process-wide switch
+//!   ([`compute::arming`]);
+//! * [`state`]: the configuration, the region and this process's [`state::Holdings`] (every
+//!   table above);
+//! * [`measure`]: the real driver's and NVML's readings combined with the process's tables
+//!   (the context meter, the current context's device);
+//! * the exports: [`hooks`] (with [`hooks::table`], our hooks' addresses) and [`dlsym`].
 
-pub mod accounting;
-pub mod backstop;
-pub mod config;
-pub mod context;
-pub mod ctx_devices;
-pub mod cuda;
-pub mod devmap;
-pub mod dlsym;
-pub mod export_table;
-pub mod gate;
-pub mod glibc_compat;
-pub mod graph_memory;
-pub mod green;
-pub mod hooks;
-pub mod hostpid;
-pub mod images;
-pub(crate) mod keymap;
-pub mod lmem;
 #[macro_use]
-pub mod log;
+pub mod ffi;
+pub mod compute;
+pub mod dlsym;
+pub mod driver;
+pub mod hooks;
+pub mod ledger;
 pub mod measure;
-pub mod module_memory;
-pub mod policy;
-pub mod pool_reservations;
-pub mod proclist;
-pub mod real;
-pub mod refusals;
-pub mod shim;
-pub mod spin;
+pub mod objects;
 pub mod state;
-pub mod symbols;
-pub mod unwind;
-pub mod vmm;
 
 /// Exported marker: lets `hami-agent` recognise this library by content whatever its file
 /// name, e.g. when installed as HAMi-core's `/usr/local/vgpu/libvgpu.so` so that HAMi's device

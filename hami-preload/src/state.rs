@@ -12,11 +12,11 @@
 //! one result is kept. Nothing runs at load time; a `.fini_array` entry unregisters the slot
 //! at normal exit (and does nothing in a process that never used CUDA).
 
-use crate::accounting::{Accounts, Deny, Ledger, NoSlot};
-use crate::config::Config;
-use crate::context::ContextTable;
-pub use crate::devmap::Placed;
-use crate::log::Level;
+pub use crate::driver::devmap::Placed;
+use crate::ffi::config::Config;
+use crate::ffi::log::Level;
+use crate::ledger::accounting::{Accounts, Deny, Ledger, NoSlot};
+use crate::objects::context::ContextTable;
 use hami_common::layout::{UsageKind, MAX_DEVICES};
 use hami_common::region::{
     compute_policy_name, DenyReason, OpenOutcome, ProcessId, Region, RegionConfig, SlotId,
@@ -51,23 +51,23 @@ fn global_slow() -> &'static Global {
     if GLOBAL.set(g).is_ok() {
         // Only the thread whose state was kept reports.
         for (level, m) in messages {
-            crate::log::write(level, format_args!("{m}"));
+            crate::ffi::log::write(level, format_args!("{m}"));
         }
     }
     GLOBAL.get().expect("GLOBAL was just set")
 }
 
 fn device_count() -> u32 {
-    crate::devmap::driver_count().map_or(0, |n| n as u32)
+    crate::driver::devmap::driver_count().map_or(0, |n| n as u32)
 }
 
 fn build_global() -> (Global, Vec<(Level, String)>) {
-    crate::log::init();
+    crate::ffi::log::init();
     let config = Config::from_env();
     let mut messages = Vec::new();
     for e in &config.errors {
         // Region permissions: reported with the region, which stays closed.
-        let Some(consequence) = crate::config::consequence(e) else {
+        let Some(consequence) = crate::ffi::config::consequence(e) else {
             continue;
         };
         messages.push((Level::Error, format!("{e}; {consequence}")));
@@ -77,8 +77,8 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
             Level::Warn,
             format!(
                 "invalid {}={v:?}: not a number of milliseconds (at most an hour); using {}",
-                crate::config::ENV_LOCK_TIMEOUT,
-                crate::config::DEFAULT_LOCK_TIMEOUT_MS
+                crate::ffi::config::ENV_LOCK_TIMEOUT,
+                crate::ffi::config::DEFAULT_LOCK_TIMEOUT_MS
             ),
         ));
     }
@@ -87,7 +87,7 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
             Level::Warn,
             format!(
                 "{}={v:?} refused: hami-preload does not oversubscribe device memory into host memory; each device's quota stays its CUDA_DEVICE_MEMORY_LIMIT, within the GPU's physical memory",
-                crate::config::ENV_OVERSUBSCRIBE
+                crate::ffi::config::ENV_OVERSUBSCRIBE
             ),
         ));
     }
@@ -96,8 +96,8 @@ fn build_global() -> (Global, Vec<(Level, String)>) {
             Level::Warn,
             format!(
                 "invalid {}={v:?}: not a number of milliseconds; using {}",
-                crate::config::ENV_BACKSTOP_INTERVAL,
-                crate::config::DEFAULT_BACKSTOP_INTERVAL_MS
+                crate::ffi::config::ENV_BACKSTOP_INTERVAL,
+                crate::ffi::config::DEFAULT_BACKSTOP_INTERVAL_MS
             ),
         ));
     }
@@ -194,21 +194,21 @@ pub struct Holdings {
     /// Contexts.
     pub contexts: ContextTable,
     /// Stream-ordered pools.
-    pub pools: crate::pool_reservations::PoolTable,
+    pub pools: crate::objects::pool_reservations::PoolTable,
     /// Executable graphs with memory nodes and the graph pools' charge.
-    pub graphs: crate::graph_memory::GraphTable,
+    pub graphs: crate::objects::graph_memory::GraphTable,
     /// Green contexts.
-    pub greens: crate::green::GreenTable,
+    pub greens: crate::objects::green::GreenTable,
     /// Mapped `cuMemCreate` handles, which outlive their release while mapped.
-    pub mappings: crate::vmm::Mappings,
+    pub mappings: crate::objects::vmm::Mappings,
     /// Modules and libraries.
-    pub modules: crate::module_memory::ModuleTable,
+    pub modules: crate::objects::module_memory::ModuleTable,
     /// The backstop's refresh clock.
-    pub backstop: crate::backstop::Backstop,
+    pub backstop: crate::ledger::backstop::Backstop,
     /// Context limits and local memory.
-    pub limits: crate::lmem::Limits,
+    pub limits: crate::objects::lmem::Limits,
     /// The launch gate's submissions in flight and spare events.
-    pub gate: crate::gate::Gate,
+    pub gate: crate::compute::gate::Gate,
     denial_logged: [AtomicBool; MAX_DEVICES],
 }
 
@@ -283,8 +283,8 @@ impl Holdings {
                 }
             }
         }
-        crate::devmap::record_all(region);
-        crate::hostpid::on_registered(region, s);
+        crate::driver::devmap::record_all(region);
+        crate::driver::hostpid::on_registered(region, s);
         g.current = Some(s);
         let boxed: &'static SlotId = match g.published {
             Some(b) if *b == s => b,
@@ -310,12 +310,12 @@ impl Holdings {
 }
 
 /// Where CUDA ordinal `ord` of this process lies among the container's devices
-/// ([`crate::devmap`]): the region's index, or what to do with a device the region does not
+/// ([`crate::driver::devmap`]): the region's index, or what to do with a device the region does not
 /// know.
 #[inline]
 pub fn placed(ord: usize) -> Placed {
     let g = global();
-    crate::devmap::placed(ord, g.region.as_ref().ok(), || container_limited(g))
+    crate::driver::devmap::placed(ord, g.region.as_ref().ok(), || container_limited(g))
 }
 
 /// Adds one to the region's refusal counter of the container's device that this process's

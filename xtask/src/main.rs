@@ -19,6 +19,7 @@ mod demo;
 mod dist;
 mod dist_arch;
 mod fuzz;
+mod layers;
 mod setup;
 mod test;
 mod test_aarch64;
@@ -119,7 +120,10 @@ fn run(task: Task) -> Result<()> {
         Task::Fuzz { seconds } => fuzz::fuzz(seconds).map(|_| ()),
         Task::GpuBundle => bundle::gpu_bundle(&util::project_root()).map(|_| ()),
         Task::Dist => dist::dist(&util::project_root()).map(|_| ()),
-        Task::Circles => circles::check(&util::project_root()),
+        Task::Circles => {
+            circles::check(&util::project_root())?;
+            layers::check(&util::project_root())
+        }
     }
 }
 

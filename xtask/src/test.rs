@@ -36,6 +36,8 @@ pub fn test(opts: &TestOptions) -> Result<()> {
     if !opts.no_lint {
         step("no circle between the files of a crate (cargo xtask circles)");
         crate::circles::check(&root)?;
+        step("no import up a layer of hami-preload (cargo xtask circles)");
+        crate::layers::check(&root)?;
 
         step("cargo clippy");
         run_checked(cargo(&root).args([

@@ -5,13 +5,13 @@
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::shared::{alloc_ptr, array_alloc, finish, release};
-use crate::accounting::{Allocated, KeySpace};
-use crate::cuda::*;
+use crate::ffi::cuda::*;
+use crate::ffi::shim::hook;
+use crate::ffi::symbols::{self, Cu};
+use crate::ledger::accounting::{Allocated, KeySpace};
+use crate::ledger::policy;
 use crate::measure::current_dev_ctx;
-use crate::policy;
-use crate::shim::hook;
 use crate::state::ProcLedger;
-use crate::symbols::{self, Cu};
 use hami_common::intercept;
 use hami_common::layout::MAX_DEVICES;
 use std::ffi::c_uint;

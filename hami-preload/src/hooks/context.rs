@@ -1,18 +1,18 @@
 //! Hooks of context creation and destruction (primary retain / release / reset,
 //! `cuCtxCreate*`, `cuCtxDestroy*`): each measures and charges through
-//! [`crate::context::ContextTable`] with the real driver's [`crate::context::Meter`].
+//! [`crate::objects::context::ContextTable`] with the real driver's [`crate::objects::context::Meter`].
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::nvml_procs::driver_host_pids;
-use crate::context::ContextOutcome;
-use crate::cuda::*;
-use crate::hostpid;
+use crate::driver::hostpid;
+use crate::ffi::cuda::*;
+use crate::ffi::shim::hook;
+use crate::ffi::symbols::{self, Cu};
 use crate::measure::nvml::nvml_handle;
 use crate::measure::{log_context_outcome, meter};
-use crate::shim::hook;
+use crate::objects::context::ContextOutcome;
 use crate::state::{self, ProcLedger};
-use crate::symbols::{self, Cu};
 use std::ffi::{c_int, c_uint, c_void};
 
 hook! {
@@ -302,7 +302,7 @@ hook! {
 // ---------------------------------------------------------------- host pid
 
 /// Runs `create` (a context creation on CUDA ordinal `dev`), reading the device's compute
-/// list around it while this process's host pid is unknown ([`crate::hostpid`], rule 3), then
+/// list around it while this process's host pid is unknown ([`crate::driver::hostpid`], rule 3), then
 /// records the host pid in the slot. Costs one lock when the host pid is already known and
 /// recorded.
 fn around_context_creation(dev: usize, create: impl FnOnce() -> CUresult) -> CUresult {

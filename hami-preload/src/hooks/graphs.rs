@@ -1,4 +1,4 @@
-//! Hooks of graphs with memory nodes ([`crate::graph_memory`]): instantiation and update read
+//! Hooks of graphs with memory nodes ([`crate::objects::graph_memory`]): instantiation and update read
 //! the graph's allocation nodes, uploads and launches admit the growth of the device's graph
 //! pool before the driver maps it, trims and destroyed executable graphs let the charge
 //! follow the pool.
@@ -6,12 +6,12 @@
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::shared::report_denial;
-use crate::accounting::KeySpace;
-use crate::cuda::*;
-use crate::graph_memory::{ExecNeed, GraphReading, Refused};
-use crate::shim::hook;
+use crate::ffi::cuda::*;
+use crate::ffi::shim::hook;
+use crate::ffi::symbols::{self, Cu};
+use crate::ledger::accounting::KeySpace;
+use crate::objects::graph_memory::{ExecNeed, GraphReading, Refused};
 use crate::state::{self, ProcLedger};
-use crate::symbols::{self, Cu};
 use hami_common::layout::MAX_DEVICES;
 use std::ffi::{c_char, c_int, c_void};
 
@@ -120,7 +120,7 @@ fn captured_live(dptr: u64) -> bool {
 }
 
 /// An upload or launch of `exec` (`launch`: a launch): the graph pool's growth admitted
-/// first ([`crate::graph_memory::GraphTable::run`]); refused: `CUDA_ERROR_OUT_OF_MEMORY`, the
+/// first ([`crate::objects::graph_memory::GraphTable::run`]); refused: `CUDA_ERROR_OUT_OF_MEMORY`, the
 /// driver not called.
 pub(crate) fn with_graph_memory(
     what: &str,

@@ -1,13 +1,13 @@
-//! Hooks of green contexts ([`crate::green`]): creation admitted and measured, destruction
+//! Hooks of green contexts ([`crate::objects::green`]): creation admitted and measured, destruction
 //! uncharged.
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::shared::report_denial;
-use crate::cuda::*;
+use crate::ffi::cuda::*;
+use crate::ffi::shim::hook;
+use crate::ledger::policy::ContextCost;
 use crate::measure::{current_dev_ctx, meter};
-use crate::policy::ContextCost;
-use crate::shim::hook;
 use crate::state::ProcLedger;
 use hami_common::layout::MAX_DEVICES;
 use std::ffi::{c_uint, c_void};

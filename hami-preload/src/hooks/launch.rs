@@ -5,23 +5,22 @@
 //!
 //! Below the hooks: the launch gate's way in for every submission and synchronisation hook
 //! (`gate_enter` / `gate_leave`, `gated`, `gate_on_sync`), over this process's
-//! [`crate::gate::Gate`] and the region's compute cells, behind a process-wide switch.
+//! [`crate::compute::gate::Gate`] and the region's compute cells, behind a process-wide switch.
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use crate::cuda::*;
-use crate::gate;
-use crate::shim::hook;
+use crate::compute::arming::ARMING;
+use crate::compute::gate;
+use crate::ffi::cuda::*;
+use crate::ffi::shim::hook;
 use crate::state;
-use hami_common::layout::MAX_DEVICES;
 use hami_common::region::{ComputeCells, Region};
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
 /// A launch of `func` (a `CUfunction` or a `CUkernel`) on `stream` (`ptsz`: of a
 /// per-thread-stream entry point): local memory the kernel needs beyond what the context
 /// holds is admitted first ([`super::limits::before_launch`]; refused: the launch does not
-/// happen); then the launch gate ([`crate::gate::enter`] / [`crate::gate::leave`]: one atomic
+/// happen); then the launch gate ([`crate::compute::gate::enter`] / [`crate::compute::gate::leave`]: one atomic
 /// load without a compute share; its waits happen before any measurement starts) around the
 /// first-launch measurement of each module's kernels
 /// ([`super::modules::launch_measured`]).
@@ -193,38 +192,12 @@ hook! {
     }
 }
 
-// ---- the process-wide switch: one atomic load on the launch path without a limit ----
-
-const ARM_UNKNOWN: u8 = 0;
-const ARM_OFF: u8 = 1;
-const ARM_ON: u8 = 2;
-static ARMED: AtomicU8 = AtomicU8::new(ARM_UNKNOWN);
-static SHARES: [AtomicU32; MAX_DEVICES] = [const { AtomicU32::new(0) }; MAX_DEVICES];
+// ---- the process-wide switch ([`crate::compute::arming`]) ----
 
 /// Whether any device has a compute share: the only check on the launch path without one.
 #[inline]
 fn armed() -> bool {
-    match ARMED.load(Ordering::Relaxed) {
-        ARM_OFF => false,
-        ARM_ON => true,
-        _ => arm(),
-    }
-}
-
-#[cold]
-#[inline(never)]
-fn arm() -> bool {
-    let g = state::global();
-    let mut any = false;
-    if let Ok(region) = &g.region {
-        for (d, s) in SHARES.iter().enumerate() {
-            let pct = gate::effective_share(region.sm_limit(d), region.compute_policy(d));
-            s.store(pct, Ordering::Relaxed);
-            any |= pct != 0;
-        }
-    }
-    ARMED.store(if any { ARM_ON } else { ARM_OFF }, Ordering::Release);
-    any
+    ARMING.armed(|| state::global().region.as_ref().ok())
 }
 
 /// The effective share of this process's CUDA ordinal `dev` (0 = none), once [`armed`]: the
@@ -233,7 +206,7 @@ fn arm() -> bool {
 /// context included.
 fn share(dev: usize) -> u32 {
     match state::placed(dev) {
-        state::Placed::Index(c) => SHARES.get(c).map_or(0, |s| s.load(Ordering::Relaxed)),
+        state::Placed::Index(c) => ARMING.share(c),
         _ => 0,
     }
 }

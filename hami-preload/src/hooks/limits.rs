@@ -1,15 +1,15 @@
 //! Hook of `cuCtxSetLimit` and the launch path's local-memory admission: the sizing and the
-//! charges are [`crate::lmem`]; here is the real driver behind [`LimitDriver`].
+//! charges are [`crate::objects::lmem`]; here is the real driver behind [`LimitDriver`].
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::shared::report_denial;
-use crate::cuda::*;
-use crate::lmem::{self, LimitDriver, LimitError, Sizing};
+use crate::ffi::cuda::*;
+use crate::ffi::shim::hook;
+use crate::ffi::symbols::{self, Cu};
 use crate::measure::{current_dev_ctx, meter};
-use crate::shim::hook;
+use crate::objects::lmem::{self, LimitDriver, LimitError, Sizing};
 use crate::state::ProcLedger;
-use crate::symbols::{self, Cu};
 use std::ffi::c_int;
 
 /// The real driver's limit, attribute and device queries.
@@ -128,7 +128,7 @@ hook! {
     }
 }
 
-/// `cuCtxSetLimit` in the current context ([`crate::lmem::Limits::set_limit`]); the
+/// `cuCtxSetLimit` in the current context ([`crate::objects::lmem::Limits::set_limit`]); the
 /// device-runtime limits, which nothing can size beforehand, are measured around the call
 /// and put back if what they took does not fit.
 fn set_limit(limit: c_int, value: u64, real: impl FnOnce() -> CUresult) -> CUresult {
@@ -174,7 +174,7 @@ fn set_limit(limit: c_int, value: u64, real: impl FnOnce() -> CUresult) -> CUres
 }
 
 /// Before a launch of `func`: `Some(code)` when the launch must not happen (its local memory
-/// does not fit), `None` to go on ([`crate::lmem::Limits::before_launch`]).
+/// does not fit), `None` to go on ([`crate::objects::lmem::Limits::before_launch`]).
 #[inline]
 pub(crate) fn before_launch(what: &str, func: CUfunction) -> Option<CUresult> {
     let l = ProcLedger::current();
@@ -191,7 +191,7 @@ pub(crate) fn before_launch(what: &str, func: CUfunction) -> Option<CUresult> {
     }
 }
 
-/// `real` (a launch) followed by [`crate::lmem::Limits::after_launch`], inside whatever
+/// `real` (a launch) followed by [`crate::objects::lmem::Limits::after_launch`], inside whatever
 /// measures around it.
 #[inline]
 pub(crate) fn after_launch(real: impl FnOnce() -> CUresult) -> impl FnOnce() -> CUresult {

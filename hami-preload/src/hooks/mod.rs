@@ -1,8 +1,8 @@
 //! The exported driver and NVML functions, each a thin shim defined with
-//! `hook!` ([`crate::shim`]): the prelude (panic guard, real function, re-entry check),
+//! `hook!` ([`crate::ffi::shim`]): the prelude (panic guard, real function, re-entry check),
 //! then the raw arguments checked and converted, one call into plain-Rust policy
-//! ([`crate::accounting`], [`crate::context`], [`crate::pool_reservations`],
-//! [`crate::module_memory`], [`crate::backstop`], [`crate::policy`]) with closures over the
+//! ([`crate::ledger::accounting`], [`crate::objects::context`], [`crate::objects::pool_reservations`],
+//! [`crate::objects::module_memory`], [`crate::ledger::backstop`], [`crate::ledger::policy`]) with closures over the
 //! real driver, and the result converted back. This file re-exports every hook ([`table`],
 //! the hook addresses `dlsym` and `cuGetProcAddress` hand out, finds them here); the glue
 //! they share (allocate-and-charge, release, refusal logging, the backstop's refresh and what
@@ -11,7 +11,8 @@
 //! * [`alloc`] — allocations and releases (pointers, handles, arrays, mipmapped arrays);
 //! * [`pools`] — stream-ordered pools and synchronisations;
 //! * [`modules`] — modules, libraries, lookups and launches;
-//! * [`launch`] — cooperative and graph launches, and the launch gate's way in;
+//! * [`launch`] — the `cuLaunchKernel*`, cooperative and graph launches, and the launch
+//!   gate's way in (its switch is [`crate::compute::arming`]);
 //! * [`green`] — green contexts, admitted and charged as context memory;
 //! * [`graphs`] — graphs with memory nodes: instantiation, upload, launch admission, trims;
 //! * [`limits`] — context limits (`cuCtxSetLimit`) and the local memory launches reserve;

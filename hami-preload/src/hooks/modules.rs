@@ -1,18 +1,18 @@
 //! Hooks of modules and libraries (eager and lazy loading) and function lookups, and the
 //! first-launch measurement the launch hooks (`launch.rs`) call: module memory is measured
-//! where it arrives and charged ([`crate::module_memory`]).
+//! where it arrives and charged ([`crate::objects::module_memory`]).
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::shared::{backstop_poll, finish, report_denial};
-use crate::cuda::*;
-use crate::images::{self, EstimateError};
+use crate::ffi::cuda::*;
+use crate::ffi::shim::{enter, hook};
+use crate::ffi::symbols::{self, Cu};
+use crate::ledger::policy::ContextCost;
 use crate::measure::{current_dev_ctx, meter};
-use crate::module_memory::{Claim, Estimate, Stage};
-use crate::policy::ContextCost;
-use crate::shim::{enter, hook};
+use crate::objects::images::{self, EstimateError};
+use crate::objects::module_memory::{Claim, Estimate, Stage};
 use crate::state::{self, ProcLedger};
-use crate::symbols::{self, Cu};
 use hami_image::Statics;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
@@ -199,7 +199,7 @@ fn unload_library(h: u64) {
 /// The first lookup or launch of `owner`'s functions (of a module; of a library, in each
 /// context): what its image's statics need admitted first (refused:
 /// `CUDA_ERROR_OUT_OF_MEMORY`, `real` not called), then measured around `real` and charged
-/// ([`crate::module_memory::ModuleTable::charge_stage`]); every later one just calls `real`.
+/// ([`crate::objects::module_memory::ModuleTable::charge_stage`]); every later one just calls `real`.
 fn first_use(what: &str, owner: u64, stage: Stage, real: impl FnOnce() -> CUresult) -> CUresult {
     let l = ProcLedger::current();
     let Ok((dev, ctx)) = current_dev_ctx() else {

@@ -5,18 +5,18 @@
 //! process's life, identical but for the three process-list slots, which point to the slot
 //! functions below: they call the driver's function with every argument register as given,
 //! then narrow a successful answer in place to the container's processes
-//! ([`crate::export_table::narrow_entries`], the public lists' rule). Every other table,
+//! ([`crate::driver::export_table::narrow_entries`], the public lists' rule). Every other table,
 //! every other slot and any surprise are the driver's, untouched; each reason to pass a table
 //! through is logged once. The policy (what is checked, how entries are narrowed) is plain
-//! Rust in [`crate::export_table`].
+//! Rust in [`crate::driver::export_table`].
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // The hook has the contract of its NVML function.
 
-use crate::cuda::*;
-use crate::export_table::{self as xt, PassThrough, Untouched, ENTRY_BYTES, PROCESS_SLOTS};
+use crate::driver::export_table::{self as xt, PassThrough, Untouched, ENTRY_BYTES, PROCESS_SLOTS};
+use crate::ffi::cuda::*;
+use crate::ffi::shim::{self, hook};
+use crate::ffi::symbols::{self, Nv};
 use crate::hooks::nvml_procs::container_of;
-use crate::shim::{self, hook};
-use crate::symbols::{self, Nv};
 use std::ffi::{c_char, c_uint, c_void, CStr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;

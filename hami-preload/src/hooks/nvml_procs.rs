@@ -1,19 +1,19 @@
 //! Hooks of NVML's process lists (`nvmlDeviceGetComputeRunningProcesses`, `_v2`, `_v3`, the
 //! graphics and MPS variants): inside a container with a quota they list the container's own
 //! processes, with their pids as the container sees them and their usage from the region
-//! ([`crate::proclist::container_view`]). Each shim reads the driver's whole list (growing
+//! ([`crate::driver::proclist::container_view`]). Each shim reads the driver's whole list (growing
 //! its own buffer), narrows it, and answers with `nvml.h`'s `*infoCount` protocol. Unknown
 //! device handles and devices without a quota pass through unchanged.
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its NVML function.
 
-use crate::cuda::*;
-use crate::hostpid;
+use crate::driver::hostpid;
+use crate::driver::proclist::{self, ListKind, Member, ProcEntry, Reading, Reply, NO_INSTANCE};
+use crate::ffi::cuda::*;
+use crate::ffi::shim::hook;
+use crate::ffi::symbols::{self, Nv};
 use crate::measure::nvml::nvml_container_dev;
-use crate::proclist::{self, ListKind, Member, ProcEntry, Reading, Reply, NO_INSTANCE};
-use crate::shim::hook;
 use crate::state;
-use crate::symbols::{self, Nv};
 use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
 use hami_common::region::is_alive;
 use std::ffi::c_uint;

@@ -1,18 +1,18 @@
 //! Hooks of stream-ordered pools and of synchronisations: `cuMemAllocAsync` /
 //! `cuMemAllocFromPoolAsync` (and `_ptsz`) charge what the pool reserves
-//! ([`crate::pool_reservations`]); pool creation, destruction, trims and attributes, and every
+//! ([`crate::objects::pool_reservations`]); pool creation, destruction, trims and attributes, and every
 //! synchronisation (where a pool may give memory back), keep that charge current.
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::shared::{alloc_ptr, backstop_poll, backstop_tick, finish, read_pool, release};
-use crate::accounting::KeySpace;
-use crate::cuda::*;
+use crate::ffi::cuda::*;
+use crate::ffi::shim::{enter, hook};
+use crate::ffi::symbols::{self, Cu};
+use crate::ledger::accounting::KeySpace;
 use crate::measure::current_dev_ctx;
-use crate::pool_reservations::PoolAlloc;
-use crate::shim::{enter, hook};
+use crate::objects::pool_reservations::PoolAlloc;
 use crate::state::{self, ProcLedger};
-use crate::symbols::{self, Cu};
 use hami_common::layout::MAX_DEVICES;
 use std::ffi::{c_int, c_void};
 
@@ -66,7 +66,7 @@ fn undo_pool_alloc(ptr: u64, stream: CUstream, ptsz: bool, pool: u64, keep: u64)
 }
 
 /// `cuMemAllocAsync` / `cuMemAllocFromPoolAsync` (`pool`), `_ptsz` variants (`ptsz`): the
-/// pool's reservation is charged ([`crate::pool_reservations`]). During stream capture the memory comes
+/// pool's reservation is charged ([`crate::objects::pool_reservations`]). During stream capture the memory comes
 /// from the graph's pool, not this one: the allocation is charged itself, as data. A driver
 /// that cannot describe its pools gets the same per-allocation charge.
 ///

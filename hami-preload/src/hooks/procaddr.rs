@@ -3,9 +3,9 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use crate::cuda::*;
-use crate::shim::hook;
-use crate::symbols::{Cu, CUDA};
+use crate::ffi::cuda::*;
+use crate::ffi::shim::hook;
+use crate::ffi::symbols::{Cu, CUDA};
 use std::ffi::{c_char, c_int, c_void, CStr};
 
 /// After a successful real `cuGetProcAddress*`: hand out our hook instead of the real

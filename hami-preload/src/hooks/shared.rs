@@ -1,31 +1,31 @@
 //! What several hooks share: allocate-and-charge, release, refusal logging, the backstop's
 //! refresh and what a destroyed context takes with it.
 
-use crate::accounting::{AllocError, Allocated, Deny, KeySpace};
-use crate::backstop::{self, Backstop};
-use crate::context::OwnUsage;
-use crate::cuda::*;
+use crate::ffi::cuda::*;
+use crate::ffi::symbols::{self, Cu};
+use crate::ledger::accounting::{AllocError, Allocated, Deny, KeySpace};
+use crate::ledger::backstop::{self, Backstop};
 use crate::measure::current_dev_ctx;
 use crate::measure::nvml::{nvml_own_used, nvml_ready};
-use crate::pool_reservations::PoolReading;
+use crate::objects::context::OwnUsage;
+use crate::objects::pool_reservations::PoolReading;
 use crate::state::{self, Holdings, ProcLedger};
-use crate::symbols::{self, Cu};
 use hami_common::layout::{UsageKind, MAX_DEVICES};
 use std::ffi::c_int;
 
 /// Logs and counts a refused memory request (`CUDA_ERROR_OUT_OF_MEMORY` without the
 /// driver's say). Every refusal adds one to the region's per-device counter
 /// (`DeviceCompute::refusals`, what the agent exports). An over-quota refusal is a warning,
-/// rate-limited per device ([`crate::refusals`]): the first at once, then at most one line
+/// rate-limited per device ([`crate::ledger::refusals`]): the first at once, then at most one line
 /// per interval saying how many were refused since the last; a fail-closed refusal is an
 /// error the first time, debug after.
 pub(crate) fn report_denial(what: &str, p: &Holdings, dev: usize, d: &Deny) {
     state::count_refusal(dev);
     if d.is_over_limit() {
-        match crate::refusals::REFUSAL_LOG.on_refusal(dev, backstop::now_ms()) {
+        match crate::ledger::refusals::REFUSAL_LOG.on_refusal(dev, backstop::now_ms()) {
             Some(r) if r.first => crate::warn!(
                 "{what}: CUDA_ERROR_OUT_OF_MEMORY: {d} (further refusals on device {dev} are reported at most every {} s)",
-                crate::refusals::REPORT_INTERVAL_MS / 1000
+                crate::ledger::refusals::REPORT_INTERVAL_MS / 1000
             ),
             Some(r) => crate::warn!(
                 "{what}: CUDA_ERROR_OUT_OF_MEMORY: {d} ({} requests refused on device {dev} since the last report)",
@@ -140,7 +140,7 @@ pub(crate) fn array_alloc(
         |_| {},
     );
     if matches!(r, Err(AllocError::Denied(_)))
-        && crate::policy::array_dims_beyond(dims, device_array_bound(dev))
+        && crate::ledger::policy::array_dims_beyond(dims, device_array_bound(dev))
     {
         crate::debug!(
             "{what}: CUDA_ERROR_INVALID_VALUE: dimensions {dims:?} are beyond what device {dev} \
@@ -151,20 +151,22 @@ pub(crate) fn array_alloc(
     finish(what, &l, dev, r)
 }
 
-/// The largest array dimension device `dev` states ([`crate::policy::ARRAY_DIM_ATTRIBUTES`]),
+/// The largest array dimension device `dev` states ([`crate::ledger::policy::ARRAY_DIM_ATTRIBUTES`]),
 /// or 0 when the driver does not say.
 #[cold]
 fn device_array_bound(dev: usize) -> u64 {
     // SAFETY: the documented type of cuDeviceGetAttribute.
     let Some(get) = (unsafe {
-        crate::symbols::cu::<FnDeviceGetAttribute>(crate::symbols::Cu::cuDeviceGetAttribute)
+        crate::ffi::symbols::cu::<FnDeviceGetAttribute>(
+            crate::ffi::symbols::Cu::cuDeviceGetAttribute,
+        )
     }) else {
         return 0;
     };
     let Ok(dev) = CUdevice::try_from(dev) else {
         return 0;
     };
-    crate::policy::ARRAY_DIM_ATTRIBUTES
+    crate::ledger::policy::ARRAY_DIM_ATTRIBUTES
         .iter()
         .filter_map(|&a| {
             let mut v: std::ffi::c_int = 0;
@@ -230,7 +232,9 @@ pub(crate) fn backstop_poll(only: Option<usize>) {
             _ => return,
         },
         Some(_) => return,
-        None => (0..crate::devmap::driver_count().unwrap_or(0).min(MAX_DEVICES))
+        None => (0..crate::driver::devmap::driver_count()
+            .unwrap_or(0)
+            .min(MAX_DEVICES))
             .filter_map(|d| match state::placed(d) {
                 state::Placed::Index(c) if charged(c) => Some((d, c)),
                 _ => None,

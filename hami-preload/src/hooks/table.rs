@@ -1,10 +1,10 @@
 //! Our hooks' addresses, indexed like the hooked entries of the symbol tables
-//! ([`crate::symbols`]), both generated from the hooked rows of
+//! ([`crate::ffi::symbols`]), both generated from the hooked rows of
 //! [`hami_common::intercept::INTERCEPTS`]: what `dlsym` and `cuGetProcAddress` hand out. A
 //! hooked row without a hook of its name in [`crate::hooks`] does not compile.
 
-use crate::real::RealLib;
-use crate::symbols::{self, cuda_hooked, nvml_hooked};
+use crate::ffi::real::RealLib;
+use crate::ffi::symbols::{self, cuda_hooked, nvml_hooked};
 use std::ffi::c_void;
 
 /// Defines `$addr(i)`: our hook for hooked symbol `i` of one library.
@@ -40,7 +40,9 @@ pub fn cu_hook_for_real(lib: &RealLib, addr: *mut c_void) -> Option<*mut c_void>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::symbols::{cu_hooked_index, nv_hooked_index, Cu, CU_HOOKED, CU_NAMES, NV_HOOKED};
+    use crate::ffi::symbols::{
+        cu_hooked_index, nv_hooked_index, Cu, CU_HOOKED, CU_NAMES, NV_HOOKED,
+    };
     use hami_common::intercept::{Library, INTERCEPTS};
 
     /// Every hooked row of the intercept table is reachable through all three paths: by name

@@ -3,17 +3,17 @@
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
-use crate::cuda::*;
+use crate::ffi::cuda::*;
+use crate::ffi::shim::hook;
+use crate::ledger::policy::{self, DeviceQuota};
 use crate::measure::current_dev_ctx;
 use crate::measure::nvml::nvml_container_dev;
-use crate::policy::{self, DeviceQuota};
-use crate::shim::hook;
 use crate::state::{self, Placed};
 use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
 
 /// The quota of this process's CUDA ordinal `ord` (None: not tracked, report the physical
 /// values). A device the region does not know in a container with limits shows nothing free
-/// ([`crate::devmap::Placed::Refused`]); never another device's quota.
+/// ([`crate::driver::devmap::Placed::Refused`]); never another device's quota.
 fn ordinal_quota(ord: usize) -> Option<DeviceQuota> {
     match state::placed(ord) {
         Placed::Index(c) => quota(c),

@@ -1,5 +1,5 @@
 //! Hooks of the virtual memory management calls that decide when a `cuMemCreate` handle's
-//! memory is really given back ([`crate::vmm`]): `cuMemMap`, `cuMemUnmap`,
+//! memory is really given back ([`crate::objects::vmm`]): `cuMemMap`, `cuMemUnmap`,
 //! `cuMemAddressFree` and `cuMemRetainAllocationHandle`; `cuMemRelease` (in [`super::alloc`])
 //! goes through [`mem_release`]. None of them charges anything: the charge was taken by
 //! `cuMemCreate`, and these only decide when it goes.
@@ -7,11 +7,11 @@
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 
 use super::shared::release;
-use crate::accounting::KeySpace;
-use crate::cuda::*;
-use crate::shim::hook;
+use crate::ffi::cuda::*;
+use crate::ffi::shim::hook;
+use crate::ledger::accounting::KeySpace;
+use crate::objects::vmm::Released;
 use crate::state::ProcLedger;
-use crate::vmm::Released;
 use std::ffi::c_void;
 
 /// Uncharges handles whose memory the driver has given back (the driver already did).

@@ -1,5 +1,5 @@
 //! Measuring context and module memory against the real driver and NVML: the [`Meter`] the
-//! context hooks hand to [`crate::context::ContextTable`] (NVML readings, the driver's own
+//! context hooks hand to [`crate::objects::context::ContextTable`] (NVML readings, the driver's own
 //! `cuMemGetInfo_v2` through a given context, the region's charges, the region-wide
 //! context-creation lock), the current context and its device, and the log line that says
 //! how a context was charged. [`nvml`]: NVML device handles and readings.
@@ -8,17 +8,17 @@
 
 pub mod nvml;
 
-use crate::context::admit::Footprint;
-use crate::context::lock::{self, CtxLock};
-use crate::context::{ContextOutcome, Held, Meter};
-use crate::cuda::*;
-use crate::policy::ContextCost;
+use crate::ffi::cuda::*;
+use crate::ffi::symbols::{self, Cu};
+use crate::ledger::policy::ContextCost;
+use crate::objects::context::admit::Footprint;
+use crate::objects::context::lock::{self, CtxLock};
+use crate::objects::context::{ContextOutcome, Held, Meter};
 use crate::state::{self, ProcLedger};
-use crate::symbols::{self, Cu};
 use nvml::{nvml_own_used, nvml_ready, nvml_used};
 
 /// The current context's device and the context itself. The device comes from the process's
-/// context → device cache when it can (see [`crate::ctx_devices`]), else from `cuCtxGetDevice`.
+/// context → device cache when it can (see [`crate::ledger::ctx_devices`]), else from `cuCtxGetDevice`.
 pub(crate) fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
     let cache = &state::holdings().accounts.ctx_devices;
     // Before asking the driver: a context destroyed after this point is not cached.
@@ -49,7 +49,7 @@ pub(crate) fn current_dev_ctx() -> Result<(usize, usize), CUresult> {
     Ok((dev, ctx))
 }
 
-/// Takes the region-wide context-creation lock (see [`crate::context::lock`]). When no
+/// Takes the region-wide context-creation lock (see [`crate::objects::context::lock`]). When no
 /// measurement is possible (neither NVML nor the driver's `cuMemGetInfo_v2`) there is
 /// nothing to protect: no lock (it would only serialize context creation across the
 /// region's processes).

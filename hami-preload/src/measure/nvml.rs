@@ -3,10 +3,10 @@
 //! and this process's entry in the compute-process lists. The readings behind context and
 //! module measurement ([`crate::measure`]) and the NVML memory views of the hooks.
 
-use crate::context::OwnUsage;
-use crate::cuda::*;
+use crate::ffi::cuda::*;
+use crate::ffi::symbols::{self, Cu, Nv};
+use crate::objects::context::OwnUsage;
 use crate::state;
-use crate::symbols::{self, Cu, Nv};
 use hami_common::layout::MAX_DEVICES;
 use std::ffi::{c_char, c_uint, CStr};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -36,7 +36,7 @@ pub(crate) fn nvml_handle(dev: usize) -> Option<nvmlDevice_t> {
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
     if cache[dev] == 0 {
-        let uuid = crate::devmap::device_uuid(dev as CUdevice)?;
+        let uuid = crate::driver::devmap::device_uuid(dev as CUdevice)?;
         cache[dev] = nvml_handle_for_uuid(&uuid)? as usize;
     }
     Some(cache[dev] as nvmlDevice_t)
@@ -180,7 +180,7 @@ static NVML_INDICES: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
 /// The container's index of an NVML device (NVML lists every device of the container,
 /// whatever `CUDA_VISIBLE_DEVICES` says): where the region recorded its UUID. When it is not
 /// recorded yet (e.g. `nvidia-smi` first), this process initialises the driver and records
-/// what it can place itself ([`crate::devmap::record_all`]), then looks again. `None`: the
+/// what it can place itself ([`crate::driver::devmap::record_all`]), then looks again. `None`: the
 /// region does not know the device.
 pub(crate) fn nvml_container_dev(device: nvmlDevice_t) -> Option<usize> {
     {
@@ -199,7 +199,7 @@ pub(crate) fn nvml_container_dev(device: nvmlDevice_t) -> Option<usize> {
         if let Some(init) = unsafe { symbols::cu::<FnInit>(Cu::cuInit) } {
             // SAFETY: a plain call; an error leaves the driver uninitialised (nothing placed).
             if unsafe { init(0) } == CUDA_SUCCESS {
-                crate::devmap::record_all(region);
+                crate::driver::devmap::record_all(region);
                 found = find();
             }
         }

@@ -44,7 +44,7 @@ fn the_library_needs_only_libc_and_the_loader() {
     // constructor (`__cpu_indicator_init`, CPUID) ran in every exec. With the glibc 2.17 floor
     // the link would also name libdl.so.2 and libpthread.so.0 (dlopen and the pthread_key
     // family lived there before glibc 2.34; since, they are empty and only cost an exec 10
-    // page faults): `src/glibc_compat.rs` reaches those functions at run time instead.
+    // page faults): `src/ffi/glibc_compat.rs` reaches those functions at run time instead.
     // On arm64 the library keeps libgcc_s.so.1 (the static unwinder is x86-64's).
     let mut allowed = vec!["libc.so.6"];
     if cfg!(not(target_arch = "x86_64")) {

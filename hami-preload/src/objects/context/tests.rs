@@ -1,0 +1,856 @@
+use super::*;
+use crate::ledger::accounting::{Allocated, KeySpace, MemLedger};
+
+const MB: u64 = 1 << 20;
+
+/// A meter with no NVML and no lock.
+const NO_NVML: Meter<'static> = Meter {
+    configured: None,
+    used_now: &|_| None,
+    own_used: &|_| OwnUsage::Unavailable,
+    own_data: &|_| 0,
+    region_data: &|_| 0,
+    serialize: &|| None,
+    nvml: false,
+    driver_info: &|_| None,
+    region_used: &|_| 0,
+    footprint: &|_| 0,
+    set_footprint: &|_, _| {},
+};
+
+/// Two processes share a device; `other` creates a context while we create ours.
+#[test]
+fn per_process_measurement_ignores_other_processes() {
+    use std::cell::Cell;
+    let l = MemLedger::with_limit(0, 2 << 30);
+    let t = ContextTable::default();
+    let device = Cell::new(1000 * MB);
+    let mine = Cell::new(None::<u64>);
+    let locks = Cell::new(0);
+    let used_now = |_d: usize| Some(device.get());
+    let own_used = |_d: usize| mine.get().map_or(OwnUsage::NotListed, OwnUsage::Listed);
+    let serialize = || -> Option<Held> {
+        locks.set(locks.get() + 1);
+        Some(Box::new(()))
+    };
+    let fp = Cell::new(0u64);
+    let footprint = |_d: usize| fp.get();
+    let set_footprint = |_d: usize, b: u64| fp.set(b);
+    let m = Meter {
+        configured: None,
+        used_now: &used_now,
+        own_used: &own_used,
+        own_data: &|_| 0,
+        region_data: &|_| 0,
+        serialize: &serialize,
+        nvml: true,
+        footprint: &footprint,
+        set_footprint: &set_footprint,
+        ..NO_NVML
+    };
+    let (r, cost) = t.primary_retain(
+        &l,
+        0,
+        &m,
+        || {
+            // Ours (518 MiB) and another process's (520 MiB) at the same moment.
+            device.set(device.get() + 518 * MB + 520 * MB);
+            mine.set(Some(518 * MB));
+            Ok(0xc0)
+        },
+        |_| true,
+    );
+    assert_eq!(r, CUDA_SUCCESS);
+    assert_eq!(
+        cost.and_then(|o| o.cost()),
+        Some(ContextCost::PerProcess(518 * MB))
+    );
+    assert_eq!(l.used(0, UsageKind::Context), 518 * MB);
+    assert_eq!(locks.get(), 1, "first creation: not yet known to be listed");
+    // A created context on the same device: only its own growth counts, no lock now.
+    let (_, cost) = t.create(
+        &l,
+        0,
+        &m,
+        || {
+            mine.set(Some(518 * MB + 64 * MB));
+            device.set(device.get() + 64 * MB + 700 * MB);
+            Ok(0xc1)
+        },
+        |_| true,
+    );
+    assert_eq!(
+        cost.and_then(|o| o.cost()),
+        Some(ContextCost::PerProcess(64 * MB))
+    );
+    assert_eq!(locks.get(), 1);
+    assert_eq!(l.used(0, UsageKind::Context), 582 * MB);
+}
+
+/// The device-level fallback while another process allocates: its admission charges the
+/// region before its driver call puts the bytes on the device. Read in between, the
+/// region's figure ran ahead of the device's and the context was charged 300 MiB too
+/// little (the flaky `concurrent_context_creation_without_per_process_nvml_is_serialized`
+/// saw 200 MiB for a 500 MiB context); the readings now wait for the region to hold still.
+#[test]
+fn another_processs_allocation_between_admission_and_driver_is_not_subtracted_early() {
+    use std::cell::Cell;
+    let l = MemLedger::with_limit(0, 1 << 32);
+    let t = ContextTable::default();
+    let device = Cell::new(1000 * MB);
+    let region = Cell::new(0u64);
+    // Device readings after the call: the other process's 300 MiB reaches the device
+    // at the second one.
+    let reads_after = Cell::new(None::<u32>);
+    let used_now = |_d: usize| {
+        if let Some(n) = reads_after.get() {
+            reads_after.set(Some(n + 1));
+            if n == 1 {
+                device.set(device.get() + 300 * MB);
+            }
+        }
+        Some(device.get())
+    };
+    let region_data = |_d: usize| region.get();
+    let m = Meter {
+        configured: None,
+        used_now: &used_now,
+        own_used: &|_| OwnUsage::NotListed,
+        own_data: &|_| 0,
+        region_data: &region_data,
+        serialize: &|| -> Option<Held> { Some(Box::new(())) },
+        nvml: true,
+        ..NO_NVML
+    };
+    let (r, cost) = t.primary_retain(
+        &l,
+        0,
+        &m,
+        || {
+            device.set(device.get() + 500 * MB);
+            // The other process's admission, its driver call still to come.
+            region.set(region.get() + 300 * MB);
+            reads_after.set(Some(0));
+            Ok(0xc0)
+        },
+        |_| true,
+    );
+    assert_eq!(r, CUDA_SUCCESS);
+    assert_eq!(
+        l.used(0, UsageKind::Context),
+        500 * MB,
+        "{:?}",
+        cost.and_then(|o| o.cost()).map(|c| c.bytes())
+    );
+}
+
+/// NVML does not list our pid (container pid namespace): device-level delta, under the
+/// lock, minus the data this process allocated meanwhile.
+#[test]
+fn unlisted_process_falls_back_to_a_serialized_device_delta() {
+    use std::cell::Cell;
+    let l = MemLedger::with_limit(0, 1 << 30);
+    let t = ContextTable::default();
+    let device = Cell::new(0u64);
+    let data = Cell::new(10 * MB);
+    let held = std::rc::Rc::new(Cell::new(false));
+    let used_now = |_d: usize| Some(device.get());
+    let own_data = |_d: usize| data.get();
+    struct Guard(std::rc::Rc<Cell<bool>>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.set(false);
+        }
+    }
+    let h2 = held.clone();
+    let serialize = move || -> Option<Held> {
+        h2.set(true);
+        Some(Box::new(Guard(h2.clone())))
+    };
+    let m = Meter {
+        configured: None,
+        used_now: &used_now,
+        own_used: &|_| OwnUsage::NotListed,
+        own_data: &own_data,
+        region_data: &own_data,
+        serialize: &serialize,
+        nvml: true,
+        ..NO_NVML
+    };
+    for round in 0..2 {
+        let (_, cost) = t.create(
+            &l,
+            0,
+            &m,
+            || {
+                assert!(held.get(), "the lock is held around the creation");
+                device.set(device.get() + 300 * MB + 8 * MB);
+                data.set(data.get() + 8 * MB);
+                Ok(0xa0 + round)
+            },
+            |_| true,
+        );
+        assert!(!held.get(), "released after the measurement");
+        assert_eq!(
+            cost.and_then(|o| o.cost()),
+            Some(ContextCost::DeviceDelta {
+                bytes: 300 * MB,
+                serialized: true
+            })
+        );
+    }
+    assert_eq!(l.used(0, UsageKind::Context), 600 * MB);
+    // A failed creation charges nothing and releases the lock.
+    assert_eq!(t.create(&l, 0, &m, || Err(2), |_| true).0, 2);
+    assert!(!held.get());
+    assert_eq!(l.used(0, UsageKind::Context), 600 * MB);
+}
+
+#[test]
+fn primary_lifecycle() {
+    let l = MemLedger::with_limit(0, 1 << 30);
+    let a = Accounts::default();
+    let t = ContextTable::default();
+    let used = std::cell::Cell::new(100 * MB);
+    let read = |_d: usize| Some(used.get());
+    let m = Meter {
+        configured: None,
+        used_now: &read,
+        nvml: true,
+        ..NO_NVML
+    };
+    let (r, cost) = t.primary_retain(
+        &l,
+        0,
+        &m,
+        || {
+            used.set(400 * MB);
+            Ok(0xc0)
+        },
+        |_| true,
+    );
+    assert_eq!(r, CUDA_SUCCESS);
+    assert_eq!(
+        cost.and_then(|o| o.cost()),
+        Some(ContextCost::DeviceDelta {
+            bytes: 300 * MB,
+            serialized: false
+        })
+    );
+    assert_eq!(l.used(0, UsageKind::Context), 300 * MB);
+    // Second retain: no charge.
+    assert_eq!(
+        t.primary_retain(&l, 0, &m, || Ok(0xc0), |_| true).0,
+        CUDA_SUCCESS
+    );
+    assert_eq!(l.used(0, UsageKind::Context), 300 * MB);
+    a.alloc(
+        &l,
+        KeySpace::Pointer,
+        0,
+        0xc0,
+        MB,
+        || Ok(Allocated { key: 1, bytes: MB }),
+        |_| {},
+    )
+    .unwrap();
+    // A failed release changes nothing.
+    assert_eq!(t.primary_release(&l, &a, 0, || 201), 201);
+    assert_eq!(t.primary_release(&l, &a, 0, || CUDA_SUCCESS), CUDA_SUCCESS);
+    assert_eq!(l.used(0, UsageKind::Context), 300 * MB);
+    assert_eq!(l.used(0, UsageKind::Data), MB);
+    // Last release: context and its allocations are gone.
+    assert_eq!(t.primary_release(&l, &a, 0, || CUDA_SUCCESS), CUDA_SUCCESS);
+    assert_eq!(l.total(0), 0);
+    assert!(a.is_empty());
+    // Release without retain: driver's answer, nothing changes.
+    assert_eq!(t.primary_release(&l, &a, 0, || CUDA_SUCCESS), CUDA_SUCCESS);
+    assert_eq!(l.total(0), 0);
+}
+
+#[test]
+fn configured_overhead_and_created_contexts() {
+    let l = MemLedger::with_limit(1, 1 << 30);
+    let a = Accounts::default();
+    let t = ContextTable::default();
+    let m = Meter {
+        configured: Some(64 * MB),
+        ..NO_NVML
+    };
+    assert_eq!(
+        t.create(&l, 1, &m, || Ok(0xa), |_| true)
+            .1
+            .and_then(|o| o.cost()),
+        Some(ContextCost::Configured(64 * MB))
+    );
+    assert_eq!(t.create(&l, 1, &m, || Err(2), |_| true).0, 2);
+    assert_eq!(l.used(1, UsageKind::Context), 64 * MB);
+    a.alloc(
+        &l,
+        KeySpace::Pointer,
+        1,
+        0xa,
+        MB,
+        || Ok(Allocated { key: 9, bytes: MB }),
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(t.destroy(&l, &a, 0xa, || 201), 201);
+    assert_eq!(l.total(1), 65 * MB);
+    assert_eq!(t.destroy(&l, &a, 0xa, || CUDA_SUCCESS), CUDA_SUCCESS);
+    assert_eq!(l.total(1), 0);
+    // Unmeasurable: nothing charged.
+    let m = Meter {
+        configured: None,
+        ..NO_NVML
+    };
+    assert_eq!(
+        t.create(&l, 1, &m, || Ok(0xb), |_| true)
+            .1
+            .and_then(|o| o.cost()),
+        Some(ContextCost::Unknown)
+    );
+    assert_eq!(l.total(1), 0);
+}
+
+#[test]
+fn reset_drops_allocations_keeps_context() {
+    let l = MemLedger::with_limit(0, 1 << 30);
+    let a = Accounts::default();
+    let t = ContextTable::default();
+    let m = Meter {
+        configured: Some(MB),
+        ..NO_NVML
+    };
+    t.primary_retain(&l, 0, &m, || Ok(0xc0), |_| true);
+    a.alloc(
+        &l,
+        KeySpace::Pointer,
+        0,
+        0xc0,
+        5 * MB,
+        || {
+            Ok(Allocated {
+                key: 1,
+                bytes: 5 * MB,
+            })
+        },
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(t.primary_reset(&l, &a, 0, || CUDA_SUCCESS), CUDA_SUCCESS);
+    assert_eq!(l.used(0, UsageKind::Data), 0);
+    assert_eq!(l.used(0, UsageKind::Context), MB);
+}
+
+/// A meter whose device and per-process figures follow `dev_used` / `own` (NVML
+/// available, this process listed after its first context), with the footprint in
+/// `fp` and the lock counted in `locks`.
+struct Fake {
+    dev_used: std::cell::Cell<u64>,
+    own: std::cell::Cell<Option<u64>>,
+    fp: std::cell::Cell<u64>,
+    locks: std::cell::Cell<u32>,
+}
+
+impl Fake {
+    fn new(fp: u64) -> Fake {
+        Fake {
+            dev_used: std::cell::Cell::new(0),
+            own: std::cell::Cell::new(None),
+            fp: std::cell::Cell::new(fp),
+            locks: std::cell::Cell::new(0),
+        }
+    }
+
+    /// The driver's context creation: `bytes` on the device and in this process.
+    fn make(&self, bytes: u64) {
+        self.dev_used.set(self.dev_used.get() + bytes);
+        self.own.set(Some(self.own.get().unwrap_or(0) + bytes));
+    }
+}
+
+/// Runs `f` with a meter over `fake`.
+fn with_meter<R>(fake: &Fake, configured: Option<u64>, f: impl FnOnce(&Meter<'_>) -> R) -> R {
+    let used_now = |_d: usize| Some(fake.dev_used.get());
+    let own_used = |_d: usize| fake.own.get().map_or(OwnUsage::NotListed, OwnUsage::Listed);
+    let footprint = |_d: usize| fake.fp.get();
+    let set_footprint = |_d: usize, b: u64| fake.fp.set(b);
+    let serialize = || -> Option<Held> {
+        fake.locks.set(fake.locks.get() + 1);
+        Some(Box::new(()))
+    };
+    let m = Meter {
+        configured,
+        used_now: &used_now,
+        own_used: &own_used,
+        serialize: &serialize,
+        nvml: true,
+        footprint: &footprint,
+        set_footprint: &set_footprint,
+        ..NO_NVML
+    };
+    f(&m)
+}
+
+/// Issue 17: a second process of a container whose quota is full got its context anyway
+/// (the container then held the quota + 518 MiB). The known footprint is admitted before
+/// the driver is called; it does not fit, so the driver is never asked.
+#[test]
+fn a_context_that_does_not_fit_is_refused_before_the_driver_is_called() {
+    let l = MemLedger::with_limit(0, 1024 * MB);
+    l.try_charge(0, UsageKind::Data, 800 * MB).unwrap();
+    let t = ContextTable::default();
+    // Listed in NVML: the measurement takes no lock either.
+    t.listed.store(true, Ordering::Relaxed);
+    let fake = Fake::new(300 * MB);
+    let called = std::cell::Cell::new(0);
+    with_meter(&fake, None, |m| {
+        for create in [false, true] {
+            let call = || {
+                called.set(called.get() + 1);
+                Ok(0xc0)
+            };
+            let (r, o) = if create {
+                t.create(&l, 0, m, call, |_| true)
+            } else {
+                t.primary_retain(&l, 0, m, call, |_| true)
+            };
+            assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
+            match o {
+                Some(ContextOutcome::Refused {
+                    footprint,
+                    deny,
+                    destroyed: false,
+                }) => {
+                    assert_eq!(footprint, Footprint::Measured(300 * MB));
+                    assert!(deny.is_over_limit());
+                }
+                o => panic!("{o:?}"),
+            }
+        }
+    });
+    assert_eq!(called.get(), 0, "the driver was not called");
+    assert_eq!(fake.locks.get(), 0, "a known footprint needs no lock");
+    assert_eq!(l.used(0, UsageKind::Context), 0);
+    assert_eq!(t.primary_ctx(0), 0, "nothing retained");
+    // Room again: the same retain goes through.
+    l.uncharge(0, UsageKind::Data, 800 * MB);
+    let (r, _) = with_meter(&fake, None, |m| {
+        t.primary_retain(
+            &l,
+            0,
+            m,
+            || {
+                fake.make(300 * MB);
+                Ok(0xc0)
+            },
+            |_| true,
+        )
+    });
+    assert_eq!(r, CUDA_SUCCESS);
+    assert_eq!(l.used(0, UsageKind::Context), 300 * MB);
+}
+
+/// The admitted footprint is replaced by the measurement, up (beyond the quota: the
+/// driver already holds it) or down, and the measurement becomes the footprint.
+#[test]
+fn the_measurement_corrects_the_admitted_footprint_and_is_stored() {
+    let l = MemLedger::with_limit(0, 1024 * MB);
+    l.try_charge(0, UsageKind::Data, 600 * MB).unwrap();
+    let t = ContextTable::default();
+    let fake = Fake::new(300 * MB);
+    let (r, o) = with_meter(&fake, None, |m| {
+        t.primary_retain(
+            &l,
+            0,
+            m,
+            || {
+                // Fits as 300 MiB; the driver took 518.
+                assert_eq!(l.used(0, UsageKind::Context), 300 * MB, "admitted first");
+                fake.make(518 * MB);
+                Ok(0xc0)
+            },
+            |_| true,
+        )
+    });
+    assert_eq!(r, CUDA_SUCCESS);
+    assert_eq!(l.used(0, UsageKind::Context), 518 * MB);
+    assert_eq!(
+        l.total(0),
+        1118 * MB,
+        "beyond the quota by what the driver took"
+    );
+    assert_eq!(fake.fp.get(), 518 * MB, "stored for the next context");
+    match o {
+        Some(ContextOutcome::Charged {
+            footprint,
+            admitted,
+            charged,
+            waited,
+            ..
+        }) => {
+            assert_eq!(footprint, Footprint::Measured(300 * MB));
+            assert!(admitted);
+            assert_eq!(charged, 518 * MB);
+            assert_eq!(waited, None);
+        }
+        o => panic!("{o:?}"),
+    }
+    // Down: a created context in another table (another process) admitted 518, took 200.
+    let t2 = ContextTable::default();
+    let fake2 = Fake {
+        fp: std::cell::Cell::new(518 * MB),
+        ..Fake::new(0)
+    };
+    let l2 = MemLedger::with_limit(0, 1024 * MB);
+    with_meter(&fake2, None, |m| {
+        t2.create(
+            &l2,
+            0,
+            m,
+            || {
+                assert_eq!(l2.used(0, UsageKind::Context), 518 * MB);
+                fake2.make(200 * MB);
+                Ok(0xd0)
+            },
+            |_| true,
+        )
+    });
+    assert_eq!(l2.used(0, UsageKind::Context), 200 * MB);
+    assert_eq!(fake2.fp.get(), 200 * MB);
+    // A failed creation gives the admission back; the footprint stays.
+    let (r, o) = with_meter(&fake2, None, |m| {
+        t2.create(&l2, 0, m, || Err(999), |_| true)
+    });
+    assert_eq!((r, o), (999, None));
+    assert_eq!(l2.used(0, UsageKind::Context), 200 * MB);
+    assert_eq!(fake2.fp.get(), 200 * MB);
+    // A second context of the process is admitted at the footprint but, costing less,
+    // does not replace it.
+    with_meter(&fake2, None, |m| {
+        t2.create(
+            &l2,
+            0,
+            m,
+            || {
+                fake2.make(64 * MB);
+                Ok(0xd1)
+            },
+            |_| true,
+        )
+    });
+    assert_eq!(l2.used(0, UsageKind::Context), 264 * MB);
+    assert_eq!(fake2.fp.get(), 200 * MB);
+}
+
+/// The container's first context on a device: nothing known to admit, so the creator
+/// holds the context-creation lock from before the admission until the measurement is
+/// stored (a process starting at the same moment waits for it, then admits it).
+#[test]
+fn an_unknown_footprint_is_measured_under_the_lock_and_stored_before_it_is_released() {
+    use std::rc::Rc;
+    let l = MemLedger::with_limit(0, 1024 * MB);
+    let t = ContextTable::default();
+    let fp = Rc::new(std::cell::Cell::new(0u64));
+    let stored_at_release = Rc::new(std::cell::Cell::new(None::<u64>));
+    struct Guard(Rc<std::cell::Cell<u64>>, Rc<std::cell::Cell<Option<u64>>>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.1.set(Some(self.0.get()));
+        }
+    }
+    let own = std::cell::Cell::new(None::<u64>);
+    let own_used = |_d: usize| own.get().map_or(OwnUsage::NotListed, OwnUsage::Listed);
+    let footprint = |_d: usize| fp.get();
+    let set_footprint = |_d: usize, b: u64| fp.set(b);
+    let serialize =
+        || -> Option<Held> { Some(Box::new(Guard(fp.clone(), stored_at_release.clone()))) };
+    let m = Meter {
+        own_used: &own_used,
+        used_now: &|_| Some(0),
+        serialize: &serialize,
+        nvml: true,
+        footprint: &footprint,
+        set_footprint: &set_footprint,
+        ..NO_NVML
+    };
+    // The process is already listed: without the unknown footprint no lock is needed.
+    t.listed.store(true, Ordering::Relaxed);
+    let (r, o) = t.primary_retain(
+        &l,
+        0,
+        &m,
+        || {
+            assert!(
+                stored_at_release.get().is_none(),
+                "lock held around the creation"
+            );
+            own.set(Some(518 * MB));
+            Ok(0xc0)
+        },
+        |_| true,
+    );
+    assert_eq!(r, CUDA_SUCCESS);
+    assert_eq!(
+        stored_at_release.get(),
+        Some(518 * MB),
+        "stored before the release"
+    );
+    assert_eq!(l.used(0, UsageKind::Context), 518 * MB);
+    assert!(matches!(
+        o,
+        Some(ContextOutcome::Charged {
+            footprint: Footprint::Unknown,
+            waited: Some(_),
+            ..
+        })
+    ));
+    // Another process waiting on the lock meanwhile reads the stored figure after it.
+    let t2 = ContextTable::default();
+    let l2 = MemLedger::with_limit(0, 1024 * MB);
+    l2.try_charge(0, UsageKind::Data, 600 * MB).unwrap();
+    let fp_late = std::cell::Cell::new(0u64);
+    let serialize2 = || -> Option<Held> {
+        // The first process stores its measurement while we wait.
+        fp_late.set(518 * MB);
+        Some(Box::new(()))
+    };
+    let footprint2 = |_d: usize| fp_late.get();
+    let m2 = Meter {
+        serialize: &serialize2,
+        footprint: &footprint2,
+        ..m
+    };
+    let (r, o) = t2.primary_retain(&l2, 0, &m2, || panic!("must not be created"), |_| true);
+    assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
+    assert!(matches!(
+        o,
+        Some(ContextOutcome::Refused { footprint: Footprint::Measured(b), .. }) if b == 518 * MB
+    ));
+}
+
+/// `HAMI_CONTEXT_OVERHEAD` is the footprint: admitted (refused when it does not fit),
+/// never stored, no lock; a retain of a retained primary context admits nothing.
+#[test]
+fn the_configured_overhead_is_admitted_and_retains_admit_nothing_more() {
+    let l = MemLedger::with_limit(0, 1024 * MB);
+    let a = Accounts::default();
+    let t = ContextTable::default();
+    let fake = Fake::new(0);
+    with_meter(&fake, Some(700 * MB), |m| {
+        assert_eq!(
+            t.primary_retain(&l, 0, m, || Ok(0xc0), |_| true).0,
+            CUDA_SUCCESS
+        );
+        assert_eq!(
+            t.primary_retain(&l, 0, m, || Ok(0xc0), |_| true).0,
+            CUDA_SUCCESS
+        );
+        assert_eq!(
+            l.used(0, UsageKind::Context),
+            700 * MB,
+            "the second retain admits nothing"
+        );
+        let (r, o) = t.create(&l, 0, m, || panic!("must not be created"), |_| true);
+        assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(matches!(
+            o,
+            Some(ContextOutcome::Refused { footprint: Footprint::Configured(b), .. }) if b == 700 * MB
+        ));
+    });
+    assert_eq!(fake.locks.get(), 0);
+    assert_eq!(fake.fp.get(), 0, "not a measurement: not stored");
+    assert_eq!(t.primary_release(&l, &a, 0, || CUDA_SUCCESS), CUDA_SUCCESS);
+    assert_eq!(
+        l.used(0, UsageKind::Context),
+        700 * MB,
+        "still retained once"
+    );
+    assert_eq!(t.primary_release(&l, &a, 0, || CUDA_SUCCESS), CUDA_SUCCESS);
+    assert_eq!(
+        l.used(0, UsageKind::Context),
+        0,
+        "the last release uncharges"
+    );
+}
+
+/// A region that refuses for another reason than the quota (allocations failing closed)
+/// does not refuse the context: created and charged after the measurement, as before.
+#[test]
+fn a_region_failing_closed_does_not_refuse_the_context() {
+    struct Closed(MemLedger);
+    impl Ledger for Closed {
+        fn try_charge(&self, dev: usize, _: UsageKind, _: u64) -> Result<(), Deny> {
+            Err(Deny::LocalConfig(dev))
+        }
+        fn force_charge(&self, dev: usize, kind: UsageKind, bytes: u64) {
+            self.0.force_charge(dev, kind, bytes)
+        }
+        fn uncharge(&self, dev: usize, kind: UsageKind, bytes: u64) {
+            self.0.uncharge(dev, kind, bytes)
+        }
+    }
+    let l = Closed(MemLedger::with_limit(0, 1024 * MB));
+    let t = ContextTable::default();
+    let fake = Fake::new(300 * MB);
+    let (r, o) = with_meter(&fake, None, |m| {
+        t.primary_retain(
+            &l,
+            0,
+            m,
+            || {
+                fake.make(300 * MB);
+                Ok(0xc0)
+            },
+            |_| true,
+        )
+    });
+    assert_eq!(r, CUDA_SUCCESS);
+    assert_eq!(l.0.used(0, UsageKind::Context), 300 * MB);
+    assert!(matches!(
+        o,
+        Some(ContextOutcome::Charged {
+            admitted: false,
+            ..
+        })
+    ));
+}
+
+/// The container's first context, admitted after its measurement, meets a region that
+/// cannot decide (its lock timed out): not a quota refusal, so the context stays and
+/// what the driver took is recorded all the same.
+#[test]
+fn a_first_context_whose_late_admission_times_out_is_kept_and_recorded() {
+    use hami_common::region::{Denied, DenyReason};
+    struct Timeouts(MemLedger, std::cell::Cell<u32>);
+    impl Ledger for Timeouts {
+        fn try_charge(&self, dev: usize, kind: UsageKind, bytes: u64) -> Result<(), Deny> {
+            self.1.set(self.1.get() + 1);
+            if self.1.get() == 1 {
+                return self.0.try_charge(dev, kind, bytes);
+            }
+            Err(Deny::Region(Denied {
+                reason: DenyReason::LockTimeout,
+                dev,
+                limit: 1024 * MB,
+                used: 0,
+                requested: bytes,
+            }))
+        }
+        fn force_charge(&self, dev: usize, kind: UsageKind, bytes: u64) {
+            self.0.force_charge(dev, kind, bytes)
+        }
+        fn uncharge(&self, dev: usize, kind: UsageKind, bytes: u64) {
+            self.0.uncharge(dev, kind, bytes)
+        }
+    }
+    let l = Timeouts(MemLedger::with_limit(0, 1024 * MB), std::cell::Cell::new(0));
+    let t = ContextTable::default();
+    let fake = Fake::new(0);
+    let (r, _) = with_meter(&fake, None, |m| {
+        t.create(
+            &l,
+            0,
+            m,
+            || {
+                fake.make(300 * MB);
+                Ok(0xc0)
+            },
+            |_| panic!("not a quota refusal: must not be destroyed"),
+        )
+    });
+    assert_eq!(r, CUDA_SUCCESS);
+    assert_eq!(
+        l.1.get(),
+        2,
+        "admitted before (nothing) and after (the measurement)"
+    );
+    assert_eq!(l.0.used(0, UsageKind::Context), 300 * MB);
+}
+
+/// The container's first context on a device, with nothing known to admit, turns out
+/// not to fit (a quota smaller than a context): it is destroyed again and refused, and
+/// its measurement stored, so the next creation is refused before the driver is asked.
+#[test]
+fn a_first_context_that_turns_out_not_to_fit_is_destroyed_and_refused() {
+    let l = MemLedger::with_limit(0, 256 * MB);
+    let t = ContextTable::default();
+    let fake = Fake::new(0);
+    let undone = std::cell::Cell::new(Vec::new());
+    for create in [false, true] {
+        let (r, o) = with_meter(&fake, None, |m| {
+            let call = || {
+                fake.make(300 * MB);
+                Ok(0xc0 + create as usize)
+            };
+            let undo = |ctx: usize| {
+                let mut v = undone.take();
+                v.push(ctx);
+                undone.set(v);
+                true
+            };
+            if create {
+                t.create(&l, 0, m, call, undo)
+            } else {
+                t.primary_retain(&l, 0, m, call, undo)
+            }
+        });
+        assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
+        assert!(
+            matches!(
+                o,
+                Some(ContextOutcome::Refused { footprint: Footprint::Measured(b), destroyed: true, .. })
+                    if b == 300 * MB
+            ),
+            "{o:?}"
+        );
+        assert_eq!(l.total(0), 0, "nothing stays charged");
+        fake.fp.set(0); // forget it, to take the same path with a created context
+        fake.own.set(None);
+    }
+    assert_eq!(undone.take(), vec![0xc0, 0xc1]);
+    assert_eq!(t.primary_ctx(0), 0);
+    // Stored: the next one is refused before the driver is called.
+    let (r, _) = with_meter(&fake, None, |m| {
+        t.primary_retain(
+            &l,
+            0,
+            m,
+            || {
+                fake.make(300 * MB);
+                Ok(0xc2)
+            },
+            |_| true,
+        )
+    });
+    assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(fake.fp.get(), 300 * MB);
+    let (r, o) = with_meter(&fake, None, |m| {
+        t.primary_retain(&l, 0, m, || panic!("must not be created"), |_| true)
+    });
+    assert_eq!(r, CUDA_ERROR_OUT_OF_MEMORY);
+    assert!(matches!(
+        o,
+        Some(ContextOutcome::Refused {
+            destroyed: false,
+            ..
+        })
+    ));
+    // A context the driver does not destroy stays, charged beyond the quota.
+    fake.fp.set(0);
+    let (r, _) = with_meter(&fake, None, |m| {
+        t.create(
+            &l,
+            0,
+            m,
+            || {
+                fake.make(300 * MB);
+                Ok(0xc3)
+            },
+            |_| false,
+        )
+    });
+    assert_eq!(r, CUDA_SUCCESS);
+    assert_eq!(l.used(0, UsageKind::Context), 300 * MB);
+}
