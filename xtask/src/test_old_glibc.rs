@@ -30,19 +30,33 @@ pub fn test(root: &Path) -> Result<()> {
     let dir = root.join(glibc::OLD_GLIBC_DIR);
     glibc::OldGlibc::at(&dir)
         .with_context(|| format!("no old glibc in {} (cargo xtask setup)", dir.display()))?;
-    let mut cmd = cargo(root);
-    cmd.env(glibc::ENV_OLD_GLIBC, &dir).args([
-        "test",
-        "-p",
-        "hami-preload",
-        "--test",
-        "preload",
-        "--",
-    ]);
-    for (name, _) in SKIPPED {
-        cmd.args(["--skip", name]);
+    // The compute-share tests in a pass of their own (see `test::COMPUTE_TESTS`).
+    for compute in [false, true] {
+        let mut cmd = cargo(root);
+        cmd.env(glibc::ENV_OLD_GLIBC, &dir).args([
+            "test",
+            "-p",
+            "hami-preload",
+            "--test",
+            "preload",
+            "--",
+        ]);
+        if compute {
+            cmd.arg(crate::test::COMPUTE_TESTS);
+        } else {
+            cmd.args(["--skip", crate::test::COMPUTE_TESTS]);
+        }
+        for (name, _) in SKIPPED {
+            cmd.args(["--skip", name]);
+        }
+        run_pass(&mut cmd, &dir)?;
     }
-    run_checked(&mut cmd).with_context(|| {
+    Ok(())
+}
+
+/// Runs one pass of the preload's tests under the old glibc at `dir`.
+fn run_pass(cmd: &mut std::process::Command, dir: &Path) -> Result<()> {
+    run_checked(cmd).with_context(|| {
         format!(
             "the preload's integration tests failed under glibc {} ({})",
             glibc::OLD_GLIBC_SUITE.1,
