@@ -7,8 +7,9 @@
 //!   it takes `(new - current) x resident threads` at the set call; lowering it gives that back;
 //! * a launch of a kernel whose `CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES` exceeds the stack limit
 //!   raises the limit to it, taking the growth the same way (kept afterwards);
-//! * the heap takes its size (and a 2 MiB page) at the first launch of a kernel that calls
-//!   `malloc` (H100, driver 580: 1 GiB -> +1026 MiB; set and other launches take nothing);
+//! * the heap takes its size and a 2 MiB page at the first launch of a kernel that calls
+//!   `malloc` (H100, driver 580: 1 GiB -> +1026 MiB; set and other launches take nothing):
+//!   charged at [`heap_bytes`];
 //! * the printf FIFO takes almost nothing: about 1/512 of its size in 2 MiB pages, on the
 //!   device but not in the process's figure, at the first launch of a kernel that calls
 //!   `printf` (H100, driver 580: a 1 GiB FIFO +2 MiB, 2 GiB +4 MiB, 64 MiB and the default
@@ -81,12 +82,28 @@ pub fn fifo_bytes(size: u64) -> u64 {
         .saturating_mul(DEVICE_PAGE)
 }
 
+/// The malloc heap's default size (`cuCtxGetLimit` of a fresh context, H100 and H200,
+/// driver 580).
+pub const DEFAULT_HEAP: u64 = 8 << 20;
+
+/// The device memory a malloc heap of `size` bytes takes once placed: its size and a 2 MiB
+/// page (H100, driver 580: 1 GiB +1026 MiB, 64 MiB +66, the default 8 MiB +10), charged for
+/// any size but the default (whose memory the driver takes only if a kernel calls `malloc`;
+/// left to the backstop like the context's other lazy memory).
+pub fn heap_bytes(size: u64) -> u64 {
+    if size == DEFAULT_HEAP {
+        0
+    } else {
+        size.saturating_add(DEVICE_PAGE)
+    }
+}
+
 /// How a limit's memory is sized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Sizing {
     /// Bytes per resident thread: the stack.
     PerThread,
-    /// The limit is the bytes: malloc heap.
+    /// The malloc heap: its size and a page ([`heap_bytes`]).
     Heap,
     /// The printf FIFO: a small part of its size ([`fifo_bytes`]).
     Fifo,
@@ -116,7 +133,7 @@ pub fn limit_change(sizing: Sizing, current: u64, new: u64, resident: u64) -> i1
     let d = i128::from(new) - i128::from(current);
     match sizing {
         Sizing::PerThread => d.saturating_mul(i128::from(resident)),
-        Sizing::Heap => d,
+        Sizing::Heap => i128::from(heap_bytes(new)) - i128::from(heap_bytes(current)),
         Sizing::Fifo => i128::from(fifo_bytes(new)) - i128::from(fifo_bytes(current)),
         Sizing::Measured | Sizing::None => 0,
     }

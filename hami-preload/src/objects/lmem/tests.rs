@@ -92,9 +92,22 @@ fn changes_are_sized_as_the_h200_takes_them() {
     );
     assert_eq!(local_growth(24 << 10, 1024, RESIDENT), 6072 << 20);
     assert_eq!(local_growth(512, 1024, RESIDENT), 0);
+    // The heap: its size and a page, the default charged nothing (H100, driver 580: 1 GiB
+    // +1026 MiB at the first launch of a kernel calling malloc).
     assert_eq!(
         limit_change(Sizing::Heap, 8 * MB, 2048 * MB, RESIDENT),
-        i128::from(2040 * MB)
+        i128::from(2050 * MB)
+    );
+    assert_eq!(heap_bytes(DEFAULT_HEAP), 0);
+    assert_eq!(heap_bytes(1024 * MB), 1026 * MB);
+    assert_eq!(
+        heap_bytes(4 * MB),
+        6 * MB,
+        "below the default: what the driver takes"
+    );
+    assert_eq!(
+        limit_change(Sizing::Heap, 1024 * MB, 8 * MB, RESIDENT),
+        -i128::from(1026 * MB)
     );
     assert_eq!(limit_change(Sizing::Measured, 0, 100, RESIDENT), 0);
     assert_eq!(
@@ -161,7 +174,7 @@ fn heap_raises_are_charged_by_their_size_fifo_raises_by_the_driver_s_footprint()
     // 100 MiB of FIFO beyond the default: 1/512 of it, one 2 MiB page.
     t.set_limit(&l, &d, 0, CTX, 1, 8_650_752 + 100 * MB)
         .unwrap();
-    assert_eq!(l.used(0, UsageKind::Context), 256 * MB + 2 * MB);
+    assert_eq!(l.used(0, UsageKind::Context), 266 * MB + 2 * MB);
     t.set_limit(&l, &d, 0, CTX, 2, 8 * MB).unwrap();
     assert_eq!(l.used(0, UsageKind::Context), 2 * MB);
     // Device-runtime and other limits pass through, uncharged.
@@ -236,19 +249,19 @@ fn a_pending_heap_raise_is_realised_by_the_next_launch_only() {
     assert_eq!(t.on_device(0), 0);
     t.set_limit(&l, &d, 0, CTX, 2, 520 * MB).unwrap();
     t.set_limit(&l, &d, 0, CTX, 2, 264 * MB).unwrap(); // lowered before any launch
-    assert_eq!(t.charges(CTX).unwrap().pending, 256 * MB);
+    assert_eq!(t.charges(CTX).unwrap().pending, 266 * MB);
     t.after_launch(false, cur); // a failed launch puts nothing there
     assert_eq!(t.on_device(0), 0);
     t.after_launch(true, cur);
-    assert_eq!(t.on_device(0), 256 * MB);
+    assert_eq!(t.on_device(0), 266 * MB);
     t.after_launch(true, cur);
-    assert_eq!(t.on_device(0), 256 * MB, "once");
-    assert_eq!(l.used(0, UsageKind::Context), 256 * MB, "still charged");
+    assert_eq!(t.on_device(0), 266 * MB, "once");
+    assert_eq!(l.used(0, UsageKind::Context), 266 * MB, "still charged");
     // The stack is there at the set; the context's end takes everything away.
     t.set_limit(&l, &d, 0, CTX, 0, 2048).unwrap();
-    assert_eq!(t.on_device(0), 256 * MB + 264 * MB);
+    assert_eq!(t.on_device(0), 266 * MB + 264 * MB);
     t.set_limit(&l, &d, 0, CTX, 0, 1536).unwrap();
-    assert_eq!(t.on_device(0), 256 * MB + 132 * MB);
+    assert_eq!(t.on_device(0), 266 * MB + 132 * MB);
     t.drop_context(&l, CTX);
     assert_eq!(t.on_device(0), 0);
     assert_eq!(l.total(0), 0);

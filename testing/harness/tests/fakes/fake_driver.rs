@@ -723,8 +723,9 @@ fn context_limits_and_local_memory_take_what_the_h200_takes() {
     assert_eq!(f[0].num("value"), Some(24 << 10), "{}", o.dump());
     assert_eq!(f[1].rc(), Some(INVALID_VALUE), "{}", o.dump());
     assert_eq!(o.last("launch").rc(), Some(SUCCESS), "{}", o.dump());
-    // The launch grew local memory to 24 KiB and put the 1 GiB heap on the device.
-    assert_eq!(m[0] - m[4], 6072 * MIB + 1016 * MIB, "launch: {}", o.dump());
+    // The launch grew local memory to 24 KiB and put the 1 GiB heap on the device (its size
+    // and a page, as the H100 measured).
+    assert_eq!(m[0] - m[4], 6072 * MIB + 1026 * MIB, "launch: {}", o.dump());
     assert_eq!(g[8].num("value"), Some(24 << 10), "{}", o.dump());
     assert_eq!(s[4].rc(), Some(INVALID_VALUE), "heap fixed: {}", o.dump());
     // 32 KiB would take another 2112 MiB: more than is left.
