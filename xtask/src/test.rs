@@ -22,11 +22,6 @@ pub struct TestOptions {
 }
 
 /// Run the whole test suite.
-/// The test-name filter of the compute-share tests (`hami-preload`'s `compute::` module of its
-/// test binary; the other crates' `compute::` tests come along, cheaply): run in a pass of
-/// their own by [`test`] and `test_old_glibc`.
-pub const COMPUTE_TESTS: &str = "compute::";
-
 /// Runs everything CI runs: formatting, the build, the circle and layer checks, clippy, the
 /// workspace's tests, the preload's under an old glibc, the short torture profile and the
 /// GPU runner's unit tests.
@@ -63,9 +58,15 @@ pub fn test(opts: &TestOptions) -> Result<()> {
         // pass of their own, as when they were a test binary of their own, not beside the
         // other tests of the preload's one binary (which load the 2 cores with processes).
         step("cargo test (workspace, all but the compute-share tests)");
-        run_checked(cargo(&root).args(["test", "--workspace", "--", "--skip", COMPUTE_TESTS]))?;
+        run_checked(cargo(&root).args([
+            "test",
+            "--workspace",
+            "--",
+            "--skip",
+            crate::util::COMPUTE_TESTS,
+        ]))?;
         step("cargo test (workspace, the compute-share tests alone)");
-        run_checked(cargo(&root).args(["test", "--workspace", "--", COMPUTE_TESTS]))?;
+        run_checked(cargo(&root).args(["test", "--workspace", "--", crate::util::COMPUTE_TESTS]))?;
     } else {
         step("cargo test (workspace)");
         let mut cmd = cargo(&root);

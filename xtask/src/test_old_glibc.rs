@@ -30,7 +30,7 @@ pub fn test(root: &Path) -> Result<()> {
     let dir = root.join(glibc::OLD_GLIBC_DIR);
     glibc::OldGlibc::at(&dir)
         .with_context(|| format!("no old glibc in {} (cargo xtask setup)", dir.display()))?;
-    // The compute-share tests in a pass of their own (see `test::COMPUTE_TESTS`).
+    // The compute-share tests in a pass of their own (see `util::COMPUTE_TESTS`).
     for compute in [false, true] {
         let mut cmd = cargo(root);
         cmd.env(glibc::ENV_OLD_GLIBC, &dir).args([
@@ -42,9 +42,9 @@ pub fn test(root: &Path) -> Result<()> {
             "--",
         ]);
         if compute {
-            cmd.arg(crate::test::COMPUTE_TESTS);
+            cmd.arg(crate::util::COMPUTE_TESTS);
         } else {
-            cmd.args(["--skip", crate::test::COMPUTE_TESTS]);
+            cmd.args(["--skip", crate::util::COMPUTE_TESTS]);
         }
         for (name, _) in SKIPPED {
             cmd.args(["--skip", name]);

@@ -112,3 +112,8 @@ pub fn apt_install(pkgs: &[&str], why: &str) -> Result<()> {
         why,
     )
 }
+
+/// The test-name filter of the compute-share tests (`hami-preload`'s `compute::` module of its
+/// test binary; the other crates' `compute::` tests come along, cheaply): run in a pass of
+/// their own by `cargo xtask test` and its glibc 2.31 pass.
+pub const COMPUTE_TESTS: &str = "compute::";
