@@ -95,7 +95,7 @@ pub struct RegionHeader {
     pub version: u32,
     /// `size_of::<RegionHeader>()` as written by the creator.
     pub header_size: u32,
-    /// `size_of::<Region>()` as written by the creator (the file size).
+    /// `size_of::<RegionLayout>()` as written by the creator (the file size).
     pub total_size: u64,
     /// [`INIT_EMPTY`] or [`INIT_READY`]; written last by the creator (release ordering).
     pub init_state: AtomicU32,
@@ -245,9 +245,10 @@ pub struct DeviceCompute {
     pub refusals: AtomicU64,
 }
 
-/// The whole region file.
+/// The whole region file, byte for byte: header, slots, compute records. The open handle
+/// with its protocol is `region::Region` (feature `std`).
 #[repr(C)]
-pub struct Region {
+pub struct RegionLayout {
     /// Header.
     pub header: RegionHeader,
     /// Process slots.
@@ -257,7 +258,7 @@ pub struct Region {
 }
 
 /// Size in bytes of a region file.
-pub const REGION_SIZE: usize = core::mem::size_of::<Region>();
+pub const REGION_SIZE: usize = core::mem::size_of::<RegionLayout>();
 
 // Slots are whole cache lines, at cache-line offsets: one process's lock-free updates of its
 // own slot never share a line with another slot or the header.

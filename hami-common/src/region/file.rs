@@ -418,7 +418,7 @@ pub(super) fn map_fd(
     fd: libc::c_int,
     path: &Path,
     writable: bool,
-) -> Result<NonNull<layout::Region>, RegionError> {
+) -> Result<NonNull<layout::RegionLayout>, RegionError> {
     let prot = if writable {
         libc::PROT_READ | libc::PROT_WRITE
     } else {
@@ -454,7 +454,7 @@ pub(super) fn map_fd(
 /// # Safety
 /// `r` must be a writable REGION_SIZE mapping that no other process uses yet.
 pub(super) unsafe fn init_region(
-    r: *mut layout::Region,
+    r: *mut layout::RegionLayout,
     cfg: &RegionConfig,
     boot_id: [u8; 16],
 ) -> io::Result<()> {

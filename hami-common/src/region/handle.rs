@@ -29,7 +29,7 @@ const _: () = assert!(core::mem::offset_of!(RegionHeader, uuids) % 8 == 0);
 /// An open, mapped region. `Send + Sync`; unmapped on drop. Usable after `fork` (the mapping
 /// is shared and the lock process-shared); a forked child must register its own slot.
 pub struct Region {
-    pub(super) map: NonNull<layout::Region>,
+    pub(super) map: NonNull<layout::RegionLayout>,
     pub(super) path: PathBuf,
     pub(super) writable: bool,
     pub(super) probe: Arc<dyn LivenessProbe>,
@@ -181,7 +181,7 @@ impl Region {
 
     /// Builds a handle on a mapping (default probe and tuning).
     pub(super) fn from_map(
-        map: NonNull<layout::Region>,
+        map: NonNull<layout::RegionLayout>,
         path: &std::path::Path,
         writable: bool,
     ) -> Region {

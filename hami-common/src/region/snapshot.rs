@@ -355,9 +355,9 @@ pub fn read_snapshot(file: &std::fs::File, path: &Path) -> Result<RegionSnapshot
     // high-water mark are read (a region of a few processes is a few KiB, not 1 MiB).
     let mut buf = vec![0u8; REGION_SIZE];
     let slot_size = core::mem::size_of::<layout::Slot>();
-    let slots_off = core::mem::offset_of!(layout::Region, slots);
+    let slots_off = core::mem::offset_of!(layout::RegionLayout, slots);
     let hw_off = core::mem::offset_of!(RegionHeader, slot_high_water);
-    let compute_off = core::mem::offset_of!(layout::Region, compute);
+    let compute_off = core::mem::offset_of!(layout::RegionLayout, compute);
     let mut filled = REGION_SIZE.min(slots_off);
     let mut last = None;
     for attempt in 0..READ_ATTEMPTS {
@@ -420,7 +420,7 @@ pub(super) fn parse_snapshot(buf: &[u8]) -> RegionSnapshot {
         uuids[d].copy_from_slice(&buf[u..u + 16]);
         used[d] = r64(offset_of!(RegionHeader, used) + 8 * d);
     }
-    let slots_off = offset_of!(layout::Region, slots);
+    let slots_off = offset_of!(layout::RegionLayout, slots);
     let mut slots = Vec::new();
     for i in 0..MAX_SLOTS {
         let base = slots_off + i * size_of::<Slot>();
@@ -446,7 +446,7 @@ pub(super) fn parse_snapshot(buf: &[u8]) -> RegionSnapshot {
             reserve,
         });
     }
-    let compute_off = offset_of!(layout::Region, compute);
+    let compute_off = offset_of!(layout::RegionLayout, compute);
     let mut compute = [ComputeSnapshot::default(); MAX_DEVICES];
     for (d, c) in compute.iter_mut().enumerate() {
         let base = compute_off + d * size_of::<DeviceCompute>();

@@ -40,7 +40,7 @@
 //!
 //! The policy ([`before`] / [`after`], [`submit`]) is plain Rust over two traits,
 //! [`Driver`] (events, capture) and [`Clock`], so that it unit-tests without a driver and
-//! with simulated time; the FFI side ([`RealDriver`], [`RealClock`]) is thin. The hooks'
+//! with simulated time; the FFI side ([`RealGateDriver`], [`RealClock`]) is thin. The hooks'
 //! way in (the process-wide switch, one atomic load without a share, and the gate around a
 //! submission with this process's [`Gate`]) is `crate::hooks::launch`.
 
@@ -332,7 +332,7 @@ pub fn offset_ns<D: Driver>(d: &D, h: usize, x: usize) -> Option<i64> {
 
 /// A process's metering state: submissions in flight and spare events.
 #[derive(Default)]
-struct Meter {
+struct GateMeter {
     pending: VecDeque<Pending>,
     unions: Vec<Union>,
     /// Spare events and the context each was created in.
@@ -341,7 +341,7 @@ struct Meter {
     avg_ns: [u64; MAX_DEVICES],
 }
 
-impl Meter {
+impl GateMeter {
     fn in_flight(&self, dev: usize) -> usize {
         self.pending.iter().filter(|p| p.dev == dev).count()
     }
@@ -479,7 +479,7 @@ impl Meter {
 /// The gate of one process (kept in its `Holdings`).
 #[derive(Default)]
 pub struct Gate {
-    meter: Mutex<Meter>,
+    meter: Mutex<GateMeter>,
 }
 
 /// Where a submission goes.
@@ -498,7 +498,7 @@ pub struct Target {
 }
 
 impl Gate {
-    fn meter(&self) -> std::sync::MutexGuard<'_, Meter> {
+    fn meter(&self) -> std::sync::MutexGuard<'_, GateMeter> {
         self.meter.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -556,7 +556,7 @@ pub fn unlock_submissions(lock: &AtomicU64, token: u64) {
 /// [`after`], so that the two events bracket exactly this submission) and the events, the
 /// start one already recorded.
 pub struct Ticket<'g> {
-    meter: std::sync::MutexGuard<'g, Meter>,
+    meter: std::sync::MutexGuard<'g, GateMeter>,
     t: Target,
     start: usize,
     end: usize,
@@ -722,7 +722,7 @@ pub fn submit<'a, D: Driver, C: Clock, P: AsPace>(
 mod driver;
 mod real;
 pub use driver::{Clock, Driver, Query};
-pub use real::{RealClock, RealDriver};
+pub use real::{RealClock, RealGateDriver};
 
 #[cfg(test)]
 mod tests;

@@ -164,7 +164,7 @@ pub fn reply(capacity: u32, infos_null: bool, n: usize) -> Reply {
 
 /// What reading a driver list gave, one call of a loop that grows the buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reading {
+pub enum ListRead {
     /// `NVML_SUCCESS` with this many entries.
     Done(usize),
     /// `NVML_ERROR_INSUFFICIENT_SIZE`, the driver asking for this many.
@@ -174,11 +174,11 @@ pub enum Reading {
 }
 
 /// Classifies one driver answer (`rc`, the `*infoCount` it wrote).
-pub fn reading(rc: nvmlReturn_t, count: u32) -> Reading {
+pub fn reading(rc: nvmlReturn_t, count: u32) -> ListRead {
     match rc {
-        crate::ffi::cuda::NVML_SUCCESS => Reading::Done(count as usize),
-        NVML_ERROR_INSUFFICIENT_SIZE => Reading::Grow(count as usize),
-        e => Reading::Failed(e),
+        crate::ffi::cuda::NVML_SUCCESS => ListRead::Done(count as usize),
+        NVML_ERROR_INSUFFICIENT_SIZE => ListRead::Grow(count as usize),
+        e => ListRead::Failed(e),
     }
 }
 
@@ -306,9 +306,12 @@ mod tests {
 
     #[test]
     fn readings_grow_the_buffer() {
-        assert_eq!(reading(0, 4), Reading::Done(4));
-        assert_eq!(reading(NVML_ERROR_INSUFFICIENT_SIZE, 70), Reading::Grow(70));
-        assert_eq!(reading(15, 0), Reading::Failed(15));
+        assert_eq!(reading(0, 4), ListRead::Done(4));
+        assert_eq!(
+            reading(NVML_ERROR_INSUFFICIENT_SIZE, 70),
+            ListRead::Grow(70)
+        );
+        assert_eq!(reading(15, 0), ListRead::Failed(15));
         assert_eq!(next_capacity(64, 70), 86);
         assert_eq!(next_capacity(64, 3), 80);
     }

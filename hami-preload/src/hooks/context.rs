@@ -1,6 +1,6 @@
 //! Hooks of context creation and destruction (primary retain / release / reset,
 //! `cuCtxCreate*`, `cuCtxDestroy*`): each measures and charges through
-//! [`crate::objects::context::ContextTable`] with the real driver's [`crate::objects::context::Meter`].
+//! [`crate::objects::context::ContextTable`] with the real driver's [`crate::objects::context::ContextMeter`].
 #![allow(non_snake_case)]
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its driver function.
 

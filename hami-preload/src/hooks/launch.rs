@@ -274,7 +274,7 @@ fn enter_gated(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'static>> {
     };
     gate::before(
         &state::holdings().gate,
-        &gate::RealDriver,
+        &gate::RealGateDriver,
         &gate::RealClock,
         |d| cells(region, d),
         |now| pace(region, dev, now),
@@ -287,7 +287,7 @@ fn enter_gated(stream: CUstream, ptsz: bool) -> Option<gate::Ticket<'static>> {
 pub(crate) fn gate_leave(ticket: Option<gate::Ticket<'static>>, r: CUresult) -> CUresult {
     match ticket {
         None => r,
-        Some(_) => gate::after(ticket, &gate::RealDriver, r),
+        Some(_) => gate::after(ticket, &gate::RealGateDriver, r),
     }
 }
 
@@ -299,6 +299,6 @@ pub(crate) fn gate_on_sync() {
     if let Ok(region) = &state::global().region {
         state::holdings()
             .gate
-            .harvest(&gate::RealDriver, |d| cells(region, d));
+            .harvest(&gate::RealGateDriver, |d| cells(region, d));
     }
 }

@@ -13,9 +13,9 @@ use crate::state::ProcLedger;
 use std::ffi::c_int;
 
 /// The real driver's limit, attribute and device queries.
-pub struct RealDriver;
+pub struct RealLimitDriver;
 
-impl LimitDriver for RealDriver {
+impl LimitDriver for RealLimitDriver {
     fn get_limit(&self, limit: i32) -> Result<u64, CUresult> {
         // SAFETY: documented type.
         let f = unsafe { symbols::cu::<FnCtxGetLimit>(Cu::cuCtxGetLimit) }
@@ -138,7 +138,7 @@ fn set_limit(limit: c_int, value: u64, real: impl FnOnce() -> CUresult) -> CUres
     };
     let l = ProcLedger::current();
     if lmem::sizing(limit) == Sizing::Measured {
-        let old = RealDriver.get_limit(limit).ok();
+        let old = RealLimitDriver.get_limit(limit).ok();
         let (r, cost) =
             l.p.contexts
                 .measure(dev, Some(ctx), &meter(), || match real() {
@@ -151,22 +151,22 @@ fn set_limit(limit: c_int, value: u64, real: impl FnOnce() -> CUresult) -> CUres
         return match l
             .p
             .limits
-            .charge_measured(&l, &RealDriver, dev, ctx, cost.bytes())
+            .charge_measured(&l, &RealLimitDriver, dev, ctx, cost.bytes())
         {
             Ok(()) => CUDA_SUCCESS,
             Err(e) => {
                 if let Some(old) = old {
-                    RealDriver.set_limit(limit, old);
+                    RealLimitDriver.set_limit(limit, old);
                 }
                 refused("cuCtxSetLimit", &l, dev, e)
             }
         };
     }
-    // `RealDriver::set_limit` is the same real function as `real`.
+    // `RealLimitDriver::set_limit` is the same real function as `real`.
     match l
         .p
         .limits
-        .set_limit(&l, &RealDriver, dev, ctx, limit, value)
+        .set_limit(&l, &RealLimitDriver, dev, ctx, limit, value)
     {
         Ok(()) => CUDA_SUCCESS,
         Err(e) => refused("cuCtxSetLimit", &l, dev, e),
@@ -181,7 +181,7 @@ pub(crate) fn before_launch(what: &str, func: CUfunction) -> Option<CUresult> {
     match l
         .p
         .limits
-        .before_launch(&l, &RealDriver, func as u64, || current_dev_ctx().ok())
+        .before_launch(&l, &RealLimitDriver, func as u64, || current_dev_ctx().ok())
     {
         Ok(()) => None,
         Err(e) => {

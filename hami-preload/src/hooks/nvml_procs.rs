@@ -8,7 +8,7 @@
 #![allow(clippy::missing_safety_doc)] // Every hook has the documented contract of its NVML function.
 
 use crate::driver::hostpid;
-use crate::driver::proclist::{self, ListKind, Member, ProcEntry, Reading, Reply, NO_INSTANCE};
+use crate::driver::proclist::{self, ListKind, ListRead, Member, ProcEntry, Reply, NO_INSTANCE};
 use crate::ffi::cuda::*;
 use crate::ffi::shim::hook;
 use crate::ffi::symbols::{self, Nv};
@@ -19,12 +19,12 @@ use hami_common::region::is_alive;
 use std::ffi::c_uint;
 
 /// An entry struct of one version of the lists.
-trait Entry: Copy + Default {
+trait NvmlProcInfo: Copy + Default {
     fn get(&self) -> ProcEntry;
     fn put(e: ProcEntry) -> Self;
 }
 
-impl Entry for nvmlProcessInfo_v1_t {
+impl NvmlProcInfo for nvmlProcessInfo_v1_t {
     fn get(&self) -> ProcEntry {
         ProcEntry {
             pid: self.pid,
@@ -42,7 +42,7 @@ impl Entry for nvmlProcessInfo_v1_t {
     }
 }
 
-impl Entry for nvmlProcessInfo_v2_t {
+impl NvmlProcInfo for nvmlProcessInfo_v2_t {
     fn get(&self) -> ProcEntry {
         ProcEntry {
             pid: self.pid,
@@ -96,7 +96,7 @@ pub struct nvmlProcessDetailList_v1_t {
 pub const NVML_PROCESS_DETAIL_LIST_V1: c_uint =
     (std::mem::size_of::<nvmlProcessDetailList_v1_t>() as c_uint) | (1 << 24);
 
-impl Entry for nvmlProcessDetail_v1_t {
+impl NvmlProcInfo for nvmlProcessDetail_v1_t {
     fn get(&self) -> ProcEntry {
         ProcEntry {
             pid: self.pid,
@@ -127,7 +127,7 @@ enum ListError {
 
 /// The driver's whole list through `call(count, buffer)`, growing the buffer while NVML
 /// answers `NVML_ERROR_INSUFFICIENT_SIZE`.
-fn driver_list<T: Entry>(
+fn driver_list<T: NvmlProcInfo>(
     call: impl Fn(*mut c_uint, *mut T) -> nvmlReturn_t,
 ) -> Result<Vec<ProcEntry>, ListError> {
     let mut cap: usize = 64;
@@ -135,9 +135,9 @@ fn driver_list<T: Entry>(
         let mut buf = vec![T::default(); cap];
         let mut n = cap as c_uint;
         match proclist::reading(call(&mut n, buf.as_mut_ptr()), n) {
-            Reading::Done(k) => return Ok(buf[..k.min(cap)].iter().map(T::get).collect()),
-            Reading::Grow(k) => cap = proclist::next_capacity(cap, k),
-            Reading::Failed(e) => return Err(ListError::Driver(e)),
+            ListRead::Done(k) => return Ok(buf[..k.min(cap)].iter().map(T::get).collect()),
+            ListRead::Grow(k) => cap = proclist::next_capacity(cap, k),
+            ListRead::Failed(e) => return Err(ListError::Driver(e)),
         }
     }
     Err(ListError::Unsettled)
@@ -212,7 +212,7 @@ enum Narrowed {
 }
 
 /// The container's view of `device`'s `kind` list, read through `call(count, buffer)`.
-fn narrowed<T: Entry>(
+fn narrowed<T: NvmlProcInfo>(
     kind: ListKind,
     device: nvmlDevice_t,
     call: impl Fn(*mut c_uint, *mut T) -> nvmlReturn_t,
@@ -233,7 +233,7 @@ fn narrowed<T: Entry>(
 }
 
 /// One hooked list: `real(device, count, infos)` is NVML's function.
-fn list<T: Entry>(
+fn list<T: NvmlProcInfo>(
     kind: ListKind,
     real: unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut T) -> nvmlReturn_t,
     device: nvmlDevice_t,
@@ -260,7 +260,11 @@ fn list<T: Entry>(
 ///
 /// # Safety
 /// `count` is valid; `infos` is NULL or holds `*count` entries.
-unsafe fn answer<T: Entry>(view: &[ProcEntry], count: *mut c_uint, infos: *mut T) -> nvmlReturn_t {
+unsafe fn answer<T: NvmlProcInfo>(
+    view: &[ProcEntry],
+    count: *mut c_uint,
+    infos: *mut T,
+) -> nvmlReturn_t {
     // SAFETY: valid (the caller's contract); the caller's capacity.
     let cap = unsafe { count.read() };
     match proclist::reply(cap, infos.is_null(), view.len()) {

@@ -116,9 +116,9 @@ pub trait Ledger {
 /// with the agent.
 pub use hami_common::intercept::KeySpace;
 
-/// One tracked object.
+/// One tracked object: what it charged, where.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Entry {
+pub struct Tracked {
     /// Device ordinal charged.
     pub dev: usize,
     /// Kind charged.
@@ -152,7 +152,7 @@ impl Key {
 }
 
 /// Tracked objects by key.
-type Map = KeyMap<Entry>;
+type Map = KeyMap<Tracked>;
 
 /// How many records of each kind a shard keeps for racing frees (see [`Shard`]).
 const RACE_RECORDS: usize = 4;
@@ -299,7 +299,7 @@ impl Accounts {
     }
 
     /// The entry for `key`, if tracked.
-    pub fn get(&self, ns: KeySpace, key: u64) -> Option<Entry> {
+    pub fn get(&self, ns: KeySpace, key: u64) -> Option<Tracked> {
         self.shard(key).map.get(ns as u8, key)
     }
 
@@ -341,7 +341,7 @@ impl Accounts {
         } else if got.bytes < estimate {
             ledger.uncharge(dev, UsageKind::Data, estimate - got.bytes);
         }
-        let entry = Entry {
+        let entry = Tracked {
             dev,
             kind: UsageKind::Data,
             bytes: got.bytes,
@@ -408,7 +408,7 @@ impl Accounts {
     /// context was destroyed since it was made (the object went with it; the sweep did not
     /// see the entry, which this free held).
     #[cold]
-    fn free_refused<L: Ledger + ?Sized>(&self, ledger: &L, key: Key, e: Entry) {
+    fn free_refused<L: Ledger + ?Sized>(&self, ledger: &L, key: Key, e: Tracked) {
         let mut s = self.shard(key.1);
         if let Some(i) = s.freed.iter().position(|k| *k == key) {
             // Freed meanwhile by another thread's call: gone.
@@ -467,7 +467,7 @@ impl Accounts {
         self.graveyard.bury(ctx);
         let mut n = 0;
         for s in &self.shards {
-            let gone: Vec<Entry> = {
+            let gone: Vec<Tracked> = {
                 let mut g = s.lock();
                 let keys: Vec<(u8, u64)> = g
                     .map

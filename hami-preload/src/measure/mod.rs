@@ -1,4 +1,4 @@
-//! Measuring context and module memory against the real driver and NVML: the [`Meter`] the
+//! Measuring context and module memory against the real driver and NVML: the [`ContextMeter`] the
 //! context hooks hand to [`crate::objects::context::ContextTable`] (NVML readings, the driver's own
 //! `cuMemGetInfo_v2` through a given context, the region's charges, the region-wide
 //! context-creation lock), the current context and its device, and the log line that says
@@ -13,7 +13,7 @@ use crate::ffi::symbols::{self, Cu};
 use crate::ledger::policy::ContextCost;
 use crate::objects::context::admit::Footprint;
 use crate::objects::context::lock::{self, CtxLock};
-use crate::objects::context::{ContextOutcome, Held, Meter};
+use crate::objects::context::{ContextMeter, ContextOutcome, Held};
 use crate::state::{self, ProcLedger};
 use nvml::{nvml_own_used, nvml_ready, nvml_used};
 
@@ -191,8 +191,8 @@ fn driver_info(ctx: usize) -> Option<(u64, u64)> {
 }
 
 /// The meter of context memory used by the context hooks.
-pub(crate) fn meter() -> Meter<'static> {
-    Meter {
+pub(crate) fn meter() -> ContextMeter<'static> {
+    ContextMeter {
         configured: state::global().config.context_overhead,
         used_now: &nvml_used,
         own_used: &nvml_own_used,

@@ -2,7 +2,7 @@
 //! globals, charged as [`UsageKind::Module`].
 //!
 //! The driver does not say how much a module takes, so it is measured the way contexts are
-//! (this process's NVML figure before and after, see [`crate::objects::context::Meter`]). With lazy
+//! (this process's NVML figure before and after, see [`crate::objects::context::ContextMeter`]). With lazy
 //! loading (the default since CUDA 12.2) the memory arrives later, when a function of the
 //! module is first looked up (`cuModuleGetFunction`, `cuKernelGetFunction`) or a kernel of it
 //! first launched (`cuLaunchKernel(Ex)`, also with a `CUkernel`): each module is measured at

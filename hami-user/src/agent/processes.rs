@@ -13,7 +13,7 @@ use crate::state::Baseline;
 use crate::tenantfs;
 
 use super::regions::read_region;
-use super::types::{Agent, ProcEntry, INPUT_DEADLINE};
+use super::types::{Agent, KnownProcess, INPUT_DEADLINE};
 
 /// HAMi-core's library file name, which HAMi's device plugin mounts into containers.
 pub(super) const HAMI_CORE_NAME: &str = "libvgpu.so";
@@ -252,7 +252,7 @@ impl Agent {
             .exits
             .as_mut()
             .and_then(|w| w.watch(&root, pid, expected));
-        let mut entry = ProcEntry {
+        let mut entry = KnownProcess {
             info,
             region: None,
             region_error: None,

@@ -16,7 +16,7 @@ use crate::identity::Identity;
 use crate::procinfo;
 use crate::tenantfs;
 
-use super::types::{Agent, ProcEntry, Reclaimed, RegionEntry, INPUT_DEADLINE};
+use super::types::{Agent, KnownProcess, Reclaimed, RegionEntry, INPUT_DEADLINE};
 
 /// Owner, group and permission bits of a regular file.
 pub(super) fn file_meta(md: &std::fs::Metadata) -> Option<FileMeta> {
@@ -72,7 +72,7 @@ pub(super) fn monotonic_ns() -> u64 {
 }
 
 impl Agent {
-    pub(super) fn attach_region(&mut self, entry: &mut ProcEntry) {
+    pub(super) fn attach_region(&mut self, entry: &mut KnownProcess) {
         let Some(info) = &entry.info else {
             return;
         };

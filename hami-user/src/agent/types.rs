@@ -77,7 +77,7 @@ impl Default for AgentOptions {
 
 /// A process the agent knows (from events or from the baseline scan).
 #[derive(Debug)]
-pub(super) struct ProcEntry {
+pub(super) struct KnownProcess {
     pub(super) info: Option<ProcInfo>,
     pub(super) region: Option<usize>,
     pub(super) region_error: Option<String>,
@@ -148,7 +148,7 @@ pub struct Agent {
     pub(super) opts: AgentOptions,
     pub(super) own_pidns: Option<u64>,
     pub(super) procs: Processes,
-    pub(super) entries: HashMap<u32, ProcEntry>,
+    pub(super) entries: HashMap<u32, KnownProcess>,
     pub(super) regions: Vec<RegionEntry>,
     pub(super) region_ids: HashMap<(u64, u64), usize>,
     pub(super) region_errors: BTreeMap<String, String>,

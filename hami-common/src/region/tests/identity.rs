@@ -77,7 +77,7 @@ fn snapshots_copy_the_compute_records() {
     let r = create(&d.file(), 1 << 30);
     r.register(fake(41, 7)).unwrap();
     // What the launch gate keeps for device 2, written into the file.
-    let base = (offset_of!(crate::layout::Region, compute) + 2 * size_of::<C>()) as u64;
+    let base = (offset_of!(crate::layout::RegionLayout, compute) + 2 * size_of::<C>()) as u64;
     patch(
         &d.file(),
         base + offset_of!(C, sm_limit) as u64,

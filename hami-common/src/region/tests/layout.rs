@@ -40,10 +40,10 @@ fn layout_matches_documentation() {
     assert_eq!(offset_of!(Slot, reserve), 784);
     assert_eq!(offset_of!(Slot, host_pid), 912);
     assert_eq!(size_of::<Slot>(), 1024);
-    assert_eq!(offset_of!(crate::layout::Region, slots), 1024);
+    assert_eq!(offset_of!(crate::layout::RegionLayout, slots), 1024);
     use crate::layout::DeviceCompute as C;
     assert_eq!(
-        offset_of!(crate::layout::Region, compute),
+        offset_of!(crate::layout::RegionLayout, compute),
         1024 + 1024 * 1024
     );
     assert_eq!(offset_of!(C, sm_limit), 0);

@@ -1,5 +1,5 @@
 //! The launch gate's FFI side: the real driver's events and capture state
-//! ([`RealDriver`], the gate's [`Driver`]) and `CLOCK_MONOTONIC` ([`RealClock`]).
+//! ([`RealGateDriver`], the gate's [`Driver`]) and `CLOCK_MONOTONIC` ([`RealClock`]).
 
 use super::driver::{Clock, Driver, Query};
 use crate::ffi::cuda::*;
@@ -7,13 +7,13 @@ use crate::ffi::symbols::{self, Cu};
 use std::ffi::{c_int, c_uint};
 
 /// The real driver's events and capture state.
-pub struct RealDriver;
+pub struct RealGateDriver;
 
 const CU_EVENT_DEFAULT: c_uint = 0;
 const CUDA_ERROR_NOT_READY: CUresult = 600;
 const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 
-impl Driver for RealDriver {
+impl Driver for RealGateDriver {
     fn capturing(&self, stream: usize, ptsz: bool) -> bool {
         let sym = if ptsz {
             Cu::cuStreamIsCapturing_ptsz

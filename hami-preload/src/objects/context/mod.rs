@@ -1,7 +1,7 @@
 //! CUDA contexts: their accounting. This file holds primary contexts (retain / release /
 //! reset) and created contexts (`cuCtxCreate_*` / `cuCtxDestroy_v2`), charged as context
 //! memory, plain Rust over a [`Ledger`] with the driver calls and the memory readings as
-//! closures ([`Meter`]; the real driver's and NVML's is [`crate::measure`]). Beside it:
+//! closures ([`ContextMeter`]; the real driver's and NVML's is [`crate::measure`]). Beside it:
 //! * [`lock`] — the region-wide context-creation lock around a measurement;
 //! * [`admit`] — the admission of a context before its creation (the plain policy).
 //!
@@ -58,9 +58,9 @@ pub enum OwnUsage {
 /// A held lock; released when dropped.
 pub type Held = Box<dyn std::any::Any>;
 
-/// How the memory of a new context is determined.
+/// How the memory of a new context is determined (its readings and the region-wide lock).
 #[derive(Clone, Copy)]
-pub struct Meter<'a> {
+pub struct ContextMeter<'a> {
     /// `HAMI_CONTEXT_OVERHEAD`, if set.
     pub configured: Option<u64>,
     /// Reads the device's used memory (NVML), `None` when not available.
@@ -76,7 +76,7 @@ pub struct Meter<'a> {
     /// Takes the region-wide context-creation lock (`None`: not available).
     pub serialize: &'a dyn Fn() -> Option<Held>,
     /// NVML is available. When it is not, context memory is measured through the driver
-    /// ([`Meter::driver_info`]).
+    /// ([`ContextMeter::driver_info`]).
     pub nvml: bool,
     /// `(free, total)` of a context's device per the driver's `cuMemGetInfo_v2`, the context
     /// made current for the reading and the caller's current context restored (`None`: not
@@ -134,7 +134,7 @@ impl ContextOutcome {
     }
 }
 
-impl Meter<'_> {
+impl ContextMeter<'_> {
     /// Runs `call` (a context creation on `dev`) between readings. Unless this process is
     /// already known to appear in NVML's process list (`listed`), the region-wide lock is
     /// held around the readings and the call, so that a device-level fallback is not
@@ -164,7 +164,7 @@ impl Meter<'_> {
         self.configured.is_none() && (!self.nvml || !listed.load(Ordering::Relaxed))
     }
 
-    /// [`Meter::around`] with the region-wide lock already taken by the caller (`held`,
+    /// [`ContextMeter::around`] with the region-wide lock already taken by the caller (`held`,
     /// `None`: not held), handed back so that the caller can finish under it. `admitted`:
     /// bytes this process already charged in the region for the context being created (its
     /// pre-admitted footprint), not on the device yet before the call.
@@ -237,7 +237,7 @@ impl Meter<'_> {
     }
 
     /// The driver-only measurement (NVML unavailable), under the region-wide lock (`held`,
-    /// taken by the caller). `admitted`: as for [`Meter::around_held`]; it is in the region's
+    /// taken by the caller). `admitted`: as for [`ContextMeter::around_held`]; it is in the region's
     /// accounted usage but was not on the device before the call.
     fn around_driver(
         &self,
@@ -326,7 +326,7 @@ impl ContextTable {
         ledger: &L,
         dev: usize,
         existing: Option<usize>,
-        meter: &Meter<'_>,
+        meter: &ContextMeter<'_>,
         call: impl FnOnce() -> Result<usize, CUresult>,
         undo: impl FnOnce(usize) -> bool,
     ) -> (Result<(usize, u64), CUresult>, Option<ContextOutcome>) {
@@ -441,7 +441,7 @@ impl ContextTable {
         &self,
         ledger: &L,
         dev: usize,
-        meter: &Meter<'_>,
+        meter: &ContextMeter<'_>,
         call: impl FnOnce() -> Result<usize, CUresult>,
         undo: impl FnOnce(usize) -> bool,
     ) -> (CUresult, Option<ContextOutcome>) {
@@ -539,10 +539,10 @@ impl ContextTable {
         &self,
         dev: usize,
         existing: Option<usize>,
-        meter: &Meter<'_>,
+        meter: &ContextMeter<'_>,
         call: impl FnOnce() -> Result<usize, CUresult>,
     ) -> (Result<usize, CUresult>, ContextCost) {
-        let m = Meter {
+        let m = ContextMeter {
             configured: None,
             ..*meter
         };
@@ -561,7 +561,7 @@ impl ContextTable {
         &self,
         ledger: &L,
         dev: usize,
-        meter: &Meter<'_>,
+        meter: &ContextMeter<'_>,
         call: impl FnOnce() -> Result<usize, CUresult>,
         undo: impl FnOnce(usize) -> bool,
     ) -> (CUresult, Option<ContextOutcome>) {

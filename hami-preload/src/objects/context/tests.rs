@@ -4,7 +4,7 @@ use crate::ledger::accounting::{Allocated, KeySpace, MemLedger};
 const MB: u64 = 1 << 20;
 
 /// A meter with no NVML and no lock.
-const NO_NVML: Meter<'static> = Meter {
+const NO_NVML: ContextMeter<'static> = ContextMeter {
     configured: None,
     used_now: &|_| None,
     own_used: &|_| OwnUsage::Unavailable,
@@ -36,7 +36,7 @@ fn per_process_measurement_ignores_other_processes() {
     let fp = Cell::new(0u64);
     let footprint = |_d: usize| fp.get();
     let set_footprint = |_d: usize, b: u64| fp.set(b);
-    let m = Meter {
+    let m = ContextMeter {
         configured: None,
         used_now: &used_now,
         own_used: &own_used,
@@ -112,7 +112,7 @@ fn another_processs_allocation_between_admission_and_driver_is_not_subtracted_ea
         Some(device.get())
     };
     let region_data = |_d: usize| region.get();
-    let m = Meter {
+    let m = ContextMeter {
         configured: None,
         used_now: &used_now,
         own_used: &|_| OwnUsage::NotListed,
@@ -167,7 +167,7 @@ fn unlisted_process_falls_back_to_a_serialized_device_delta() {
         h2.set(true);
         Some(Box::new(Guard(h2.clone())))
     };
-    let m = Meter {
+    let m = ContextMeter {
         configured: None,
         used_now: &used_now,
         own_used: &|_| OwnUsage::NotListed,
@@ -213,7 +213,7 @@ fn primary_lifecycle() {
     let t = ContextTable::default();
     let used = std::cell::Cell::new(100 * MB);
     let read = |_d: usize| Some(used.get());
-    let m = Meter {
+    let m = ContextMeter {
         configured: None,
         used_now: &read,
         nvml: true,
@@ -273,7 +273,7 @@ fn configured_overhead_and_created_contexts() {
     let l = MemLedger::with_limit(1, 1 << 30);
     let a = Accounts::default();
     let t = ContextTable::default();
-    let m = Meter {
+    let m = ContextMeter {
         configured: Some(64 * MB),
         ..NO_NVML
     };
@@ -300,7 +300,7 @@ fn configured_overhead_and_created_contexts() {
     assert_eq!(t.destroy(&l, &a, 0xa, || CUDA_SUCCESS), CUDA_SUCCESS);
     assert_eq!(l.total(1), 0);
     // Unmeasurable: nothing charged.
-    let m = Meter {
+    let m = ContextMeter {
         configured: None,
         ..NO_NVML
     };
@@ -318,7 +318,7 @@ fn reset_drops_allocations_keeps_context() {
     let l = MemLedger::with_limit(0, 1 << 30);
     let a = Accounts::default();
     let t = ContextTable::default();
-    let m = Meter {
+    let m = ContextMeter {
         configured: Some(MB),
         ..NO_NVML
     };
@@ -371,7 +371,11 @@ impl Fake {
 }
 
 /// Runs `f` with a meter over `fake`.
-fn with_meter<R>(fake: &Fake, configured: Option<u64>, f: impl FnOnce(&Meter<'_>) -> R) -> R {
+fn with_meter<R>(
+    fake: &Fake,
+    configured: Option<u64>,
+    f: impl FnOnce(&ContextMeter<'_>) -> R,
+) -> R {
     let used_now = |_d: usize| Some(fake.dev_used.get());
     let own_used = |_d: usize| fake.own.get().map_or(OwnUsage::NotListed, OwnUsage::Listed);
     let footprint = |_d: usize| fake.fp.get();
@@ -380,7 +384,7 @@ fn with_meter<R>(fake: &Fake, configured: Option<u64>, f: impl FnOnce(&Meter<'_>
         fake.locks.set(fake.locks.get() + 1);
         Some(Box::new(()))
     };
-    let m = Meter {
+    let m = ContextMeter {
         configured,
         used_now: &used_now,
         own_used: &own_used,
@@ -566,7 +570,7 @@ fn an_unknown_footprint_is_measured_under_the_lock_and_stored_before_it_is_relea
     let set_footprint = |_d: usize, b: u64| fp.set(b);
     let serialize =
         || -> Option<Held> { Some(Box::new(Guard(fp.clone(), stored_at_release.clone()))) };
-    let m = Meter {
+    let m = ContextMeter {
         own_used: &own_used,
         used_now: &|_| Some(0),
         serialize: &serialize,
@@ -617,7 +621,7 @@ fn an_unknown_footprint_is_measured_under_the_lock_and_stored_before_it_is_relea
         Some(Box::new(()))
     };
     let footprint2 = |_d: usize| fp_late.get();
-    let m2 = Meter {
+    let m2 = ContextMeter {
         serialize: &serialize2,
         footprint: &footprint2,
         ..m
