@@ -59,6 +59,13 @@ pub const PRELOAD_SKIPPED: &[(&str, &str)] = &[
          here (its pid-namespace test starts the host's `unshare`)",
     ),
     (
+        "regressions::two_processes_on_two_gpus_each_get_their_own_gpus_share",
+        "a compute-share test like `compute::`'s (each device's busy fraction against wall \
+         time): under emulation the process reached 0.39 of device 0 at a 50 % share once it \
+         shared the preload's one test binary with the other regressions (it passed alone); \
+         its question, which device a submission is charged to, is answered natively",
+    ),
+    (
         "config::non_cuda_programs_are_untouched_and_create_nothing",
         "runs the host's own /bin/true (x86-64) with the aarch64 preload in LD_PRELOAD: ld.so \
          refuses the wrong ELF class before the test's question is asked",
