@@ -22,8 +22,14 @@ impl StatFields {
     /// gone. Its resources, GPU memory included, are released; a zombie leader with live
     /// threads still runs (`num_threads` counts them).
     pub fn is_dead(&self) -> bool {
-        matches!(self.state, b'Z' | b'X') && self.num_threads <= 1
+        is_dead(self.state, self.num_threads)
     }
+}
+
+/// The zombie rule on a stat line's state letter and thread count (see
+/// [`StatFields::is_dead`]).
+pub fn is_dead(state: u8, num_threads: u64) -> bool {
+    matches!(state, b'Z' | b'X') && num_threads <= 1
 }
 
 /// Parses a `/proc/<pid>/stat` line as the kernel writes it, `<pid> (<comm>) <state> ...`.

@@ -257,13 +257,7 @@ impl Stat {
     /// Whether the process is gone in all but name (a zombie with no live thread): its GPU
     /// memory is already released. The rule is the region's ([`hami_common::procfs`]).
     pub fn is_dead(&self) -> bool {
-        hami_common::procfs::StatFields {
-            state: u8::try_from(self.state).unwrap_or(b'?'),
-            num_threads: self.num_threads,
-            start_time: self.start_time,
-            comm: (0, 0),
-        }
-        .is_dead()
+        hami_common::procfs::is_dead(u8::try_from(self.state).unwrap_or(b'?'), self.num_threads)
     }
 }
 
@@ -278,17 +272,16 @@ pub fn parse_stat(stat: &str) -> Option<Stat> {
 /// [`parse_stat`] of the bytes as read (a `comm` that is not UTF-8 is converted lossily).
 pub fn parse_stat_bytes(b: &[u8]) -> Option<Stat> {
     let b = b.trim_ascii();
-    let open = b.iter().position(|&c| c == b'(')?;
-    let close = b.iter().rposition(|&c| c == b')')?;
+    let s = hami_common::procfs::parse_stat(b)?;
+    // The kernel's shape around the comm: `<pid> (` before it, `) ` after it.
+    let (open, close) = (s.comm.0 - 1, s.comm.1);
     if open == 0
-        || close < open
         || b[open - 1] != b' '
         || b.get(close + 1) != Some(&b' ')
         || hami_common::procfs::parse_u64(&b[..open - 1]).is_none()
     {
         return None;
     }
-    let s = hami_common::procfs::parse_stat(b)?;
     Some(Stat {
         comm: String::from_utf8_lossy(&b[s.comm.0..s.comm.1]).into_owned(),
         state: char::from(s.state),
