@@ -286,8 +286,6 @@ pub fn effective_share(sm_limit: u32, policy: u32) -> u32 {
 /// thread's token.
 type StreamKey = (usize, u64);
 
-const CU_STREAM_PER_THREAD: usize = 2;
-
 fn stream_key(t: &Target) -> StreamKey {
     if t.stream == CU_STREAM_PER_THREAD || (t.ptsz && t.stream == 0) {
         (CU_STREAM_PER_THREAD, t.token)

@@ -42,22 +42,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// `CU_LIMIT_STACK_SIZE`.
-pub const CU_LIMIT_STACK_SIZE: i32 = 0;
-/// `CU_LIMIT_PRINTF_FIFO_SIZE`.
-pub const CU_LIMIT_PRINTF_FIFO_SIZE: i32 = 1;
-/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
-pub const CU_LIMIT_MALLOC_HEAP_SIZE: i32 = 2;
-/// `CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH`.
-pub const CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: i32 = 3;
-/// `CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`.
-pub const CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: i32 = 4;
-/// `CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`.
-pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: i32 = 3;
-/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
-pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: i32 = 16;
-/// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR`.
-pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: i32 = 39;
+/// The `CUlimit`, `CUfunction_attribute` and `CUdevice_attribute` values this file's callers
+/// pass to the driver (`cuda.h`, by way of the `cuda-abi` crate).
+pub use crate::ffi::cuda::{
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT,
+    CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH, CU_LIMIT_MALLOC_HEAP_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE,
+    CU_LIMIT_STACK_SIZE,
+};
 
 /// The printf FIFO's default size (`cuCtxGetLimit` of a fresh context, H100 and H200,
 /// driver 580): its footprint is part of the context's.

@@ -271,8 +271,6 @@ pub unsafe extern "C" fn cuCtxGetLimit(pvalue: *mut usize, limit: c_int) -> CUre
 // ---------------------------------------------------------------------------------------------
 // Green contexts (CUDA 12.4)
 
-/// `CU_DEV_RESOURCE_TYPE_SM`.
-const CU_DEV_RESOURCE_TYPE_SM: c_int = 1;
 /// Bytes of `CUdevResource` the fake writes: the type and, at offset 96 (after the 92 bytes
 /// of internal padding), `CUdevSmResource::smCount`.
 const RESOURCE_SM_COUNT_AT: usize = 96;

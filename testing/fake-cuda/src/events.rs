@@ -354,7 +354,7 @@ pub unsafe extern "C" fn cuGraphMemAllocNodeGetParams(
             return Err(CUDA_ERROR_INVALID_VALUE);
         };
         let p = CUDA_MEM_ALLOC_NODE_PARAMS {
-            pool_props: CUmemPoolPropsFull {
+            pool_props: CUmemPoolProps {
                 alloc_type: CU_MEM_ALLOCATION_TYPE_PINNED,
                 handle_types: 0,
                 location: CUmemLocation {
@@ -471,9 +471,6 @@ pub unsafe extern "C" fn cuEventRecord_ptsz(event: Handle, stream: CUstream) -> 
     event_record(event, stream, true)
 }
 
-/// `CU_EVENT_RECORD_EXTERNAL`, the one flag of `cuEventRecordWithFlags`.
-const CU_EVENT_RECORD_EXTERNAL: c_uint = 1;
-
 fn event_record_flags(event: Handle, stream: CUstream, flags: c_uint, ptsz: bool) -> CUresult {
     if flags & !CU_EVENT_RECORD_EXTERNAL != 0 {
         return run(|| {
@@ -501,9 +498,6 @@ pub unsafe extern "C" fn cuEventRecordWithFlags_ptsz(
 ) -> CUresult {
     event_record_flags(event, stream, flags, true)
 }
-
-/// `CU_EVENT_WAIT_EXTERNAL`, the one flag of `cuStreamWaitEvent`.
-const CU_EVENT_WAIT_EXTERNAL: c_uint = 1;
 
 fn stream_wait_event(stream: CUstream, event: Handle, flags: c_uint, ptsz: bool) -> CUresult {
     run(|| {

@@ -552,11 +552,6 @@ pub unsafe extern "C" fn cuKernelGetAttribute(
     })
 }
 
-/// `CU_LAUNCH_PARAM_BUFFER_POINTER` in a launch's `extra` list.
-const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
-/// `CU_LAUNCH_PARAM_END`.
-const CU_LAUNCH_PARAM_END: usize = 0;
-
 /// The first kernel parameter of a launch read as a `u64`: `*params[0]`, or the first 8 bytes
 /// of the `CU_LAUNCH_PARAM_BUFFER_POINTER` buffer of `extra`. `None` if neither is given.
 ///
@@ -674,15 +669,6 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernel_ptsz(
     params: *mut *mut c_void,
 ) -> CUresult {
     launch(f, stream, true, params, std::ptr::null_mut())
-}
-
-/// Leading fields of `CUlaunchConfig` (grid, block, shared memory, stream).
-#[repr(C)]
-pub struct CUlaunchConfigHead {
-    /// gridDimX..blockDimZ, sharedMemBytes.
-    pub dims: [c_uint; 7],
-    /// hStream.
-    pub stream: CUstream,
 }
 
 fn launch_ex(

@@ -112,7 +112,7 @@ pub(crate) fn location_ordinal(loc: &CUmemLocation) -> R<CUdevice> {
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolCreate(
     pool: *mut CUmemoryPool,
-    props: *const CUmemPoolProps,
+    props: *const CUmemPoolPropsHead,
 ) -> CUresult {
     run(|| {
         let mut g = inited()?;

@@ -15,6 +15,7 @@
 use std::ffi::{c_char, c_uint, c_void};
 use std::sync::OnceLock;
 
+use cuda_abi::nvml::{nvmlMemory_t, nvmlMemory_v2_t, NVML_MEMORY_V2};
 use fake_state::Shared;
 
 mod export_table;
@@ -41,27 +42,6 @@ fn driver_version() -> &'static str {
         std::env::var("FAKE_NVML_DRIVER_VERSION").unwrap_or_else(|_| DRIVER_VERSION.to_string())
     })
 }
-
-/// `nvmlMemory_t`.
-#[repr(C)]
-pub struct NvmlMemory {
-    total: u64,
-    free: u64,
-    used: u64,
-}
-
-/// `nvmlMemory_v2_t`.
-#[repr(C)]
-pub struct NvmlMemoryV2 {
-    version: c_uint,
-    total: u64,
-    reserved: u64,
-    free: u64,
-    used: u64,
-}
-
-/// `nvmlMemory_v2`: `sizeof(nvmlMemory_v2_t) | 2 << 24` (0x2000028).
-pub const NVML_MEMORY_V2: c_uint = (std::mem::size_of::<NvmlMemoryV2>() as c_uint) | (2 << 24);
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
@@ -178,7 +158,7 @@ fn memory(sh: &Shared, i: usize) -> (u64, u64) {
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: *mut c_void,
-    memory_out: *mut NvmlMemory,
+    memory_out: *mut nvmlMemory_t,
 ) -> NvmlReturn {
     run(|| {
         let (sh, i) = device_of(device)?;
@@ -186,7 +166,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
         let (total, used) = memory(sh, i);
         // SAFETY: checked non-NULL; C contract.
         unsafe {
-            memory_out.write(NvmlMemory {
+            memory_out.write(nvmlMemory_t {
                 total,
                 free: total - used,
                 used,
@@ -199,7 +179,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: *mut c_void,
-    memory_out: *mut NvmlMemoryV2,
+    memory_out: *mut nvmlMemory_v2_t,
 ) -> NvmlReturn {
     run(|| {
         let (sh, i) = device_of(device)?;
@@ -212,7 +192,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         let (total, used) = memory(sh, i);
         // SAFETY: checked non-NULL; C contract.
         unsafe {
-            memory_out.write(NvmlMemoryV2 {
+            memory_out.write(nvmlMemory_v2_t {
                 version,
                 total,
                 reserved: 0,

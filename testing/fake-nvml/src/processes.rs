@@ -5,27 +5,16 @@
 use std::ffi::{c_uint, c_void};
 use std::sync::OnceLock;
 
+use cuda_abi::nvml::{
+    nvmlProcessDetailList_v1_t, nvmlProcessDetail_v1_t, nvmlProcessInfo_v1_t, nvmlProcessInfo_v2_t,
+    NVML_PROCESS_DETAIL_LIST_V1,
+};
+
 use crate::returns::{
     nonnull, run, NvmlReturn, NVML_ERROR_ARGUMENT_VERSION_MISMATCH, NVML_ERROR_INSUFFICIENT_SIZE,
     NVML_ERROR_INVALID_ARGUMENT,
 };
 use crate::state::device_of;
-
-/// `nvmlProcessInfo_v1_t`.
-#[repr(C)]
-pub struct ProcessInfoV1 {
-    pid: c_uint,
-    used_gpu_memory: u64,
-}
-
-/// `nvmlProcessInfo_v2_t` (also `nvmlProcessInfo_t`, used by `_v2` and `_v3`).
-#[repr(C)]
-pub struct ProcessInfoV2 {
-    pid: c_uint,
-    used_gpu_memory: u64,
-    gpu_instance_id: c_uint,
-    compute_instance_id: c_uint,
-}
 
 /// Test knob `FAKE_NVML_HIDE_PROCESSES=1`: the process lists report every pid shifted by
 /// [`HIDDEN_PID_OFFSET`], as NVML looks from a container with its own pid namespace (it lists
@@ -118,7 +107,7 @@ pub(crate) fn process_list(
 pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     device: *mut c_void,
     count: *mut c_uint,
-    infos: *mut ProcessInfoV1,
+    infos: *mut nvmlProcessInfo_v1_t,
 ) -> NvmlReturn {
     processes_v1(ProcessList::Compute, device, count, infos)
 }
@@ -127,12 +116,12 @@ fn processes_v1(
     which: ProcessList,
     device: *mut c_void,
     count: *mut c_uint,
-    infos: *mut ProcessInfoV1,
+    infos: *mut nvmlProcessInfo_v1_t,
 ) -> NvmlReturn {
     process_list(which, device, count, infos.is_null(), |k, pid, used| {
         // SAFETY: `infos` holds at least *count (checked >= k + 1) entries (C contract).
         unsafe {
-            infos.add(k).write(ProcessInfoV1 {
+            infos.add(k).write(nvmlProcessInfo_v1_t {
                 pid,
                 used_gpu_memory: used,
             })
@@ -144,12 +133,12 @@ fn processes_v2(
     which: ProcessList,
     device: *mut c_void,
     count: *mut c_uint,
-    infos: *mut ProcessInfoV2,
+    infos: *mut nvmlProcessInfo_v2_t,
 ) -> NvmlReturn {
     process_list(which, device, count, infos.is_null(), |k, pid, used| {
         // SAFETY: `infos` holds at least *count (checked >= k + 1) entries (C contract).
         unsafe {
-            infos.add(k).write(ProcessInfoV2 {
+            infos.add(k).write(nvmlProcessInfo_v2_t {
                 pid,
                 used_gpu_memory: used,
                 gpu_instance_id: u32::MAX,
@@ -163,7 +152,7 @@ fn processes_v2(
 pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     device: *mut c_void,
     count: *mut c_uint,
-    infos: *mut ProcessInfoV2,
+    infos: *mut nvmlProcessInfo_v2_t,
 ) -> NvmlReturn {
     processes_v2(ProcessList::Compute, device, count, infos)
 }
@@ -172,7 +161,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
 pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     device: *mut c_void,
     count: *mut c_uint,
-    infos: *mut ProcessInfoV2,
+    infos: *mut nvmlProcessInfo_v2_t,
 ) -> NvmlReturn {
     processes_v2(ProcessList::Compute, device, count, infos)
 }
@@ -181,7 +170,7 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
 pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
     device: *mut c_void,
     count: *mut c_uint,
-    infos: *mut ProcessInfoV1,
+    infos: *mut nvmlProcessInfo_v1_t,
 ) -> NvmlReturn {
     processes_v1(ProcessList::Graphics, device, count, infos)
 }
@@ -190,7 +179,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
 pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
     device: *mut c_void,
     count: *mut c_uint,
-    infos: *mut ProcessInfoV2,
+    infos: *mut nvmlProcessInfo_v2_t,
 ) -> NvmlReturn {
     processes_v2(ProcessList::Graphics, device, count, infos)
 }
@@ -199,7 +188,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
 pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
     device: *mut c_void,
     count: *mut c_uint,
-    infos: *mut ProcessInfoV2,
+    infos: *mut nvmlProcessInfo_v2_t,
 ) -> NvmlReturn {
     processes_v2(ProcessList::Graphics, device, count, infos)
 }
@@ -208,7 +197,7 @@ pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
 pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses(
     device: *mut c_void,
     count: *mut c_uint,
-    infos: *mut ProcessInfoV1,
+    infos: *mut nvmlProcessInfo_v1_t,
 ) -> NvmlReturn {
     processes_v1(ProcessList::Mps, device, count, infos)
 }
@@ -217,7 +206,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses(
 pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v2(
     device: *mut c_void,
     count: *mut c_uint,
-    infos: *mut ProcessInfoV2,
+    infos: *mut nvmlProcessInfo_v2_t,
 ) -> NvmlReturn {
     processes_v2(ProcessList::Mps, device, count, infos)
 }
@@ -226,33 +215,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v2(
 pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
     device: *mut c_void,
     count: *mut c_uint,
-    infos: *mut ProcessInfoV2,
+    infos: *mut nvmlProcessInfo_v2_t,
 ) -> NvmlReturn {
     processes_v2(ProcessList::Mps, device, count, infos)
 }
-
-/// `nvmlProcessDetail_v1_t`.
-#[repr(C)]
-pub struct ProcessDetailV1 {
-    pid: c_uint,
-    used_gpu_memory: u64,
-    gpu_instance_id: c_uint,
-    compute_instance_id: c_uint,
-    used_gpu_cc_protected_memory: u64,
-}
-
-/// `nvmlProcessDetailList_v1_t`.
-#[repr(C)]
-pub struct ProcessDetailListV1 {
-    version: c_uint,
-    mode: c_uint,
-    num_proc_array_entries: c_uint,
-    proc_array: *mut ProcessDetailV1,
-}
-
-/// `nvmlProcessDetailList_v1`: `sizeof(nvmlProcessDetailList_v1_t) | 1 << 24` (0x1000018).
-pub const NVML_PROCESS_DETAIL_LIST_V1: c_uint =
-    (std::mem::size_of::<ProcessDetailListV1>() as c_uint) | (1 << 24);
 
 /// The three lists in one call: `mode` 0 compute, 1 graphics, 2 MPS compute; another
 /// `version` is `NVML_ERROR_ARGUMENT_VERSION_MISMATCH`, another mode
@@ -260,7 +226,7 @@ pub const NVML_PROCESS_DETAIL_LIST_V1: c_uint =
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
     device: *mut c_void,
-    plist: *mut ProcessDetailListV1,
+    plist: *mut nvmlProcessDetailList_v1_t,
 ) -> NvmlReturn {
     if plist.is_null() {
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -285,7 +251,7 @@ pub unsafe extern "C" fn nvmlDeviceGetRunningProcessDetailList(
         |k, pid, used| {
             // SAFETY: `procArray` holds at least numProcArrayEntries (>= k + 1) entries.
             unsafe {
-                infos.add(k).write(ProcessDetailV1 {
+                infos.add(k).write(nvmlProcessDetail_v1_t {
                     pid,
                     used_gpu_memory: used,
                     gpu_instance_id: u32::MAX,

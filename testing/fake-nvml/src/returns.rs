@@ -1,16 +1,14 @@
 //! NVML's return codes (`nvmlReturn_t`) and the glue every export answers through: [`run`]
 //! (a panic becomes `NVML_ERROR_UNKNOWN`), [`nonnull`] and [`copy_str`].
 
-use std::ffi::{c_char, c_int, c_uint};
+use std::ffi::{c_char, c_uint};
 
-pub(crate) type NvmlReturn = c_int;
-pub(crate) const NVML_SUCCESS: NvmlReturn = 0;
-pub(crate) const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
-pub(crate) const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
-pub(crate) const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
-pub(crate) const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
-pub(crate) const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
-pub(crate) const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
+/// `nvmlReturn_t` and its codes, from the `cuda-abi` crate (`nvml.h`).
+pub(crate) use cuda_abi::nvml::{
+    nvmlReturn_t as NvmlReturn, NVML_ERROR_ARGUMENT_VERSION_MISMATCH, NVML_ERROR_INSUFFICIENT_SIZE,
+    NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND, NVML_ERROR_NOT_SUPPORTED,
+    NVML_ERROR_UNINITIALIZED, NVML_ERROR_UNKNOWN, NVML_SUCCESS,
+};
 
 /// Runs an export's body: its `Err` is the export's result, `Ok` is `NVML_SUCCESS` and a
 /// panic `NVML_ERROR_UNKNOWN` (panics never cross the FFI boundary).

@@ -13,12 +13,10 @@ use fake_state::{now_ns, process_alive, realtime_offset_ns, BusyWindow, Shared};
 use crate::processes::{hide_processes, HIDDEN_PID_OFFSET};
 use crate::returns::{
     nonnull, run, NvmlReturn, NVML_ERROR_ARGUMENT_VERSION_MISMATCH, NVML_ERROR_INSUFFICIENT_SIZE,
-    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_INVALID_ARGUMENT, NVML_ERROR_NOT_FOUND,
 };
 use crate::state::device_of;
 
-/// `NVML_ERROR_NOT_FOUND`.
-pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
 /// The window when `lastSeenTimeStamp` is 0, and of `nvmlDeviceGetUtilizationRates` (1 s).
 pub const DEFAULT_WINDOW_NS: u64 = 1_000_000_000;
 

@@ -4,14 +4,10 @@
 use super::driver::{Clock, Driver, Query};
 use crate::ffi::cuda::*;
 use crate::ffi::symbols::{self, Cu};
-use std::ffi::{c_int, c_uint};
+use std::ffi::c_int;
 
 /// The real driver's events and capture state.
 pub struct RealGateDriver;
-
-const CU_EVENT_DEFAULT: c_uint = 0;
-const CUDA_ERROR_NOT_READY: CUresult = 600;
-const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 
 impl Driver for RealGateDriver {
     fn capturing(&self, stream: usize, ptsz: bool) -> bool {

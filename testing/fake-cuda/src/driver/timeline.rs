@@ -9,13 +9,6 @@ use std::sync::OnceLock;
 
 use fake_state::{now_ns, parse_duration_ns};
 
-/// `CU_EVENT_BLOCKING_SYNC`.
-pub const CU_EVENT_BLOCKING_SYNC: u32 = 1;
-/// `CU_EVENT_DISABLE_TIMING`.
-pub const CU_EVENT_DISABLE_TIMING: u32 = 2;
-/// `CU_EVENT_INTERPROCESS` (valid only with `CU_EVENT_DISABLE_TIMING`).
-pub const CU_EVENT_INTERPROCESS: u32 = 4;
-
 /// How long the kernels of a module take (its image's `ns=` key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelTime {

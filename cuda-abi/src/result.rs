@@ -1,0 +1,41 @@
+//! `CUresult` codes (`enum cudaError_enum` of `cuda.h`): the ones hami-rs returns, tests for
+//! or whose strings the fake driver gives.
+
+use crate::types::CUresult;
+
+/// `CUDA_SUCCESS`.
+pub const CUDA_SUCCESS: CUresult = 0;
+/// `CUDA_ERROR_INVALID_VALUE`.
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+/// `CUDA_ERROR_NOT_INITIALIZED`.
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+/// `CUDA_ERROR_NO_DEVICE`.
+pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
+/// `CUDA_ERROR_INVALID_DEVICE`.
+pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+/// `CUDA_ERROR_INVALID_IMAGE`.
+pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
+/// `CUDA_ERROR_INVALID_CONTEXT`.
+pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+/// `CUDA_ERROR_UNSUPPORTED_LIMIT`.
+pub const CUDA_ERROR_UNSUPPORTED_LIMIT: CUresult = 215;
+/// `CUDA_ERROR_FILE_NOT_FOUND`.
+pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
+/// `CUDA_ERROR_INVALID_HANDLE`.
+pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+/// `CUDA_ERROR_ILLEGAL_STATE`.
+pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
+/// `CUDA_ERROR_NOT_FOUND`.
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+/// `CUDA_ERROR_NOT_READY`.
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+/// `CUDA_ERROR_CONTEXT_IS_DESTROYED`.
+pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: CUresult = 709;
+/// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`.
+pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+/// `CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE`.
+pub const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
+/// `CUDA_ERROR_UNKNOWN`.
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
