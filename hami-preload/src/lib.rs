@@ -16,7 +16,7 @@
 //! it holds and importing only from its own layer or those below (no import runs up a layer:
 //! `cargo xtask circles` checks it, `xtask/src/layers.rs`). Bottom to top:
 //! * [`ffi`]: the foreign interface and the environment: [`ffi::cuda`] (the driver's and
-//!   NVML's types), [`ffi::symbols`] (the real functions, by name) over [`ffi::real`] (the
+//!   NVML's types, the `cuda-abi` crate's), [`ffi::symbols`] (the real functions, by name) over [`ffi::real`] (the
 //!   real libraries and the real `dlsym`), [`ffi::shim`] (the hook prelude), [`ffi::unwind`]
 //!   (the panic guard's unwinder, linked in so that no exec pays for `libgcc_s`:
 //!   `docs/preload.md`, "At load"), [`ffi::log`], [`ffi::config`] (`docs/preload.md`),

@@ -28,8 +28,9 @@ use crate::cross::{check_emulation, cross_env, nightly_cargo, nightly_cargo_path
 use crate::torture::Scenario;
 use crate::util::{project_root, run_checked};
 
-/// The crates whose tests run under qemu (the fakes are built by the test harness).
-pub const TESTED_CRATES: &[&str] = &["hami-common", "hami-preload", "hami-user"];
+/// The crates whose tests run under qemu (the fakes are built by the test harness; `cuda-abi`'s
+/// are the layouts of the driver's and NVML's structs, which the preload and the fakes share).
+pub const TESTED_CRATES: &[&str] = &["cuda-abi", "hami-common", "hami-preload", "hami-user"];
 
 /// The preload's integration tests, one binary (`hami-preload/tests/preload`), run under qemu
 /// minus [`PRELOAD_SKIPPED`]: the multi-process tests — region sharing between processes and
@@ -166,8 +167,8 @@ pub fn test(t: CrossTarget) -> Result<()> {
         },
     )?;
     timed(
-        "unit tests of hami-common (region layout offsets), the preload and the agent, \
-         and the preload's multi-process tests, under qemu",
+        "unit tests of cuda-abi (struct layouts), hami-common (region layout offsets), the \
+         preload and the agent, and the preload's multi-process tests, under qemu",
         || {
             // A skip that matches no test (a test renamed or moved to another module) would
             // let that test run and fail here, or hide that it is gone: refused first.
