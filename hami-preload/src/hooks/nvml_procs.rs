@@ -62,40 +62,6 @@ impl NvmlProcInfo for nvmlProcessInfo_v2_t {
     }
 }
 
-/// `nvmlProcessDetail_v1_t` (entries of `nvmlDeviceGetRunningProcessDetailList`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct nvmlProcessDetail_v1_t {
-    /// Process id (the host's pid namespace).
-    pub pid: c_uint,
-    /// Device memory the process uses, or [`NVML_VALUE_NOT_AVAILABLE`].
-    pub used_gpu_memory: u64,
-    /// GPU instance (MIG), `0xFFFFFFFF` if none.
-    pub gpu_instance_id: c_uint,
-    /// Compute instance (MIG), `0xFFFFFFFF` if none.
-    pub compute_instance_id: c_uint,
-    /// Confidential-computing protected memory the process uses.
-    pub used_gpu_cc_protected_memory: u64,
-}
-
-/// `nvmlProcessDetailList_v1_t`, the argument of `nvmlDeviceGetRunningProcessDetailList`.
-#[repr(C)]
-#[derive(Debug)]
-pub struct nvmlProcessDetailList_v1_t {
-    /// Must be [`NVML_PROCESS_DETAIL_LIST_V1`].
-    pub version: c_uint,
-    /// `nvmlProcessMode_t`: 0 compute, 1 graphics, 2 MPS compute.
-    pub mode: c_uint,
-    /// In: entries `proc_array` holds; out: entries written (or needed).
-    pub num_proc_array_entries: c_uint,
-    /// The caller's array.
-    pub proc_array: *mut nvmlProcessDetail_v1_t,
-}
-
-/// `nvmlProcessDetailList_v1`: `sizeof(nvmlProcessDetailList_v1_t) | 1 << 24`.
-pub const NVML_PROCESS_DETAIL_LIST_V1: c_uint =
-    (std::mem::size_of::<nvmlProcessDetailList_v1_t>() as c_uint) | (1 << 24);
-
 impl NvmlProcInfo for nvmlProcessDetail_v1_t {
     fn get(&self) -> ProcEntry {
         ProcEntry {
