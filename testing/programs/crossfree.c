@@ -24,33 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext;
-typedef void *CUarray;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct { unsigned int type; int id; } CUmemLocation;
-typedef struct {
-  unsigned int type, requestedHandleTypes;
-  CUmemLocation location;
-  void *win32HandleMetaData;
-  struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
-} CUmemAllocationProp;
-typedef struct { size_t Width, Height; unsigned int Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
-
-CUresult cuInit(unsigned int);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
-CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
-CUresult cuMemRelease(CUmemGenericAllocationHandle);
-CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
-CUresult cuArrayDestroy(CUarray);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
+#include "hami_cuda.h"
 
 #define MIB (1ull << 20)
 #define OOM 2

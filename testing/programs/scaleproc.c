@@ -29,16 +29,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext;
-
-CUresult cuInit(unsigned int);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+#include "hami_cuda.h"
 
 #define MAX_PROCS 4096
 

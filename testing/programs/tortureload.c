@@ -71,38 +71,9 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext;
-typedef void *CUstream;
-typedef void *CUarray;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct { unsigned int type; int id; } CUmemLocation;
-typedef struct {
-  unsigned int type, requestedHandleTypes;
-  CUmemLocation location;
-  void *win32HandleMetaData;
-  struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
-} CUmemAllocationProp;
-typedef struct { size_t Width, Height; unsigned int Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
-
-CUresult cuInit(unsigned int);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
-CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
-CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
-CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
-CUresult cuMemRelease(CUmemGenericAllocationHandle);
-CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
-CUresult cuArrayDestroy(CUarray);
+#include "hami_cuda.h"
 
 #define MIB (1ull << 20)
-#define CUDA_ERROR_OUT_OF_MEMORY 2
 #define FAMILIES 5
 #define MAX_THREADS 64
 #define MAX_HOLD 4096

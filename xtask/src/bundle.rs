@@ -4,7 +4,7 @@
 //! (`-p hami-user`, eBPF object embedded; needs `bpf-linker`, which `setup` provides), strips
 //! them, and copies them with the acceptance runner (`gpu/run_acceptance.py`, its packages
 //! `gpu/acceptance/` and `gpu/runner/`, `gpu/README.md`, `gpu/workloads/`, the two-GPU checks `gpu/multi_gpu_check.py`, `gpu/multi_gpu_container.py` (issue 29) and
-//! `gpu/library_two_devices.sh`) and the C test programs (`testing/programs/*.c` and the `*.h` they include) into
+//! `gpu/library_two_devices.sh`) and the C test programs (`testing/programs/*.c`, the `*.h` they include and `include/hami_cuda.h`) into
 //! the git-ignored `<root>/gpu-bundle/`:
 //!
 //! ```text
@@ -108,6 +108,15 @@ pub fn gpu_bundle_with(root: &Path, opts: &BundleOptions) -> Result<PathBuf> {
             if entry.extension().is_some_and(|e| e == "c" || e == "h") {
                 copy_file(&entry, &out.join("programs").join(file_name(&entry)?))?;
                 n_programs += 1;
+            }
+        }
+        // `hami_cuda.h`, beside the programs that `#include "hami_cuda.h"` (found there first).
+        let include = programs.join("include");
+        if include.is_dir() {
+            for entry in sorted_entries(&include)? {
+                if entry.extension().is_some_and(|e| e == "h") {
+                    copy_file(&entry, &out.join("programs").join(file_name(&entry)?))?;
+                }
             }
         }
     }

@@ -26,6 +26,25 @@
 //! `observe |f|` leaves out the re-entry check: for hooks that only record what the driver
 //! returned and call `enter` themselves where it matters. With `CUDA_DISABLE_CONTROL=true`
 //! every hook forwards its call untouched (one atomic load), before any state is built.
+//!
+//! A function and its per-thread-default-stream twin share one body:
+//!
+//! ```ignore
+//! hook! {
+//!     /// Hook of `cuGraphUpload`.
+//!     fn cuGraphUpload / cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult;
+//!     |f, name, _| {
+//!         // SAFETY: forwarded arguments.
+//!         with_graph_memory(name, exec, false, || unsafe { f(exec, stream) })
+//!     }
+//! }
+//! ```
+//!
+//! defines the two hooks `cuGraphUpload` and `cuGraphUpload_ptsz`, each with the prelude
+//! above and its own real function (`symbols::Cu::cuGraphUpload`,
+//! `symbols::Cu::cuGraphUpload_ptsz`); in the body `name` is the hook's own symbol name
+//! (`&'static str`) and `ptsz` whether it is the `_ptsz` twin (`_` for one it does not use).
+//! The doc comment is the first one's; the twin's says whose twin it is.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -67,8 +86,36 @@ pub(crate) fn enter() -> Option<Entered> {
     }
 }
 
-/// Defines one exported hook with the shared prelude (see the module documentation).
+/// Defines one exported hook with the shared prelude (see the module documentation), or a
+/// function and its per-thread-default-stream twin (`fn cuX / cuX_ptsz(..)`, one body).
 macro_rules! hook {
+    (
+        $(#[$doc:meta])*
+        fn $name:ident / $ptsz:ident($($arg:ident: $aty:ty),* $(,)?) -> CUresult;
+        |$f:ident, $n:pat_param, $p:pat_param| $body:block
+    ) => {
+        $crate::ffi::shim::hook! {
+            $(#[$doc])*
+            fn $name($($arg: $aty),*) -> CUresult;
+            |$f| {
+                let $n: &'static str = stringify!($name);
+                let $p: bool = false;
+                $body
+            }
+        }
+        $crate::ffi::shim::hook! {
+            #[doc = concat!(
+                "Hook of `", stringify!($ptsz), "`: [`", stringify!($name),
+                "`] on the per-thread default stream.",
+            )]
+            fn $ptsz($($arg: $aty),*) -> CUresult;
+            |$f| {
+                let $n: &'static str = stringify!($ptsz);
+                let $p: bool = true;
+                $body
+            }
+        }
+    };
     (
         $(#[$doc:meta])*
         fn $name:ident($($arg:ident: $aty:ty),* $(,)?) -> CUresult;

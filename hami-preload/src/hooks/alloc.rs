@@ -61,44 +61,21 @@ hook! {
 
 hook! {
     /// Hook of `cuMemAllocAsync` (charged to the current context's device).
-    fn cuMemAllocAsync(
+    fn cuMemAllocAsync / cuMemAllocAsync_ptsz(
         dptr: *mut CUdeviceptr,
         bytesize: usize,
         stream: CUstream,
     ) -> CUresult;
-    |f| {
+    |f, name, ptsz| {
         // SAFETY: forwarded arguments.
         unsafe {
             super::pools::alloc_async(
-                "cuMemAllocAsync",
+                name,
                 dptr,
                 bytesize as u64,
                 None,
                 stream,
-                false,
-                || f(dptr, bytesize, stream),
-            )
-        }
-    }
-}
-
-hook! {
-    /// Hook of `cuMemAllocAsync_ptsz`.
-    fn cuMemAllocAsync_ptsz(
-        dptr: *mut CUdeviceptr,
-        bytesize: usize,
-        stream: CUstream,
-    ) -> CUresult;
-    |f| {
-        // SAFETY: forwarded arguments.
-        unsafe {
-            super::pools::alloc_async(
-                "cuMemAllocAsync_ptsz",
-                dptr,
-                bytesize as u64,
-                None,
-                stream,
-                true,
+                ptsz,
                 || f(dptr, bytesize, stream),
             )
         }
@@ -107,46 +84,22 @@ hook! {
 
 hook! {
     /// Hook of `cuMemAllocFromPoolAsync` (charged to the current context's device).
-    fn cuMemAllocFromPoolAsync(
+    fn cuMemAllocFromPoolAsync / cuMemAllocFromPoolAsync_ptsz(
         dptr: *mut CUdeviceptr,
         bytesize: usize,
         pool: CUmemoryPool,
         stream: CUstream,
     ) -> CUresult;
-    |f| {
+    |f, name, ptsz| {
         // SAFETY: forwarded arguments.
         unsafe {
             super::pools::alloc_async(
-                "cuMemAllocFromPoolAsync",
+                name,
                 dptr,
                 bytesize as u64,
                 Some(pool),
                 stream,
-                false,
-                || f(dptr, bytesize, pool, stream),
-            )
-        }
-    }
-}
-
-hook! {
-    /// Hook of `cuMemAllocFromPoolAsync_ptsz`.
-    fn cuMemAllocFromPoolAsync_ptsz(
-        dptr: *mut CUdeviceptr,
-        bytesize: usize,
-        pool: CUmemoryPool,
-        stream: CUstream,
-    ) -> CUresult;
-    |f| {
-        // SAFETY: forwarded arguments.
-        unsafe {
-            super::pools::alloc_async(
-                "cuMemAllocFromPoolAsync_ptsz",
-                dptr,
-                bytesize as u64,
-                Some(pool),
-                stream,
-                true,
+                ptsz,
                 || f(dptr, bytesize, pool, stream),
             )
         }
@@ -395,20 +348,8 @@ hook! {
 
 hook! {
     /// Hook of `cuMemFreeAsync` (released when the free is enqueued successfully).
-    fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
-    |f| {
-        // SAFETY: forwarded arguments.
-        super::pools::free_async(dptr, || unsafe { f(dptr, stream) })
-    }
-}
-
-hook! {
-    /// Hook of `cuMemFreeAsync_ptsz`.
-    fn cuMemFreeAsync_ptsz(
-        dptr: CUdeviceptr,
-        stream: CUstream,
-    ) -> CUresult;
-    |f| {
+    fn cuMemFreeAsync / cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult;
+    |f, _, _| {
         // SAFETY: forwarded arguments.
         super::pools::free_async(dptr, || unsafe { f(dptr, stream) })
     }

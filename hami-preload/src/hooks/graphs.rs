@@ -226,31 +226,14 @@ fn instantiate_with_params(
 
 hook! {
     /// Hook of `cuGraphInstantiateWithParams`.
-    fn cuGraphInstantiateWithParams(
+    fn cuGraphInstantiateWithParams / cuGraphInstantiateWithParams_ptsz(
         exec: *mut CUgraphExec,
         graph: CUgraph,
         params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
     ) -> CUresult;
-    |f| {
+    |f, name, _| {
         // SAFETY: forwarded arguments.
-        instantiate_with_params("cuGraphInstantiateWithParams", exec, graph, params, || unsafe {
-            f(exec, graph, params)
-        })
-    }
-}
-
-hook! {
-    /// Hook of `cuGraphInstantiateWithParams_ptsz`.
-    fn cuGraphInstantiateWithParams_ptsz(
-        exec: *mut CUgraphExec,
-        graph: CUgraph,
-        params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
-    ) -> CUresult;
-    |f| {
-        // SAFETY: forwarded arguments.
-        instantiate_with_params("cuGraphInstantiateWithParams_ptsz", exec, graph, params, || unsafe {
-            f(exec, graph, params)
-        })
+        instantiate_with_params(name, exec, graph, params, || unsafe { f(exec, graph, params) })
     }
 }
 
@@ -280,19 +263,10 @@ hook! {
 
 hook! {
     /// Hook of `cuGraphUpload`: the graph's memory is mapped here, admitted first.
-    fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult;
-    |f| {
+    fn cuGraphUpload / cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult;
+    |f, name, _| {
         // SAFETY: forwarded arguments.
-        with_graph_memory("cuGraphUpload", exec, false, || unsafe { f(exec, stream) })
-    }
-}
-
-hook! {
-    /// Hook of `cuGraphUpload_ptsz`.
-    fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult;
-    |f| {
-        // SAFETY: forwarded arguments.
-        with_graph_memory("cuGraphUpload_ptsz", exec, false, || unsafe { f(exec, stream) })
+        with_graph_memory(name, exec, false, || unsafe { f(exec, stream) })
     }
 }
 

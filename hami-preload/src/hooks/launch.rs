@@ -52,7 +52,7 @@ fn ex_stream(config: *const c_void) -> CUstream {
 
 hook! {
     /// Hook of `cuLaunchKernel`.
-    fn cuLaunchKernel(
+    fn cuLaunchKernel / cuLaunchKernel_ptsz(
         func: CUfunction,
         gx: c_uint,
         gy: c_uint,
@@ -65,68 +65,31 @@ hook! {
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
     ) -> CUresult;
-    |f| {
+    |f, name, ptsz| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-        launch("cuLaunchKernel", func, stream, false, call)
-    }
-}
-
-hook! {
-    /// Hook of `cuLaunchKernel_ptsz`.
-    fn cuLaunchKernel_ptsz(
-        func: CUfunction,
-        gx: c_uint,
-        gy: c_uint,
-        gz: c_uint,
-        bx: c_uint,
-        by: c_uint,
-        bz: c_uint,
-        shared: c_uint,
-        stream: CUstream,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    ) -> CUresult;
-    |f| {
-        // SAFETY: forwarded arguments (every call below).
-        let call = || unsafe { f(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra) };
-        launch("cuLaunchKernel_ptsz", func, stream, true, call)
+        launch(name, func, stream, ptsz, call)
     }
 }
 
 hook! {
     /// Hook of `cuLaunchKernelEx`.
-    fn cuLaunchKernelEx(
+    fn cuLaunchKernelEx / cuLaunchKernelEx_ptsz(
         config: *const c_void,
         func: CUfunction,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
     ) -> CUresult;
-    |f| {
+    |f, name, ptsz| {
         // SAFETY: forwarded arguments (every call below).
         let call = || unsafe { f(config, func, params, extra) };
-        launch("cuLaunchKernelEx", func, ex_stream(config), false, call)
-    }
-}
-
-hook! {
-    /// Hook of `cuLaunchKernelEx_ptsz`.
-    fn cuLaunchKernelEx_ptsz(
-        config: *const c_void,
-        func: CUfunction,
-        params: *mut *mut c_void,
-        extra: *mut *mut c_void,
-    ) -> CUresult;
-    |f| {
-        // SAFETY: forwarded arguments (every call below).
-        let call = || unsafe { f(config, func, params, extra) };
-        launch("cuLaunchKernelEx_ptsz", func, ex_stream(config), true, call)
+        launch(name, func, ex_stream(config), ptsz, call)
     }
 }
 
 hook! {
     /// Hook of `cuLaunchCooperativeKernel`.
-    fn cuLaunchCooperativeKernel(
+    fn cuLaunchCooperativeKernel / cuLaunchCooperativeKernel_ptsz(
         func: CUfunction,
         gx: c_uint,
         gy: c_uint,
@@ -138,31 +101,9 @@ hook! {
         stream: CUstream,
         params: *mut *mut c_void,
     ) -> CUresult;
-    |f| {
+    |f, name, ptsz| {
         // SAFETY: forwarded arguments.
-        launch("cuLaunchCooperativeKernel", func, stream, false, || unsafe {
-            f(func, gx, gy, gz, bx, by, bz, shared, stream, params)
-        })
-    }
-}
-
-hook! {
-    /// Hook of `cuLaunchCooperativeKernel_ptsz`.
-    fn cuLaunchCooperativeKernel_ptsz(
-        func: CUfunction,
-        gx: c_uint,
-        gy: c_uint,
-        gz: c_uint,
-        bx: c_uint,
-        by: c_uint,
-        bz: c_uint,
-        shared: c_uint,
-        stream: CUstream,
-        params: *mut *mut c_void,
-    ) -> CUresult;
-    |f| {
-        // SAFETY: forwarded arguments.
-        launch("cuLaunchCooperativeKernel_ptsz", func, stream, true, || unsafe {
+        launch(name, func, stream, ptsz, || unsafe {
             f(func, gx, gy, gz, bx, by, bz, shared, stream, params)
         })
     }
@@ -172,22 +113,11 @@ hook! {
     /// Hook of `cuGraphLaunch`: the graph pool's growth its memory nodes may cause is
     /// admitted first ([`super::graphs::with_graph_memory`]); the whole graph is metered as
     /// one submission.
-    fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult;
-    |f| {
-        super::graphs::with_graph_memory("cuGraphLaunch", exec, true, || {
+    fn cuGraphLaunch / cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult;
+    |f, name, ptsz| {
+        super::graphs::with_graph_memory(name, exec, true, || {
             // SAFETY: forwarded arguments.
-            gated(stream, false, || unsafe { f(exec, stream) })
-        })
-    }
-}
-
-hook! {
-    /// Hook of `cuGraphLaunch_ptsz`.
-    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult;
-    |f| {
-        super::graphs::with_graph_memory("cuGraphLaunch_ptsz", exec, true, || {
-            // SAFETY: forwarded arguments.
-            gated(stream, true, || unsafe { f(exec, stream) })
+            gated(stream, ptsz, || unsafe { f(exec, stream) })
         })
     }
 }

@@ -257,6 +257,16 @@ fn after_sync(r: CUresult) -> CUresult {
 }
 
 macro_rules! sync_hook {
+    ($(#[$doc:meta])* $name:ident / $ptsz:ident($($arg:ident: $aty:ty),*)) => {
+        hook! {
+            $(#[$doc])*
+            fn $name / $ptsz($($arg: $aty),*) -> CUresult;
+            |f, _, _| {
+                // SAFETY: forwarded arguments.
+                after_sync(unsafe { f($($arg),*) })
+            }
+        }
+    };
     ($(#[$doc:meta])* $name:ident($($arg:ident: $aty:ty),*)) => {
         hook! {
             $(#[$doc])*
@@ -271,11 +281,7 @@ macro_rules! sync_hook {
 
 sync_hook!(
     /// Hook of `cuStreamSynchronize`.
-    cuStreamSynchronize(stream: CUstream)
-);
-sync_hook!(
-    /// Hook of `cuStreamSynchronize_ptsz`.
-    cuStreamSynchronize_ptsz(stream: CUstream)
+    cuStreamSynchronize / cuStreamSynchronize_ptsz(stream: CUstream)
 );
 sync_hook!(
     /// Hook of `cuCtxSynchronize`.

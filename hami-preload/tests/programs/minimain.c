@@ -3,20 +3,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext;
-CUresult cuInit(unsigned);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, int);
-CUresult cuDevicePrimaryCtxRelease_v2(int);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuCtxCreate(CUcontext *, unsigned, int);
-CUresult cuCtxDestroy(CUcontext);
-CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
-CUresult cuDeviceTotalMem_v2(size_t *, int);
-CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+#include "hami_cuda.h"
+
+/* The legacy unversioned context symbols, on purpose (minifake.c exports both generations;
+ * cuda.h binds these names to cuCtxCreate_v2 / cuCtxDestroy_v2). */
+#undef cuCtxCreate
+#undef cuCtxDestroy
+CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxDestroy(CUcontext ctx);
 
 static void info(const char *op) {
     size_t f = 0, t = 0;
@@ -40,7 +34,7 @@ int main(int argc, char **argv) {
     printf("pitch rc=%d pitch=%zu\n", r, pitch);                      /* 4 */
     info("info");                                                     /* 5 */
     CUresult (*alloc)(CUdeviceptr *, size_t) = 0;
-    int st = -1;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     r = cuGetProcAddress_v2("cuMemAlloc", (void **)&alloc, 12000, 0, &st);
     printf("procaddr rc=%d found=%d\n", r, alloc != 0);               /* 6 */
     size_t f = 0, t = 0;

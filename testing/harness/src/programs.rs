@@ -20,8 +20,13 @@ pub fn c_compiler() -> String {
         .unwrap_or_else(|| "gcc".to_string())
 }
 
+/// Where `hami_cuda.h` is, relative to the workspace root: the CUDA driver API the C programs
+/// use, declared once (the system's `<cuda.h>` where there is one, else a checked subset).
+pub const CUDA_INCLUDE_DIR: &str = "testing/programs/include";
+
 /// Compiles `src` into `out` with the C compiler ([`c_compiler`]): the command line is
-/// `$CC -o <tmp> <src> ARGS...` (so `-l...` in `args` come after the source). The output is
+/// `$CC -I<CUDA_INCLUDE_DIR> -o <tmp> <src> ARGS...` (so `-l...` in `args` come after the
+/// source; every program can `#include "hami_cuda.h"`). The output is
 /// written under a temp name and renamed into place, so concurrent test binaries never run a
 /// half-written program. Panics with the compiler's output if it fails.
 ///
@@ -49,6 +54,8 @@ pub fn cc(src: &Path, out: &Path, args: &[&str]) {
     };
     let o = Command::new(&cc)
         .args(&prefix)
+        .arg("-I")
+        .arg(workspace_root().join(CUDA_INCLUDE_DIR))
         .arg("-o")
         .arg(&tmp)
         .arg(src)
