@@ -489,6 +489,13 @@ fn read_bytes(path: PathBuf) -> Result<Vec<u8>, ProcError> {
     Ok(out)
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Pids whose `stat` this thread read, in order (see [`tests::take_stat_reads`]).
+    static STAT_READS: std::cell::RefCell<Vec<u32>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// `/proc/<pid>/stat` of a host pid.
 ///
 /// The agent's hottest read (each tracked process and each region slot every tick, each
@@ -499,7 +506,7 @@ fn read_bytes(path: PathBuf) -> Result<Vec<u8>, ProcError> {
 pub fn read_stat(proc_root: &Path, pid: u32) -> Result<Stat, ProcError> {
     use std::io::Read;
     #[cfg(test)]
-    tests::STAT_READS.with(|r| r.borrow_mut().push(pid));
+    STAT_READS.with(|r| r.borrow_mut().push(pid));
     let path = proc_root.join(pid.to_string()).join("stat");
     let mut buf = [0u8; 4096];
     let n = std::fs::File::open(&path)

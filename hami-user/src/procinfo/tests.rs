@@ -1,12 +1,6 @@
 use super::*;
 use std::fs;
 
-thread_local! {
-    /// Pids whose `stat` this thread read, in order (see [`take_stat_reads`]).
-    pub(crate) static STAT_READS: std::cell::RefCell<Vec<u32>> =
-        const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// The pids whose `/proc/<pid>/stat` this thread read since the last call.
 pub(crate) fn take_stat_reads() -> Vec<u32> {
     STAT_READS.with(|r| std::mem::take(&mut *r.borrow_mut()))

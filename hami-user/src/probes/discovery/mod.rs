@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 
 use crate::procinfo::{maps_entries, MapsEntry};
 
-mod elf;
 pub mod mapped;
 pub mod memo;
 pub mod seen;
+mod symbols;
 
-pub use elf::{
+pub use symbols::{
     dynamic_symbols_defined, elf_defined_symbols, is_elf, open_driver_file, uprobe_offsets,
     ElfError, MAX_ELF_READ,
 };
