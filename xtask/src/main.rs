@@ -8,7 +8,8 @@
 //! * `dist`: release agent, preload, dashboards, rules, chart, systemd unit, Dockerfile.
 //! * `torture`: kill storms, stopped lock holders, races to the limit, bad inputs (figures).
 //! * `fuzz`: the cargo-fuzz targets of `fuzz/`, each for a bounded time.
-//! * `circles`: no two files of a crate import each other in a circle (`circles.rs`).
+//! * `circles`: no two files of a crate import each other in a circle (`circles.rs`), no import
+//!   up a layer of hami-preload (`layers.rs`), no file over its size (`sizes.rs`).
 
 mod bench;
 mod bench_exec;
@@ -21,6 +22,7 @@ mod dist_arch;
 mod fuzz;
 mod layers;
 mod setup;
+mod sizes;
 mod test;
 mod test_aarch64;
 mod test_old_glibc;
@@ -88,7 +90,8 @@ enum Task {
         #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
         seconds: u64,
     },
-    /// Fail on two (or more) files of a crate that import each other in a circle.
+    /// Fail on two (or more) files of a crate that import each other in a circle, an import
+    /// up a layer of hami-preload, or a source file over its size.
     Circles,
 }
 
@@ -122,7 +125,8 @@ fn run(task: Task) -> Result<()> {
         Task::Dist => dist::dist(&util::project_root()).map(|_| ()),
         Task::Circles => {
             circles::check(&util::project_root())?;
-            layers::check(&util::project_root())
+            layers::check(&util::project_root())?;
+            sizes::check(&util::project_root())
         }
     }
 }

@@ -22,7 +22,7 @@ pub struct TestOptions {
 }
 
 /// Run the whole test suite.
-/// Runs everything CI runs: formatting, the build, the circle and layer checks, clippy, the
+/// Runs everything CI runs: formatting, the build, the circle, layer and size checks, clippy, the
 /// workspace's tests, the preload's under an old glibc, the short torture profile and the
 /// GPU runner's unit tests.
 pub fn test(opts: &TestOptions) -> Result<()> {
@@ -41,6 +41,8 @@ pub fn test(opts: &TestOptions) -> Result<()> {
         crate::circles::check(&root)?;
         step("no import up a layer of hami-preload (cargo xtask circles)");
         crate::layers::check(&root)?;
+        step("no source file over its size (cargo xtask circles)");
+        crate::sizes::check(&root)?;
 
         step("cargo clippy");
         run_checked(cargo(&root).args([

@@ -60,7 +60,7 @@ pub const PRELOAD_SKIPPED: &[(&str, &str)] = &[
          here (its pid-namespace test starts the host's `unshare`)",
     ),
     (
-        "regressions::two_processes_on_two_gpus_each_get_their_own_gpus_share",
+        "regressions::issue_29_several_gpus::two_processes_on_two_gpus_each_get_their_own_gpus_share",
         "a compute-share test like `compute::`'s (each device's busy fraction against wall \
          time): under emulation the process reached 0.39 of device 0 at a 50 % share once it \
          shared the preload's one test binary with the other regressions (it passed alone); \

@@ -1,5 +1,6 @@
-//! The eBPF object loaded ([`Probes`]) and its uprobes attached to libcuda files: options,
-//! errors, the order of the attaches and the announcement of attached files.
+//! The eBPF object loaded ([`Probes`]) and its uprobes attached to libcuda files: the order
+//! of the attaches and the announcement of attached files (the options in `options.rs`, the
+//! errors in `error.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -8,7 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use aya::maps::{MapData, PerCpuArray, RingBuf};
 use aya::programs::raw_trace_point::RawTracePointLink;
@@ -17,6 +18,8 @@ use aya::programs::{ProgramError, RawTracePoint, UProbe};
 use aya::{Ebpf, EbpfLoader};
 
 use super::discovery::{self, mapped::maps_dev};
+use super::error::ProbeError;
+use super::options::ProbeOptions;
 use super::stamp::FileStamp;
 use super::stream::{read_counters, ProbeCounters, UserCounters};
 use super::teardown::ProbeLinks;
@@ -29,129 +32,6 @@ pub(super) static EBPF_OBJECT: &[u8] =
 /// [`hami_common::intercept::INTERCEPTS`]). Each has an entry program named like the symbol
 /// and a return program named `<symbol>_ret`.
 pub const PROBED_SYMBOLS: &[&str] = &hami_common::intercept::PROBED_NAMES;
-
-/// Errors of the probe subsystem.
-#[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
-    /// Loading eBPF programs needs root (CAP_BPF + CAP_PERFMON at least).
-    #[error("loading eBPF programs needs root (running as uid {euid})")]
-    NotRoot {
-        /// Effective uid of this process.
-        euid: u32,
-    },
-    /// The kernel has no BTF (`/sys/kernel/btf/vmlinux`) and the object failed to load.
-    #[error("the kernel exposes no BTF (/sys/kernel/btf/vmlinux) and loading failed: {0}")]
-    NoBtf(String),
-    /// The agent was built with `AYA_BUILD_SKIP=1`: it carries no eBPF object.
-    #[error("this hami-agent was built without its eBPF programs (AYA_BUILD_SKIP)")]
-    NoObject,
-    /// The kernel refused the object or one of its maps.
-    #[error("loading the eBPF object failed: {0}")]
-    Load(#[source] Box<aya::EbpfError>),
-    /// The kernel refused a program (verifier log in the source).
-    #[error("loading eBPF program `{name}` failed: {source}")]
-    Program {
-        /// Program name.
-        name: String,
-        /// The error.
-        #[source]
-        source: Box<ProgramError>,
-    },
-    /// A program or map is missing from the object (build mismatch).
-    #[error("the eBPF object has no {0}")]
-    Missing(String),
-    /// A map could not be opened as the expected type.
-    #[error("eBPF map `{name}`: {source}")]
-    Map {
-        /// Map name.
-        name: &'static str,
-        /// The error.
-        #[source]
-        source: Box<aya::maps::MapError>,
-    },
-    /// Attaching a probe failed for a reason other than the symbol being absent.
-    #[error("attaching {symbol} in {path}: {source}")]
-    Attach {
-        /// Symbol (or tracepoint) name.
-        symbol: String,
-        /// Library path.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: Box<ProgramError>,
-    },
-    /// The library file cannot be read.
-    #[error("{path}: {source}")]
-    File {
-        /// Path.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: io::Error,
-    },
-    /// The library's symbols could not be read (malformed, or bigger than the agent reads).
-    #[error("{path}: cannot read its symbols: {source}")]
-    Elf {
-        /// Path.
-        path: PathBuf,
-        /// The error.
-        #[source]
-        source: discovery::ElfError,
-    },
-    /// The file exports none of the probed functions (not a CUDA driver library).
-    #[error("{0} exports none of the probed libcuda functions")]
-    NotLibcuda(PathBuf),
-    /// Registering the ring buffer with tokio failed (no runtime, or epoll refused it).
-    #[error("registering the event ring buffer with tokio: {0}")]
-    Runtime(#[source] io::Error),
-    /// The probes were shut down ([`Probes::take_links`]): nothing more is attached.
-    #[error("the probes are shut down")]
-    Closed,
-}
-
-/// Options for [`Probes::load`].
-#[derive(Debug, Clone)]
-pub struct ProbeOptions {
-    /// TGID whose calls are ignored; default: this process.
-    pub ignore_tgid: Option<u32>,
-    /// Ring buffer size in bytes (power of two, multiple of the page size); default 4 MiB
-    /// (64 Ki events of 64 bytes).
-    pub ring_bytes: u32,
-}
-
-impl Default for ProbeOptions {
-    fn default() -> Self {
-        ProbeOptions {
-            ignore_tgid: None,
-            ring_bytes: 4 << 20,
-        }
-    }
-}
-
-/// Options for the background work started by [`Probes::spawn`].
-#[derive(Debug, Clone)]
-pub struct DiscoveryOptions {
-    /// Where `/proc` is (tests may point elsewhere).
-    pub proc_root: PathBuf,
-    /// Period of libcuda discovery; `None` disables the background discovery (attach by hand
-    /// with [`ProbeHandle::attach_libcuda`]).
-    pub interval: Option<Duration>,
-    /// Extra library files to attach at start (e.g. from the command line).
-    pub extra: Vec<PathBuf>,
-    /// Capacity of the event channel.
-    pub channel_capacity: usize,
-}
-
-impl Default for DiscoveryOptions {
-    fn default() -> Self {
-        DiscoveryOptions {
-            proc_root: PathBuf::from("/proc"),
-            interval: Some(Duration::from_millis(500)),
-            extra: Vec::new(),
-            channel_capacity: 1 << 16,
-        }
-    }
-}
 
 /// The order in which [`Probes::attach_libcuda`] puts the probes in: the functions that
 /// release memory or a context first, then the other context functions, then the

@@ -13,10 +13,10 @@ use tokio::io::Interest;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::attach::{
-    Announce, AttachOutcome, AttachedLibrary, DiscoveryOptions, ProbeError, Probes,
-};
+use super::attach::{Announce, AttachOutcome, AttachedLibrary, Probes};
 use super::discovery;
+use super::error::ProbeError;
+use super::options::DiscoveryOptions;
 use super::stamp::FileStamp;
 use super::stream::{pump, second_handle, ProbeCounters};
 use super::stream::{read_counters, UserCounters};

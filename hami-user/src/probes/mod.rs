@@ -16,7 +16,9 @@
 mod arch_tests;
 mod attach;
 pub mod discovery;
+mod error;
 mod handle;
+mod options;
 mod stamp;
 mod stream;
 mod teardown;
@@ -24,6 +26,8 @@ mod teardown;
 pub use attach::*;
 pub use discovery::mapped::maps_dev;
 pub use discovery::{discover_libcuda, parse_ld_so_cache};
+pub use error::ProbeError;
 pub use handle::{DiscoveryMemory, ProbeHandle, MEMORY_LOG_TARGET};
+pub use options::{DiscoveryOptions, ProbeOptions};
 pub use stream::{decode_event, ProbeCounters};
 pub use teardown::ProbeLinks;

@@ -1,5 +1,9 @@
 //! Unit tests of libcuda discovery: ld.so.cache parsing, driver recognition, maps scans.
 use super::*;
+use object::elf;
+use object::read::elf::{FileHeader, SectionHeader};
+use object::read::ReadCache;
+use object::Endianness;
 use std::collections::HashMap;
 
 /// A fake `/proc/<pid>` whose maps show `libs` (path, inode) executable, each file
