@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use hami_common::env::{HamiEnv, Share};
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 use procfs::FromRead;
 
 use crate::access::Creds;

@@ -46,7 +46,7 @@
 
 use crate::ffi::cuda::*;
 use hami_common::arbiter::Turn;
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 use hami_common::region::ComputeCells;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
