@@ -58,17 +58,7 @@ pub fn bench(only: Option<Only>, compare: &[PathBuf]) -> Result<()> {
     let context = machine_context(&root);
 
     step("region (hami-common)");
-    let region = run_bench(
-        &root,
-        &[
-            "-p",
-            "hami-common",
-            "--features",
-            "std",
-            "--bench",
-            "region",
-        ],
-    )?;
+    let region = run_bench(&root, &["-p", "hami-common", "--bench", "region"])?;
     step("preload overhead (hami-preload)");
     let preload = run_bench(&root, &["-p", "hami-preload", "--bench", "overhead"])?;
     step("eBPF probes (hami-user)");

@@ -65,8 +65,8 @@ pub fn write_arbiter(
     words: &[ArbiterWords],
     at_ns: u64,
 ) -> std::io::Result<()> {
-    use hami_abi::layout::RegionHeader;
     use core::mem::offset_of;
+    use hami_abi::layout::RegionHeader;
     use std::os::unix::fs::FileExt;
     // Never grow a file that is no (longer a) region: a truncated one stays truncated.
     if file.metadata()?.len() != hami_abi::layout::REGION_SIZE as u64 {

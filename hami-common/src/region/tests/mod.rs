@@ -7,9 +7,9 @@
 use super::file::*;
 use super::handle::*;
 use super::*;
-use hami_abi::layout::{Slot, UsageKind, LIMIT_FLAG_INVALID, MAX_DEVICES, MAX_SLOTS, REGION_SIZE};
 use core::mem::{offset_of, size_of};
 use core::sync::atomic::Ordering;
+use hami_abi::layout::{Slot, UsageKind, LIMIT_FLAG_INVALID, MAX_DEVICES, MAX_SLOTS, REGION_SIZE};
 use std::collections::HashSet;
 use std::io;
 use std::os::unix::fs::PermissionsExt;

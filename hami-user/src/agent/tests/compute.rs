@@ -7,8 +7,7 @@ fn set_compute(path: &Path, dev: usize, sm_limit: u32, consumed_ns: u64, throttl
     use core::mem::{offset_of, size_of};
     use hami_abi::layout::DeviceCompute as C;
     let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    let base =
-        (offset_of!(hami_abi::layout::RegionLayout, compute) + dev * size_of::<C>()) as u64;
+    let base = (offset_of!(hami_abi::layout::RegionLayout, compute) + dev * size_of::<C>()) as u64;
     f.write_all_at(
         &sm_limit.to_le_bytes(),
         base + offset_of!(C, sm_limit) as u64,
