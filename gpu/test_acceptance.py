@@ -136,7 +136,7 @@ hami_events_total 12345
 
 
 def make_region(limit, used, slots, version=4):
-    """Bytes of a region as hami-common/src/layout.rs lays it out (version 1 to 4). slots:
+    """Bytes of a region as hami-abi/src/layout.rs lays it out (version 1 to 4). slots:
     {index: (pid, context, data[, pool[, charged, reserve]])} on device 0."""
     header = region.REGION_HEADER_SIZES[version]
     slot_size = region.region_slot_size(version)
@@ -243,7 +243,7 @@ class Region(unittest.TestCase):
     def test_layout_constants_match_rust(self):
         """The offsets above are those of layout.rs for its current version; fail loudly if
         its shape changes."""
-        src = os.path.join(os.path.dirname(HERE), "hami-common", "src", "layout.rs")
+        src = os.path.join(os.path.dirname(HERE), "hami-abi", "src", "layout.rs")
         with open(src) as f:  # the test runs in a repository checkout, not in the bundle
             lay = rust_layout(f.read())
         c = lay["consts"]

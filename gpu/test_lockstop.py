@@ -215,7 +215,7 @@ class RegionLockOwner(unittest.TestCase):
     def test_lock_offset_matches_rust(self):
         """The fields before `lock` in layout.rs RegionHeader add up to OFF_LOCK bytes."""
         import re
-        src = os.path.join(os.path.dirname(HERE), "hami-common", "src", "layout.rs")
+        src = os.path.join(os.path.dirname(HERE), "hami-abi", "src", "layout.rs")
         with open(src) as f:
             text = f.read()
         body = text[text.index("pub struct RegionHeader"):]

@@ -12,15 +12,13 @@ fn main() -> anyhow::Result<()> {
         .parent()
         .context("hami-user has no parent directory")?;
     let ebpf_dir = root.join("hami-ebpf");
-    let common_dir = root.join("hami-common");
-    // aya-build watches hami-ebpf; the programs also include hami-common's event structs.
+    let abi_dir = root.join("hami-abi");
+    // aya-build watches hami-ebpf; the programs also include hami-abi's event structs, array
+    // estimate and intercept table.
+    println!("cargo:rerun-if-changed={}", abi_dir.join("src").display());
     println!(
         "cargo:rerun-if-changed={}",
-        common_dir.join("src").display()
-    );
-    println!(
-        "cargo:rerun-if-changed={}",
-        common_dir.join("Cargo.toml").display()
+        abi_dir.join("Cargo.toml").display()
     );
     println!("cargo:rerun-if-env-changed=PATH");
 

@@ -3,7 +3,7 @@
 //! (`state::Processes::apply`).
 #![no_main]
 
-use hami_common::event::{CudaEvent, EventKind};
+use hami_abi::event::{CudaEvent, EventKind};
 use hami_user::probes::decode_event;
 use hami_user::state::Processes;
 use libfuzzer_sys::fuzz_target;

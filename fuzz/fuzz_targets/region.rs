@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use hami_common::layout::{RegionHeader, LOCK_BYTES, MAX_DEVICES, REGION_SIZE};
+use hami_abi::layout::{RegionHeader, LOCK_BYTES, MAX_DEVICES, REGION_SIZE};
 use hami_common::region::{Liveness, LivenessProbe, ProcessId, Region, RegionConfig};
 use libfuzzer_sys::fuzz_target;
 

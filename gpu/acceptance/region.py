@@ -1,4 +1,4 @@
-"""The shared region file's bytes (hami-common/src/layout.rs, versions 1 to 4), read directly
+"""The shared region file's bytes (hami-abi/src/layout.rs, versions 1 to 4), read directly
 as a cross-check of `hami-agent inspect`: limits, used, slots, and who holds the region lock.
 
 Pure functions of bytes; gpu/test_acceptance.py pins the offsets against layout.rs.

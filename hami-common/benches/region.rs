@@ -1,6 +1,6 @@
 //! Shared-region micro-benchmarks (a benchmark, not a test): prints figures.
 //!
-//! `cargo bench -p hami-common --features std --bench region`
+//! `cargo bench -p hami-common --bench region`
 //!
 //! * charge+uncharge pair, one thread;
 //! * the same pair with 1, 8 and 64 processes contending on one region, with the lock on
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hami_common::layout::{UsageKind, MAX_DEVICES};
+use hami_abi::layout::{UsageKind, MAX_DEVICES};
 use hami_common::region::{
     Liveness, LivenessProbe, ProcProbe, ProcessId, Region, RegionConfig, Tuning,
 };

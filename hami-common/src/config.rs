@@ -3,7 +3,7 @@
 //! defaults, and the parser of each kind of value (sizes, shares, policies, booleans, log
 //! levels, milliseconds, region permissions). One parser per kind, so both halves can never
 //! disagree about what `CUDA_DEVICE_MEMORY_LIMIT=4g` or `CUDA_DISABLE_CONTROL=tRue` means.
-//! Reading a whole environment with these parsers is `hami_common::env` (feature `std`).
+//! Reading a whole environment with these parsers is `hami_common::env`.
 //!
 //! The reading of odd values, one rule for every variable (`docs/preload.md`,
 //! "Environment variables"):
@@ -21,6 +21,8 @@
 //!   has its fail-closed fallback (`hami_common::env`).
 
 use core::fmt;
+
+use hami_abi::layout::{COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE};
 
 /// Limit for every device.
 pub const ENV_LIMIT: &str = "CUDA_DEVICE_MEMORY_LIMIT";
@@ -166,27 +168,27 @@ pub fn parse_millis(value: &str, max: u64) -> Result<u64, NumberError> {
 }
 
 /// HAMi's compute policy ([`ENV_CORE_POLICY`]); the discriminant is what the region
-/// records (`layout::DeviceCompute::policy`).
+/// records (`hami_abi::layout::DeviceCompute::policy`, the `COMPUTE_POLICY_*` values).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(u32)]
 pub enum CorePolicy {
     /// `default`: the share applies (HAMi-core: it may be relaxed when the container is
     /// alone; hami-rs always applies it, `docs/preload.md`).
     #[default]
-    Default = 0,
+    Default = COMPUTE_POLICY_DEFAULT,
     /// `force`: the share applies.
-    Force = 1,
+    Force = COMPUTE_POLICY_FORCE,
     /// `disable`: no compute limit.
-    Disable = 2,
+    Disable = COMPUTE_POLICY_DISABLE,
 }
 
 impl CorePolicy {
     /// The policy a region records as `policy` (`None` for a value no policy has).
     pub fn from_region(policy: u32) -> Option<CorePolicy> {
         match policy {
-            0 => Some(CorePolicy::Default),
-            1 => Some(CorePolicy::Force),
-            2 => Some(CorePolicy::Disable),
+            COMPUTE_POLICY_DEFAULT => Some(CorePolicy::Default),
+            COMPUTE_POLICY_FORCE => Some(CorePolicy::Force),
+            COMPUTE_POLICY_DISABLE => Some(CorePolicy::Disable),
             _ => None,
         }
     }

@@ -16,7 +16,7 @@ use std::string::{String, ToString};
 use std::vec::Vec;
 
 use crate::config::*;
-use crate::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 
 /// Every variable of the contract, by name (`_<i>`: one per CUDA ordinal, `0..16`). The
 /// variable tables of `README.md` and `docs/preload.md` list exactly these.

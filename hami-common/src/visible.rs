@@ -16,9 +16,9 @@
 //!   which the region recorded the UUID the driver reports for ordinal `k`
 //!   (`cuDeviceGetUuid`); not recorded → unknown.
 //!
-//! Both the preload and the agent use it. `no_std`: the values are slices of the variable.
+//! Both the preload and the agent use it. Allocation-free: the values are slices of the variable.
 
-use crate::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 
 /// Name of the variable.
 pub const ENV_CUDA_VISIBLE_DEVICES: &str = "CUDA_VISIBLE_DEVICES";
@@ -202,8 +202,6 @@ pub fn place_by_entry(ordinal: usize, visible: Option<&str>, recorded: &[[u8; 16
 #[cfg(test)]
 mod tests {
     use super::*;
-    extern crate std;
-    use std::vec::Vec;
 
     fn list(v: &str) -> Vec<Entry<'_>> {
         entries(v).collect()

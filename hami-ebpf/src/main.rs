@@ -23,7 +23,7 @@ use aya_ebpf::{
     maps::{LruHashMap, PerCpuArray, RingBuf},
     programs::{ProbeContext, RawTracePointContext, RetProbeContext},
 };
-use hami_common::{
+use hami_abi::{
     array::{array_footprint, mipmap_footprint},
     event::{counter, CudaEvent, EventKind},
     intercept::{self, Shape},
@@ -529,7 +529,7 @@ fn ret(ctx: &RetProbeContext, slot: u64, kind: EventKind, ret: Ret) {
 /// `symbol / symbol_ret;`
 ///
 /// The lines are not written by hand: `build.rs` writes one per probed row of
-/// [`hami_common::intercept::INTERCEPTS`] into `$OUT_DIR/probes.rs` (an identifier cannot be
+/// [`hami_abi::intercept::INTERCEPTS`] into `$OUT_DIR/probes.rs` (an identifier cannot be
 /// made from the table's strings by `macro_rules!`, so a build script makes them).
 /// Everything else comes from the symbol's row: the slot (it keys the saved arguments of one
 /// call, unique per symbol), the event kind and the probe shape, which picks the entry and
@@ -572,7 +572,7 @@ macro_rules! probes {
         // functions clash): equal counts mean every probed row has its programs.
         const _: () = assert!(
             [$(stringify!($sym)),*].len() == intercept::PROBED_COUNT,
-            "a probed function of hami_common::intercept::INTERCEPTS has no program here"
+            "a probed function of hami_abi::intercept::INTERCEPTS has no program here"
         );
     };
 }

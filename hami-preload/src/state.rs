@@ -17,7 +17,7 @@ use crate::ffi::config::Config;
 use crate::ffi::log::Level;
 use crate::ledger::accounting::{Accounts, Deny, Ledger, NoSlot};
 use crate::objects::context::ContextTable;
-use hami_common::layout::{UsageKind, MAX_DEVICES};
+use hami_abi::layout::{UsageKind, MAX_DEVICES};
 use hami_common::region::{
     compute_policy_name, DenyReason, OpenOutcome, ProcessId, Region, RegionConfig, SlotId,
 };
@@ -454,7 +454,7 @@ impl ProcLedger {
             .config
             .limit_flags
             .get(cdev)
-            .is_some_and(|f| f & hami_common::layout::LIMIT_FLAG_INVALID != 0)
+            .is_some_and(|f| f & hami_abi::layout::LIMIT_FLAG_INVALID != 0)
     }
 }
 

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use hami_common::event::EventKind;
+use hami_abi::event::EventKind;
 use hami_test_harness::TestEnv;
 use hami_user::probes::{DiscoveryOptions, ProbeOptions, Probes};
 

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
-use hami_common::layout::{UsageKind, MAX_DEVICES, USAGE_KINDS};
+use hami_abi::layout::{UsageKind, MAX_DEVICES, USAGE_KINDS};
 use hami_common::region::{RegionSnapshot, SlotSnapshot};
 use hami_user::findings::{self, ProcView, RegionView, SlotLiveness, Tolerance};
 use hami_user::probes::discovery::{self, Classifier};
@@ -69,7 +69,7 @@ fn fleet(regions: usize) -> (Vec<ProcView>, Vec<RegionView>) {
             name: format!("/tmp/region-{ri}.cache"),
             container: format!("c{ri}"),
             snapshot: RegionSnapshot {
-                version: hami_common::layout::VERSION,
+                version: hami_abi::layout::VERSION,
                 header_size: 0,
                 total_size: 0,
                 init_state: 2,

@@ -3,7 +3,7 @@
 //!
 //! The logic lives in plain modules that are tested without root or eBPF:
 //! * [`procinfo`]: what `/proc` says about a process (container, `NSpid`, preload, region, env limits);
-//! * [`state`]: per-process live allocations built from [`hami_common::event::Event`]s (decoded once by `probes::decode_event`);
+//! * [`state`]: per-process live allocations built from [`hami_abi::event::Event`]s (decoded once by `probes::decode_event`);
 //! * [`access`]: whether a process may write its region file, from metadata only;
 //! * [`compute`]: compute shares measured from NVML's per-process SM utilisation;
 //! * [`findings`]: the pure rules that turn processes and region snapshots into findings;

@@ -402,7 +402,7 @@ impl Metrics {
         build
             .with_label_values(&[
                 env!("CARGO_PKG_VERSION"),
-                &hami_common::layout::VERSION.to_string(),
+                &hami_abi::layout::VERSION.to_string(),
             ])
             .set(1);
         #[cfg(target_os = "linux")]

@@ -205,7 +205,7 @@ impl NvmlSnapshot {
     /// The NVML index of the GPU with this raw CUDA UUID (as the region records it), if
     /// NVML lists it. All-zero (unknown) UUIDs match nothing.
     pub fn index_of_uuid(&self, raw: &[u8; 16]) -> Option<u32> {
-        let want = hami_common::uuid::format_known(raw)?;
+        let want = hami_abi::uuid::format_known(raw)?;
         self.devices
             .iter()
             .find(|d| {

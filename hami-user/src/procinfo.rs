@@ -8,8 +8,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use hami_abi::layout::MAX_DEVICES;
 use hami_common::env::{HamiEnv, Share};
-use hami_common::layout::MAX_DEVICES;
 use procfs::FromRead;
 
 use crate::access::Creds;

@@ -2,9 +2,9 @@
 
 use std::fmt::Write as _;
 
-use hami_common::layout::{UsageKind, INIT_READY, MAX_DEVICES};
+use hami_abi::layout::{UsageKind, INIT_READY, MAX_DEVICES};
+use hami_abi::uuid::format_known;
 use hami_common::region::{Liveness, LivenessProbe, ProcProbe, RegionSnapshot};
-use hami_common::uuid::format_known;
 use serde::Serialize;
 use serde_json::{json, Value};
 

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hami_common::event::Event;
+use hami_abi::event::Event;
 use tokio::sync::mpsc;
 
 use crate::agent::{Agent, AgentOptions, TickOutcome};

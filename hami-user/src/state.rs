@@ -7,8 +7,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use hami_common::event::{Event, EventKind};
-use hami_common::intercept::KeySpace;
+use hami_abi::event::{Event, EventKind};
+use hami_abi::intercept::KeySpace;
 use serde::Serialize;
 
 /// One live allocation.

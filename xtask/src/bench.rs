@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: every benchmark of the workspace (release), then one summary table.
 //!
-//! 1. `cargo bench -p hami-common --features std --bench region`: region charge/uncharge pair,
+//! 1. `cargo bench -p hami-common --bench region`: region charge/uncharge pair,
 //!    1/8/64 processes contending, registration with 1000 live slots;
 //! 2. `cargo bench -p hami-preload --bench overhead`: ns per `cuMemAlloc_v2`+`cuMemFree_v2`
 //!    pair on the fake driver with and without the preload (same run), 1/8/64 processes on one
@@ -58,17 +58,7 @@ pub fn bench(only: Option<Only>, compare: &[PathBuf]) -> Result<()> {
     let context = machine_context(&root);
 
     step("region (hami-common)");
-    let region = run_bench(
-        &root,
-        &[
-            "-p",
-            "hami-common",
-            "--features",
-            "std",
-            "--bench",
-            "region",
-        ],
-    )?;
+    let region = run_bench(&root, &["-p", "hami-common", "--bench", "region"])?;
     step("preload overhead (hami-preload)");
     let preload = run_bench(&root, &["-p", "hami-preload", "--bench", "overhead"])?;
     step("eBPF probes (hami-user)");
@@ -611,7 +601,7 @@ fn summarize(
     s.push_str(exec_row);
     writeln!(
         s,
-        "\nSources: `cargo bench -p hami-preload --bench overhead`, `cargo bench -p hami-common --features std --bench region`, \
+        "\nSources: `cargo bench -p hami-preload --bench overhead`, `cargo bench -p hami-common --bench region`, \
          `cargo bench -p hami-user --bench probes`, `hami-agent run` and the exec cost (`cargo xtask bench exec`) measured by `cargo xtask bench`. \
          Preload figures: processes released together by a barrier and stopped at a common deadline; CPU time (user+sys) per pair \
          over all processes, so time spent descheduled with more processes than CPUs is not counted (median of several rounds). \

@@ -6,12 +6,12 @@
 //! What runs, in order (each step printed with its time):
 //!
 //! 1. a C hello world for aarch64 started directly (binfmt_misc works, `char` is unsigned);
-//! 2. the cross build (std from source) of hami-common, the preload and the agent with their
-//!    tests (the agent's `build.rs` builds its eBPF object with `bpf_target_arch =
+//! 2. the cross build (std from source) of hami-abi, hami-common, the preload and the agent
+//!    with their tests (the agent's `build.rs` builds its eBPF object with `bpf_target_arch =
 //!    "aarch64"`); the test harness builds the fakes and the C programs for aarch64;
-//! 3. under qemu: the unit tests of hami-common (the region layout's offset tests among
-//!    them), of the preload and of the agent (its `arch_tests` check the embedded eBPF
-//!    object against arm64's `pt_regs`), minus [`SKIPPED`], then the preload's integration
+//! 3. under qemu: the unit tests of hami-abi, of hami-common (the region layout's offset
+//!    tests among them), of the preload and of the agent (its `arch_tests` check the embedded
+//!    eBPF object against arm64's `pt_regs`), minus [`SKIPPED`], then the preload's integration
 //!    tests ([`PRELOAD_TEST`]), minus [`PRELOAD_SKIPPED`] (every skip has its reason);
 //! 4. the short torture profile's preload scenarios ([`TORTURE_SCENARIOS`]): the host's
 //!    xtask drives aarch64 workloads, preload and fake driver (through binfmt_misc) and
@@ -30,7 +30,13 @@ use crate::util::{project_root, run_checked};
 
 /// The crates whose tests run under qemu (the fakes are built by the test harness; `cuda-abi`'s
 /// are the layouts of the driver's and NVML's structs, which the preload and the fakes share).
-pub const TESTED_CRATES: &[&str] = &["cuda-abi", "hami-common", "hami-preload", "hami-user"];
+pub const TESTED_CRATES: &[&str] = &[
+    "cuda-abi",
+    "hami-abi",
+    "hami-common",
+    "hami-preload",
+    "hami-user",
+];
 
 /// The preload's integration tests, one binary (`hami-preload/tests/preload`), run under qemu
 /// minus [`PRELOAD_SKIPPED`]: the multi-process tests — region sharing between processes and
@@ -144,14 +150,14 @@ pub fn test(t: CrossTarget) -> Result<()> {
     for p in TESTED_CRATES {
         args.extend(["-p", p]);
     }
-    args.extend(["--features", "hami-common/std", "--lib", "--bins"]);
-    // The preload alone, hami-common with the features the run above gives it (not built
-    // again).
+    args.extend(["--lib", "--bins"]);
+    // The preload alone, hami-abi with the features the run above gives it (the agent's
+    // `user`: not built again).
     let preload_args = [
         "-p",
         "hami-preload",
         "--features",
-        "hami-common/std,hami-common/user",
+        "hami-abi/user",
         "--test",
         PRELOAD_TEST,
     ];
@@ -167,7 +173,7 @@ pub fn test(t: CrossTarget) -> Result<()> {
         },
     )?;
     timed(
-        "unit tests of cuda-abi (struct layouts), hami-common (region layout offsets), the \
+        "unit tests of cuda-abi (struct layouts), hami-abi, hami-common (region layout offsets), the \
          preload and the agent, and the preload's multi-process tests, under qemu",
         || {
             // A skip that matches no test (a test renamed or moved to another module) would

@@ -16,7 +16,7 @@ use core::sync::atomic::Ordering;
 use super::handle::*;
 use super::lock::LockGuard;
 use super::types::*;
-use crate::layout::{UsageKind, LIMIT_FLAG_INVALID, MAX_DEVICES, SLOT_ACTIVE};
+use hami_abi::layout::{UsageKind, LIMIT_FLAG_INVALID, MAX_DEVICES, SLOT_ACTIVE};
 
 /// A device's reserve quantum: `reserve` capped at 1/32 of the limit (limit 0: unlimited).
 fn quantum(reserve: u64, limit: u64) -> u64 {

@@ -1,4 +1,4 @@
-//! The per-device compute records ([`crate::layout::DeviceCompute`]): the container's
+//! The per-device compute records ([`hami_abi::layout::DeviceCompute`]): the container's
 //! compute share (set at creation) and the launch gate's shared budget, all lock-free.
 //!
 //! The budget's algorithm (refill, debit) lives in the preload's gate; this module only
@@ -9,7 +9,7 @@ use core::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 use super::handle::*;
 use super::types::*;
-use crate::layout::{COMPUTE_POLICY_DEFAULT, MAX_DEVICES};
+use hami_abi::layout::{COMPUTE_POLICY_DEFAULT, MAX_DEVICES};
 
 /// The launch gate's shared atomics of one device (references into the mapping, or into
 /// any other storage: unit tests build them from local atomics).
@@ -65,11 +65,11 @@ pub fn write_arbiter(
     words: &[ArbiterWords],
     at_ns: u64,
 ) -> std::io::Result<()> {
-    use crate::layout::RegionHeader;
     use core::mem::offset_of;
+    use hami_abi::layout::RegionHeader;
     use std::os::unix::fs::FileExt;
     // Never grow a file that is no (longer a) region: a truncated one stays truncated.
-    if file.metadata()?.len() != crate::layout::REGION_SIZE as u64 {
+    if file.metadata()?.len() != hami_abi::layout::REGION_SIZE as u64 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             "not a region's size: not written",

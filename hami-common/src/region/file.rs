@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::handle::*;
 use super::liveness::*;
 use super::types::*;
-use crate::layout::{self, RegionHeader, INIT_READY, MAGIC, MAX_DEVICES, REGION_SIZE, VERSION};
+use hami_abi::layout::{self, RegionHeader, INIT_READY, MAGIC, MAX_DEVICES, REGION_SIZE, VERSION};
 
 /// Closes an fd and releases its flock on drop.
 pub(super) struct LockedFd(libc::c_int);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::liveness::*;
 use super::types::*;
-use crate::layout::{
+use hami_abi::layout::{
     self, RegionHeader, UsageKind, LOCK_BYTES, MAX_DEVICES, MAX_SLOTS, REGION_SIZE,
 };
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use super::handle::*;
 use super::liveness::*;
 use super::types::*;
-use crate::layout::{UsageKind, MAX_DEVICES, MAX_SLOTS, SLOT_ACTIVE, SLOT_FREE, USAGE_KINDS};
+use hami_abi::layout::{UsageKind, MAX_DEVICES, MAX_SLOTS, SLOT_ACTIVE, SLOT_FREE, USAGE_KINDS};
 
 /// Longest single `pthread_mutex_timedlock` wait: between slices, the waiter checks the
 /// overall timeout and a stale lock word.

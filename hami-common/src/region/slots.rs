@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::handle::*;
 use super::liveness::*;
 use super::types::*;
-use crate::layout::{MAX_SLOTS, SLOT_ACTIVE};
+use hami_abi::layout::{MAX_SLOTS, SLOT_ACTIVE};
 
 impl Region {
     // ---- slots ----

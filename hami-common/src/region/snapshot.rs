@@ -9,7 +9,7 @@ use super::file::*;
 use super::handle::*;
 use super::liveness::*;
 use super::types::*;
-use crate::layout::{
+use hami_abi::layout::{
     self, DeviceCompute, RegionHeader, LIMIT_FLAG_INVALID, MAX_DEVICES, MAX_SLOTS, REGION_SIZE,
     SLOT_ACTIVE, USAGE_KINDS,
 };

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::liveness::ProcessId;
 use crate::config::DEFAULT_REGION_MODE;
-use crate::layout::{self, MAGIC, MAX_DEVICES, MAX_SLOTS, USAGE_KINDS};
+use hami_abi::layout::{self, MAGIC, MAX_DEVICES, MAX_SLOTS, USAGE_KINDS};
 
 /// Errors opening, creating or registering in a region. Every message names the file.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +35,7 @@ pub enum RegionError {
         path: PathBuf,
         /// Version in the file.
         found: u32,
-        /// [`VERSION`](crate::layout::VERSION).
+        /// [`VERSION`](hami_abi::layout::VERSION).
         expected: u32,
     },
     /// A size recorded in the header, or the file size, is not what this build expects.
@@ -57,7 +57,7 @@ pub enum RegionError {
         path: PathBuf,
         /// File size.
         found: u64,
-        /// [`REGION_SIZE`](crate::layout::REGION_SIZE).
+        /// [`REGION_SIZE`](hami_abi::layout::REGION_SIZE).
         expected: u64,
     },
     /// The file exists but was never fully initialised (its creator died), and this opener
@@ -114,7 +114,7 @@ pub enum RegionError {
 pub struct RegionConfig {
     /// Per-device limit in bytes; 0 = unlimited.
     pub limits: [u64; MAX_DEVICES],
-    /// Per-device flags ([`LIMIT_FLAG_INVALID`](crate::layout::LIMIT_FLAG_INVALID)).
+    /// Per-device flags ([`LIMIT_FLAG_INVALID`](hami_abi::layout::LIMIT_FLAG_INVALID)).
     pub limit_flags: [u32; MAX_DEVICES],
     /// Devices the creator saw (informational).
     pub device_count: u32,
@@ -211,7 +211,7 @@ impl SlotId {
 pub enum DenyReason {
     /// `used + requested > limit`.
     OverLimit,
-    /// The device's configuration is invalid ([`LIMIT_FLAG_INVALID`](crate::layout::LIMIT_FLAG_INVALID)): fail closed.
+    /// The device's configuration is invalid ([`LIMIT_FLAG_INVALID`](hami_abi::layout::LIMIT_FLAG_INVALID)): fail closed.
     ConfigInvalid,
     /// Device ordinal `>= MAX_DEVICES`.
     BadDevice,

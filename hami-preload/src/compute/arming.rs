@@ -5,7 +5,7 @@
 //! `hooks/launch.rs` (`gate_enter`, `gate_on_sync`).
 
 use super::gate::effective_share;
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 use hami_common::region::Region;
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 

@@ -45,8 +45,8 @@
 //! submission with this process's [`Gate`]) is `crate::hooks::launch`.
 
 use crate::ffi::cuda::*;
+use hami_abi::layout::MAX_DEVICES;
 use hami_common::arbiter::Turn;
-use hami_common::layout::MAX_DEVICES;
 use hami_common::region::ComputeCells;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -17,9 +17,9 @@
 
 use crate::ffi::cuda::{CUdevice, CUuuid, CUDA_SUCCESS};
 use crate::ffi::symbols::{self, Cu};
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
+use hami_abi::uuid::GpuUuid;
 use hami_common::region::Region;
-use hami_common::uuid::GpuUuid;
 use hami_common::visible::{self, Placement};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::OnceLock;

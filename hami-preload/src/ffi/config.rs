@@ -3,8 +3,8 @@
 //! Everything here is pure: [`Config::from_lookup`] takes the environment as a function so
 //! that it unit-tests without touching the process environment.
 
+use hami_abi::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
 use hami_common::env::{HamiEnv, Setting};
-use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 pub use hami_common::config::{

@@ -23,8 +23,8 @@ pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
 }
 
 /// Formats 16 UUID bytes the way NVML does (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`): the
-/// workspace's one formatter, [`hami_common::uuid::format`].
-pub use hami_common::uuid::format as format_uuid;
+/// workspace's one formatter, [`hami_abi::uuid::format`].
+pub use hami_abi::uuid::format as format_uuid;
 
 #[cfg(test)]
 mod tests {

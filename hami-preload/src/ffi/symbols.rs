@@ -1,12 +1,12 @@
 //! The symbol tables of the two libraries the preload reaches: each symbol's name and
 //! (through [`crate::ffi::real`]) the real function's address. The hooked symbols come first,
-//! generated from the rows with `hooked: true` of [`hami_common::intercept::INTERCEPTS`]
+//! generated from the rows with `hooked: true` of [`hami_abi::intercept::INTERCEPTS`]
 //! (`build/hooked_rows.rs`); the helpers, functions the preload only calls, follow, listed
 //! here. Our hooks' addresses are in `crate::hooks::table`, so that this module, which only
 //! resolves the real driver, does not depend on the hooks.
 
 use crate::ffi::real::{LazyLib, RealLib};
-use hami_common::intercept::{self, Library};
+use hami_abi::intercept::{self, Library};
 use std::ffi::{c_void, CStr};
 
 // `cuda_hooked!` and `nvml_hooked!`: the hooked rows' names, from the build script.
@@ -56,14 +56,14 @@ const fn c_name(name: &'static str) -> &'static CStr {
 }
 
 /// Compile-time check that `hooked` are exactly the hooked rows of `lib` in
-/// [`INTERCEPTS`](hami_common::intercept::INTERCEPTS), each once (what the build script
+/// [`INTERCEPTS`](hami_abi::intercept::INTERCEPTS), each once (what the build script
 /// generated), and that no helper is one of them.
 const fn check_hooked(lib: Library, hooked: &[&str], helpers: &[&str]) {
     let mut i = 0;
     while i < hooked.len() {
         assert!(
             intercept::is_hooked(lib, hooked[i].as_bytes()),
-            "a hooked symbol is not a hooked row of hami_common::intercept::INTERCEPTS"
+            "a hooked symbol is not a hooked row of hami_abi::intercept::INTERCEPTS"
         );
         let mut j = i + 1;
         while j < hooked.len() {
@@ -77,7 +77,7 @@ const fn check_hooked(lib: Library, hooked: &[&str], helpers: &[&str]) {
     }
     assert!(
         hooked.len() == intercept::hooked_count(lib),
-        "a hooked row of hami_common::intercept::INTERCEPTS is missing from the symbol table"
+        "a hooked row of hami_abi::intercept::INTERCEPTS is missing from the symbol table"
     );
     let mut i = 0;
     while i < helpers.len() {

@@ -12,8 +12,8 @@ use crate::ledger::accounting::{Allocated, KeySpace};
 use crate::ledger::policy;
 use crate::measure::current_dev_ctx;
 use crate::state::ProcLedger;
-use hami_common::intercept;
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::intercept;
+use hami_abi::layout::MAX_DEVICES;
 use std::ffi::c_uint;
 
 /// The key space of row `$name` of the table (`.allocates` / `.releases`), evaluated at

@@ -12,7 +12,7 @@ use crate::ffi::symbols::{self, Cu};
 use crate::ledger::accounting::KeySpace;
 use crate::objects::graph_memory::{ExecNeed, GraphReading, Refused};
 use crate::state::{self, ProcLedger};
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 use std::ffi::{c_char, c_int, c_void};
 
 /// The allocation nodes of `graph` (`flags`: its instantiation flags), read through the

@@ -9,7 +9,7 @@ use crate::ffi::shim::hook;
 use crate::ledger::policy::ContextCost;
 use crate::measure::{current_dev_ctx, meter};
 use crate::state::ProcLedger;
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 use std::ffi::{c_uint, c_void};
 
 hook! {

@@ -14,7 +14,7 @@ use crate::ffi::shim::hook;
 use crate::ffi::symbols::{self, Nv};
 use crate::measure::nvml::nvml_container_dev;
 use crate::state;
-use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
+use hami_abi::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
 use hami_common::region::is_alive;
 use std::ffi::c_uint;
 

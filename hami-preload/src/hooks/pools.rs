@@ -13,7 +13,7 @@ use crate::ledger::accounting::KeySpace;
 use crate::measure::current_dev_ctx;
 use crate::objects::pool_reservations::PoolAlloc;
 use crate::state::{self, ProcLedger};
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 use std::ffi::{c_int, c_void};
 
 /// Whether `stream` is being captured into a graph (`cuStreamIsCapturing`; the per-thread

@@ -10,7 +10,7 @@ use crate::measure::nvml::{nvml_own_used, nvml_ready};
 use crate::objects::context::OwnUsage;
 use crate::objects::pool_reservations::PoolReading;
 use crate::state::{self, Holdings, ProcLedger};
-use hami_common::layout::{UsageKind, MAX_DEVICES};
+use hami_abi::layout::{UsageKind, MAX_DEVICES};
 use std::ffi::c_int;
 
 /// Logs and counts a refused memory request (`CUDA_ERROR_OUT_OF_MEMORY` without the

@@ -1,6 +1,6 @@
 //! Our hooks' addresses, indexed like the hooked entries of the symbol tables
 //! ([`crate::ffi::symbols`]), both generated from the hooked rows of
-//! [`hami_common::intercept::INTERCEPTS`]: what `dlsym` and `cuGetProcAddress` hand out. A
+//! [`hami_abi::intercept::INTERCEPTS`]: what `dlsym` and `cuGetProcAddress` hand out. A
 //! hooked row without a hook of its name in [`crate::hooks`] does not compile.
 
 use crate::ffi::real::RealLib;
@@ -43,7 +43,7 @@ mod tests {
     use crate::ffi::symbols::{
         cu_hooked_index, nv_hooked_index, Cu, CU_HOOKED, CU_NAMES, NV_HOOKED,
     };
-    use hami_common::intercept::{Library, INTERCEPTS};
+    use hami_abi::intercept::{Library, INTERCEPTS};
 
     /// Every hooked row of the intercept table is reachable through all three paths: by name
     /// (`dlsym`, the `*_hooked_index` lookups), and by the real address the driver hands out

@@ -9,7 +9,7 @@ use crate::ledger::policy::{self, DeviceQuota};
 use crate::measure::current_dev_ctx;
 use crate::measure::nvml::nvml_container_dev;
 use crate::state::{self, Placed};
-use hami_common::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
+use hami_abi::layout::{LIMIT_FLAG_INVALID, MAX_DEVICES};
 
 /// The quota of this process's CUDA ordinal `ord` (None: not tracked, report the physical
 /// values). A device the region does not know in a container with limits shows nothing free

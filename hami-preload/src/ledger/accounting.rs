@@ -20,7 +20,7 @@ use crate::ffi::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use crate::ledger::ctx_devices::CtxDevices;
 use crate::ledger::keymap::{self, KeyMap};
 use crate::ledger::spin::{SpinGuard, SpinLock};
-use hami_common::layout::UsageKind;
+use hami_abi::layout::UsageKind;
 use hami_common::region::{Denied, DenyReason, RegionError};
 use std::collections::HashMap;
 use std::path::Path;
@@ -70,7 +70,7 @@ pub enum NoSlot {
     /// Every slot is held by a live process.
     #[error(
         "all {} process slots are held by live processes",
-        hami_common::layout::MAX_SLOTS
+        hami_abi::layout::MAX_SLOTS
     )]
     Full,
     /// The region lock is unusable.
@@ -112,9 +112,9 @@ pub trait Ledger {
     fn uncharge(&self, dev: usize, kind: UsageKind, bytes: u64);
 }
 
-/// Namespace of a tracked key: the table's [`KeySpace`] (`hami_common::intercept`), shared
+/// Namespace of a tracked key: the table's [`KeySpace`] (`hami_abi::intercept`), shared
 /// with the agent.
-pub use hami_common::intercept::KeySpace;
+pub use hami_abi::intercept::KeySpace;
 
 /// One tracked object: what it charged, where.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

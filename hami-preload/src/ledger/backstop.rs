@@ -13,7 +13,7 @@
 //! Plain Rust: the readings are arguments, the charge goes through a [`Ledger`].
 
 use crate::ledger::accounting::Ledger;
-use hami_common::layout::{UsageKind, MAX_DEVICES};
+use hami_abi::layout::{UsageKind, MAX_DEVICES};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Headroom below which an allocation asks for a refresh: an eighth of the limit, at least

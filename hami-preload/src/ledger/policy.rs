@@ -5,7 +5,7 @@ use crate::ffi::cuda::{
     CUDA_ARRAY3D_DEFERRED_MAPPING, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_LAYERED,
     CUDA_ARRAY3D_SPARSE, CUDA_ARRAY_DESCRIPTOR,
 };
-use hami_common::array::{array_footprint, mipmap_footprint};
+use hami_abi::array::{array_footprint, mipmap_footprint};
 
 /// The quota as the application sees a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,7 +259,7 @@ pub fn array3d_charge(d: &CUDA_ARRAY3D_DESCRIPTOR) -> u64 {
     )
 }
 
-/// Charge for `cuMipmappedArrayCreate`: every level (`hami_common::array::mipmap_footprint`,
+/// Charge for `cuMipmappedArrayCreate`: every level (`hami_abi::array::mipmap_footprint`,
 /// layers kept at every level for `CUDA_ARRAY3D_LAYERED`); 0 for deferred-mapping and sparse
 /// mipmapped arrays (memory mapped into them comes from `cuMemCreate`).
 pub fn mipmap_charge(d: &CUDA_ARRAY3D_DESCRIPTOR, levels: u32) -> u64 {

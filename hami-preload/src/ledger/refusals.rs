@@ -4,7 +4,7 @@
 //! since the previous one. Refusals are a cold path: two relaxed atomics per device, no lock.
 
 use core::sync::atomic::{AtomicU64, Ordering};
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 
 /// Shortest time between two refusal lines of one device, in milliseconds.
 pub const REPORT_INTERVAL_MS: u64 = 10_000;

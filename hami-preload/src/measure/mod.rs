@@ -94,9 +94,9 @@ fn region_data(dev: usize) -> u64 {
     let Some(c) = cdev(dev) else {
         return state::holdings().limits.on_device(dev);
     };
-    let kinds: Vec<usize> = hami_common::layout::UsageKind::ALL
+    let kinds: Vec<usize> = hami_abi::layout::UsageKind::ALL
         .iter()
-        .filter(|&&k| k != hami_common::layout::UsageKind::Context)
+        .filter(|&&k| k != hami_abi::layout::UsageKind::Context)
         .map(|k| k.index())
         .collect();
     region

@@ -7,7 +7,7 @@ use crate::ffi::cuda::*;
 use crate::ffi::symbols::{self, Cu, Nv};
 use crate::objects::context::OwnUsage;
 use crate::state;
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 use std::ffi::{c_char, c_uint, CStr};
 use std::sync::{Mutex, OnceLock, PoisonError};
 

@@ -12,7 +12,7 @@
 
 use crate::ffi::cuda::{CUresult, CUDA_SUCCESS};
 use crate::ledger::accounting::{Deny, Ledger};
-use hami_common::layout::{UsageKind, MAX_DEVICES};
+use hami_abi::layout::{UsageKind, MAX_DEVICES};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};

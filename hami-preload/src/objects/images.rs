@@ -163,8 +163,8 @@ pub unsafe fn of_file(fname: *const c_char, sm: u32) -> Result<Option<Statics>, 
 }
 
 /// Compute capability of each device (major * 10 + minor; 0: not read yet).
-static SM: [AtomicU32; hami_common::layout::MAX_DEVICES] =
-    [const { AtomicU32::new(0) }; hami_common::layout::MAX_DEVICES];
+static SM: [AtomicU32; hami_abi::layout::MAX_DEVICES] =
+    [const { AtomicU32::new(0) }; hami_abi::layout::MAX_DEVICES];
 
 /// The compute capability of CUDA ordinal `dev` as major * 10 + minor
 /// (`CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` / `_MINOR`, read once), 0 when the driver

@@ -37,7 +37,7 @@ use crate::ffi::cuda::{CUresult, CUDA_ERROR_OUT_OF_MEMORY, CUDA_SUCCESS};
 use crate::ledger::accounting::{Deny, Ledger};
 use crate::ledger::keymap::KeyMap;
 use crate::ledger::spin::SpinLock;
-use hami_common::layout::{UsageKind, MAX_DEVICES};
+use hami_abi::layout::{UsageKind, MAX_DEVICES};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};

@@ -36,7 +36,7 @@
 
 use crate::ffi::cuda::{CUresult, CUDA_SUCCESS};
 use crate::ledger::accounting::{AllocError, Deny, Ledger};
-use hami_common::layout::UsageKind;
+use hami_abi::layout::UsageKind;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};

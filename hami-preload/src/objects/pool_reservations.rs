@@ -24,7 +24,7 @@
 
 use crate::ffi::cuda::{CUresult, CUDA_SUCCESS};
 use crate::ledger::accounting::{AllocError, Ledger};
-use hami_common::layout::UsageKind;
+use hami_abi::layout::UsageKind;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};

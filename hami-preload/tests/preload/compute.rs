@@ -1,7 +1,7 @@
 //! The compute share (`docs/preload.md`, "Compute share"): the variables, and the launch
 //! gate against the fake driver's device clock, with `cudaprobe`.
 
-use hami_common::layout::{COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE};
+use hami_abi::layout::{COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE};
 use hami_test_harness::{ProbeOutput, RunningProbe, TestEnv, CUDA_ERROR_OUT_OF_MEMORY as OOM};
 
 /// A sandbox with the preload, contexts free of memory.

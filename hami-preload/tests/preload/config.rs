@@ -62,7 +62,7 @@ fn later_process_keeps_the_regions_limits_and_warns() {
 
 #[test]
 fn corrupt_truncated_or_foreign_region_fails_closed_without_crashing() {
-    let full = hami_common::layout::REGION_SIZE;
+    let full = hami_abi::layout::REGION_SIZE;
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("garbage", vec![0xab; full]),
         ("truncated", b"HAMIRSv\x01short".to_vec()),

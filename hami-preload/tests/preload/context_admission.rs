@@ -6,7 +6,7 @@
 //! container still got its context (the container then held its quota + 518 MiB), and two
 //! processes filling one container at the same moment made the driver hold 3532 MiB of 3 GiB.
 
-use hami_common::layout::UsageKind;
+use hami_abi::layout::UsageKind;
 use hami_common::region::Region;
 use hami_test_harness::{ProbeOutput, RunningProbe, TestEnv};
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! `cudaprobe` against the fake driver, which models these paths (docs/fake-driver.md), with
 //! the preload; each one was granted (or left uncharged) before the fix.
 
-use hami_common::layout::UsageKind;
+use hami_abi::layout::UsageKind;
 use hami_common::region::Region;
 use hami_test_harness::{ProbeOutput, TestEnv};
 

@@ -151,7 +151,7 @@ fn context_memory_is_charged() {
     let snap = r.snapshot();
     let s = snap.slots.iter().find(|s| s.device_total(0) != 0).unwrap();
     assert_eq!(
-        s.usage[0][hami_common::layout::UsageKind::Context.index()],
+        s.usage[0][hami_abi::layout::UsageKind::Context.index()],
         100 * MB
     );
 }
@@ -168,7 +168,7 @@ fn context_memory_is_measured_with_nvml() {
     let ctx: u64 = snap
         .slots
         .iter()
-        .map(|s| s.usage[0][hami_common::layout::UsageKind::Context.index()])
+        .map(|s| s.usage[0][hami_abi::layout::UsageKind::Context.index()])
         .sum();
     assert_eq!(ctx, 200 * MB);
 }

@@ -9,7 +9,7 @@
 //! Before, the lazy first lookup was charged after the fact (the next allocation refused, the
 //! driver holding 1.5 GiB) and a first launch ran.
 
-use hami_common::layout::UsageKind;
+use hami_abi::layout::UsageKind;
 use hami_test_harness::TestEnv;
 use std::path::PathBuf;
 

@@ -32,7 +32,7 @@
  *
  * The function tables (hp_fns: name, cuGetProcAddress base name and flags, Shape, memory,
  * key space; hp_direct: the direct calls; indices F_<symbol>) are hprobe_fns.h, generated
- * from hami_common::intercept::INTERCEPTS by the tests
+ * from hami_abi::intercept::INTERCEPTS by the tests
  * (hami-preload/tests/preload/support/header.rs).
  * Each function is looked up the --via way on its first use; one that cannot be found exits
  * with 4 ("missing SYMBOL"). */

@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use tokio::runtime::Handle;
 
-use hami_common::event::{Event, EventKind};
+use hami_abi::event::{Event, EventKind};
 
 use crate::findings::{self, Finding, FindingKey};
 use crate::identity::{self, Identity, Resolver};

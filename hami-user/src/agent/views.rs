@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 use hami_common::region::RegionSnapshot;
 use serde::Serialize;
 
@@ -25,7 +25,7 @@ fn rebuild_from_region(v: &mut ProcView, regions: &[RegionView]) {
     else {
         return;
     };
-    v.observed = (0..hami_common::layout::MAX_DEVICES)
+    v.observed = (0..hami_abi::layout::MAX_DEVICES)
         .map(|d| (Some(d as u32), findings::slot_data_on(slot, d)))
         .filter(|&(_, b)| b > 0)
         .collect();
@@ -189,7 +189,7 @@ impl Agent {
             let Some(snap) = r.snapshot.as_ref() else {
                 continue;
             };
-            let covered = (snap.device_count as usize).clamp(1, hami_common::layout::MAX_DEVICES);
+            let covered = (snap.device_count as usize).clamp(1, hami_abi::layout::MAX_DEVICES);
             let d = u.device as usize;
             if d >= covered && u.observed == 0 && u.accounted == 0 {
                 continue;
@@ -197,7 +197,7 @@ impl Agent {
             let uuid = snap
                 .uuids
                 .get(d)
-                .and_then(hami_common::uuid::format_known)
+                .and_then(hami_abi::uuid::format_known)
                 .or_else(|| {
                     if covered == 1 {
                         node_uuid.clone()
@@ -211,14 +211,14 @@ impl Agent {
                 .into_iter()
                 .find(|c| c.device == u.device)
                 .unwrap_or_default();
-            let kind = |k: &[hami_common::layout::UsageKind]| -> u64 {
+            let kind = |k: &[hami_abi::layout::UsageKind]| -> u64 {
                 snap.slots
                     .iter()
                     .filter_map(|s| s.usage.get(d))
                     .map(|row| k.iter().map(|k| row[k.index()]).sum::<u64>())
                     .fold(0u64, u64::saturating_add)
             };
-            use hami_common::layout::UsageKind as K;
+            use hami_abi::layout::UsageKind as K;
             out.push(RegionSeries {
                 context: kind(&[K::Context]),
                 module: kind(&[K::Module]),
@@ -387,7 +387,7 @@ impl Agent {
             let mut devices: Vec<u32> = by_device.keys().filter_map(|d| *d).collect();
             if let Some(s) = slot {
                 devices.extend(
-                    (0..hami_common::layout::MAX_DEVICES)
+                    (0..hami_abi::layout::MAX_DEVICES)
                         .filter(|&i| s.device_total(i) != 0 || s.charged[i] != 0)
                         .map(|i| i as u32),
                 );
@@ -611,7 +611,7 @@ pub struct RegionRow {
 /// `cuDeviceGetCount`), `None` when no process recorded it yet (0) or it is out of range.
 pub fn real_devices(s: &RegionSnapshot) -> Option<usize> {
     let n = s.device_count as usize;
-    (1..=hami_common::layout::MAX_DEVICES)
+    (1..=hami_abi::layout::MAX_DEVICES)
         .contains(&n)
         .then_some(n)
 }
@@ -620,7 +620,7 @@ pub fn real_devices(s: &RegionSnapshot) -> Option<usize> {
 /// a limit, a flag, usage or a UUID; at least 1.
 pub fn shown_devices(s: &RegionSnapshot) -> usize {
     real_devices(s).unwrap_or_else(|| {
-        (0..hami_common::layout::MAX_DEVICES)
+        (0..hami_abi::layout::MAX_DEVICES)
             .rev()
             .find(|&d| {
                 s.limits[d] != 0 || s.limit_flags[d] != 0 || s.used[d] != 0 || s.uuids[d] != [0; 16]

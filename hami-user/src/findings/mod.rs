@@ -9,7 +9,7 @@ mod rules;
 pub(crate) mod tests;
 mod view;
 
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 use serde::Serialize;
 
 use crate::compute::ComputeOptions;

@@ -2,7 +2,7 @@
 //! over accounted, unreadable region, limits that differ from the environment, ...) and per
 //! region (over limit, leaked slots, tampered header, writable by a tenant).
 
-use hami_common::layout::MAX_DEVICES;
+use hami_abi::layout::MAX_DEVICES;
 
 use crate::access::write_denied;
 use crate::procinfo::EnvLimit;

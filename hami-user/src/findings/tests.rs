@@ -4,7 +4,7 @@ use super::*;
 use crate::access::{Creds, FileMeta};
 use crate::compute::ComputeView;
 use crate::procinfo::{EnvLimit, EnvLimits};
-use hami_common::layout::{UsageKind, USAGE_KINDS};
+use hami_abi::layout::{UsageKind, USAGE_KINDS};
 use hami_common::region::{RegionSnapshot, SlotSnapshot};
 
 const MIB: u64 = 1 << 20;

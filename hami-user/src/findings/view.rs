@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use hami_common::layout::{UsageKind, MAX_DEVICES};
+use hami_abi::layout::{UsageKind, MAX_DEVICES};
 use hami_common::region::{RegionSnapshot, SlotSnapshot};
 use serde::Serialize;
 

@@ -29,9 +29,9 @@ pub(super) static EBPF_OBJECT: &[u8] =
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/hami-ebpf"));
 
 /// libcuda symbols the programs probe (the probed rows of
-/// [`hami_common::intercept::INTERCEPTS`]). Each has an entry program named like the symbol
+/// [`hami_abi::intercept::INTERCEPTS`]). Each has an entry program named like the symbol
 /// and a return program named `<symbol>_ret`.
-pub const PROBED_SYMBOLS: &[&str] = &hami_common::intercept::PROBED_NAMES;
+pub const PROBED_SYMBOLS: &[&str] = &hami_abi::intercept::PROBED_NAMES;
 
 /// The order in which [`Probes::attach_libcuda`] puts the probes in: the functions that
 /// release memory or a context first, then the other context functions, then the
@@ -44,8 +44,8 @@ pub const PROBED_SYMBOLS: &[&str] = &hami_common::intercept::PROBED_NAMES;
 /// a call whose return is not probed (the entry would open a call on its thread that never
 /// closes, and that thread's further calls would be taken for nested ones).
 pub fn attach_order() -> Vec<&'static str> {
-    use hami_common::event::EventKind;
-    let group = |sym: &str| match hami_common::intercept::probe_kind(sym) {
+    use hami_abi::event::EventKind;
+    let group = |sym: &str| match hami_abi::intercept::probe_kind(sym) {
         k if k.is_free() => 0,
         EventKind::CtxDestroy | EventKind::PrimaryCtxRelease => 0,
         k if k.is_alloc() => 2,
@@ -706,7 +706,7 @@ fn raise_memlock() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hami_common::intercept::probe_kind;
+    use hami_abi::intercept::probe_kind;
 
     #[test]
     fn releases_are_attached_before_allocations_and_every_symbol_once() {

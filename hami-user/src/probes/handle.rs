@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use aya::maps::{MapData, PerCpuArray};
-use hami_common::event::Event;
+use hami_abi::event::Event;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::mpsc;

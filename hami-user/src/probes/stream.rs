@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use aya::maps::{IterableMap, Map, MapData, PerCpuArray, RingBuf};
-use hami_common::event::{counter, CudaEvent, Event};
+use hami_abi::event::{counter, CudaEvent, Event};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 

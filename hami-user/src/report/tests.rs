@@ -25,7 +25,7 @@ fn inspect_json_matches_a_region_written_through_the_api() {
 
     let ro = Region::open_existing(&path, false).unwrap();
     let v = inspect_json("r.cache", &ro.snapshot());
-    assert_eq!(v["version"], hami_common::layout::VERSION);
+    assert_eq!(v["version"], hami_abi::layout::VERSION);
     assert_eq!(v["initialised"], true);
     assert_eq!(v["device_count"], 2);
     assert_eq!(v["devices"][0]["limit"], 1u64 << 30);

@@ -139,7 +139,7 @@ fn hand_edited_region_limit_is_tamper() {
     let env = hooked_env("1g");
     let mut probe = spawn_waiting(&env, &["init", "ctx", "alloc", "1M", "wait"]);
     // Raise the limit in the file by hand (limits[0] at its layout offset).
-    let off = core::mem::offset_of!(hami_common::layout::RegionHeader, limits) as u64;
+    let off = core::mem::offset_of!(hami_abi::layout::RegionHeader, limits) as u64;
     let f = std::fs::OpenOptions::new()
         .write(true)
         .open(env.region_path())
@@ -239,7 +239,7 @@ fn inspect_matches_a_region_written_by_the_preload() {
         &["init", "ctx", "alloc", "64M", "alloc", "8M", "wait"],
     );
     let v = inspect(env.region_path());
-    assert_eq!(v["version"], hami_common::layout::VERSION);
+    assert_eq!(v["version"], hami_abi::layout::VERSION);
     assert_eq!(v["initialised"], true);
     assert_eq!(v["devices"][0]["limit"], 768 * MIB);
     let slots = v["slots"].as_array().unwrap();

@@ -247,7 +247,7 @@ pub fn device_uuid(index: usize) -> [u8; 16] {
 }
 
 /// Formats UUID bytes the way NVML and `CUDA_VISIBLE_DEVICES` spell them: `GPU-xxxxxxxx-...`.
-/// A copy of `hami_common::uuid::format` on purpose: the fakes stand in for NVIDIA's driver
+/// A copy of `hami_abi::uuid::format` on purpose: the fakes stand in for NVIDIA's driver
 /// and NVML and depend on nothing of hami's (this crate has no hami dependency), so the
 /// preload and the agent are checked against the spelling the real driver uses, not against
 /// their own formatter.

@@ -282,6 +282,7 @@ fn the_workspace_crates_are_all_read() {
         .map(|d| d.file_name().unwrap().to_string_lossy().to_string())
         .collect();
     for name in [
+        "hami-abi",
         "hami-common",
         "hami-ebpf",
         "hami-image",

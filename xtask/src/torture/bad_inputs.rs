@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use hami_common::layout::{RegionHeader, REGION_SIZE};
+use hami_abi::layout::{RegionHeader, REGION_SIZE};
 use hami_test_harness::OpLine;
 
 use super::bad_files::{file_system_cases, is_root};
@@ -76,7 +76,7 @@ pub(super) fn bad_inputs(p: &Profile, rng: &mut Rng, r: &mut Report) -> Result<(
     cases.push(case_file("wrong magic", m, "bad magic"));
     let off = core::mem::offset_of!(RegionHeader, version);
     let mut m = valid.clone();
-    let next = hami_common::layout::VERSION + 1;
+    let next = hami_abi::layout::VERSION + 1;
     m[off..off + 4].copy_from_slice(&next.to_le_bytes());
     cases.push(case_file(
         &format!("layout version {next} (the next one)"),

@@ -4,7 +4,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use anyhow::Result;
-use hami_common::layout::UsageKind;
+use hami_abi::layout::UsageKind;
 
 use super::profile::{Profile, LINE_WAIT, MIB};
 use super::report::Report;

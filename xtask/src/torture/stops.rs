@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
-use hami_common::layout::RegionHeader;
+use hami_abi::layout::RegionHeader;
 
 use super::profile::{Profile, LINE_WAIT, MIB, RESUME_BOUND};
 use super::report::Report;

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use hami_common::layout::UsageKind;
+use hami_abi::layout::UsageKind;
 use hami_common::region::{Region, RegionSnapshot};
 use hami_test_harness::TestEnv;
 

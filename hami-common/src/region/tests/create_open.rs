@@ -229,7 +229,7 @@ fn other_version_is_rejected() {
             err,
             RegionError::VersionMismatch {
                 found: 1,
-                expected: crate::layout::VERSION,
+                expected: hami_abi::layout::VERSION,
                 ..
             }
         ),

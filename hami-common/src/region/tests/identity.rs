@@ -72,12 +72,12 @@ fn read_snapshot_copies_what_the_mapping_shows() {
 
 #[test]
 fn snapshots_copy_the_compute_records() {
-    use crate::layout::DeviceCompute as C;
+    use hami_abi::layout::DeviceCompute as C;
     let d = TempDir::new("pread-compute");
     let r = create(&d.file(), 1 << 30);
     r.register(fake(41, 7)).unwrap();
     // What the launch gate keeps for device 2, written into the file.
-    let base = (offset_of!(crate::layout::RegionLayout, compute) + 2 * size_of::<C>()) as u64;
+    let base = (offset_of!(hami_abi::layout::RegionLayout, compute) + 2 * size_of::<C>()) as u64;
     patch(
         &d.file(),
         base + offset_of!(C, sm_limit) as u64,
@@ -136,7 +136,7 @@ fn snapshots_copy_the_compute_records() {
     let whole = ComputeSnapshot { sm_limit: 100, ..c };
     assert_eq!(whole.limit_percent(), None, "100: the whole device");
     let disabled = ComputeSnapshot {
-        policy: crate::layout::COMPUTE_POLICY_DISABLE,
+        policy: hami_abi::layout::COMPUTE_POLICY_DISABLE,
         ..c
     };
     assert_eq!(disabled.limit_percent(), None, "policy disable: no limit");
@@ -179,7 +179,7 @@ fn read_snapshot_reads_the_slots_up_to_the_high_water_mark() {
     assert_eq!(copy.slots.len(), 1);
     assert_eq!(copy.slots[0].index, 4);
     // A corrupt mark beyond the table is clamped: the whole table is read.
-    let hw = offset_of!(crate::layout::RegionHeader, slot_high_water) as u64;
+    let hw = offset_of!(hami_abi::layout::RegionHeader, slot_high_water) as u64;
     patch(&d.file(), hw, &u32::MAX.to_le_bytes());
     let copy = read_snapshot(&f, &d.file()).unwrap();
     assert_eq!(copy.slots.len(), 1);

@@ -5,7 +5,7 @@ use super::*;
 /// The offsets and sizes documented in docs/shared-region.md.
 #[test]
 fn layout_matches_documentation() {
-    use crate::layout::RegionHeader as H;
+    use hami_abi::layout::RegionHeader as H;
     assert_eq!(offset_of!(H, magic), 0);
     assert_eq!(offset_of!(H, version), 8);
     assert_eq!(offset_of!(H, header_size), 12);
@@ -40,10 +40,10 @@ fn layout_matches_documentation() {
     assert_eq!(offset_of!(Slot, reserve), 784);
     assert_eq!(offset_of!(Slot, host_pid), 912);
     assert_eq!(size_of::<Slot>(), 1024);
-    assert_eq!(offset_of!(crate::layout::RegionLayout, slots), 1024);
-    use crate::layout::DeviceCompute as C;
+    assert_eq!(offset_of!(hami_abi::layout::RegionLayout, slots), 1024);
+    use hami_abi::layout::DeviceCompute as C;
     assert_eq!(
-        offset_of!(crate::layout::RegionLayout, compute),
+        offset_of!(hami_abi::layout::RegionLayout, compute),
         1024 + 1024 * 1024
     );
     assert_eq!(offset_of!(C, sm_limit), 0);

@@ -129,7 +129,7 @@ fn a_stale_lock_word_is_marked_owner_died_and_recovered() {
     // A thread id that no longer exists: a child that has exited and been reaped.
     let gone = fork_child(|| 0);
     wait_timeout(gone, Duration::from_secs(10)).expect("child hung");
-    let lock_off = offset_of!(crate::layout::RegionHeader, lock) as u64;
+    let lock_off = offset_of!(hami_abi::layout::RegionHeader, lock) as u64;
     // Without stale-lock breaking (the agent's setting): a bounded wait, then an error
     // naming the holder.
     let r = create(&p, 64 * MIB).with_tuning(Tuning {
@@ -276,7 +276,7 @@ fn context_footprint_is_shared_per_device_and_written_by_writable_mappings_only(
 /// shared by every mapping of the file.
 #[test]
 fn compute_share_is_set_at_creation_and_differences_are_reported() {
-    use crate::layout::{COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_FORCE};
+    use hami_abi::layout::{COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_FORCE};
     let d = TempDir::new("compute");
     let p = d.file();
     let mut c = cfg(0);

@@ -1,4 +1,4 @@
-//! Unit tests of the region: run with `cargo test -p hami-common --features std`.
+//! Unit tests of the region: run with `cargo test -p hami-common`.
 //! Several tests fork: children only touch the region and then `_exit`.
 
 // `is_multiple_of` is newer than the workspace's rust-version.
@@ -7,9 +7,9 @@
 use super::file::*;
 use super::handle::*;
 use super::*;
-use crate::layout::{Slot, UsageKind, LIMIT_FLAG_INVALID, MAX_DEVICES, MAX_SLOTS, REGION_SIZE};
 use core::mem::{offset_of, size_of};
 use core::sync::atomic::Ordering;
+use hami_abi::layout::{Slot, UsageKind, LIMIT_FLAG_INVALID, MAX_DEVICES, MAX_SLOTS, REGION_SIZE};
 use std::collections::HashSet;
 use std::io;
 use std::os::unix::fs::PermissionsExt;

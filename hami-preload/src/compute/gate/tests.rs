@@ -533,9 +533,7 @@ fn concurrent_refills_add_each_interval_once() {
 
 #[test]
 fn shares_and_limits() {
-    use hami_common::layout::{
-        COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE,
-    };
+    use hami_abi::layout::{COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE};
     assert_eq!(effective_share(30, COMPUTE_POLICY_DEFAULT), 30);
     assert_eq!(effective_share(30, COMPUTE_POLICY_FORCE), 30);
     assert_eq!(effective_share(30, COMPUTE_POLICY_DISABLE), 0);

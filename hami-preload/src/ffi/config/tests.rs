@@ -1,5 +1,5 @@
 use super::*;
-use hami_common::layout::{COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE};
+use hami_abi::layout::{COMPUTE_POLICY_DEFAULT, COMPUTE_POLICY_DISABLE, COMPUTE_POLICY_FORCE};
 use std::collections::HashMap;
 
 fn cfg(vars: &[(&str, &str)]) -> Config {

@@ -16,7 +16,7 @@ use crate::ledger::policy::{
     context_cost, driver_context_cost, ContextCost, ContextReadings, DriverReadings,
 };
 use admit::Footprint;
-use hami_common::layout::{UsageKind, MAX_DEVICES};
+use hami_abi::layout::{UsageKind, MAX_DEVICES};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};

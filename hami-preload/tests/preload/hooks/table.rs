@@ -1,5 +1,5 @@
 //! The tests' lists checked against the intercept table
-//! (`hami_common::intercept::INTERCEPTS`): the fake driver hands out every CUDA row through
+//! (`hami_abi::intercept::INTERCEPTS`): the fake driver hands out every CUDA row through
 //! `cuGetProcAddress`, hprobe (whose function tables are generated from the table,
 //! `support/header.rs`) reaches every hooked row the three ways, and `hook_tests!` covers
 //! every allocating row.
@@ -7,7 +7,7 @@
 use std::ffi::{c_char, c_int, c_void, CString};
 
 use crate::support::{hprobe_header, hprobe_rows, procaddr_base, Env};
-use hami_common::intercept::{Library, Memory, INTERCEPTS};
+use hami_abi::intercept::{Library, Memory, INTERCEPTS};
 use hami_test_harness::Artifacts;
 
 #[test]
@@ -128,7 +128,7 @@ const TESTED_ELSEWHERE: &[(&str, &str)] = &[];
 fn every_allocating_row_has_a_hook_test() {
     let tested = super::HOOK_TESTED;
     let row = |name: &str| {
-        hami_common::intercept::find(name)
+        hami_abi::intercept::find(name)
             .filter(|r| r.hooked && r.lib == Library::Cuda)
             .unwrap_or_else(|| panic!("hook_tests! names {name}, not a hooked CUDA row"))
     };

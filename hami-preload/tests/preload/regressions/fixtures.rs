@@ -29,7 +29,7 @@ pub(super) fn context_charges(env: &Env) -> Vec<u64> {
         .snapshot()
         .slots
         .iter()
-        .map(|s| s.usage[0][hami_common::layout::UsageKind::Context.index()])
+        .map(|s| s.usage[0][hami_abi::layout::UsageKind::Context.index()])
         .collect()
 }
 
@@ -208,7 +208,7 @@ pub(super) fn run_graph_ops(env: &TestEnv, ops: &[&str]) -> ProbeOutput {
         .snapshot()
         .slots
         .iter()
-        .map(|s| s.usage[0][hami_common::layout::UsageKind::Pool.index()])
+        .map(|s| s.usage[0][hami_abi::layout::UsageKind::Pool.index()])
         .sum();
     p.resume();
     let out = p.finish();

@@ -193,7 +193,7 @@ fn green_contexts_are_admitted_and_charged_issue_31() {
         .snapshot()
         .slots
         .iter()
-        .map(|s| s.usage[0][hami_common::layout::UsageKind::Context.index()])
+        .map(|s| s.usage[0][hami_abi::layout::UsageKind::Context.index()])
         .sum();
     p.resume();
     let out = p.finish();

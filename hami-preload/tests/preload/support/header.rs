@@ -1,5 +1,5 @@
 //! `hprobe_fns.h`, hprobe's function tables, generated from the intercept table
-//! (`hami_common::intercept::INTERCEPTS`) and written next to the compiled program each time
+//! (`hami_abi::intercept::INTERCEPTS`) and written next to the compiled program each time
 //! a test binary compiles it: one entry per CUDA function the preload hooks, with the name
 //! `dlsym` takes, the base name and flags `cuGetProcAddress` takes, the row's probe `Shape`,
 //! memory effect and key space (what hprobe's generic `call` op reads), and the direct call
@@ -8,7 +8,7 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use hami_common::intercept::{Intercept, KeySpace, Library, Memory, Shape, INTERCEPTS};
+use hami_abi::intercept::{Intercept, KeySpace, Library, Memory, Shape, INTERCEPTS};
 
 /// The header's file name (`#include "hprobe_fns.h"` in `hprobe.c`).
 pub const HPROBE_HEADER: &str = "hprobe_fns.h";
@@ -88,7 +88,7 @@ pub fn hprobe_header() -> String {
     let mut h = String::new();
     h.push_str(
         "/* hprobe_fns.h: hprobe's function tables, one entry per CUDA function the preload\n \
-         * hooks (the rows of hami_common::intercept::INTERCEPTS with hooked: true), generated\n \
+         * hooks (the rows of hami_abi::intercept::INTERCEPTS with hooked: true), generated\n \
          * by hami-preload/tests/preload/support/header.rs each time the tests compile\n \
          * hprobe: do not edit. */\n#ifndef HPROBE_FNS_H\n#define HPROBE_FNS_H\n\n",
     );

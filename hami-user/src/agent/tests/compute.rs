@@ -5,10 +5,9 @@ use super::*;
 /// Writes device `dev`'s compute record into a region file, as the launch gate keeps it.
 fn set_compute(path: &Path, dev: usize, sm_limit: u32, consumed_ns: u64, throttled_ns: u64) {
     use core::mem::{offset_of, size_of};
-    use hami_common::layout::DeviceCompute as C;
+    use hami_abi::layout::DeviceCompute as C;
     let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-    let base =
-        (offset_of!(hami_common::layout::RegionLayout, compute) + dev * size_of::<C>()) as u64;
+    let base = (offset_of!(hami_abi::layout::RegionLayout, compute) + dev * size_of::<C>()) as u64;
     f.write_all_at(
         &sm_limit.to_le_bytes(),
         base + offset_of!(C, sm_limit) as u64,

@@ -6,7 +6,7 @@ use crate::findings::{FindingKind, SlotLiveness};
 use crate::nvml::NvmlSnapshot;
 use crate::procinfo::tests::fake_proc;
 use crate::state::tests::ev;
-use hami_common::layout::{RegionHeader, UsageKind, MAX_DEVICES};
+use hami_abi::layout::{RegionHeader, UsageKind, MAX_DEVICES};
 use hami_common::region::RegionConfig;
 use hami_common::region::{ProcessId, Region, SlotId};
 use std::os::unix::fs::FileExt;

@@ -37,7 +37,7 @@ pub(super) fn bpf_prog_exists(id: u32) -> bool {
 /// gate holds the container to; a region created with `CUDA_DEVICE_SM_LIMIT` has it).
 pub(super) fn set_sm_limit(region: &Path, percent: u32) {
     use core::mem::offset_of;
-    use hami_common::layout::{DeviceCompute, RegionLayout};
+    use hami_abi::layout::{DeviceCompute, RegionLayout};
     let off = (offset_of!(RegionLayout, compute) + offset_of!(DeviceCompute, sm_limit)) as u64;
     let f = std::fs::OpenOptions::new()
         .write(true)

@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hami_common::array::{array_footprint, mipmap_footprint};
-use hami_common::event::{Event, EventKind};
-use hami_common::intercept::{Intercept, Shape, INTERCEPTS, PROBED_NAMES};
+use hami_abi::array::{array_footprint, mipmap_footprint};
+use hami_abi::event::{Event, EventKind};
+use hami_abi::intercept::{Intercept, Shape, INTERCEPTS, PROBED_NAMES};
 
 use crate::common::compile_c;
 

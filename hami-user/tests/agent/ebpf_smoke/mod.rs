@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use hami_common::event::EventKind;
-use hami_common::intercept::{self, PROBED_NAMES};
+use hami_abi::event::EventKind;
+use hami_abi::intercept::{self, PROBED_NAMES};
 use hami_user::probes::{DiscoveryOptions, ProbeError, ProbeOptions, Probes};
 
 use crate::common::require_root;

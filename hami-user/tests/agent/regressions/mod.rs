@@ -35,7 +35,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hami_common::array::array_footprint;
+use hami_abi::array::array_footprint;
 use hami_test_harness::{
     audit_findings_for, audit_process, finding_line, parse_audit, serial, AgentCommand, READY_LINE,
 };

@@ -477,7 +477,7 @@ pub const fn probe_slot(name: &str) -> u64 {
         }
         i += 1;
     }
-    panic!("not a probed function of hami_common::intercept::INTERCEPTS")
+    panic!("not a probed function of hami_abi::intercept::INTERCEPTS")
 }
 
 /// The event kind the probe of `name` sends.
@@ -487,7 +487,7 @@ pub const fn probe_slot(name: &str) -> u64 {
 pub const fn probe_kind(name: &str) -> EventKind {
     match find(name) {
         Some(Intercept { probe: Some(p), .. }) => p.kind,
-        _ => panic!("not a probed function of hami_common::intercept::INTERCEPTS"),
+        _ => panic!("not a probed function of hami_abi::intercept::INTERCEPTS"),
     }
 }
 
@@ -498,7 +498,7 @@ pub const fn probe_kind(name: &str) -> EventKind {
 pub const fn probe_shape(name: &str) -> Shape {
     match find(name) {
         Some(Intercept { probe: Some(p), .. }) => p.shape,
-        _ => panic!("not a probed function of hami_common::intercept::INTERCEPTS"),
+        _ => panic!("not a probed function of hami_abi::intercept::INTERCEPTS"),
     }
 }
 
@@ -512,7 +512,7 @@ pub const fn space_of(name: &str) -> KeySpace {
         Some(Intercept {
             memory: Some(m), ..
         }) => m.space(),
-        _ => panic!("not a memory row of hami_common::intercept::INTERCEPTS"),
+        _ => panic!("not a memory row of hami_abi::intercept::INTERCEPTS"),
     }
 }
 
@@ -622,7 +622,7 @@ const _: () = {
 #[cfg(test)]
 mod tests {
     use super::*;
-    // The crate is `no_std` without its `std` feature; its tests read files.
+    // The crate is `no_std`; its tests read files.
     extern crate std;
     use std::vec::Vec;
 

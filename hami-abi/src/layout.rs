@@ -18,7 +18,7 @@ pub const MAX_DEVICES: usize = 16;
 /// Number of process slots in a region.
 pub const MAX_SLOTS: usize = 1024;
 /// Bytes reserved for the process-shared robust mutex (`pthread_mutex_t` is 40 bytes on x86_64
-/// glibc, 48 on aarch64: both fit, asserted at compile time in `region`).
+/// glibc, 48 on aarch64: both fit, asserted at compile time in `hami_common::region`).
 pub const LOCK_BYTES: usize = 64;
 
 /// `RegionHeader::init_state`: file exists but nobody initialised it yet.
@@ -148,7 +148,8 @@ pub struct RegionHeader {
     /// (a plain store of the latest measurement).
     pub context_footprint: [AtomicU64; MAX_DEVICES],
     /// The container's `CUDA_TASK_PRIORITY` plus one, recorded by the creator; 0 = not
-    /// recorded (an older file): HAMi's default priority (`config::DEFAULT_TASK_PRIORITY`).
+    /// recorded (an older file): HAMi's default priority
+    /// (`hami_common::config::DEFAULT_TASK_PRIORITY`).
     /// Taken from `_reserved` (issue 30).
     pub task_priority: AtomicU32,
     /// Padding.
@@ -206,12 +207,12 @@ pub struct Slot {
 }
 
 /// [`DeviceCompute::policy`]: HAMi's `GPU_CORE_UTILIZATION_POLICY=default`
-/// ([`CorePolicy`](crate::config::CorePolicy)).
-pub const COMPUTE_POLICY_DEFAULT: u32 = crate::config::CorePolicy::Default as u32;
+/// (`hami_common::config::CorePolicy`, whose discriminants are these values).
+pub const COMPUTE_POLICY_DEFAULT: u32 = 0;
 /// [`DeviceCompute::policy`]: `force`.
-pub const COMPUTE_POLICY_FORCE: u32 = crate::config::CorePolicy::Force as u32;
+pub const COMPUTE_POLICY_FORCE: u32 = 1;
 /// [`DeviceCompute::policy`]: `disable` (no compute limit).
-pub const COMPUTE_POLICY_DISABLE: u32 = crate::config::CorePolicy::Disable as u32;
+pub const COMPUTE_POLICY_DISABLE: u32 = 2;
 
 /// The compute share of one device, shared by every process of the container: the
 /// launch gate's budget of GPU time (a token bucket in nanoseconds of device time).
@@ -246,7 +247,7 @@ pub struct DeviceCompute {
 }
 
 /// The whole region file, byte for byte: header, slots, compute records. The open handle
-/// with its protocol is `region::Region` (feature `std`).
+/// with its protocol is `hami_common::region::Region`.
 #[repr(C)]
 pub struct RegionLayout {
     /// Header.

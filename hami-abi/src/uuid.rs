@@ -39,23 +39,19 @@ impl fmt::Display for GpuUuid {
     }
 }
 
-// The crate is `no_std` without its `std` feature; its tests build the strings too.
-#[cfg(any(feature = "std", test))]
-extern crate std;
+use alloc::string::String;
 
 /// `raw` formatted (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`), all-zero bytes included.
-#[cfg(any(feature = "std", test))]
-pub fn format(raw: &[u8; 16]) -> std::string::String {
+pub fn format(raw: &[u8; 16]) -> String {
     use core::fmt::Write as _;
-    let mut s = std::string::String::with_capacity(LEN);
+    let mut s = String::with_capacity(LEN);
     // Writing to a String cannot fail.
     let _ = write!(s, "{}", GpuUuid(*raw));
     s
 }
 
 /// [`format`], or `None` when `raw` is all zero (unknown: see [`GpuUuid::is_unknown`]).
-#[cfg(any(feature = "std", test))]
-pub fn format_known(raw: &[u8; 16]) -> Option<std::string::String> {
+pub fn format_known(raw: &[u8; 16]) -> Option<String> {
     (!GpuUuid(*raw).is_unknown()).then(|| format(raw))
 }
 
