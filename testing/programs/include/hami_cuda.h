@@ -129,7 +129,8 @@ typedef struct CUctxCreateParams_st CUctxCreateParams;
 #define HAMI_CU_MEM_HANDLE_TYPE(X)                                                          \
   X(CU_MEM_HANDLE_TYPE_NONE, 0x0) X(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0x1)
 #define HAMI_CU_MEM_LOCATION_TYPE(X)                                                        \
-  X(CU_MEM_LOCATION_TYPE_INVALID, 0x0) X(CU_MEM_LOCATION_TYPE_DEVICE, 0x1)
+  X(CU_MEM_LOCATION_TYPE_INVALID, 0x0) X(CU_MEM_LOCATION_TYPE_DEVICE, 0x1)                    \
+  X(CU_MEM_LOCATION_TYPE_HOST, 0x2)
 #define HAMI_CU_MEM_ALLOCATION_TYPE(X)                                                      \
   X(CU_MEM_ALLOCATION_TYPE_INVALID, 0x0) X(CU_MEM_ALLOCATION_TYPE_PINNED, 0x1)
 #define HAMI_CU_MEM_ACCESS_FLAGS(X)                                                         \
@@ -420,6 +421,7 @@ CUresult CUDAAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute at
 CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps);
 CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool);
 CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+CUresult CUDAAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
 CUresult CUDAAPI cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
 CUresult CUDAAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool);
 CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags);
@@ -470,6 +472,7 @@ CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
  * cuda.h writes them, so that the two declarations agree where it has them).
  */
 CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
 CUresult CUDAAPI cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
 CUresult CUDAAPI cuCtxSynchronize_v2(CUcontext ctx);
 
