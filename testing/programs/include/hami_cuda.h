@@ -460,6 +460,7 @@ CUresult CUDAAPI cuDevResourceGenerateDesc(CUdevResourceDesc *phDesc, CUdevResou
 /* The legacy unversioned entry points (cuda.h declares them for the driver's own build). */
 CUresult CUDAAPI cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult CUDAAPI cuCtxDestroy(CUcontext ctx);
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev);
 #endif
 
 #endif /* HAMI_CUDA_FALLBACK_DECLS */
