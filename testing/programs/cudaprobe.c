@@ -183,10 +183,10 @@ int main(int argc, char **argv) {
       printf("op=%s", op);
       if (!cu.StreamBeginCapture || !cu.StreamEndCapture) { printf(" error=missing-function\n"); fflush(stdout); continue; }
       if (op[8] == 'b') {
-        rc = cu.StreamBeginCapture(stream, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */);
+        rc = cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
         if (!rc) capturing = 1;
       } else {
-        void *graph = NULL; rc = cu.StreamEndCapture(stream, &graph);
+        CUgraph graph = NULL; rc = cu.StreamEndCapture(stream, &graph);
         capturing = 0;
         if (!rc) gmem_graph = graph; /* gmem-inst instantiates it */
       }
@@ -196,7 +196,7 @@ int main(int argc, char **argv) {
       if (!cu.EventCreate || !cu.EventRecord || !cu.EventSynchronize || !cu.EventDestroy) {
         printf(" error=missing-function\n"); fflush(stdout); continue;
       }
-      void *ev = NULL; rc = cu.EventCreate(&ev, 0);
+      CUevent ev = NULL; rc = cu.EventCreate(&ev, 0);
       if (!rc) rc = cu.EventRecord(ev, NULL);
       if (!rc) rc = cu.EventSynchronize(ev);
       if (ev) cu.EventDestroy(ev);
@@ -248,7 +248,7 @@ int main(int argc, char **argv) {
         printf(" error=missing-function\n"); fflush(stdout); continue;
       }
       enum { PAIRS = 64 };
-      void *ev[PAIRS][2]; memset(ev, 0, sizeof ev);
+      CUevent ev[PAIRS][2]; memset(ev, 0, sizeof ev);
       for (int k = 0; !rc && k < PAIRS; k++) {
         rc = cu.EventCreate(&ev[k][0], 0);
         if (!rc) rc = cu.EventCreate(&ev[k][1], 0);
@@ -320,7 +320,7 @@ int main(int argc, char **argv) {
       unsigned fl = (a + 1 < argc && argv[a + 1][0] >= '0' && argv[a + 1][0] <= '9') ? (unsigned)strtoul(argv[++a], NULL, 0) : 0;
       printf("op=evcreate flags=%u", fl);
       if (!cu.EventCreate) { printf(" error=missing-function\n"); fflush(stdout); continue; }
-      void *e = NULL; rc = cu.EventCreate(&e, fl);
+      CUevent e = NULL; rc = cu.EventCreate(&e, fl);
       if (!rc) printf(" idx=%zu event=%p", add_rec((rec_t){.kind = K_EVENT, .obj = e}), e);
       end(rc);
     } else if (!strcmp(op, "evrecord") || !strcmp(op, "evquery") || !strcmp(op, "evsync") || !strcmp(op, "evdestroy")) {
@@ -351,8 +351,9 @@ int main(int argc, char **argv) {
         printf(" error=missing-function\n"); fflush(stdout); continue;
       }
       const char *stage = "begin";
-      void *graph = NULL, *exec = NULL;
-      if (!rc) rc = cu.StreamBeginCapture(stream, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */);
+      CUgraph graph = NULL;
+      CUgraphExec exec = NULL;
+      if (!rc) rc = cu.StreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
       if (!rc) stage = "launch";
       for (long k = 0; !rc && k < n; k++) rc = spin_launch(ns, 0);
       if (!rc || stage[0] == 'l') {
@@ -384,11 +385,11 @@ int main(int argc, char **argv) {
         if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
         printf(" idx=%ld", i); end(free_rec((size_t)i)); continue;
       }
-      unsigned char res[512]; memset(res, 0, sizeof res);
-      void *desc = NULL, *g = NULL;
-      rc = cu.DeviceGetDevResource(device, res, 1 /* CU_DEV_RESOURCE_TYPE_SM */);
-      if (!rc) rc = cu.DevResourceGenerateDesc(&desc, res, 1);
-      if (!rc) rc = cu.GreenCtxCreate(&g, desc, device, 1 /* CU_GREEN_CTX_DEFAULT_STREAM */);
+      CUdevResource res; memset(&res, 0, sizeof res);
+      CUdevResourceDesc desc = NULL; CUgreenCtx g = NULL;
+      rc = cu.DeviceGetDevResource(device, &res, CU_DEV_RESOURCE_TYPE_SM);
+      if (!rc) rc = cu.DevResourceGenerateDesc(&desc, &res, 1);
+      if (!rc) rc = cu.GreenCtxCreate(&g, desc, device, CU_GREEN_CTX_DEFAULT_STREAM);
       if (!rc) printf(" idx=%zu green=%p", add_rec((rec_t){.kind = K_GREEN, .obj = g}), g);
       end(rc);
     } else if (!strncmp(op, "gmem-", 5)) {
@@ -400,7 +401,7 @@ int main(int argc, char **argv) {
          (cuGraphUpload), gmem-memfree (cuMemFree_v2 of the last allocation's address), gmem-attr
          (used= reserved= of the current device's graph pool), gmem-trim (cuDeviceGraphMemTrim). */
       static CUdeviceptr last_dptr;
-      void **bg = &gmem_graph;
+      CUgraph *bg = &gmem_graph;
 #define bgraph (*bg)
       printf("op=%s", op);
       if (!cu.GraphCreate || !cu.GraphAddMemAllocNode || !cu.DeviceGetGraphMemAttribute || !cu.DeviceGraphMemTrim) {
@@ -411,16 +412,16 @@ int main(int argc, char **argv) {
         NEED(1); size_t sz = parse_size(argv[++a]);
         if (!bgraph) rc = cu.GraphCreate(&bgraph, 0);
         CUDA_MEM_ALLOC_NODE_PARAMS p; memset(&p, 0, sizeof p);
-        p.poolProps.allocType = 1; p.poolProps.location.type = 1; p.poolProps.location.id = device; p.bytesize = sz;
-        void *node = NULL;
+        p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED; p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE; p.poolProps.location.id = device; p.bytesize = sz;
+        CUgraphNode node = NULL;
         if (!rc) rc = cu.GraphAddMemAllocNode(&node, bgraph, NULL, 0, &p);
         if (!rc) { last_dptr = p.dptr; printf(" size=%zu dptr=0x%llx", sz, (unsigned long long)p.dptr); }
       } else if (!strcmp(op, "gmem-free")) {
-        void *node = NULL; rc = cu.GraphAddMemFreeNode(&node, bgraph, NULL, 0, last_dptr);
+        CUgraphNode node = NULL; rc = cu.GraphAddMemFreeNode(&node, bgraph, NULL, 0, last_dptr);
       } else if (!strcmp(op, "gmem-inst") || !strcmp(op, "gmem-inst-upload")) {
-        void *exec = NULL;
+        CUgraphExec exec = NULL;
         if (op[9] == '-') {
-          CUDA_GRAPH_INSTANTIATE_PARAMS ip = {2 /* UPLOAD */, stream, NULL, -1};
+          CUDA_GRAPH_INSTANTIATE_PARAMS ip = {CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD, stream, NULL, -1};
           rc = cu.GraphInstantiateWithParams(&exec, bgraph, &ip);
           printf(" result=%d", ip.result_out);
         } else {
@@ -439,8 +440,8 @@ int main(int argc, char **argv) {
         rc = cu.MemFree(last_dptr);
       } else if (!strcmp(op, "gmem-attr")) {
         unsigned long long used = 0, reserved = 0;
-        rc = cu.DeviceGetGraphMemAttribute(device, 0, &used);
-        if (!rc) rc = cu.DeviceGetGraphMemAttribute(device, 2, &reserved);
+        rc = cu.DeviceGetGraphMemAttribute(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used);
+        if (!rc) rc = cu.DeviceGetGraphMemAttribute(device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved);
         printf(" used=%llu reserved=%llu", used, reserved);
       } else if (!strcmp(op, "gmem-trim")) {
         rc = cu.DeviceGraphMemTrim(device);
@@ -458,8 +459,8 @@ int main(int argc, char **argv) {
       NEED(3); size_t w = parse_size(argv[++a]), h = parse_size(argv[++a]); unsigned lv = (unsigned)atoi(argv[++a]);
       printf("op=mipmap width=%zu height=%zu levels=%u", w, h, lv);
       if (!cu.MipmappedArrayCreate) { printf(" error=missing-function\n"); fflush(stdout); continue; }
-      CUDA_ARRAY3D_DESCRIPTOR desc = {w, h, 0, 0x20 /* FLOAT */, 2, 0};
-      void *m = NULL; rc = cu.MipmappedArrayCreate(&m, &desc, lv);
+      CUDA_ARRAY3D_DESCRIPTOR desc = {w, h, 0, CU_AD_FORMAT_FLOAT, 2, 0};
+      CUmipmappedArray m = NULL; rc = cu.MipmappedArrayCreate(&m, &desc, lv);
       if (!rc) printf(" idx=%zu mipmap=%p", add_rec((rec_t){.kind = K_MIPMAP, .obj = m}), m);
       end(rc);
     } else if (!strcmp(op, "mipmapdestroy") || !strcmp(op, "modunload") || !strcmp(op, "libunload")) {
@@ -491,14 +492,15 @@ int main(int argc, char **argv) {
       struct { int magic, version; const void *data; void *filename_or_fatbins; } *w = malloc(sizeof *w);
       w->magic = 0x466243B1; w->version = 1; w->data = bytes; w->filename_or_fatbins = NULL;
       const void *image = !strcmp(v, "wrap") ? (const void *)w : (const void *)bytes;
-      void *m = NULL; rc = -1;
-      if (!strcmp(v, "file") && lib && cu.LibraryLoadFromFile) rc = cu.LibraryLoadFromFile(&m, path, NULL, NULL, 0, NULL, NULL, 0);
-      else if (!strcmp(v, "file") && !lib && cu.ModuleLoad) rc = cu.ModuleLoad(&m, path);
+      CUmodule mod = NULL; CUlibrary lb = NULL; rc = -1;
+      if (!strcmp(v, "file") && lib && cu.LibraryLoadFromFile) rc = cu.LibraryLoadFromFile(&lb, path, NULL, NULL, 0, NULL, NULL, 0);
+      else if (!strcmp(v, "file") && !lib && cu.ModuleLoad) rc = cu.ModuleLoad(&mod, path);
       else if (!strcmp(v, "file")) rc = -1;
-      else if (lib && cu.LibraryLoadData) rc = cu.LibraryLoadData(&m, image, NULL, NULL, 0, NULL, NULL, 0);
-      else if (!strcmp(v, "ex") && cu.ModuleLoadDataEx) rc = cu.ModuleLoadDataEx(&m, image, 0, NULL, NULL);
-      else if (!strcmp(v, "fat") && cu.ModuleLoadFatBinary) rc = cu.ModuleLoadFatBinary(&m, image);
-      else if (!lib && cu.ModuleLoadData) rc = cu.ModuleLoadData(&m, image);
+      else if (lib && cu.LibraryLoadData) rc = cu.LibraryLoadData(&lb, image, NULL, NULL, 0, NULL, NULL, 0);
+      else if (!strcmp(v, "ex") && cu.ModuleLoadDataEx) rc = cu.ModuleLoadDataEx(&mod, image, 0, NULL, NULL);
+      else if (!strcmp(v, "fat") && cu.ModuleLoadFatBinary) rc = cu.ModuleLoadFatBinary(&mod, image);
+      else if (!lib && cu.ModuleLoadData) rc = cu.ModuleLoadData(&mod, image);
+      void *m = lib ? (void *)lb : (void *)mod;
       printf("op=%s path=%s bytes=%ld", op, path, n);
       if (rc == -1) { printf(" error=missing-function\n"); fflush(stdout); continue; }
       if (!rc) printf(" idx=%zu handle=%p", add_rec((rec_t){.kind = lib ? K_LIBRARY : K_MODULE, .obj = m}), m);
@@ -519,13 +521,14 @@ int main(int argc, char **argv) {
         if (!fp) die("cannot write %s", path);
         fputs(image, fp); fclose(fp);
       }
-      void *m = NULL; rc = -1;
-      if (lib && file && cu.LibraryLoadFromFile) rc = cu.LibraryLoadFromFile(&m, path, NULL, NULL, 0, NULL, NULL, 0);
-      else if (lib && !file && cu.LibraryLoadData) rc = cu.LibraryLoadData(&m, image, NULL, NULL, 0, NULL, NULL, 0);
-      else if (!lib && file && cu.ModuleLoad) rc = cu.ModuleLoad(&m, path);
-      else if (!strcmp(op, "modloadex") && cu.ModuleLoadDataEx) rc = cu.ModuleLoadDataEx(&m, image, 0, NULL, NULL);
-      else if (!strcmp(op, "modloadfat") && cu.ModuleLoadFatBinary) rc = cu.ModuleLoadFatBinary(&m, image);
-      else if (!strcmp(op, "modload") && cu.ModuleLoadData) rc = cu.ModuleLoadData(&m, image);
+      CUmodule mod = NULL; CUlibrary lb = NULL; rc = -1;
+      if (lib && file && cu.LibraryLoadFromFile) rc = cu.LibraryLoadFromFile(&lb, path, NULL, NULL, 0, NULL, NULL, 0);
+      else if (lib && !file && cu.LibraryLoadData) rc = cu.LibraryLoadData(&lb, image, NULL, NULL, 0, NULL, NULL, 0);
+      else if (!lib && file && cu.ModuleLoad) rc = cu.ModuleLoad(&mod, path);
+      else if (!strcmp(op, "modloadex") && cu.ModuleLoadDataEx) rc = cu.ModuleLoadDataEx(&mod, image, 0, NULL, NULL);
+      else if (!strcmp(op, "modloadfat") && cu.ModuleLoadFatBinary) rc = cu.ModuleLoadFatBinary(&mod, image);
+      else if (!strcmp(op, "modload") && cu.ModuleLoadData) rc = cu.ModuleLoadData(&mod, image);
+      void *m = lib ? (void *)lb : (void *)mod;
       if (file) unlink(path);
       printf("op=%s globals=%s", op, sz);
       if (local) printf(" %s", local);
@@ -538,10 +541,11 @@ int main(int argc, char **argv) {
       long i = pick(t, 1u << from);
       printf("op=%s", op);
       if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
-      void *f = NULL; rc = -1;
-      if (from == K_MODULE && cu.ModuleGetFunction) rc = cu.ModuleGetFunction(&f, recs[i].obj, "kernel");
-      if (from == K_LIBRARY && cu.LibraryGetKernel) rc = cu.LibraryGetKernel(&f, recs[i].obj, "kernel");
-      if (from == K_KERNEL && cu.KernelGetFunction) rc = cu.KernelGetFunction(&f, recs[i].obj);
+      CUfunction fn = NULL; CUkernel kern = NULL; rc = -1;
+      if (from == K_MODULE && cu.ModuleGetFunction) rc = cu.ModuleGetFunction(&fn, recs[i].obj, "kernel");
+      if (from == K_LIBRARY && cu.LibraryGetKernel) rc = cu.LibraryGetKernel(&kern, recs[i].obj, "kernel");
+      if (from == K_KERNEL && cu.KernelGetFunction) rc = cu.KernelGetFunction(&fn, recs[i].obj);
+      void *f = from == K_LIBRARY ? (void *)kern : (void *)fn;
       if (rc == -1) { printf(" error=missing-function\n"); fflush(stdout); continue; }
       if (!rc) printf(" idx=%zu handle=%p", add_rec((rec_t){.kind = from == K_LIBRARY ? K_KERNEL : K_FUNC, .obj = f}), f);
       end(rc);
@@ -552,7 +556,7 @@ int main(int argc, char **argv) {
       long i = pick(t, 1u << (lib ? K_LIBRARY : K_MODULE));
       printf("op=%s", op);
       if (i < 0) { printf(" error=no-such-record\n"); fflush(stdout); continue; }
-      CUdeviceptr p = 0; size_t n = 0; void *m = NULL; rc = -1;
+      CUdeviceptr p = 0; size_t n = 0; CUmodule m = NULL; rc = -1;
       if (!lib && cu.ModuleGetGlobal) rc = cu.ModuleGetGlobal(&p, &n, recs[i].obj, "g");
       else if (!strcmp(op, "libgetglobal") && cu.LibraryGetGlobal) rc = cu.LibraryGetGlobal(&p, &n, recs[i].obj, "g");
       else if (!strcmp(op, "libgetmodule") && cu.LibraryGetModule) rc = cu.LibraryGetModule(&m, recs[i].obj);
@@ -569,7 +573,7 @@ int main(int argc, char **argv) {
       rc = -1;
       if (op[6] && cu.LaunchKernelEx) {
         CUlaunchConfig c; memset(&c, 0, sizeof c);
-        for (int d = 0; d < 6; d++) c.dims[d] = 1;
+        c.gridDimX = c.gridDimY = c.gridDimZ = c.blockDimX = c.blockDimY = c.blockDimZ = 1;
         rc = cu.LaunchKernelEx(&c, recs[i].obj, NULL, NULL);
       } else if (!op[6] && cu.LaunchKernel) {
         rc = cu.LaunchKernel(recs[i].obj, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
@@ -682,10 +686,10 @@ int main(int argc, char **argv) {
       size_t w = parse_size(argv[++a]), h = parse_size(argv[++a]), d = three ? parse_size(argv[++a]) : 0;
       CUarray arr = NULL;
       if (three) {
-        CUDA_ARRAY3D_DESCRIPTOR desc = {w, h, d, 0x20 /* FLOAT */, 1, 0};
+        CUDA_ARRAY3D_DESCRIPTOR desc = {w, h, d, CU_AD_FORMAT_FLOAT, 1, 0};
         rc = cu.Array3DCreate(&arr, &desc);
       } else {
-        CUDA_ARRAY_DESCRIPTOR desc = {w, h, 0x20 /* FLOAT */, 1};
+        CUDA_ARRAY_DESCRIPTOR desc = {w, h, CU_AD_FORMAT_FLOAT, 1};
         rc = cu.ArrayCreate(&arr, &desc);
       }
       size_t bytes = w * (h ? h : 1) * (d ? d : 1) * 4;
@@ -780,7 +784,7 @@ int main(int argc, char **argv) {
       NEED(1); const char *name = argv[++a];
       int ver = (a + 1 < argc && argv[a + 1][0] >= '0' && argv[a + 1][0] <= '9') ? atoi(argv[++a]) : cuda_version;
       unsigned long long fl = (a + 1 < argc && argv[a + 1][0] >= '0' && argv[a + 1][0] <= '9') ? strtoull(argv[++a], NULL, 0) : 0;
-      void *p = NULL; int st = -1;
+      void *p = NULL; CUdriverProcAddressQueryResult st = -1;
       rc = cu.GetProcAddress(name, &p, ver, fl, &st);
       Dl_info info; memset(&info, 0, sizeof info);
       const char *sym = "NULL", *lib = "NULL";

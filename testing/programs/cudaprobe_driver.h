@@ -1,246 +1,138 @@
 /*
  * cudaprobe_driver.h: the driver API as cudaprobe.c sees it, included by it once (after its
- * system headers): the types and prototypes it needs (no CUDA headers), the function table
+ * system headers): the types and prototypes (hami_cuda.h), the function table
  * every op goes through and its resolution (--via direct|dlsym|procaddr), the global
  * settings and the records of what the program allocated.
  */
 #ifndef CUDAPROBE_DRIVER_H
 #define CUDAPROBE_DRIVER_H
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext;
-typedef void *CUstream;
-typedef void *CUarray;
-typedef void *CUmemoryPool;
-typedef unsigned long long CUmemGenericAllocationHandle;
-typedef struct { char bytes[16]; } CUuuid;
-typedef struct { unsigned int type; int id; } CUmemLocation;
-typedef struct {
-  unsigned int type, requestedHandleTypes;
-  CUmemLocation location;
-  void *win32HandleMetaData;
-  struct { unsigned char compressionType, gpuDirectRDMACapable; unsigned short usage; unsigned char reserved[4]; } allocFlags;
-} CUmemAllocationProp;
-typedef struct { CUmemLocation location; unsigned int flags; } CUmemAccessDesc;
-typedef struct {
-  unsigned int allocType, handleTypes;
-  CUmemLocation location;
-  void *win32SecurityAttributes;
-  size_t maxSize;
-  unsigned short usage;
-  unsigned char reserved[54];
-} CUmemPoolProps;
-typedef struct { size_t Width, Height; unsigned int Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
-typedef struct { size_t Width, Height, Depth; unsigned int Format, NumChannels, Flags; } CUDA_ARRAY3D_DESCRIPTOR;
+/* The types and prototypes: hami_cuda.h (<cuda.h> where it exists), every function under the
+ * name of the symbol it is (HAMI_CUDA_ABI_NAMES: cuMemAlloc_v2 is cuMemAlloc_v2, cuMemAllocAsync
+ * is cuMemAllocAsync), as --via direct links them. */
+#define HAMI_CUDA_ABI_NAMES
+#include "hami_cuda.h"
 
-/* Prototypes of the exported symbols used in --via direct. */
-CUresult cuInit(unsigned int);
-CUresult cuDriverGetVersion(int *);
-CUresult cuGetErrorName(CUresult, const char **);
-CUresult cuGetErrorString(CUresult, const char **);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDeviceGetCount(int *);
-CUresult cuDeviceGetName(char *, int, CUdevice);
-CUresult cuDeviceGetUuid_v2(CUuuid *, CUdevice);
-CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
-CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
-CUresult cuCtxDestroy_v2(CUcontext);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuCtxGetCurrent(CUcontext *);
-CUresult cuCtxGetDevice(CUdevice *);
-CUresult cuCtxPopCurrent_v2(CUcontext *);
-CUresult cuCtxSynchronize(void);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
-CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
-CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned int);
-CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
-CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
-CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
-CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
-CUresult cuStreamSynchronize(CUstream);
-CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
-CUresult cuMemRelease(CUmemGenericAllocationHandle);
-CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-CUresult cuMemAddressFree(CUdeviceptr, size_t);
-CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-CUresult cuMemUnmap(CUdeviceptr, size_t);
-CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *, void *);
-CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
-CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
-CUresult cuArrayDestroy(CUarray);
-CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
-/* Later additions, declared weak: a driver without them still runs every other op (the op
- * then prints error=missing-function). */
-#define WEAK __attribute__((weak))
-WEAK CUresult cuDeviceGetMemPool(CUmemoryPool *, CUdevice);
-WEAK CUresult cuDeviceSetMemPool(CUdevice, CUmemoryPool);
-WEAK CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
-WEAK CUresult cuMemPoolGetAttribute(CUmemoryPool, int, void *);
-WEAK CUresult cuMemPoolSetAttribute(CUmemoryPool, int, void *);
-WEAK CUresult cuMemPoolDestroy(CUmemoryPool);
-WEAK CUresult cuMipmappedArrayCreate(void **, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
-WEAK CUresult cuMipmappedArrayDestroy(void *);
-WEAK CUresult cuModuleLoad(void **, const char *);
-WEAK CUresult cuModuleLoadData(void **, const void *);
-WEAK CUresult cuModuleLoadDataEx(void **, const void *, unsigned int, int *, void **);
-WEAK CUresult cuModuleLoadFatBinary(void **, const void *);
-WEAK CUresult cuModuleUnload(void *);
-WEAK CUresult cuModuleGetFunction(void **, void *, const char *);
-WEAK CUresult cuLibraryLoadData(void **, const void *, int *, void **, unsigned int, int *, void **, unsigned int);
-WEAK CUresult cuLibraryLoadFromFile(void **, const char *, int *, void **, unsigned int, int *, void **, unsigned int);
-WEAK CUresult cuLibraryUnload(void *);
-WEAK CUresult cuLibraryGetKernel(void **, void *, const char *);
-WEAK CUresult cuKernelGetFunction(void **, void *);
-WEAK CUresult cuModuleGetGlobal_v2(CUdeviceptr *, size_t *, void *, const char *);
-WEAK CUresult cuLibraryGetGlobal(CUdeviceptr *, size_t *, void *, const char *);
-WEAK CUresult cuLibraryGetModule(void **, void *);
-WEAK CUresult cuLaunchKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
-typedef struct { unsigned int dims[7]; CUstream stream; void *attrs; unsigned int numAttrs; } CUlaunchConfig;
-WEAK CUresult cuLaunchKernelEx(const CUlaunchConfig *, void *, void **, void **);
-WEAK CUresult cuEventCreate(void **, unsigned int);
-WEAK CUresult cuEventRecord(void *, CUstream);
-WEAK CUresult cuEventSynchronize(void *);
-WEAK CUresult cuEventDestroy_v2(void *);
-WEAK CUresult cuStreamCreate(CUstream *, unsigned int);
-WEAK CUresult cuStreamBeginCapture_v2(CUstream, int);
-WEAK CUresult cuStreamEndCapture(CUstream, void **);
-WEAK CUresult cuCtxSetLimit(int, size_t);
-WEAK CUresult cuCtxGetLimit(size_t *, int);
-WEAK CUresult cuFuncGetAttribute(int *, int, void *);
-/* The device clock's ops (launch-ns, launch-for, ev*, graph-*). */
-WEAK CUresult cuEventQuery(void *);
-WEAK CUresult cuEventElapsedTime(float *, void *, void *);
-WEAK CUresult cuStreamQuery(CUstream);
-WEAK CUresult cuLaunchCooperativeKernel(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **);
-WEAK CUresult cuGraphInstantiateWithFlags(void **, void *, unsigned long long);
-WEAK CUresult cuGraphLaunch(void *, CUstream);
-WEAK CUresult cuGraphExecDestroy(void *);
-WEAK CUresult cuGraphDestroy(void *);
-/* Graph memory nodes (gmem-* ops). */
-typedef struct {
-  unsigned int allocType, handleTypes; struct { unsigned int type; int id; } location;
-  void *win32; size_t maxSize; unsigned short usage; unsigned char reserved[54];
-} CUmemPoolPropsFull;
-typedef struct { CUmemPoolPropsFull poolProps; const void *accessDescs; size_t accessDescCount; size_t bytesize; CUdeviceptr dptr; } CUDA_MEM_ALLOC_NODE_PARAMS;
-typedef struct { unsigned long long flags; CUstream hUploadStream; void *hErrNode_out; int result_out; } CUDA_GRAPH_INSTANTIATE_PARAMS;
-WEAK CUresult cuGraphCreate(void **, unsigned int);
-WEAK CUresult cuGraphAddMemAllocNode(void **, void *, void *const *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
-WEAK CUresult cuGraphAddMemFreeNode(void **, void *, void *const *, size_t, CUdeviceptr);
-WEAK CUresult cuGraphUpload(void *, CUstream);
-WEAK CUresult cuGraphInstantiateWithParams(void **, void *, CUDA_GRAPH_INSTANTIATE_PARAMS *);
-WEAK CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
-WEAK CUresult cuDeviceGraphMemTrim(CUdevice);
-/* Green contexts (greenctx ops); CUdevResource is handled as opaque bytes. */
-WEAK CUresult cuDeviceGetDevResource(CUdevice, void *, int);
-WEAK CUresult cuDevResourceGenerateDesc(void **, void *, unsigned int);
-WEAK CUresult cuGreenCtxCreate(void **, void *, CUdevice, unsigned int);
-WEAK CUresult cuGreenCtxDestroy(void *);
+/* A function-pointer type, from the function's prototype. */
+#define FN(sym) __typeof__(&sym)
+
+/* Later additions, weak: a driver without them still runs every other op (the op then prints
+ * error=missing-function). */
+#define WEAK(sym) extern __typeof__(sym) sym __attribute__((weak));
+WEAK(cuDeviceGetMemPool) WEAK(cuDeviceSetMemPool) WEAK(cuMemPoolTrimTo) WEAK(cuMemPoolGetAttribute)
+WEAK(cuMemPoolSetAttribute) WEAK(cuMemPoolDestroy) WEAK(cuMipmappedArrayCreate)
+WEAK(cuMipmappedArrayDestroy) WEAK(cuModuleLoad) WEAK(cuModuleLoadData) WEAK(cuModuleLoadDataEx)
+WEAK(cuModuleLoadFatBinary) WEAK(cuModuleUnload) WEAK(cuModuleGetFunction) WEAK(cuLibraryLoadData)
+WEAK(cuLibraryLoadFromFile) WEAK(cuLibraryUnload) WEAK(cuLibraryGetKernel)
+WEAK(cuKernelGetFunction) WEAK(cuModuleGetGlobal_v2) WEAK(cuLibraryGetGlobal)
+WEAK(cuLibraryGetModule) WEAK(cuLaunchKernel) WEAK(cuLaunchKernelEx) WEAK(cuEventCreate)
+WEAK(cuEventRecord) WEAK(cuEventSynchronize) WEAK(cuEventDestroy_v2) WEAK(cuStreamCreate)
+WEAK(cuStreamBeginCapture_v2) WEAK(cuStreamEndCapture) WEAK(cuCtxSetLimit) WEAK(cuCtxGetLimit)
+WEAK(cuFuncGetAttribute) WEAK(cuEventQuery) WEAK(cuEventElapsedTime) WEAK(cuStreamQuery)
+WEAK(cuLaunchCooperativeKernel) WEAK(cuGraphInstantiateWithFlags) WEAK(cuGraphLaunch)
+WEAK(cuGraphExecDestroy) WEAK(cuGraphDestroy) WEAK(cuGraphCreate) WEAK(cuGraphAddMemAllocNode)
+WEAK(cuGraphAddMemFreeNode) WEAK(cuGraphUpload) WEAK(cuGraphInstantiateWithParams)
+WEAK(cuDeviceGetGraphMemAttribute) WEAK(cuDeviceGraphMemTrim) WEAK(cuDeviceGetDevResource)
+WEAK(cuDevResourceGenerateDesc) WEAK(cuGreenCtxCreate) WEAK(cuGreenCtxDestroy)
+#undef WEAK
 
 /* The function table every operation goes through. */
 static struct {
-  CUresult (*Init)(unsigned int);
-  CUresult (*DriverGetVersion)(int *);
-  CUresult (*GetErrorName)(CUresult, const char **);
-  CUresult (*GetErrorString)(CUresult, const char **);
-  CUresult (*DeviceGet)(CUdevice *, int);
-  CUresult (*DeviceGetCount)(int *);
-  CUresult (*DeviceGetName)(char *, int, CUdevice);
-  CUresult (*DeviceGetUuid)(CUuuid *, CUdevice);
-  CUresult (*DeviceTotalMem)(size_t *, CUdevice);
-  CUresult (*PrimaryCtxRetain)(CUcontext *, CUdevice);
-  CUresult (*PrimaryCtxRelease)(CUdevice);
-  void *CtxCreate; /* signature depends on ctx_create_variant */
-  CUresult (*CtxDestroy)(CUcontext);
-  CUresult (*CtxSetCurrent)(CUcontext);
-  CUresult (*CtxGetCurrent)(CUcontext *);
-  void *CtxGetDevice; /* (CUdevice*) or, from CUDA 13.0, (CUdevice*, CUcontext) */
-  CUresult (*CtxPopCurrent)(CUcontext *);
-  void *CtxSynchronize; /* () or, from CUDA 13.0, (CUcontext) */
-  CUresult (*MemAlloc)(CUdeviceptr *, size_t);
-  CUresult (*MemFree)(CUdeviceptr);
-  CUresult (*MemGetInfo)(size_t *, size_t *);
-  CUresult (*MemAllocPitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
-  CUresult (*MemAllocManaged)(CUdeviceptr *, size_t, unsigned int);
-  CUresult (*MemAllocAsync)(CUdeviceptr *, size_t, CUstream);
-  CUresult (*MemAllocAsyncPtsz)(CUdeviceptr *, size_t, CUstream);
-  CUresult (*MemFreeAsync)(CUdeviceptr, CUstream);
-  CUresult (*MemAllocFromPoolAsync)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
-  CUresult (*MemPoolCreate)(CUmemoryPool *, const CUmemPoolProps *);
-  CUresult (*StreamSynchronize)(CUstream);
-  CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
-  CUresult (*MemRelease)(CUmemGenericAllocationHandle);
-  CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
-  CUresult (*MemAddressFree)(CUdeviceptr, size_t);
-  CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
-  CUresult (*MemUnmap)(CUdeviceptr, size_t);
-  CUresult (*MemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
-  CUresult (*MemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
-  CUresult (*ArrayCreate)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
-  CUresult (*Array3DCreate)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
-  CUresult (*ArrayDestroy)(CUarray);
-  CUresult (*GetProcAddress)(const char *, void **, int, unsigned long long, int *);
+  FN(cuInit) Init;
+  FN(cuDriverGetVersion) DriverGetVersion;
+  FN(cuGetErrorName) GetErrorName;
+  FN(cuGetErrorString) GetErrorString;
+  FN(cuDeviceGet) DeviceGet;
+  FN(cuDeviceGetCount) DeviceGetCount;
+  FN(cuDeviceGetName) DeviceGetName;
+  FN(cuDeviceGetUuid_v2) DeviceGetUuid;
+  FN(cuDeviceTotalMem_v2) DeviceTotalMem;
+  FN(cuDevicePrimaryCtxRetain) PrimaryCtxRetain;
+  FN(cuDevicePrimaryCtxRelease_v2) PrimaryCtxRelease;
+  void *CtxCreate; /* cuCtxCreate_v2, _v3 or _v4: ctx_create_variant */
+  FN(cuCtxDestroy_v2) CtxDestroy;
+  FN(cuCtxSetCurrent) CtxSetCurrent;
+  FN(cuCtxGetCurrent) CtxGetCurrent;
+  void *CtxGetDevice; /* cuCtxGetDevice or, from CUDA 13.0, cuCtxGetDevice_v2 */
+  FN(cuCtxPopCurrent_v2) CtxPopCurrent;
+  void *CtxSynchronize; /* cuCtxSynchronize or, from CUDA 13.0, cuCtxSynchronize_v2 */
+  FN(cuMemAlloc_v2) MemAlloc;
+  FN(cuMemFree_v2) MemFree;
+  FN(cuMemGetInfo_v2) MemGetInfo;
+  FN(cuMemAllocPitch_v2) MemAllocPitch;
+  FN(cuMemAllocManaged) MemAllocManaged;
+  FN(cuMemAllocAsync) MemAllocAsync;
+  FN(cuMemAllocAsync_ptsz) MemAllocAsyncPtsz;
+  FN(cuMemFreeAsync) MemFreeAsync;
+  FN(cuMemAllocFromPoolAsync) MemAllocFromPoolAsync;
+  FN(cuMemPoolCreate) MemPoolCreate;
+  FN(cuStreamSynchronize) StreamSynchronize;
+  FN(cuMemCreate) MemCreate;
+  FN(cuMemRelease) MemRelease;
+  FN(cuMemAddressReserve) MemAddressReserve;
+  FN(cuMemAddressFree) MemAddressFree;
+  FN(cuMemMap) MemMap;
+  FN(cuMemUnmap) MemUnmap;
+  FN(cuMemRetainAllocationHandle) MemRetainAllocationHandle;
+  FN(cuMemSetAccess) MemSetAccess;
+  FN(cuArrayCreate_v2) ArrayCreate;
+  FN(cuArray3DCreate_v2) Array3DCreate;
+  FN(cuArrayDestroy) ArrayDestroy;
+  FN(cuGetProcAddress_v2) GetProcAddress;
   /* Optional (NULL when the driver lacks them). */
-  CUresult (*DeviceGetMemPool)(CUmemoryPool *, CUdevice);
-  CUresult (*DeviceSetMemPool)(CUdevice, CUmemoryPool);
-  CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
-  CUresult (*MemPoolGetAttribute)(CUmemoryPool, int, void *);
-  CUresult (*MemPoolSetAttribute)(CUmemoryPool, int, void *);
-  CUresult (*MemPoolDestroy)(CUmemoryPool);
-  CUresult (*MipmappedArrayCreate)(void **, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
-  CUresult (*MipmappedArrayDestroy)(void *);
-  CUresult (*ModuleLoad)(void **, const char *);
-  CUresult (*ModuleLoadData)(void **, const void *);
-  CUresult (*ModuleLoadDataEx)(void **, const void *, unsigned int, int *, void **);
-  CUresult (*ModuleLoadFatBinary)(void **, const void *);
-  CUresult (*ModuleUnload)(void *);
-  CUresult (*ModuleGetFunction)(void **, void *, const char *);
-  CUresult (*LibraryLoadData)(void **, const void *, int *, void **, unsigned int, int *, void **, unsigned int);
-  CUresult (*LibraryLoadFromFile)(void **, const char *, int *, void **, unsigned int, int *, void **, unsigned int);
-  CUresult (*LibraryUnload)(void *);
-  CUresult (*LibraryGetKernel)(void **, void *, const char *);
-  CUresult (*KernelGetFunction)(void **, void *);
-  CUresult (*ModuleGetGlobal)(CUdeviceptr *, size_t *, void *, const char *);
-  CUresult (*LibraryGetGlobal)(CUdeviceptr *, size_t *, void *, const char *);
-  CUresult (*LibraryGetModule)(void **, void *);
-  CUresult (*LaunchKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **);
-  CUresult (*LaunchKernelEx)(const CUlaunchConfig *, void *, void **, void **);
-  CUresult (*EventCreate)(void **, unsigned int);
-  CUresult (*EventRecord)(void *, CUstream);
-  CUresult (*EventSynchronize)(void *);
-  CUresult (*EventDestroy)(void *);
-  CUresult (*StreamCreate)(CUstream *, unsigned int);
-  CUresult (*StreamBeginCapture)(CUstream, int);
-  CUresult (*StreamEndCapture)(CUstream, void **);
-  CUresult (*CtxSetLimit)(int, size_t);
-  CUresult (*CtxGetLimit)(size_t *, int);
-  CUresult (*FuncGetAttribute)(int *, int, void *);
-  CUresult (*EventQuery)(void *);
-  CUresult (*EventElapsedTime)(float *, void *, void *);
-  CUresult (*StreamQuery)(CUstream);
-  CUresult (*LaunchCooperativeKernel)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **);
-  CUresult (*GraphInstantiateWithFlags)(void **, void *, unsigned long long);
-  CUresult (*GraphLaunch)(void *, CUstream);
-  CUresult (*GraphExecDestroy)(void *);
-  CUresult (*GraphDestroy)(void *);
-  CUresult (*GraphCreate)(void **, unsigned int);
-  CUresult (*GraphAddMemAllocNode)(void **, void *, void *const *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
-  CUresult (*GraphAddMemFreeNode)(void **, void *, void *const *, size_t, CUdeviceptr);
-  CUresult (*GraphUpload)(void *, CUstream);
-  CUresult (*GraphInstantiateWithParams)(void **, void *, CUDA_GRAPH_INSTANTIATE_PARAMS *);
-  CUresult (*DeviceGetGraphMemAttribute)(CUdevice, int, void *);
-  CUresult (*DeviceGraphMemTrim)(CUdevice);
-  CUresult (*DeviceGetDevResource)(CUdevice, void *, int);
-  CUresult (*DevResourceGenerateDesc)(void **, void *, unsigned int);
-  CUresult (*GreenCtxCreate)(void **, void *, CUdevice, unsigned int);
-  CUresult (*GreenCtxDestroy)(void *);
+  FN(cuDeviceGetMemPool) DeviceGetMemPool;
+  FN(cuDeviceSetMemPool) DeviceSetMemPool;
+  FN(cuMemPoolTrimTo) MemPoolTrimTo;
+  FN(cuMemPoolGetAttribute) MemPoolGetAttribute;
+  FN(cuMemPoolSetAttribute) MemPoolSetAttribute;
+  FN(cuMemPoolDestroy) MemPoolDestroy;
+  FN(cuMipmappedArrayCreate) MipmappedArrayCreate;
+  FN(cuMipmappedArrayDestroy) MipmappedArrayDestroy;
+  FN(cuModuleLoad) ModuleLoad;
+  FN(cuModuleLoadData) ModuleLoadData;
+  FN(cuModuleLoadDataEx) ModuleLoadDataEx;
+  FN(cuModuleLoadFatBinary) ModuleLoadFatBinary;
+  FN(cuModuleUnload) ModuleUnload;
+  FN(cuModuleGetFunction) ModuleGetFunction;
+  FN(cuLibraryLoadData) LibraryLoadData;
+  FN(cuLibraryLoadFromFile) LibraryLoadFromFile;
+  FN(cuLibraryUnload) LibraryUnload;
+  FN(cuLibraryGetKernel) LibraryGetKernel;
+  FN(cuKernelGetFunction) KernelGetFunction;
+  FN(cuModuleGetGlobal_v2) ModuleGetGlobal;
+  FN(cuLibraryGetGlobal) LibraryGetGlobal;
+  FN(cuLibraryGetModule) LibraryGetModule;
+  FN(cuLaunchKernel) LaunchKernel;
+  FN(cuLaunchKernelEx) LaunchKernelEx;
+  FN(cuEventCreate) EventCreate;
+  FN(cuEventRecord) EventRecord;
+  FN(cuEventSynchronize) EventSynchronize;
+  FN(cuEventDestroy_v2) EventDestroy;
+  FN(cuStreamCreate) StreamCreate;
+  FN(cuStreamBeginCapture_v2) StreamBeginCapture;
+  FN(cuStreamEndCapture) StreamEndCapture;
+  FN(cuCtxSetLimit) CtxSetLimit;
+  FN(cuCtxGetLimit) CtxGetLimit;
+  FN(cuFuncGetAttribute) FuncGetAttribute;
+  FN(cuEventQuery) EventQuery;
+  FN(cuEventElapsedTime) EventElapsedTime;
+  FN(cuStreamQuery) StreamQuery;
+  FN(cuLaunchCooperativeKernel) LaunchCooperativeKernel;
+  FN(cuGraphInstantiateWithFlags) GraphInstantiateWithFlags;
+  FN(cuGraphLaunch) GraphLaunch;
+  FN(cuGraphExecDestroy) GraphExecDestroy;
+  FN(cuGraphDestroy) GraphDestroy;
+  FN(cuGraphCreate) GraphCreate;
+  FN(cuGraphAddMemAllocNode) GraphAddMemAllocNode;
+  FN(cuGraphAddMemFreeNode) GraphAddMemFreeNode;
+  FN(cuGraphUpload) GraphUpload;
+  FN(cuGraphInstantiateWithParams) GraphInstantiateWithParams;
+  FN(cuDeviceGetGraphMemAttribute) DeviceGetGraphMemAttribute;
+  FN(cuDeviceGraphMemTrim) DeviceGraphMemTrim;
+  FN(cuDeviceGetDevResource) DeviceGetDevResource;
+  FN(cuDevResourceGenerateDesc) DevResourceGenerateDesc;
+  FN(cuGreenCtxCreate) GreenCtxCreate;
+  FN(cuGreenCtxDestroy) GreenCtxDestroy;
 } cu;
 
 enum { CTX_V2 = 2, CTX_V3 = 3, CTX_V4 = 4 };
@@ -260,7 +152,7 @@ typedef struct {
   CUdeviceptr ptr;
   size_t size;
   CUmemGenericAllocationHandle handle;
-  void *obj; /* CUarray or CUcontext */
+  void *obj; /* the handle (CUarray, CUcontext, CUmodule, CUevent, CUgraphExec, ...) */
   void *obj2; /* K_GRAPH: the graph of the executable graph in obj */
 } rec_t;
 static rec_t *recs;
@@ -268,7 +160,7 @@ static size_t nrecs, caprecs;
 static CUmemoryPool pool;
 static CUstream stream;  /* the stream of async / freeasync / pool ops (streamnew), NULL by default */
 static int capturing;    /* capture-begin .. capture-end: no synchronisation after those ops */
-static void *gmem_graph; /* the graph gmem-* ops build (or capture-end made), until gmem-inst */
+static CUgraph gmem_graph; /* the graph gmem-* ops build (or capture-end made), until gmem-inst */
 
 static void die(const char *fmt, const char *arg) {
   fprintf(stderr, "cudaprobe: ");
@@ -328,7 +220,7 @@ static void *must_dlsym(const char *name) {
 /* Resolves one function through cuGetProcAddress_v2 (base name, cuda_version, flags). */
 static void *procaddr(const char *name, unsigned long long flags) {
   void *p = NULL;
-  int status = -1;
+  CUdriverProcAddressQueryResult status = -1;
   CUresult rc = cu.GetProcAddress(name, &p, cuda_version, flags, &status);
   if (rc != 0 || !p) {
     fprintf(stderr, "cudaprobe: cuGetProcAddress_v2(%s, %d, %llu) rc=%d status=%d\n", name, cuda_version, flags, rc, status);
@@ -340,7 +232,7 @@ static void *procaddr(const char *name, unsigned long long flags) {
 /* As procaddr, NULL instead of exiting when the driver lacks the function. */
 static void *procaddr_opt(const char *name) {
   void *p = NULL;
-  int status = -1;
+  CUdriverProcAddressQueryResult status = -1;
   if (cu.GetProcAddress(name, &p, cuda_version, 0, &status) != 0) return NULL;
   return p;
 }
@@ -452,7 +344,7 @@ static void resolve(void) {
   P(MemSetAccess, cuMemSetAccess); P(ArrayCreate, cuArrayCreate);
   P(Array3DCreate, cuArray3DCreate); P(ArrayDestroy, cuArrayDestroy); P(GetProcAddress, cuGetProcAddress);
 #undef P
-  cu.MemAllocAsyncPtsz = procaddr("cuMemAllocAsync", 2 /* CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */);
+  cu.MemAllocAsyncPtsz = procaddr("cuMemAllocAsync", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM);
 #define Q(field, base) cu.field = procaddr_opt(#base)
   Q(DeviceGetMemPool, cuDeviceGetMemPool); Q(DeviceSetMemPool, cuDeviceSetMemPool); Q(MemPoolTrimTo, cuMemPoolTrimTo);
   Q(MemPoolGetAttribute, cuMemPoolGetAttribute); Q(MemPoolSetAttribute, cuMemPoolSetAttribute);
@@ -483,20 +375,20 @@ static void resolve(void) {
 
 static CUresult ctx_create(CUcontext *c) {
   switch (ctx_create_variant) {
-    case CTX_V4: return ((CUresult(*)(CUcontext *, void *, unsigned, CUdevice))cu.CtxCreate)(c, NULL, 0, device);
-    case CTX_V3: return ((CUresult(*)(CUcontext *, void *, int, unsigned, CUdevice))cu.CtxCreate)(c, NULL, 0, 0, device);
-    default: return ((CUresult(*)(CUcontext *, unsigned, CUdevice))cu.CtxCreate)(c, 0, device);
+    case CTX_V4: return ((FN(cuCtxCreate_v4))cu.CtxCreate)(c, NULL, 0, device);
+    case CTX_V3: return ((FN(cuCtxCreate_v3))cu.CtxCreate)(c, NULL, 0, 0, device);
+    default: return ((FN(cuCtxCreate_v2))cu.CtxCreate)(c, 0, device);
   }
 }
 
 static CUresult ctx_get_device(CUdevice *d) {
-  if (ctx_v13) return ((CUresult(*)(CUdevice *, CUcontext))cu.CtxGetDevice)(d, NULL);
-  return ((CUresult(*)(CUdevice *))cu.CtxGetDevice)(d);
+  if (ctx_v13) return ((FN(cuCtxGetDevice_v2))cu.CtxGetDevice)(d, NULL);
+  return ((FN(cuCtxGetDevice))cu.CtxGetDevice)(d);
 }
 
 static CUresult ctx_sync(void) {
-  if (ctx_v13) return ((CUresult(*)(CUcontext))cu.CtxSynchronize)(NULL);
-  return ((CUresult(*)(void))cu.CtxSynchronize)();
+  if (ctx_v13) return ((FN(cuCtxSynchronize_v2))cu.CtxSynchronize)(NULL);
+  return ((FN(cuCtxSynchronize))cu.CtxSynchronize)();
 }
 
 #endif /* CUDAPROBE_DRIVER_H */

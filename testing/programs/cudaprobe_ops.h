@@ -92,14 +92,14 @@ static const char spin_ptx[] =
     "  ld.param.u64 %n, [ns];\n  mov.u64 %t0, %globaltimer;\n"
     "LOOP:\n  mov.u64 %t1, %globaltimer;\n  sub.u64 %d, %t1, %t0;\n"
     "  setp.lt.u64 %p, %d, %n;\n  @%p bra LOOP;\n  ret;\n}\n";
-static void *spin_fn;
+static CUfunction spin_fn;
 
 static CUresult spin_kernel(void) {
   if (spin_fn) return 0;
   if (!cu.ModuleLoadData || !cu.ModuleGetFunction) return -1;
-  void *m = NULL;
+  CUmodule m = NULL;
   CUresult rc = cu.ModuleLoadData(&m, "FAKECUBIN globals=0 ns=param");
-  if (rc == 200 /* CUDA_ERROR_INVALID_IMAGE: a real driver */) rc = cu.ModuleLoadData(&m, spin_ptx);
+  if (rc == CUDA_ERROR_INVALID_IMAGE /* a real driver */) rc = cu.ModuleLoadData(&m, spin_ptx);
   if (!rc) rc = cu.ModuleGetFunction(&spin_fn, m, "spin");
   return rc;
 }

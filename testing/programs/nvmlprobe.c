@@ -38,17 +38,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int nvmlReturn_t;
-typedef void *nvmlDevice_t;
-typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
-typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
-typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
-typedef struct { unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil, encUtil, decUtil; } nvmlProcessUtilizationSample_t;
-typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
-typedef struct { unsigned long long timeStamp; unsigned int pid, smUtil, memUtil, encUtil, decUtil, jpgUtil, ofaUtil; } nvmlProcessUtilizationInfo_v1_t;
-typedef struct { unsigned int version, processSamplesCount; unsigned long long lastSeenTimeStamp; nvmlProcessUtilizationInfo_v1_t *procUtilArray; } nvmlProcessesUtilizationInfo_t;
-#define NVML_PROCESSES_UTILIZATION_INFO_V1 ((unsigned int)(sizeof(nvmlProcessesUtilizationInfo_t) | (1 << 24)))
-#define NVML_MEMORY_V2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2 << 24)))
+/* The types and prototypes: hami_nvml.h (<nvml.h> where it exists), every function under the
+ * name of the symbol it is (NVML_NO_UNVERSIONED_FUNC_DEFS), as this program looks them up. */
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include "hami_nvml.h"
+
+/* A function-pointer type, from the function's prototype. */
+#define FN(sym) __typeof__(&sym)
 
 static void *lib;
 
@@ -99,22 +95,22 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
   if (!lib) { printf("dlopen error=%s\n", dlerror()); return 2; }
-  nvmlReturn_t (*init)(void) = sym("nvmlInit_v2");
-  nvmlReturn_t (*shutdown)(void) = sym("nvmlShutdown");
-  nvmlReturn_t (*count)(unsigned *) = sym("nvmlDeviceGetCount_v2");
-  nvmlReturn_t (*handle)(unsigned, nvmlDevice_t *) = sym("nvmlDeviceGetHandleByIndex_v2");
-  nvmlReturn_t (*uuid)(nvmlDevice_t, char *, unsigned) = sym("nvmlDeviceGetUUID");
-  nvmlReturn_t (*name)(nvmlDevice_t, char *, unsigned) = sym("nvmlDeviceGetName");
-  nvmlReturn_t (*mem)(nvmlDevice_t, nvmlMemory_t *) = sym("nvmlDeviceGetMemoryInfo");
-  nvmlReturn_t (*mem2)(nvmlDevice_t, nvmlMemory_v2_t *) = sym("nvmlDeviceGetMemoryInfo_v2");
-  nvmlReturn_t (*procs)(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *) = sym("nvmlDeviceGetComputeRunningProcesses_v3");
-  nvmlReturn_t (*drv)(char *, unsigned) = sym("nvmlSystemGetDriverVersion");
-  const char *(*errstr)(nvmlReturn_t) = sym("nvmlErrorString");
+  FN(nvmlInit_v2) init = sym("nvmlInit_v2");
+  FN(nvmlShutdown) shutdown = sym("nvmlShutdown");
+  FN(nvmlDeviceGetCount_v2) count = sym("nvmlDeviceGetCount_v2");
+  FN(nvmlDeviceGetHandleByIndex_v2) handle = sym("nvmlDeviceGetHandleByIndex_v2");
+  FN(nvmlDeviceGetUUID) uuid = sym("nvmlDeviceGetUUID");
+  FN(nvmlDeviceGetName) name = sym("nvmlDeviceGetName");
+  FN(nvmlDeviceGetMemoryInfo) mem = sym("nvmlDeviceGetMemoryInfo");
+  FN(nvmlDeviceGetMemoryInfo_v2) mem2 = sym("nvmlDeviceGetMemoryInfo_v2");
+  FN(nvmlDeviceGetComputeRunningProcesses_v3) procs = sym("nvmlDeviceGetComputeRunningProcesses_v3");
+  FN(nvmlSystemGetDriverVersion) drv = sym("nvmlSystemGetDriverVersion");
+  FN(nvmlErrorString) errstr = sym("nvmlErrorString");
   /* Optional: utilisation. */
-  nvmlReturn_t (*rates)(nvmlDevice_t, nvmlUtilization_t *) = dlsym(lib, "nvmlDeviceGetUtilizationRates");
-  nvmlReturn_t (*putil)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned *, unsigned long long) =
+  FN(nvmlDeviceGetUtilizationRates) rates = dlsym(lib, "nvmlDeviceGetUtilizationRates");
+  FN(nvmlDeviceGetProcessUtilization) putil =
       dlsym(lib, "nvmlDeviceGetProcessUtilization");
-  nvmlReturn_t (*putil2)(nvmlDevice_t, nvmlProcessesUtilizationInfo_t *) = dlsym(lib, "nvmlDeviceGetProcessesUtilizationInfo");
+  FN(nvmlDeviceGetProcessesUtilizationInfo) putil2 = dlsym(lib, "nvmlDeviceGetProcessesUtilizationInfo");
 
   nvmlReturn_t rc = init();
   printf("init rc=%d error=%s\n", rc, errstr(rc));
@@ -129,6 +125,7 @@ int main(int argc, char **argv) {
   if (export_id) {
     unsigned char id[16];
     if (parse_id(export_id, id)) { printf("export error=bad_id\n"); return 2; }
+    /* Not in nvml.h: the export table is private (its shape: nvidia-smi 580's calls). */
     nvmlReturn_t (*get_table)(const void **, const void *) = sym("nvmlInternalGetExportTable");
     const void *t = NULL, *t2 = NULL;
     rc = get_table(&t, id);
@@ -150,7 +147,7 @@ int main(int argc, char **argv) {
     nvmlMemory_t m; memset(&m, 0, sizeof m);
     rc = mem(h, &m);
     printf("memory index=%u rc=%d total=%llu used=%llu free=%llu\n", i, rc, m.total, m.used, m.free);
-    nvmlMemory_v2_t m2; memset(&m2, 0, sizeof m2); m2.version = NVML_MEMORY_V2;
+    nvmlMemory_v2_t m2; memset(&m2, 0, sizeof m2); m2.version = nvmlMemory_v2;
     rc = mem2(h, &m2);
     printf("memory_v2 index=%u rc=%d version=0x%x total=%llu reserved=%llu used=%llu free=%llu\n", i, rc, m2.version,
            m2.total, m2.reserved, m2.used, m2.free);
@@ -200,7 +197,7 @@ int main(int argc, char **argv) {
     }
     if (putil2) {
       nvmlProcessesUtilizationInfo_t info; memset(&info, 0, sizeof info);
-      info.version = NVML_PROCESSES_UTILIZATION_INFO_V1; info.lastSeenTimeStamp = last_seen;
+      info.version = nvmlProcessesUtilizationInfo_v1; info.lastSeenTimeStamp = last_seen;
       rc = putil2(h, &info);
       if (rc == 7 /* NVML_ERROR_INSUFFICIENT_SIZE */) {
         info.processSamplesCount += 8;

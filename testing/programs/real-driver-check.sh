@@ -7,8 +7,8 @@ out=${1:-/tmp/real-driver-check}
 mkdir -p "$out"
 here=$(dirname "$0")
 stubs=/usr/local/cuda/lib64/stubs
-gcc -O2 -o "$out/cudaprobe" "$here/cudaprobe.c" -L"$stubs" -lcuda -ldl -lpthread || exit 1
-gcc -O2 -o "$out/nvmlprobe" "$here/nvmlprobe.c" -ldl || exit 1
+gcc -O2 -I"$here/include" -o "$out/cudaprobe" "$here/cudaprobe.c" -L"$stubs" -lcuda -ldl -lpthread || exit 1
+gcc -O2 -I"$here/include" -o "$out/nvmlprobe" "$here/nvmlprobe.c" -ldl || exit 1
 export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-/usr/local/nvidia/lib64}
 p="$out/cudaprobe"
 {

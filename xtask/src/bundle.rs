@@ -4,7 +4,7 @@
 //! (`-p hami-user`, eBPF object embedded; needs `bpf-linker`, which `setup` provides), strips
 //! them, and copies them with the acceptance runner (`gpu/run_acceptance.py`, its packages
 //! `gpu/acceptance/` and `gpu/runner/`, `gpu/README.md`, `gpu/workloads/`, the two-GPU checks `gpu/multi_gpu_check.py`, `gpu/multi_gpu_container.py` (issue 29) and
-//! `gpu/library_two_devices.sh`) and the C test programs (`testing/programs/*.c`, the `*.h` they include and `include/hami_cuda.h`) into
+//! `gpu/library_two_devices.sh`) and the C test programs (`testing/programs/*.c`, the `*.h` they include and `include/hami_cuda.h`, `include/hami_nvml.h`) into
 //! the git-ignored `<root>/gpu-bundle/`:
 //!
 //! ```text
@@ -110,7 +110,8 @@ pub fn gpu_bundle_with(root: &Path, opts: &BundleOptions) -> Result<PathBuf> {
                 n_programs += 1;
             }
         }
-        // `hami_cuda.h`, beside the programs that `#include "hami_cuda.h"` (found there first).
+        // `hami_cuda.h` and `hami_nvml.h`, beside the programs that include them (a quoted
+        // `#include` finds them there first).
         let include = programs.join("include");
         if include.is_dir() {
             for entry in sorted_entries(&include)? {
@@ -370,7 +371,9 @@ fn old_glibc(root: &Path, out: &Path) -> Result<()> {
     let lib = target_dir(root).join("release");
     run_checked(
         std::process::Command::new(glibc::zig(root))
-            .args(["cc", "-target", "x86_64-linux-gnu.2.17", "-O2", "-o"])
+            .args(["cc", "-target", "x86_64-linux-gnu.2.17", "-O2", "-I"])
+            .arg(root.join("testing/programs/include"))
+            .arg("-o")
             .arg(dst.join("cudaprobe"))
             .arg(root.join("testing/programs/cudaprobe.c"))
             .arg(format!("-L{}", lib.display()))

@@ -46,25 +46,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef struct { size_t w, h; unsigned fmt, ch; } AD;
-typedef struct { size_t w, h, d; unsigned fmt, ch, flags; } AD3;
-typedef struct { unsigned type, htypes; struct { unsigned type; int id; } loc; void *win32; unsigned char flags[8]; } Prop;
-
-/* Direct-link declarations of what hprobe calls by name (resolved by the dynamic linker: the
+/* The types and prototypes: hami_cuda.h (<cuda.h> where it exists), every function under the
+ * name of its symbol (what hprobe calls by name is resolved by the dynamic linker: the
  * preload's exports win). */
-CUresult cuInit(unsigned);
-CUresult cuDriverGetVersion(int *);
-CUresult cuDevicePrimaryCtxRetain(void **, int);
-CUresult cuCtxSetCurrent(void *);
-CUresult cuCtxCreate_v2(void **, unsigned, int);
-CUresult cuCtxGetCurrent(void **);
-CUresult cuCtxPopCurrent_v2(void **);
-CUresult cuCtxDestroy_v2(void *);
-CUresult cuDevicePrimaryCtxRelease_v2(int);
-CUresult cuDevicePrimaryCtxReset_v2(int);
-CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+#define HAMI_CUDA_ABI_NAMES
+#include "hami_cuda.h"
+
+/* A function-pointer type, from the function's prototype. */
+#define FN(sym) __typeof__(&sym)
 
 #include "hprobe_fns.h"
 
@@ -89,7 +78,7 @@ CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int
 
 static const char *via = "direct";
 static void *lib;
-static CUresult (*gpa)(const char *, void **, int, unsigned long long, int *);
+static FN(cuGetProcAddress_v2) gpa;
 static void *fn[NFN];
 
 /* Function k reached the --via way, or NULL. cuGetProcAddress: at the highest CUDA version
@@ -102,7 +91,7 @@ static void *resolve(int k) {
     if (!gpa || cuDriverGetVersion(&top)) return NULL;
     for (int v = top; v >= 1000; v -= 10) {
         void *p = NULL;
-        int st = 0;
+        CUdriverProcAddressQueryResult st = 0;
         Dl_info d;
         if (gpa(hp_fns[k].pa_name, &p, v, hp_fns[k].pa_flags, &st)) continue;
         if (!p) {
@@ -147,7 +136,6 @@ static unsigned long long last[HP_NSPACES];
 #define last_array last[HP_SPACE_ARRAY]
 
 #define CALL(T, i, ...) ((T)get(i))(__VA_ARGS__)
-typedef CUresult (*alloc_t)(CUdeviceptr *, size_t);
 
 /* racefree: a ring of pointers the allocating thread hands to the freeing thread. */
 #define RING 64
@@ -166,12 +154,12 @@ static void *race_freer(void *arg) {
         CUdeviceptr p = ring[ring_tail++ % RING];
         pthread_cond_broadcast(&ring_cv);
         pthread_mutex_unlock(&ring_mu);
-        if (CALL(CUresult(*)(CUdeviceptr), FREE, p) == 0) race_freed++; else race_free_failed++;
+        if (CALL(FN(cuMemFree_v2), FREE, p) == 0) race_freed++; else race_free_failed++;
         /* Again: a double free, or, if the driver has meanwhile handed the address to the
          * allocating thread, the free of that live allocation (whose own free, later in the
          * ring, is then the double one). Either way each allocation is freed once. */
-        if (CALL(CUresult(*)(CUdeviceptr), FREE, p) == 0) race_double_ok++;
-        if (CALL(CUresult(*)(CUdeviceptr), FREE, 0xdead0000ULL) == 0) race_unknown_ok++;
+        if (CALL(FN(cuMemFree_v2), FREE, p) == 0) race_double_ok++;
+        if (CALL(FN(cuMemFree_v2), FREE, 0xdead0000ULL) == 0) race_unknown_ok++;
     }
 }
 
@@ -184,18 +172,18 @@ static void *dbl_freer(void *arg) {
     long me = (long)arg;
     for (long k = 0; k < dbl_rounds; k++) {
         pthread_barrier_wait(&dbl_start);
-        if (CALL(CUresult(*)(CUdeviceptr), FREE, dbl_ptr) == 0) dbl_ok[me]++;
+        if (CALL(FN(cuMemFree_v2), FREE, dbl_ptr) == 0) dbl_ok[me]++;
         pthread_barrier_wait(&dbl_end);
     }
     return NULL;
 }
 
 /* ctxrace: the second thread's call, in context race_ctx. */
-static void *race_ctx;
+static CUcontext race_ctx;
 static int race_alloc, race_array;
 static CUresult race_rc;
 static CUdeviceptr race_ptr;
-static void *race_arr;
+static CUarray race_arr;
 static int race_go;
 static pthread_mutex_t race_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t race_cv = PTHREAD_COND_INITIALIZER;
@@ -208,14 +196,14 @@ static void *ctx_racer(void *arg) {
     pthread_cond_broadcast(&race_cv);
     pthread_mutex_unlock(&race_mu);
     if (race_alloc && race_array) {
-        AD d = {1024, 1024, 0x20, 4};
-        race_rc = CALL(CUresult(*)(void **, const AD *), ARRAY, &race_arr, &d);
+        CUDA_ARRAY_DESCRIPTOR d = {1024, 1024, CU_AD_FORMAT_FLOAT, 4};
+        race_rc = CALL(FN(cuArrayCreate_v2), ARRAY, &race_arr, &d);
     } else if (race_alloc) {
-        race_rc = CALL(alloc_t, ALLOC, &race_ptr, 64ULL << 20);
+        race_rc = CALL(FN(cuMemAlloc_v2), ALLOC, &race_ptr, 64ULL << 20);
     } else if (race_array) {
-        race_rc = CALL(CUresult(*)(void *), DESTROY, race_arr);
+        race_rc = CALL(FN(cuArrayDestroy), DESTROY, race_arr);
     } else {
-        race_rc = CALL(CUresult(*)(CUdeviceptr), FREE, race_ptr);
+        race_rc = CALL(FN(cuMemFree_v2), FREE, race_ptr);
     }
     return NULL;
 }
@@ -238,8 +226,8 @@ static int is_call_arg(const char *s) { return (*s >= '0' && *s <= '9') || *s ==
  * way) or @last (the last object of the key space of row k). */
 static u64 call_arg(const char *s, int k) {
     if (!strcmp(s, "@pool")) {
-        void *pool = NULL;
-        CUresult r = CALL(CUresult(*)(void **, int), POOLGET, &pool, 0);
+        CUmemoryPool pool = NULL;
+        CUresult r = CALL(FN(cuDeviceGetDefaultMemPool), POOLGET, &pool, 0);
         if (r) fprintf(stderr, "@pool: rc=%d\n", r);
         return (uintptr_t)pool;
     }
@@ -265,9 +253,9 @@ static int call_row(int k, const u64 *a, int n) {
     const struct hp_fn *f = &hp_fns[k];
     u64 x[8] = {0}, key = 0;
     size_t pitch = 0;
-    AD ad = {0, 0, 0x20, 4};
-    AD3 ad3 = {0, 0, 0, 0x20, 4, 0};
-    Prop prop;
+    CUDA_ARRAY_DESCRIPTOR ad = {0, 0, CU_AD_FORMAT_FLOAT, 4};
+    CUDA_ARRAY3D_DESCRIPTOR ad3 = {0, 0, 0, CU_AD_FORMAT_FLOAT, 4, 0};
+    CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
     int need, used, at;
     switch (f->shape) {
@@ -282,23 +270,23 @@ static int call_row(int k, const u64 *a, int n) {
         break;
     case HP_SHAPE_MEM_CREATE:
         need = used = 1, at = 3;
-        prop.type = 1; /* PINNED */
-        prop.loc.type = 1; /* DEVICE */
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         x[0] = (uintptr_t)&key, x[1] = a[0], x[2] = (uintptr_t)&prop;
         break;
     case HP_SHAPE_ARRAY2D:
         need = used = 2, at = 2;
-        ad.w = a[0], ad.h = a[1];
+        ad.Width = a[0], ad.Height = a[1];
         x[0] = (uintptr_t)&key, x[1] = (uintptr_t)&ad;
         break;
     case HP_SHAPE_ARRAY3D:
         need = used = 3, at = 2;
-        ad3.w = a[0], ad3.h = a[1], ad3.d = a[2];
+        ad3.Width = a[0], ad3.Height = a[1], ad3.Depth = a[2];
         x[0] = (uintptr_t)&key, x[1] = (uintptr_t)&ad3;
         break;
     case HP_SHAPE_MIPMAPPED:
         need = used = 4, at = 3;
-        ad3.w = a[0], ad3.h = a[1], ad3.d = a[2];
+        ad3.Width = a[0], ad3.Height = a[1], ad3.Depth = a[2];
         x[0] = (uintptr_t)&key, x[1] = (uintptr_t)&ad3, x[2] = a[3];
         break;
     case HP_SHAPE_VALUE:
@@ -328,98 +316,98 @@ static int run(int argc, char **argv, int i) {
         CUresult r;
         if (!strcmp(op, "alloc")) {
             CUdeviceptr p = 0;
-            r = CALL(alloc_t, ALLOC, &p, parse_size(argv[++i]));
+            r = CALL(FN(cuMemAlloc_v2), ALLOC, &p, parse_size(argv[++i]));
             if (!r) last_ptr = p;
             printf("alloc rc=%d ptr=0x%llx\n", r, p);
         } else if (!strcmp(op, "pitch")) {
             CUdeviceptr p = 0; size_t pitch = 0;
             size_t w = parse_size(argv[++i]), h = parse_size(argv[++i]);
-            r = CALL(CUresult(*)(CUdeviceptr *, size_t *, size_t, size_t, unsigned), PITCH, &p, &pitch, w, h, 4);
+            r = CALL(FN(cuMemAllocPitch_v2), PITCH, &p, &pitch, w, h, 4);
             if (!r) last_ptr = p;
             printf("pitch rc=%d ptr=0x%llx pitch=%zu\n", r, p, pitch);
         } else if (!strcmp(op, "managed")) {
             CUdeviceptr p = 0;
-            r = CALL(CUresult(*)(CUdeviceptr *, size_t, unsigned), MANAGED, &p, parse_size(argv[++i]), 1);
+            r = CALL(FN(cuMemAllocManaged), MANAGED, &p, parse_size(argv[++i]), 1);
             if (!r) last_ptr = p;
             printf("managed rc=%d ptr=0x%llx\n", r, p);
         } else if (!strcmp(op, "async") || !strcmp(op, "asyncptsz")) {
             CUdeviceptr p = 0;
             int k = !strcmp(op, "async") ? ASYNC : ASYNCPTSZ;
-            r = CALL(CUresult(*)(CUdeviceptr *, size_t, void *), k, &p, parse_size(argv[++i]), NULL);
+            r = CALL(FN(cuMemAllocAsync), k, &p, parse_size(argv[++i]), NULL);
             if (!r) last_ptr = p;
             printf("%s rc=%d ptr=0x%llx\n", op, r, p);
         } else if (!strcmp(op, "pool") || !strcmp(op, "poolptsz")) {
-            CUdeviceptr p = 0; void *pool = NULL;
+            CUdeviceptr p = 0; CUmemoryPool pool = NULL;
             int k = !strcmp(op, "pool") ? POOLALLOC : POOLPTSZ;
-            r = CALL(CUresult(*)(void **, int), POOLGET, &pool, 0);
-            if (!r) r = CALL(CUresult(*)(CUdeviceptr *, size_t, void *, void *), k, &p, parse_size(argv[++i]), pool, NULL);
+            r = CALL(FN(cuDeviceGetDefaultMemPool), POOLGET, &pool, 0);
+            if (!r) r = CALL(FN(cuMemAllocFromPoolAsync), k, &p, parse_size(argv[++i]), pool, NULL);
             else i++;
             if (!r) last_ptr = p;
             printf("%s rc=%d ptr=0x%llx\n", op, r, p);
         } else if (!strcmp(op, "create") || !strcmp(op, "hostcreate")) {
-            Prop prop; memset(&prop, 0, sizeof prop);
-            prop.type = 1; /* PINNED */
-            prop.loc.type = !strcmp(op, "create") ? 1 : 2; /* DEVICE : HOST */
-            prop.loc.id = 0;
-            unsigned long long h = 0;
-            r = CALL(CUresult(*)(unsigned long long *, size_t, const Prop *, unsigned long long), CREATE, &h, parse_size(argv[++i]), &prop, 0);
+            CUmemAllocationProp prop; memset(&prop, 0, sizeof prop);
+            prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            prop.location.type = !strcmp(op, "create") ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+            prop.location.id = 0;
+            CUmemGenericAllocationHandle h = 0;
+            r = CALL(FN(cuMemCreate), CREATE, &h, parse_size(argv[++i]), &prop, 0);
             if (!r) last_handle = h;
             printf("%s rc=%d handle=0x%llx\n", op, r, h);
         } else if (!strcmp(op, "array")) {
-            AD d = {parse_size(argv[i + 1]), parse_size(argv[i + 2]), 0x20, 4};
+            CUDA_ARRAY_DESCRIPTOR d = {parse_size(argv[i + 1]), parse_size(argv[i + 2]), CU_AD_FORMAT_FLOAT, 4};
             i += 2;
-            void *a = NULL;
-            r = CALL(CUresult(*)(void **, const AD *), ARRAY, &a, &d);
+            CUarray a = NULL;
+            r = CALL(FN(cuArrayCreate_v2), ARRAY, &a, &d);
             if (!r) last_array = (uintptr_t)a;
             printf("array rc=%d\n", r);
         } else if (!strcmp(op, "array3d")) {
-            AD3 d = {parse_size(argv[i + 1]), parse_size(argv[i + 2]), parse_size(argv[i + 3]), 0x20, 4, 0};
+            CUDA_ARRAY3D_DESCRIPTOR d = {parse_size(argv[i + 1]), parse_size(argv[i + 2]), parse_size(argv[i + 3]), CU_AD_FORMAT_FLOAT, 4, 0};
             i += 3;
-            void *a = NULL;
-            r = CALL(CUresult(*)(void **, const AD3 *), ARRAY3D, &a, &d);
+            CUarray a = NULL;
+            r = CALL(FN(cuArray3DCreate_v2), ARRAY3D, &a, &d);
             if (!r) last_array = (uintptr_t)a;
             printf("array3d rc=%d\n", r);
         } else if (!strcmp(op, "free")) {
-            r = CALL(CUresult(*)(CUdeviceptr), FREE, last_ptr);
+            r = CALL(FN(cuMemFree_v2), FREE, last_ptr);
             printf("free rc=%d\n", r);
         } else if (!strcmp(op, "freeunknown")) {
-            r = CALL(CUresult(*)(CUdeviceptr), FREE, 0xdead0000ULL);
+            r = CALL(FN(cuMemFree_v2), FREE, 0xdead0000ULL);
             printf("freeunknown rc=%d\n", r);
         } else if (!strcmp(op, "freeasync")) {
-            r = CALL(CUresult(*)(CUdeviceptr, void *), FREEASYNC, last_ptr, NULL);
+            r = CALL(FN(cuMemFreeAsync), FREEASYNC, last_ptr, NULL);
             printf("freeasync rc=%d\n", r);
         } else if (!strcmp(op, "release")) {
-            r = CALL(CUresult(*)(unsigned long long), RELEASE, last_handle);
+            r = CALL(FN(cuMemRelease), RELEASE, last_handle);
             printf("release rc=%d\n", r);
         } else if (!strcmp(op, "destroy")) {
-            r = CALL(CUresult(*)(void *), DESTROY, (void *)(uintptr_t)last_array);
+            r = CALL(FN(cuArrayDestroy), DESTROY, (void *)(uintptr_t)last_array);
             printf("destroy rc=%d\n", r);
         } else if (!strcmp(op, "info")) {
             size_t f = 0, t = 0;
-            r = CALL(CUresult(*)(size_t *, size_t *), INFO, &f, &t);
+            r = CALL(FN(cuMemGetInfo_v2), INFO, &f, &t);
             printf("info rc=%d free=%zu total=%zu\n", r, f, t);
         } else if (!strcmp(op, "total")) {
             size_t t = 0;
-            r = CALL(CUresult(*)(size_t *, int), TOTAL, &t, 0);
+            r = CALL(FN(cuDeviceTotalMem_v2), TOTAL, &t, 0);
             printf("total rc=%d total=%zu\n", r, t);
         } else if (!strcmp(op, "nullalloc")) {
-            printf("nullalloc rc=%d\n", CALL(alloc_t, ALLOC, NULL, 1024));
+            printf("nullalloc rc=%d\n", CALL(FN(cuMemAlloc_v2), ALLOC, NULL, 1024));
         } else if (!strcmp(op, "nullinfo")) {
             size_t t;
-            printf("nullinfo rc=%d\n", CALL(CUresult(*)(size_t *, size_t *), INFO, NULL, &t));
+            printf("nullinfo rc=%d\n", CALL(FN(cuMemGetInfo_v2), INFO, NULL, &t));
         } else if (!strcmp(op, "nulltotal")) {
-            printf("nulltotal rc=%d\n", CALL(CUresult(*)(size_t *, int), TOTAL, NULL, 0));
+            printf("nulltotal rc=%d\n", CALL(FN(cuDeviceTotalMem_v2), TOTAL, NULL, 0));
         } else if (!strcmp(op, "nullinfo2")) {
-            printf("nullinfo2 rc=%d\n", CALL(CUresult(*)(size_t *, size_t *), INFO, NULL, NULL));
+            printf("nullinfo2 rc=%d\n", CALL(FN(cuMemGetInfo_v2), INFO, NULL, NULL));
         } else if (!strcmp(op, "freezero")) {
-            printf("freezero rc=%d\n", CALL(CUresult(*)(CUdeviceptr), FREE, 0ULL));
+            printf("freezero rc=%d\n", CALL(FN(cuMemFree_v2), FREE, 0ULL));
         } else if (!strcmp(op, "createdev")) {
-            Prop prop; memset(&prop, 0, sizeof prop);
-            prop.type = 1; /* PINNED */
-            prop.loc.type = 1; /* DEVICE */
-            prop.loc.id = atoi(argv[++i]);
-            unsigned long long h = 0;
-            r = CALL(CUresult(*)(unsigned long long *, size_t, const Prop *, unsigned long long), CREATE, &h, parse_size(argv[++i]), &prop, 0);
+            CUmemAllocationProp prop; memset(&prop, 0, sizeof prop);
+            prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            prop.location.id = atoi(argv[++i]);
+            CUmemGenericAllocationHandle h = 0;
+            r = CALL(FN(cuMemCreate), CREATE, &h, parse_size(argv[++i]), &prop, 0);
             if (!r) last_handle = h;
             printf("createdev rc=%d handle=0x%llx\n", r, h);
         } else if (!strcmp(op, "racefree")) {
@@ -431,7 +419,7 @@ static int run(int argc, char **argv, int i) {
             pthread_create(&t, NULL, race_freer, NULL);
             for (long k = 0; k < n; k++) {
                 CUdeviceptr p = 0;
-                r = CALL(alloc_t, ALLOC, &p, size);
+                r = CALL(FN(cuMemAlloc_v2), ALLOC, &p, size);
                 if (r == 2) { refused++; continue; }
                 if (r) { failed++; continue; }
                 pthread_mutex_lock(&ring_mu);
@@ -456,7 +444,7 @@ static int run(int argc, char **argv, int i) {
             pthread_barrier_init(&dbl_end, NULL, 3);
             for (long k = 0; k < 2; k++) pthread_create(&t[k], NULL, dbl_freer, (void *)k);
             for (long k = 0; k < dbl_rounds; k++) {
-                if (CALL(alloc_t, ALLOC, &dbl_ptr, size)) { failed++; dbl_ptr = 0xdead0000ULL; }
+                if (CALL(FN(cuMemAlloc_v2), ALLOC, &dbl_ptr, size)) { failed++; dbl_ptr = 0xdead0000ULL; }
                 pthread_barrier_wait(&dbl_start);
                 pthread_barrier_wait(&dbl_end);
             }
@@ -465,7 +453,7 @@ static int run(int argc, char **argv, int i) {
         } else if (!strcmp(op, "fill")) {
             unsigned long long chunk = parse_size(argv[++i]), got = 0;
             CUdeviceptr p;
-            while ((r = CALL(alloc_t, ALLOC, &p, chunk)) == 0) got += chunk;
+            while ((r = CALL(FN(cuMemAlloc_v2), ALLOC, &p, chunk)) == 0) got += chunk;
             printf("fill rc=%d bytes=%llu\n", r, got);
         } else if (!strcmp(op, "loop")) {
             long n = atol(argv[++i]);
@@ -473,13 +461,13 @@ static int run(int argc, char **argv, int i) {
             int fails = 0;
             for (long k = 0; k < n; k++) {
                 CUdeviceptr p;
-                if (CALL(alloc_t, ALLOC, &p, size) == 0) CALL(CUresult(*)(CUdeviceptr), FREE, p);
+                if (CALL(FN(cuMemAlloc_v2), ALLOC, &p, size) == 0) CALL(FN(cuMemFree_v2), FREE, p);
                 else fails++;
             }
             printf("loop rc=0 refused=%d\n", fails);
         } else if (!strcmp(op, "ctxcreate") || !strcmp(op, "ctxretain") || !strcmp(op, "ctxcur") ||
                    !strcmp(op, "ctxpop")) {
-            void *c = NULL;
+            CUcontext c = NULL;
             r = cuInit(0);
             if (!r) {
                 if (!strcmp(op, "ctxcreate")) r = cuCtxCreate_v2(&c, 0, 0);
@@ -495,10 +483,10 @@ static int run(int argc, char **argv, int i) {
             int primary = strcmp(how, "destroy") != 0;
             r = primary ? cuCtxGetCurrent(&race_ctx) : cuCtxCreate_v2(&race_ctx, 0, 0);
             if (!r && !race_alloc && race_array) {
-                AD d = {1024, 1024, 0x20, 4};
-                r = CALL(CUresult(*)(void **, const AD *), ARRAY, &race_arr, &d);
+                CUDA_ARRAY_DESCRIPTOR d = {1024, 1024, CU_AD_FORMAT_FLOAT, 4};
+                r = CALL(FN(cuArrayCreate_v2), ARRAY, &race_arr, &d);
             } else if (!r && !race_alloc) {
-                r = CALL(alloc_t, ALLOC, &race_ptr, 64ULL << 20);
+                r = CALL(FN(cuMemAlloc_v2), ALLOC, &race_ptr, 64ULL << 20);
             }
             if (r) {
                 printf("ctxrace rc=%d stage=setup\n", r);
@@ -518,7 +506,7 @@ static int run(int argc, char **argv, int i) {
             else r = cuDevicePrimaryCtxReset_v2(0);
             pthread_join(t, NULL);
             if (!r && !strcmp(how, "release")) {
-                void *c = NULL;
+                CUcontext c = NULL;
                 CUresult r2 = cuDevicePrimaryCtxRetain(&c, 0);
                 if (!r2) r2 = cuCtxSetCurrent(c);
                 if (r2) r = r2;
@@ -582,7 +570,7 @@ int main(int argc, char **argv) {
     if (!lib) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 3; }
     if (strcmp(via, "direct") && strcmp(via, "dlsym")) gpa = dlsym(lib, "cuGetProcAddress_v2");
     if (ctx) {
-        void *c;
+        CUcontext c;
         CUresult r = cuInit(0);
         if (!r) r = cuDevicePrimaryCtxRetain(&c, 0);
         if (!r) r = cuCtxSetCurrent(c);

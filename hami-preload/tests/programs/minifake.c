@@ -13,9 +13,10 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext;
+/* The driver's own view of cuda.h: each definition below is checked against the prototype of
+ * the symbol it defines, the legacy cuCtxCreate / cuCtxDestroy included. */
+#define HAMI_CUDA_ABI_NAMES
+#include "hami_cuda.h"
 
 #define TOTAL (1ULL << 30)
 #define CTX_COST (32ULL << 20)
@@ -31,7 +32,7 @@ static CUdeviceptr next_ptr = 0x700000000000ULL;
 
 CUresult cuInit(unsigned flags) { (void)flags; inited = 1; return 0; }
 CUresult cuDeviceGetCount(int *n) { if (!inited) return 3; if (!n) return 1; *n = 1; return 0; }
-CUresult cuDeviceGetUuid(unsigned char *u, int dev) {
+CUresult cuDeviceGetUuid(CUuuid *u, CUdevice dev) {
     if (!inited) return 3;
     if (!u) return 1;
     if (dev != 0) return 101;
@@ -147,7 +148,8 @@ CUresult cuDeviceTotalMem_v2(size_t *b, int dev) {
     *b = TOTAL;
     return 0;
 }
-CUresult cuGetProcAddress_v2(const char *s, void **pfn, int ver, unsigned long long flags, int *status) {
+CUresult cuGetProcAddress_v2(const char *s, void **pfn, int ver, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult *status) {
     (void)ver; (void)flags;
     if (!s || !pfn) return 1;
     char buf[256];
@@ -155,6 +157,6 @@ CUresult cuGetProcAddress_v2(const char *s, void **pfn, int ver, unsigned long l
     void *f = dlsym(RTLD_DEFAULT, buf);
     if (!f) f = dlsym(RTLD_DEFAULT, s);
     *pfn = f;
-    if (status) *status = f ? 0 : 1;
+    if (status) *status = f ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     return f ? 0 : 500;
 }

@@ -26,23 +26,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int nvmlReturn_t;
-typedef void *nvmlDevice_t;
-typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } info_v1;
-typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } info_v2;
-typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId;
-                 unsigned long long usedGpuCcProtectedMemory; } detail_v1;
-typedef struct { unsigned int version, mode, numProcArrayEntries; detail_v1 *procArray; } detail_list_v1;
-#define DETAIL_LIST_V1 ((unsigned int)(sizeof(detail_list_v1) | (1 << 24)))
+/* The types and prototypes: hami_nvml.h (<nvml.h> where it exists), every function under the
+ * name of the symbol it is (NVML_NO_UNVERSIONED_FUNC_DEFS: the v1 lists are the unversioned
+ * names). */
+#define NVML_NO_UNVERSIONED_FUNC_DEFS
+#include "hami_nvml.h"
+
+/* A function-pointer type, from the function's prototype. */
+#define FN(sym) __typeof__(&sym)
+
+/* Every list function as `probe` calls it: the entries' type is the version's (v1, v2/v3 or,
+ * through detail_as_list, the detail list's), so one loop reaches all of them with an untyped
+ * array. */
 typedef nvmlReturn_t (*list_fn)(nvmlDevice_t, unsigned int *, void *);
 
 /* nvmlDeviceGetRunningProcessDetailList seen as a list function of one mode: infoCount is
  * numProcArrayEntries, infos is procArray (a NULL infoCount: a NULL plist). */
-static nvmlReturn_t (*detail_fn)(nvmlDevice_t, detail_list_v1 *);
+static FN(nvmlDeviceGetRunningProcessDetailList) detail_fn;
 static unsigned detail_mode;
 static nvmlReturn_t detail_as_list(nvmlDevice_t h, unsigned *n, void *buf) {
   if (!n) return detail_fn(h, NULL);
-  detail_list_v1 l = {DETAIL_LIST_V1, detail_mode, *n, buf};
+  nvmlProcessDetailList_v1_t l = {nvmlProcessDetailList_v1, detail_mode, *n, buf};
   nvmlReturn_t rc = detail_fn(h, &l);
   *n = l.numProcArrayEntries;
   return rc;
@@ -65,7 +69,7 @@ static const struct { const char *sym, *name; int v1; } FNS[] = {
 };
 
 static void probe(list_fn f, const char *name, int v1, unsigned idx, nvmlDevice_t h) {
-  size_t esz = v1 == 2 ? sizeof(detail_v1) : v1 ? sizeof(info_v1) : sizeof(info_v2);
+  size_t esz = v1 == 2 ? sizeof(nvmlProcessDetail_v1_t) : v1 ? sizeof(nvmlProcessInfo_v1_t) : sizeof(nvmlProcessInfo_v2_t);
   unsigned n = 0;
   nvmlReturn_t rc = f(h, &n, NULL);
   printf("query fn=%s index=%u rc=%d count=%u\n", name, idx, rc, n);
@@ -91,14 +95,14 @@ static void probe(list_fn f, const char *name, int v1, unsigned idx, nvmlDevice_
   printf("list fn=%s index=%u rc=%d count=%u guard=%d\n", name, idx, rc, count, guard);
   for (unsigned k = 0; k < count; k++) {
     if (v1 == 2) {
-      detail_v1 *e = (detail_v1 *)buf + k;
+      nvmlProcessDetail_v1_t *e = (nvmlProcessDetail_v1_t *)buf + k;
       printf("proc fn=%s index=%u pid=%u used=%llu gi=%u ci=%u cc=%llu\n", name, idx, e->pid, e->usedGpuMemory,
              e->gpuInstanceId, e->computeInstanceId, e->usedGpuCcProtectedMemory);
     } else if (v1) {
-      info_v1 *e = (info_v1 *)buf + k;
+      nvmlProcessInfo_v1_t *e = (nvmlProcessInfo_v1_t *)buf + k;
       printf("proc fn=%s index=%u pid=%u used=%llu\n", name, idx, e->pid, e->usedGpuMemory);
     } else {
-      info_v2 *e = (info_v2 *)buf + k;
+      nvmlProcessInfo_v2_t *e = (nvmlProcessInfo_v2_t *)buf + k;
       printf("proc fn=%s index=%u pid=%u used=%llu gi=%u ci=%u\n", name, idx, e->pid, e->usedGpuMemory,
              e->gpuInstanceId, e->computeInstanceId);
     }
@@ -116,9 +120,9 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
   if (!lib) { printf("dlopen error=%s\n", dlerror()); return 2; }
-  nvmlReturn_t (*init)(void) = dlsym(lib, "nvmlInit_v2");
-  nvmlReturn_t (*count)(unsigned *) = dlsym(lib, "nvmlDeviceGetCount_v2");
-  nvmlReturn_t (*handle)(unsigned, nvmlDevice_t *) = dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+  FN(nvmlInit_v2) init = dlsym(lib, "nvmlInit_v2");
+  FN(nvmlDeviceGetCount_v2) count = dlsym(lib, "nvmlDeviceGetCount_v2");
+  FN(nvmlDeviceGetHandleByIndex_v2) handle = dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
   if (!init || !count || !handle) { printf("missing fn=init\n"); return 2; }
   nvmlReturn_t rc = init();
   printf("init rc=%d\n", rc);
@@ -135,7 +139,7 @@ int main(int argc, char **argv) {
       list_fn f = (list_fn)dlsym(lib, FNS[k].sym);
       if (!f) { printf("missing fn=%s\n", FNS[k].name); continue; }
       if (FNS[k].v1 == 2) {
-        detail_fn = (nvmlReturn_t (*)(nvmlDevice_t, detail_list_v1 *))(void *)f;
+        detail_fn = (FN(nvmlDeviceGetRunningProcessDetailList))(void *)f;
         detail_mode = (unsigned)(k - 9);
         f = detail_as_list;
       }

@@ -20,13 +20,14 @@ pub fn c_compiler() -> String {
         .unwrap_or_else(|| "gcc".to_string())
 }
 
-/// Where `hami_cuda.h` is, relative to the workspace root: the CUDA driver API the C programs
-/// use, declared once (the system's `<cuda.h>` where there is one, else a checked subset).
+/// Where `hami_cuda.h` and `hami_nvml.h` are, relative to the workspace root: the CUDA driver
+/// API and NVML as the C programs use them, declared once (the system's `<cuda.h>` /
+/// `<nvml.h>` where there is one, else a checked subset).
 pub const CUDA_INCLUDE_DIR: &str = "testing/programs/include";
 
 /// Compiles `src` into `out` with the C compiler ([`c_compiler`]): the command line is
 /// `$CC -I<CUDA_INCLUDE_DIR> -o <tmp> <src> ARGS...` (so `-l...` in `args` come after the
-/// source; every program can `#include "hami_cuda.h"`). The output is
+/// source; every program can `#include "hami_cuda.h"` and `"hami_nvml.h"`). The output is
 /// written under a temp name and renamed into place, so concurrent test binaries never run a
 /// half-written program. Panics with the compiler's output if it fails.
 ///

@@ -87,11 +87,13 @@ const FD_LOADER: &str = r#"
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
-typedef int (*init_t)(unsigned);
-typedef int (*get_t)(int *, int);
-typedef int (*retain_t)(void **, int);
-typedef int (*set_t)(void *);
-typedef int (*alloc_t)(unsigned long long *, size_t);
+#define HAMI_CUDA_ABI_NAMES
+#include "hami_cuda.h"
+typedef __typeof__(&cuInit) init_t;
+typedef __typeof__(&cuDeviceGet) get_t;
+typedef __typeof__(&cuDevicePrimaryCtxRetain) retain_t;
+typedef __typeof__(&cuCtxSetCurrent) set_t;
+typedef __typeof__(&cuMemAlloc_v2) alloc_t;
 static void die(const char *m) { fprintf(stderr, "fdload: %s\n", m); exit(1); }
 int main(int argc, char **argv) {
   if (argc != 5) die("usage: fdload unlinked|memfd SRC TMP BYTES");
@@ -116,14 +118,14 @@ int main(int argc, char **argv) {
   set_t set = (set_t)dlsym(h, "cuCtxSetCurrent");
   alloc_t alloc = (alloc_t)dlsym(h, "cuMemAlloc_v2");
   if (!init || !get || !retain || !set || !alloc) die("dlsym");
-  int dev;
-  void *ctx;
+  CUdevice dev;
+  CUcontext ctx;
   if (init(0) || get(&dev, 0) || retain(&ctx, dev) || set(ctx)) die("context");
   printf("loaded pid=%d\n", (int)getpid());
   fflush(stdout);
   char line[64];
   if (!fgets(line, sizeof line, stdin)) die("stdin closed");
-  unsigned long long ptr;
+  CUdeviceptr ptr;
   printf("allocated rc=%d\n", alloc(&ptr, strtoull(argv[4], NULL, 0)));
   fflush(stdout);
   while (fgets(line, sizeof line, stdin)) {}

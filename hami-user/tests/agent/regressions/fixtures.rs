@@ -19,13 +19,9 @@ pub(super) const MIB: u64 = 1 << 20;
 pub(super) const NESTED_DRIVER: &str = r#"
 #include <stddef.h>
 #include <stdlib.h>
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef struct CUctx_st *CUcontext;
-typedef int CUdevice;
-typedef struct { size_t Width, Height; unsigned Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
-struct arr { CUdeviceptr mem; };
-typedef struct arr *CUarray;
+#define HAMI_CUDA_ABI_NAMES
+#include "hami_cuda.h"
+struct CUarray_st { CUdeviceptr mem; };
 static unsigned long long next_ptr = 0x7f2000000000ULL;
 static int refs[8];
 
@@ -40,7 +36,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, u
     return cuMemAlloc_v2(p, *pitch * h);
 }
 CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d) {
-    struct arr *x = malloc(sizeof *x);
+    struct CUarray_st *x = malloc(sizeof *x);
     size_t bytes = d->Width * (d->Height ? d->Height : 1) * d->NumChannels * 4;
     CUresult rc = cuMemAlloc_v2(&x->mem, bytes);
     if (rc) { free(x); return rc; }
@@ -63,27 +59,25 @@ pub(super) const NESTED_PROGRAM: &str = r#"
 #include <stdio.h>
 #include <stddef.h>
 #include <unistd.h>
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext;
-typedef struct { size_t Width, Height; unsigned Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
+#define HAMI_CUDA_ABI_NAMES
+#include "hami_cuda.h"
 int main(int argc, char **argv) {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 2; }
-    CUresult (*init)(unsigned) = dlsym(h, "cuInit");
-    CUresult (*alloc)(CUdeviceptr *, size_t) = dlsym(h, "cuMemAlloc_v2");
-    CUresult (*pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned) = dlsym(h, "cuMemAllocPitch_v2");
-    CUresult (*array)(void **, const CUDA_ARRAY_DESCRIPTOR *) = dlsym(h, "cuArrayCreate_v2");
-    CUresult (*retain)(CUcontext *, int) = dlsym(h, "cuDevicePrimaryCtxRetain");
-    CUresult (*release)(int) = dlsym(h, "cuDevicePrimaryCtxRelease");
-    CUresult (*setcur)(CUcontext) = dlsym(h, "cuCtxSetCurrent");
-    CUdeviceptr early = 0, p = 0, a = 0; size_t pp = 0; void *arr = 0; CUcontext c = 0;
+    __typeof__(&cuInit) init = dlsym(h, "cuInit");
+    __typeof__(&cuMemAlloc_v2) alloc = dlsym(h, "cuMemAlloc_v2");
+    __typeof__(&cuMemAllocPitch_v2) pitch = dlsym(h, "cuMemAllocPitch_v2");
+    __typeof__(&cuArrayCreate_v2) array = dlsym(h, "cuArrayCreate_v2");
+    __typeof__(&cuDevicePrimaryCtxRetain) retain = dlsym(h, "cuDevicePrimaryCtxRetain");
+    __typeof__(&cuDevicePrimaryCtxRelease) release = dlsym(h, "cuDevicePrimaryCtxRelease");
+    __typeof__(&cuCtxSetCurrent) setcur = dlsym(h, "cuCtxSetCurrent");
+    CUdeviceptr early = 0, p = 0, a = 0; size_t pp = 0; CUarray arr = 0; CUcontext c = 0;
     int rc = init(0) | alloc(&early, 64 << 20);
     printf("early\n"); fflush(stdout);
     while (access(argv[1], F_OK) != 0) usleep(10000);
     rc |= retain(&c, 0) | retain(&c, 0) | setcur(c);
     rc |= pitch(&p, &pp, 1000, 1000, 4);
-    CUDA_ARRAY_DESCRIPTOR d = { 1024, 1024, 0x20, 4 };
+    CUDA_ARRAY_DESCRIPTOR d = { 1024, 1024, CU_AD_FORMAT_FLOAT, 4 };
     rc |= array(&arr, &d);
     rc |= alloc(&a, 32 << 20);
     /* One of the two references goes: the context (and its memory) stays. */

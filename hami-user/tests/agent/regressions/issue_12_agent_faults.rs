@@ -12,29 +12,27 @@ const CHURN_PROGRAM: &str = r#"
 #include <stdio.h>
 #include <stddef.h>
 #include <unistd.h>
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUcontext;
-typedef struct { size_t Width, Height; unsigned Format, NumChannels; } CUDA_ARRAY_DESCRIPTOR;
+#define HAMI_CUDA_ABI_NAMES
+#include "hami_cuda.h"
 int main(int argc, char **argv) {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 2; }
-    CUresult (*init)(unsigned) = dlsym(h, "cuInit");
-    CUresult (*get)(int *, int) = dlsym(h, "cuDeviceGet");
-    CUresult (*retain)(CUcontext *, int) = dlsym(h, "cuDevicePrimaryCtxRetain");
-    CUresult (*setcur)(CUcontext) = dlsym(h, "cuCtxSetCurrent");
-    CUresult (*alloc)(CUdeviceptr *, size_t) = dlsym(h, "cuMemAlloc_v2");
-    CUresult (*pitch)(CUdeviceptr *, size_t *, size_t, size_t, unsigned) = dlsym(h, "cuMemAllocPitch_v2");
-    CUresult (*mfree)(CUdeviceptr) = dlsym(h, "cuMemFree_v2");
-    CUresult (*acreate)(void **, const CUDA_ARRAY_DESCRIPTOR *) = dlsym(h, "cuArrayCreate_v2");
-    CUresult (*adestroy)(void *) = dlsym(h, "cuArrayDestroy");
-    int dev = 0; CUcontext c = 0;
+    __typeof__(&cuInit) init = dlsym(h, "cuInit");
+    __typeof__(&cuDeviceGet) get = dlsym(h, "cuDeviceGet");
+    __typeof__(&cuDevicePrimaryCtxRetain) retain = dlsym(h, "cuDevicePrimaryCtxRetain");
+    __typeof__(&cuCtxSetCurrent) setcur = dlsym(h, "cuCtxSetCurrent");
+    __typeof__(&cuMemAlloc_v2) alloc = dlsym(h, "cuMemAlloc_v2");
+    __typeof__(&cuMemAllocPitch_v2) pitch = dlsym(h, "cuMemAllocPitch_v2");
+    __typeof__(&cuMemFree_v2) mfree = dlsym(h, "cuMemFree_v2");
+    __typeof__(&cuArrayCreate_v2) acreate = dlsym(h, "cuArrayCreate_v2");
+    __typeof__(&cuArrayDestroy) adestroy = dlsym(h, "cuArrayDestroy");
+    CUdevice dev = 0; CUcontext c = 0;
     int rc = init(0) | get(&dev, 0) | retain(&c, dev) | setcur(c);
     printf("ready rc=%d\n", rc); fflush(stdout);
     unsigned long n = 0;
     while (access(argv[1], F_OK) != 0) {
-        CUdeviceptr p = 0; size_t pp = 0; void *a = 0;
-        CUDA_ARRAY_DESCRIPTOR d = { 1024, 256, 0x20, 1 };
+        CUdeviceptr p = 0; size_t pp = 0; CUarray a = 0;
+        CUDA_ARRAY_DESCRIPTOR d = { 1024, 256, CU_AD_FORMAT_FLOAT, 1 };
         rc |= pitch(&p, &pp, 4096, 256, 4); rc |= mfree(p);
         rc |= acreate(&a, &d); rc |= adestroy(a);
         rc |= alloc(&p, 1 << 20); rc |= mfree(p);
@@ -331,10 +329,11 @@ const LOADER_PROGRAM: &str = r#"
 #include <dlfcn.h>
 #include <stdio.h>
 #include <unistd.h>
+#include "hami_cuda.h"
 int main(void) {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
     if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 2; }
-    int (*init)(unsigned) = dlsym(h, "cuInit");
+    __typeof__(&cuInit) init = dlsym(h, "cuInit");
     printf("loaded rc=%d\n", init(0)); fflush(stdout);
     pause();
     return 0;
