@@ -94,6 +94,17 @@ class Shares(unittest.TestCase):
         self.assertIn("45.0 % at limit 30 %", why)
         self.assertIn("55.0 % at limit 70 %", why)
 
+    def test_pair_without_agent_is_judged_as_a_cap(self):
+        """No arbiter, no turns: two busy 50 % containers got 44.0 % each on the H100; the
+        promise there is the cap, so below passes and above fails."""
+        rs = [parsed(0.44 * NATIVE), parsed(0.44 * NATIVE)]
+        self.assertEqual(compute.eval_together(rs, [50, 50], NATIVE, "cap")[:2], ("pass", ""))
+        self.assertEqual(compute.eval_together(rs, [50, 50], NATIVE, "each")[0], "fail")
+        rs = [parsed(0.56 * NATIVE), parsed(0.44 * NATIVE)]
+        st, why, _ = compute.eval_together(rs, [50, 50], NATIVE, "cap")
+        self.assertEqual(st, "fail")
+        self.assertIn("56.0 % at limit 50 % above the limit", why)
+
     def test_neighbour_is_not_judged(self):
         """HAMi-core: 47 % of the device against an unlimited neighbour."""
         rs = [parsed(0.47 * NATIVE), parsed(0.53 * NATIVE)]

@@ -98,7 +98,10 @@ def eval_together(results, limits, native, mode, tol=SHARE_TOL_POINTS):
     native neighbour, not judged). mode "each": every limited process within tol of its own
     limit (a 30 % and a 70 % container; 30 % against a native neighbour); mode "sum": the
     processes are one container and their shares' sum is within tol of limits[0] (two
-    processes of one 50 % container). The runs must overlap for MIN_OVERLAP of the shortest."""
+    processes of one 50 % container); mode "cap": every limited process at most tol above its
+    limit (the promise without an agent: never more than the share; two busy `force` containers
+    take turns only with the arbiter, so below the share is not judged there). The runs must
+    overlap for MIN_OVERLAP of the shortest."""
     figs = {"limits": list(limits), "native_rate": _r(native), "mode": mode}
     if native is None:
         return "error", "no native throughput to compare with", figs
@@ -122,6 +125,12 @@ def eval_together(results, limits, native, mode, tol=SHARE_TOL_POINTS):
             return "fail", (f"together {total:.1f} % ("
                             + " + ".join(f"{s:.1f}" for s in shares)
                             + f"), limit {limits[0]} % (+-{tol:g})"), figs
+        return "pass", "", figs
+    if mode == "cap":
+        bad = [f"{s:.1f} % at limit {lim} %" for s, lim in zip(shares, limits)
+               if lim is not None and s > lim + tol]
+        if bad:
+            return "fail", "share " + ", ".join(bad) + f" above the limit (+{tol:g})", figs
         return "pass", "", figs
     bad = [f"{s:.1f} % at limit {lim} %" for s, lim in zip(shares, limits)
            if lim is not None and not within(s, lim, tol)]

@@ -164,7 +164,7 @@ COMPUTE_TITLES = {
     "alone-50": "force, CUDA_DEVICE_SM_LIMIT=50, alone",
     "alone-70": "force, CUDA_DEVICE_SM_LIMIT=70, alone",
     "pair-30-70": "force: a 30 % container against a 70 % container",
-    "pair-50-50": "force: two 50 % containers",
+    "pair-50-50": "force: two 50 % containers, no agent: never above the share (turns need the arbiter: arb-pair-50-50)",
     "streams4-30": "4 concurrent streams at 30 % (share of native 4-stream throughput)",
     "streams4-50": "4 concurrent streams at 50 % (share of native 4-stream throughput)",
     "default-alone-30": "default at 30 % alone, agent (arbiter) running: >= 95 % of native",

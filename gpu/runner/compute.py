@@ -435,7 +435,7 @@ class ComputePhases:
                 "pair-50-50",
                 [("compute pair 50 a", "spin", self.sm_env("cmp-pair-50a", 50)),
                  ("compute pair 50 b", "spin", self.sm_env("cmp-pair-50b", 50))],
-                lambda rs: eval_together(rs, [50, 50], n, "each"))))
+                lambda rs: eval_together(rs, [50, 50], n, "cap"))))
         if "two-of-50" in sel:
             plan.append(("two-of-50", self.share_cell, (
                 "two-of-50",
