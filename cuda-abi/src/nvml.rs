@@ -88,6 +88,25 @@ pub struct nvmlProcessInfo_v2_t {
     pub compute_instance_id: c_uint,
 }
 
+/// `nvmlProcessUtilizationSample_t` (entries of `nvmlDeviceGetProcessUtilization`): one
+/// process's utilisation of a device over one of NVML's sample periods.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct nvmlProcessUtilizationSample_t {
+    /// `pid` (the host's pid namespace).
+    pub pid: c_uint,
+    /// `timeStamp`: CPU timestamp of the sample, in microseconds (`CLOCK_REALTIME`).
+    pub time_stamp: u64,
+    /// `smUtil`: SM (3D/compute) utilisation, percent.
+    pub sm_util: c_uint,
+    /// `memUtil`: frame buffer memory utilisation, percent.
+    pub mem_util: c_uint,
+    /// `encUtil`: encoder utilisation, percent.
+    pub enc_util: c_uint,
+    /// `decUtil`: decoder utilisation, percent.
+    pub dec_util: c_uint,
+}
+
 /// `nvmlProcessDetail_v1_t` (entries of `nvmlDeviceGetRunningProcessDetailList`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -174,6 +193,20 @@ mod tests {
         assert_eq!(offset_of!(nvmlMemory_v2_t, free), 24);
         assert_eq!(offset_of!(nvmlMemory_v2_t, used), 32);
         assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
+    }
+
+    #[test]
+    fn process_utilization_sample() {
+        // `unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil,
+        // encUtil, decUtil;`: 4 bytes of padding after `pid`.
+        type S = nvmlProcessUtilizationSample_t;
+        assert_eq!((size_of::<S>(), align_of::<S>()), (32, 8));
+        assert_eq!(offset_of!(S, pid), 0);
+        assert_eq!(offset_of!(S, time_stamp), 8);
+        assert_eq!(offset_of!(S, sm_util), 16);
+        assert_eq!(offset_of!(S, mem_util), 20);
+        assert_eq!(offset_of!(S, enc_util), 24);
+        assert_eq!(offset_of!(S, dec_util), 28);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
+use cuda_abi::nvml::{NVML_ERROR_INSUFFICIENT_SIZE, NVML_ERROR_NOT_FOUND, NVML_SUCCESS};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use serde::Serialize;
 
@@ -223,38 +224,8 @@ pub fn saturating_sum<'a>(v: impl IntoIterator<Item = &'a u64>) -> u64 {
     v.into_iter().fold(0u64, |a, &b| a.saturating_add(b))
 }
 
-/// `nvmlProcessUtilizationSample_t` (nvml.h): one process's utilisation of a device over
-/// one of NVML's sample periods.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProcessUtilizationSample {
-    /// Host pid.
-    pub pid: u32,
-    /// CPU timestamp of the sample, in microseconds.
-    pub time_stamp: u64,
-    /// SM (3D/compute) utilisation, percent.
-    pub sm_util: u32,
-    /// Frame buffer memory utilisation, percent.
-    pub mem_util: u32,
-    /// Encoder utilisation, percent.
-    pub enc_util: u32,
-    /// Decoder utilisation, percent.
-    pub dec_util: u32,
-}
-
-// nvml.h: `unsigned int pid; unsigned long long timeStamp; unsigned int smUtil, memUtil,
-// encUtil, decUtil;` (x86_64 and aarch64: 4 bytes of padding after `pid`).
-const _: () = assert!(core::mem::size_of::<ProcessUtilizationSample>() == 32);
-const _: () = assert!(core::mem::offset_of!(ProcessUtilizationSample, time_stamp) == 8);
-const _: () = assert!(core::mem::offset_of!(ProcessUtilizationSample, sm_util) == 16);
-const _: () = assert!(core::mem::offset_of!(ProcessUtilizationSample, dec_util) == 28);
-
-/// `NVML_SUCCESS`.
-const NVML_SUCCESS: u32 = 0;
-/// `NVML_ERROR_NOT_FOUND`: no sample newer than `lastSeenTimeStamp`.
-const NVML_ERROR_NOT_FOUND: u32 = 6;
-/// `NVML_ERROR_INSUFFICIENT_SIZE`: the buffer is too small (`count` says how many).
-const NVML_ERROR_INSUFFICIENT_SIZE: u32 = 7;
+/// `nvmlProcessUtilizationSample_t` (nvml.h), as `cuda-abi` declares it.
+pub type ProcessUtilizationSample = cuda_abi::nvml::nvmlProcessUtilizationSample_t;
 
 /// Buffer sizes tried before giving up on a process list that keeps growing between calls.
 const UTIL_ATTEMPTS: usize = 4;

@@ -20,23 +20,8 @@ use crate::state::device_of;
 /// The window when `lastSeenTimeStamp` is 0, and of `nvmlDeviceGetUtilizationRates` (1 s).
 pub const DEFAULT_WINDOW_NS: u64 = 1_000_000_000;
 
-/// `nvmlProcessUtilizationSample_t`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProcessUtilizationSample {
-    /// Pid.
-    pub pid: c_uint,
-    /// CPU timestamp in microseconds (`CLOCK_REALTIME`).
-    pub time_stamp: u64,
-    /// SM utilisation, percent.
-    pub sm_util: c_uint,
-    /// Memory utilisation (0 here).
-    pub mem_util: c_uint,
-    /// Encoder utilisation (0).
-    pub enc_util: c_uint,
-    /// Decoder utilisation (0).
-    pub dec_util: c_uint,
-}
+/// `nvmlProcessUtilizationSample_t`, as `cuda-abi` declares it.
+pub type ProcessUtilizationSample = cuda_abi::nvml::nvmlProcessUtilizationSample_t;
 
 /// `nvmlProcessUtilizationInfo_v1_t`.
 #[repr(C)]
