@@ -58,7 +58,11 @@
 #if !defined(HAMI_CUDA_ABI_NAMES)
 /* The unversioned names the header binds to versioned symbols (cuda.h's #defines). */
 #define cuDeviceTotalMem cuDeviceTotalMem_v2
+/* CUDA 12's binding; CUDA 13's cuda.h binds cuCtxCreate to cuCtxCreate_v4 (another signature),
+ * so against a CUDA 13 header this one mapping is the header's, not checked. */
+#if !defined(CUDA_VERSION) || CUDA_VERSION < 13000
 #define cuCtxCreate cuCtxCreate_v2
+#endif
 #define cuMemGetInfo cuMemGetInfo_v2
 #define cuMemAlloc cuMemAlloc_v2
 #define cuMemAllocPitch cuMemAllocPitch_v2
