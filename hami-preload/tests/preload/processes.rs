@@ -33,9 +33,28 @@ fn four_processes_racing_never_exceed_the_limit() {
         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
         .set("HAMI_CONTEXT_OVERHEAD", "0");
     for round in 0..3 {
+        // Each filler holds what it was granted until all four have been refused, so the sum
+        // is what they held at once. (With a fixed sleep instead, a filler that started late
+        // under qemu once found the others gone and their memory returned: 2 GiB in all,
+        // never more than 1 GiB at a time.)
+        let go = env.dir().join(format!("go-{round}"));
+        let filled = |i: usize| env.dir().join(format!("filled-{round}-{i}"));
         let kids: Vec<Child> = (0..4)
-            .map(|_| spawn(&env, &["fill", "16M", "sleep", "300"]))
+            .map(|i| {
+                let (f, g) = (filled(i), go.clone());
+                let (f, g) = (f.to_str().unwrap(), g.to_str().unwrap());
+                spawn(&env, &["fill", "16M", "touch", f, "waitfile", g])
+            })
             .collect();
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !(0..4).all(|i| filled(i).exists()) {
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: the fillers did not all finish"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        std::fs::write(&go, b"").unwrap();
         let mut granted = 0u64;
         for k in kids {
             let p = wait_deadline(k, 60);

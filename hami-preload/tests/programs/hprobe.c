@@ -10,7 +10,7 @@
  *      racefree N SIZE (N allocations of SIZE, each freed by a second thread while this one
  *      goes on allocating; that thread also frees an unknown pointer and each pointer twice) |
  *      doublefree N SIZE (N rounds: allocate, then two threads free the pointer at once) |
- *      fill CHUNK (alloc until refused, prints total) | sleep MS |
+ *      fill CHUNK (alloc until refused, prints total) | sleep MS | touch PATH | waitfile PATH |
  *      fork OP... (child runs the rest, parent waits) | exit CODE | loop N SIZE |
  *      ctxcreate (cuCtxCreate_v2 on device 0) | ctxretain (primary context of device 0, not
  *      made current) | ctxcur (cuCtxGetCurrent) | ctxpop (cuCtxPopCurrent_v2); these print
@@ -536,6 +536,20 @@ static int run(int argc, char **argv, int i) {
         } else if (!strcmp(op, "sleep")) {
             usleep(atoi(argv[++i]) * 1000);
             printf("sleep rc=0\n");
+        } else if (!strcmp(op, "touch")) {
+            /* touch PATH: create an empty file (tells the test this point was reached). */
+            FILE *f = fopen(argv[++i], "w");
+            if (f) fclose(f);
+            printf("touch rc=%d\n", f ? 0 : 1);
+        } else if (!strcmp(op, "waitfile")) {
+            /* waitfile PATH: wait until PATH exists (at most 120 s). */
+            const char *path = argv[++i];
+            int waited = 0;
+            while (access(path, F_OK) != 0 && waited < 120000) {
+                usleep(1000);
+                waited++;
+            }
+            printf("waitfile rc=%d\n", access(path, F_OK) == 0 ? 0 : 1);
         } else if (!strcmp(op, "fork")) {
             fflush(stdout);
             pid_t pid = fork();
