@@ -7,9 +7,10 @@
 
 use hami_common::region::Region;
 use hami_test_harness::{ProbeOutput, RunningProbe, TestEnv};
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
-use std::process::Stdio;
+use std::process::{ChildStdout, Stdio};
 
 const MIB: u64 = 1 << 20;
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
@@ -142,14 +143,46 @@ fn two_users_starting_together_share_one_quota() {
     for _ in 0..3 {
         let env = sandbox();
         let spawn = |uid| {
-            cudaprobe_as(&env, uid, &["init", "ctx", "alloc", "400M", "sleep", "0.3"])
+            cudaprobe_as(&env, uid, &["init", "ctx", "alloc", "400M", "wait"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
                 .spawn()
                 .expect("spawn")
         };
-        let kids = [spawn(0), spawn(NOBODY), spawn(OTHER)];
+        let mut kids = [spawn(0), spawn(NOBODY), spawn(OTHER)];
+        // Each holds its allocation until all three have allocated (cudaprobe's `wait` reads
+        // stdin), so the count is what they held at once. With a fixed 0.3 s hold, a process
+        // started late under qemu found the others gone: three granted.
+        let heads: Vec<(String, BufReader<ChildStdout>)> = kids
+            .iter_mut()
+            .map(|k| {
+                let mut r = BufReader::new(k.stdout.take().expect("piped stdout"));
+                let mut head = String::new();
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).unwrap() == 0 {
+                        break; // ended before its wait: judged below
+                    }
+                    head.push_str(&line);
+                    if line.contains("op=wait state=waiting") {
+                        break;
+                    }
+                }
+                (head, r)
+            })
+            .collect();
         let outs: Vec<ProbeOutput> = kids
             .into_iter()
-            .map(|k| ProbeOutput::from_output(k.wait_with_output().unwrap()))
+            .zip(heads)
+            .map(|(mut k, (head, mut r))| {
+                drop(k.stdin.take()); // end of input: the wait returns
+                let mut rest = String::new();
+                r.read_to_string(&mut rest).unwrap();
+                let mut out = k.wait_with_output().unwrap();
+                out.stdout = (head + &rest).into_bytes();
+                ProbeOutput::from_output(out)
+            })
             .collect();
         let granted = outs.iter().filter(|o| o.find("alloc")[0].ok()).count();
         // 3 x 400 MiB > 1 GiB: exactly two fit, and nobody is refused for permissions.
