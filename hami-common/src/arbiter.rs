@@ -114,21 +114,35 @@ pub fn decode_turn(word: u32) -> Option<Turn> {
 
 /// The turns of one GPU's contenders, in order, from their grants (basis points): each as
 /// long as its grant's part of the period (rounded down, at least one unit), one after the
-/// other from the period's start. `None` for all when fewer than two contend or a grant is
-/// 0 (a held container submits nothing: no turn is needed).
+/// other from the period's start. When the grants add up to the whole GPU (the arbiter lent
+/// the idle time, or `force` shares that fill it) the units rounding leaves over go one each
+/// to the largest remainders, so that no part of the period is no one's. `None` for all when
+/// fewer than two contend or a grant is 0 (a held container submits nothing: no turn is
+/// needed).
 pub fn assign_turns(grants_bp: &[u32]) -> Vec<Option<Turn>> {
     if grants_bp.len() < 2 || grants_bp.contains(&0) {
         return vec![None; grants_bp.len()];
     }
-    let total: u64 = grants_bp.iter().map(|&b| u64::from(b.min(FULL_BP))).sum();
+    let bps: Vec<u64> = grants_bp.iter().map(|&b| u64::from(b.min(FULL_BP))).collect();
+    let total: u64 = bps.iter().sum();
     // Oversubscribed (force shares above the whole GPU): scaled to fit the period.
     let scale = total.max(u64::from(FULL_BP));
+    let units = u64::from(TURN_UNITS);
+    let mut lens: Vec<u64> = bps.iter().map(|&b| (b * units / scale).max(1)).collect();
+    if total >= u64::from(FULL_BP) {
+        // Each length lost less than a unit: fewer units are left than contenders.
+        let left = units.saturating_sub(lens.iter().sum()) as usize;
+        let mut order: Vec<usize> = (0..bps.len()).collect();
+        // Largest remainder first; ties to the earlier container.
+        order.sort_by_key(|&k| std::cmp::Reverse(bps[k] * units % scale));
+        for &k in order.iter().take(left) {
+            lens[k] += 1;
+        }
+    }
     let mut at = 0u32;
-    grants_bp
-        .iter()
-        .map(|&b| {
-            let len = (u64::from(b.min(FULL_BP)) * u64::from(TURN_UNITS) / scale).max(1) as u32;
-            let len = len.min(TURN_UNITS.saturating_sub(at));
+    lens.iter()
+        .map(|&len| {
+            let len = (len as u32).min(TURN_UNITS.saturating_sub(at));
             if len == 0 {
                 return None;
             }

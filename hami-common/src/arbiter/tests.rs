@@ -291,9 +291,11 @@ fn contending_containers_take_turns_in_proportion_to_their_grants() {
     assert_eq!(
         turns,
         vec![
-            Some(Turn { start: 0, len: 93 }),
+            // 93.75 and 156.25 units: the unit rounding leaves over goes to the larger
+            // remainder, so the period is all someone's.
+            Some(Turn { start: 0, len: 94 }),
             Some(Turn {
-                start: 93,
+                start: 94,
                 len: 156
             })
         ]
@@ -309,6 +311,14 @@ fn contending_containers_take_turns_in_proportion_to_their_grants() {
             })
         ]
     );
+    // Three that fill the GPU (3333 + 3333 + 3334 bp: 83.325, 83.325 and 83.35 units): the
+    // one unit left goes to the largest remainder, the period is covered end to end.
+    let three = assign_turns(&[3333, 3333, 3334]);
+    assert_eq!(
+        three.iter().map(|t| t.unwrap().len).collect::<Vec<_>>(),
+        vec![83, 83, 84]
+    );
+    assert_eq!(three[2].unwrap().start + three[2].unwrap().len, 250);
     // Oversubscribed: scaled into the period, never past it.
     let o = assign_turns(&[6000, 7000]);
     let last = o[1].unwrap();
@@ -372,11 +382,11 @@ fn the_arbiter_gives_turns_while_containers_wait_at_their_gates() {
     c1 += 37 * ms;
     c2 += 62 * ms;
     let d = a.tick(now, &[at(1, c1, 5), at(2, c2, 5)]);
-    assert_eq!(d[0].turn, Some(Turn { start: 0, len: 93 }));
+    assert_eq!(d[0].turn, Some(Turn { start: 0, len: 94 }));
     assert_eq!(
         d[1].turn,
         Some(Turn {
-            start: 93,
+            start: 94,
             len: 156
         })
     );
