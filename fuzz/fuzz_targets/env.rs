@@ -41,7 +41,11 @@ fuzz_target!(|data: &[u8]| {
             Some(procinfo::EnvLimit::Invalid) => Limit::Invalid,
         };
         assert_eq!(agent, contract.limit(d as usize), "device {d}");
-        assert_eq!(limits.compute.share(d), contract.share(d as usize), "device {d}");
+        assert_eq!(
+            limits.compute.share(d),
+            contract.share(d as usize),
+            "device {d}"
+        );
         let _ = limits.bytes_for_device(d);
     }
     let _ = limits.is_empty();

@@ -10,6 +10,9 @@ fuzz_target!(|data: &[u8]| {
         let _ = statics(data, sm);
     }
     if let Ok(Extent::Need(n)) = extent(data) {
-        assert!(n > data.len() as u64 || data.len() < 16, "asked again for {n}");
+        assert!(
+            n > data.len() as u64 || data.len() < 16,
+            "asked again for {n}"
+        );
     }
 });
