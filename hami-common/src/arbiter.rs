@@ -123,7 +123,10 @@ pub fn assign_turns(grants_bp: &[u32]) -> Vec<Option<Turn>> {
     if grants_bp.len() < 2 || grants_bp.contains(&0) {
         return vec![None; grants_bp.len()];
     }
-    let bps: Vec<u64> = grants_bp.iter().map(|&b| u64::from(b.min(FULL_BP))).collect();
+    let bps: Vec<u64> = grants_bp
+        .iter()
+        .map(|&b| u64::from(b.min(FULL_BP)))
+        .collect();
     let total: u64 = bps.iter().sum();
     // Oversubscribed (force shares above the whole GPU): scaled to fit the period.
     let scale = total.max(u64::from(FULL_BP));
