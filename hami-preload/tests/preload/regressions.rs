@@ -443,23 +443,23 @@ fn mem_create_on_a_device_beyond_the_region_returns_the_drivers_code() {
 /// taken the object's entry out of the table before calling the driver, so the teardown's sweep
 /// of the context's objects did not see it; the driver, which had destroyed the object with its
 /// context, then refused the release, and the entry was put back, under a context that no
-/// longer exists: charged for ever. The fake driver holds each release for 400 ms before it
-/// looks at its argument (`FAKE_CUDA_RELEASE_DELAY_MS`) and the probe tears the context down
-/// (destroy, last primary release, primary reset) 200 ms in: the release fails, nothing may
+/// longer exists: charged for ever. The fake driver holds the release before it looks at its
+/// argument (`FAKE_CUDA_RELEASE_GATE`) until the probe, having seen it there, has torn the
+/// context down (destroy, last primary release, primary reset): the release fails, nothing may
 /// stay charged.
 #[test]
 fn a_context_destroyed_while_a_free_of_its_object_is_in_flight_leaks_nothing() {
-    let bad = context_races("free", "FAKE_CUDA_RELEASE_DELAY_MS", false);
+    let bad = context_races("free", "FAKE_CUDA_RELEASE_GATE", false);
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
 /// Guards issue 12 (its closing note of 2026-12-01; 7ebca7e), the mirror of the test above: a
 /// context destroyed while an allocation in it is in flight. The driver made the object, then
-/// (`FAKE_CUDA_ALLOC_DELAY_MS`) the context was torn down with it before the allocation
-/// returned; the preload recorded it afterwards, under the destroyed context, after the
-/// teardown's sweep: charged for ever.
+/// (held there by `FAKE_CUDA_ALLOC_GATE`) the context was torn down with it before the
+/// allocation returned; the preload recorded it afterwards, under the destroyed context, after
+/// the teardown's sweep: charged for ever.
 #[test]
 fn a_context_destroyed_while_an_allocation_in_it_is_in_flight_leaks_nothing() {
-    let bad = context_races("alloc", "FAKE_CUDA_ALLOC_DELAY_MS", true);
+    let bad = context_races("alloc", "FAKE_CUDA_ALLOC_GATE", true);
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

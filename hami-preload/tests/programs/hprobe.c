@@ -19,10 +19,13 @@
  *      thread's release of one of its objects, or allocation in it, is inside the driver: the
  *      context is a created one (destroy: cuCtxDestroy_v2) or the primary one of device 0
  *      (release: cuDevicePrimaryCtxRelease_v2, then retained again and made current; reset:
- *      cuDevicePrimaryCtxReset_v2); the object a 64M pointer or a 1024x1024 float4 array. The
- *      teardown comes half of FAKE_CUDA_RELEASE_DELAY_MS / FAKE_CUDA_ALLOC_DELAY_MS after the
- *      thread is about to make its call; prints rc= of the teardown and op= of the thread's
- *      call).
+ *      cuDevicePrimaryCtxReset_v2); the object a 64M pointer or a 1024x1024 float4 array. With
+ *      the fake's gate FAKE_CUDA_RELEASE_GATE / FAKE_CUDA_ALLOC_GATE=PATH, the teardown comes
+ *      once the thread's call is held inside the driver (PATH.inside exists; at most 60 s),
+ *      then PATH.go lets the call go on, and inside=1 is printed (0: the call never got
+ *      there); without it, half of FAKE_CUDA_RELEASE_DELAY_MS / FAKE_CUDA_ALLOC_DELAY_MS after
+ *      the thread is about to make its call; prints rc= of the teardown and op= of the
+ *      thread's call).
  *      call SYMBOL ARG... (any hooked CUDA function that allocates or releases, called by its
  *      row's Shape, see call_row; prints rc=, sym= and key=, the object made or released) |
  *      fns (one line per function of the tables, "fn rc=0 name= sym= lib= off=": what --via
@@ -211,6 +214,19 @@ static void *ctx_racer(void *arg) {
 static long env_ms(const char *name) {
     const char *v = getenv(name);
     return v && *v ? atol(v) : 200;
+}
+
+/* Creates the empty file PATH; 0 if it could. */
+static int touch_path(const char *path) {
+    FILE *f = fopen(path, "w");
+    if (f) fclose(f);
+    return f ? 0 : 1;
+}
+
+/* Waits until PATH exists, at most MS milliseconds; 0 if it does. */
+static int wait_path(const char *path, long ms) {
+    for (long waited = 0; access(path, F_OK) != 0 && waited < ms; waited++) usleep(1000);
+    return access(path, F_OK) == 0 ? 0 : 1;
 }
 
 typedef unsigned long long u64;
@@ -494,16 +510,25 @@ static int run(int argc, char **argv, int i) {
                 continue;
             }
             pthread_t t;
+            const char *gate = getenv(race_alloc ? "FAKE_CUDA_ALLOC_GATE" : "FAKE_CUDA_RELEASE_GATE");
+            if (gate && !*gate) gate = NULL;
             long ms = env_ms(race_alloc ? "FAKE_CUDA_ALLOC_DELAY_MS" : "FAKE_CUDA_RELEASE_DELAY_MS");
+            char inside[4096], go[4096];
+            snprintf(inside, sizeof inside, "%s.inside", gate ? gate : "");
+            snprintf(go, sizeof go, "%s.go", gate ? gate : "");
             race_go = 0;
             pthread_create(&t, NULL, ctx_racer, NULL);
             pthread_mutex_lock(&race_mu);
             while (!race_go) pthread_cond_wait(&race_cv, &race_mu);
             pthread_mutex_unlock(&race_mu);
-            usleep(ms * 500);
+            /* With the gate, the teardown comes once the thread's call is inside the driver
+             * (held there until go exists); without it, half the delay after the call. */
+            int missed = gate ? wait_path(inside, 60000) : 0;
+            if (!gate) usleep(ms * 500);
             if (!strcmp(how, "destroy")) r = cuCtxDestroy_v2(race_ctx);
             else if (!strcmp(how, "release")) r = cuDevicePrimaryCtxRelease_v2(0);
             else r = cuDevicePrimaryCtxReset_v2(0);
+            if (gate) touch_path(go);
             pthread_join(t, NULL);
             if (!r && !strcmp(how, "release")) {
                 CUcontext c = NULL;
@@ -511,7 +536,8 @@ static int run(int argc, char **argv, int i) {
                 if (!r2) r2 = cuCtxSetCurrent(c);
                 if (r2) r = r2;
             }
-            printf("ctxrace rc=%d op=%d\n", r, race_rc);
+            if (gate) printf("ctxrace rc=%d op=%d inside=%d\n", r, race_rc, !missed);
+            else printf("ctxrace rc=%d op=%d\n", r, race_rc);
         } else if (!strcmp(op, "call")) {
             const char *name = i + 1 < argc ? argv[++i] : "";
             int k = 0;
@@ -538,18 +564,10 @@ static int run(int argc, char **argv, int i) {
             printf("sleep rc=0\n");
         } else if (!strcmp(op, "touch")) {
             /* touch PATH: create an empty file (tells the test this point was reached). */
-            FILE *f = fopen(argv[++i], "w");
-            if (f) fclose(f);
-            printf("touch rc=%d\n", f ? 0 : 1);
+            printf("touch rc=%d\n", touch_path(argv[++i]));
         } else if (!strcmp(op, "waitfile")) {
             /* waitfile PATH: wait until PATH exists (at most 120 s). */
-            const char *path = argv[++i];
-            int waited = 0;
-            while (access(path, F_OK) != 0 && waited < 120000) {
-                usleep(1000);
-                waited++;
-            }
-            printf("waitfile rc=%d\n", access(path, F_OK) == 0 ? 0 : 1);
+            printf("waitfile rc=%d\n", wait_path(argv[++i], 120000));
         } else if (!strcmp(op, "fork")) {
             fflush(stdout);
             pid_t pid = fork();

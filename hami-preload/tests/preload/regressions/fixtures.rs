@@ -142,12 +142,14 @@ pub(super) const DRIVER_DELTA: &str =
     "context charged 314572800 bytes (measured from cuMemGetInfo (no NVML): free before";
 
 /// Runs `ctxrace MODE OBJ HOW` then `info` for every object and teardown, each in a fresh
-/// sandbox (1 GiB quota, contexts charged nothing) with the fake driver's `knob` delay at
-/// 400 ms (the teardown comes 200 ms after the racing thread is about to call), all at the
-/// same time. Returns what is wrong: the teardown or `info` failed, the thread's call
-/// succeeded when it must fail or failed when it must succeed (`op_ok`), or something is
-/// still charged.
-pub(super) fn context_races(mode: &str, knob: &str, op_ok: bool) -> Vec<String> {
+/// sandbox (1 GiB quota, contexts charged nothing), all at the same time. The fake driver's
+/// `gate` knob (`FAKE_CUDA_RELEASE_GATE` / `FAKE_CUDA_ALLOC_GATE`) holds the racing thread's
+/// call inside the driver until the probe, having seen it there, has torn the context down: a
+/// rendezvous, not a sleep, so the order holds however late the thread is (qemu). Returns
+/// what is wrong: the teardown or `info` failed, the call was never seen inside the driver
+/// (or the gate was never opened), the thread's call succeeded when it must fail or failed
+/// when it must succeed (`op_ok`), or something is still charged.
+pub(super) fn context_races(mode: &str, gate: &str, op_ok: bool) -> Vec<String> {
     let cases: Vec<(&str, &str)> = ["ptr", "array"]
         .into_iter()
         .flat_map(|o| ["destroy", "release", "reset"].map(|h| (o, h)))
@@ -159,8 +161,9 @@ pub(super) fn context_races(mode: &str, knob: &str, op_ok: bool) -> Vec<String> 
                 s.spawn(move || {
                     let env = Env::new()
                         .set("CUDA_DEVICE_MEMORY_LIMIT", "1G")
-                        .set("HAMI_CONTEXT_OVERHEAD", "0")
-                        .set(knob, "400");
+                        .set("HAMI_CONTEXT_OVERHEAD", "0");
+                    let path = env.dir().join("race-gate");
+                    let env = env.set(gate, path.to_str().unwrap());
                     env.probe(&["ctxrace", mode, obj, how, "info"])
                 })
             })
@@ -169,7 +172,11 @@ pub(super) fn context_races(mode: &str, knob: &str, op_ok: bool) -> Vec<String> 
     });
     let mut bad = Vec::new();
     for ((obj, how), p) in cases.iter().zip(&outs) {
-        if p.rcs() != vec![0, 0] || (p.field(0, "op") == "0") != op_ok {
+        if p.rcs() != vec![0, 0]
+            || p.field(0, "inside") != "1"
+            || p.stderr().contains(gate)
+            || (p.field(0, "op") == "0") != op_ok
+        {
             bad.push(format!("{obj} {how}: unexpected results: {}", p.dump()));
         } else if p.field(1, "free") != GB.to_string() {
             bad.push(format!(

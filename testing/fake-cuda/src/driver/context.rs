@@ -3,20 +3,18 @@
 //! green contexts (`green.rs`).
 
 use super::green::green_overhead;
+use super::hold::ctx_create_hold;
 use super::limits::{
     Limits, LIMIT_MALLOC_HEAP_SIZE, LIMIT_PRINTF_FIFO_SIZE, LIMIT_STACK_SIZE, MAX_PRINTF_FIFO,
 };
-use super::{ctx_create_delay, with_stack, Ctx, Inner, Owner};
+use super::{with_stack, Ctx, Inner, Owner};
 use crate::ffi::*;
 
 impl Inner {
     fn activate_context(&mut self, h: u64, ordinal: usize, phys: usize, primary: bool) -> R<()> {
         self.charge(phys, self.shared().ctx_overhead())?;
         self.shared().count_context(phys, self.slot, 1);
-        let delay = ctx_create_delay();
-        if !delay.is_zero() {
-            std::thread::sleep(delay);
-        }
+        ctx_create_hold();
         self.contexts.insert(
             h,
             Ctx {

@@ -10,6 +10,7 @@ mod context;
 pub mod graph_mem;
 mod graphs;
 mod green;
+mod hold;
 mod limits;
 mod memory;
 mod modules;
@@ -24,6 +25,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard, OnceLock};
 
 use fake_state::Shared;
 
+pub use hold::{alloc_delay, release_delay};
 pub use timeline::{image_kernel_time, KernelTime};
 
 use crate::ffi::*;
@@ -360,51 +362,6 @@ pub fn driver_version() -> i32 {
 fn managed_charges() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
     *V.get_or_init(|| std::env::var("FAKE_CUDA_MANAGED_CHARGES").is_ok_and(|v| v == "1"))
-}
-
-/// Test knob `FAKE_CUDA_CTX_CREATE_DELAY_MS`: how long creating a context (`cuCtxCreate*`, a
-/// first `cuDevicePrimaryCtxRetain`) takes after its memory is charged, to make the creations
-/// of concurrent processes overlap as they do on a real GPU. Default 0.
-fn ctx_create_delay() -> std::time::Duration {
-    static V: OnceLock<u64> = OnceLock::new();
-    std::time::Duration::from_millis(*V.get_or_init(|| {
-        std::env::var("FAKE_CUDA_CTX_CREATE_DELAY_MS")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    }))
-}
-
-/// A test knob in milliseconds (unset, empty or malformed: 0).
-fn knob_ms(name: &str) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// Test knob `FAKE_CUDA_RELEASE_DELAY_MS`: a release (`cuMemFree_v2`, `cuArrayDestroy`,
-/// `cuMipmappedArrayDestroy`, `cuMemRelease`, `cuModuleUnload`, `cuLibraryUnload`) sleeps this
-/// long before it looks at its argument, holding no lock, so that another thread can destroy
-/// the object's context while the release is in flight. Default 0.
-pub fn release_delay() {
-    static V: OnceLock<u64> = OnceLock::new();
-    let ms = *V.get_or_init(|| knob_ms("FAKE_CUDA_RELEASE_DELAY_MS"));
-    if ms > 0 {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-    }
-}
-
-/// Test knob `FAKE_CUDA_ALLOC_DELAY_MS`: an allocation (`cuMemAlloc_v2`, `cuMemAllocManaged`,
-/// `cuArrayCreate_v2`, `cuArray3DCreate_v2`) that succeeded sleeps this long before returning,
-/// holding no lock, so that another thread can destroy the context the object was made in
-/// before the caller sees it. Default 0.
-pub fn alloc_delay() {
-    static V: OnceLock<u64> = OnceLock::new();
-    let ms = *V.get_or_init(|| knob_ms("FAKE_CUDA_ALLOC_DELAY_MS"));
-    if ms > 0 {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-    }
 }
 
 fn lock() -> MutexGuard<'static, Inner> {
