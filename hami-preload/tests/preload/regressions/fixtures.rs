@@ -1,26 +1,112 @@
 //! Helpers of `regressions.rs`, beside it.
 
 use super::*;
+use std::path::Path;
+use std::process::Child;
+use std::time::{Duration, Instant};
 
 /// Starts `n` preloaded probes at the same moment (each retains its primary context at
 /// start, which the fake makes take `FAKE_CUDA_CTX_CREATE_DELAY_MS`), runs `ops` in each and
 /// returns their outputs.
 pub(super) fn concurrent_probes(env: &Env, n: usize, ops: &[&str]) -> Vec<Probe> {
-    let children: Vec<_> = (0..n)
-        .map(|_| {
-            env.command(hprobe(), true)
-                .args(ops)
+    outputs(spawn_probes(env, n, |_| owned(ops), &[]))
+}
+
+/// As [`concurrent_probes`], each probe then holding (`touch`, `waitfile`) until all `n` have
+/// run `ops`, then running `then`: each probe's lines are `ops`'s, `touch`'s, `waitfile`'s and
+/// `then`'s. What each measured in `ops` was measured with the others alive, and what they
+/// hold after `ops` they hold at once, however late one of them started (a fixed sleep instead
+/// let a probe started late under qemu find the others gone).
+pub(super) fn concurrent_probes_held(
+    env: &Env,
+    n: usize,
+    ops: &[&str],
+    then: &[&str],
+) -> Vec<Probe> {
+    let go = env.dir().join("held-go");
+    let held = |i: usize| env.dir().join(format!("held-{i}"));
+    let mut kids = spawn_probes(
+        env,
+        n,
+        |i| {
+            let mut a = owned(ops);
+            a.extend(["touch".into(), path_arg(&held(i))]);
+            a.extend(["waitfile".into(), path_arg(&go)]);
+            a.extend(owned(then));
+            a
+        },
+        &[],
+    );
+    let all = wait_for_probes(&mut kids, || (0..n).all(|i| held(i).exists()));
+    std::fs::write(&go, b"").unwrap();
+    let outs = outputs(kids);
+    assert!(all, "the probes did not all run {ops:?}: {}", dumps(&outs));
+    outs
+}
+
+/// Starts `n` preloaded probes at the same moment, the `i`-th running `ops(i)` with `vars` set
+/// besides the sandbox's (and `LIBCUDA_LOG_LEVEL=3`).
+fn spawn_probes(
+    env: &Env,
+    n: usize,
+    ops: impl Fn(usize) -> Vec<String>,
+    vars: &[(&str, &Path)],
+) -> Vec<Child> {
+    (0..n)
+        .map(|i| {
+            let mut c = env.command(hprobe(), true);
+            c.args(ops(i))
                 .env("LIBCUDA_LOG_LEVEL", "3")
                 .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("spawn hprobe")
+                .stderr(std::process::Stdio::piped());
+            for (k, v) in vars {
+                c.env(k, v);
+            }
+            c.spawn().expect("spawn hprobe")
         })
-        .collect();
-    children
-        .into_iter()
+        .collect()
+}
+
+/// Waits until `done()`, or until one of `kids` ended (it will not make `done()` true any
+/// more), or 60 s passed; whether `done()`.
+fn wait_for_probes(kids: &mut [Child], done: impl Fn() -> bool) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if done() {
+            return true;
+        }
+        let ended = kids
+            .iter_mut()
+            .any(|k| k.try_wait().expect("try_wait").is_some());
+        if ended || Instant::now() >= deadline {
+            return done();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Waits for each probe and reads its output.
+fn outputs(kids: Vec<Child>) -> Vec<Probe> {
+    kids.into_iter()
         .map(|c| Probe::from(c.wait_with_output().expect("wait hprobe")))
         .collect()
+}
+
+/// The outputs of `probes`, for an assertion's message.
+pub(super) fn dumps(probes: &[Probe]) -> String {
+    probes
+        .iter()
+        .map(Probe::dump)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn owned(ops: &[&str]) -> Vec<String> {
+    ops.iter().map(|s| s.to_string()).collect()
+}
+
+fn path_arg(p: &Path) -> String {
+    p.to_str().expect("a UTF-8 sandbox path").to_string()
 }
 
 /// Context memory charged to each slot of the region on device 0.
