@@ -44,6 +44,32 @@ pub(super) fn concurrent_probes_held(
     outs
 }
 
+/// As [`concurrent_probes`], their context creations (at start) held inside the fake driver
+/// at its gate (`FAKE_CUDA_CTX_CREATE_GATE`) until all `n` are in there at once (or one of
+/// them ended, or 60 s passed), then let go. Returns their outputs and how many of the
+/// processes were inside the driver's context creation when the gate opened: `n` shows that
+/// the creations overlapped, fewer that something outside the driver (a lock) kept them apart.
+pub(super) fn concurrent_probes_gated(env: &Env, n: usize, ops: &[&str]) -> (Vec<Probe>, usize) {
+    let gate = env.dir().join("ctx-gate");
+    let inside = env.dir().join("ctx-gate.inside");
+    // One line per creation inside, its pid: the processes in there.
+    let count = || {
+        std::fs::read_to_string(&inside)
+            .map(|s| s.lines().collect::<std::collections::HashSet<_>>().len())
+            .unwrap_or(0)
+    };
+    let mut kids = spawn_probes(
+        env,
+        n,
+        |_| owned(ops),
+        &[("FAKE_CUDA_CTX_CREATE_GATE", &gate)],
+    );
+    wait_for_probes(&mut kids, || count() >= n);
+    let at_once = count();
+    std::fs::write(env.dir().join("ctx-gate.go"), b"").unwrap();
+    (outputs(kids), at_once)
+}
+
 /// Starts `n` preloaded probes at the same moment, the `i`-th running `ops(i)` with `vars` set
 /// besides the sandbox's (and `LIBCUDA_LOG_LEVEL=3`).
 fn spawn_probes(
