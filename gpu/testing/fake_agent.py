@@ -16,6 +16,7 @@ over_limit for a region whose processes run a "blind" preload and together excee
 import http.server
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -128,6 +129,9 @@ def main():
         http.server.ThreadingHTTPServer((host, int(port)), H).serve_forever()
     elif a[:1] == ["audit"]:
         secs = float(a[a.index("--seconds") + 1])
+        # SIGINT ends the audit early, as hami-agent's handler does, even where it was
+        # inherited ignored (a shell without job control starts background jobs that way).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         print("fake audit: probes attached", file=sys.stderr, flush=True)
         seen = {}
         lock = threading.Lock()
